@@ -1,0 +1,58 @@
+// WeightSource: what a trainer rank gives wsync to send.
+//
+// A WeightSource produces the weights of one trainer rank, in Hugging Face names and
+// layouts, one tensor at a time. metadata() is cheap and never moves data; Iterate()
+// starts a fresh pass and may be a collective (FSDP all-gather, Megatron export), so
+// every rank of the trainer must drain it. Not thread-safe: one pass at a time.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+// One pass over a source. The TensorRef filled by Next() stays valid until the next
+// call to Next() or the stream's destruction.
+class TensorStream {
+ public:
+  virtual ~TensorStream() = default;
+  // Fills `out` and returns true, or returns false at the end of the pass.
+  virtual Result<bool> Next(TensorRef* out) = 0;
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The whole model, in iteration order.
+  virtual const std::vector<TensorMeta>& metadata() const = 0;
+  virtual Result<std::unique_ptr<TensorStream>> Iterate() = 0;
+  // Names this rank can produce without help from other ranks; nullopt means all of them.
+  virtual std::optional<std::vector<std::string>> HeldNames() const { return std::nullopt; }
+};
+
+// Wraps a stream so that every tensor it yields is checked against `metadata`, in order:
+// an extra, missing or mismatched tensor is an InvalidArgument naming it. Wire code sends
+// only what this stream yields, so both sides cut chunks at the same boundaries.
+std::unique_ptr<TensorStream> CheckedStream(std::unique_ptr<TensorStream> inner,
+                                            const std::vector<TensorMeta>& metadata);
+
+// A source over tensors held in memory (tests, synthetic models, loaded checkpoints).
+class HostTensorSource : public WeightSource {
+ public:
+  explicit HostTensorSource(std::vector<HostTensor> tensors);
+  const std::vector<TensorMeta>& metadata() const override { return metadata_; }
+  Result<std::unique_ptr<TensorStream>> Iterate() override;
+  std::vector<HostTensor>& tensors() { return tensors_; }
+  const std::vector<HostTensor>& tensors() const { return tensors_; }
+
+ private:
+  std::vector<HostTensor> tensors_;
+  std::vector<TensorMeta> metadata_;
+};
+
+}  // namespace wsync

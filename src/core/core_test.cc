@@ -1,0 +1,111 @@
+#include <cstring>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "core/digest.h"
+#include "wsync/dtype.h"
+#include "wsync/source.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+namespace {
+
+TEST(DType, NamesRoundTrip) {
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3, DType::kU8, DType::kI64}) {
+    EXPECT_EQ(*DTypeFromTorchName(TorchName(d)), d);
+    EXPECT_EQ(*DTypeFromSafetensorsName(SafetensorsName(d)), d);
+  }
+  EXPECT_EQ(*DTypeFromTorchName("torch.bfloat16"), DType::kBF16);
+  EXPECT_EQ(ItemSize(DType::kBF16), 2u);
+  EXPECT_EQ(ItemSize(DType::kF8E4M3), 1u);
+  EXPECT_EQ(NcclDataTypeCode(DType::kBF16), 9);
+  EXPECT_EQ(NcclDataTypeCode(DType::kF8E4M3), 10);
+  auto bad = DTypeFromTorchName("bfloat17");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("bfloat17"), std::string::npos);
+}
+
+TEST(Device, Parse) {
+  EXPECT_TRUE(Device::Parse("cpu")->is_cpu());
+  EXPECT_EQ(Device::Parse("cuda:3")->index, 3);
+  EXPECT_EQ(Device::Parse("cuda:3")->ToString(), "cuda:3");
+  EXPECT_FALSE(Device::Parse("cuda:x").ok());
+  EXPECT_FALSE(Device::Parse("tpu").ok());
+}
+
+TEST(Digest, KnownVectors) {
+  std::string abc = "abc";
+  auto bytes = std::as_bytes(std::span(abc.data(), abc.size()));
+  EXPECT_EQ(HexDigest(DigestAlgorithm::kSha256, bytes),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  // xxhash.xxh3_128_hexdigest(b"") == "99aa06d3014798d86001c324468d497f"
+  EXPECT_EQ(HexDigest(DigestAlgorithm::kXxh3_128, {}), "99aa06d3014798d86001c324468d497f");
+  EXPECT_FALSE(ParseDigestAlgorithm("md5").ok());
+}
+
+TEST(Digest, IncrementalEqualsOneShot) {
+  std::vector<std::byte> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = std::byte(i * 131 % 251);
+  for (auto alg : {DigestAlgorithm::kSha256, DigestAlgorithm::kXxh3_128}) {
+    auto h = Hasher::Create(alg);
+    h->Update(std::span(data).first(777));
+    h->Update(std::span(data).subspan(777));
+    EXPECT_EQ(h->FinishHex(), HexDigest(alg, data));
+  }
+}
+
+std::vector<HostTensor> TwoTensors() {
+  std::vector<HostTensor> v;
+  v.push_back(*HostTensor::Zeros({"a", DType::kBF16, {4, 2}}));
+  v.push_back(*HostTensor::Zeros({"b", DType::kF32, {3}}));
+  return v;
+}
+
+TEST(CheckedStream, PassesMatchingSource) {
+  HostTensorSource src(TwoTensors());
+  auto stream = CheckedStream(*src.Iterate(), src.metadata());
+  TensorRef t;
+  EXPECT_TRUE(*stream->Next(&t));
+  EXPECT_EQ(t.name, "a");
+  EXPECT_EQ(t.bytes.size(), 16u);
+  EXPECT_TRUE(*stream->Next(&t));
+  EXPECT_FALSE(*stream->Next(&t));
+}
+
+TEST(CheckedStream, NamesMismatchedTensor) {
+  HostTensorSource src(TwoTensors());
+  std::vector<TensorMeta> meta = src.metadata();
+  meta[1].shape = {4};
+  auto stream = CheckedStream(*src.Iterate(), meta);
+  TensorRef t;
+  EXPECT_TRUE(*stream->Next(&t));
+  auto r = stream->Next(&t);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("shape of b is [4], got [3]"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(CheckedStream, MissingAndExtraTensors) {
+  HostTensorSource src(TwoTensors());
+  std::vector<TensorMeta> longer = src.metadata();
+  longer.push_back({"c", DType::kF32, {1}});
+  auto s1 = CheckedStream(*src.Iterate(), longer);
+  TensorRef t;
+  (void)*s1->Next(&t);
+  (void)*s1->Next(&t);
+  auto r1 = s1->Next(&t);
+  ASSERT_FALSE(r1.ok());
+  EXPECT_NE(r1.status().message().find("first missing: c"), std::string::npos);
+
+  std::vector<TensorMeta> shorter = {src.metadata()[0]};
+  auto s2 = CheckedStream(*src.Iterate(), shorter);
+  (void)*s2->Next(&t);
+  auto r2 = s2->Next(&t);
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("yielded b beyond"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wsync

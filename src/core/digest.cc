@@ -1,0 +1,79 @@
+#include "core/digest.h"
+
+#include <openssl/evp.h>
+#include <xxhash.h>
+
+#include <fmt/format.h>
+
+namespace wsync {
+namespace {
+
+std::string ToHex(const unsigned char* data, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kHex[data[i] >> 4];
+    out[2 * i + 1] = kHex[data[i] & 15];
+  }
+  return out;
+}
+
+class Sha256Hasher final : public Hasher {
+ public:
+  Sha256Hasher() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256Hasher() override { EVP_MD_CTX_free(ctx_); }
+  void Update(std::span<const std::byte> bytes) override {
+    EVP_DigestUpdate(ctx_, bytes.data(), bytes.size());
+  }
+  std::string FinishHex() override {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_, md, &len);
+    return ToHex(md, len);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+class Xxh3Hasher final : public Hasher {
+ public:
+  Xxh3Hasher() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
+  ~Xxh3Hasher() override { XXH3_freeState(state_); }
+  void Update(std::span<const std::byte> bytes) override {
+    XXH3_128bits_update(state_, bytes.data(), bytes.size());
+  }
+  std::string FinishHex() override {
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state_));
+    return ToHex(canonical.digest, sizeof(canonical.digest));
+  }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+}  // namespace
+
+Result<DigestAlgorithm> ParseDigestAlgorithm(std::string_view name) {
+  if (name == "sha256") return DigestAlgorithm::kSha256;
+  if (name == "xxh3_128" || name == "xxh3-128") return DigestAlgorithm::kXxh3_128;
+  return InvalidArgument(fmt::format("unknown checksum algorithm '{}': use sha256 or xxh3_128", name));
+}
+
+std::string_view DigestAlgorithmName(DigestAlgorithm algorithm) {
+  return algorithm == DigestAlgorithm::kSha256 ? "sha256" : "xxh3_128";
+}
+
+std::unique_ptr<Hasher> Hasher::Create(DigestAlgorithm algorithm) {
+  if (algorithm == DigestAlgorithm::kSha256) return std::make_unique<Sha256Hasher>();
+  return std::make_unique<Xxh3Hasher>();
+}
+
+std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> bytes) {
+  auto h = Hasher::Create(algorithm);
+  h->Update(bytes);
+  return h->FinishHex();
+}
+
+}  // namespace wsync

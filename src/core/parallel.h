@@ -1,0 +1,37 @@
+// ParallelFor: split [0, n) across up to `threads` std::threads and wait for all.
+// Used for the memory-bound hot loops (synthetic weights, digests, shard copies).
+// The body must be thread-safe for disjoint ranges; blocks until every range is done.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace wsync {
+
+inline size_t DefaultThreads() {
+  return std::max<size_t>(1, std::thread::hardware_concurrency());
+}
+
+// body(begin, end) is called once per non-empty range.
+inline void ParallelFor(size_t n, size_t threads,
+                        const std::function<void(size_t, size_t)>& body) {
+  threads = std::max<size_t>(1, std::min(threads, n));
+  if (threads <= 1) {
+    if (n > 0) body(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  size_t step = (n + threads - 1) / threads;
+  for (size_t t = 1; t < threads; ++t) {
+    size_t b = t * step, e = std::min(n, b + step);
+    if (b < e) pool.emplace_back(body, b, e);
+  }
+  body(0, std::min(n, step));
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace wsync

@@ -1,0 +1,77 @@
+#include "wsync/source.h"
+
+#include <fmt/format.h>
+
+namespace wsync {
+namespace {
+
+class Checked final : public TensorStream {
+ public:
+  Checked(std::unique_ptr<TensorStream> inner, const std::vector<TensorMeta>& metadata)
+      : inner_(std::move(inner)), metadata_(metadata) {}
+
+  Result<bool> Next(TensorRef* out) override {
+    WSYNC_ASSIGN_OR_RETURN(bool more, inner_->Next(out));
+    if (!more) {
+      if (index_ != metadata_.size()) {
+        return InvalidArgument(fmt::format(
+            "source ended after {} tensors but its metadata lists {}; first missing: {}", index_,
+            metadata_.size(), metadata_[index_].name));
+      }
+      return false;
+    }
+    if (index_ >= metadata_.size()) {
+      return InvalidArgument(fmt::format("source yielded {} beyond the {} tensors of its metadata",
+                                         out->name, metadata_.size()));
+    }
+    const TensorMeta& want = metadata_[index_];
+    TensorMeta got{std::string(out->name), out->dtype, Shape(out->shape.begin(), out->shape.end())};
+    Status s = CheckSameMeta(want, got);
+    if (!s.ok()) {
+      return s.WithContext(fmt::format("source tensor #{} disagrees with its metadata", index_));
+    }
+    if (out->bytes.size() != want.nbytes()) {
+      return InvalidArgument(fmt::format("source tensor {} has {} bytes, its shape needs {}",
+                                         want.name, out->bytes.size(), want.nbytes()));
+    }
+    ++index_;
+    return true;
+  }
+
+ private:
+  std::unique_ptr<TensorStream> inner_;
+  const std::vector<TensorMeta>& metadata_;
+  size_t index_ = 0;
+};
+
+class HostStream final : public TensorStream {
+ public:
+  explicit HostStream(const std::vector<HostTensor>& tensors) : tensors_(tensors) {}
+  Result<bool> Next(TensorRef* out) override {
+    if (next_ >= tensors_.size()) return false;
+    *out = tensors_[next_++].ref();
+    return true;
+  }
+
+ private:
+  const std::vector<HostTensor>& tensors_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorStream> CheckedStream(std::unique_ptr<TensorStream> inner,
+                                            const std::vector<TensorMeta>& metadata) {
+  return std::make_unique<Checked>(std::move(inner), metadata);
+}
+
+HostTensorSource::HostTensorSource(std::vector<HostTensor> tensors) : tensors_(std::move(tensors)) {
+  metadata_.reserve(tensors_.size());
+  for (const auto& t : tensors_) metadata_.push_back(t.meta);
+}
+
+Result<std::unique_ptr<TensorStream>> HostTensorSource::Iterate() {
+  return std::unique_ptr<TensorStream>(std::make_unique<HostStream>(tensors_));
+}
+
+}  // namespace wsync

@@ -1,0 +1,103 @@
+#include "wsync/tensor.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace wsync {
+
+std::string Device::ToString() const {
+  return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index);
+}
+
+Result<Device> Device::Parse(std::string_view text) {
+  if (text == "cpu") return Device{};
+  std::string_view rest = text;
+  if (rest.starts_with("cuda")) {
+    rest.remove_prefix(4);
+    if (rest.empty()) return Device{Kind::kCuda, 0};
+    if (rest.front() == ':') {
+      rest.remove_prefix(1);
+      int index = -1;
+      auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), index);
+      if (ec == std::errc() && ptr == rest.data() + rest.size() && index >= 0) {
+        return Device{Kind::kCuda, index};
+      }
+    }
+  }
+  return InvalidArgument(fmt::format("bad device '{}': expected 'cpu' or 'cuda:N'", text));
+}
+
+int64_t NumElements(std::span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(std::span<const int64_t> shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+Status CheckSameMeta(const TensorMeta& want, const TensorMeta& got) {
+  if (want.name != got.name) {
+    return InvalidArgument(fmt::format("expected tensor {}, got {}", want.name, got.name));
+  }
+  if (want.dtype != got.dtype) {
+    return InvalidArgument(fmt::format("dtype of {} is {}, got {}", want.name,
+                                       TorchName(want.dtype), TorchName(got.dtype)));
+  }
+  if (want.shape != got.shape) {
+    return InvalidArgument(fmt::format("shape of {} is {}, got {}", want.name,
+                                       ShapeString(want.shape), ShapeString(got.shape)));
+  }
+  return Status::Ok();
+}
+
+Result<HostBuffer> HostBuffer::Allocate(size_t bytes) {
+  HostBuffer b;
+  if (bytes == 0) return b;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Internal(fmt::format("allocating {} bytes of host memory: {}", bytes,
+                                std::strerror(errno)));
+  }
+  b.data_ = static_cast<std::byte*>(p);
+  b.size_ = bytes;
+  return b;
+}
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept : data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() { Release(); }
+
+void HostBuffer::Release() {
+  if (data_ != nullptr) munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+Result<HostTensor> HostTensor::Zeros(TensorMeta meta) {
+  WSYNC_ASSIGN_OR_RETURN(HostBuffer buf, HostBuffer::Allocate(meta.nbytes()));
+  return HostTensor{std::move(meta), std::move(buf)};
+}
+
+}  // namespace wsync
