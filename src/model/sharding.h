@@ -1,0 +1,112 @@
+// ShardingTable: which slices of which Hugging Face tensors make up one inference
+// worker's parameters, as data.
+//
+// A vLLM worker (tp_rank of tp_size) does not hold HF tensors: it holds fused qkv_proj
+// and gate_up_proj, vocab-parallel (padded) embeddings, stacked experts, each a TP shard.
+// The table lists every worker parameter (vLLM name, shard shape) with the pieces that
+// fill it: "rows [s, s+n) along dim d of HF tensor X land at offset o along dim d of the
+// parameter (or of its sub-tensor [e] for stacked experts)". Loading, the sharded
+// backend's slice plan and read-back all read this one table, so they cannot disagree.
+//
+// Some pieces are copies: replicated tensors (norms, the MoE router) live whole on every
+// rank, and when tp_size > num_key_value_heads each KV head lives on tp/Hkv ranks. Exactly
+// one copy of every HF element is `primary` across the TP group; read-back uses those.
+//
+// A built table is immutable; const methods are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+// One slice of an HF tensor and where it lands in a worker parameter.
+struct ShardPiece {
+  std::string hf_name;
+  int dim = 0;            // dim of the HF tensor that is sliced; other dims are whole
+  int64_t hf_start = 0;   // first index along `dim` in the HF tensor
+  int64_t length = 0;     // indices along `dim`
+  int64_t dst_index = -1; // -1, or the leading index (expert e) of the param's sub-tensor
+  int64_t dst_start = 0;  // offset along `dim` in the param (or its sub-tensor [dst_index])
+  bool primary = true;    // read-back uses this copy; false for replicas
+  friend bool operator==(const ShardPiece&, const ShardPiece&) = default;
+};
+
+// One parameter of the worker: vLLM name, dtype and SHARD shape, and what fills it.
+// Elements no piece covers (vocab padding rows) stay zero.
+struct WorkerParam {
+  TensorMeta meta;
+  std::vector<ShardPiece> pieces;
+};
+
+// A piece as `count` byte runs, for a copy loop or a batched-copy kernel: run k moves
+// `run_bytes` between HF byte offset hf_offset + k*hf_stride and parameter byte offset
+// dst_offset + k*dst_stride. A dim-0 piece is a single run.
+struct PieceRuns {
+  int64_t count = 0;
+  int64_t run_bytes = 0;
+  int64_t hf_offset = 0;
+  int64_t hf_stride = 0;
+  int64_t dst_offset = 0;
+  int64_t dst_stride = 0;
+};
+
+class ShardingTable {
+ public:
+  // The table of worker `tp_rank` of `tp_size`. A size that does not divide (heads,
+  // KV heads, intermediate, padded vocab) is InvalidArgument naming the model, the
+  // quantity and tp.
+  static Result<ShardingTable> Build(const ModelConfig& config, int tp_rank, int tp_size);
+
+  const ModelConfig& config() const { return config_; }
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+  // The worker's parameters in vLLM's order.
+  const std::vector<WorkerParam>& params() const { return params_; }
+  // The model's HF tensors (HfTensors(config)).
+  const std::vector<TensorMeta>& hf_tensors() const { return hf_; }
+  // Index into hf_tensors() / params(), or -1.
+  int FindHf(std::string_view hf_name) const;
+  int FindParam(std::string_view param_name) const;
+  // The pieces of one HF tensor on this worker as (param index, piece index), in table
+  // order; empty for an unknown name or a tensor this rank holds nothing of.
+  std::span<const std::pair<int, int>> PiecesOf(std::string_view hf_name) const;
+  // Byte runs of params()[param].pieces[piece].
+  PieceRuns Runs(int param, int piece) const;
+  // Sum of the worker's parameter bytes.
+  int64_t param_bytes() const;
+
+  // vLLM's padded vocabulary: vocab_size rounded up to a multiple of 64. Each rank holds
+  // PaddedVocab/tp rows of embed_tokens and lm_head; rows past vocab_size stay zero.
+  static int64_t PaddedVocab(int64_t vocab_size) { return (vocab_size + 63) / 64 * 64; }
+
+ private:
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using NameIndex = std::unordered_map<std::string, int, StringHash, std::equal_to<>>;
+
+  void Index();
+
+  ModelConfig config_;
+  int tp_rank_ = 0;
+  int tp_size_ = 1;
+  std::vector<WorkerParam> params_;
+  std::vector<TensorMeta> hf_;
+  NameIndex hf_index_;
+  NameIndex param_index_;
+  std::vector<std::vector<std::pair<int, int>>> pieces_of_;  // by HF index
+};
+
+}  // namespace wsync

@@ -1,0 +1,281 @@
+#include "model/worker_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/parallel.h"
+
+namespace wsync {
+namespace {
+
+// One primary piece of an HF tensor somewhere in the group.
+struct SourcePiece {
+  const WorkerStore* store;
+  int param;
+  int piece;
+};
+
+std::vector<SourcePiece> PrimaryPieces(std::span<const WorkerStore* const> group,
+                                       std::string_view hf_name) {
+  std::vector<SourcePiece> out;
+  for (const WorkerStore* s : group) {
+    for (auto [i, k] : s->table().PiecesOf(hf_name)) {
+      if (s->table().params()[i].pieces[k].primary) out.push_back({s, i, k});
+    }
+  }
+  return out;
+}
+
+// Copies HF rows [row_begin, row_end) (along dim 0) of the group's primary pieces into
+// `out`, which holds exactly those rows.
+void ReadRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int64_t row_begin,
+              int64_t row_end, std::byte* out) {
+  const int64_t row_bytes = static_cast<int64_t>(hf.nbytes()) / hf.shape[0];
+  const int64_t lo_bound = row_begin * row_bytes, hi_bound = row_end * row_bytes;
+  for (const SourcePiece& sp : pieces) {
+    const ShardPiece& p = sp.store->table().params()[sp.param].pieces[sp.piece];
+    const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
+    const std::byte* src = sp.store->params()[sp.param].storage.data();
+    int64_t o_begin = 0, o_end = r.count;
+    if (p.dim > 0) {  // each run lies inside one dim-0 row; visit only the wanted rows
+      const int64_t per_row = r.count / hf.shape[0];
+      o_begin = row_begin * per_row;
+      o_end = row_end * per_row;
+    }
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      const int64_t hs = r.hf_offset + o * r.hf_stride, he = hs + r.run_bytes;
+      const int64_t lo = std::max(hs, lo_bound), hi = std::min(he, hi_bound);
+      if (lo >= hi) continue;
+      std::memcpy(out + (lo - lo_bound), src + r.dst_offset + o * r.dst_stride + (lo - hs),
+                  hi - lo);
+    }
+  }
+}
+
+Result<const TensorMeta*> FindHfInGroup(std::span<const WorkerStore* const> group,
+                                        std::string_view hf_name) {
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group));
+  int idx = group[0]->table().FindHf(hf_name);
+  if (idx < 0) {
+    return NotFound(fmt::format("model {} has no tensor {}", group[0]->config().name, hf_name));
+  }
+  return &group[0]->hf_tensors()[idx];
+}
+
+std::string SliceString(const ShardPiece& p, const TensorMeta& hf) {
+  if (p.hf_start == 0 && p.length == hf.shape[p.dim]) return "(whole tensor)";
+  return fmt::format("[{}, {}) along dim {}", p.hf_start, p.hf_start + p.length, p.dim);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& config, int tp_rank,
+                                                         int tp_size) {
+  WSYNC_ASSIGN_OR_RETURN(ShardingTable table, ShardingTable::Build(config, tp_rank, tp_size));
+  std::unique_ptr<WorkerStore> store(new WorkerStore(std::move(table)));
+  store->params_.reserve(store->table_.params().size());
+  for (const WorkerParam& p : store->table_.params()) {
+    WSYNC_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Zeros(p.meta));
+    store->params_.push_back(std::move(t));
+  }
+  return store;
+}
+
+Status WorkerStore::CheckHf(const TensorMeta& hf) const {
+  return CheckHf(hf.name, hf.dtype, hf.shape);
+}
+
+Status WorkerStore::CheckHf(std::string_view name, DType dtype,
+                            std::span<const int64_t> shape) const {
+  int idx = table_.FindHf(name);
+  if (idx < 0) {
+    return InvalidArgument(fmt::format("model {} has no tensor {}", config().name, name));
+  }
+  const TensorMeta& want = table_.hf_tensors()[idx];
+  if (want.dtype != dtype) {
+    return InvalidArgument(fmt::format("dtype of {} is {}, update says {}", name,
+                                       TorchName(want.dtype), TorchName(dtype)));
+  }
+  if (!std::ranges::equal(want.shape, shape)) {
+    return InvalidArgument(fmt::format("shape of {} is {}, update says {}", name,
+                                       ShapeString(want.shape), ShapeString(shape)));
+  }
+  return Status::Ok();
+}
+
+Status WorkerStore::Load(const TensorRef& hf) {
+  if (!hf.device.is_cpu()) {
+    return InvalidArgument(fmt::format("tensor {} is on {}; a WorkerStore loads host tensors",
+                                       hf.name, hf.device.ToString()));
+  }
+  WSYNC_RETURN_IF_ERROR(CheckHf(hf.name, hf.dtype, hf.shape));
+  const size_t want = static_cast<size_t>(NumElements(hf.shape)) * ItemSize(hf.dtype);
+  if (hf.bytes.size() != want) {
+    return InvalidArgument(fmt::format("tensor {} of shape {} needs {} bytes, update has {}",
+                                       hf.name, ShapeString(hf.shape), want, hf.bytes.size()));
+  }
+  const std::byte* src = hf.bytes.data();
+  for (auto [i, k] : table_.PiecesOf(hf.name)) {
+    const PieceRuns r = table_.Runs(i, k);
+    std::byte* dst = params_[i].storage.data();
+    for (int64_t o = 0; o < r.count; ++o) {
+      std::memcpy(dst + r.dst_offset + o * r.dst_stride, src + r.hf_offset + o * r.hf_stride,
+                  r.run_bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckTpGroup(std::span<const WorkerStore* const> group) {
+  if (group.empty()) return InvalidArgument("empty TP group");
+  for (size_t i = 0; i < group.size(); ++i) {
+    const WorkerStore* s = group[i];
+    if (s == nullptr) return InvalidArgument(fmt::format("TP group has no store for tp rank {}", i));
+    if (s->tp_rank() != static_cast<int>(i) || s->tp_size() != static_cast<int>(group.size())) {
+      return InvalidArgument(fmt::format(
+          "TP group entry {} of {} is a store of tp rank {} of tp_size {}", i, group.size(),
+          s->tp_rank(), s->tp_size()));
+    }
+    if (!(s->config() == group[0]->config())) {
+      return InvalidArgument(fmt::format("TP group mixes models: rank 0 is {}, rank {} is {}",
+                                         group[0]->config().name, i, s->config().name));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReadBackHf(std::span<const WorkerStore* const> group, std::string_view hf_name,
+                  std::span<std::byte> out) {
+  WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name));
+  if (out.size() != hf->nbytes()) {
+    return InvalidArgument(fmt::format("read-back of {} needs {} bytes, buffer has {}", hf_name,
+                                       hf->nbytes(), out.size()));
+  }
+  ReadRows(PrimaryPieces(group, hf_name), *hf, 0, hf->shape[0], out.data());
+  return Status::Ok();
+}
+
+Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::string_view hf_name,
+                             DigestAlgorithm algorithm, size_t block_bytes) {
+  WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name));
+  const std::vector<SourcePiece> pieces = PrimaryPieces(group, hf_name);
+  auto hasher = Hasher::Create(algorithm);
+
+  // Fast path: every piece is one run of whole rows; hash them in HF order, in place.
+  struct Run {
+    int64_t hf_offset;
+    const std::byte* data;
+    int64_t bytes;
+  };
+  std::vector<Run> runs;
+  for (const SourcePiece& sp : pieces) {
+    const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
+    if (r.count != 1) break;
+    runs.push_back({r.hf_offset, sp.store->params()[sp.param].storage.data() + r.dst_offset,
+                    r.run_bytes});
+  }
+  if (runs.size() == pieces.size()) {
+    std::ranges::sort(runs, {}, &Run::hf_offset);
+    int64_t next = 0;
+    for (const Run& r : runs) {
+      if (r.hf_offset != next) break;
+      hasher->Update({r.data, static_cast<size_t>(r.bytes)});
+      next += r.bytes;
+    }
+    if (next != static_cast<int64_t>(hf->nbytes())) {
+      return Internal(fmt::format("primary pieces of {} do not tile the tensor", hf_name));
+    }
+    return hasher->FinishHex();
+  }
+
+  // General path: assemble bounded row blocks.
+  const int64_t rows = hf->shape[0];
+  const int64_t row_bytes = static_cast<int64_t>(hf->nbytes()) / rows;
+  const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / row_bytes, 1, rows);
+  std::vector<std::byte> buf(block * row_bytes);
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t r1 = std::min(rows, r0 + block);
+    ReadRows(pieces, *hf, r0, r1, buf.data());
+    hasher->Update({buf.data(), static_cast<size_t>((r1 - r0) * row_bytes)});
+  }
+  return hasher->FinishHex();
+}
+
+Result<std::map<std::string, std::string>> AllHfDigests(
+    std::span<const WorkerStore* const> group, DigestAlgorithm algorithm, size_t threads) {
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group));
+  const std::vector<TensorMeta>& hf = group[0]->hf_tensors();
+  // Largest first, pulled from a shared counter, so one big tensor does not trail.
+  std::vector<size_t> order(hf.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::ranges::stable_sort(order, std::greater<>{}, [&](size_t i) { return hf[i].nbytes(); });
+  std::vector<std::string> digests(hf.size());
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;  // guarded by mu
+  threads = std::max<size_t>(1, std::min(threads, hf.size()));
+  ParallelFor(threads, threads, [&](size_t, size_t) {
+    for (size_t n; (n = next.fetch_add(1)) < order.size();) {
+      const size_t i = order[n];
+      Result<std::string> d = HfDigest(group, hf[i].name, algorithm);
+      if (!d.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = d.status();
+        return;
+      }
+      digests[i] = std::move(d).value();
+    }
+  });
+  if (!first_error.ok()) return first_error;
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < hf.size(); ++i) out.emplace(hf[i].name, std::move(digests[i]));
+  return out;
+}
+
+Status CheckReplicas(std::span<const WorkerStore* const> group) {
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group));
+  for (const WorkerStore* s : group) {
+    const ShardingTable& t = s->table();
+    for (size_t i = 0; i < t.params().size(); ++i) {
+      for (size_t k = 0; k < t.params()[i].pieces.size(); ++k) {
+        const ShardPiece& p = t.params()[i].pieces[k];
+        if (p.primary) continue;
+        // The primary copy covers exactly the same slice of the HF tensor.
+        const WorkerStore* owner = nullptr;
+        int oi = -1, ok = -1;
+        for (const WorkerStore* o : group) {
+          for (auto [j, l] : o->table().PiecesOf(p.hf_name)) {
+            const ShardPiece& q = o->table().params()[j].pieces[l];
+            if (q.primary && q.dim == p.dim && q.hf_start == p.hf_start && q.length == p.length) {
+              owner = o, oi = j, ok = l;
+            }
+          }
+        }
+        const TensorMeta& hf = t.hf_tensors()[t.FindHf(p.hf_name)];
+        if (owner == nullptr) {
+          return Internal(fmt::format("replica of {} {} on tp rank {} has no primary copy",
+                                      p.hf_name, SliceString(p, hf), s->tp_rank()));
+        }
+        const PieceRuns a = t.Runs(i, k), b = owner->table().Runs(oi, ok);
+        const std::byte* pa = s->params()[i].storage.data();
+        const std::byte* pb = owner->params()[oi].storage.data();
+        for (int64_t o = 0; o < a.count; ++o) {
+          if (std::memcmp(pa + a.dst_offset + o * a.dst_stride, pb + b.dst_offset + o * b.dst_stride,
+                          a.run_bytes) != 0) {
+            return DataLoss(fmt::format(
+                "replica of {} {} on tp rank {} differs from the primary copy on tp rank {}",
+                p.hf_name, SliceString(p, hf), s->tp_rank(), owner->tp_rank()));
+          }
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsync

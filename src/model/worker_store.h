@@ -1,0 +1,91 @@
+// WorkerStore: one inference worker's parameters in host memory, filled from HF tensors.
+//
+// A WorkerStore is what a vLLM worker holds (fused, TP-sharded parameters, laid out by
+// the ShardingTable) backed by zeroed host memory. Load() takes one full HF tensor and
+// copies its pieces into the parameters in place: parameter storage never moves, so
+// addresses handed out stay valid across syncs. The free functions read a whole TP group
+// back into HF tensors (from primary pieces only) for checksums and debugging, and check
+// that replicated copies agree.
+//
+// Thread-safety: Load() on different stores may run concurrently on different threads;
+// one store is not synchronized (no Load concurrently with another Load or a read-back of
+// the same store). Read-back functions only read, so they may run concurrently with each
+// other.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/digest.h"
+#include "model/config.h"
+#include "model/sharding.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+class WorkerStore {
+ public:
+  // Builds the table of worker tp_rank of tp_size and allocates its zeroed parameters.
+  static Result<std::unique_ptr<WorkerStore>> Create(const ModelConfig& config, int tp_rank,
+                                                     int tp_size);
+  WorkerStore(const WorkerStore&) = delete;
+  WorkerStore& operator=(const WorkerStore&) = delete;
+
+  const ModelConfig& config() const { return table_.config(); }
+  int tp_rank() const { return table_.tp_rank(); }
+  int tp_size() const { return table_.tp_size(); }
+  const ShardingTable& table() const { return table_; }
+  const std::vector<TensorMeta>& hf_tensors() const { return table_.hf_tensors(); }
+  // The parameters, in table().params() order.
+  const std::vector<HostTensor>& params() const { return params_; }
+  // Writable bytes of params()[i] (post-processing, fault-injection tests). The span
+  // stays valid for the store's lifetime.
+  std::span<std::byte> mutable_param_bytes(size_t i) { return params_[i].storage.span(); }
+
+  // InvalidArgument unless the model has an HF tensor of this name, dtype and shape:
+  // "model qwen3-tiny has no tensor X", "shape of X is [3072, 1024], update says [1024, 3072]".
+  Status CheckHf(const TensorMeta& hf) const;
+  // Copies every piece of one full HF tensor (host memory) into the parameters.
+  // Checks name, dtype, shape and byte count first; on error nothing is written.
+  Status Load(const TensorRef& hf);
+
+ private:
+  explicit WorkerStore(ShardingTable table) : table_(std::move(table)) {}
+  Status CheckHf(std::string_view name, DType dtype, std::span<const int64_t> shape) const;
+
+  ShardingTable table_;
+  std::vector<HostTensor> params_;
+};
+
+// A TP group is the stores of one model replica, indexed by tp_rank. OK when every entry
+// is set, store i has tp_rank i and tp_size group.size(), and all share one config.
+Status CheckTpGroup(std::span<const WorkerStore* const> tp_group);
+
+// Reassembles the full HF tensor `hf_name` from the group's primary pieces into `out`,
+// which must be exactly its size in bytes.
+Status ReadBackHf(std::span<const WorkerStore* const> tp_group, std::string_view hf_name,
+                  std::span<std::byte> out);
+
+// The digest of the HF tensor as ReadBackHf would produce it, streamed: it hashes
+// parameter memory directly where every piece is one block of whole rows, and otherwise
+// assembles blocks of rows of at most `block_bytes` (at least one row) in a scratch
+// buffer, so no full-size copy is made.
+Result<std::string> HfDigest(std::span<const WorkerStore* const> tp_group,
+                             std::string_view hf_name, DigestAlgorithm algorithm,
+                             size_t block_bytes = size_t{64} << 20);
+
+// HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads.
+Result<std::map<std::string, std::string>> AllHfDigests(
+    std::span<const WorkerStore* const> tp_group, DigestAlgorithm algorithm, size_t threads);
+
+// Checks that every non-primary copy (replicated tensors, replicated KV heads) equals its
+// primary; DataLoss naming the tensor, the slice and both ranks otherwise.
+Status CheckReplicas(std::span<const WorkerStore* const> tp_group);
+
+}  // namespace wsync

@@ -1,0 +1,205 @@
+#include "model/worker_store.h"
+
+#include <cstring>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace wsync {
+namespace {
+
+ModelConfig Model(const std::string& name) { return *LookupModel(name); }
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Every HF tensor of the model, each filled with its own deterministic bytes.
+std::vector<HostTensor> FilledHf(const ModelConfig& c, uint64_t seed = 1) {
+  std::vector<HostTensor> out;
+  uint64_t t = 0;
+  for (TensorMeta m : HfTensors(c)) {
+    HostTensor h = *HostTensor::Zeros(std::move(m));
+    std::byte* p = h.storage.data();
+    for (size_t i = 0; i < h.meta.nbytes(); i += 8) {
+      uint64_t v = SplitMix(seed * 0x1000003 + (t << 36) + i);
+      std::memcpy(p + i, &v, std::min<size_t>(8, h.meta.nbytes() - i));
+    }
+    out.push_back(std::move(h));
+    ++t;
+  }
+  return out;
+}
+
+struct Group {
+  std::vector<std::unique_ptr<WorkerStore>> stores;
+  std::vector<const WorkerStore*> view;
+};
+
+Group MakeGroup(const ModelConfig& c, int tp) {
+  Group g;
+  for (int r = 0; r < tp; ++r) {
+    auto s = WorkerStore::Create(c, r, tp);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    g.view.push_back(s->get());
+    g.stores.push_back(std::move(s).value());
+  }
+  return g;
+}
+
+TEST(WorkerStore, LoadThenReadBackIsIdentity) {
+  for (const char* name : {"qwen3-tiny", "qwen3-moe-tiny"}) {
+    const ModelConfig c = Model(name);
+    const std::vector<HostTensor> hf = FilledHf(c);
+    for (int tp : {1, 2, 4}) {
+      SCOPED_TRACE(std::string(name) + " tp=" + std::to_string(tp));
+      Group g = MakeGroup(c, tp);
+      std::vector<const std::byte*> addresses;
+      for (const auto& s : g.stores) {
+        for (const HostTensor& p : s->params()) addresses.push_back(p.storage.data());
+      }
+      for (const HostTensor& t : hf) {
+        for (auto& s : g.stores) ASSERT_TRUE(s->Load(t.ref()).ok()) << t.meta.name;
+      }
+      size_t n = 0;
+      for (const auto& s : g.stores) {
+        for (const HostTensor& p : s->params()) EXPECT_EQ(p.storage.data(), addresses[n++]);
+      }
+      std::vector<std::byte> back;
+      for (const HostTensor& t : hf) {
+        back.assign(t.meta.nbytes(), std::byte{0x5a});
+        ASSERT_TRUE(ReadBackHf(g.view, t.meta.name, back).ok());
+        ASSERT_EQ(std::memcmp(back.data(), t.storage.data(), back.size()), 0) << t.meta.name;
+      }
+      EXPECT_TRUE(CheckReplicas(g.view).ok());
+      auto digests = AllHfDigests(g.view, DigestAlgorithm::kXxh3_128, 2);
+      ASSERT_TRUE(digests.ok()) << digests.status().ToString();
+      ASSERT_EQ(digests->size(), hf.size());
+      for (const HostTensor& t : hf) {
+        const std::string want = HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes);
+        EXPECT_EQ(digests->at(t.meta.name), want) << t.meta.name;
+        // The bounded-block path, one row at a time, agrees.
+        EXPECT_EQ(*HfDigest(g.view, t.meta.name, DigestAlgorithm::kXxh3_128, 1), want);
+      }
+    }
+  }
+}
+
+TEST(WorkerStore, ShardBytesLandWhereTheTableSays) {
+  // qwen3-tiny TP 2 rank 1: the q part of qkv_proj is q_proj rows [128, 256).
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c);
+  auto s = *WorkerStore::Create(c, 1, 2);
+  for (const HostTensor& t : hf) ASSERT_TRUE(s->Load(t.ref()).ok());
+  const HostTensor& q = hf[1];
+  ASSERT_EQ(q.meta.name, "model.layers.0.self_attn.q_proj.weight");
+  const HostTensor& qkv = s->params()[s->table().FindParam("model.layers.0.self_attn.qkv_proj.weight")];
+  const size_t row = 256 * 2;
+  EXPECT_EQ(std::memcmp(qkv.storage.data(), q.storage.data() + 128 * row, 128 * row), 0);
+  // o_proj row 5 of rank 1 is HF o_proj row 5, columns [128, 256).
+  const HostTensor& o = hf[4];
+  const HostTensor& po = s->params()[s->table().FindParam("model.layers.0.self_attn.o_proj.weight")];
+  EXPECT_EQ(std::memcmp(po.storage.data() + 5 * 128 * 2, o.storage.data() + 5 * row + 128 * 2, 128 * 2), 0);
+}
+
+TEST(WorkerStore, VocabPaddingStaysZero) {
+  ModelConfig c = Model("qwen3-tiny");
+  c.name = "odd-vocab";
+  c.vocab_size = 4000;
+  const std::vector<HostTensor> hf = FilledHf(c);
+  Group g = MakeGroup(c, 4);
+  for (const HostTensor& t : hf) {
+    for (auto& s : g.stores) ASSERT_TRUE(s->Load(t.ref()).ok());
+  }
+  const HostTensor& embed = g.stores[3]->params()[0];
+  const size_t row = 256 * 2;
+  // Rank 3 holds HF rows [3024, 4000) in rows [0, 976); rows [976, 1008) are padding.
+  EXPECT_EQ(std::memcmp(embed.storage.data(), hf[0].storage.data() + 3024 * row, 976 * row), 0);
+  std::vector<std::byte> zeros(32 * row);
+  EXPECT_EQ(std::memcmp(embed.storage.data() + 976 * row, zeros.data(), zeros.size()), 0);
+  std::vector<std::byte> back(hf[0].meta.nbytes());
+  ASSERT_TRUE(ReadBackHf(g.view, "model.embed_tokens.weight", back).ok());
+  EXPECT_EQ(std::memcmp(back.data(), hf[0].storage.data(), back.size()), 0);
+}
+
+TEST(WorkerStore, CheckHfMessages) {
+  auto s = *WorkerStore::Create(Model("qwen3-0.6b"), 0, 1);
+  Status missing = s->CheckHf({"lm_head.weight", DType::kBF16, {151936, 1024}});
+  EXPECT_EQ(missing.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.message(), "model qwen3-0.6b has no tensor lm_head.weight");
+  Status shape = s->CheckHf({"model.layers.3.mlp.up_proj.weight", DType::kBF16, {1024, 3072}});
+  EXPECT_EQ(shape.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(shape.message(),
+            "shape of model.layers.3.mlp.up_proj.weight is [3072, 1024], update says [1024, 3072]");
+  Status dtype = s->CheckHf({"model.norm.weight", DType::kF32, {1024}});
+  EXPECT_EQ(dtype.message(), "dtype of model.norm.weight is bfloat16, update says float32");
+  EXPECT_TRUE(s->CheckHf({"model.norm.weight", DType::kBF16, {1024}}).ok());
+}
+
+TEST(WorkerStore, LoadRejectsBadInputAndWritesNothing) {
+  auto s = *WorkerStore::Create(Model("qwen3-tiny"), 0, 1);
+  std::vector<std::byte> bytes(256 * 2 - 2, std::byte{1});
+  Shape shape{256};
+  TensorRef short_ref{"model.norm.weight", DType::kBF16, shape, bytes, Device{}};
+  Status st = s->Load(short_ref);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "tensor model.norm.weight of shape [256] needs 512 bytes, update has 510");
+  const HostTensor& norm = s->params()[s->table().FindParam("model.norm.weight")];
+  for (size_t i = 0; i < norm.meta.nbytes(); ++i) ASSERT_EQ(norm.storage.data()[i], std::byte{0});
+  TensorRef gpu{"model.norm.weight", DType::kBF16, shape, bytes, Device{Device::Kind::kCuda, 0}};
+  EXPECT_EQ(s->Load(gpu).message(),
+            "tensor model.norm.weight is on cuda:0; a WorkerStore loads host tensors");
+  TensorRef unknown{"model.layers.9.mlp.up_proj.weight", DType::kBF16, shape, bytes, Device{}};
+  EXPECT_EQ(s->Load(unknown).message(), "model qwen3-tiny has no tensor model.layers.9.mlp.up_proj.weight");
+}
+
+TEST(WorkerStore, CheckReplicasNamesTheDivergentCopy) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c);
+  Group g = MakeGroup(c, 4);
+  for (const HostTensor& t : hf) {
+    for (auto& s : g.stores) ASSERT_TRUE(s->Load(t.ref()).ok());
+  }
+  ASSERT_TRUE(CheckReplicas(g.view).ok());
+
+  // Rank 3 holds KV head 1 as a replica of rank 2's; flip one byte of its k rows.
+  WorkerStore& r3 = *g.stores[3];
+  const int qkv = r3.table().FindParam("model.layers.1.self_attn.qkv_proj.weight");
+  r3.mutable_param_bytes(qkv)[64 * 256 * 2 + 7] ^= std::byte{1};
+  Status st = CheckReplicas(g.view);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.message(),
+            "replica of model.layers.1.self_attn.k_proj.weight [64, 128) along dim 0 on tp rank 3 "
+            "differs from the primary copy on tp rank 2");
+  // Read-back uses the primary, so the HF digest is unchanged.
+  EXPECT_EQ(*HfDigest(g.view, "model.layers.1.self_attn.k_proj.weight", DigestAlgorithm::kSha256),
+            HexDigest(DigestAlgorithm::kSha256, hf[2 + 11].ref().bytes));
+  r3.mutable_param_bytes(qkv)[64 * 256 * 2 + 7] ^= std::byte{1};
+
+  WorkerStore& r1 = *g.stores[1];
+  r1.mutable_param_bytes(r1.table().FindParam("model.norm.weight"))[0] ^= std::byte{1};
+  EXPECT_EQ(CheckReplicas(g.view).message(),
+            "replica of model.norm.weight (whole tensor) on tp rank 1 differs from the primary "
+            "copy on tp rank 0");
+}
+
+TEST(WorkerStore, GroupErrors) {
+  const ModelConfig c = Model("qwen3-tiny");
+  Group g = MakeGroup(c, 2);
+  std::vector<const WorkerStore*> swapped = {g.view[1], g.view[0]};
+  std::vector<std::byte> out(512);
+  Status st = ReadBackHf(swapped, "model.norm.weight", out);
+  EXPECT_EQ(st.message(), "TP group entry 0 of 2 is a store of tp rank 1 of tp_size 2");
+  EXPECT_EQ(ReadBackHf(g.view, "model.norm.weight", std::span(out).first(10)).message(),
+            "read-back of model.norm.weight needs 512 bytes, buffer has 10");
+  EXPECT_EQ(ReadBackHf(g.view, "nope", out).code(), StatusCode::kNotFound);
+  std::vector<const WorkerStore*> partial = {g.view[0]};
+  EXPECT_FALSE(CheckTpGroup(partial).ok());
+  EXPECT_FALSE(AllHfDigests({}, DigestAlgorithm::kSha256, 2).ok());
+}
+
+}  // namespace
+}  // namespace wsync
