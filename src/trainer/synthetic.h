@@ -1,0 +1,108 @@
+// SyntheticTrainer: a stand-in for an RL trainer that owns a model's weights and changes
+// them every step the way a real optimizer step does, so that syncs, deltas and
+// benchmarks see realistic traffic without a GPU or a training framework.
+//
+// Weights are deterministic: every value is a pure function of (seed, tensor name,
+// element index) and, for updates, the step number, so equal seeds give identical bytes
+// whatever the thread count, and a tensor's values do not depend on which other tensors
+// exist. BF16/F16/F32 tensors are trained: each keeps an fp32 master (F32 tensors are
+// their own master), and Step() applies master -= lr * u with u uniform in [-1, 1) (the
+// shape of a normalized Adam update), then re-rounds the model tensor to its dtype,
+// round-to-nearest-even. All other dtypes (fp8, f64, ints, bool) are generated once and
+// never change.
+//
+// Not thread-safe: call Step() and iterate source() from one thread, never at the same
+// time (a stream's TensorRefs point into the tensors that Step() rewrites). Step() itself
+// fans out over `threads` threads and blocks until they are done.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "wsync/source.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+struct StepStats {
+  uint64_t changed_elements = 0;  // model elements whose bytes differ after the step
+  uint64_t total_elements = 0;    // elements of the trained (BF16/F16/F32) tensors
+  double changed_fraction = 0;    // changed_elements / total_elements; 0 when there are none
+  double seconds = 0;             // wall time of the step
+};
+
+class SyntheticTrainer {
+ public:
+  // Default learning rate: on N(0, 0.02) bf16 weights about 4% of values change per step,
+  // about what a small-lr RL step does to a bf16 model (see synthetic_test.cc).
+  static constexpr float kDefaultLr = 2e-6f;
+  // Standard deviation of generated weights; "*norm.weight" tensors get 1 + N(0, kInitStd).
+  static constexpr float kInitStd = 0.02f;
+
+  // Generates weights for `metas` (kept in this order as the source's metadata) from
+  // `seed`, using up to `threads` threads. InvalidArgument for a negative dimension or a
+  // repeated name.
+  static Result<std::unique_ptr<SyntheticTrainer>> FromMetadata(std::vector<TensorMeta> metas,
+                                                                uint64_t seed, size_t threads);
+  // Starts from a copy of a checkpoint's tensors, in CheckpointDir::tensors() order;
+  // masters are the checkpoint values widened to fp32. `seed` keys the updates.
+  static Result<std::unique_ptr<SyntheticTrainer>> FromCheckpoint(const CheckpointDir& ckpt,
+                                                                  size_t threads, uint64_t seed = 0);
+
+  SyntheticTrainer(const SyntheticTrainer&) = delete;
+  SyntheticTrainer& operator=(const SyntheticTrainer&) = delete;
+
+  // Applies the update of step `step` to every trained tensor. The update depends only on
+  // (seed, step, tensor name, element), so replaying the same steps gives the same bytes.
+  Result<StepStats> Step(uint64_t step);
+
+  // A source over the current model tensors (zero-copy; valid until the next Step()).
+  WeightSource& source() { return source_; }
+  // The model tensors, in metadata order; callers may read them (and write, at their risk).
+  std::vector<HostTensor>& tensors() { return source_.tensors(); }
+  const std::vector<HostTensor>& tensors() const { return source_.tensors(); }
+  const std::vector<TensorMeta>& metadata() const { return source_.metadata(); }
+  // The fp32 master of tensors()[i]; empty for tensors that are not trained.
+  std::span<const float> master(size_t i) const;
+
+  float lr() const { return lr_; }
+  void set_lr(float lr) { lr_ = lr; }
+  uint64_t seed() const { return seed_; }
+  size_t threads() const { return threads_; }
+
+ private:
+  // A contiguous range of one tensor's elements; never crosses a 2^32-element block.
+  struct Chunk {
+    size_t tensor;
+    uint64_t begin;
+    uint64_t end;
+  };
+
+  SyntheticTrainer(std::vector<HostTensor> tensors, uint64_t seed, size_t threads);
+  // Allocates masters for the trained tensors and lists the work chunks.
+  Status Prepare();
+  // Runs fn(chunk) for every chunk in `chunks` on up to threads_ threads.
+  // Each worker thread passes its own scratch vector to fn.
+  void ForEachChunk(const std::vector<Chunk>& chunks,
+                    const std::function<void(const Chunk&, std::vector<float>&)>& fn);
+  void Generate(const Chunk& c, std::vector<float>& scratch);
+  void WidenFromModel(const Chunk& c);
+
+  HostTensorSource source_;  // owns the model tensors
+  std::vector<HostBuffer> masters_;  // fp32 masters of BF16/F16 tensors; empty otherwise
+  std::vector<uint64_t> name_keys_;  // NameKey of each tensor
+  std::vector<Chunk> all_chunks_;    // every tensor
+  std::vector<Chunk> train_chunks_;  // trained tensors only
+  uint64_t trained_elements_ = 0;
+  uint64_t seed_;
+  size_t threads_;
+  float lr_ = kDefaultLr;
+};
+
+}  // namespace wsync
