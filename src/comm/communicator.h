@@ -1,0 +1,69 @@
+// Communicator: the transport-neutral collective group that moves weight bytes.
+//
+// One Communicator is one rank's membership in a fixed group of `size()` ranks (a
+// trainer sender plus every receiving worker). Backends and engines outside src/comm
+// see only this interface; whether bytes move over Gloo (CPU, TCP) or NCCL (GPU) is
+// decided by the factory that built it (ConnectGloo, ...), and `kind()` says which.
+//
+// Collectives are blocking and must be called by every rank in the same order with
+// matching sizes; one collective runs at a time per communicator (calls from several
+// threads are serialized). Each call blocks until it completes on this rank, fails, or
+// `deadline` passes. Errors are values:
+//   kDeadlineExceeded  a peer did not send or receive in time; the message names the
+//                      operation, the byte count, this rank and the ranks waited for.
+//   kUnavailable       a peer closed its connection or the transport failed.
+//   kAborted           the communicator was aborted earlier (by a failure or Abort()).
+//   kInvalidArgument   bad root or mismatched arguments detected locally.
+// After any failure the communicator is aborted: its connections are closed so that
+// peers fail fast too, and every later call returns kAborted at once. A new group is
+// built to recover.
+//
+// Abort() is the one call that is safe from any thread at any time, including while a
+// collective is in flight on another thread; it wakes that collective where the
+// backend allows (Gloo broadcast: at once; all-reduce: at its timeout).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/deadline.h"
+#include "wsync/status.h"
+
+namespace wsync {
+
+// Names a rank for error messages, e.g. "rank 3 (server http://127.0.0.1:8001 worker 1)".
+// Called from whichever thread builds the error; must be thread-safe and cheap.
+using DescribeRank = std::function<std::string(int rank)>;
+
+// "rank N" when `describe` is empty, otherwise describe(rank).
+std::string DescribeRankOrDefault(const DescribeRank& describe, int rank);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "gloo" or "nccl".
+  virtual std::string_view kind() const = 0;
+
+  // Root sends `data`; every other rank receives into `data` (same length on every
+  // rank). Afterwards `data` is bit-identical on every rank. Blocks until done or
+  // `deadline`. Any length works, including many GB.
+  virtual Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) = 0;
+
+  // Element-wise sum over all ranks, in place; every rank ends with the same values.
+  virtual Status AllReduceSum(std::span<int64_t> data, Deadline deadline) = 0;
+  virtual Status AllReduceSum(std::span<float> data, Deadline deadline) = 0;
+
+  // Marks the communicator unusable and closes its connections; later calls return
+  // kAborted fast. Idempotent; callable from any thread.
+  virtual void Abort() = 0;
+  virtual bool aborted() const = 0;
+};
+
+}  // namespace wsync

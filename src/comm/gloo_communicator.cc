@@ -1,0 +1,304 @@
+#include "comm/gloo_communicator.h"
+
+#include <fmt/format.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "comm/gloo_tree.h"
+#include "comm/store.h"
+
+namespace wsync {
+namespace {
+
+using Clock = Deadline::Clock;
+using gloo::transport::UnboundBuffer;
+
+std::string HumanBytes(size_t n) {
+  if (n >= (size_t{1} << 30)) return fmt::format("{:.2f} GiB", n / double(1 << 30));
+  if (n >= (size_t{1} << 20)) return fmt::format("{:.1f} MiB", n / double(1 << 20));
+  return fmt::format("{} bytes", n);
+}
+
+// Gloo reports a missed wait as "Timed out ..." and a dead peer as a socket error.
+bool IsTimeout(std::string_view what) {
+  return what.find("Timed out") != std::string_view::npos ||
+         what.find("did not appear") != std::string_view::npos ||
+         what.find("timeout") != std::string_view::npos;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const GlooOptions& options, std::shared_ptr<gloo::Context> context)
+      : options_(options), context_(std::move(context)) {}
+
+  ~GlooCommunicator() override {
+    std::lock_guard<std::mutex> lock(op_mu_);
+    context_.reset();
+  }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string_view kind() const override { return "gloo"; }
+
+  Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) override;
+  Status AllReduceSum(std::span<int64_t> data, Deadline deadline) override {
+    return AllReduce<int64_t>(data, "all-reduce(int64)", deadline);
+  }
+  Status AllReduceSum(std::span<float> data, Deadline deadline) override {
+    return AllReduce<float>(data, "all-reduce(float)", deadline);
+  }
+
+  void Abort() override {
+    aborted_ = true;
+    {
+      std::lock_guard<std::mutex> lock(inflight_mu_);
+      for (UnboundBuffer* b : inflight_) {
+        b->abortWaitRecv();
+        b->abortWaitSend();
+      }
+    }
+    // Close the connections now unless a collective holds them; it closes them on exit.
+    if (op_mu_.try_lock()) {
+      context_.reset();
+      op_mu_.unlock();
+    }
+  }
+  bool aborted() const override { return aborted_; }
+
+ private:
+  // Per-call state used to name what a failed wait was waiting for.
+  struct Op {
+    std::string what;         // "broadcast of 64.0 MiB from rank 0 (...)"
+    std::string waiting_for;  // "rank 1 (...) to send piece 3/16"
+    Clock::time_point wait_start;
+  };
+
+  std::string Name(int r) const { return DescribeRankOrDefault(options_.describe_rank, r); }
+  std::chrono::milliseconds WaitTimeout(Deadline deadline) const {
+    return std::max(std::chrono::milliseconds(0),
+                    std::min(options_.op_timeout, deadline.remaining()));
+  }
+
+  template <typename Body>
+  Status Run(Op& op, Body&& body);
+  Status BroadcastChunked(std::span<std::byte> data, int root, Deadline deadline, Op& op);
+  Status BroadcastGloo(std::span<std::byte> data, int root, Deadline deadline, Op& op);
+  template <typename T>
+  Status AllReduce(std::span<T> data, const char* name, Deadline deadline);
+
+  const GlooOptions options_;
+  std::atomic<bool> aborted_{false};
+  std::mutex op_mu_;                        // one collective at a time
+  std::shared_ptr<gloo::Context> context_;  // GUARDED_BY(op_mu_); null once aborted
+  uint32_t seq_ = 0;                        // GUARDED_BY(op_mu_); tags successive calls
+  std::mutex inflight_mu_;
+  std::vector<UnboundBuffer*> inflight_;  // GUARDED_BY(inflight_mu_)
+};
+
+template <typename Body>
+Status GlooCommunicator::Run(Op& op, Body&& body) {
+  auto where = fmt::format("gloo {} on {} of {}", op.what, Name(rank()), size());
+  if (aborted_) return Aborted(where + ": communicator was aborted by an earlier failure");
+  std::unique_lock<std::mutex> lock(op_mu_);
+  if (aborted_ || !context_)
+    return Aborted(where + ": communicator was aborted by an earlier failure");
+  Status status;
+  try {
+    status = body();
+  } catch (const std::exception& e) {
+    double waited = std::chrono::duration<double>(Clock::now() - op.wait_start).count();
+    std::string whom = op.waiting_for.empty() ? "the other ranks" : op.waiting_for;
+    if (IsTimeout(e.what())) {
+      status = DeadlineExceeded(fmt::format(
+          "{}: timed out after {:.1f} s waiting for {} [gloo: {}]", where, waited, whom, e.what()));
+    } else {
+      status = Unavailable(fmt::format("{}: connection failed while waiting for {} [gloo: {}]",
+                                       where, whom, e.what()));
+    }
+  }
+  if (status.code() == StatusCode::kAborted) status = Aborted(where + ": " + status.message());
+  if (!status.ok() || aborted_) {
+    // Closing our connections makes every peer's pending wait fail at once.
+    aborted_ = true;
+    context_.reset();
+  }
+  return status;
+}
+
+Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root, Deadline deadline) {
+  if (root < 0 || root >= size()) {
+    return InvalidArgument(
+        fmt::format("gloo broadcast: root {} outside group of {}", root, size()));
+  }
+  Op op{fmt::format("broadcast of {} from {}", HumanBytes(data.size()), Name(root)), "",
+        Clock::now()};
+  return Run(op, [&] {
+    if (size() == 1 || data.empty()) return Status::Ok();
+    if (options_.algorithm == GlooBroadcastAlgorithm::kGlooBaseline) {
+      return BroadcastGloo(data, root, deadline, op);
+    }
+    return BroadcastChunked(data, root, deadline, op);
+  });
+}
+
+Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, Deadline deadline,
+                                          Op& op) {
+  const BroadcastTree tree = options_.algorithm == GlooBroadcastAlgorithm::kBinomial
+                                 ? BinomialTree(rank(), size(), root)
+                                 : ChainTree(rank(), size(), root);
+  const uint64_t slot = gloo::Slot::build(gloo::kBroadcastSlotPrefix, seq_++);
+  const size_t chunk = std::max<size_t>(options_.chunk_bytes, 4096);
+  const size_t pieces = (data.size() + chunk - 1) / chunk;
+
+  std::vector<std::unique_ptr<UnboundBuffer>> bufs;
+  bufs.reserve(pieces);
+  for (size_t k = 0; k < pieces; ++k) {
+    size_t off = k * chunk;
+    bufs.push_back(
+        context_->createUnboundBuffer(data.data() + off, std::min(chunk, data.size() - off)));
+  }
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    for (auto& b : bufs) inflight_.push_back(b.get());
+  }
+  struct Unregister {
+    GlooCommunicator* self;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(self->inflight_mu_);
+      self->inflight_.clear();
+    }
+  } unregister{this};
+  auto aborted = [&] { return Aborted("Abort() called while waiting for " + op.waiting_for); };
+  if (aborted_) return Aborted("Abort() called before the transfer started");
+
+  std::string children;
+  for (int child : tree.children) children += (children.empty() ? "" : ", ") + Name(child);
+  auto expect = [&](const char* verb, const std::string& who, size_t k) {
+    op.waiting_for = fmt::format("{} to {} piece {}/{}", who, verb, k + 1, pieces);
+    op.wait_start = Clock::now();
+  };
+  // Posting every receive up front lets the parent stream pieces without handshakes.
+  if (tree.parent >= 0) {
+    expect("send", Name(tree.parent), 0);
+    for (auto& b : bufs) b->recv(tree.parent, slot);
+  }
+  for (size_t k = 0; k < pieces; ++k) {
+    if (tree.parent >= 0) {
+      expect("send", Name(tree.parent), k);
+      if (!bufs[k]->waitRecv(WaitTimeout(deadline))) return aborted();
+    }
+    if (!tree.children.empty()) expect("take", children, k);
+    for (int child : tree.children) bufs[k]->send(child, slot);
+  }
+  if (!tree.children.empty()) {
+    for (size_t k = 0; k < pieces; ++k) {
+      expect("take", children, k);
+      for (size_t c = 0; c < tree.children.size(); ++c) {
+        if (!bufs[k]->waitSend(WaitTimeout(deadline))) return aborted();
+      }
+    }
+  }
+  if (aborted_) return aborted();
+  return Status::Ok();
+}
+
+Status GlooCommunicator::BroadcastGloo(std::span<std::byte> data, int root, Deadline deadline,
+                                       Op& op) {
+  constexpr size_t kMaxCall = size_t{1} << 30;
+  for (size_t off = 0; off < data.size(); off += kMaxCall) {
+    size_t n = std::min(kMaxCall, data.size() - off);
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(reinterpret_cast<uint8_t*>(data.data() + off), n);
+    opts.setRoot(root);
+    opts.setTag(seq_++);
+    opts.setTimeout(WaitTimeout(deadline));
+    op.waiting_for = rank() == root ? "the other ranks" : Name(root) + " or its relay";
+    op.wait_start = Clock::now();
+    gloo::broadcast(opts);
+    if (aborted_) return Aborted("Abort() called during gloo::broadcast");
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+Status GlooCommunicator::AllReduce(std::span<T> data, const char* name, Deadline deadline) {
+  Op op{fmt::format("{} of {} elements", name, data.size()), "", Clock::now()};
+  return Run(op, [&] {
+    if (size() == 1 || data.empty()) return Status::Ok();
+    gloo::AllreduceOptions opts(context_);
+    opts.setInput(data.data(), data.size());
+    opts.setOutput(data.data(), data.size());
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+    opts.setTag(seq_++);
+    opts.setTimeout(WaitTimeout(deadline));
+    op.waiting_for = "the other ranks";
+    op.wait_start = Clock::now();
+    gloo::allreduce(opts);
+    if (aborted_) return Aborted("Abort() called during the all-reduce");
+    return Status::Ok();
+  });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> ConnectGloo(const GlooOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return InvalidArgument(fmt::format("gloo: rank {} outside group of {}", o.rank, o.size));
+  }
+  if (o.prefix.empty()) return InvalidArgument("gloo: options.prefix is required");
+  auto name = [&](int r) { return DescribeRankOrDefault(o.describe_rank, r); };
+  auto where = fmt::format("gloo connect of {} of {} (store http://{}:{}, prefix '{}')",
+                           name(o.rank), o.size, o.store_host, o.store_port, o.prefix);
+  // connectFullMesh writes "rank_<r>" (hostname) then "<r>" (pair addresses) per rank.
+  auto rank_of_key = [](const std::string& key) {
+    std::string digits = key.rfind("rank_", 0) == 0 ? key.substr(5) : key;
+    return digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos
+               ? -1
+               : std::stoi(digits);
+  };
+  HttpStore store(o.store_host, o.store_port, o.prefix, o.connect_deadline,
+                  [&](const std::string& key) {
+                    int r = rank_of_key(key);
+                    return r < 0 ? key : fmt::format("key '{}': {}", key, name(r));
+                  });
+  auto started = Clock::now();
+  try {
+    gloo::transport::tcp::attr attr(o.bind_host.c_str());
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
+    context->setTimeout(std::max(std::chrono::milliseconds(1), o.connect_deadline.remaining()));
+    context->connectFullMesh(store, device);
+    context->setTimeout(o.op_timeout);
+    return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(o, std::move(context)));
+  } catch (const std::exception& e) {
+    double waited = std::chrono::duration<double>(Clock::now() - started).count();
+    // Name the ranks that never published their addresses.
+    std::vector<std::string> keys;
+    for (int r = 0; r < o.size; ++r) {
+      if (r != o.rank) keys.push_back(std::to_string(r));
+    }
+    std::string absent;
+    auto missing = store.client().Missing(keys, Deadline::InSeconds(2));
+    if (missing.ok()) {
+      for (const auto& k : *missing) absent += (absent.empty() ? "" : ", ") + name(rank_of_key(k));
+    }
+    std::string msg = fmt::format("{}: failed after {:.1f} s", where, waited);
+    if (!absent.empty()) msg += "; never joined: " + absent;
+    msg += fmt::format(" [gloo: {}]", e.what());
+    if (IsTimeout(e.what()) || o.connect_deadline.expired()) return DeadlineExceeded(msg);
+    return Unavailable(msg);
+  }
+}
+
+}  // namespace wsync
