@@ -1,0 +1,71 @@
+// The `wsync` command line itself: help texts name the main flags, and bad flags or
+// arguments fail fast with a message instead of starting anything.
+#include <string>
+#include <vector>
+
+#include "e2e_test_base.h"
+
+namespace wsync::e2e {
+namespace {
+
+class CliTest : public E2eTest {};
+
+::testing::AssertionResult MentionsAll(const std::string& text, const std::vector<std::string>& words) {
+  for (const std::string& w : words) {
+    if (text.find(w) == std::string::npos) return ::testing::AssertionFailure() << "no '" << w << "' in:\n" << text;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CliTest, TopLevelHelpListsSubcommands) {
+  RunResult r = RunWsync("help", {"--help"}, 30);
+  ASSERT_TRUE(r.success()) << r.description;
+  EXPECT_TRUE(MentionsAll(r.out, {"serve", "push", "demo"}));
+}
+
+TEST_F(CliTest, PushHelpListsItsFlags) {
+  RunResult r = RunWsync("help", {"push", "--help"}, 30);
+  ASSERT_TRUE(r.success()) << r.description;
+  EXPECT_TRUE(MentionsAll(r.out, {"--servers", "--backend", "--checkpoint", "--model", "--seed",
+                                  "--steps", "--data-parallel-size", "--bucket-gb", "--timeout",
+                                  "--verify", "--weight-version", "--api-key"}));
+}
+
+TEST_F(CliTest, ServeHelpListsItsFlags) {
+  RunResult r = RunWsync("help", {"serve", "--help"}, 30);
+  ASSERT_TRUE(r.success()) << r.description;
+  EXPECT_TRUE(MentionsAll(r.out, {"--host", "--port", "--model", "--tp", "--dp", "--dp-rank",
+                                  "--device", "--backend", "--api-key", "--timeout",
+                                  "--ready-file", "--max-body-mb", "--fault"}));
+}
+
+TEST_F(CliTest, UnknownFlagsExitNonZeroNamingTheFlag) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"--no-such-flag"},
+                                        {"push", "--no-such-flag"},
+                                        {"serve", "--no-such-flag"}}) {
+    RunResult r = RunWsync("bad_flag", args, 30);
+    EXPECT_FALSE(r.timed_out) << r.description;
+    EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
+    EXPECT_NE((r.err + r.out).find("--no-such-flag"), std::string::npos) << r.description;
+  }
+}
+
+TEST_F(CliTest, ServeWithAnUnknownModelExitsNonZeroNamingIt) {
+  RunResult r = RunWsync("serve", {"serve", "--host", "127.0.0.1", "--port", "0", "--model",
+                                   "no-such-model"}, 30);
+  EXPECT_FALSE(r.timed_out) << r.description;
+  EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
+  EXPECT_NE(r.err.find("no-such-model"), std::string::npos) << r.description;
+}
+
+TEST_F(CliTest, PushToAnUnreachableServerExitsNonZeroNamingIt) {
+  // Port 1 on loopback: nothing listens there, the connect is refused at once.
+  Server nobody{"nobody", "http://127.0.0.1:1", nullptr};
+  RunResult r = Push("push", {nobody}, {"--model", "qwen3-tiny", "--seed", "1", "--timeout", "10"}, 60);
+  EXPECT_FALSE(r.timed_out) << r.description;
+  EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
+  EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.description;
+}
+
+}  // namespace
+}  // namespace wsync::e2e

@@ -1,0 +1,139 @@
+// Bad control-plane input against a live `wsync serve`, over raw HTTP: every refusal has
+// the right status code and a message naming the field or tensor, the server stays up,
+// and a full trainer sync afterwards still lands bit-exact.
+#include <string>
+#include <vector>
+
+#include "e2e_test_base.h"
+
+namespace wsync::e2e {
+namespace {
+
+using nlohmann::json;
+
+class ControlErrorsTest : public E2eTest {
+ protected:
+  // A valid one-tensor update of qwen3-tiny (model.norm.weight is bf16 [256]).
+  static json NormUpdate() {
+    return json{{"update_info",
+                 {{"names", {"model.norm.weight"}},
+                  {"dtype_names", {"bfloat16"}},
+                  {"shapes", {{256}}}}}};
+  }
+  // An update whose update_info has `field` replaced.
+  static json NormUpdateWith(const std::string& field, json value) {
+    json u = NormUpdate();
+    u["update_info"][field] = std::move(value);
+    return u;
+  }
+};
+
+// Expects `r` to be `status` with an error message containing every one of `needles`.
+::testing::AssertionResult IsError(const HttpReply& r, int status,
+                                   std::vector<std::string> needles) {
+  if (r.status != status) {
+    return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
+  }
+  std::string msg = r.ErrorMessage();
+  if (msg.empty()) {
+    return ::testing::AssertionFailure() << "no {\"error\":{\"message\":...}} in " << r.Describe();
+  }
+  for (const std::string& n : needles) {
+    if (msg.find(n) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << msg;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(ControlErrorsTest, BadRequestsGetExactCodesAndNamedMessagesThenAValidSyncSucceeds) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny", "--tp", "2",
+                                                           "--max-body-mb", "1"}));
+  const std::string& u = s.url;
+
+  // Init payloads.
+  EXPECT_TRUE(IsError(HttpPost(u, "/init_weight_transfer_engine", "{\"init_info\": {"), 400, {"JSON"}));
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/init_weight_transfer_engine", json::object()), 400, {"init_info"}));
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/init_weight_transfer_engine", json{{"init_info", 5}}), 400,
+                      {"init_info"}));
+
+  // Session state: update and finish outside a session, start twice.
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/update_weights", NormUpdate()), 409, {}));
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/finish_weight_update", json::object()), 409, {}));
+  ASSERT_EQ(HttpPostJson(u, "/start_weight_update", json::object()).status, 200);
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/start_weight_update", json::object()), 409, {}));
+
+  // Update payloads, inside the session.
+  EXPECT_TRUE(IsError(HttpPost(u, "/update_weights", "{\"update_info\": [1,"), 400, {"JSON"}));
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/update_weights", json{{"names", json::array()}}), 400,
+                      {"update_info"}));
+
+  struct BadUpdate {
+    const char* what;
+    json body;
+    std::vector<std::string> needles;
+  };
+  const BadUpdate bad[] = {
+      {"unequal list lengths",
+       NormUpdateWith("names", {"model.norm.weight", "model.embed_tokens.weight"}),
+       {"names", "dtype_names", "shapes"}},
+      {"missing names list",
+       json{{"update_info", {{"dtype_names", {"bfloat16"}}, {"shapes", {{256}}}}}},
+       {"names"}},
+      {"unknown dtype", NormUpdateWith("dtype_names", {"bfloat17"}), {"bfloat17"}},
+      {"a name the model lacks", NormUpdateWith("names", {"model.layers.99.mlp.up_proj.weight"}),
+       {"model.layers.99.mlp.up_proj.weight"}},
+      {"a wrong shape", NormUpdateWith("shapes", {{512}}), {"model.norm.weight", "shape"}},
+      {"a wrong dtype", NormUpdateWith("dtype_names", {"float16"}), {"model.norm.weight", "dtype"}},
+  };
+  for (const BadUpdate& b : bad) {
+    SCOPED_TRACE(b.what);
+    // A session must be active so that the payload itself is what gets refused; a
+    // refused update may or may not have ended the previous one.
+    int start = HttpPostJson(u, "/start_weight_update", json::object()).status;
+    ASSERT_TRUE(start == 200 || start == 409) << start;
+    EXPECT_TRUE(IsError(HttpPostJson(u, "/update_weights", b.body), 400, b.needles));
+  }
+  // A refused update ends its session.
+  EXPECT_TRUE(IsError(HttpPostJson(u, "/finish_weight_update", json::object()), 409, {}));
+
+  // A body over --max-body-mb 1.
+  std::string big = "{\"update_info\": {\"names\": [\"" + std::string(2 << 20, 'x') + "\"]}}";
+  EXPECT_TRUE(IsError(HttpPost(u, "/update_weights", big), 413, {}));
+
+  // Still up and still answering.
+  EXPECT_EQ(HttpGet(u, "/health").status, 200);
+  HttpReply ws = HttpGet(u, "/get_world_size");
+  ASSERT_EQ(ws.status, 200) << ws.Describe();
+  EXPECT_EQ(ws.json.value("world_size", -1), 2);
+
+  RunResult push = Push("push", {s}, {"--model", "qwen3-tiny", "--seed", "13", "--steps", "1",
+                                      "--verify", "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description;
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 13, 1,
+                                                                  DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  ExpectCleanShutdown(s);
+}
+
+TEST_F(ControlErrorsTest, PauseResumeAndPrefixCacheRoutesAnswerLikeVllm) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny"}));
+  const std::string& u = s.url;
+  HttpReply paused = HttpGet(u, "/is_paused");
+  ASSERT_EQ(paused.status, 200) << paused.Describe();
+  EXPECT_EQ(paused.json.value("is_paused", true), false);
+
+  EXPECT_EQ(HttpPost(u, "/pause?mode=keep", "").status, 200);
+  EXPECT_EQ(HttpGet(u, "/is_paused").json.value("is_paused", false), true);
+  EXPECT_EQ(HttpPost(u, "/resume", "").status, 200);
+  EXPECT_EQ(HttpGet(u, "/is_paused").json.value("is_paused", true), false);
+  EXPECT_TRUE(IsError(HttpPost(u, "/pause?mode=sideways", ""), 400, {"sideways"}));
+  EXPECT_EQ(HttpPost(u, "/reset_prefix_cache", "").status, 200);
+
+  HttpReply info = HttpGet(u, "/weight_info");
+  ASSERT_EQ(info.status, 200) << info.Describe();
+  EXPECT_TRUE(info.json.contains("weight_version")) << info.body;
+}
+
+}  // namespace
+}  // namespace wsync::e2e
