@@ -18,8 +18,12 @@ function(wsync_cc_test)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
+  set(props TIMEOUT ${A_TIMEOUT})
+  if(A_LABELS)
+    list(APPEND props LABELS "${A_LABELS}")
+  endif()
   gtest_discover_tests(${A_NAME}
-    PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+    PROPERTIES ${props}
     ENVIRONMENT "WSYNC_BIN=${PROJECT_BINARY_DIR}/tools/wsync;WSYNC_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
     DISCOVERY_TIMEOUT 60)
 endfunction()

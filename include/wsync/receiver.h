@@ -1,0 +1,78 @@
+// ReceiverBackend: the inference side of one weight-transfer backend.
+//
+// An inference server (src/receiver/inference_server.h) owns the control-plane session
+// state (start/update/finish, 409s, versions) and one ReceiverBackend, chosen by
+// `wsync serve --backend`. The backend owns the data plane: it joins the trainer's
+// communicator at Init and lands the bytes of each Update in every worker's shards.
+// The server calls the backend from HTTP threads, one call at a time (it serializes
+// them); the backend fans work out to the workers' own threads.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+class WorkerStore;
+class WorkerThread;
+struct ModelConfig;
+
+// One inference worker: its shards, its thread and where it sits in the server.
+struct ReceiverWorker {
+  WorkerStore* store = nullptr;
+  WorkerThread* thread = nullptr;
+  int dp_index = 0;  // data-parallel index within the deployment
+  int tp_rank = 0;
+  Device device;
+  std::string label;  // "http://127.0.0.1:8001 worker dp0/tp1", for messages
+};
+
+struct ReceiverContext {
+  const ModelConfig* model = nullptr;
+  std::vector<ReceiverWorker> workers;
+  int tp_size = 1;
+  std::string server_url;
+  double timeout_seconds = 300;  // the server's bound on any wait
+};
+
+// An update as the server hands it to the backend. `reject` is non-OK when the server
+// refuses the update (bad payload, wrong session state); backends whose data plane is a
+// collective still take part in it far enough to tell the trainer "no" instead of
+// leaving it waiting, then return `reject`.
+struct UpdateRequest {
+  const nlohmann::json* update_info = nullptr;
+  std::vector<TensorMeta> tensors;  // parsed and checked against the model when reject is OK
+  Status reject;
+};
+
+class ReceiverBackend {
+ public:
+  virtual ~ReceiverBackend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Status Init(const nlohmann::json& init_info) = 0;
+  virtual Status Start() { return Status::Ok(); }
+  virtual Status Update(const UpdateRequest& request) = 0;
+  virtual Status Finish() { return Status::Ok(); }
+  virtual Result<nlohmann::json> Fetch(const nlohmann::json& body) {
+    return Unimplemented("backend has no /fetch_weights");
+  }
+  // Releases communicators and mappings; later calls fail until Init.
+  virtual void Shutdown() {}
+};
+
+using ReceiverFactory = std::function<Result<std::unique_ptr<ReceiverBackend>>(ReceiverContext*)>;
+
+// Backends register once (one line each, in src/backends/registry.cc).
+Result<std::unique_ptr<ReceiverBackend>> CreateReceiverBackend(std::string_view name,
+                                                               ReceiverContext* context);
+std::vector<std::string> ReceiverBackendNames();
+
+}  // namespace wsync

@@ -1,0 +1,72 @@
+// TrainerEngine: the trainer side of one weight-transfer backend.
+//
+// Built once per trainer rank from TrainerOptions; Init() discovers the servers and
+// builds the data plane (for `nccl`: the broadcast group, with every server joining
+// concurrently); SendWeights() runs one whole sync: start -> update (concurrently with
+// the data plane) -> finish, on every server, and returns its timings. Only rank 0 talks
+// to servers. Every wait is bounded by `timeout_seconds`; a failed sync leaves the
+// engine needing Init() again, never a half-open session it would silently reuse.
+// Not thread-safe: one call at a time.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "wsync/source.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+struct SyncProgress {
+  size_t bytes_done = 0;
+  size_t bytes_total = 0;
+  size_t chunks_done = 0;
+  size_t chunks_total = 0;
+};
+
+struct TrainerOptions {
+  std::vector<std::string> servers;  // base URLs, deployment-major: [dep0_dp0, dep0_dp1, ...]
+  std::string backend = "nccl";
+  int data_parallel_size = 1;        // servers per deployment (SkyRL's data_parallel_size)
+  double bucket_gb = 1.0;            // packed buffer = max(bucket, largest tensor)
+  bool packed = true;
+  int num_buffers = 2;               // packing overlaps the broadcast of the previous chunk
+  double timeout_seconds = 300;      // bound on every wait
+  std::string api_key;               // `Authorization: Bearer` on every call
+  std::string store_host = "127.0.0.1";  // where the rendezvous store listens (servers dial it)
+  Device device;
+  int rank = 0;                      // trainer rank; rank 0 is the sender
+  // Called from the sending thread after every chunk.
+  std::function<void(const SyncProgress&)> progress;
+};
+
+struct SyncStats {
+  size_t bytes = 0;
+  size_t tensors = 0;
+  size_t chunks = 0;
+  double seconds = 0;           // start_weight_update .. finish_weight_update answered
+  double start_seconds = 0;     // POST /start_weight_update
+  double transfer_seconds = 0;  // update_weights + data plane
+  double finish_seconds = 0;    // POST /finish_weight_update
+};
+
+class TrainerEngine {
+ public:
+  virtual ~TrainerEngine() = default;
+  // `metadata` is the model the source will send; it sizes the packed buffers.
+  virtual Status Init(const std::vector<TensorMeta>& metadata) = 0;
+  // Checks the source's iteration against its metadata BEFORE anything is sent (an
+  // in-memory pass; a mismatch names the tensor), then syncs it to every server.
+  virtual Result<SyncStats> SendWeights(WeightSource& source,
+                                        const std::optional<std::string>& weight_version) = 0;
+  virtual void Shutdown() {}
+};
+
+Result<std::unique_ptr<TrainerEngine>> CreateTrainerEngine(const TrainerOptions& options);
+std::vector<std::string> TrainerBackendNames();
+
+}  // namespace wsync

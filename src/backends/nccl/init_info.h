@@ -1,0 +1,48 @@
+// The `nccl` backend's wire format: the init payload both halves agree on.
+//
+// Field names follow vLLM's NCCLWeightTransferInitInfo (reference/vllm_weight_transfer.md
+// §5.1): rank_offset, world_size, packed, packed_buffer_size_bytes, packed_num_buffers,
+// and nccl_unique_id_b64 for the GPU data plane. The CPU data plane (Gloo) adds what its
+// rendezvous needs, all prefixed `gloo_`, plus `wsync_protocol` (the version of wsync's
+// extensions: today 1, which also turns on the one-integer preflight before each
+// update). Unknown fields are rejected, as vLLM's dataclass constructor rejects them.
+// Pure data and functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/packing.h"
+#include "wsync/status.h"
+
+namespace wsync {
+
+inline constexpr int kWsyncProtocolVersion = 1;
+
+struct NcclInitInfo {
+  int rank_offset = 1;
+  int world_size = 0;
+  bool packed = false;  // vLLM's worker-side default
+  int64_t packed_buffer_size_bytes = static_cast<int64_t>(kDefaultPackedBufferBytes);
+  int packed_num_buffers = kDefaultPackedNumBuffers;
+  // GPU data plane: standard base64 of the 128-byte ncclUniqueId.
+  std::optional<std::string> nccl_unique_id_b64;
+  // CPU data plane (Gloo): where the trainer's rendezvous store listens.
+  std::optional<std::string> gloo_store_host;
+  std::optional<int> gloo_store_port;
+  std::optional<std::string> gloo_prefix;       // unique per init
+  std::vector<std::string> gloo_rank_labels;    // names of ranks, for error messages
+  std::optional<int> wsync_protocol;            // set by wsync trainers
+  std::optional<double> timeout_seconds;        // the trainer's bound on waits
+
+  bool uses_gloo() const { return gloo_store_host.has_value(); }
+  nlohmann::json ToJson() const;
+  // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one.
+  static Result<NcclInitInfo> Parse(const nlohmann::json& j);
+};
+
+}  // namespace wsync

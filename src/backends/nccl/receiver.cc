@@ -1,0 +1,215 @@
+#include "backends/nccl/receiver.h"
+
+#include <future>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backends/nccl/init_info.h"
+#include "comm/communicator.h"
+#include "comm/gloo_communicator.h"
+#include "core/log.h"
+#include "model/worker_store.h"
+#include "receiver/worker_thread.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+// Waits for every worker's task and returns the first failure, in worker order.
+Status JoinAll(std::vector<std::future<Status>>& futures) {
+  Status first;
+  for (auto& f : futures) {
+    Status s = f.get();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+class NcclReceiver final : public ReceiverBackend {
+ public:
+  explicit NcclReceiver(ReceiverContext* ctx) : ctx_(ctx), slots_(ctx->workers.size()) {}
+  ~NcclReceiver() override { Shutdown(); }
+
+  std::string_view name() const override { return "nccl"; }
+
+  Status Init(const json& init_info) override {
+    WSYNC_ASSIGN_OR_RETURN(NcclInitInfo info, NcclInitInfo::Parse(init_info));
+    for (const ReceiverWorker& w : ctx_->workers) {
+      int rank = Rank(info, w);
+      if (rank >= info.world_size) {
+        return InvalidArgument(fmt::format(
+            "{} would be rank {} (rank_offset {} + dp {} * tp {} + tp rank {}), outside world_size {}",
+            w.label, rank, info.rank_offset, w.dp_index, ctx_->tp_size, w.tp_rank, info.world_size));
+      }
+    }
+    if (!info.uses_gloo()) {
+      return Unimplemented(fmt::format(
+          "init_info carries nccl_unique_id_b64, but this server's workers are on {}: the NCCL "
+          "data plane needs CUDA devices; use the Gloo rendezvous fields for CPU servers",
+          ctx_->workers.front().device.ToString()));
+    }
+    Shutdown();
+    double timeout = std::min(ctx_->timeout_seconds, info.timeout_seconds.value_or(ctx_->timeout_seconds));
+    Deadline deadline = Deadline::InSeconds(timeout);
+    std::vector<std::future<Status>> futures;
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      const ReceiverWorker& w = ctx_->workers[i];
+      GlooOptions o;
+      o.store_host = *info.gloo_store_host;
+      o.store_port = *info.gloo_store_port;
+      o.prefix = *info.gloo_prefix;
+      o.rank = Rank(info, w);
+      o.size = info.world_size;
+      o.connect_deadline = deadline;
+      o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+      std::vector<std::string> labels = info.gloo_rank_labels;
+      o.describe_rank = [labels](int r) {
+        if (r >= 0 && r < static_cast<int>(labels.size())) return fmt::format("rank {} ({})", r, labels[r]);
+        return r == 0 ? std::string("rank 0 (trainer)") : fmt::format("rank {}", r);
+      };
+      futures.push_back(w.thread->Post([this, i, o, deadline]() -> Status {
+        WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(o));
+        float warmup = 0.0f;  // vLLM's one-element float32 SUM warm-up
+        WSYNC_RETURN_IF_ERROR(comm->AllReduceSum(std::span<float>(&warmup, 1), deadline));
+        slots_[i].comm = std::move(comm);
+        return Status::Ok();
+      }));
+    }
+    Status s = JoinAll(futures);
+    if (!s.ok()) {
+      Shutdown();
+      return s;
+    }
+    info_ = info;
+    timeout_ = timeout;
+    WSYNC_LOG_INFO("joined broadcast group: world {}, ranks {}..{}, packed {}", info.world_size,
+                   Rank(info, ctx_->workers.front()), Rank(info, ctx_->workers.back()), info.packed);
+    return Status::Ok();
+  }
+
+  Status Update(const UpdateRequest& req) override {
+    if (!info_ || slots_.front().comm == nullptr || slots_.front().comm->aborted()) {
+      if (!req.reject.ok()) return req.reject;
+      return FailedPrecondition(
+          "no live broadcast group: call init_weight_transfer_engine first (a failed sync "
+          "tears the group down)");
+    }
+    Deadline deadline = Deadline::InSeconds(timeout_);
+    std::vector<TensorMeta> tensors = req.tensors;
+    ChunkPlan plan;
+    if (req.reject.ok()) {
+      Result<ChunkPlan> p = info_->packed
+                                ? PlanChunks(tensors, static_cast<size_t>(info_->packed_buffer_size_bytes))
+                                : PlanChunks(tensors, 1);  // one tensor per chunk
+      if (!p.ok()) return p.status();
+      plan = std::move(*p);
+    }
+    bool preflight = info_->wsync_protocol.has_value();
+    if (!preflight && !req.reject.ok()) return req.reject;  // vLLM peers: nothing to join
+
+    std::vector<std::future<Status>> futures;
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
+        Slot& slot = slots_[i];
+        if (preflight) {
+          int64_t vote = req.reject.ok() ? 0 : 1;
+          WSYNC_RETURN_IF_ERROR(slot.comm->AllReduceSum(std::span<int64_t>(&vote, 1), deadline));
+          if (!req.reject.ok()) return req.reject;
+          if (vote != 0) {
+            return Aborted(fmt::format(
+                "update abandoned: {} other rank(s) of the broadcast group rejected it (the "
+                "trainer reports why)", vote));
+          }
+        }
+        return ReceiveInto(ctx_->workers[i], slot, tensors, plan, deadline);
+      }));
+    }
+    Status s = JoinAll(futures);
+    if (!s.ok() && s.code() != StatusCode::kAborted && req.reject.ok()) {
+      // The data phase failed: the group is unusable for every worker of this server.
+      for (Slot& slot : slots_) {
+        if (slot.comm) slot.comm->Abort();
+      }
+    }
+    return s;
+  }
+
+  void Shutdown() override {
+    for (Slot& slot : slots_) {
+      if (slot.comm) slot.comm->Abort();
+      slot.comm.reset();
+    }
+    info_.reset();
+  }
+
+ private:
+  struct Slot {
+    std::unique_ptr<Communicator> comm;
+    std::vector<HostBuffer> buffers;  // receive buffers, reused across syncs
+  };
+
+  int Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
+    return info.rank_offset + w.dp_index * ctx_->tp_size + w.tp_rank;
+  }
+
+  // Receives every chunk and loads it; runs on the worker's thread. Loading chunk k
+  // overlaps the receipt of chunk k+1 (one loader task in flight per buffer).
+  Status ReceiveInto(const ReceiverWorker& w, Slot& slot, const std::vector<TensorMeta>& tensors,
+                     const ChunkPlan& plan, Deadline deadline) {
+    size_t nbuf = std::max(1, std::min(info_->packed_num_buffers, 2));
+    slot.buffers.resize(nbuf);
+    for (HostBuffer& b : slot.buffers) {
+      if (b.size() < plan.max_chunk_bytes) {
+        WSYNC_ASSIGN_OR_RETURN(b, HostBuffer::Allocate(plan.max_chunk_bytes));
+      }
+    }
+    std::vector<std::future<Status>> loads(nbuf);
+    Status load_error;
+    auto drain = [&](size_t b) {
+      if (loads[b].valid()) {
+        Status s = loads[b].get();
+        if (load_error.ok() && !s.ok()) load_error = s;
+      }
+    };
+    for (size_t k = 0; k < plan.chunks.size(); ++k) {
+      const Chunk& c = plan.chunks[k];
+      size_t b = k % nbuf;
+      drain(b);
+      if (!load_error.ok()) return load_error;
+      std::span<std::byte> buf = slot.buffers[b].span().first(c.bytes);
+      Status s = slot.comm->Broadcast(buf, 0, deadline);
+      if (!s.ok()) {
+        for (size_t j = 0; j < nbuf; ++j) drain(j);
+        return s.WithContext(fmt::format("{}: receiving chunk {}/{} ({} bytes, tensors {}..{})",
+                                         w.label, k + 1, plan.chunks.size(), c.bytes,
+                                         tensors[c.first].name, tensors[c.end - 1].name));
+      }
+      loads[b] = std::async(std::launch::async, [&, c, buf]() -> Status {
+        for (size_t t = c.first; t < c.end; ++t) {
+          const TensorMeta& m = tensors[t];
+          TensorRef ref{m.name, m.dtype, m.shape,
+                        buf.subspan(plan.offset_in_chunk[t], m.nbytes()), w.device};
+          WSYNC_RETURN_IF_ERROR(w.store->Load(ref).WithContext(w.label));
+        }
+        return Status::Ok();
+      });
+    }
+    for (size_t j = 0; j < nbuf; ++j) drain(j);
+    return load_error;
+  }
+
+  ReceiverContext* ctx_;
+  std::vector<Slot> slots_;  // one per worker, touched only from that worker's thread
+  std::optional<NcclInitInfo> info_;
+  double timeout_ = 300;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ReceiverBackend>> CreateNcclReceiver(ReceiverContext* context) {
+  return std::unique_ptr<ReceiverBackend>(std::make_unique<NcclReceiver>(context));
+}
+
+}  // namespace wsync

@@ -1,0 +1,350 @@
+#include "backends/nccl/trainer.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backends/nccl/init_info.h"
+#include "comm/communicator.h"
+#include "comm/gloo_communicator.h"
+#include "comm/store.h"
+#include "control/client.h"
+#include "control/init_payloads.h"
+#include "core/log.h"
+#include "plan/packing.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string RandomHex(int bytes) {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < bytes; ++i) out += fmt::format("{:02x}", rd() & 0xff);
+  return out;
+}
+
+// Runs `op` on its own thread and waits for it, for the first failure among the servers'
+// HTTP replies, or for the deadline, whichever comes first. On an HTTP failure or the
+// deadline it aborts `comm` (which wakes a blocked broadcast) and returns that error; the
+// op keeps only shared state, so it may finish after this returns.
+Status Watched(std::function<Status()> op, Communicator& comm, FanOutClient::Pending* http,
+               Deadline deadline, const char* what) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+  };
+  auto state = std::make_shared<State>();
+  std::thread([state, op = std::move(op)] {
+    Status s = op();
+    std::lock_guard lock(state->mu);
+    state->done = true;
+    state->status = s;
+    state->cv.notify_all();
+  }).detach();
+  std::unique_lock lock(state->mu);
+  for (;;) {
+    if (state->cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return state->done; })) {
+      return state->status;
+    }
+    if (http != nullptr && http->AnyFailed()) {
+      comm.Abort();
+      state->cv.wait_for(lock, std::chrono::seconds(10), [&] { return state->done; });
+      lock.unlock();
+      Result<std::vector<json>> r = http->Wait(Deadline::InSeconds(1));
+      return r.ok() ? Aborted(fmt::format("{} aborted", what)) : r.status();
+    }
+    if (deadline.expired()) {
+      comm.Abort();
+      return DeadlineExceeded(fmt::format("{} did not finish within the timeout", what));
+    }
+  }
+}
+
+class NcclTrainer final : public TrainerEngine {
+ public:
+  explicit NcclTrainer(const TrainerOptions& o)
+      : options_(o), client_(o.servers, ClientOptions{o.api_key, 10}) {}
+
+  ~NcclTrainer() override { Shutdown(); }
+
+  Status Init(const std::vector<TensorMeta>& metadata) override {
+    if (!options_.device.is_cpu()) {
+      return Unimplemented(fmt::format("trainer device {}: the NCCL data plane needs a CUDA build",
+                                       options_.device.ToString()));
+    }
+    Shutdown();
+    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes, client_.Get("/get_world_size?include_dp=true", deadline));
+    std::vector<int> per_server;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (!sizes[i].contains("world_size") || !sizes[i]["world_size"].is_number_integer()) {
+        return Internal(fmt::format("{}: /get_world_size answered {}", client_.urls()[i], sizes[i].dump()));
+      }
+      per_server.push_back(sizes[i]["world_size"].get<int>());
+    }
+    WSYNC_ASSIGN_OR_RETURN(int world, BroadcastWorldSize(per_server, options_.data_parallel_size));
+    WSYNC_ASSIGN_OR_RETURN(std::vector<int> offsets,
+                           NcclRankOffsets(world, static_cast<int>(per_server.size()),
+                                           options_.data_parallel_size));
+    labels_ = RankLabels(world, offsets, deadline);
+
+    if (!store_) {
+      WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
+    }
+    prefix_ = fmt::format("wsync-{}/{}", RandomHex(8), ++attempt_);
+    buffer_bytes_ = PackedBufferSize(metadata, static_cast<size_t>(options_.bucket_gb * (1u << 30)));
+
+    NcclInitInfo info;
+    info.world_size = world;
+    info.packed = options_.packed;
+    info.packed_buffer_size_bytes = static_cast<int64_t>(buffer_bytes_);
+    info.packed_num_buffers = options_.num_buffers;
+    info.gloo_store_host = options_.store_host;
+    info.gloo_store_port = store_->port();
+    info.gloo_prefix = prefix_;
+    info.gloo_rank_labels = labels_;
+    info.wsync_protocol = kWsyncProtocolVersion;
+    info.timeout_seconds = options_.timeout_seconds;
+    std::vector<json> bodies;
+    for (int offset : offsets) {
+      info.rank_offset = offset;
+      bodies.push_back(json{{"init_info", info.ToJson()}});
+    }
+    WSYNC_LOG_INFO("init: {} servers, world {}, rank offsets [{}], packed buffer {} bytes",
+                   offsets.size(), world, fmt::join(offsets, ", "), buffer_bytes_);
+    auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), deadline);
+
+    GlooOptions g;
+    g.store_host = options_.store_host;
+    g.store_port = store_->port();
+    g.prefix = prefix_;
+    g.rank = 0;
+    g.size = world;
+    g.bind_host = options_.store_host;
+    g.connect_deadline = deadline;
+    g.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
+    g.describe_rank = [labels = labels_](int r) {
+      return r < static_cast<int>(labels.size()) ? fmt::format("rank {} ({})", r, labels[r])
+                                                 : fmt::format("rank {}", r);
+    };
+    // Connect on a side thread so that a server refusing init ends the wait at once.
+    auto connected = std::make_shared<std::promise<Result<std::unique_ptr<Communicator>>>>();
+    auto connect_future = connected->get_future();
+    std::thread([connected, g] { connected->set_value(ConnectGloo(g)); }).detach();
+    while (connect_future.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+      if (pending->AnyFailed()) return pending->Wait(Deadline::InSeconds(1)).status();
+    }
+    Result<std::unique_ptr<Communicator>> comm = connect_future.get();
+    if (!comm.ok()) {
+      // A server's own error explains more than "rank N never joined"; give it a moment.
+      Result<std::vector<json>> r = pending->Wait(Deadline::InSeconds(2));
+      if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) return r.status();
+      return comm.status();
+    }
+    comm_ = std::move(*comm);
+    auto warmup = std::make_shared<float>(0.0f);  // vLLM's one-element float32 SUM
+    std::shared_ptr<Communicator> c = comm_;
+    WSYNC_RETURN_IF_ERROR(Watched([c, warmup, deadline] { return c->AllReduceSum(std::span<float>(warmup.get(), 1), deadline); },
+                                  *comm_, pending.get(), deadline, "broadcast group warm-up"));
+    WSYNC_RETURN_IF_ERROR(pending->Wait(deadline).status());
+    store_->ErasePrefix(prefix_);
+    WSYNC_LOG_INFO("broadcast group of {} ranks is up", world);
+    return Status::Ok();
+  }
+
+  Result<SyncStats> SendWeights(WeightSource& source,
+                                const std::optional<std::string>& weight_version) override {
+    if (!comm_ || comm_->aborted()) {
+      return FailedPrecondition("no live broadcast group: call Init() (a failed sync tears it down)");
+    }
+    const std::vector<TensorMeta>& meta = source.metadata();
+    // The whole iteration is checked before anything is sent.
+    {
+      WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
+      auto stream = CheckedStream(std::move(inner), meta);
+      TensorRef t;
+      for (;;) {
+        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+        if (!more) break;
+      }
+    }
+    WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(meta, options_.packed ? buffer_bytes_ : 1));
+    json update = {{"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
+    for (const TensorMeta& m : meta) {
+      update["names"].push_back(m.name);
+      update["dtype_names"].push_back(TorchName(m.dtype));
+      update["shapes"].push_back(m.shape);
+    }
+
+    SyncStats stats;
+    stats.bytes = plan.total_bytes;
+    stats.tensors = meta.size();
+    stats.chunks = plan.chunks.size();
+    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    auto t0 = Clock::now();
+    Status started = client_.Post("/start_weight_update", json::object(), deadline).status();
+    if (!started.ok()) {
+      CloseSessions();
+      return started;
+    }
+    stats.start_seconds = Since(t0);
+    auto t1 = Clock::now();
+    auto pending = client_.PostAsync("/update_weights",
+                                     std::vector<json>(client_.urls().size(), json{{"update_info", update}}),
+                                     deadline);
+    Status s = Transfer(source, meta, plan, pending.get(), deadline);
+    if (s.ok()) s = pending->Wait(deadline).status();
+    if (!s.ok()) {
+      comm_->Abort();
+      CloseSessions();
+      return s;
+    }
+    stats.transfer_seconds = Since(t1);
+    auto t2 = Clock::now();
+    json finish = json::object();
+    if (weight_version) finish["weight_version"] = *weight_version;
+    WSYNC_RETURN_IF_ERROR(client_.Post("/finish_weight_update", finish, deadline).status());
+    stats.finish_seconds = Since(t2);
+    stats.seconds = Since(t0);
+    return stats;
+  }
+
+  void Shutdown() override {
+    if (comm_) comm_->Abort();
+    comm_.reset();
+  }
+
+ private:
+  // Preflight vote, then every chunk: pack chunk k+1 (on a helper thread) while chunk k
+  // is broadcast.
+  Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta_in,
+                  const ChunkPlan& plan_in, FanOutClient::Pending* http, Deadline deadline) {
+    std::shared_ptr<Communicator> comm = comm_;
+    auto vote = std::make_shared<int64_t>(0);
+    WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline] { return comm->AllReduceSum(std::span<int64_t>(vote.get(), 1), deadline); },
+                                  *comm_, http, deadline, "update preflight"));
+    if (*vote != 0) {
+      Result<std::vector<json>> r = http->Wait(deadline);
+      if (!r.ok()) return r.status();
+      return Aborted(fmt::format("{} worker(s) rejected the update", *vote));
+    }
+    size_t nbuf = std::max(1, std::min(options_.num_buffers, 2));
+    buffers_.resize(nbuf);
+    for (auto& b : buffers_) {
+      if (!b) b = std::make_shared<HostBuffer>();
+      if (b->size() < plan_in.max_chunk_bytes) {
+        WSYNC_ASSIGN_OR_RETURN(*b, HostBuffer::Allocate(plan_in.max_chunk_bytes));
+      }
+    }
+    // The op owns copies of what it reads, so it may outlive this call after an abort.
+    auto meta_owned = std::make_shared<const std::vector<TensorMeta>>(meta_in);
+    auto plan_owned = std::make_shared<const ChunkPlan>(plan_in);
+    WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
+    std::shared_ptr<TensorStream> stream = CheckedStream(std::move(inner), *meta_owned);
+    auto buffers = buffers_;
+    auto progress = options_.progress;
+    auto op = [comm, stream, buffers, meta_owned, plan_owned, progress, deadline, nbuf]() -> Status {
+      const ChunkPlan& plan = *plan_owned;
+      const std::vector<TensorMeta>& meta = *meta_owned;
+      auto pack = [&](size_t k) -> Status {
+        const Chunk& c = plan.chunks[k];
+        std::byte* dst = buffers[k % nbuf]->data();
+        TensorRef t;
+        for (size_t i = c.first; i < c.end; ++i) {
+          WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+          if (!more) return Internal("source ended early");
+          std::memcpy(dst + plan.offset_in_chunk[i], t.bytes.data(), t.bytes.size());
+        }
+        return Status::Ok();
+      };
+      std::future<Status> packing;
+      if (!plan.chunks.empty()) packing = std::async(std::launch::async, pack, 0);
+      SyncProgress p{0, plan.total_bytes, 0, plan.chunks.size()};
+      for (size_t k = 0; k < plan.chunks.size(); ++k) {
+        WSYNC_RETURN_IF_ERROR(packing.get());
+        if (k + 1 < plan.chunks.size()) packing = std::async(std::launch::async, pack, k + 1);
+        const Chunk& c = plan.chunks[k];
+        Status s = comm->Broadcast(std::span(buffers[k % nbuf]->data(), c.bytes), 0, deadline);
+        if (!s.ok()) {
+          if (packing.valid()) packing.wait();
+          return s.WithContext(fmt::format("broadcast of chunk {}/{} ({} bytes: {}..{})", k + 1,
+                                           plan.chunks.size(), c.bytes, meta[c.first].name,
+                                           meta[c.end - 1].name));
+        }
+        p.bytes_done += c.bytes;
+        p.chunks_done = k + 1;
+        if (progress) progress(p);
+      }
+      return Status::Ok();
+    };
+    return Watched(op, *comm_, http, deadline, "weight broadcast");
+  }
+
+  // Ends any session still open on a server after a failed sync (409s are expected
+  // from servers whose failed update already ended theirs).
+  void CloseSessions() {
+    (void)client_.Post("/finish_weight_update", json::object(), Deadline::InSeconds(10));
+  }
+
+  // Names every rank of the group, from the servers' /health when they are wsync servers.
+  std::vector<std::string> RankLabels(int world, const std::vector<int>& offsets, Deadline deadline) {
+    std::vector<std::string> labels(world);
+    labels[0] = "trainer";
+    Result<std::vector<json>> health = client_.Get("/health", deadline);
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      const std::string& url = client_.urls()[i];
+      json h = health.ok() ? (*health)[i] : json::object();
+      int tp = h.value("tp", 0), dp = h.value("dp", 0), dp_rank = h.value("dp_rank", -1);
+      if (tp <= 0 || dp <= 0) {
+        for (int r = offsets[i]; r < world; ++r) {
+          if (labels[r].empty()) labels[r] = fmt::format("a worker of {} or a later server", url);
+        }
+        continue;
+      }
+      int first = dp_rank < 0 ? 0 : dp_rank, end = dp_rank < 0 ? dp : dp_rank + 1;
+      for (int d = first; d < end; ++d) {
+        for (int t = 0; t < tp; ++t) {
+          int r = offsets[i] + d * tp + t;
+          if (r < world) labels[r] = fmt::format("{} worker dp{}/tp{}", url, d, t);
+        }
+      }
+    }
+    return labels;
+  }
+
+  TrainerOptions options_;
+  FanOutClient client_;
+  std::unique_ptr<StoreServer> store_;
+  std::shared_ptr<Communicator> comm_;
+  std::vector<std::shared_ptr<HostBuffer>> buffers_;
+  std::vector<std::string> labels_;
+  std::string prefix_;
+  size_t buffer_bytes_ = kDefaultPackedBufferBytes;
+  int attempt_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TrainerEngine>> CreateNcclTrainer(const TrainerOptions& options) {
+  if (options.servers.empty()) return InvalidArgument("no servers given (--servers)");
+  if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
+  if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
+  if (options.rank != 0) {
+    return Unimplemented("trainer ranks other than 0 need a multi-rank source (not built yet)");
+  }
+  return std::unique_ptr<TrainerEngine>(std::make_unique<NcclTrainer>(options));
+}
+
+}  // namespace wsync

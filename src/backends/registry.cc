@@ -1,0 +1,67 @@
+// The one place backends are registered: one line per backend and side.
+#include <functional>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backends/nccl/receiver.h"
+#include "backends/nccl/trainer.h"
+#include "wsync/receiver.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+namespace {
+
+const std::map<std::string, ReceiverFactory, std::less<>>& Receivers() {
+  static const std::map<std::string, ReceiverFactory, std::less<>> kReceivers = {
+      {"nccl", CreateNcclReceiver},
+  };
+  return kReceivers;
+}
+
+using TrainerFactory = std::function<Result<std::unique_ptr<TrainerEngine>>(const TrainerOptions&)>;
+const std::map<std::string, TrainerFactory, std::less<>>& Trainers() {
+  static const std::map<std::string, TrainerFactory, std::less<>> kTrainers = {
+      {"nccl", CreateNcclTrainer},
+  };
+  return kTrainers;
+}
+
+// Backends named in the design that are not built yet answer with this.
+bool Planned(std::string_view name) { return name == "ipc" || name == "delta" || name == "sharded"; }
+
+}  // namespace
+
+Result<std::unique_ptr<ReceiverBackend>> CreateReceiverBackend(std::string_view name,
+                                                               ReceiverContext* context) {
+  auto it = Receivers().find(name);
+  if (it != Receivers().end()) return it->second(context);
+  if (Planned(name)) return Unimplemented(fmt::format("backend '{}' is not built into this wsync yet", name));
+  return InvalidArgument(fmt::format("unknown backend '{}': available: {}", name,
+                                     fmt::join(ReceiverBackendNames(), ", ")));
+}
+
+std::vector<std::string> ReceiverBackendNames() {
+  std::vector<std::string> names;
+  for (const auto& [n, _] : Receivers()) names.push_back(n);
+  return names;
+}
+
+Result<std::unique_ptr<TrainerEngine>> CreateTrainerEngine(const TrainerOptions& options) {
+  auto it = Trainers().find(options.backend);
+  if (it != Trainers().end()) return it->second(options);
+  if (Planned(options.backend)) {
+    return Unimplemented(fmt::format("backend '{}' is not built into this wsync yet", options.backend));
+  }
+  return InvalidArgument(fmt::format("unknown backend '{}': available: {}", options.backend,
+                                     fmt::join(TrainerBackendNames(), ", ")));
+}
+
+std::vector<std::string> TrainerBackendNames() {
+  std::vector<std::string> names;
+  for (const auto& [n, _] : Trainers()) names.push_back(n);
+  return names;
+}
+
+}  // namespace wsync

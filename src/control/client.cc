@@ -1,0 +1,183 @@
+#include "control/client.h"
+
+#include <httplib.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+// Shared by the caller and the request threads; outlives whichever finishes last.
+class FanOut final : public FanOutClient::Pending {
+ public:
+  explicit FanOut(size_t n) : replies_(n), statuses_(n), done_(n, false) {}
+
+  void Finish(size_t i, Result<json> r) {
+    std::lock_guard lock(mu_);
+    if (r.ok()) {
+      replies_[i] = std::move(*r);
+    } else {
+      statuses_[i] = r.status();
+      any_failed_ = true;
+    }
+    done_[i] = true;
+    ++finished_;
+    cv_.notify_all();
+  }
+
+  Result<std::vector<json>> Wait(Deadline deadline) override {
+    std::unique_lock lock(mu_);
+    cv_.wait_until(lock, deadline.at(), [&] { return finished_ == done_.size(); });
+    for (size_t i = 0; i < done_.size(); ++i) {
+      if (done_[i] && !statuses_[i].ok()) return statuses_[i];
+    }
+    if (finished_ != done_.size()) {
+      std::vector<std::string> waiting;
+      for (size_t i = 0; i < done_.size(); ++i) {
+        if (!done_[i]) waiting.push_back(labels_[i]);
+      }
+      return DeadlineExceeded(fmt::format("no answer within the deadline from {}",
+                                          fmt::join(waiting, ", ")));
+    }
+    return replies_;
+  }
+  bool Done() const override {
+    std::lock_guard lock(mu_);
+    return finished_ == done_.size();
+  }
+  bool AnyFailed() const override {
+    std::lock_guard lock(mu_);
+    return any_failed_;
+  }
+
+  std::vector<std::string> labels_;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<json> replies_;
+  std::vector<Status> statuses_;
+  std::vector<bool> done_;
+  size_t finished_ = 0;
+  bool any_failed_ = false;
+};
+
+std::string ErrorMessageOf(const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_discarded() && j.is_object()) {
+    if (auto e = j.find("error"); e != j.end()) {
+      if (e->is_object() && e->contains("message") && (*e)["message"].is_string()) {
+        return (*e)["message"].get<std::string>();
+      }
+      if (e->is_string()) return e->get<std::string>();
+    }
+    if (auto d = j.find("detail"); d != j.end()) return d->dump();  // FastAPI's shape
+  }
+  return body.size() > 500 ? body.substr(0, 500) + "..." : body;
+}
+
+Result<json> DoRequest(const std::string& url, const std::string& method, const std::string& path,
+                       const json& body, const ClientOptions& options, Deadline deadline) {
+  std::string what = fmt::format("{}: {} {}", url, method, path);
+  httplib::Client cli(url);
+  double left = std::max(0.001, deadline.remaining_seconds());
+  auto connect = std::chrono::duration<double>(std::min(left, options.connect_timeout_seconds));
+  cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(connect));
+  auto io = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(left));
+  cli.set_read_timeout(io);
+  cli.set_write_timeout(io);
+  cli.set_keep_alive(false);
+  httplib::Headers headers = {{"Connection", "close"}};
+  if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+
+  httplib::Result res = method == "GET"
+                            ? cli.Get(path, headers)
+                            : cli.Post(path, headers, body.is_null() ? std::string() : body.dump(),
+                                       "application/json");
+  if (!res) {
+    auto err = res.error();
+    if (err == httplib::Error::Read && deadline.expired()) {
+      return DeadlineExceeded(fmt::format("{}: no answer within the deadline", what));
+    }
+    return Unavailable(fmt::format("{}: {}", what, httplib::to_string(err)));
+  }
+  if (res->status < 200 || res->status >= 300) {
+    return Status(StatusCodeForHttp(res->status),
+                  fmt::format("{} -> {}: {}", what, res->status, ErrorMessageOf(res->body)));
+  }
+  if (res->body.empty()) return json::object();
+  json j = json::parse(res->body, nullptr, false);
+  if (j.is_discarded()) return Internal(fmt::format("{}: reply is not JSON", what));
+  return j;
+}
+
+}  // namespace
+
+StatusCode StatusCodeForHttp(int s) {
+  switch (s) {
+    case 400: case 422: return StatusCode::kInvalidArgument;
+    case 401: case 403: return StatusCode::kUnauthenticated;
+    case 404: return StatusCode::kNotFound;
+    case 409: return StatusCode::kFailedPrecondition;
+    case 413: return StatusCode::kPayloadTooLarge;
+    case 501: return StatusCode::kUnimplemented;
+    case 503: return StatusCode::kUnavailable;
+    case 504: return StatusCode::kDeadlineExceeded;
+    default: return StatusCode::kInternal;
+  }
+}
+
+FanOutClient::FanOutClient(std::vector<std::string> urls, ClientOptions options)
+    : urls_(std::move(urls)), options_(std::move(options)) {
+  for (auto& u : urls_) {
+    while (!u.empty() && u.back() == '/') u.pop_back();
+    if (u.find("://") == std::string::npos) u = "http://" + u;
+  }
+}
+
+std::shared_ptr<FanOutClient::Pending> FanOutClient::Start(const std::string& method,
+                                                           const std::string& path,
+                                                           std::vector<json> bodies,
+                                                           Deadline deadline) const {
+  auto fan = std::make_shared<FanOut>(urls_.size());
+  for (const auto& u : urls_) fan->labels_.push_back(u);
+  for (size_t i = 0; i < urls_.size(); ++i) {
+    std::thread([fan, i, url = urls_[i], method, path, body = std::move(bodies[i]),
+                 options = options_, deadline] {
+      fan->Finish(i, DoRequest(url, method, path, body, options, deadline));
+    }).detach();
+  }
+  return fan;
+}
+
+Result<std::vector<json>> FanOutClient::Get(const std::string& path, Deadline deadline) const {
+  return Start("GET", path, std::vector<json>(urls_.size()), deadline)->Wait(deadline);
+}
+
+Result<std::vector<json>> FanOutClient::Post(const std::string& path, const json& body,
+                                             Deadline deadline) const {
+  return Start("POST", path, std::vector<json>(urls_.size(), body), deadline)->Wait(deadline);
+}
+
+Result<std::vector<json>> FanOutClient::PostEach(const std::string& path, std::vector<json> bodies,
+                                                 Deadline deadline) const {
+  if (bodies.size() != urls_.size()) {
+    return Internal(fmt::format("{} bodies for {} servers", bodies.size(), urls_.size()));
+  }
+  return Start("POST", path, std::move(bodies), deadline)->Wait(deadline);
+}
+
+std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(const std::string& path,
+                                                               std::vector<json> bodies,
+                                                               Deadline deadline) const {
+  bodies.resize(urls_.size());
+  return Start("POST", path, std::move(bodies), deadline);
+}
+
+}  // namespace wsync

@@ -1,0 +1,66 @@
+// FanOutClient: the trainer's side of the control plane.
+//
+// Every call goes to every server concurrently, waits for all of them (bounded by a
+// Deadline) and fails with the first server's error (in server order), carrying the
+// server's own message: "http://127.0.0.1:8001: POST /update_weights -> 400: shape of
+// ...". Each request sends `Connection: close` (a kept-alive connection goes stale over a
+// training step) and is never retried, because a half-done stateful call must not be
+// repeated. Thread-safe; requests run on their own threads, so a call that times out
+// leaves them to finish in the background without blocking the caller.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/deadline.h"
+#include "wsync/status.h"
+
+namespace wsync {
+
+struct ClientOptions {
+  std::string api_key;                 // sent as `Authorization: Bearer KEY` when set
+  double connect_timeout_seconds = 10;  // per TCP connect; also bounded by the deadline
+};
+
+// The Status a non-2xx HTTP reply maps to (the inverse of HttpStatusFor).
+StatusCode StatusCodeForHttp(int http_status);
+
+class FanOutClient {
+ public:
+  FanOutClient(std::vector<std::string> server_urls, ClientOptions options);
+
+  const std::vector<std::string>& urls() const { return urls_; }
+
+  // A fan-out in flight. Wait() returns every server's JSON reply, or the first error.
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual Result<std::vector<nlohmann::json>> Wait(Deadline deadline) = 0;
+    // True once every server has answered (or failed).
+    virtual bool Done() const = 0;
+    // True once any server has failed; lets a caller stop early.
+    virtual bool AnyFailed() const = 0;
+  };
+
+  Result<std::vector<nlohmann::json>> Get(const std::string& path, Deadline deadline) const;
+  Result<std::vector<nlohmann::json>> Post(const std::string& path, const nlohmann::json& body,
+                                           Deadline deadline) const;
+  // One body per server, in server order (per-server init payloads).
+  Result<std::vector<nlohmann::json>> PostEach(const std::string& path,
+                                               std::vector<nlohmann::json> bodies,
+                                               Deadline deadline) const;
+  // Starts a POST to every server and returns at once.
+  std::shared_ptr<Pending> PostAsync(const std::string& path, std::vector<nlohmann::json> bodies,
+                                     Deadline deadline) const;
+
+ private:
+  std::shared_ptr<Pending> Start(const std::string& method, const std::string& path,
+                                 std::vector<nlohmann::json> bodies, Deadline deadline) const;
+  std::vector<std::string> urls_;
+  ClientOptions options_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,261 @@
+#include "receiver/inference_server.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/parallel.h"
+#include "model/worker_store.h"
+#include "receiver/update_info.h"
+#include "receiver/worker_thread.h"
+
+namespace wsync {
+
+using nlohmann::json;
+
+struct InferenceServer::Worker {
+  std::unique_ptr<WorkerStore> store;
+  std::unique_ptr<WorkerThread> thread;
+  int dp_index = 0;
+  int tp_rank = 0;
+};
+
+Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const InferenceServerOptions& o,
+                                                                 const BackendMaker& make_backend) {
+  if (o.tp < 1 || o.dp < 1) return InvalidArgument(fmt::format("--tp {} and --dp {} must be >= 1", o.tp, o.dp));
+  if (o.dp_rank >= o.dp) {
+    return InvalidArgument(fmt::format("--dp-rank {} must be below --dp {}", o.dp_rank, o.dp));
+  }
+  if (!o.device.is_cpu()) {
+    return Unimplemented(fmt::format("device {}: this build's reference server holds shards on cpu",
+                                     o.device.ToString()));
+  }
+  std::unique_ptr<InferenceServer> s(new InferenceServer());
+  s->options_ = o;
+  WSYNC_ASSIGN_OR_RETURN(s->model_, LookupModel(o.model));
+  int first_dp = o.dp_rank < 0 ? 0 : o.dp_rank;
+  int end_dp = o.dp_rank < 0 ? o.dp : o.dp_rank + 1;
+  for (int dp = first_dp; dp < end_dp; ++dp) {
+    for (int tp = 0; tp < o.tp; ++tp) {
+      auto w = std::make_unique<Worker>();
+      WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp));
+      w->thread = std::make_unique<WorkerThread>(fmt::format("dp{}/tp{}", dp, tp));
+      w->dp_index = dp;
+      w->tp_rank = tp;
+      s->workers_.push_back(std::move(w));
+    }
+  }
+  s->context_.model = &s->model_;
+  s->context_.tp_size = o.tp;
+  s->context_.timeout_seconds = o.timeout_seconds;
+  s->set_url("");
+  WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
+  return s;
+}
+
+InferenceServer::~InferenceServer() {
+  {
+    std::lock_guard lock(mu_);
+    shutting_down_ = true;
+  }
+  shutdown_cv_.notify_all();
+  if (backend_) backend_->Shutdown();
+}
+
+void InferenceServer::set_url(const std::string& url) {
+  context_.server_url = url;
+  context_.workers.clear();
+  for (auto& w : workers_) {
+    context_.workers.push_back(ReceiverWorker{
+        w->store.get(), w->thread.get(), w->dp_index, w->tp_rank, options_.device,
+        fmt::format("{} worker dp{}/tp{}", url.empty() ? "server" : url, w->dp_index, w->tp_rank)});
+  }
+}
+
+Status InferenceServer::Acquire(const char* what) {
+  std::lock_guard lock(mu_);
+  if (busy_) {
+    return FailedPrecondition(fmt::format("{} refused: {} is in progress", what, busy_with_));
+  }
+  busy_ = true;
+  busy_with_ = what;
+  return Status::Ok();
+}
+
+void InferenceServer::Release() {
+  std::lock_guard lock(mu_);
+  busy_ = false;
+  busy_with_ = "";
+}
+
+Status InferenceServer::InitWeightTransfer(const json& init_info) {
+  {
+    std::lock_guard lock(mu_);
+    if (active_) {
+      return FailedPrecondition(
+          "init_weight_transfer_engine called during an active weight update; finish it first");
+    }
+  }
+  WSYNC_RETURN_IF_ERROR(Acquire("init_weight_transfer_engine"));
+  if (options_.fault_never_join) {
+    double timeout = options_.timeout_seconds;
+    if (auto it = init_info.find("timeout_seconds"); it != init_info.end() && it->is_number()) {
+      timeout = std::min(timeout, it->get<double>());
+    }
+    std::unique_lock lock(mu_);
+    shutdown_cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return shutting_down_; });
+    busy_ = false;
+    return DeadlineExceeded(fmt::format(
+        "fault injection (--fault never-join): this server's workers never joined the data plane "
+        "and gave up after {} s", timeout));
+  }
+  Status s = backend_->Init(init_info);
+  Release();
+  if (!s.ok()) WSYNC_LOG_WARN("init_weight_transfer_engine failed: {}", s.ToString());
+  return s;
+}
+
+Status InferenceServer::StartWeightUpdate() {
+  std::lock_guard lock(mu_);
+  if (active_) {
+    return FailedPrecondition(
+        "start_weight_update called while a weight update is already active");
+  }
+  WSYNC_RETURN_IF_ERROR(backend_->Start());
+  active_ = true;
+  return Status::Ok();
+}
+
+Status InferenceServer::UpdateWeights(const json& update_info) {
+  WSYNC_RETURN_IF_ERROR(Acquire("update_weights"));
+  UpdateRequest req;
+  req.update_info = &update_info;
+  {
+    std::lock_guard lock(mu_);
+    if (!active_) req.reject = FailedPrecondition("start_weight_update must be called before update_weights");
+  }
+  if (req.reject.ok()) {
+    Result<std::vector<TensorMeta>> parsed = ParseTensorList(update_info);
+    if (!parsed.ok()) {
+      req.reject = parsed.status();
+    } else {
+      req.tensors = std::move(*parsed);
+      req.reject = CheckTensorsAgainstModel(req.tensors, *workers_.front()->store);
+    }
+  }
+  Status s = backend_->Update(req);
+  {
+    std::lock_guard lock(mu_);
+    if (!s.ok()) active_ = false;  // a failed update ends the session
+    // Bytes may have landed before a data-phase failure: say so until a sync completes.
+    if (!s.ok() && req.reject.ok() && s.code() != StatusCode::kAborted) dirty_ = true;
+    busy_ = false;
+    busy_with_ = "";
+  }
+  if (!s.ok()) WSYNC_LOG_WARN("update_weights failed: {}", s.ToString());
+  return s;
+}
+
+Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& weight_version) {
+  std::lock_guard lock(mu_);
+  if (!active_) {
+    return FailedPrecondition(
+        "finish_weight_update called without an active weight update; call start_weight_update first");
+  }
+  if (busy_) return FailedPrecondition(fmt::format("finish_weight_update refused: {} is in progress", busy_with_));
+  Status s = backend_->Finish();
+  active_ = false;
+  if (!s.ok()) return s;
+  if (weight_version) weight_version_ = *weight_version;
+  ++syncs_;
+  dirty_ = false;
+  return Status::Ok();
+}
+
+Result<json> InferenceServer::FetchWeights(const json& body) {
+  WSYNC_RETURN_IF_ERROR(Acquire("fetch_weights"));
+  Result<json> r = backend_->Fetch(body);
+  Release();
+  return r;
+}
+
+int InferenceServer::WorldSize(bool include_dp) const {
+  return include_dp ? options_.tp * options_.dp : options_.tp;
+}
+
+std::string InferenceServer::WeightVersion() const {
+  std::lock_guard lock(mu_);
+  return weight_version_;
+}
+
+void InferenceServer::SetWeightVersion(std::string version) {
+  std::lock_guard lock(mu_);
+  weight_version_ = std::move(version);
+}
+
+Status InferenceServer::Pause(std::string_view mode, bool clear_cache) {
+  if (mode != "abort" && mode != "wait" && mode != "keep") {
+    return InvalidArgument(fmt::format("unknown pause mode '{}': use abort, wait or keep", mode));
+  }
+  std::lock_guard lock(mu_);
+  paused_ = true;
+  pause_mode_ = std::string(mode);
+  return Status::Ok();
+}
+
+Status InferenceServer::Resume() {
+  std::lock_guard lock(mu_);
+  paused_ = false;
+  return Status::Ok();
+}
+
+bool InferenceServer::IsPaused() const {
+  std::lock_guard lock(mu_);
+  return paused_;
+}
+
+Status InferenceServer::ResetPrefixCache() { return Status::Ok(); }
+
+Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
+  WSYNC_RETURN_IF_ERROR(Acquire("weight_checker"));
+  struct ReleaseOnExit {
+    InferenceServer* s;
+    ~ReleaseOnExit() { s->Release(); }
+  } release{this};
+  size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
+  std::map<std::string, std::string> first;
+  int first_dp = -1;
+  for (size_t begin = 0; begin < workers_.size(); begin += options_.tp) {
+    std::vector<const WorkerStore*> group;
+    for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[begin + t]->store.get());
+    int dp = workers_[begin]->dp_index;
+    Status replicas = CheckReplicas(group);
+    if (!replicas.ok()) return replicas.WithContext(fmt::format("dp replica {}", dp));
+    WSYNC_ASSIGN_OR_RETURN(auto sums, AllHfDigests(group, algorithm, threads));
+    if (first_dp < 0) {
+      first = std::move(sums);
+      first_dp = dp;
+      continue;
+    }
+    for (const auto& [name, hex] : sums) {
+      if (first[name] != hex) {
+        return DataLoss(fmt::format("{} differs between dp replica {} and dp replica {}", name,
+                                    first_dp, dp));
+      }
+    }
+  }
+  return first;
+}
+
+json InferenceServer::Health() const {
+  std::lock_guard lock(mu_);
+  return json{{"status", "ok"},          {"server", "wsync"},
+              {"model", model_.name},    {"backend", options_.backend},
+              {"tp", options_.tp},       {"dp", options_.dp},
+              {"dp_rank", options_.dp_rank},
+              {"device", options_.device.ToString()},
+              {"weight_version", weight_version_},
+              {"syncs", syncs_},
+              {"weights_consistent", !dirty_}};
+}
+
+}  // namespace wsync

@@ -1,0 +1,96 @@
+// InferenceServer: the reference inference server behind `wsync serve`.
+//
+// One process, one worker per TP x DP rank, each holding ITS shards of the model (a
+// WorkerStore laid out by the sharding table) and running on its own WorkerThread. It
+// implements the control-plane session state every backend shares: start -> update* ->
+// finish, 409 on a second start or an update outside a session, a failed update ending
+// the session, the weight version, pause/resume, and HF-level checksums read back from
+// the shards. The data plane belongs to its ReceiverBackend. Thread-safe: HTTP threads
+// call it concurrently; state is guarded by mu_, and the backend is called by one
+// thread at a time.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "control/control_service.h"
+#include "model/config.h"
+#include "wsync/receiver.h"
+
+namespace wsync {
+
+struct InferenceServerOptions {
+  std::string model = "qwen3-tiny";  // registered name or a directory with config.json
+  int tp = 1;
+  int dp = 1;                  // data-parallel size of the deployment
+  int dp_rank = -1;            // -1: host every DP rank; k: host only DP rank k (external LB)
+  Device device;               // where the shards live
+  std::string backend = "nccl";
+  double timeout_seconds = 300;  // bound on every wait the server makes
+  size_t digest_threads = 0;     // 0: hardware concurrency
+  // Fault injection for tests (`--fault never-join`), honest about what it fakes: the
+  // control plane answers as usual, but init never joins the data plane and fails only
+  // at the server's own deadline, like a server whose workers are wedged.
+  bool fault_never_join = false;
+};
+
+class InferenceServer : public ControlService {
+ public:
+  // `make_backend` is CreateReceiverBackend (src/backends) in production; it is passed in
+  // so that this library does not depend on every backend.
+  using BackendMaker = std::function<Result<std::unique_ptr<ReceiverBackend>>(std::string_view, ReceiverContext*)>;
+  static Result<std::unique_ptr<InferenceServer>> Create(const InferenceServerOptions& options,
+                                                         const BackendMaker& make_backend);
+  ~InferenceServer() override;
+
+  // The URL this server answers on, used in worker labels and messages.
+  void set_url(const std::string& url);
+  const ModelConfig& model() const { return model_; }
+  size_t num_workers() const { return workers_.size(); }
+
+  Status InitWeightTransfer(const nlohmann::json& init_info) override;
+  Status StartWeightUpdate() override;
+  Status UpdateWeights(const nlohmann::json& update_info) override;
+  Status FinishWeightUpdate(const std::optional<std::string>& weight_version) override;
+  Result<nlohmann::json> FetchWeights(const nlohmann::json& body) override;
+  int WorldSize(bool include_dp) const override;
+  std::string WeightVersion() const override;
+  void SetWeightVersion(std::string version) override;
+  Status Pause(std::string_view mode, bool clear_cache) override;
+  Status Resume() override;
+  bool IsPaused() const override;
+  Status ResetPrefixCache() override;
+  Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
+  nlohmann::json Health() const override;
+
+ private:
+  struct Worker;
+  InferenceServer() = default;
+  // Marks the backend busy; FailedPrecondition naming `what` when another call holds it.
+  Status Acquire(const char* what);
+  void Release();
+
+  InferenceServerOptions options_;
+  ModelConfig model_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  ReceiverContext context_;
+  std::unique_ptr<ReceiverBackend> backend_;
+
+  mutable std::mutex mu_;
+  bool active_ = false;       // GUARDED_BY(mu_): between start and finish
+  bool busy_ = false;         // GUARDED_BY(mu_): init/update/fetch/checksum running
+  const char* busy_with_ = "";  // GUARDED_BY(mu_)
+  bool paused_ = false;       // GUARDED_BY(mu_)
+  std::string pause_mode_;    // GUARDED_BY(mu_)
+  std::string weight_version_ = "default";  // GUARDED_BY(mu_)
+  int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
+  bool dirty_ = false;        // GUARDED_BY(mu_): a data phase failed after bytes may have landed
+  bool shutting_down_ = false;  // GUARDED_BY(mu_)
+  std::condition_variable shutdown_cv_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,74 @@
+#include "receiver/update_info.h"
+
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "model/worker_store.h"
+
+namespace wsync {
+
+using nlohmann::json;
+
+namespace {
+
+Result<const json*> ListField(const json& info, const char* field) {
+  auto it = info.find(field);
+  if (it == info.end()) return InvalidArgument(fmt::format("update_info is missing '{}'", field));
+  if (!it->is_array()) return InvalidArgument(fmt::format("update_info '{}' must be a list", field));
+  return &*it;
+}
+
+}  // namespace
+
+Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
+  WSYNC_ASSIGN_OR_RETURN(const json* names, ListField(info, "names"));
+  WSYNC_ASSIGN_OR_RETURN(const json* dtypes, ListField(info, "dtype_names"));
+  WSYNC_ASSIGN_OR_RETURN(const json* shapes, ListField(info, "shapes"));
+  if (names->size() != dtypes->size() || names->size() != shapes->size()) {
+    return InvalidArgument(fmt::format(
+        "update_info lists must have equal lengths: names {}, dtype_names {}, shapes {}",
+        names->size(), dtypes->size(), shapes->size()));
+  }
+  std::vector<TensorMeta> out(names->size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const json& n = (*names)[i];
+    if (!n.is_string()) return InvalidArgument(fmt::format("names[{}] must be a string", i));
+    out[i].name = n.get<std::string>();
+    const json& d = (*dtypes)[i];
+    if (!d.is_string()) {
+      return InvalidArgument(fmt::format("dtype_names[{}] ({}) must be a string", i, out[i].name));
+    }
+    Result<DType> dtype = DTypeFromTorchName(d.get<std::string>());
+    if (!dtype.ok()) {
+      return dtype.status().WithContext(fmt::format("dtype_names[{}] ({})", i, out[i].name));
+    }
+    out[i].dtype = *dtype;
+    const json& s = (*shapes)[i];
+    if (!s.is_array()) {
+      return InvalidArgument(fmt::format("shapes[{}] ({}) must be a list of integers", i, out[i].name));
+    }
+    for (const json& dim : s) {
+      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+        return InvalidArgument(fmt::format(
+            "shapes[{}] ({}) must be a list of non-negative integers, got {}", i, out[i].name,
+            s.dump()));
+      }
+      out[i].shape.push_back(dim.get<int64_t>());
+    }
+  }
+  return out;
+}
+
+Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const WorkerStore& store) {
+  std::unordered_set<std::string_view> seen;
+  for (const TensorMeta& t : tensors) {
+    if (!seen.insert(t.name).second) {
+      return InvalidArgument(fmt::format("tensor {} is listed twice in update_info", t.name));
+    }
+    WSYNC_RETURN_IF_ERROR(store.CheckHf(t));
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsync

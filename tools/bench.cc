@@ -1,0 +1,207 @@
+// `wsync bench broadcast`: the whole `nccl` (Gloo) sync against a raw broadcast of the
+// same bytes between the same number of processes, in the same run.
+#include "bench.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "children.h"
+#include "comm/gloo_communicator.h"
+#include "comm/store.h"
+#include "model/config.h"
+#include "plan/packing.h"
+#include "trainer/synthetic.h"
+#include "wsync/trainer.h"
+
+extern char** environ;
+
+namespace wsync::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+GlooBroadcastAlgorithm AlgorithmOf(const std::string& name) {
+  if (name == "chain") return GlooBroadcastAlgorithm::kChain;
+  if (name == "binomial") return GlooBroadcastAlgorithm::kBinomial;
+  return GlooBroadcastAlgorithm::kGlooBaseline;
+}
+
+std::vector<size_t> ParseChunks(const std::string& s) {
+  std::vector<size_t> out;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t comma = s.find(',', start);
+    out.push_back(std::stoull(s.substr(start, comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Times `iters` broadcasts of `chunks` from rank 0 to `receivers` child processes.
+Result<std::vector<double>> RawBroadcast(const std::string& algorithm, int receivers,
+                                         const std::vector<size_t>& chunks, int iters) {
+  WSYNC_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
+  std::string prefix = fmt::format("bench-{}-{}", algorithm, getpid());
+  std::string chunk_list;
+  size_t max_chunk = 0;
+  for (size_t c : chunks) {
+    chunk_list += (chunk_list.empty() ? "" : ",") + std::to_string(c);
+    max_chunk = std::max(max_chunk, c);
+  }
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> pids;
+  for (int r = 1; r <= receivers; ++r) {
+    std::vector<std::string> argv = {exe, "bench-rank", "--store-port", std::to_string(store->port()),
+                                     "--prefix", prefix, "--rank", std::to_string(r), "--size",
+                                     std::to_string(receivers + 1), "--algorithm", algorithm,
+                                     "--chunks", chunk_list, "--iters", std::to_string(iters)};
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, cargv.data(), environ) != 0) {
+      return Internal("spawning a bench rank failed");
+    }
+    pids.push_back(pid);
+  }
+  GlooOptions g;
+  g.store_port = store->port();
+  g.prefix = prefix;
+  g.rank = 0;
+  g.size = receivers + 1;
+  g.algorithm = AlgorithmOf(algorithm);
+  g.connect_deadline = Deadline::InSeconds(60);
+  auto comm = ConnectGloo(g);
+  std::vector<double> times;
+  if (comm.ok()) {
+    auto buf = HostBuffer::Allocate(max_chunk);
+    if (!buf.ok()) return buf.status();
+    std::fill_n(buf->data(), buf->size(), std::byte{0x5a});
+    for (int i = 0; i < iters; ++i) {
+      auto t0 = Clock::now();
+      for (size_t c : chunks) {
+        Status s = (*comm)->Broadcast(buf->span().first(c), 0, Deadline::InSeconds(600));
+        if (!s.ok()) return s;
+      }
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+  for (pid_t pid : pids) {
+    int status;
+    waitpid(pid, &status, 0);
+  }
+  if (!comm.ok()) return comm.status();
+  return times;
+}
+
+}  // namespace
+
+int RunBenchRank(const BenchRankArgs& a) {
+  GlooOptions g;
+  g.store_host = a.store_host;
+  g.store_port = a.store_port;
+  g.prefix = a.prefix;
+  g.rank = a.rank;
+  g.size = a.size;
+  g.algorithm = AlgorithmOf(a.algorithm);
+  g.connect_deadline = Deadline::InSeconds(60);
+  auto comm = ConnectGloo(g);
+  if (!comm.ok()) {
+    fmt::print(stderr, "bench-rank {}: {}\n", a.rank, comm.status().ToString());
+    return 1;
+  }
+  std::vector<size_t> chunks = ParseChunks(a.chunks);
+  auto buf = HostBuffer::Allocate(*std::max_element(chunks.begin(), chunks.end()));
+  if (!buf.ok()) return 1;
+  for (int i = 0; i < a.iters; ++i) {
+    for (size_t c : chunks) {
+      Status s = (*comm)->Broadcast(buf->span().first(c), 0, Deadline::InSeconds(600));
+      if (!s.ok()) {
+        fmt::print(stderr, "bench-rank {}: {}\n", a.rank, s.ToString());
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+int RunBench(const BenchArgs& a) {
+  auto config = LookupModel(a.model);
+  if (!config.ok()) {
+    fmt::print(stderr, "wsync bench: error: {}\n", config.status().message());
+    return 1;
+  }
+  std::vector<TensorMeta> meta = HfTensors(*config);
+  auto trainer = SyntheticTrainer::FromMetadata(meta, 7, 0);
+  if (!trainer.ok()) {
+    fmt::print(stderr, "wsync bench: error: {}\n", trainer.status().message());
+    return 1;
+  }
+  auto dir = MakeTempDir("bench");
+  std::vector<Child> servers;
+  auto fail = [&](const Status& s) {
+    for (Child& c : servers) StopChild(c);
+    fmt::print(stderr, "wsync bench: error: {}\n", s.ToString());
+    return 1;
+  };
+  for (int i = 0; i < a.servers; ++i) {
+    auto c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp)},
+                         fmt::format("{}/server{}.log", *dir, i), Deadline::InSeconds(120));
+    if (!c.ok()) return fail(c.status());
+    servers.push_back(*c);
+  }
+  TrainerOptions o;
+  for (const Child& c : servers) o.servers.push_back(c.url);
+  o.bucket_gb = a.bucket_gb;
+  auto engine = CreateTrainerEngine(o);
+  if (!engine.ok()) return fail(engine.status());
+  if (Status s = (*engine)->Init(meta); !s.ok()) return fail(s);
+  std::vector<double> engine_times;
+  size_t bytes = 0;
+  for (int i = 0; i <= a.iters; ++i) {  // sync 0 warms up
+    auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
+    if (!st.ok()) return fail(st.status());
+    bytes = st->bytes;
+    if (i > 0) engine_times.push_back(st->seconds);
+  }
+  (*engine)->Shutdown();
+  for (Child& c : servers) StopChild(c);
+  servers.clear();
+
+  auto plan = PlanChunks(meta, PackedBufferSize(meta, static_cast<size_t>(a.bucket_gb * (1u << 30))));
+  std::vector<size_t> chunks;
+  for (const Chunk& c : plan->chunks) chunks.push_back(c.bytes);
+  int receivers = a.servers * a.tp;
+  double engine_s = Median(engine_times);
+  fmt::print("wsync bench broadcast: {} ({:.3f} GB), {} server(s) x TP={} ({} receiving ranks), "
+             "{} chunk(s), {} timed iteration(s), median\n",
+             config->name, bytes / 1e9, a.servers, a.tp, receivers, chunks.size(), a.iters);
+  fmt::print("{:<44} {:>9} {:>8} {:>12}\n", "what", "seconds", "GB/s", "engine/this");
+  fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync (start..finish, HTTP + Gloo)", engine_s,
+             bytes / engine_s / 1e9, "1.00");
+  for (std::string alg : {"gloo", "chain"}) {
+    auto raw = RawBroadcast(alg, receivers, chunks, a.iters);
+    if (!raw.ok()) return fail(raw.status());
+    double raw_s = Median(*raw);
+    std::string label = alg == "gloo" ? "raw gloo::broadcast, same chunks (baseline)"
+                                      : "raw chained Gloo send/recv, same chunks";
+    fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>11.1f}%\n", label, raw_s, bytes / raw_s / 1e9,
+               100 * raw_s / engine_s);
+  }
+  return 0;
+}
+
+}  // namespace wsync::cli

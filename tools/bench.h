@@ -1,0 +1,31 @@
+#pragma once
+
+#include <string>
+
+namespace wsync::cli {
+
+struct BenchArgs {
+  std::string what;
+  std::string model = "qwen3-0.6b";
+  int servers = 2;
+  int tp = 1;
+  int iters = 3;
+  double bucket_gb = 1.0;
+};
+
+int RunBench(const BenchArgs& args);
+
+// One receiving rank of the raw-broadcast baseline (hidden `bench-rank` command).
+struct BenchRankArgs {
+  std::string store_host = "127.0.0.1";
+  int store_port = 0;
+  std::string prefix;
+  int rank = 1;
+  int size = 2;
+  std::string algorithm = "gloo";
+  std::string chunks;  // comma-separated chunk sizes in bytes
+  int iters = 1;
+};
+int RunBenchRank(const BenchRankArgs& args);
+
+}  // namespace wsync::cli

@@ -1,0 +1,33 @@
+// Child processes for `wsync demo` and `wsync bench`: servers started from this very
+// binary on free loopback ports, found through their --ready-file, stopped with SIGTERM
+// (then SIGKILL after a grace period). Every wait has a deadline.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "wsync/status.h"
+
+namespace wsync::cli {
+
+struct Child {
+  pid_t pid = -1;
+  std::string url;
+  std::string log_path;
+};
+
+// Starts `wsync serve <args> --port 0 --ready-file <tmp>` with output to `log_path` and
+// waits until it listens. The error carries the tail of the child's log.
+Result<Child> StartServer(std::vector<std::string> args, const std::string& log_path,
+                          Deadline deadline);
+
+// SIGTERM, wait up to `grace_seconds`, then SIGKILL; always reaps.
+void StopChild(Child& child, double grace_seconds = 10);
+
+// A fresh directory under $TMPDIR (or /tmp).
+Result<std::string> MakeTempDir(const std::string& tag);
+
+}  // namespace wsync::cli

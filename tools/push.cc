@@ -1,0 +1,164 @@
+#include "push.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "control/client.h"
+#include "core/log.h"
+#include "core/parallel.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "trainer/synthetic.h"
+
+namespace wsync::cli {
+namespace {
+
+using nlohmann::json;
+
+// Progress on stderr: a rewritten line on a terminal, a line per quarter otherwise.
+// `sync` is read at every call, so one printer serves every sync of a run.
+std::function<void(const SyncProgress&)> ProgressPrinter(std::shared_ptr<int> current) {
+  bool tty = isatty(STDERR_FILENO);
+  auto last_quarter = std::make_shared<int>(-1);
+  auto last_sync = std::make_shared<int>(-1);
+  return [tty, current, last_quarter, last_sync](const SyncProgress& p) {
+    int sync = *current;
+    if (sync != *last_sync) {
+      *last_sync = sync;
+      *last_quarter = -1;
+    }
+    double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / p.bytes_total : 1.0;
+    if (tty) {
+      fmt::print(stderr, "\r  sync {}: {:.1f}/{:.1f} MB ({:.0f}%), chunk {}/{}   ", sync,
+                 p.bytes_done / 1e6, p.bytes_total / 1e6, 100 * frac, p.chunks_done, p.chunks_total);
+      if (p.chunks_done == p.chunks_total) fmt::print(stderr, "\n");
+    } else if (int q = static_cast<int>(frac * 4); q > *last_quarter) {
+      *last_quarter = q;
+      fmt::print(stderr, "  sync {}: {:.1f}/{:.1f} MB ({:.0f}%)\n", sync, p.bytes_done / 1e6,
+                 p.bytes_total / 1e6, 100 * frac);
+    }
+  };
+}
+
+void PrintHeader() {
+  fmt::print("{:>5} {:>10} {:>12} {:>9} {:>8} {:>9} {:>9}\n", "sync", "changed", "bytes(MB)",
+             "seconds", "GB/s", "chunks", "verified");
+  std::fflush(stdout);
+}
+
+void PrintRow(const SyncRow& r) {
+  std::string changed = r.sync == 0 ? "initial" : fmt::format("{:.2f}%", 100 * r.changed_fraction);
+  fmt::print("{:>5} {:>10} {:>12.1f} {:>9.3f} {:>8.3f} {:>9} {:>9}\n", r.sync, changed,
+             r.stats.bytes / 1e6, r.stats.seconds,
+             r.stats.seconds > 0 ? r.stats.bytes / r.stats.seconds / 1e9 : 0.0, r.stats.chunks,
+             r.verified);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm alg) {
+  FanOutClient client(trainer.servers, ClientOptions{trainer.api_key, 10});
+  auto pending = client.PostAsync(
+      "/weight_checker",
+      std::vector<json>(trainer.servers.size(),
+                        json{{"action", "checksum"}, {"algorithm", DigestAlgorithmName(alg)}}),
+      Deadline::InSeconds(trainer.timeout_seconds));
+  // The trainer's digests, computed while the servers compute theirs.
+  const auto& meta = source.metadata();
+  std::vector<TensorRef> refs;
+  WSYNC_ASSIGN_OR_RETURN(auto stream, source.Iterate());
+  TensorRef t;
+  for (;;) {
+    WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+    if (!more) break;
+    refs.push_back(t);
+  }
+  if (refs.size() != meta.size()) return Internal("source iteration changed length");
+  std::vector<std::string> mine(refs.size());
+  ParallelFor(refs.size(), DefaultThreads(), [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) mine[i] = HexDigest(alg, refs[i].bytes);
+  });
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> replies, pending->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
+  for (size_t s = 0; s < replies.size(); ++s) {
+    const json& sums = replies[s]["checksums"];
+    std::vector<std::string> bad;
+    for (size_t i = 0; i < meta.size(); ++i) {
+      auto it = sums.find(meta[i].name);
+      if (it == sums.end()) {
+        bad.push_back(meta[i].name + " (missing)");
+      } else if (*it != mine[i]) {
+        bad.push_back(meta[i].name);
+      }
+    }
+    if (!bad.empty()) {
+      return DataLoss(fmt::format("{}: {} of {} tensors differ from the trainer's ({}): {}{}",
+                                  trainer.servers[s], bad.size(), meta.size(),
+                                  DigestAlgorithmName(alg),
+                                  fmt::join(bad.begin(), bad.begin() + std::min<size_t>(bad.size(), 5), ", "),
+                                  bad.size() > 5 ? ", ..." : ""));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
+  size_t threads = args.threads ? args.threads : DefaultThreads();
+  WSYNC_ASSIGN_OR_RETURN(DigestAlgorithm alg, ParseDigestAlgorithm(args.verify_algorithm));
+  std::unique_ptr<SyntheticTrainer> trainer;
+  auto t0 = std::chrono::steady_clock::now();
+  if (!args.checkpoint.empty()) {
+    WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(args.checkpoint));
+    fmt::print(stderr, "loading checkpoint {} ({} tensors)\n", args.checkpoint, ckpt.tensors().size());
+    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromCheckpoint(ckpt, threads, args.seed));
+  } else {
+    if (args.model.empty()) return InvalidArgument("give --checkpoint DIR or --model NAME");
+    WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel(args.model));
+    fmt::print(stderr, "generating synthetic {} weights ({:.2f} GB, seed {})\n", config.name,
+               ModelBytes(config) / 1e9, args.seed);
+    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromMetadata(HfTensors(config), args.seed, threads));
+  }
+  fmt::print(stderr, "  ready in {:.1f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  TrainerOptions topts = args.trainer;
+  auto current_sync = std::make_shared<int>(0);
+  topts.progress = ProgressPrinter(current_sync);
+  WSYNC_ASSIGN_OR_RETURN(auto engine, CreateTrainerEngine(topts));
+  fmt::print(stderr, "connecting to {} server(s)\n", topts.servers.size());
+  WSYNC_RETURN_IF_ERROR(engine->Init(trainer->metadata()).WithContext("init_weight_transfer_engine"));
+
+  std::vector<SyncRow> rows;
+  PrintHeader();
+  for (int step = 0; step <= args.steps; ++step) {
+    SyncRow row;
+    row.sync = step;
+    if (step > 0) {
+      WSYNC_ASSIGN_OR_RETURN(StepStats st, trainer->Step(static_cast<uint64_t>(step)));
+      row.changed_fraction = st.changed_fraction;
+    }
+    *current_sync = step;
+    std::optional<std::string> version;
+    if (step == args.steps) version = args.weight_version;
+    WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(trainer->source(), version));
+    row.verified = "-";
+    if (args.verify) {
+      Status v = VerifyServers(topts, trainer->source(), alg);
+      row.verified = v.ok() ? "yes" : "NO";
+      PrintRow(row);
+      rows.push_back(row);
+      if (!v.ok()) return v.WithContext(fmt::format("verification after sync {}", step));
+      continue;
+    }
+    PrintRow(row);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace wsync::cli

@@ -1,0 +1,41 @@
+// `wsync push`: the trainer command, and the pieces `demo` and `bench` reuse.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/digest.h"
+#include "wsync/source.h"
+#include "wsync/status.h"
+#include "wsync/trainer.h"
+
+namespace wsync::cli {
+
+struct PushArgs {
+  TrainerOptions trainer;
+  std::string checkpoint;   // a directory of *.safetensors, or empty
+  std::string model;        // registered name or config.json dir, when no checkpoint
+  uint64_t seed = 0;
+  int steps = 0;
+  bool verify = false;
+  std::string verify_algorithm = "xxh3_128";
+  std::optional<std::string> weight_version;  // reported by the servers after the last sync
+  size_t threads = 0;       // 0: hardware concurrency
+};
+
+struct SyncRow {
+  int sync = 0;             // 0 = the starting weights
+  double changed_fraction = 0;
+  SyncStats stats;
+  std::string verified;     // "yes", "no", "-" (not asked)
+};
+
+// Runs the whole push job; prints progress to stderr and the per-sync table to stdout.
+// Returns the rows; an error names the server, tensor or wait that failed.
+Result<std::vector<SyncRow>> RunPush(const PushArgs& args);
+
+// Compares every server's /weight_checker checksums with the source's own digests.
+Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm algorithm);
+
+}  // namespace wsync::cli

@@ -1,0 +1,75 @@
+// `wsync serve`: the reference inference server, until SIGTERM or SIGINT.
+#include "serve.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "control/http_server.h"
+#include "core/log.h"
+#include "receiver/inference_server.h"
+#include "wsync/receiver.h"
+
+namespace wsync::cli {
+
+int RunServe(const ServeArgs& a) {
+  // Block the shutdown signals in every thread; this thread collects them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  InferenceServerOptions o;
+  o.model = a.model;
+  o.tp = a.tp;
+  o.dp = a.dp;
+  o.dp_rank = a.dp_rank;
+  o.backend = a.backend;
+  o.timeout_seconds = a.timeout;
+  o.fault_never_join = a.fault == "never-join";
+  Result<Device> device = Device::Parse(a.device);
+  if (!device.ok()) {
+    fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());
+    return 2;
+  }
+  o.device = *device;
+  auto server = InferenceServer::Create(o, CreateReceiverBackend);
+  if (!server.ok()) {
+    fmt::print(stderr, "wsync serve: error: {}\n", server.status().message());
+    return 1;
+  }
+  HttpServerOptions h;
+  h.host = a.host;
+  h.port = a.port;
+  h.api_key = a.api_key;
+  h.max_body_bytes = static_cast<size_t>(a.max_body_mb * (1 << 20));
+  auto http = HttpControlServer::Start(h, server->get());
+  if (!http.ok()) {
+    fmt::print(stderr, "wsync serve: error: {}\n", http.status().message());
+    return 1;
+  }
+  std::string url = (*http)->url();
+  (*server)->set_url(url);
+  WSYNC_LOG_INFO("serving {} (tp {}, dp {}{}, {} worker(s), backend {}) on {}", (*server)->model().name,
+                 a.tp, a.dp, a.dp_rank >= 0 ? fmt::format(", dp rank {}", a.dp_rank) : "",
+                 (*server)->num_workers(), a.backend, url);
+  fmt::print("listening on {}\n", url);
+  std::fflush(stdout);
+  if (!a.ready_file.empty()) {
+    std::string tmp = a.ready_file + ".tmp";
+    std::ofstream(tmp) << url << "\n";
+    std::filesystem::rename(tmp, a.ready_file);
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  WSYNC_LOG_INFO("signal {}: shutting down", sig);
+  (*http)->Stop();
+  return 0;
+}
+
+}  // namespace wsync::cli

@@ -1,0 +1,25 @@
+#pragma once
+
+#include <string>
+
+namespace wsync::cli {
+
+struct ServeArgs {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model = "qwen3-tiny";
+  int tp = 1;
+  int dp = 1;
+  int dp_rank = -1;
+  std::string device = "cpu";
+  std::string backend = "nccl";
+  std::string api_key;
+  double timeout = 300;
+  double max_body_mb = 256;
+  std::string ready_file;
+  std::string fault;
+};
+
+int RunServe(const ServeArgs& args);
+
+}  // namespace wsync::cli

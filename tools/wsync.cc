@@ -1,0 +1,141 @@
+// The `wsync` command: serve, push, demo, bench. `wsync <command> --help` for each.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "bench.h"
+#include "core/log.h"
+#include "demo.h"
+#include "push.h"
+#include "serve.h"
+
+namespace {
+
+std::vector<std::string> SplitCommas(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  for (const auto& item : in) {
+    size_t start = 0;
+    while (start <= item.size()) {
+      size_t comma = item.find(',', start);
+      std::string part = item.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!part.empty()) out.push_back(part);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return out;
+}
+
+// Leaves without running static destructors: request threads of a failed fan-out may
+// still be finishing in the background.
+[[noreturn]] void Exit(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace wsync::cli;
+  CLI::App app{"wsync: moves freshly trained weights from RL trainers into running inference servers"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "wsync 0.1.0");
+
+  ServeArgs serve;
+  auto* s = app.add_subcommand("serve", "run a reference inference server (vLLM-compatible weight-transfer routes)");
+  s->add_option("--host", serve.host, "address to bind")->capture_default_str();
+  s->add_option("--port", serve.port, "port to bind; 0 picks a free one")->capture_default_str();
+  s->add_option("--model", serve.model, "registered model name or a directory with a Hugging Face config.json")->capture_default_str();
+  s->add_option("--tp", serve.tp, "tensor-parallel workers per replica")->capture_default_str();
+  s->add_option("--dp", serve.dp, "data-parallel size of the deployment")->capture_default_str();
+  s->add_option("--dp-rank", serve.dp_rank, "host only this DP rank (external load balancing); default: all")->capture_default_str();
+  s->add_option("--device", serve.device, "where shards live: cpu or cuda:N")->capture_default_str();
+  s->add_option("--backend", serve.backend, "weight-transfer backend: nccl")->capture_default_str();
+  s->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on every route but /health")->envname("WSYNC_API_KEY");
+  s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
+  s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")->capture_default_str();
+  s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
+  s->add_option("--fault", serve.fault, "fault injection for tests: never-join")->check(CLI::IsMember({"never-join"}));
+
+  PushArgs push;
+  std::vector<std::string> servers;
+  auto* p = app.add_subcommand("push", "act as a trainer: sync weights to servers, optionally over synthetic RL steps");
+  p->add_option("--servers", servers, "server URLs, comma-separated, deployment-major")->required();
+  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: nccl")->capture_default_str();
+  auto* ckpt = p->add_option("--checkpoint", push.checkpoint, "directory of *.safetensors to sync");
+  auto* model = p->add_option("--model", push.model, "registered model or config.json directory for synthetic weights");
+  ckpt->excludes(model);
+  p->add_option("--seed", push.seed, "seed of the synthetic weights and steps")->capture_default_str();
+  p->add_option("--steps", push.steps, "synthetic RL steps to apply, syncing after each")->capture_default_str();
+  p->add_option("--data-parallel-size", push.trainer.data_parallel_size, "servers per deployment")->capture_default_str();
+  p->add_option("--bucket-gb", push.trainer.bucket_gb, "packed buffer size in GiB (at least the largest tensor)")->capture_default_str();
+  p->add_option("--timeout", push.trainer.timeout_seconds, "seconds any wait may take")->capture_default_str();
+  p->add_flag("--verify", push.verify, "read checksums back from every server and compare");
+  p->add_option("--verify-algorithm", push.verify_algorithm, "xxh3_128 or sha256")->capture_default_str();
+  p->add_option("--weight-version", push.weight_version, "weight version the servers report after the last sync");
+  p->add_option("--api-key", push.trainer.api_key, "sent as 'Authorization: Bearer KEY'")->envname("WSYNC_API_KEY");
+  p->add_option("--store-host", push.trainer.store_host, "address the servers use to reach the trainer's rendezvous")->capture_default_str();
+  p->add_option("--threads", push.threads, "worker threads for weights and digests (0: all cores)")->capture_default_str();
+  bool unpacked = false;
+  p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
+
+  DemoArgs demo;
+  auto* d = app.add_subcommand("demo", "start two TP=2 servers, push a Qwen3-0.6B-shaped model and 3 RL steps, verify each sync");
+  d->add_option("--model", demo.model)->capture_default_str();
+  d->add_option("--servers", demo.servers)->capture_default_str();
+  d->add_option("--tp", demo.tp)->capture_default_str();
+  d->add_option("--steps", demo.steps)->capture_default_str();
+
+  BenchArgs bench;
+  auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
+  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast"}));
+  b->add_option("--model", bench.model)->capture_default_str();
+  b->add_option("--servers", bench.servers, "number of TP=1 servers")->capture_default_str();
+  b->add_option("--tp", bench.tp)->capture_default_str();
+  b->add_option("--iters", bench.iters, "timed syncs (after one warm-up)")->capture_default_str();
+  b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
+
+  BenchRankArgs rank;
+  auto* br = app.add_subcommand("bench-rank", "")->group("");  // hidden: a rank of `bench`
+  br->add_option("--store-host", rank.store_host);
+  br->add_option("--store-port", rank.store_port)->required();
+  br->add_option("--prefix", rank.prefix)->required();
+  br->add_option("--rank", rank.rank)->required();
+  br->add_option("--size", rank.size)->required();
+  br->add_option("--algorithm", rank.algorithm);
+  br->add_option("--chunks", rank.chunks)->required();
+  br->add_option("--iters", rank.iters);
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (br->parsed()) Exit(RunBenchRank(rank));
+
+  if (s->parsed()) {
+    wsync::log::Init("serve");
+    Exit(RunServe(serve));
+  }
+  if (p->parsed()) {
+    wsync::log::Init("push");
+    push.trainer.servers = SplitCommas(servers);
+    push.trainer.packed = !unpacked;
+    auto rows = RunPush(push);
+    if (!rows.ok()) {
+      fmt::print(stderr, "wsync push: error: {}\n", rows.status().message());
+      Exit(1);
+    }
+    Exit(0);
+  }
+  if (d->parsed()) {
+    wsync::log::Init("demo");
+    Exit(RunDemo(demo));
+  }
+  if (b->parsed()) {
+    wsync::log::Init("bench");
+    Exit(RunBench(bench));
+  }
+  return 0;
+}
