@@ -116,6 +116,29 @@ TEST_F(ControlErrorsTest, BadRequestsGetExactCodesAndNamedMessagesThenAValidSync
   ExpectCleanShutdown(s);
 }
 
+TEST_F(ControlErrorsTest, PushOfAnotherModelFailsNamingServerAndTensorThenTheRightModelSyncs) {
+  // The refusal travels the data-plane path: the server must turn the trainer down inside
+  // the collective instead of leaving it waiting for its --timeout.
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny", "--tp", "2"}));
+  RunResult wrong = Push("push_moe", {s}, {"--model", "qwen3-moe-tiny", "--seed", "1", "--verify",
+                                           "--timeout", "60"},
+                         /*timeout_seconds=*/90);
+  EXPECT_FALSE(wrong.timed_out) << wrong.description;
+  EXPECT_TRUE(wrong.exit.exited && wrong.exit.code != 0) << wrong.description;
+  EXPECT_LT(wrong.seconds, 30) << "a refused update must not wait for the timeout\n" << wrong.description;
+  EXPECT_NE(wrong.err.find(s.url), std::string::npos) << wrong.description;
+  EXPECT_NE(wrong.err.find("mlp."), std::string::npos)
+      << "stderr must name a tensor qwen3-tiny lacks:\n" << wrong.description;
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+
+  RunResult right = Push("push_tiny", {s}, {"--model", "qwen3-tiny", "--seed", "8", "--verify",
+                                            "--timeout", "60"});
+  ASSERT_TRUE(right.success()) << right.description << "\n--- server ---\n" << s.process->Describe();
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 8, 0,
+                                                                  DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+}
+
 TEST_F(ControlErrorsTest, PauseResumeAndPrefixCacheRoutesAnswerLikeVllm) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny"}));
   const std::string& u = s.url;

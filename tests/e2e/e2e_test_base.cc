@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -229,9 +231,16 @@ std::optional<TextTable> FindTable(const std::string& text, std::string_view col
 // ---- processes ------------------------------------------------------------------------
 
 void E2eTest::SetUp() {
+  // ctest sets WSYNC_BIN; run by hand, the binary sits at <build>/tools/wsync beside
+  // this test's <build>/tests/e2e/.
   const char* bin = std::getenv("WSYNC_BIN");
-  ASSERT_NE(bin, nullptr) << "WSYNC_BIN is not set (ctest sets it to <build>/tools/wsync)";
-  binary_ = bin;
+  if (bin && *bin) {
+    binary_ = bin;
+  } else {
+    std::error_code ec;
+    std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    binary_ = (self.parent_path() / "../../tools/wsync").lexically_normal().string();
+  }
   ASSERT_TRUE(std::filesystem::is_regular_file(binary_))
       << "no wsync binary at " << binary_ << ": build the `wsync` target first";
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -263,6 +272,8 @@ Result<Subprocess*> E2eTest::SpawnWsync(const std::string& name, std::vector<std
   o.stdout_path = dir_ / (name + ".stdout");
   o.stderr_path = dir_ / (name + ".stderr");
   o.env = std::move(env);
+  // Whatever the child puts under $TMPDIR (demo's server logs) lives and dies with the test.
+  o.env.emplace("TMPDIR", dir_.string());
   WSYNC_ASSIGN_OR_RETURN(auto p, Subprocess::Spawn(binary_, std::move(o)));
   procs_.push_back(std::move(p));
   return procs_.back().get();
@@ -344,12 +355,12 @@ void E2eTest::ExpectServersHold(const std::vector<Server>& servers, const Digest
   }
 }
 
-void E2eTest::ExpectCleanShutdown(const Server& server) {
-  server.process->Signal(SIGTERM);
+void E2eTest::ExpectCleanShutdown(const Server& server, int sig) {
+  server.process->Signal(sig);
   std::optional<ExitStatus> st = server.process->Wait(Deadline::InSeconds(15));
-  ASSERT_TRUE(st.has_value()) << "server " << server.name << " still running 15 s after SIGTERM\n"
-                              << server.process->Describe();
-  EXPECT_TRUE(st->success()) << "server " << server.name << " after SIGTERM: "
+  ASSERT_TRUE(st.has_value()) << "server " << server.name << " still running 15 s after "
+                              << strsignal(sig) << "\n" << server.process->Describe();
+  EXPECT_TRUE(st->success()) << "server " << server.name << " after " << strsignal(sig) << ": "
                              << server.process->Describe();
 }
 

@@ -4,13 +4,15 @@
 // Every test gets a fresh temp directory for the logs, ready files and checkpoints of
 // its processes; TearDown() stops every process the test started (SIGTERM, then SIGKILL)
 // and removes the directory unless the test failed, in which case the path is printed.
-// The binary is $WSYNC_BIN (set by wsync_cc_test). Expected digests never come from the
-// CLI: the test rebuilds the trainer's weights itself (SyntheticTrainer with the same
-// model, seed and steps, or the checkpoint's bytes) and hashes them with core/digest.h,
-// then compares them with /weight_checker of every server. Single-threaded, like gtest.
+// Children get TMPDIR set to that directory. The binary is $WSYNC_BIN (set by ctest),
+// else <build>/tools/wsync. Expected digests never come from the CLI: the test rebuilds
+// the trainer's weights itself (SyntheticTrainer with the same model, seed and steps, or
+// the checkpoint's bytes) and hashes them with core/digest.h, then compares them with
+// /weight_checker of every server. Single-threaded, like gtest.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -133,8 +135,8 @@ class E2eTest : public ::testing::Test {
   // Every server's /weight_checker equals `expected`.
   void ExpectServersHold(const std::vector<Server>& servers, const Digests& expected,
                          DigestAlgorithm algorithm, const std::string& api_key = "");
-  // SIGTERM, then expects exit 0 within 15 s (a clean shutdown).
-  void ExpectCleanShutdown(const Server& server);
+  // Sends `sig` (SIGTERM or SIGINT), then expects exit 0 within 15 s (a clean shutdown).
+  void ExpectCleanShutdown(const Server& server, int sig = SIGTERM);
 
   static std::string JoinUrls(const std::vector<Server>& servers);
 

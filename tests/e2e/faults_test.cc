@@ -42,6 +42,11 @@ TEST_F(FaultsTest, NeverJoiningServerFailsPushAtItsTimeoutNamingItAndLeavesBothS
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 4, 1,
                                                                   DigestAlgorithm::kXxh3_128));
   ExpectServersHold({healthy}, want, DigestAlgorithm::kXxh3_128);
+
+  // The stuck server still has an init call waiting for workers that never join (until
+  // its --timeout 20); SIGTERM must still shut it down cleanly and promptly.
+  ExpectCleanShutdown(stuck);
+  ExpectCleanShutdown(healthy);
 }
 
 }  // namespace

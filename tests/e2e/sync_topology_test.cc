@@ -69,8 +69,8 @@ TEST_F(SyncTopologyTest, PrefillDecodePairOfTp1ServersBothMatchTrainer) {
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 5, 2,
                                                                   DigestAlgorithm::kXxh3_128));
   ExpectServersHold({prefill, decode}, want, DigestAlgorithm::kXxh3_128);
-  ExpectCleanShutdown(prefill);
-  ExpectCleanShutdown(decode);
+  ExpectCleanShutdown(prefill, SIGTERM);
+  ExpectCleanShutdown(decode, SIGINT);
 }
 
 TEST_F(SyncTopologyTest, FourExternalLbDpRankServersWithDataParallelSize2AllMatchTrainer) {
