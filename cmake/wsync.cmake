@@ -1,3 +1,5 @@
+include(GoogleTest)
+
 # wsync_cc_library(NAME name SRCS ... DEPS ...): one static library per area.
 function(wsync_cc_library)
   cmake_parse_arguments(A "" "NAME" "SRCS;DEPS" ${ARGN})
@@ -8,7 +10,12 @@ function(wsync_cc_library)
 endfunction()
 
 # wsync_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [TIMEOUT s]): a GoogleTest binary,
-# registered with CTest test by test.
+# registered with CTest test by test. Every test sees WSYNC_BIN (the CLI) and
+# WSYNC_SOURCE_DIR in its environment.
+#
+# LABELS and ENVIRONMENT are lists, which gtest_discover_tests(PROPERTIES) would split
+# into separate words (CMake 3.25); they are set instead from a file CTest includes after
+# discovery, walking the <name>_TESTS list that discovery fills.
 function(wsync_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${A_NAME} ${A_SRCS})
@@ -18,13 +25,18 @@ function(wsync_cc_test)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
-  set(props TIMEOUT ${A_TIMEOUT})
-  if(A_LABELS)
-    list(APPEND props LABELS "${A_LABELS}")
-  endif()
-  gtest_discover_tests(${A_NAME}
-    PROPERTIES ${props}
-    ENVIRONMENT "WSYNC_BIN=${PROJECT_BINARY_DIR}/tools/wsync;WSYNC_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+  gtest_discover_tests(${A_NAME} TEST_LIST ${A_NAME}_TESTS
+    PROPERTIES TIMEOUT ${A_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
+  set(env "WSYNC_BIN=${PROJECT_BINARY_DIR}/tools/wsync;WSYNC_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  set(file "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_properties.cmake")
+  set(props "ENVIRONMENT \"${env}\"")
+  if(A_LABELS)
+    string(APPEND props " LABELS \"${A_LABELS}\"")
+  endif()
+  file(WRITE "${file}"
+       "foreach(t IN LISTS ${A_NAME}_TESTS)\n"
+       "  set_tests_properties(\"\${t}\" PROPERTIES ${props})\n"
+       "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${file}")
 endfunction()
-include(GoogleTest)

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,8 +15,6 @@
 #include <thread>
 
 #include <fmt/format.h>
-
-extern char** environ;
 
 namespace wsync::cli {
 namespace {
@@ -57,16 +55,25 @@ Result<Child> StartServer(std::vector<std::string> args, const std::string& log_
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
 
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   Child child;
   child.log_path = log_path;
-  int rc = posix_spawn(&child.pid, cargv[0], &fa, nullptr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return Internal(fmt::format("spawning {}: {}", argv[0], std::strerror(rc)));
+  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return Internal(fmt::format("opening {}: {}", log_path, std::strerror(errno)));
+  pid_t parent = getpid();
+  child.pid = fork();
+  if (child.pid == 0) {
+    // The server dies with this process, even if it is SIGKILLed.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  close(log_fd);
+  if (child.pid < 0) return Internal(fmt::format("fork: {}", std::strerror(errno)));
 
   while (!deadline.expired()) {
     std::ifstream in(ready);

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/deadline.h"
 #include "core/log.h"
 
 namespace wsync {
@@ -103,6 +104,11 @@ Result<std::unique_ptr<HttpControlServer>> HttpControlServer::Start(
   }
   s->port_ = port;
   s->listener_ = std::thread([srv = s->server_.get()] { srv->listen_after_bind(); });
+  // stop() before the accept loop runs would be lost; return only once it is running.
+  Deadline ready = Deadline::InSeconds(10);
+  while (!s->server_->is_running() && !ready.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return s;
 }
 

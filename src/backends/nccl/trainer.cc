@@ -86,6 +86,11 @@ class NcclTrainer final : public TrainerEngine {
     }
     Shutdown();
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    // Servers give up a little before the trainer does, so that a server left waiting
+    // for a peer answers with ITS account (which rank never came) before the trainer's
+    // own wait ends; the trainer's HTTP wait allows a short grace past its deadline.
+    double server_timeout = std::max(0.5, options_.timeout_seconds * 0.9 - 0.25);
+    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
     WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes, client_.Get("/get_world_size?include_dp=true", deadline));
     std::vector<int> per_server;
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -116,7 +121,7 @@ class NcclTrainer final : public TrainerEngine {
     info.gloo_prefix = prefix_;
     info.gloo_rank_labels = labels_;
     info.wsync_protocol = kWsyncProtocolVersion;
-    info.timeout_seconds = options_.timeout_seconds;
+    info.timeout_seconds = server_timeout;
     std::vector<json> bodies;
     for (int offset : offsets) {
       info.rank_offset = offset;
@@ -124,7 +129,7 @@ class NcclTrainer final : public TrainerEngine {
     }
     WSYNC_LOG_INFO("init: {} servers, world {}, rank offsets [{}], packed buffer {} bytes",
                    offsets.size(), world, fmt::join(offsets, ", "), buffer_bytes_);
-    auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), deadline);
+    auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), http_deadline);
 
     GlooOptions g;
     g.store_host = options_.store_host;
@@ -149,7 +154,7 @@ class NcclTrainer final : public TrainerEngine {
     Result<std::unique_ptr<Communicator>> comm = connect_future.get();
     if (!comm.ok()) {
       // A server's own error explains more than "rank N never joined"; give it a moment.
-      Result<std::vector<json>> r = pending->Wait(Deadline::InSeconds(2));
+      Result<std::vector<json>> r = pending->Wait(Deadline::InSeconds(3));
       if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) return r.status();
       return comm.status();
     }
@@ -158,7 +163,7 @@ class NcclTrainer final : public TrainerEngine {
     std::shared_ptr<Communicator> c = comm_;
     WSYNC_RETURN_IF_ERROR(Watched([c, warmup, deadline] { return c->AllReduceSum(std::span<float>(warmup.get(), 1), deadline); },
                                   *comm_, pending.get(), deadline, "broadcast group warm-up"));
-    WSYNC_RETURN_IF_ERROR(pending->Wait(deadline).status());
+    WSYNC_RETURN_IF_ERROR(pending->Wait(http_deadline).status());
     store_->ErasePrefix(prefix_);
     WSYNC_LOG_INFO("broadcast group of {} ranks is up", world);
     return Status::Ok();
@@ -201,11 +206,13 @@ class NcclTrainer final : public TrainerEngine {
     }
     stats.start_seconds = Since(t0);
     auto t1 = Clock::now();
+    // As in Init: the servers' waits end first, so their account arrives in time.
+    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
     auto pending = client_.PostAsync("/update_weights",
                                      std::vector<json>(client_.urls().size(), json{{"update_info", update}}),
-                                     deadline);
+                                     http_deadline);
     Status s = Transfer(source, meta, plan, pending.get(), deadline);
-    if (s.ok()) s = pending->Wait(deadline).status();
+    if (s.ok()) s = pending->Wait(http_deadline).status();
     if (!s.ok()) {
       comm_->Abort();
       CloseSessions();
