@@ -11,9 +11,12 @@ struct BenchArgs {
   int tp = 1;
   int iters = 3;
   double bucket_gb = 1.0;
+  int steps = 5;
 };
 
 int RunBench(const BenchArgs& args);
+// `wsync bench delta` (tools/bench_delta.cc).
+int RunBenchDelta(const BenchArgs& args);
 
 // One receiving rank of the raw-broadcast baseline (hidden `bench-rank` command).
 struct BenchRankArgs {

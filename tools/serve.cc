@@ -32,6 +32,8 @@ int RunServe(const ServeArgs& a) {
   o.backend = a.backend;
   o.timeout_seconds = a.timeout;
   o.fault_never_join = a.fault == "never-join";
+  if (!a.base_checkpoint.empty()) o.backend_config["base_checkpoint"] = a.base_checkpoint;
+  if (!a.local_checkpoint_dir.empty()) o.backend_config["local_checkpoint_dir"] = a.local_checkpoint_dir;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

@@ -18,6 +18,8 @@ struct ServeArgs {
   double max_body_mb = 256;
   std::string ready_file;
   std::string fault;
+  std::string base_checkpoint;       // delta: the checkpoint version 0 is
+  std::string local_checkpoint_dir;  // delta: this host's mutable copy
 };
 
 int RunServe(const ServeArgs& args);

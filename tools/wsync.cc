@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
   s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")->capture_default_str();
   s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
+  s->add_option("--base-checkpoint", serve.base_checkpoint, "delta: the base checkpoint directory (version 0)");
+  s->add_option("--local-checkpoint-dir", serve.local_checkpoint_dir, "delta: this host's mutable copy of the checkpoint");
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join")->check(CLI::IsMember({"never-join"}));
 
   PushArgs push;
@@ -80,6 +82,8 @@ int main(int argc, char** argv) {
   p->add_option("--api-key", push.trainer.api_key, "sent as 'Authorization: Bearer KEY'")->envname("WSYNC_API_KEY");
   p->add_option("--store-host", push.trainer.store_host, "address the servers use to reach the trainer's rendezvous")->capture_default_str();
   p->add_option("--threads", push.threads, "worker threads for weights and digests (0: all cores)")->capture_default_str();
+  p->add_option("--sync-dir", push.trainer.sync_dir, "delta: directory shared with the servers");
+  p->add_option("--max-file-gb", push.trainer.max_file_gb, "delta: payload files roll over at this size")->capture_default_str();
   bool unpacked = false;
   p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
 
@@ -92,12 +96,13 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
-  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast"}));
+  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast", "delta"}));
   b->add_option("--model", bench.model)->capture_default_str();
   b->add_option("--servers", bench.servers, "number of TP=1 servers")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
   b->add_option("--iters", bench.iters, "timed syncs (after one warm-up)")->capture_default_str();
   b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
+  b->add_option("--steps", bench.steps, "delta: synthetic steps to publish and apply")->capture_default_str();
 
   BenchRankArgs rank;
   auto* br = app.add_subcommand("bench-rank", "")->group("");  // hidden: a rank of `bench`
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
   }
   if (b->parsed()) {
     wsync::log::Init("bench");
-    Exit(RunBench(bench));
+    Exit(bench.what == "delta" ? RunBenchDelta(bench) : RunBench(bench));
   }
   return 0;
 }

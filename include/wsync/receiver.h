@@ -41,6 +41,9 @@ struct ReceiverContext {
   int tp_size = 1;
   std::string server_url;
   double timeout_seconds = 300;  // the server's bound on any wait
+  // Backend-specific settings from `wsync serve` flags, e.g. for `delta`:
+  // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR}. Unused keys are ignored.
+  nlohmann::json backend_config = nlohmann::json::object();
 };
 
 // An update as the server hands it to the backend. `reject` is non-OK when the server

@@ -40,6 +40,11 @@ struct TrainerOptions {
   std::string store_host = "127.0.0.1";  // where the rendezvous store listens (servers dial it)
   Device device;
   int rank = 0;                      // trainer rank; rank 0 is the sender
+  // `delta`: the directory both sides share (local or NFS), payload files roll over at
+  // this size, and publishing uses this many threads (0: all cores).
+  std::string sync_dir;
+  double max_file_gb = 1.0;
+  size_t publish_threads = 0;
   // Called from the sending thread after every chunk.
   std::function<void(const SyncProgress&)> progress;
 };

@@ -47,6 +47,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->context_.model = &s->model_;
   s->context_.tp_size = o.tp;
   s->context_.timeout_seconds = o.timeout_seconds;
+  s->context_.backend_config = o.backend_config;
   s->set_url("");
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
   return s;

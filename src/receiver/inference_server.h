@@ -36,6 +36,8 @@ struct InferenceServerOptions {
   // control plane answers as usual, but init never joins the data plane and fails only
   // at the server's own deadline, like a server whose workers are wedged.
   bool fault_never_join = false;
+  // Handed to the backend as ReceiverContext::backend_config.
+  nlohmann::json backend_config = nlohmann::json::object();
 };
 
 class InferenceServer : public ControlService {
