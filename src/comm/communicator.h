@@ -56,6 +56,23 @@ class Communicator {
   // `deadline`. Any length works, including many GB.
   virtual Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) = 0;
 
+  // Lets a caller overlap its own work with a broadcast, piece by piece. On the root,
+  // `before_send(end)` is called before bytes [0, end) go out and must return once they
+  // are ready (or a Status to stop). On the other ranks, `on_received(end)` is called once
+  // bytes [0, end) have arrived; it must not block. Both see `end` grow to data.size().
+  struct StreamHooks {
+    std::function<Status(size_t end)> before_send;
+    std::function<void(size_t end)> on_received;
+  };
+  // Default: the whole buffer as one piece.
+  virtual Status Broadcast(std::span<std::byte> data, int root, Deadline deadline,
+                           const StreamHooks& hooks) {
+    if (rank() == root && hooks.before_send) WSYNC_RETURN_IF_ERROR(hooks.before_send(data.size()));
+    WSYNC_RETURN_IF_ERROR(Broadcast(data, root, deadline));
+    if (rank() != root && hooks.on_received) hooks.on_received(data.size());
+    return Status::Ok();
+  }
+
   // Element-wise sum over all ranks, in place; every rank ends with the same values.
   virtual Status AllReduceSum(std::span<int64_t> data, Deadline deadline) = 0;
   virtual Status AllReduceSum(std::span<float> data, Deadline deadline) = 0;

@@ -50,7 +50,11 @@ class GlooCommunicator final : public Communicator {
   int size() const override { return options_.size; }
   std::string_view kind() const override { return "gloo"; }
 
-  Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) override;
+  Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) override {
+    return Broadcast(data, root, deadline, StreamHooks{});
+  }
+  Status Broadcast(std::span<std::byte> data, int root, Deadline deadline,
+                   const StreamHooks& hooks) override;
   Status AllReduceSum(std::span<int64_t> data, Deadline deadline) override {
     return AllReduce<int64_t>(data, "all-reduce(int64)", deadline);
   }
@@ -91,7 +95,8 @@ class GlooCommunicator final : public Communicator {
 
   template <typename Body>
   Status Run(Op& op, Body&& body);
-  Status BroadcastChunked(std::span<std::byte> data, int root, Deadline deadline, Op& op);
+  Status BroadcastChunked(std::span<std::byte> data, int root, Deadline deadline, Op& op,
+                          const StreamHooks& hooks);
   Status BroadcastGloo(std::span<std::byte> data, int root, Deadline deadline, Op& op);
   template <typename T>
   Status AllReduce(std::span<T> data, const char* name, Deadline deadline);
@@ -135,7 +140,8 @@ Status GlooCommunicator::Run(Op& op, Body&& body) {
   return status;
 }
 
-Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root, Deadline deadline) {
+Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root, Deadline deadline,
+                                   const StreamHooks& hooks) {
   if (root < 0 || root >= size()) {
     return InvalidArgument(
         fmt::format("gloo broadcast: root {} outside group of {}", root, size()));
@@ -145,14 +151,17 @@ Status GlooCommunicator::Broadcast(std::span<std::byte> data, int root, Deadline
   return Run(op, [&] {
     if (size() == 1 || data.empty()) return Status::Ok();
     if (options_.algorithm == GlooBroadcastAlgorithm::kGlooBaseline) {
-      return BroadcastGloo(data, root, deadline, op);
+      if (rank() == root && hooks.before_send) WSYNC_RETURN_IF_ERROR(hooks.before_send(data.size()));
+      WSYNC_RETURN_IF_ERROR(BroadcastGloo(data, root, deadline, op));
+      if (rank() != root && hooks.on_received) hooks.on_received(data.size());
+      return Status::Ok();
     }
-    return BroadcastChunked(data, root, deadline, op);
+    return BroadcastChunked(data, root, deadline, op, hooks);
   });
 }
 
 Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, Deadline deadline,
-                                          Op& op) {
+                                          Op& op, const StreamHooks& hooks) {
   const BroadcastTree tree = options_.algorithm == GlooBroadcastAlgorithm::kBinomial
                                  ? BinomialTree(rank(), size(), root)
                                  : ChainTree(rank(), size(), root);
@@ -193,12 +202,17 @@ Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, D
     for (auto& b : bufs) b->recv(tree.parent, slot);
   }
   for (size_t k = 0; k < pieces; ++k) {
+    size_t end = std::min(data.size(), (k + 1) * chunk);
     if (tree.parent >= 0) {
       expect("send", Name(tree.parent), k);
       if (!bufs[k]->waitRecv(WaitTimeout(deadline))) return aborted();
+    } else if (hooks.before_send) {
+      op.waiting_for = fmt::format("the caller to prepare piece {}/{}", k + 1, pieces);
+      WSYNC_RETURN_IF_ERROR(hooks.before_send(end));
     }
     if (!tree.children.empty()) expect("take", children, k);
     for (int child : tree.children) bufs[k]->send(child, slot);
+    if (tree.parent >= 0 && hooks.on_received) hooks.on_received(end);
   }
   if (!tree.children.empty()) {
     for (size_t k = 0; k < pieces; ++k) {

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
 #include "core/log.h"
+#include "core/progress_gate.h"
 #include "model/worker_store.h"
 #include "receiver/worker_thread.h"
 
@@ -165,39 +166,51 @@ class NcclReceiver final : public ReceiverBackend {
         WSYNC_ASSIGN_OR_RETURN(b, HostBuffer::Allocate(plan.max_chunk_bytes));
       }
     }
-    std::vector<std::future<Status>> loads(nbuf);
-    Status load_error;
-    auto drain = [&](size_t b) {
-      if (loads[b].valid()) {
-        Status s = loads[b].get();
-        if (load_error.ok() && !s.ok()) load_error = s;
-      }
-    };
-    for (size_t k = 0; k < plan.chunks.size(); ++k) {
-      const Chunk& c = plan.chunks[k];
-      size_t b = k % nbuf;
-      drain(b);
-      if (!load_error.ok()) return load_error;
-      std::span<std::byte> buf = slot.buffers[b].span().first(c.bytes);
-      Status s = slot.comm->Broadcast(buf, 0, deadline);
-      if (!s.ok()) {
-        for (size_t j = 0; j < nbuf; ++j) drain(j);
-        return s.WithContext(fmt::format("{}: receiving chunk {}/{} ({} bytes, tensors {}..{})",
-                                         w.label, k + 1, plan.chunks.size(), c.bytes,
-                                         tensors[c.first].name, tensors[c.end - 1].name));
-      }
-      loads[b] = std::async(std::launch::async, [&, c, buf]() -> Status {
+    // A loader thread lands each tensor as soon as all of its bytes have arrived, while
+    // the rest of the chunk (and the next one) is still on the wire.
+    const size_t n = plan.chunks.size();
+    std::vector<ProgressGate> arrived(n);  // bytes of chunk k received
+    ProgressGate loaded;                   // chunks fully loaded into the shards
+    std::thread loader([&] {
+      for (size_t k = 0; k < n; ++k) {
+        const Chunk& c = plan.chunks[k];
+        std::span<const std::byte> buf = slot.buffers[k % nbuf].span();
         for (size_t t = c.first; t < c.end; ++t) {
           const TensorMeta& m = tensors[t];
-          TensorRef ref{m.name, m.dtype, m.shape,
-                        buf.subspan(plan.offset_in_chunk[t], m.nbytes()), w.device};
-          WSYNC_RETURN_IF_ERROR(w.store->Load(ref).WithContext(w.label));
+          size_t off = plan.offset_in_chunk[t];
+          Status s = arrived[k].WaitFor(off + m.nbytes(), deadline, "chunk bytes");
+          if (s.ok()) {
+            s = w.store->Load(TensorRef{m.name, m.dtype, m.shape, buf.subspan(off, m.nbytes()), w.device})
+                    .WithContext(w.label);
+          }
+          if (!s.ok()) return loaded.Fail(s);
         }
-        return Status::Ok();
-      });
+        loaded.Advance(k + 1);
+      }
+    });
+    Status result;
+    for (size_t k = 0; k < n; ++k) {
+      const Chunk& c = plan.chunks[k];
+      if (k >= nbuf) {
+        result = loaded.WaitFor(k - nbuf + 1, deadline, "the loader to free a buffer");
+        if (!result.ok()) break;
+      }
+      Communicator::StreamHooks hooks;
+      hooks.on_received = [&arrived, k](size_t end) { arrived[k].Advance(end); };
+      Status s = slot.comm->Broadcast(slot.buffers[k % nbuf].span().first(c.bytes), 0, deadline, hooks);
+      if (!s.ok()) {
+        result = s.WithContext(fmt::format("{}: receiving chunk {}/{} ({} bytes, tensors {}..{})",
+                                           w.label, k + 1, n, c.bytes, tensors[c.first].name,
+                                           tensors[c.end - 1].name));
+        break;
+      }
     }
-    for (size_t j = 0; j < nbuf; ++j) drain(j);
-    return load_error;
+    if (!result.ok()) {
+      for (ProgressGate& g : arrived) g.Fail(result);
+    }
+    loader.join();
+    if (result.ok()) result = loaded.WaitFor(n, deadline, "the loader");
+    return result;
   }
 
   ReceiverContext* ctx_;

@@ -16,6 +16,7 @@
 #include "control/client.h"
 #include "control/init_payloads.h"
 #include "core/log.h"
+#include "core/progress_gate.h"
 #include "plan/packing.h"
 
 namespace wsync {
@@ -265,36 +266,60 @@ class NcclTrainer final : public TrainerEngine {
     auto op = [comm, stream, buffers, meta_owned, plan_owned, progress, deadline, nbuf]() -> Status {
       const ChunkPlan& plan = *plan_owned;
       const std::vector<TensorMeta>& meta = *meta_owned;
-      auto pack = [&](size_t k) -> Status {
-        const Chunk& c = plan.chunks[k];
-        std::byte* dst = buffers[k % nbuf]->data();
-        TensorRef t;
-        for (size_t i = c.first; i < c.end; ++i) {
-          WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-          if (!more) return Internal("source ended early");
-          std::memcpy(dst + plan.offset_in_chunk[i], t.bytes.data(), t.bytes.size());
+      const size_t n = plan.chunks.size();
+      std::vector<ProgressGate> packed(n);  // bytes of chunk k written into its buffer
+      ProgressGate sent;                     // chunks whose broadcast has completed
+      // The packer fills chunk k while chunk k-1 is on the wire, and the broadcast of
+      // chunk k sends each piece as soon as the packer has written it.
+      std::thread packer([&] {
+        for (size_t k = 0; k < n; ++k) {
+          if (k >= nbuf) {
+            Status s = sent.WaitFor(k - nbuf + 1, deadline, "the broadcast to free a buffer");
+            if (!s.ok()) return packed[k].Fail(s);
+          }
+          const Chunk& c = plan.chunks[k];
+          std::byte* dst = buffers[k % nbuf]->data();
+          TensorRef t;
+          for (size_t i = c.first; i < c.end; ++i) {
+            Result<bool> more = stream->Next(&t);
+            if (!more.ok() || !*more) {
+              Status s = more.ok() ? Internal("source ended early") : more.status();
+              for (size_t j = k; j < n; ++j) packed[j].Fail(s);
+              return;
+            }
+            size_t off = plan.offset_in_chunk[i];
+            constexpr size_t kSlice = size_t{8} << 20;  // publish big tensors in slices
+            for (size_t b = 0; b < t.bytes.size(); b += kSlice) {
+              size_t len = std::min(kSlice, t.bytes.size() - b);
+              std::memcpy(dst + off + b, t.bytes.data() + b, len);
+              packed[k].Advance(off + b + len);
+            }
+          }
+          packed[k].Advance(c.bytes);
         }
-        return Status::Ok();
-      };
-      std::future<Status> packing;
-      if (!plan.chunks.empty()) packing = std::async(std::launch::async, pack, 0);
-      SyncProgress p{0, plan.total_bytes, 0, plan.chunks.size()};
-      for (size_t k = 0; k < plan.chunks.size(); ++k) {
-        WSYNC_RETURN_IF_ERROR(packing.get());
-        if (k + 1 < plan.chunks.size()) packing = std::async(std::launch::async, pack, k + 1);
+      });
+      Status result;
+      SyncProgress p{0, plan.total_bytes, 0, n};
+      for (size_t k = 0; k < n && result.ok(); ++k) {
         const Chunk& c = plan.chunks[k];
-        Status s = comm->Broadcast(std::span(buffers[k % nbuf]->data(), c.bytes), 0, deadline);
+        Communicator::StreamHooks hooks;
+        hooks.before_send = [&packed, k, deadline](size_t end) {
+          return packed[k].WaitFor(end, deadline, "the packer");
+        };
+        Status s = comm->Broadcast(std::span(buffers[k % nbuf]->data(), c.bytes), 0, deadline, hooks);
         if (!s.ok()) {
-          if (packing.valid()) packing.wait();
-          return s.WithContext(fmt::format("broadcast of chunk {}/{} ({} bytes: {}..{})", k + 1,
-                                           plan.chunks.size(), c.bytes, meta[c.first].name,
-                                           meta[c.end - 1].name));
+          result = s.WithContext(fmt::format("broadcast of chunk {}/{} ({} bytes: {}..{})", k + 1, n,
+                                             c.bytes, meta[c.first].name, meta[c.end - 1].name));
+          break;
         }
+        sent.Advance(k + 1);
         p.bytes_done += c.bytes;
         p.chunks_done = k + 1;
         if (progress) progress(p);
       }
-      return Status::Ok();
+      if (!result.ok()) sent.Fail(result);
+      packer.join();
+      return result;
     };
     return Watched(op, *comm_, http, deadline, "weight broadcast");
   }
