@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -34,9 +35,15 @@ class FanOut final : public FanOutClient::Pending {
   Result<std::vector<json>> Wait(Deadline deadline) override {
     std::unique_lock lock(mu_);
     cv_.wait_until(lock, deadline.at(), [&] { return finished_ == done_.size(); });
+    // The first cause, in server order: a server that only gave up because another one
+    // refused (kAborted) is reported only when nothing else failed.
+    const Status* first = nullptr;
     for (size_t i = 0; i < done_.size(); ++i) {
-      if (done_[i] && !statuses_[i].ok()) return statuses_[i];
+      if (!done_[i] || statuses_[i].ok()) continue;
+      if (statuses_[i].code() != StatusCode::kAborted) return statuses_[i];
+      if (first == nullptr) first = &statuses_[i];
     }
+    if (first != nullptr && finished_ == done_.size()) return *first;
     if (finished_ != done_.size()) {
       std::vector<std::string> waiting;
       for (size_t i = 0; i < done_.size(); ++i) {
@@ -67,6 +74,18 @@ class FanOut final : public FanOutClient::Pending {
   size_t finished_ = 0;
   bool any_failed_ = false;
 };
+
+// wsync servers put the Status code's name in error.type; other servers do not.
+std::optional<StatusCode> ErrorTypeOf(const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("error") || !j["error"].is_object()) return std::nullopt;
+  const json& type = j["error"].value("type", json());
+  if (!type.is_string()) return std::nullopt;
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (StatusCodeName(static_cast<StatusCode>(c)) == type.get<std::string>()) return static_cast<StatusCode>(c);
+  }
+  return std::nullopt;
+}
 
 std::string ErrorMessageOf(const std::string& body) {
   json j = json::parse(body, nullptr, false);
@@ -108,7 +127,7 @@ Result<json> DoRequest(const std::string& url, const std::string& method, const 
     return Unavailable(fmt::format("{}: {}", what, httplib::to_string(err)));
   }
   if (res->status < 200 || res->status >= 300) {
-    return Status(StatusCodeForHttp(res->status),
+    return Status(ErrorTypeOf(res->body).value_or(StatusCodeForHttp(res->status)),
                   fmt::format("{} -> {}: {}", what, res->status, ErrorMessageOf(res->body)));
   }
   if (res->body.empty()) return json::object();

@@ -1,0 +1,162 @@
+// The `nccl` backend end to end inside one process: real HTTP servers on loopback, real
+// Gloo groups, a trainer engine, and checksums read back from the servers' shards.
+#include <gtest/gtest.h>
+
+#include "control/client.h"
+#include "control/http_server.h"
+#include "core/digest.h"
+#include "model/config.h"
+#include "receiver/inference_server.h"
+#include "trainer/synthetic.h"
+#include "wsync/receiver.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+struct Server {
+  std::unique_ptr<InferenceServer> service;
+  std::unique_ptr<HttpControlServer> http;
+};
+
+Server StartServer(const std::string& model, int tp) {
+  InferenceServerOptions o;
+  o.model = model;
+  o.tp = tp;
+  o.timeout_seconds = 20;
+  Server s;
+  s.service = std::move(*InferenceServer::Create(o, CreateReceiverBackend));
+  s.http = std::move(*HttpControlServer::Start(HttpServerOptions{}, s.service.get()));
+  s.service->set_url(s.http->url());
+  return s;
+}
+
+// Every tensor's digest on the server equals the source's.
+void ExpectServerHolds(InferenceServer& server, WeightSource& source) {
+  auto sums = server.Checksums(DigestAlgorithm::kXxh3_128);
+  ASSERT_TRUE(sums.ok()) << sums.status().ToString();
+  auto stream = *source.Iterate();
+  TensorRef t;
+  size_t n = 0;
+  while (*stream->Next(&t)) {
+    EXPECT_EQ((*sums)[std::string(t.name)], HexDigest(DigestAlgorithm::kXxh3_128, t.bytes)) << t.name;
+    ++n;
+  }
+  EXPECT_EQ(n, sums->size());
+}
+
+// A source that lies: its metadata says one thing, its iteration yields another.
+class LyingSource : public WeightSource {
+ public:
+  LyingSource(WeightSource& inner, size_t bad_index) : inner_(inner), meta_(inner.metadata()) {
+    meta_[bad_index].shape.back() += 1;
+  }
+  const std::vector<TensorMeta>& metadata() const override { return meta_; }
+  Result<std::unique_ptr<TensorStream>> Iterate() override { return inner_.Iterate(); }
+
+ private:
+  WeightSource& inner_;
+  std::vector<TensorMeta> meta_;
+};
+
+class NcclBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = *LookupModel("qwen3-tiny");
+    trainer_ = std::move(*SyntheticTrainer::FromMetadata(HfTensors(config_), 11, 2));
+  }
+  TrainerOptions Options(const std::vector<Server*>& servers) {
+    TrainerOptions o;
+    for (Server* s : servers) o.servers.push_back(s->http->url());
+    o.timeout_seconds = 20;
+    return o;
+  }
+  ModelConfig config_;
+  std::unique_ptr<SyntheticTrainer> trainer_;
+};
+
+TEST_F(NcclBackend, ManySmallChunksAndUnpackedBothLandBitExact) {
+  Server a = StartServer("qwen3-tiny", 2);
+  for (bool packed : {true, false}) {
+    TrainerOptions o = Options({&a});
+    o.packed = packed;
+    o.bucket_gb = 256.0 / (1 << 30);  // 256-byte buckets: a chunk per tensor or so
+    auto engine = *CreateTrainerEngine(o);
+    ASSERT_TRUE(engine->Init(trainer_->metadata()).ok());
+    auto stats = engine->SendWeights(trainer_->source(), "v1");
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    // Buckets are at least the largest tensor (the 2 MiB embedding): a few chunks packed,
+    // one per tensor unpacked.
+    if (packed) {
+      EXPECT_GE(stats->chunks, 3u);
+    } else {
+      EXPECT_EQ(stats->chunks, trainer_->metadata().size());
+    }
+    ExpectServerHolds(*a.service, trainer_->source());
+    ASSERT_TRUE(trainer_->Step(packed ? 1 : 2).ok());
+  }
+}
+
+TEST_F(NcclBackend, LyingSourceFailsBeforeAnythingIsSent) {
+  Server a = StartServer("qwen3-tiny", 1);
+  auto engine = *CreateTrainerEngine(Options({&a}));
+  ASSERT_TRUE(engine->Init(trainer_->metadata()).ok());
+  LyingSource liar(trainer_->source(), 3);
+  auto r = engine->SendWeights(liar, std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(trainer_->metadata()[3].name), std::string::npos) << r.status().message();
+  // Nothing was started on the server, and the group is still usable.
+  EXPECT_EQ(a.service->Health()["syncs"], 0);
+  ASSERT_TRUE(engine->SendWeights(trainer_->source(), std::nullopt).ok());
+  ExpectServerHolds(*a.service, trainer_->source());
+}
+
+TEST_F(NcclBackend, RejectedUpdateStopsEveryoneAndTheGroupSurvives) {
+  // The second server serves a different model: it rejects the update with a 400 naming
+  // a tensor, the preflight vote stops the other server too, and the next sync to a
+  // matching pair works without a new init.
+  Server a = StartServer("qwen3-tiny", 1);
+  Server b = StartServer("qwen3-moe-tiny", 1);
+  auto engine = *CreateTrainerEngine(Options({&a, &b}));
+  ASSERT_TRUE(engine->Init(trainer_->metadata()).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = engine->SendWeights(trainer_->source(), std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(b.http->url()), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("qwen3-moe-tiny has no tensor"), std::string::npos) << r.status().message();
+  EXPECT_EQ(a.service->Health()["weights_consistent"], true);
+  // Both sessions are closed: a raw start on each succeeds.
+  FanOutClient client({a.http->url(), b.http->url()}, {});
+  EXPECT_TRUE(client.Post("/start_weight_update", json::object(), Deadline::InSeconds(5)).ok());
+  EXPECT_TRUE(client.Post("/finish_weight_update", json::object(), Deadline::InSeconds(5)).ok());
+}
+
+TEST_F(NcclBackend, SendWithoutInitIsAClearError) {
+  Server a = StartServer("qwen3-tiny", 1);
+  auto engine = *CreateTrainerEngine(Options({&a}));
+  auto r = engine->SendWeights(trainer_->source(), std::nullopt);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(NcclBackend, ServerRejectsBadInitNamingTheField) {
+  Server a = StartServer("qwen3-tiny", 2);
+  FanOutClient client({a.http->url()}, {});
+  json init = {{"rank_offset", 1}, {"world_size", 2}, {"gloo_store_host", "127.0.0.1"},
+               {"gloo_store_port", 1}, {"gloo_prefix", "x"}};
+  auto r = client.Post("/init_weight_transfer_engine", json{{"init_info", init}}, Deadline::InSeconds(5));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("outside world_size 2"), std::string::npos) << r.status().message();
+  init["world_size"] = 3;
+  init["nccl_unique_id_b64"] = "AAAA";
+  r = client.Post("/init_weight_transfer_engine", json{{"init_info", init}}, Deadline::InSeconds(5));
+  EXPECT_NE(r.status().message().find("exactly one rendezvous"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wsync
