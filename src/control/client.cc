@@ -17,7 +17,11 @@ using nlohmann::json;
 // Shared by the caller and the request threads; outlives whichever finishes last.
 class FanOut final : public FanOutClient::Pending {
  public:
-  explicit FanOut(size_t n) : replies_(n), statuses_(n), done_(n, false) {}
+  explicit FanOut(std::vector<std::string> labels)
+      : labels_(std::move(labels)),
+        replies_(labels_.size()),
+        statuses_(labels_.size()),
+        done_(labels_.size(), false) {}
 
   void Finish(size_t i, Result<json> r) {
     std::lock_guard lock(mu_);
@@ -63,9 +67,8 @@ class FanOut final : public FanOutClient::Pending {
     return any_failed_;
   }
 
-  std::vector<std::string> labels_;
-
  private:
+  const std::vector<std::string> labels_;  // server URLs, for "no answer from ..."
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<json> replies_;
@@ -164,8 +167,7 @@ std::shared_ptr<FanOutClient::Pending> FanOutClient::Start(const std::string& me
                                                            const std::string& path,
                                                            std::vector<json> bodies,
                                                            Deadline deadline) const {
-  auto fan = std::make_shared<FanOut>(urls_.size());
-  for (const auto& u : urls_) fan->labels_.push_back(u);
+  auto fan = std::make_shared<FanOut>(urls_);
   for (size_t i = 0; i < urls_.size(); ++i) {
     std::thread([fan, i, url = urls_[i], method, path, body = std::move(bodies[i]),
                  options = options_, deadline] {

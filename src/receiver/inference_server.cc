@@ -105,6 +105,7 @@ Status InferenceServer::InitWeightTransfer(const json& init_info) {
     std::unique_lock lock(mu_);
     shutdown_cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return shutting_down_; });
     busy_ = false;
+    busy_with_ = "";
     return DeadlineExceeded(fmt::format(
         "fault injection (--fault never-join): this server's workers never joined the data plane "
         "and gave up after {} s", timeout));
@@ -134,7 +135,7 @@ Status InferenceServer::UpdateWeights(const json& update_info) {
     std::lock_guard lock(mu_);
     if (!active_) req.reject = FailedPrecondition("start_weight_update must be called before update_weights");
   }
-  if (req.reject.ok()) {
+  if (req.reject.ok() && !backend_->ParsesOwnUpdateInfo()) {
     Result<std::vector<TensorMeta>> parsed = ParseTensorList(update_info);
     if (!parsed.ok()) {
       req.reject = parsed.status();
