@@ -67,6 +67,10 @@ class ReceiverBackend {
   virtual Result<nlohmann::json> Fetch(const nlohmann::json& body) {
     return Unimplemented("backend has no /fetch_weights");
   }
+  // True when update_info is not vLLM's tensor list (names/dtype_names/shapes) but the
+  // backend's own (`delta`: {"target_version", ...}): the server then hands it over
+  // unparsed, with UpdateRequest::tensors empty.
+  virtual bool ParsesOwnUpdateInfo() const { return false; }
   // Releases communicators and mappings; later calls fail until Init.
   virtual void Shutdown() {}
 };
