@@ -1,0 +1,187 @@
+#include "comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace wsync {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#define WSYNC_CUDA_RETURN(expr, what)                                                   \
+  do {                                                                                  \
+    cudaError_t wsync_cuda_err_ = (expr);                                               \
+    if (wsync_cuda_err_ != cudaSuccess) {                                               \
+      return Internal(fmt::format("{}: {} failed: {} ({}:{})", what, #expr,             \
+                                  cudaGetErrorString(wsync_cuda_err_), __FILE__, __LINE__)); \
+    }                                                                                   \
+  } while (0)
+
+Status NcclError(ncclResult_t r, const std::string& what) {
+  return Unavailable(fmt::format("{}: {} ({})", what, ncclGetErrorString(r), static_cast<int>(r)));
+}
+
+// Polls until `done()` is true, the communicator reports an error, or the deadline passes.
+// Spins briefly first (collectives on NVLink finish in microseconds), then sleeps.
+template <typename Done>
+Status PollComm(ncclComm_t comm, Done done, Deadline deadline, const std::string& what) {
+  auto start = Clock::now();
+  for (;;) {
+    if (done()) return Status::Ok();
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess) return NcclError(r, what);
+    if (async != ncclSuccess && async != ncclInProgress) return NcclError(async, what);
+    if (deadline.expired()) return DeadlineExceeded(fmt::format("{}: timed out", what));
+    if (Clock::now() - start > std::chrono::milliseconds(2)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const NcclOptions& o, ncclComm_t comm, cudaStream_t stream, void* scratch)
+      : options_(o), comm_(comm), stream_(stream), scratch_(scratch) {}
+
+  ~NcclCommunicator() override {
+    cudaSetDevice(options_.device);
+    if (!aborted_) {
+      ncclCommFinalize(comm_);
+      ncclCommDestroy(comm_);
+    }
+    cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string_view kind() const override { return "nccl"; }
+
+  Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) override {
+    std::string what = fmt::format("nccl broadcast of {} bytes from {} on {}", data.size(),
+                                   DescribeRankOrDefault(options_.describe_rank, root),
+                                   DescribeRankOrDefault(options_.describe_rank, options_.rank));
+    return Run(what, deadline, [&] {
+      return ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_, stream_);
+    });
+  }
+
+  Status AllReduceSum(std::span<int64_t> data, Deadline deadline) override {
+    return AllReduce(data.data(), data.size() * sizeof(int64_t), data.size(), ncclInt64, deadline);
+  }
+  Status AllReduceSum(std::span<float> data, Deadline deadline) override {
+    return AllReduce(data.data(), data.size() * sizeof(float), data.size(), ncclFloat32, deadline);
+  }
+
+  void Abort() override {
+    bool expected = false;
+    if (aborted_.compare_exchange_strong(expected, true)) ncclCommAbort(comm_);
+  }
+  bool aborted() const override { return aborted_; }
+
+ private:
+  // Enqueues `launch` on the stream and waits for it within the op timeout and deadline.
+  template <typename Launch>
+  Status Run(const std::string& what, Deadline deadline, Launch launch) {
+    if (aborted_) return Aborted(what + ": the communicator was aborted by an earlier failure");
+    cudaSetDevice(options_.device);
+    Deadline d = deadline.Min(Deadline::In(options_.op_timeout));
+    ncclResult_t r = launch();
+    Status s = (r == ncclSuccess || r == ncclInProgress) ? Status::Ok() : NcclError(r, what);
+    if (s.ok()) {
+      s = PollComm(comm_, [&] { return cudaStreamQuery(stream_) != cudaErrorNotReady; }, d, what);
+    }
+    if (s.ok() && cudaStreamQuery(stream_) != cudaSuccess) {
+      s = Internal(fmt::format("{}: {}", what, cudaGetErrorString(cudaGetLastError())));
+    }
+    if (!s.ok()) Abort();
+    return s;
+  }
+
+  Status AllReduce(void* host, size_t bytes, size_t count, ncclDataType_t type, Deadline deadline) {
+    if (bytes > kScratchBytes) return InvalidArgument("nccl all-reduce of host data is limited to 256 bytes");
+    std::string what = fmt::format("nccl all-reduce of {} elements on {}", count,
+                                   DescribeRankOrDefault(options_.describe_rank, options_.rank));
+    cudaSetDevice(options_.device);
+    WSYNC_CUDA_RETURN(cudaMemcpyAsync(scratch_, host, bytes, cudaMemcpyHostToDevice, stream_), what);
+    WSYNC_RETURN_IF_ERROR(Run(what, deadline, [&] {
+      return ncclAllReduce(scratch_, scratch_, count, type, ncclSum, comm_, stream_);
+    }));
+    WSYNC_CUDA_RETURN(cudaMemcpyAsync(host, scratch_, bytes, cudaMemcpyDeviceToHost, stream_), what);
+    WSYNC_CUDA_RETURN(cudaStreamSynchronize(stream_), what);
+    return Status::Ok();
+  }
+
+ public:
+  static constexpr size_t kScratchBytes = 256;
+
+ private:
+  NcclOptions options_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  void* scratch_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+Result<NcclUniqueIdBytes> NewNcclUniqueId() {
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return NcclError(r, "ncclGetUniqueId");
+  static_assert(sizeof(id.internal) == kNcclUniqueIdBytes);
+  NcclUniqueIdBytes out;
+  std::memcpy(out.data(), id.internal, kNcclUniqueIdBytes);
+  return out;
+}
+
+Result<std::unique_ptr<Communicator>> ConnectNccl(const NcclOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return InvalidArgument(fmt::format("nccl rank {} outside group of {}", o.rank, o.size));
+  }
+  std::string what = fmt::format("nccl init of {} of {} on cuda:{}",
+                                 DescribeRankOrDefault(o.describe_rank, o.rank), o.size, o.device);
+  WSYNC_CUDA_RETURN(cudaSetDevice(o.device), what);
+  cudaStream_t stream = nullptr;
+  WSYNC_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), what);
+  void* scratch = nullptr;
+  if (cudaMalloc(&scratch, NcclCommunicator::kScratchBytes) != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return Internal(what + ": cudaMalloc of the scratch buffer failed");
+  }
+  ncclUniqueId id;
+  std::memcpy(id.internal, o.unique_id.data(), kNcclUniqueIdBytes);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that init and every collective can be bounded by a deadline
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, o.size, id, o.rank, &config);
+  Status s = (r == ncclSuccess || r == ncclInProgress) ? Status::Ok() : NcclError(r, what);
+  if (s.ok()) {
+    s = PollComm(comm, [&] {
+      ncclResult_t state = ncclInProgress;
+      ncclCommGetAsyncError(comm, &state);
+      return state == ncclSuccess;
+    }, o.connect_deadline, what + " (waiting for every rank to call ncclCommInitRank)");
+  }
+  if (!s.ok()) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+    return s;
+  }
+  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(o, comm, stream, scratch));
+}
+
+}  // namespace wsync
