@@ -23,6 +23,7 @@
 // backend allows (Gloo broadcast: at once; all-reduce: at its timeout).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -70,6 +71,23 @@ class Communicator {
     if (rank() == root && hooks.before_send) WSYNC_RETURN_IF_ERROR(hooks.before_send(data.size()));
     WSYNC_RETURN_IF_ERROR(Broadcast(data, root, deadline));
     if (rank() != root && hooks.on_received) hooks.on_received(data.size());
+    return Status::Ok();
+  }
+
+  // Every rank contributes `in` (the same length on every rank); afterwards `out`, of
+  // size() * in.size() bytes, holds rank r's bytes at [r * in.size(), (r+1) * in.size())
+  // on every rank. `in` must not overlap `out`. Default: one Broadcast per rank, so any
+  // implementation has it; backends override it with a native all-gather.
+  virtual Status AllGather(std::span<const std::byte> in, std::span<std::byte> out,
+                           Deadline deadline) {
+    const size_t n = in.size();
+    if (out.size() != n * static_cast<size_t>(size())) {
+      return InvalidArgument("all-gather: output is not size() times the input");
+    }
+    if (n > 0) std::copy(in.begin(), in.end(), out.begin() + rank() * n);
+    for (int r = 0; r < size() && n > 0; ++r) {
+      WSYNC_RETURN_IF_ERROR(Broadcast(out.subspan(r * n, n), r, deadline));
+    }
     return Status::Ok();
   }
 

@@ -1,6 +1,7 @@
 #include "comm/gloo_communicator.h"
 
 #include <fmt/format.h>
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -55,6 +56,8 @@ class GlooCommunicator final : public Communicator {
   }
   Status Broadcast(std::span<std::byte> data, int root, Deadline deadline,
                    const StreamHooks& hooks) override;
+  Status AllGather(std::span<const std::byte> in, std::span<std::byte> out,
+                   Deadline deadline) override;
   Status AllReduceSum(std::span<int64_t> data, Deadline deadline) override {
     return AllReduce<int64_t>(data, "all-reduce(int64)", deadline);
   }
@@ -242,6 +245,36 @@ Status GlooCommunicator::BroadcastGloo(std::span<std::byte> data, int root, Dead
     if (aborted_) return Aborted("Abort() called during gloo::broadcast");
   }
   return Status::Ok();
+}
+
+Status GlooCommunicator::AllGather(std::span<const std::byte> in, std::span<std::byte> out,
+                                   Deadline deadline) {
+  const size_t n = in.size();
+  if (out.size() != n * static_cast<size_t>(size())) {
+    return InvalidArgument(fmt::format("gloo all-gather: output of {} bytes is not {} x {}",
+                                       out.size(), size(), n));
+  }
+  // gloo::allgather's ring carries whole per-rank slices in one message; past 1 GiB the
+  // chunked broadcasts of the default take over.
+  if (n > (size_t{1} << 30)) return Communicator::AllGather(in, out, deadline);
+  Op op{fmt::format("all-gather of {} per rank", HumanBytes(n)), "", Clock::now()};
+  return Run(op, [&] {
+    if (n == 0) return Status::Ok();
+    if (size() == 1) {
+      std::copy(in.begin(), in.end(), out.begin());
+      return Status::Ok();
+    }
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(reinterpret_cast<uint8_t*>(const_cast<std::byte*>(in.data())), n);
+    opts.setOutput(reinterpret_cast<uint8_t*>(out.data()), out.size());
+    opts.setTag(seq_++);
+    opts.setTimeout(WaitTimeout(deadline));
+    op.waiting_for = "the other ranks";
+    op.wait_start = Clock::now();
+    gloo::allgather(opts);
+    if (aborted_) return Aborted("Abort() called during the all-gather");
+    return Status::Ok();
+  });
 }
 
 template <typename T>

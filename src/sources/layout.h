@@ -1,0 +1,114 @@
+// Trainer-side parallel layouts: how a training job's ranks split a Hugging Face model.
+//
+// ParallelLayout names the layout of N trainer ranks: "fsdp" (every rank holds an even
+// dim-0 shard of every tensor) or "tpXppYepZ" (Megatron-style tensor x pipeline x expert
+// parallelism, with N / (X*Y*Z) data-parallel replicas). Ranks are numbered tp fastest,
+// then ep, then dp, then pp (Megatron's "tp-ep-dp-pp" order).
+//
+// MegatronLayout is the Megatron-Core layout of one model as DATA, like the server-side
+// ShardingTable (src/model/sharding.h): for every rank, its parameters (Megatron names,
+// rank-local shapes) and, for each, the HF slices that fill it as ShardPieces. Export,
+// held names and the inverse "lay an HF model out into rank shards" all read this table:
+//   - column-parallel (linear_qkv, linear_fc1, embedding, output_layer) split dim 0,
+//     row-parallel (linear_proj, linear_fc2) split dim 1, over tp;
+//   - linear_qkv is fused per query group in Megatron's interleaved order:
+//     [q heads of group g; k_g; v_g] for each local group g;
+//   - linear_fc1 is [gate; up] of this TP shard;
+//   - the input and post-attention norms live in the fused TE layers
+//     (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight; MoE: pre_mlp_layernorm);
+//   - embedding and output_layer rows are padded to a multiple of 128 * tp (Megatron's
+//     make_vocab_size_divisible_by); padding rows are zero and belong to no HF tensor;
+//   - MoE experts are whole (expert TP = 1): expert e lives on EP rank e / (E / ep) as
+//     local expert e % (E / ep) ("mlp.experts.local_experts.<i>.linear_fc1.weight");
+//   - pipeline stage s owns the contiguous layers [s*L/pp, (s+1)*L/pp) under LOCAL layer
+//     numbers; the embedding is on the first stage, final norm and output_layer on the last.
+// Exactly one copy of every HF element is `primary` (dp 0; for dense weights ep 0; for
+// TP-replicated tensors tp 0; an expert's on tp rank (local index % tp)): export reads
+// those. A built table is immutable; const methods are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "model/config.h"
+#include "model/sharding.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+struct ParallelLayout {
+  bool fsdp = true;
+  int tp = 1, pp = 1, ep = 1;
+  int world = 1;  // trainer ranks
+
+  struct Coord {
+    int tp = 0, pp = 0, ep = 0, dp = 0;
+  };
+  int dp() const { return fsdp ? world : world / (tp * pp * ep); }
+  // "fsdp" or "tp2pp2ep1" for `world` ranks; world must be a multiple of tp*pp*ep.
+  static Result<ParallelLayout> Parse(std::string_view text, int world);
+  std::string ToString() const;
+  Coord CoordOf(int rank) const;
+  int RankOf(const Coord& c) const;
+  // "trainer rank 3 (tp1 pp0 ep1 dp0)", for errors and Gloo's DescribeRank.
+  std::string Describe(int rank) const;
+};
+
+// One piece that export reads: params(rank)[param].pieces[piece].
+struct ExportPiece {
+  int rank = 0;
+  int param = 0;
+  int piece = 0;
+};
+
+class MegatronLayout {
+ public:
+  // InvalidArgument naming the model and quantity when the layout does not fit: KV heads
+  // (query groups) or intermediate size not divisible by tp, fewer layers than pp stages,
+  // ep > 1 on a dense model, or a MoE layer whose experts ep does not divide (the error
+  // names the layer).
+  static Result<MegatronLayout> Build(const ModelConfig& config, const ParallelLayout& layout);
+
+  const ModelConfig& config() const { return config_; }
+  const ParallelLayout& layout() const { return layout_; }
+  // The whole model in HF names, HfTensors(config) order.
+  const std::vector<TensorMeta>& hf_tensors() const { return hf_; }
+  int FindHf(std::string_view name) const;
+  // Rank-local parameters with their pieces, in Megatron state-dict order.
+  const std::vector<WorkerParam>& params(int rank) const { return params_[rank]; }
+  // The primary pieces of HF tensor `hf`, rank-major; together they cover every element once.
+  std::span<const ExportPiece> ExportPieces(int hf) const { return export_[hf]; }
+  // HF names whose pieces this rank's TP group holds (its stage, its experts, the
+  // replicated tensors), in metadata order: what it produces without crossing stages
+  // or expert owners.
+  std::vector<std::string> HeldNames(int rank) const;
+  // Byte runs of params(rank)[param].pieces[piece] (hf_* in the HF tensor, dst_* in the param).
+  PieceRuns Runs(int rank, int param, int piece) const;
+  // Layers [first, end) of pipeline stage `stage`.
+  std::pair<int64_t, int64_t> StageLayers(int stage) const;
+
+ private:
+  Status Index();
+
+  ModelConfig config_;
+  ParallelLayout layout_;
+  std::vector<TensorMeta> hf_;
+  std::unordered_map<std::string, int> hf_index_;
+  std::vector<std::vector<WorkerParam>> params_;  // by rank
+  std::vector<std::vector<ExportPiece>> export_;  // by HF index
+};
+
+// Lays the HF model `hf` (tensors in hf_tensors() order) out into rank `rank`'s
+// parameters: every piece, primary or replica, is copied; padding stays zero.
+Result<std::vector<HostTensor>> LayOutMegatron(const MegatronLayout& layout, int rank,
+                                               const std::vector<HostTensor>& hf);
+// The same into existing parameters (a trainer step rewrites them in place).
+Status LayOutMegatronInto(const MegatronLayout& layout, int rank,
+                          const std::vector<HostTensor>& hf, std::vector<HostTensor>& params);
+
+}  // namespace wsync

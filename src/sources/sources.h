@@ -1,0 +1,138 @@
+// Trainer-rank weight sources for parallel training: FSDP-style and Megatron-style.
+//
+// Each trainer rank builds one source over the shards it holds and a communicator that
+// joins it to the OTHER TRAINER RANKS (Gloo on CPU; not the broadcast group that reaches
+// the servers). Building a source is a collective (CheckRanksAgree: metadata digests and
+// held names), and so is every pass: each rank must drain Iterate() in the same order,
+// and every rank yields the WHOLE model in HF names and layouts, so rank 0 can send it
+// while the others only iterate.
+//
+//   FsdpSource      every rank holds an even dim-0 shard (zero-padded at the tail) of
+//                   every tensor; Next() all-gathers one full tensor, so memory holds
+//                   one tensor at a time.
+//   MegatronSource  every rank holds its Megatron parameters (layout.h); a pass goes one
+//                   layer group at a time: each rank holding primary pieces of the group
+//                   broadcasts them, every rank assembles the group's HF tensors and
+//                   yields them. Memory holds one group plus one rank's packed pieces.
+//
+// A collective waits at most `timeout_seconds` for a peer; a rank that stops iterating
+// makes the others fail with DeadlineExceeded naming it, and a stream destroyed before
+// its pass is through aborts the trainer communicator so the others fail at once (build
+// new sources to recover). Not thread-safe: one pass at a time per source.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "sources/groups.h"
+#include "sources/layout.h"
+#include "wsync/source.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+struct SourceOptions {
+  // Longest any collective of a pass or of construction may take, in seconds.
+  double timeout_seconds = 300;
+  // Names trainer ranks in errors; empty means "rank N".
+  DescribeRank describe_rank;
+};
+
+// Largest resident footprint of the buffers a source allocates for passes (gather,
+// group and staging buffers), in bytes; the rank's own shards are not counted.
+class SourceMemory {
+ public:
+  size_t peak_buffer_bytes() const { return peak_; }
+
+ protected:
+  void Note(size_t bytes) { peak_ = std::max(peak_, bytes); }
+
+ private:
+  size_t peak_ = 0;
+};
+
+class FsdpSource : public WeightSource, public SourceMemory {
+ public:
+  // The dim-0 shard of `full` held by each of `world` ranks: ceil(rows / world) rows.
+  static TensorMeta ShardMeta(const TensorMeta& full, int world);
+  // Collective over `comm` (every trainer rank). `shards[i]` must have
+  // ShardMeta(metadata[i], comm->size()); metadata must be group-contiguous.
+  static Result<std::unique_ptr<FsdpSource>> Create(std::shared_ptr<Communicator> comm,
+                                                    std::vector<TensorMeta> metadata,
+                                                    std::vector<HostTensor> shards,
+                                                    SourceOptions options = {});
+
+  const std::vector<TensorMeta>& metadata() const override { return metadata_; }
+  Result<std::unique_ptr<TensorStream>> Iterate() override;
+  const std::vector<LayerGroup>& groups() const { return groups_; }
+  // This rank's shards, writable (a trainer step updates them in place).
+  std::vector<HostTensor>& shards() { return shards_; }
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->size(); }
+
+ private:
+  class Stream;
+  FsdpSource() = default;
+
+  std::shared_ptr<Communicator> comm_;
+  std::vector<TensorMeta> metadata_;
+  std::vector<HostTensor> shards_;
+  std::vector<LayerGroup> groups_;
+  SourceOptions options_;
+  HostBuffer gathered_;  // world * largest shard
+};
+
+// Rank `rank`'s shards of the full model `full` (zero-padded tail rows).
+Result<std::vector<HostTensor>> FsdpShards(const std::vector<HostTensor>& full, int rank, int world);
+// The same into existing shards.
+Status FsdpShardsInto(const std::vector<HostTensor>& full, int rank, int world,
+                      std::vector<HostTensor>& shards);
+
+class MegatronSource : public WeightSource, public SourceMemory {
+ public:
+  // Collective over `comm`, whose size must be the layout's world and whose rank picks
+  // this rank's table; `params` must match layout->params(rank) (LayOutMegatron makes them).
+  static Result<std::unique_ptr<MegatronSource>> Create(std::shared_ptr<Communicator> comm,
+                                                        std::shared_ptr<const MegatronLayout> layout,
+                                                        std::vector<HostTensor> params,
+                                                        SourceOptions options = {});
+
+  // The whole model, on every rank.
+  const std::vector<TensorMeta>& metadata() const override { return layout_->hf_tensors(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override;
+  // What this rank's TP group holds: its stage's tensors, minus other EP ranks' experts.
+  std::optional<std::vector<std::string>> HeldNames() const override { return held_; }
+  const std::vector<LayerGroup>& groups() const { return groups_; }
+  std::vector<HostTensor>& params() { return params_; }
+  int rank() const { return comm_->rank(); }
+  const MegatronLayout& layout() const { return *layout_; }
+
+ private:
+  class Stream;
+  // What one rank contributes to one group: its primary pieces, packed back to back.
+  struct Contribution {
+    std::vector<ExportPiece> pieces;
+    size_t bytes = 0;
+  };
+  MegatronSource() = default;
+  Status LoadGroup(size_t g, Deadline deadline);
+
+  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<const MegatronLayout> layout_;
+  std::vector<HostTensor> params_;
+  std::vector<LayerGroup> groups_;
+  std::vector<std::string> held_;
+  SourceOptions options_;
+  std::vector<std::vector<Contribution>> plan_;  // [group][rank]
+  std::vector<size_t> offset_in_group_;          // by HF index
+  HostBuffer group_;                              // the group being yielded
+  HostBuffer staging_;                            // one rank's packed pieces
+};
+
+}  // namespace wsync

@@ -1,0 +1,353 @@
+// Trainer-rank sources with every rank a thread of this process, each with its own Gloo
+// communicator: lay an HF model out into rank shards, iterate on every rank, and compare
+// every tensor's bytes with the original.
+#include "sources/sources.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include <set>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "comm/gloo_communicator.h"
+#include "comm/store.h"
+#include "sources/agreement.h"
+#include "sources/trainer_ranks.h"
+#include "trainer/synthetic.h"
+
+namespace wsync {
+namespace {
+
+using RankFn = std::function<void(int rank, std::shared_ptr<Communicator> comm)>;
+
+// Runs `fn` on `n` threads, each joined to one Gloo group of n ranks.
+void RunRanks(const ParallelLayout& layout, double timeout_s, const RankFn& fn) {
+  static std::atomic<int> group{0};
+  auto store = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  TrainerGroupOptions o;
+  o.store_port = (*store)->port();
+  o.prefix = "sources-test/" + std::to_string(group++);
+  o.timeout_seconds = timeout_s;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < layout.world; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = ConnectTrainerGroup(o, layout, r);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      fn(r, *comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::unique_ptr<SyntheticTrainer> Model(const ModelConfig& c) {
+  auto t = SyntheticTrainer::FromMetadata(HfTensors(c), 7, 2);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(*t);
+}
+
+// Drains one pass and checks it equals `full` byte for byte.
+void ExpectPassEquals(WeightSource& source, const std::vector<HostTensor>& full, const std::string& who) {
+  auto stream = source.Iterate();
+  ASSERT_TRUE(stream.ok()) << who << ": " << stream.status().ToString();
+  auto checked = CheckedStream(std::move(*stream), source.metadata());
+  TensorRef t;
+  size_t i = 0;
+  for (;; ++i) {
+    auto more = checked->Next(&t);
+    ASSERT_TRUE(more.ok()) << who << ": " << more.status().ToString();
+    if (!*more) break;
+    ASSERT_LT(i, full.size());
+    ASSERT_EQ(t.name, full[i].meta.name) << who;
+    ASSERT_EQ(0, std::memcmp(t.bytes.data(), full[i].storage.data(), t.bytes.size()))
+        << who << ": bytes of " << t.name << " differ from the original";
+  }
+  EXPECT_EQ(i, full.size()) << who;
+}
+
+ModelConfig Config(const std::string& name) {
+  auto c = LookupModel(name);
+  EXPECT_TRUE(c.ok());
+  return *c;
+}
+
+// qwen3-tiny with 4 KV heads, so that tp = 4 divides the query groups.
+ModelConfig TinyKv4() {
+  ModelConfig c = Config("qwen3-tiny");
+  c.name = "qwen3-tiny-kv4";
+  c.num_key_value_heads = 4;
+  return c;
+}
+
+TEST(LayerGroups, PrePerLayerPost) {
+  ModelConfig c = Config("qwen3-moe-tiny");
+  std::vector<std::string> names;
+  for (const auto& m : HfTensors(c)) names.push_back(m.name);
+  auto groups = LayerGroups(names);
+  ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+  ASSERT_EQ(groups->size(), static_cast<size_t>(c.num_hidden_layers + 2));
+  EXPECT_EQ(groups->front().key, "pre");
+  EXPECT_EQ(groups->front().size(), 1u);
+  EXPECT_EQ((*groups)[1].key, "model.layers.0");
+  // A MoE layer stays whole: attention (6) + router + 3 per expert + 2 norms.
+  EXPECT_EQ((*groups)[1].size(), static_cast<size_t>(6 + 1 + 3 * c.num_experts + 2));
+  EXPECT_EQ(groups->back().key, "post");
+  EXPECT_EQ(groups->back().end, names.size());
+}
+
+TEST(LayerGroups, NonContiguousIsAnError) {
+  std::vector<std::string> names = {"model.embed_tokens.weight", "model.layers.0.a", "model.layers.1.a",
+                                    "model.layers.0.b", "model.norm.weight"};
+  auto groups = LayerGroups(names);
+  ASSERT_FALSE(groups.ok());
+  EXPECT_NE(groups.status().message().find("not group-contiguous"), std::string::npos);
+  EXPECT_NE(groups.status().message().find("model.layers.1.a"), std::string::npos) << groups.status().message();
+  // A post tensor before a layer is out of place too.
+  auto late = LayerGroups({"model.layers.0.a", "model.norm.weight", "model.layers.1.a"});
+  EXPECT_FALSE(late.ok());
+}
+
+TEST(ParallelLayout, ParseAndCoordinates) {
+  auto l = ParallelLayout::Parse("tp2pp2ep1", 8);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->dp(), 2);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(l->RankOf(l->CoordOf(r)), r);
+  EXPECT_EQ(l->Describe(5), "trainer rank 5 (tp1 pp1 ep0 dp0)");
+  EXPECT_FALSE(ParallelLayout::Parse("tp2pp2ep1", 6).ok());
+  EXPECT_FALSE(ParallelLayout::Parse("tp2", 2).ok());
+  EXPECT_TRUE(ParallelLayout::Parse("fsdp", 3)->fsdp);
+}
+
+TEST(MegatronLayout, QkvInterleavedPerQueryGroup) {
+  ModelConfig c = Config("qwen3-tiny");  // 4 heads, 2 groups, head_dim 64
+  auto l = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep1", 2));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const auto& params = l->params(1);
+  const WorkerParam* qkv = nullptr;
+  for (const auto& p : params) {
+    if (p.meta.name == "decoder.layers.0.self_attention.linear_qkv.weight") qkv = &p;
+  }
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->meta.shape, (Shape{(2 + 2) * 64, 256}));
+  // tp rank 1 holds query group 1: q heads 2,3 then k head 1 then v head 1.
+  ASSERT_EQ(qkv->pieces.size(), 3u);
+  EXPECT_EQ(qkv->pieces[0].hf_start, 2 * 64);
+  EXPECT_EQ(qkv->pieces[1].hf_name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(qkv->pieces[1].hf_start, 64);
+  EXPECT_EQ(qkv->pieces[1].dst_start, 2 * 64);
+  EXPECT_EQ(qkv->pieces[2].dst_start, 3 * 64);
+}
+
+TEST(MegatronLayout, ExpertsNotDivisibleByEpNamesTheLayer) {
+  auto l = MegatronLayout::Build(Config("qwen3-moe-tiny"), *ParallelLayout::Parse("tp1pp1ep3", 3));
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("model.layers.0.mlp.experts"), std::string::npos) << l.status().message();
+  EXPECT_NE(l.status().message().find("not divisible by ep 3"), std::string::npos);
+}
+
+TEST(MegatronLayout, HeldNamesFollowStagesAndExperts) {
+  ModelConfig c = Config("qwen3-moe-tiny");  // 2 layers, 8 experts
+  auto l = MegatronLayout::Build(c, *ParallelLayout::Parse("tp1pp2ep2", 4));
+  ASSERT_TRUE(l.ok());
+  // Rank 1 = pp0 ep1: the embedding, layer 0, experts 4..7 of layer 0; no final norm.
+  auto held = l->HeldNames(1);
+  auto has = [&](const std::string& n) { return std::find(held.begin(), held.end(), n) != held.end(); };
+  EXPECT_TRUE(has("model.embed_tokens.weight"));
+  EXPECT_TRUE(has("model.layers.0.mlp.experts.4.up_proj.weight"));
+  EXPECT_FALSE(has("model.layers.0.mlp.experts.3.up_proj.weight"));
+  EXPECT_FALSE(has("model.layers.1.self_attn.q_proj.weight"));
+  EXPECT_FALSE(has("model.norm.weight"));
+  // Every name is held by some rank.
+  std::set<std::string> all;
+  for (int r = 0; r < 4; ++r) {
+    for (auto& n : l->HeldNames(r)) all.insert(n);
+  }
+  EXPECT_EQ(all.size(), l->hf_tensors().size());
+}
+
+void RoundTrip(const ModelConfig& c, const ParallelLayout& layout, int passes = 1) {
+  auto model = Model(c);
+  const auto& full = model->tensors();
+  RunRanks(layout, 60, [&](int rank, std::shared_ptr<Communicator> comm) {
+    std::string who = c.name + " " + layout.ToString() + " " + layout.Describe(rank);
+    auto source = BuildRankSource(comm, layout, &c, full, 60);
+    ASSERT_TRUE(source.ok()) << who << ": " << source.status().ToString();
+    for (int p = 0; p < passes; ++p) ExpectPassEquals(**source, full, who);
+  });
+}
+
+TEST(MegatronSource, RoundTripEveryLayout) {
+  int ran = 0;
+  for (const ModelConfig& c : {Config("qwen3-tiny"), TinyKv4(), Config("qwen3-moe-tiny")}) {
+    for (int tp : {1, 2, 4}) {
+      for (int pp : {1, 2}) {
+        for (int ep : {1, 2, 4}) {
+          auto layout = ParallelLayout::Parse(fmt::format("tp{}pp{}ep{}", tp, pp, ep), tp * pp * ep);
+          ASSERT_TRUE(layout.ok());
+          if (!MegatronLayout::Build(c, *layout).ok()) continue;  // does not divide
+          SCOPED_TRACE(c.name + " " + layout->ToString());
+          RoundTrip(c, *layout);
+          ++ran;
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 20);
+}
+
+TEST(MegatronSource, DataParallelReplicasAndRepeatedPasses) {
+  RoundTrip(Config("qwen3-moe-tiny"), *ParallelLayout::Parse("tp2pp1ep2", 8), 2);
+  RoundTrip(TinyKv4(), *ParallelLayout::Parse("tp2pp2ep1", 8), 2);
+}
+
+TEST(MegatronSource, TiedEmbeddings) {
+  ModelConfig c = Config("qwen3-tiny");
+  c.tie_word_embeddings = true;
+  RoundTrip(c, *ParallelLayout::Parse("tp2pp2ep1", 4));
+}
+
+TEST(FsdpSource, RoundTripOneToFourRanks) {
+  for (const ModelConfig& c : {Config("qwen3-tiny"), Config("qwen3-moe-tiny")}) {
+    for (int n = 1; n <= 4; ++n) {
+      SCOPED_TRACE(c.name + " fsdp x" + std::to_string(n));
+      RoundTrip(c, *ParallelLayout::Parse("fsdp", n), 2);
+    }
+  }
+}
+
+TEST(FsdpSource, UnevenRowsArePadded) {
+  std::vector<TensorMeta> meta = {{"a", DType::kBF16, {5, 3}}, {"model.layers.0.b", DType::kF32, {7}},
+                                  {"model.norm.weight", DType::kF32, {1}}};
+  auto model = SyntheticTrainer::FromMetadata(meta, 1, 1);
+  ASSERT_TRUE(model.ok());
+  auto layout = *ParallelLayout::Parse("fsdp", 3);
+  RunRanks(layout, 30, [&](int rank, std::shared_ptr<Communicator> comm) {
+    auto source = BuildRankSource(comm, layout, nullptr, (*model)->tensors(), 30);
+    ASSERT_TRUE(source.ok()) << source.status().ToString();
+    ExpectPassEquals(**source, (*model)->tensors(), layout.Describe(rank));
+  });
+}
+
+TEST(SourceErrors, MetadataDigestMismatch) {
+  ModelConfig a = Config("qwen3-tiny"), b = a;
+  b.num_hidden_layers = 3;
+  auto ma = Model(a), mb = Model(b);
+  auto layout = *ParallelLayout::Parse("fsdp", 3);
+  std::atomic<int> failed{0};
+  RunRanks(layout, 20, [&](int rank, std::shared_ptr<Communicator> comm) {
+    auto source = BuildRankSource(comm, layout, nullptr, rank == 1 ? mb->tensors() : ma->tensors(), 20);
+    ASSERT_FALSE(source.ok());
+    EXPECT_NE(source.status().message().find("disagree on the model"), std::string::npos)
+        << source.status().message();
+    EXPECT_NE(source.status().message().find("trainer rank 1 has"), std::string::npos)
+        << source.status().message();
+    ++failed;
+  });
+  EXPECT_EQ(failed, 3);
+}
+
+TEST(SourceErrors, NameHeldByNobody) {
+  auto meta = HfTensors(Config("qwen3-tiny"));
+  auto layout = *ParallelLayout::Parse("fsdp", 2);
+  RunRanks(layout, 20, [&](int rank, std::shared_ptr<Communicator> comm) {
+    std::vector<std::string> held;
+    for (const auto& m : meta) {
+      if (m.name != "model.norm.weight") held.push_back(m.name);
+    }
+    Status s = CheckRanksAgree(*comm, meta, held, nullptr, Deadline::InSeconds(20));
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("held by no trainer rank: model.norm.weight"), std::string::npos) << s.message();
+  });
+}
+
+TEST(SourceErrors, NonContiguousMetadata) {
+  auto model = Model(Config("qwen3-tiny"));
+  std::vector<HostTensor> shuffled;
+  for (auto& t : model->tensors()) {
+    auto c = HostTensor::Zeros(t.meta);
+    std::memcpy(c->storage.data(), t.storage.data(), t.meta.nbytes());
+    shuffled.push_back(std::move(*c));
+  }
+  std::swap(shuffled[1], shuffled[shuffled.size() - 2]);  // a layer-0 tensor near the end
+  auto layout = *ParallelLayout::Parse("fsdp", 2);
+  RunRanks(layout, 20, [&](int rank, std::shared_ptr<Communicator> comm) {
+    auto source = BuildRankSource(comm, layout, nullptr, shuffled, 20);
+    ASSERT_FALSE(source.ok());
+    EXPECT_NE(source.status().message().find("not group-contiguous"), std::string::npos)
+        << source.status().message();
+  });
+}
+
+// Rank 2 stops after 3 tensors and holds its stream: the others time out naming it.
+TEST(SourceErrors, RankThatStopsIteratingFailsTheOthersInTime) {
+  for (const char* name : {"fsdp", "tp1pp1ep1"}) {
+    ModelConfig c = Config("qwen3-tiny");
+    auto model = Model(c);
+    auto layout = *ParallelLayout::Parse(name, 3);
+    if (!layout.fsdp) layout = *ParallelLayout::Parse("tp1pp1ep1", 3);  // 3 DP replicas
+    SCOPED_TRACE(name);
+    std::atomic<int> failed{0};
+    RunRanks(layout, 1.5, [&](int rank, std::shared_ptr<Communicator> comm) {
+      auto source = BuildRankSource(comm, layout, &c, model->tensors(), 1.5);
+      ASSERT_TRUE(source.ok()) << source.status().ToString();
+      auto stream = (*source)->Iterate();
+      ASSERT_TRUE(stream.ok());
+      TensorRef t;
+      auto start = std::chrono::steady_clock::now();
+      for (int i = 0;; ++i) {
+        if (rank == 2 && i == 3) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));  // stuck, stream held
+          return;
+        }
+        auto more = (*stream)->Next(&t);
+        if (!more.ok()) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          EXPECT_LT(s, 4.0) << more.status().ToString();
+          // Broadcasts name the rank waited for; Gloo's ring all-gather cannot.
+          const std::string& m = more.status().message();
+          EXPECT_TRUE(m.find("trainer rank 2") != std::string::npos ||
+                      m.find("stopped iterating") != std::string::npos)
+              << more.status().ToString();
+          ++failed;
+          return;
+        }
+        ASSERT_TRUE(*more) << "pass ended although rank 2 stopped";
+      }
+    });
+    EXPECT_EQ(failed, 2);
+  }
+}
+
+// A rank that drops its stream mid-pass aborts the group: the others fail at once.
+TEST(SourceErrors, AbandonedPassFailsTheOthersFast) {
+  ModelConfig c = Config("qwen3-tiny");
+  auto model = Model(c);
+  auto layout = *ParallelLayout::Parse("tp2pp1ep1", 2);
+  RunRanks(layout, 30, [&](int rank, std::shared_ptr<Communicator> comm) {
+    auto source = BuildRankSource(comm, layout, &c, model->tensors(), 30);
+    ASSERT_TRUE(source.ok());
+    auto stream = (*source)->Iterate();
+    TensorRef t;
+    auto start = std::chrono::steady_clock::now();
+    if (rank == 1) {
+      (void)(*stream)->Next(&t);
+      stream->reset();  // abandons the pass
+      EXPECT_FALSE((*source)->Iterate().ok());
+      return;
+    }
+    for (;;) {
+      auto more = (*stream)->Next(&t);
+      if (!more.ok()) break;
+      ASSERT_TRUE(*more) << "pass ended although rank 1 abandoned it";
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  });
+}
+
+}  // namespace
+}  // namespace wsync
