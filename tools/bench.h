@@ -12,11 +12,18 @@ struct BenchArgs {
   int iters = 3;
   double bucket_gb = 1.0;
   int steps = 5;
+  // `bench sources` (tools/bench_sources.cc): the Megatron layout to compare with FSDP,
+  // ranks (0: tp*pp*ep, or 4 for fsdp), and the hidden spec of one rank process.
+  std::string trainer_layout = "tp2pp2ep1";
+  int trainer_ranks = 0;
+  std::string sources_child;
 };
 
 int RunBench(const BenchArgs& args);
 // `wsync bench delta` (tools/bench_delta.cc).
 int RunBenchDelta(const BenchArgs& args);
+// `wsync bench sources` (tools/bench_sources.cc).
+int RunBenchSources(const BenchArgs& args);
 
 // One receiving rank of the raw-broadcast baseline (hidden `bench-rank` command).
 struct BenchRankArgs {

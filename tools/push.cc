@@ -13,6 +13,7 @@
 #include "core/parallel.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "push_ranks.h"
 #include "trainer/synthetic.h"
 
 namespace wsync::cli {
@@ -129,6 +130,16 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   TrainerOptions topts = args.trainer;
   auto current_sync = std::make_shared<int>(0);
   topts.progress = ProgressPrinter(current_sync);
+  // --trainer-ranks N: rank 0 sends from its shards, ranks 1..N-1 drain theirs.
+  std::unique_ptr<TrainerRanks> ranks;
+  if (args.trainer_ranks > 1 || args.trainer_layout != "fsdp") {
+    std::optional<ModelConfig> config;
+    auto found = LookupModel(args.checkpoint.empty() ? args.model : args.checkpoint);
+    if (found.ok()) config = *found;
+    fmt::print(stderr, "starting {} trainer ranks, layout {}\n", args.trainer_ranks, args.trainer_layout);
+    WSYNC_ASSIGN_OR_RETURN(ranks, TrainerRanks::Start(args.trainer_ranks, args.trainer_layout,
+                                                      config ? &*config : nullptr, trainer->tensors(), topts));
+  }
   WSYNC_ASSIGN_OR_RETURN(auto engine, CreateTrainerEngine(topts));
   fmt::print(stderr, "connecting to {} server(s)\n", topts.servers.size());
   WSYNC_RETURN_IF_ERROR(engine->Init(trainer->metadata()).WithContext("init_weight_transfer_engine"));
@@ -145,7 +156,12 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     *current_sync = step;
     std::optional<std::string> version;
     if (step == args.steps) version = args.weight_version;
-    WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(trainer->source(), version));
+    if (ranks) {
+      if (step > 0) WSYNC_RETURN_IF_ERROR(ranks->Refresh(trainer->tensors()));
+      WSYNC_ASSIGN_OR_RETURN(row.stats, ranks->Sync(*engine, version));
+    } else {
+      WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(trainer->source(), version));
+    }
     row.verified = "-";
     if (args.verify) {
       Status v = VerifyServers(topts, trainer->source(), alg);

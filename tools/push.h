@@ -22,6 +22,10 @@ struct PushArgs {
   std::string verify_algorithm = "xxh3_128";
   std::optional<std::string> weight_version;  // reported by the servers after the last sync
   size_t threads = 0;       // 0: hardware concurrency
+  // Trainer ranks run as threads of this process (1: the single-rank path); the layout
+  // is "fsdp" or "tpXppYepZ" (push_ranks.h).
+  int trainer_ranks = 1;
+  std::string trainer_layout = "fsdp";
 };
 
 struct SyncRow {

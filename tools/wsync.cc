@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
   p->add_option("--max-file-gb", push.trainer.max_file_gb, "delta: payload files roll over at this size")->capture_default_str();
   bool unpacked = false;
   p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
+  p->add_option("--trainer-ranks", push.trainer_ranks, "trainer ranks, run as threads; rank 0 sends")->capture_default_str();
+  p->add_option("--trainer-layout", push.trainer_layout, "how ranks shard the model: fsdp or tpXppYepZ (e.g. tp2pp2ep1)")->capture_default_str();
 
   DemoArgs demo;
   auto* d = app.add_subcommand("demo", "start two TP=2 servers, push a Qwen3-0.6B-shaped model and 3 RL steps, verify each sync");
@@ -96,13 +98,16 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
-  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast", "delta"}));
+  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast", "delta", "sources"}));
   b->add_option("--model", bench.model)->capture_default_str();
   b->add_option("--servers", bench.servers, "number of TP=1 servers")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
   b->add_option("--iters", bench.iters, "timed syncs (after one warm-up)")->capture_default_str();
   b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
   b->add_option("--steps", bench.steps, "delta: synthetic steps to publish and apply")->capture_default_str();
+  b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp")->capture_default_str();
+  b->add_option("--trainer-ranks", bench.trainer_ranks, "sources: ranks (0: tp*pp*ep)")->capture_default_str();
+  b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
   BenchRankArgs rank;
   auto* br = app.add_subcommand("bench-rank", "")->group("");  // hidden: a rank of `bench`
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
   }
   if (b->parsed()) {
     wsync::log::Init("bench");
+    if (bench.what == "sources") Exit(RunBenchSources(bench));
     Exit(bench.what == "delta" ? RunBenchDelta(bench) : RunBench(bench));
   }
   return 0;

@@ -367,15 +367,51 @@ class NcclTrainer final : public TrainerEngine {
   int attempt_ = 0;
 };
 
+// A trainer rank other than 0: not a member of the broadcast group and never on the
+// control plane. Each sync it drains the same passes the sender makes (the check pass,
+// then the transfer pass), because every pass of a multi-rank source is a collective
+// among the trainer ranks; the source's collectives bound every wait and name the rank
+// that stopped.
+class NonSenderTrainer final : public TrainerEngine {
+ public:
+  explicit NonSenderTrainer(const TrainerOptions& o) : options_(o) {}
+
+  Status Init(const std::vector<TensorMeta>&) override { return Status::Ok(); }
+
+  Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>&) override {
+    SyncStats stats;
+    auto t0 = Clock::now();
+    for (const char* pass : {"check pass", "transfer pass"}) {
+      WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
+      auto stream = CheckedStream(std::move(inner), source.metadata());
+      TensorRef t;
+      stats.bytes = stats.tensors = 0;
+      for (;;) {
+        Result<bool> more = stream->Next(&t);
+        if (!more.ok()) {
+          return more.status().WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
+        }
+        if (!*more) break;
+        stats.bytes += t.bytes.size();
+        ++stats.tensors;
+      }
+    }
+    stats.seconds = stats.transfer_seconds = Since(t0);
+    return stats;
+  }
+
+ private:
+  TrainerOptions options_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<TrainerEngine>> CreateNcclTrainer(const TrainerOptions& options) {
+  if (options.rank < 0) return InvalidArgument(fmt::format("trainer rank {} is negative", options.rank));
+  if (options.rank != 0) return std::unique_ptr<TrainerEngine>(std::make_unique<NonSenderTrainer>(options));
   if (options.servers.empty()) return InvalidArgument("no servers given (--servers)");
   if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
   if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
-  if (options.rank != 0) {
-    return Unimplemented("trainer ranks other than 0 need a multi-rank source (not built yet)");
-  }
   return std::unique_ptr<TrainerEngine>(std::make_unique<NcclTrainer>(options));
 }
 
