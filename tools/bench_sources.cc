@@ -139,9 +139,14 @@ int RunBenchSources(const BenchArgs& args) {
     fmt::print(stderr, "{}\n", config.status().message());
     return 1;
   }
-  auto layout = ParallelLayout::Parse(args.trainer_layout, 1);
-  int ranks = args.trainer_ranks;
-  if (layout.ok() && ranks <= 0) ranks = layout->fsdp ? 4 : layout->tp * layout->pp * layout->ep;
+  int ranks = args.trainer_ranks, tp = 0, pp = 0, ep = 0;
+  if (ranks <= 0) {
+    ranks = std::sscanf(args.trainer_layout.c_str(), "tp%dpp%dep%d", &tp, &pp, &ep) == 3 ? tp * pp * ep : 4;
+  }
+  if (auto layout = ParallelLayout::Parse(args.trainer_layout, ranks); !layout.ok()) {
+    fmt::print(stderr, "{}\n", layout.status().message());
+    return 1;
+  }
   auto dir = MakeTempDir("bench-sources");
   if (!dir.ok()) return 1;
   const double model_gb = ModelBytes(*config) / 1e9;
