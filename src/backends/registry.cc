@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/delta/receiver.h"
+#include "backends/delta/trainer.h"
 #include "backends/nccl/receiver.h"
 #include "backends/nccl/trainer.h"
 #include "wsync/receiver.h"
@@ -15,6 +17,7 @@ namespace {
 
 const std::map<std::string, ReceiverFactory, std::less<>>& Receivers() {
   static const std::map<std::string, ReceiverFactory, std::less<>> kReceivers = {
+      {"delta", CreateDeltaReceiver},
       {"nccl", CreateNcclReceiver},
   };
   return kReceivers;
@@ -23,13 +26,14 @@ const std::map<std::string, ReceiverFactory, std::less<>>& Receivers() {
 using TrainerFactory = std::function<Result<std::unique_ptr<TrainerEngine>>(const TrainerOptions&)>;
 const std::map<std::string, TrainerFactory, std::less<>>& Trainers() {
   static const std::map<std::string, TrainerFactory, std::less<>> kTrainers = {
+      {"delta", CreateDeltaTrainer},
       {"nccl", CreateNcclTrainer},
   };
   return kTrainers;
 }
 
 // Backends named in the design that are not built yet answer with this.
-bool Planned(std::string_view name) { return name == "ipc" || name == "delta" || name == "sharded"; }
+bool Planned(std::string_view name) { return name == "ipc" || name == "sharded"; }
 
 }  // namespace
 

@@ -1,0 +1,273 @@
+#include "backends/delta/codec.h"
+
+// The block-level sequence producer API (stable since zstd 1.5.4, still declared in the
+// "static linking only" section; the shared library exports it).
+#define ZSTD_STATIC_LINKING_ONLY
+#include <zstd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <fmt/format.h>
+
+namespace wsync::delta {
+namespace {
+
+// Checks a zstd return code; on error returns `code` naming the call, the call site and
+// zstd's own error name.
+#define WSYNC_ZSTD_CHECK(expr, code, what)                                                   \
+  do {                                                                                       \
+    size_t wsync_zr_ = (expr);                                                               \
+    if (ZSTD_isError(wsync_zr_)) {                                                           \
+      return ::wsync::Status((code), ::fmt::format("{}: {} ({} at {}:{})", (what),           \
+                                                   ZSTD_getErrorName(wsync_zr_), #expr,      \
+                                                   __FILE__, __LINE__));                     \
+    }                                                                                        \
+  } while (0)
+
+constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
+constexpr uint64_t kHigh = 0x8080808080808080ULL;
+
+// patch = next ^ snap and snap = next over n bytes; returns the nonzero bytes of patch.
+// Word-at-a-time so that GCC vectorizes it; the per-byte "nonzero" flags accumulate in
+// byte lanes and are folded every 128 words, before a lane can overflow.
+uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, size_t n) {
+  uint64_t nonzero = 0;
+  size_t words = n / 8;
+  for (size_t base = 0; base < words; base += 128) {
+    size_t end = std::min(words, base + 128);
+    uint64_t lanes = 0;
+    for (size_t w = base; w < end; ++w) {
+      uint64_t a, b;
+      std::memcpy(&a, next + 8 * w, 8);
+      std::memcpy(&b, snap + 8 * w, 8);
+      uint64_t x = a ^ b;
+      std::memcpy(patch + 8 * w, &x, 8);
+      std::memcpy(snap + 8 * w, &a, 8);
+      lanes += (((x & kLow7) + kLow7) | x) >> 7 & (kHigh >> 7);
+    }
+    nonzero += (lanes * 0x0101010101010101ULL) >> 56;
+  }
+  for (size_t i = 8 * words; i < n; ++i) {
+    std::byte x = next[i] ^ snap[i];
+    patch[i] = x;
+    snap[i] = next[i];
+    nonzero += x != std::byte{0};
+  }
+  return nonzero;
+}
+
+// Bit i set when p[i] != 0, for the first `n` (<= 64) bytes at p.
+uint64_t NonzeroMask(const uint8_t* p, size_t n) {
+#if defined(__SSE2__)
+  if (n == 64) {
+    const __m128i zero = _mm_setzero_si128();
+    uint64_t zeros = 0;
+    for (int k = 0; k < 4; ++k) {
+      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+      zeros |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)))) << (16 * k);
+    }
+    return ~zeros;
+  }
+#endif
+  uint64_t mask = 0;
+  for (size_t i = 0; i < n; ++i) mask |= static_cast<uint64_t>(p[i] != 0) << i;
+  return mask;
+}
+
+// zstd's sequence producer for XOR patches. A patch is runs of zeros between isolated
+// changed bytes, which zstd's own fast match finder handles badly (short hash hits,
+// many misses): about 0.3 GB/s at 4.7% on bf16 patches. Here every zero run of four or
+// more bytes becomes one literal zero followed by a match at offset 1 (copy the previous
+// byte), which zstd encodes as repeat-offset 1 with no offset bits; everything else stays
+// literal, and zstd's level-1 entropy stage codes both. One pass, no hashing; the frame
+// is a standard one any decoder reads. Offsets never leave the block (zstd passes no
+// history to producers).
+size_t ProduceSparseSequences(void*, ZSTD_Sequence* out, size_t capacity, const void* src, size_t n,
+                              const void*, size_t, int, size_t) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  size_t zero_start = 0;     // first byte after the last changed byte seen
+  size_t literals_from = 0;  // first byte not yet covered by a sequence
+  size_t count = 0;
+  // Closes the zero run [zero_start, end): a literal zero, then the rest as a match.
+  auto run_ends = [&](size_t end) -> bool {
+    size_t run = end - zero_start;
+    if (run < 4) return true;  // too short for literal zero + a 3-byte match: stays literal
+    if (count + 2 > capacity) return false;
+    out[count++] = ZSTD_Sequence{1, static_cast<unsigned>(zero_start + 1 - literals_from),
+                                 static_cast<unsigned>(run - 1), 0};
+    literals_from = end;
+    return true;
+  };
+  for (size_t base = 0; base < n; base += 64) {
+    uint64_t mask = NonzeroMask(p + base, std::min<size_t>(64, n - base));
+    while (mask != 0) {  // one iteration per changed byte
+      size_t pos = base + static_cast<size_t>(std::countr_zero(mask));
+      mask &= mask - 1;
+      if (!run_ends(pos)) return ZSTD_SEQUENCE_PRODUCER_ERROR;
+      zero_start = pos + 1;
+    }
+  }
+  if (!run_ends(n) || count + 1 > capacity) return ZSTD_SEQUENCE_PRODUCER_ERROR;
+  out[count++] = ZSTD_Sequence{0, static_cast<unsigned>(n - literals_from), 0, 0};  // last literals
+  return count;
+}
+
+// A page of zeros for the leading unchanged blocks of a frame.
+const std::byte* ZeroBlock(size_t n) {
+  static const std::vector<std::byte> zeros(kDefaultBlockBytes * 4);
+  return n <= zeros.size() ? zeros.data() : nullptr;
+}
+
+}  // namespace
+
+struct DeltaCodec::Zstd {
+  ZSTD_CCtx* cctx = nullptr;
+  ZSTD_DCtx* dctx = nullptr;
+  ~Zstd() {
+    ZSTD_freeCCtx(cctx);
+    ZSTD_freeDCtx(dctx);
+  }
+};
+
+void XorInto(std::span<std::byte> dst, std::span<const std::byte> src) {
+  size_t n = std::min(dst.size(), src.size());
+  std::byte* d = dst.data();
+  const std::byte* s = src.data();
+  size_t words = n / 8;
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t a, b;
+    std::memcpy(&a, d + 8 * w, 8);
+    std::memcpy(&b, s + 8 * w, 8);
+    a ^= b;
+    std::memcpy(d + 8 * w, &a, 8);
+  }
+  for (size_t i = 8 * words; i < n; ++i) d[i] ^= s[i];
+}
+
+Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t block_bytes) {
+  if (block_bytes == 0 || block_bytes > kDefaultBlockBytes * 4) {
+    return InvalidArgument(fmt::format("delta block size {} must be in (0, {}]", block_bytes,
+                                       kDefaultBlockBytes * 4));
+  }
+  std::unique_ptr<DeltaCodec> c(new DeltaCodec());
+  c->zstd_ = std::make_unique<Zstd>();
+  c->zstd_->cctx = ZSTD_createCCtx();
+  c->zstd_->dctx = ZSTD_createDCtx();
+  if (c->zstd_->cctx == nullptr || c->zstd_->dctx == nullptr) return Internal("zstd: out of memory for contexts");
+  WSYNC_ZSTD_CHECK(ZSTD_CCtx_setParameter(c->zstd_->cctx, ZSTD_c_compressionLevel, zstd_level),
+                   StatusCode::kInvalidArgument, fmt::format("zstd level {}", zstd_level));
+  ZSTD_registerSequenceProducer(c->zstd_->cctx, nullptr, ProduceSparseSequences);
+  c->level_ = zstd_level;
+  c->block_bytes_ = block_bytes;
+  c->block_.resize(block_bytes);
+  return c;
+}
+
+DeltaCodec::~DeltaCodec() = default;
+
+Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
+                                        DigestAlgorithm algorithm) {
+  if (next.size() != snapshot.size()) {
+    return InvalidArgument(fmt::format("new bytes ({}) and snapshot ({}) differ in size", next.size(),
+                                       snapshot.size()));
+  }
+  EncodedDelta out;
+  auto hasher = Hasher::Create(algorithm);
+  ZSTD_CCtx* cctx = zstd_->cctx;
+  size_t used = 0;
+  // Feeds `in` to the frame; `end` closes it.
+  auto feed = [&](const std::byte* p, size_t n, bool end) -> Status {
+    ZSTD_inBuffer in{p, n, 0};
+    for (;;) {
+      if (out.compressed.size() - used < ZSTD_CStreamOutSize()) {
+        out.compressed.resize(std::max(out.compressed.size() * 2, used + 2 * ZSTD_CStreamOutSize()));
+      }
+      ZSTD_outBuffer o{out.compressed.data() + used, out.compressed.size() - used, 0};
+      size_t left = ZSTD_compressStream2(cctx, &o, &in, end ? ZSTD_e_end : ZSTD_e_continue);
+      WSYNC_ZSTD_CHECK(left, StatusCode::kInternal, "zstd compression");
+      used += o.pos;
+      if (end ? left == 0 : in.pos == in.size) return Status::Ok();
+    }
+  };
+  size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet fed
+  for (size_t off = 0; off < next.size(); off += block_bytes_) {
+    size_t n = std::min(block_bytes_, next.size() - off);
+    hasher->Update(next.subspan(off, n));
+    uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
+    if (!out.changed) {
+      if (nz == 0) {
+        leading_zeros += n;
+        continue;
+      }
+      out.changed = true;
+      WSYNC_ZSTD_CHECK(ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");
+      WSYNC_ZSTD_CHECK(ZSTD_CCtx_setPledgedSrcSize(cctx, next.size()), StatusCode::kInternal, "zstd size");
+      for (size_t z = 0; z < leading_zeros; z += block_bytes_) {
+        WSYNC_RETURN_IF_ERROR(feed(ZeroBlock(block_bytes_), std::min(block_bytes_, leading_zeros - z), false));
+      }
+    }
+    out.changed_bytes += nz;
+    WSYNC_RETURN_IF_ERROR(feed(block_.data(), n, false));
+  }
+  if (out.changed) WSYNC_RETURN_IF_ERROR(feed(nullptr, 0, true));
+  out.compressed.resize(used);
+  out.compressed.shrink_to_fit();
+  out.checksum = hasher->FinishHex();
+  return out;
+}
+
+Status DeltaCodec::Apply(std::span<const uint8_t> frame, std::span<std::byte> region,
+                         DigestAlgorithm algorithm, std::string_view expected_hex, std::string_view what) {
+  unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (content == ZSTD_CONTENTSIZE_ERROR) {
+    return DataLoss(fmt::format("{}: the patch is not a zstd frame ({} bytes)", what, frame.size()));
+  }
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != region.size()) {
+    return DataLoss(fmt::format("{}: the patch decompresses to {} bytes, the tensor has {}", what,
+                                content, region.size()));
+  }
+  ZSTD_DCtx* dctx = zstd_->dctx;
+  WSYNC_ZSTD_CHECK(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");
+  auto hasher = expected_hex.empty() ? nullptr : Hasher::Create(algorithm);
+  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+  size_t done = 0;
+  for (;;) {
+    ZSTD_outBuffer o{block_.data(), block_bytes_, 0};
+    size_t r = ZSTD_decompressStream(dctx, &o, &in);
+    WSYNC_ZSTD_CHECK(r, StatusCode::kDataLoss, fmt::format("{}: corrupt patch", what));
+    if (o.pos > 0) {
+      if (o.pos > region.size() - done) {
+        return DataLoss(fmt::format("{}: the patch decompresses past the tensor's {} bytes", what, region.size()));
+      }
+      std::span<std::byte> dst = region.subspan(done, o.pos);
+      XorInto(dst, std::span<const std::byte>(block_.data(), o.pos));
+      if (hasher) hasher->Update(dst);
+      done += o.pos;
+    }
+    if (r == 0) break;  // frame complete
+    if (in.pos == in.size && o.pos < o.size) {
+      return DataLoss(fmt::format("{}: the patch ends inside its zstd frame ({} bytes)", what, frame.size()));
+    }
+  }
+  if (in.pos != in.size) {
+    return DataLoss(fmt::format("{}: {} bytes follow the patch's zstd frame", what, in.size - in.pos));
+  }
+  if (done != region.size()) {
+    return DataLoss(fmt::format("{}: the patch decompresses to {} bytes, the tensor has {}", what, done,
+                                region.size()));
+  }
+  if (!hasher) return Status::Ok();
+  std::string got = hasher->FinishHex();
+  if (got != expected_hex) {
+    return DataLoss(fmt::format("{}: checksum after apply is {}, the manifest says {}", what, got, expected_hex));
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsync::delta

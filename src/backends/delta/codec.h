@@ -1,0 +1,83 @@
+// DeltaCodec: the two hot loops of the `delta` backend, one tensor at a time.
+//
+// Encode() turns (new bytes, snapshot bytes) into the checksum of the new bytes and one
+// zstd frame of their byte-wise XOR against the snapshot, and leaves the snapshot equal
+// to the new bytes. Apply() is its inverse on the receiver: it streams one frame out of
+// zstd, XORs it into a tensor's bytes in place and checks the checksum of the result.
+// The wire form is SkyRL's (reference/skyrl_weight_sync.md §5.1): a dense XOR patch as
+// ONE standard zstd frame with its content size, and the xxh3-128 (or sha256) hex digest
+// of the full new bytes, so either side can read what the other wrote.
+//
+// The frame is made by zstd (level 1 entropy coding) from sequences a sparse-aware
+// producer finds: each zero run becomes a literal zero plus an offset-1 match. On bf16
+// RL-step patches that is about twice zstd's own level-1 speed at a smaller frame (3.5%
+// against 4.7% of the tensor); any zstd decoder reads it.
+//
+// Both run in one pass over memory, in blocks of `block_bytes` that stay in cache:
+// hash, XOR, snapshot update and compression of a block happen before the next block is
+// touched, instead of one full pass per step. Encode() starts the zstd frame only at the
+// first changed block (leading zero blocks are fed from a static zero page), so an
+// unchanged tensor costs a read and a compare, never a compression.
+//
+// A DeltaCodec holds one zstd compression and one decompression context; it is not
+// thread-safe. Use one per thread (the publisher and the apply pool keep one each).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/digest.h"
+#include "wsync/status.h"
+
+namespace wsync::delta {
+
+// zstd level SkyRL uses for every patch (delta/payload.compress_bytes).
+inline constexpr int kDefaultZstdLevel = 1;
+// Bytes per fused step: new + snapshot + patch of one block must fit in L2.
+inline constexpr size_t kDefaultBlockBytes = size_t{64} << 10;
+
+struct EncodedDelta {
+  bool changed = false;             // false: the patch is all zeros and `compressed` is empty
+  uint64_t changed_bytes = 0;       // nonzero bytes of the patch
+  std::vector<uint8_t> compressed;  // one zstd frame (content size set) when changed
+  std::string checksum;             // lowercase hex digest of the new bytes
+};
+
+class DeltaCodec {
+ public:
+  static Result<std::unique_ptr<DeltaCodec>> Create(int zstd_level = kDefaultZstdLevel,
+                                                    size_t block_bytes = kDefaultBlockBytes);
+  ~DeltaCodec();
+  DeltaCodec(const DeltaCodec&) = delete;
+  DeltaCodec& operator=(const DeltaCodec&) = delete;
+
+  // `next` and `snapshot` must have the same size. On success snapshot == next. On an
+  // error (only a zstd failure, reported as Internal) the snapshot may be partly updated.
+  Result<EncodedDelta> Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
+                              DigestAlgorithm algorithm);
+
+  // region ^= decompress(frame), then checks the digest of the result against
+  // `expected_hex` (an empty one skips the check: the publisher's rollback). DataLoss for
+  // a corrupt or truncated frame, a frame whose size is not region.size(), or a digest
+  // mismatch; `what` names the tensor. The region is modified even when the check fails.
+  Status Apply(std::span<const uint8_t> frame, std::span<std::byte> region,
+               DigestAlgorithm algorithm, std::string_view expected_hex, std::string_view what);
+
+ private:
+  DeltaCodec() = default;
+  struct Zstd;
+  std::unique_ptr<Zstd> zstd_;
+  int level_ = kDefaultZstdLevel;
+  size_t block_bytes_ = kDefaultBlockBytes;
+  std::vector<std::byte> block_;  // one patch block
+};
+
+// XORs `src` into `dst` (dst ^= src), the inner loop of Apply(); exposed for tests.
+void XorInto(std::span<std::byte> dst, std::span<const std::byte> src);
+
+}  // namespace wsync::delta

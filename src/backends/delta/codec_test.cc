@@ -1,0 +1,155 @@
+#include "backends/delta/codec.h"
+
+#include <gtest/gtest.h>
+#include <zstd.h>
+
+#include <random>
+
+namespace wsync::delta {
+namespace {
+
+std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = std::byte(rng() & 0xff);
+  return v;
+}
+
+// `base` with every `stride`-th byte (starting at `first`) flipped.
+std::vector<std::byte> Changed(std::vector<std::byte> base, size_t first, size_t stride) {
+  for (size_t i = first; i < base.size(); i += stride) base[i] ^= std::byte{0x5a};
+  return base;
+}
+
+std::unique_ptr<DeltaCodec> NewCodec(size_t block = kDefaultBlockBytes) {
+  auto c = DeltaCodec::Create(kDefaultZstdLevel, block);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(*c);
+}
+
+TEST(DeltaCodecTest, EncodeThenApplyRoundTripsAndUpdatesTheSnapshot) {
+  for (size_t n : {size_t{1}, size_t{13}, size_t{4096}, size_t{1} << 20, (size_t{1} << 20) + 7}) {
+    auto codec = NewCodec(4096);
+    std::vector<std::byte> old = RandomBytes(n, 1), next = Changed(old, 0, 37);
+    std::vector<std::byte> snap = old;
+    auto enc = codec->Encode(next, snap, DigestAlgorithm::kXxh3_128);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    EXPECT_TRUE(enc->changed);
+    EXPECT_EQ(enc->changed_bytes, (n + 36) / 37);
+    EXPECT_EQ(snap, next);
+    EXPECT_EQ(enc->checksum, HexDigest(DigestAlgorithm::kXxh3_128, next));
+    std::vector<std::byte> region = old;
+    Status s = codec->Apply(enc->compressed, region, DigestAlgorithm::kXxh3_128, enc->checksum, "t");
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(region, next) << n;
+  }
+}
+
+TEST(DeltaCodecTest, FrameIsOneStandardZstdFrameOfTheXorWithItsContentSize) {
+  auto codec = NewCodec();
+  const size_t n = 300'000;
+  std::vector<std::byte> old = RandomBytes(n, 2), next = Changed(old, 5, 101), snap = old;
+  auto enc = codec->Encode(next, snap, DigestAlgorithm::kXxh3_128);
+  ASSERT_TRUE(enc.ok());
+  EXPECT_EQ(ZSTD_getFrameContentSize(enc->compressed.data(), enc->compressed.size()), n);
+  EXPECT_EQ(ZSTD_findFrameCompressedSize(enc->compressed.data(), enc->compressed.size()), enc->compressed.size());
+  std::vector<std::byte> patch(n);
+  ASSERT_EQ(ZSTD_decompress(patch.data(), n, enc->compressed.data(), enc->compressed.size()), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(patch[i], old[i] ^ next[i]) << i;
+  EXPECT_LT(enc->compressed.size(), n / 10);
+}
+
+TEST(DeltaCodecTest, UnchangedTensorHasNoFrameButStillAChecksum) {
+  auto codec = NewCodec();
+  std::vector<std::byte> old = RandomBytes(200'000, 3), snap = old;
+  auto enc = codec->Encode(old, snap, DigestAlgorithm::kXxh3_128);
+  ASSERT_TRUE(enc.ok());
+  EXPECT_FALSE(enc->changed);
+  EXPECT_TRUE(enc->compressed.empty());
+  EXPECT_EQ(enc->changed_bytes, 0u);
+  EXPECT_EQ(enc->checksum, HexDigest(DigestAlgorithm::kXxh3_128, old));
+}
+
+TEST(DeltaCodecTest, ChangeOnlyInTheLastBlockKeepsTheLeadingZeros) {
+  auto codec = NewCodec(4096);
+  const size_t n = 4096 * 50 + 100;
+  std::vector<std::byte> old = RandomBytes(n, 4), next = old, snap = old;
+  next[n - 1] ^= std::byte{1};
+  auto enc = codec->Encode(next, snap, DigestAlgorithm::kSha256);
+  ASSERT_TRUE(enc.ok());
+  EXPECT_EQ(enc->changed_bytes, 1u);
+  std::vector<std::byte> region = old;
+  ASSERT_TRUE(codec->Apply(enc->compressed, region, DigestAlgorithm::kSha256, enc->checksum, "t").ok());
+  EXPECT_EQ(region, next);
+}
+
+TEST(DeltaCodecTest, CorruptTruncatedOrMisSizedPatchesAreDataLoss) {
+  auto codec = NewCodec();
+  const size_t n = 100'000;
+  std::vector<std::byte> old = RandomBytes(n, 5), next = Changed(old, 0, 9), snap = old;
+  auto enc = codec->Encode(next, snap, DigestAlgorithm::kXxh3_128);
+  ASSERT_TRUE(enc.ok());
+  for (size_t at : {enc->compressed.size() / 2, enc->compressed.size() - 5}) {
+    std::vector<uint8_t> bad = enc->compressed;
+    bad[at] ^= 0x10;
+    std::vector<std::byte> region = old;
+    Status s = codec->Apply(bad, region, DigestAlgorithm::kXxh3_128, enc->checksum, "layer.w");
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << at << ": " << s.ToString();
+    EXPECT_NE(s.message().find("layer.w"), std::string::npos) << s.message();
+  }
+  std::vector<uint8_t> cut(enc->compressed.begin(), enc->compressed.end() - 10);
+  std::vector<std::byte> region = old;
+  EXPECT_EQ(codec->Apply(cut, region, DigestAlgorithm::kXxh3_128, enc->checksum, "t").code(), StatusCode::kDataLoss);
+  std::vector<std::byte> small(n - 1);
+  EXPECT_EQ(codec->Apply(enc->compressed, small, DigestAlgorithm::kXxh3_128, enc->checksum, "t").code(),
+            StatusCode::kDataLoss);
+  region = old;
+  EXPECT_EQ(codec->Apply(enc->compressed, region, DigestAlgorithm::kXxh3_128, std::string(32, '0'), "t").code(),
+            StatusCode::kDataLoss);
+  // An empty expected checksum skips verification (the publisher's rollback).
+  region = next;
+  ASSERT_TRUE(codec->Apply(enc->compressed, region, DigestAlgorithm::kXxh3_128, "", "t").ok());
+  EXPECT_EQ(region, old);
+}
+
+TEST(DeltaCodecTest, DenseAndRunHeavyPatchesRoundTrip) {
+  // Every byte changed (an f32 tensor after a real step), runs of exactly 3 and 4 zeros
+  // (the producer's literal/match boundary), and zeros across block boundaries.
+  auto codec = NewCodec(4096);
+  const size_t n = 3 * 131072 + 333;
+  std::vector<std::byte> old = RandomBytes(n, 8);
+  std::vector<std::vector<std::byte>> nexts;
+  std::vector<std::byte> dense = old;
+  for (auto& b : dense) b ^= std::byte{0xa5};
+  nexts.push_back(dense);
+  for (size_t gap : {3, 4, 5, 131071}) {
+    std::vector<std::byte> next = old;
+    for (size_t i = 0; i < n; i += gap + 1) next[i] ^= std::byte{0x80};
+    nexts.push_back(next);
+  }
+  for (const auto& next : nexts) {
+    std::vector<std::byte> snap = old, region = old;
+    auto enc = codec->Encode(next, snap, DigestAlgorithm::kXxh3_128);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    std::vector<std::byte> patch(n);
+    ASSERT_EQ(ZSTD_decompress(patch.data(), n, enc->compressed.data(), enc->compressed.size()), n);
+    ASSERT_TRUE(codec->Apply(enc->compressed, region, DigestAlgorithm::kXxh3_128, enc->checksum, "t").ok());
+    EXPECT_EQ(region, next);
+  }
+}
+
+TEST(DeltaCodecTest, MismatchedSizesAreRefused) {
+  auto codec = NewCodec();
+  std::vector<std::byte> a(10), b(11);
+  EXPECT_EQ(codec->Encode(a, b, DigestAlgorithm::kXxh3_128).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(DeltaCodec::Create(1, 0).ok());
+}
+
+TEST(DeltaCodecTest, XorIntoHandlesTails) {
+  std::vector<std::byte> a = RandomBytes(21, 6), b = RandomBytes(21, 7), c = a;
+  XorInto(c, b);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(c[i], a[i] ^ b[i]);
+}
+
+}  // namespace
+}  // namespace wsync::delta

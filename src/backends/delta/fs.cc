@@ -1,0 +1,267 @@
+#include "backends/delta/fs.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace wsync::delta {
+namespace {
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+Status WriteAll(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    WSYNC_DELTA_SYSCALL(w, fmt::format("writing {}", path));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status FsyncDir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  Fd d{::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY)};
+  WSYNC_DELTA_SYSCALL(d.fd, fmt::format("opening directory {}", dir));
+  WSYNC_DELTA_SYSCALL(::fsync(d.fd), fmt::format("fsync of directory {}", dir));
+  return Status::Ok();
+}
+
+uint64_t LoadLe64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace
+
+Status ErrnoStatus(std::string_view what, int err) {
+  StatusCode code = err == ENOENT ? StatusCode::kNotFound : StatusCode::kInternal;
+  return Status(code, fmt::format("{}: {}", what, std::strerror(err)));
+}
+
+Result<FileLock> FileLock::Acquire(const std::string& path, Mode mode, Deadline deadline) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  WSYNC_DELTA_SYSCALL(fd, fmt::format("opening lock file {}", path));
+  FileLock lock(fd);
+  int op = (mode == Mode::kExclusive ? LOCK_EX : LOCK_SH) | LOCK_NB;
+  for (auto pause = std::chrono::microseconds(200);; pause = std::min(pause * 2, decltype(pause)(20000))) {
+    if (::flock(fd, op) == 0) return lock;
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      return ErrnoStatus(fmt::format("flock of {}", path), errno);
+    }
+    if (deadline.expired()) {
+      return DeadlineExceeded(fmt::format("waited too long for the {} lock on {} (another worker or "
+                                          "process of this host holds it)",
+                                          mode == Mode::kExclusive ? "writer" : "reader", path));
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+FileLock& FileLock::operator=(FileLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view data) {
+  std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
+  {
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    WSYNC_DELTA_SYSCALL(f.fd, fmt::format("creating {}", tmp));
+    WSYNC_RETURN_IF_ERROR(WriteAll(f.fd, data.data(), data.size(), tmp));
+    WSYNC_DELTA_SYSCALL(::fsync(f.fd), fmt::format("fsync of {}", tmp));
+  }
+  WSYNC_DELTA_SYSCALL(::rename(tmp.c_str(), path.c_str()), fmt::format("renaming {} to {}", tmp, path));
+  return FsyncDir(path);
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {}", path));
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(f.fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    WSYNC_DELTA_SYSCALL(r, fmt::format("reading {}", path));
+    if (r == 0) return out;
+    out.append(buf, static_cast<size_t>(r));
+  }
+}
+
+Status CloneFile(const std::string& src, const std::string& dst, bool* reflinked) {
+  if (reflinked) *reflinked = false;
+  Fd in{::open(src.c_str(), O_RDONLY | O_CLOEXEC)};
+  WSYNC_DELTA_SYSCALL(in.fd, fmt::format("opening {}", src));
+  struct stat st {};
+  WSYNC_DELTA_SYSCALL(::fstat(in.fd, &st), fmt::format("stat of {}", src));
+  Fd out{::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (st.st_mode & 0777) | S_IWUSR)};
+  WSYNC_DELTA_SYSCALL(out.fd, fmt::format("creating {}", dst));
+  if (::ioctl(out.fd, FICLONE, in.fd) == 0) {
+    if (reflinked) *reflinked = true;
+    return Status::Ok();
+  }
+  off_t left = st.st_size;
+  while (left > 0) {
+    ssize_t n = ::copy_file_range(in.fd, nullptr, out.fd, nullptr, static_cast<size_t>(left), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // unsupported across these file systems: fall back below
+    left -= n;
+  }
+  if (left > 0) {
+    off_t done = st.st_size - left;
+    std::vector<char> buf(size_t{4} << 20);
+    while (left > 0) {
+      ssize_t r = ::pread(in.fd, buf.data(), std::min<size_t>(buf.size(), left), done);
+      if (r < 0 && errno == EINTR) continue;
+      WSYNC_DELTA_SYSCALL(r, fmt::format("reading {}", src));
+      if (r == 0) return DataLoss(fmt::format("{} shrank while being copied", src));
+      WSYNC_RETURN_IF_ERROR(WriteAll(out.fd, buf.data(), static_cast<size_t>(r), dst));
+      done += r;
+      left -= r;
+    }
+  }
+  return Status::Ok();
+}
+
+Status CloneTree(const std::string& src, const std::string& dst, bool* reflinked) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dst, ec);
+  if (ec) return Internal(fmt::format("creating {}: {}", dst, ec.message()));
+  bool all = true;
+  for (auto it = fs::recursive_directory_iterator(src, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    fs::path rel = fs::relative(it->path(), src);
+    fs::path to = fs::path(dst) / rel;
+    if (it->is_directory()) {
+      fs::create_directories(to, ec);
+      if (ec) return Internal(fmt::format("creating {}: {}", to.string(), ec.message()));
+    } else if (it->is_regular_file()) {
+      bool one = false;
+      WSYNC_RETURN_IF_ERROR(CloneFile(it->path().string(), to.string(), &one));
+      all = all && one;
+    }
+  }
+  if (ec) return Internal(fmt::format("listing {}: {}", src, ec.message()));
+  if (reflinked) *reflinked = all;
+  return Status::Ok();
+}
+
+Result<WritableMapping> WritableMapping::Open(const std::string& path) {
+  Fd f{::open(path.c_str(), O_RDWR | O_CLOEXEC)};
+  WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {} for writing", path));
+  struct stat st {};
+  WSYNC_DELTA_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
+  WritableMapping m;
+  m.path_ = path;
+  m.size_ = static_cast<size_t>(st.st_size);
+  if (m.size_ == 0) return m;
+  void* p = ::mmap(nullptr, m.size_, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (p == MAP_FAILED) return ErrnoStatus(fmt::format("mapping {} read-write", path), errno);
+  m.data_ = static_cast<std::byte*>(p);
+  return m;
+}
+
+WritableMapping::WritableMapping(WritableMapping&& o) noexcept
+    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+WritableMapping& WritableMapping::operator=(WritableMapping&& o) noexcept {
+  if (this != &o) {
+    Release();
+    path_ = std::move(o.path_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+WritableMapping::~WritableMapping() { Release(); }
+
+void WritableMapping::Release() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {}", path));
+  struct stat st {};
+  WSYNC_DELTA_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
+  unsigned char len_bytes[8];
+  if (::pread(f.fd, len_bytes, 8, 0) != 8) return DataLoss(fmt::format("{}: shorter than 8 bytes", path));
+  uint64_t header_len = LoadLe64(len_bytes);
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (header_len > size - 8 || header_len > 100'000'000) {
+    return DataLoss(fmt::format("{}: header length {} does not fit the file ({} bytes)", path, header_len, size));
+  }
+  std::string header(header_len, '\0');
+  if (::pread(f.fd, header.data(), header_len, 8) != static_cast<ssize_t>(header_len)) {
+    return DataLoss(fmt::format("{}: short read of the header", path));
+  }
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgument(fmt::format("{}: header is not a JSON object", path));
+  uint64_t data_start = 8 + header_len;
+  std::vector<TensorLocation> out;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") continue;
+    auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("{}: tensor {}: {}", path, name, why)); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+      return bad("entry needs dtype, shape and data_offsets");
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return bad("data_offsets must be two non-negative integers");
+    }
+    TensorLocation loc;
+    loc.meta.name = name;
+    if (!v["dtype"].is_string()) return bad("dtype is not a string");
+    WSYNC_ASSIGN_OR_RETURN(loc.meta.dtype, DTypeFromSafetensorsName(v["dtype"].get<std::string>()));
+    if (!v["shape"].is_array()) return bad("shape is not an array");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) return bad("shape has a negative or non-integer dimension");
+      loc.meta.shape.push_back(d.get<int64_t>());
+    }
+    uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (end < begin || end > size - data_start) return DataLoss(fmt::format("{}: tensor {} lies past the end of the file", path, name));
+    if (end - begin != loc.meta.nbytes()) return bad(fmt::format("data_offsets span {} bytes, shape and dtype need {}", end - begin, loc.meta.nbytes()));
+    loc.path = path;
+    loc.offset = data_start + begin;
+    loc.nbytes = end - begin;
+    out.push_back(std::move(loc));
+  }
+  return out;
+}
+
+}  // namespace wsync::delta

@@ -1,0 +1,325 @@
+#include "backends/delta/local_checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/delta/codec.h"
+#include "backends/delta/fs.h"
+#include "backends/delta/manifest.h"
+#include "backends/delta/task_pool.h"
+#include "core/log.h"
+#include "core/parallel.h"
+#include "format/safetensors.h"
+
+namespace wsync::delta {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+struct LocalCheckpoint::Applier {
+  explicit Applier(size_t threads) : pool(threads) {}
+  TaskPool pool;
+  std::vector<std::unique_ptr<DeltaCodec>> codecs;  // one per pool thread
+};
+
+LocalCheckpoint::LocalCheckpoint(LocalCheckpointOptions options) : options_(std::move(options)) {
+  weights_dir_ = (fs::path(options_.root) / "weights").string();
+  state_dir_ = (fs::path(options_.root) / ".skyrl_weight_sync").string();
+  state_path_ = (fs::path(state_dir_) / "state.json").string();
+  lock_path_ = (fs::path(state_dir_) / "writer.lock").string();
+}
+
+LocalCheckpoint::~LocalCheckpoint() = default;
+
+Result<std::unique_ptr<LocalCheckpoint>> LocalCheckpoint::Open(LocalCheckpointOptions options, Deadline deadline) {
+  if (options.base_checkpoint.empty()) return InvalidArgument("delta: no base checkpoint given (--base-checkpoint)");
+  if (options.root.empty()) return InvalidArgument("delta: no local checkpoint directory given (--local-checkpoint-dir)");
+  Result<CheckpointDir> base = CheckpointDir::Open(options.base_checkpoint);
+  if (!base.ok()) return base.status().WithContext("delta: base checkpoint");
+  std::unique_ptr<LocalCheckpoint> c(new LocalCheckpoint(std::move(options)));
+  std::error_code ec;
+  fs::create_directories(c->state_dir_, ec);
+  if (ec) return Internal(fmt::format("creating {}: {}", c->state_dir_, ec.message()));
+  WSYNC_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(c->lock_path_, FileLock::Mode::kExclusive, deadline));
+  if (!fs::exists(c->state_path_, ec)) {
+    CheckpointState s;
+    s.base_model_path = c->options_.base_checkpoint;
+    WSYNC_RETURN_IF_ERROR(c->WriteState(s));
+  }
+  return c;
+}
+
+Result<CheckpointState> LocalCheckpoint::ReadState() const {
+  WSYNC_ASSIGN_OR_RETURN(std::string text, ReadFile(state_path_));
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return DataLoss(fmt::format("{} is not a JSON object", state_path_));
+  CheckpointState s;
+  s.version = j.value("version", int64_t{0});
+  s.write_in_progress = j.value("write_in_progress", false);
+  if (auto it = j.find("target_version"); it != j.end() && it->is_number_integer()) s.target_version = it->get<int64_t>();
+  s.base_model_path = j.value("base_model_path", std::string());
+  s.sync_dir = j.value("sync_dir", std::string());
+  return s;
+}
+
+Status LocalCheckpoint::WriteState(const CheckpointState& s) const {
+  json j{{"version", s.version},
+         {"write_in_progress", s.write_in_progress},
+         {"target_version", s.target_version ? json(*s.target_version) : json(nullptr)},
+         {"base_model_path", s.base_model_path},
+         {"sync_dir", s.sync_dir}};
+  return WriteFileAtomic(state_path_, j.dump());
+}
+
+Status LocalCheckpoint::ValidateReady(int64_t target) const {
+  WSYNC_ASSIGN_OR_RETURN(CheckpointState s, ReadState());
+  if (s.write_in_progress) {
+    return FailedPrecondition(fmt::format(
+        "local checkpoint {} has an unfinished apply (toward version {}); call /fetch_weights before the reload",
+        options_.root, s.target_version.value_or(-1)));
+  }
+  if (s.version != target) {
+    return FailedPrecondition(fmt::format("local checkpoint {} is at version {}, the update wants version {}; "
+                                          "call /fetch_weights with target_version {} first",
+                                          options_.root, s.version, target, target));
+  }
+  return Status::Ok();
+}
+
+std::string LocalCheckpoint::CurrentDir() const {
+  std::error_code ec;
+  return fs::exists(weights_dir_, ec) ? weights_dir_ : options_.base_checkpoint;
+}
+
+Result<std::shared_ptr<void>> LocalCheckpoint::LockForReading(Deadline deadline) const {
+  WSYNC_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path_, FileLock::Mode::kShared, deadline));
+  return std::shared_ptr<void>(std::make_shared<FileLock>(std::move(lock)));
+}
+
+Status LocalCheckpoint::ResetFromBase(const std::string& sync_dir) {
+  CheckpointState s;
+  s.base_model_path = options_.base_checkpoint;
+  s.sync_dir = sync_dir;
+  s.write_in_progress = true;  // until weights/ is gone: a crash here resets again
+  WSYNC_RETURN_IF_ERROR(WriteState(s));
+  std::error_code ec;
+  fs::remove_all(weights_dir_, ec);
+  if (ec) return Internal(fmt::format("removing {}: {}", weights_dir_, ec.message()));
+  s.write_in_progress = false;
+  return WriteState(s);
+}
+
+Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sync_dir, Deadline deadline) {
+  if (target < 0) return InvalidArgument(fmt::format("target_version {} is negative", target));
+  if (sync_dir.empty()) return InvalidArgument("fetch_weights needs a sync_dir");
+  auto t0 = Clock::now();
+  FetchReport report;
+  report.to_version = target;
+  WSYNC_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path_, FileLock::Mode::kExclusive, deadline));
+  report.lock_wait_seconds = Since(t0);
+  Result<CheckpointState> read = ReadState();
+  if (!read.ok()) {
+    report.reset_reason = fmt::format("state unreadable ({})", read.status().message());
+  } else if (read->write_in_progress) {
+    report.reset_reason = fmt::format("an apply toward version {} did not finish (crash or checksum failure)",
+                                      read->target_version.value_or(-1));
+  } else if (!read->sync_dir.empty() && read->sync_dir != sync_dir) {
+    report.reset_reason = fmt::format("a new chain: sync dir {} replaces {}", sync_dir, read->sync_dir);
+  } else if (!read->base_model_path.empty() && read->base_model_path != options_.base_checkpoint) {
+    report.reset_reason = fmt::format("the base checkpoint changed from {}", read->base_model_path);
+  }
+  CheckpointState state = read.ok() ? *read : CheckpointState{};
+  if (!report.reset_reason.empty()) {
+    auto tr = Clock::now();
+    WSYNC_LOG_INFO("delta: {}: resetting from base {}: {}", options_.root, options_.base_checkpoint, report.reset_reason);
+    WSYNC_RETURN_IF_ERROR(ResetFromBase(sync_dir));
+    report.reset = true;
+    report.reset_seconds += Since(tr);
+    state = CheckpointState{0, false, std::nullopt, options_.base_checkpoint, sync_dir};
+  }
+  report.from_version = state.version;
+  if (state.version > target) {
+    return FailedPrecondition(fmt::format("local checkpoint {} is at version {}, ahead of target_version {} in {}",
+                                          options_.root, state.version, target, sync_dir));
+  }
+  if (state.version == target) {
+    if (state.sync_dir != sync_dir) {
+      state.sync_dir = sync_dir;
+      WSYNC_RETURN_IF_ERROR(WriteState(state));
+    }
+    report.seconds = Since(t0);
+    return report;
+  }
+  state.write_in_progress = true;
+  state.target_version = target;
+  state.sync_dir = sync_dir;
+  state.base_model_path = options_.base_checkpoint;
+  WSYNC_RETURN_IF_ERROR(WriteState(state));
+  for (int64_t v = state.version + 1; v <= target; ++v) {
+    Status s = ApplyVersion(v, sync_dir, &report);
+    if (!s.ok()) {
+      if (s.code() != StatusCode::kDataLoss && !report.applied) {
+        // Nothing of version v touched the files: they are still exactly version v - 1.
+        CheckpointState clean{v - 1, false, std::nullopt, options_.base_checkpoint, sync_dir};
+        (void)WriteState(clean);
+      }
+      return s.WithContext(fmt::format("fetching version {} of {} into {}", v, sync_dir, options_.root));
+    }
+    report.applied = false;  // per version: set again when the next one touches the files
+    report.versions++;
+    state.version = v;
+  }
+  report.applied = report.versions > 0;
+  WSYNC_RETURN_IF_ERROR(WriteState(CheckpointState{target, false, std::nullopt, options_.base_checkpoint, sync_dir}));
+  report.seconds = Since(t0);
+  return report;
+}
+
+Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, FetchReport* report) {
+  auto tf = Clock::now();
+  std::string dir = VersionDir(sync_dir, v);
+  WSYNC_ASSIGN_OR_RETURN(DeltaManifest m, ReadManifest(sync_dir, v));
+  if (m.version != v) {
+    return FailedPrecondition(fmt::format("{}/manifest.json says version {}, expected {}", dir, m.version, v));
+  }
+  if (m.base_version != v - 1) {
+    return FailedPrecondition(fmt::format("{}/manifest.json has base_version {}, but the local checkpoint is at "
+                                          "version {}: refusing a delta against another base", dir, m.base_version, v - 1));
+  }
+  if (m.tensors.empty()) return Status::Ok();
+  std::map<std::string, SafetensorsFile> payloads;
+  for (const std::string& f : m.payload_files) {
+    Result<SafetensorsFile> file = SafetensorsFile::Open((fs::path(dir) / f).string());
+    if (!file.ok()) return file.status().WithContext(fmt::format("payload file of version {}", v));
+    payloads.emplace(f, std::move(*file));
+  }
+  // Payload bytes of every record, read once here (the "download" of a shared mount).
+  std::vector<std::span<const uint8_t>> frames(m.tensors.size());
+  uint64_t touch = 0;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const DeltaTensorRecord& r = m.tensors[i];
+    const SafetensorsFile& file = payloads.at(r.payload_file);
+    Result<std::span<const std::byte>> bytes = file.Bytes(r.payload_key);
+    if (!bytes.ok()) return DataLoss(fmt::format("{}: {}", r.name, bytes.status().message()));
+    if (bytes->size() != r.compressed_num_bytes) {
+      return DataLoss(fmt::format("{}: payload {}:{} has {} bytes, the manifest says {}", r.name, file.path(),
+                                  r.payload_key, bytes->size(), r.compressed_num_bytes));
+    }
+    frames[i] = {reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()};
+    for (size_t o = 0; o < frames[i].size(); o += 4096) touch += frames[i][o];
+    report->payload_bytes += bytes->size();
+  }
+  (void)touch;
+  report->fetch_seconds += Since(tf);
+
+  if (!fs::exists(weights_dir_)) {
+    auto tr = Clock::now();
+    std::string tmp = weights_dir_ + ".tmp";
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    bool reflinked = false;
+    WSYNC_RETURN_IF_ERROR(CloneTree(options_.base_checkpoint, tmp, &reflinked));
+    fs::rename(tmp, weights_dir_, ec);
+    if (ec) return Internal(fmt::format("renaming {} to {}: {}", tmp, weights_dir_, ec.message()));
+    report->reset_seconds += Since(tr);
+    WSYNC_LOG_INFO("delta: copied base {} to {} ({})", options_.base_checkpoint, weights_dir_,
+                   reflinked ? "reflinks" : "full copy");
+  }
+  // Where every tensor sits in the local files; each record is checked before any write.
+  std::map<std::string, TensorLocation, std::less<>> where;
+  for (const auto& e : fs::directory_iterator(weights_dir_)) {
+    if (e.path().extension() != ".safetensors") continue;
+    WSYNC_ASSIGN_OR_RETURN(auto layout, ReadSafetensorsLayout(e.path().string()));
+    for (TensorLocation& loc : layout) where.emplace(loc.meta.name, std::move(loc));
+  }
+  struct Job {
+    size_t record;
+    std::span<std::byte> region;
+  };
+  std::map<std::string, WritableMapping> maps;
+  std::vector<Job> jobs;
+  std::vector<std::string> skipped;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const DeltaTensorRecord& r = m.tensors[i];
+    auto it = where.find(r.name);
+    if (it == where.end()) {
+      skipped.push_back(r.name);
+      continue;
+    }
+    const TensorLocation& loc = it->second;
+    if (loc.nbytes != r.uncompressed_num_bytes || loc.meta.dtype != r.dtype || loc.meta.shape != r.shape) {
+      return FailedPrecondition(fmt::format("{}: the delta is {} {} ({} bytes), the local checkpoint has {} {} ({} bytes)",
+                                            r.name, TorchName(r.dtype), ShapeString(r.shape), r.uncompressed_num_bytes,
+                                            TorchName(loc.meta.dtype), ShapeString(loc.meta.shape), loc.nbytes));
+    }
+    auto mit = maps.find(loc.path);
+    if (mit == maps.end()) {
+      WSYNC_ASSIGN_OR_RETURN(WritableMapping wm, WritableMapping::Open(loc.path));
+      mit = maps.emplace(loc.path, std::move(wm)).first;
+    }
+    jobs.push_back(Job{i, mit->second.bytes().subspan(loc.offset, loc.nbytes)});
+  }
+  if (!skipped.empty()) {
+    WSYNC_LOG_WARN("delta: version {}: {} tensor(s) absent from the local checkpoint skipped: {}", v, skipped.size(),
+                   fmt::join(skipped.begin(), skipped.begin() + std::min<size_t>(5, skipped.size()), ", "));
+  }
+  report->skipped += skipped.size();
+
+  auto ta = Clock::now();
+  if (!applier_) {
+    size_t threads = options_.threads ? options_.threads : DefaultThreads();
+    applier_ = std::make_unique<Applier>(threads);
+    for (size_t t = 0; t < threads; ++t) {
+      WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create());
+      applier_->codecs.push_back(std::move(codec));
+    }
+  }
+  // Largest first, so that one big tensor does not start last.
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.region.size() > b.region.size(); });
+  std::mutex mu;
+  std::vector<std::pair<size_t, Status>> failures;  // GUARDED_BY(mu)
+  report->applied = !jobs.empty();
+  {
+    TaskGroup group(applier_->pool);
+    for (const Job& job : jobs) {
+      group.Submit([&, job](size_t thread) {
+        const DeltaTensorRecord& r = m.tensors[job.record];
+        std::string what = fmt::format("{} (version {}, {})", r.name, v, r.payload_file);
+        Status s = applier_->codecs[thread]->Apply(frames[job.record], job.region, r.checksum_algorithm, r.checksum, what);
+        if (!s.ok()) {
+          std::lock_guard lock(mu);
+          failures.emplace_back(job.record, std::move(s));
+          return;
+        }
+        if (options_.after_tensor_applied) options_.after_tensor_applied(r.name);
+      });
+    }
+  }
+  report->apply_seconds += Since(ta);
+  for (const Job& job : jobs) report->tensor_bytes += job.region.size();
+  report->tensors += jobs.size();
+  if (!failures.empty()) {
+    std::sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::string> names;
+    for (const auto& f : failures) names.push_back(m.tensors[f.first].name);
+    return DataLoss(fmt::format("{} of {} tensors failed verification in {} ({}); first: {}; the next fetch "
+                                "rebuilds from the base", failures.size(), jobs.size(), dir,
+                                fmt::join(names.begin(), names.begin() + std::min<size_t>(5, names.size()), ", "),
+                                failures.front().second.message()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsync::delta

@@ -1,0 +1,112 @@
+// LocalCheckpoint: one host's mutable copy of the model checkpoint, advanced along a
+// delta chain (the receiver half of the `delta` data plane; SkyRL's LocalCheckpointStore,
+// reference/skyrl_weight_sync.md §5.2, with the same on-disk layout):
+//
+//   <root>/weights/                          copy of the base (reflink where possible),
+//                                            made at the first non-empty delta
+//   <root>/.skyrl_weight_sync/state.json     {"version", "write_in_progress",
+//                                             "target_version", "base_model_path",
+//                                             "sync_dir" (wsync)}
+//   <root>/.skyrl_weight_sync/writer.lock    flock: writers exclusive, reloads shared
+//
+// Fetch(target) runs under the exclusive lock, so of all the workers and processes of a
+// host that share `root`, the first applies and the rest find the work done. It resets
+// from the base when the state is missing, says write_in_progress (a crash or a checksum
+// failure mid-apply), or names another sync directory (a new chain); refuses a target
+// behind the local version; otherwise marks write_in_progress and replays every version
+// from local+1 to target: manifest.version == v and base_version == the local version
+// are checked, payload files are mapped from the sync directory, and each patch is XORed
+// into the memory-mapped weights in place and its checksum verified, on `threads`
+// threads. Only when every version verified does the state say `version = target`.
+//
+// Thread-safety: a LocalCheckpoint is used by one thread at a time; give each worker its
+// own instance (each holds its own lock descriptor), which is what makes the flock
+// exclude threads of one process too. Every wait (the lock) has a deadline.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/deadline.h"
+#include "wsync/status.h"
+
+namespace wsync::delta {
+
+struct LocalCheckpointOptions {
+  std::string base_checkpoint;  // version 0 (read-only; never modified)
+  std::string root;             // the local checkpoint directory
+  size_t threads = 0;           // apply threads; 0: every core
+  // Test seam: called on an apply thread after each tensor is patched and verified
+  // (crash-recovery tests end the process here).
+  std::function<void(std::string_view tensor)> after_tensor_applied;
+};
+
+struct CheckpointState {
+  int64_t version = 0;
+  bool write_in_progress = false;
+  std::optional<int64_t> target_version;
+  std::string base_model_path;
+  std::string sync_dir;  // the chain the version belongs to; "" before any fetch
+};
+
+struct FetchReport {
+  int64_t from_version = 0;   // the local version found (after any reset)
+  int64_t to_version = 0;
+  bool applied = false;       // this call replayed at least one version
+  bool reset = false;         // this call rebuilt from the base
+  std::string reset_reason;   // why, when reset
+  int versions = 0;           // versions replayed by this call
+  size_t tensors = 0;         // patches applied
+  size_t skipped = 0;         // records naming tensors the checkpoint lacks
+  uint64_t tensor_bytes = 0;  // bytes of the patched tensors
+  uint64_t payload_bytes = 0; // compressed bytes read
+  double lock_wait_seconds = 0;
+  double reset_seconds = 0;   // copying the base into weights/
+  double fetch_seconds = 0;   // reading manifests and payloads
+  double apply_seconds = 0;   // decompress + XOR + verify
+  double seconds = 0;
+};
+
+class LocalCheckpoint {
+ public:
+  // Creates `root` and its state (version 0) if missing. InvalidArgument when the base
+  // checkpoint has no safetensors files.
+  static Result<std::unique_ptr<LocalCheckpoint>> Open(LocalCheckpointOptions options, Deadline deadline);
+  ~LocalCheckpoint();
+
+  // Brings the local checkpoint to `target` from `sync_dir` (see above). Errors name the
+  // version, the file and the tensor: NotFound for an unpublished version,
+  // FailedPrecondition for a target behind the local version or a manifest whose
+  // version / base_version break the chain, DataLoss for a corrupt payload or a checksum
+  // mismatch (the state keeps write_in_progress: the next fetch starts from the base).
+  Result<FetchReport> Fetch(int64_t target, const std::string& sync_dir, Deadline deadline);
+
+  // The state as on disk (no lock: the file is replaced atomically).
+  Result<CheckpointState> ReadState() const;
+  // OK when the state is `target` and complete; FailedPrecondition otherwise, saying
+  // what to call.
+  Status ValidateReady(int64_t target) const;
+  // The directory a reload reads: weights/ once a delta has landed, else the base.
+  std::string CurrentDir() const;
+  // Takes the lock shared, so that no fetch rewrites the files during a reload.
+  Result<std::shared_ptr<void>> LockForReading(Deadline deadline) const;
+
+  const LocalCheckpointOptions& options() const { return options_; }
+
+ private:
+  explicit LocalCheckpoint(LocalCheckpointOptions options);
+  Status WriteState(const CheckpointState& state) const;
+  Status ResetFromBase(const std::string& sync_dir);
+  Status ApplyVersion(int64_t version, const std::string& sync_dir, FetchReport* report);
+
+  LocalCheckpointOptions options_;
+  std::string weights_dir_, state_dir_, state_path_, lock_path_;
+  struct Applier;
+  std::unique_ptr<Applier> applier_;  // threads and codecs, made at the first apply
+};
+
+}  // namespace wsync::delta

@@ -1,0 +1,240 @@
+#include "backends/delta/local_checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/delta/fs.h"
+#include "backends/delta/manifest.h"
+#include "backends/delta/publisher.h"
+#include "backends/delta/testing.h"
+#include "model/config.h"
+#include "trainer/synthetic.h"
+
+namespace wsync::delta {
+namespace {
+
+using testing::CheckpointHolds;
+using testing::TempDir;
+
+// A base checkpoint of qwen3-tiny, a trainer starting from it, and a publisher.
+class LocalCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto config = LookupModel("qwen3-tiny");
+    ASSERT_TRUE(config.ok());
+    auto t = SyntheticTrainer::FromMetadata(HfTensors(*config), 5, 2);
+    ASSERT_TRUE(t.ok());
+    trainer_ = std::move(*t);
+    ASSERT_TRUE(testing::WriteCheckpoint(base(), trainer_->tensors()).ok());
+    DeltaPublisherOptions o;
+    o.sync_dir = sync();
+    o.base_checkpoint = base();
+    o.threads = 2;
+    auto p = DeltaPublisher::Create(o, trainer_->metadata());
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    publisher_ = std::move(*p);
+  }
+
+  std::string base() const { return dir_ / "base"; }
+  std::string sync() const { return dir_ / "sync"; }
+  std::string root(const std::string& name = "local") const { return dir_ / name; }
+
+  // Trains and publishes `steps` more versions.
+  void PublishSteps(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      ASSERT_TRUE(trainer_->Step(++step_).ok());
+      auto st = publisher_->Publish(trainer_->source());
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+    }
+  }
+
+  LocalCheckpointOptions Options(const std::string& name, size_t threads) const {
+    LocalCheckpointOptions o;
+    o.base_checkpoint = base();
+    o.root = root(name);
+    o.threads = threads;
+    return o;
+  }
+
+  std::unique_ptr<LocalCheckpoint> Open(const std::string& name = "local") {
+    auto c = LocalCheckpoint::Open(Options(name, 2), Deadline::InSeconds(30));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  TempDir dir_{"local"};
+  std::unique_ptr<SyntheticTrainer> trainer_;
+  std::unique_ptr<DeltaPublisher> publisher_;
+  uint64_t step_ = 0;
+};
+
+TEST_F(LocalCheckpointTest, ALateReceiverReplaysTheWholeChainBitExact) {
+  PublishSteps(3);
+  auto local = Open();
+  EXPECT_EQ(local->CurrentDir(), base());
+  auto r = local->Fetch(3, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->from_version, 0);
+  EXPECT_EQ(r->versions, 3);
+  EXPECT_TRUE(r->applied);
+  EXPECT_EQ(local->CurrentDir(), root() + "/weights");
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+  EXPECT_TRUE(local->ValidateReady(3).ok());
+  EXPECT_EQ(local->ValidateReady(2).code(), StatusCode::kFailedPrecondition);
+  // The base is never modified.
+  auto base_ckpt = CheckpointDir::Open(base());
+  ASSERT_TRUE(base_ckpt.ok());
+  // Already there: nothing to do. Behind the local version: refused.
+  auto again = local->Fetch(3, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->applied);
+  EXPECT_EQ(local->Fetch(2, sync(), Deadline::InSeconds(30)).status().code(), StatusCode::kFailedPrecondition);
+  // One more version, incrementally; then an empty one.
+  PublishSteps(1);
+  ASSERT_TRUE(publisher_->Publish(trainer_->source()).ok());
+  auto next = local->Fetch(5, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->versions, 2);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+  auto state = local->ReadState();
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ(state->version, 5);
+  EXPECT_FALSE(state->write_in_progress);
+  EXPECT_EQ(state->sync_dir, sync());
+}
+
+TEST_F(LocalCheckpointTest, ACorruptPayloadByteIsDetectedAndTheNextFetchRebuildsFromTheBase) {
+  PublishSteps(2);
+  auto local = Open();
+  std::string payload = VersionDir(sync(), 2) + "/" + PayloadFileName(0, 0);
+  std::string good = *ReadFile(payload);
+  std::string bad = good;
+  bad[bad.size() - bad.size() / 3] ^= 0x04;  // inside some tensor's frame
+  ASSERT_TRUE(WriteFileAtomic(payload, bad).ok());
+  auto r = local->Fetch(2, sync(), Deadline::InSeconds(30));
+  ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("version 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(PayloadFileName(0, 0)), std::string::npos) << r.status().message();
+  EXPECT_TRUE(local->ReadState()->write_in_progress);
+  EXPECT_EQ(local->ValidateReady(2).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(WriteFileAtomic(payload, good).ok());
+  auto fixed = local->Fetch(2, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
+  EXPECT_TRUE(fixed->reset);
+  EXPECT_EQ(fixed->versions, 2);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+}
+
+TEST_F(LocalCheckpointTest, AManifestWithAWrongBaseVersionIsRefusedWithoutTouchingTheFiles) {
+  PublishSteps(2);
+  auto local = Open();
+  ASSERT_TRUE(local->Fetch(1, sync(), Deadline::InSeconds(30)).ok());
+  std::string path = VersionDir(sync(), 2) + "/manifest.json";
+  auto m = nlohmann::json::parse(*ReadFile(path));
+  m["base_version"] = 0;
+  ASSERT_TRUE(WriteFileAtomic(path, m.dump()).ok());
+  auto r = local->Fetch(2, sync(), Deadline::InSeconds(30));
+  ASSERT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("base_version 0"), std::string::npos) << r.status().message();
+  auto state = local->ReadState();
+  EXPECT_EQ(state->version, 1);
+  EXPECT_FALSE(state->write_in_progress);
+  // With the manifest repaired, a fetch past the last published version applies what
+  // exists, then stops at the first missing version: NotFound naming it, state clean.
+  m["base_version"] = 1;
+  ASSERT_TRUE(WriteFileAtomic(path, m.dump()).ok());
+  auto past = local->Fetch(9, sync(), Deadline::InSeconds(30));
+  EXPECT_EQ(past.status().code(), StatusCode::kNotFound) << past.status().ToString();
+  EXPECT_NE(past.status().message().find("version 3"), std::string::npos) << past.status().message();
+  EXPECT_EQ(local->ReadState()->version, 2);
+  EXPECT_FALSE(local->ReadState()->write_in_progress);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+}
+
+TEST_F(LocalCheckpointTest, ConcurrentFetchesOfOneHostApplyOnce) {
+  PublishSteps(2);
+  std::vector<std::unique_ptr<LocalCheckpoint>> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(Open());
+  std::vector<Result<FetchReport>> reports(workers.size(), Internal("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] { reports[i] = workers[i]->Fetch(2, sync(), Deadline::InSeconds(30)); });
+  }
+  for (auto& t : threads) t.join();
+  int applied = 0;
+  for (auto& r : reports) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    applied += r->applied;
+  }
+  EXPECT_EQ(applied, 1);
+  EXPECT_TRUE(CheckpointHolds(workers[0]->CurrentDir(), trainer_->tensors()));
+}
+
+TEST_F(LocalCheckpointTest, AnApplyKilledMidwayRecoversFromTheBase) {
+  PublishSteps(2);
+  Open();  // state at version 0
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int applied = 0;
+    LocalCheckpointOptions o = Options("local", 1);
+    o.after_tensor_applied = [&](std::string_view) {
+      if (++applied == 3) ::_exit(42);  // dies with the files half-patched
+    };
+    auto c = LocalCheckpoint::Open(o, Deadline::InSeconds(30));
+    if (!c.ok()) ::_exit(1);
+    (void)(*c)->Fetch(2, sync(), Deadline::InSeconds(30));
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 42);
+  auto local = Open();
+  EXPECT_TRUE(local->ReadState()->write_in_progress);
+  EXPECT_FALSE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+  auto r = local->Fetch(2, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->reset);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+}
+
+TEST_F(LocalCheckpointTest, ANewSyncDirStartsANewChainFromTheBase) {
+  PublishSteps(2);
+  auto local = Open();
+  ASSERT_TRUE(local->Fetch(2, sync(), Deadline::InSeconds(30)).ok());
+  // A second trainer run: a fresh sync dir whose version 1 is the base plus one step.
+  auto trainer2 = SyntheticTrainer::FromMetadata(trainer_->metadata(), 5, 2);
+  ASSERT_TRUE(trainer2.ok());
+  ASSERT_TRUE((*trainer2)->Step(1).ok());
+  DeltaPublisherOptions o;
+  o.sync_dir = dir_ / "sync2";
+  o.base_checkpoint = base();
+  auto pub2 = DeltaPublisher::Create(o, trainer_->metadata());
+  ASSERT_TRUE(pub2.ok());
+  ASSERT_TRUE((*pub2)->Publish((*trainer2)->source()).ok());
+  auto r = local->Fetch(1, o.sync_dir, Deadline::InSeconds(30));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->reset);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), (*trainer2)->tensors()));
+}
+
+TEST_F(LocalCheckpointTest, TheWriterLockWaitHasADeadline) {
+  auto local = Open();
+  auto held = FileLock::Acquire(root() + "/.skyrl_weight_sync/writer.lock", FileLock::Mode::kExclusive,
+                                Deadline::InSeconds(5));
+  ASSERT_TRUE(held.ok());
+  auto r = local->Fetch(0, sync(), Deadline::InSeconds(0.2));
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().ToString();
+  EXPECT_EQ(local->LockForReading(Deadline::InSeconds(0.1)).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace wsync::delta

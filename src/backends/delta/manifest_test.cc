@@ -1,0 +1,104 @@
+#include "backends/delta/manifest.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace wsync::delta {
+namespace {
+
+DeltaManifest Sample() {
+  DeltaManifest m;
+  m.version = 7;
+  m.base_version = 6;
+  DeltaTensorRecord r;
+  r.name = "model.layers.0.mlp.up_proj.weight";
+  r.dtype = DType::kBF16;
+  r.shape = {3072, 1024};
+  r.uncompressed_num_bytes = 3072 * 1024 * 2;
+  r.compressed_num_bytes = 12345;
+  r.payload_file = PayloadFileName(0, 0);
+  r.payload_key = r.name;
+  r.checksum = "00112233445566778899aabbccddeeff";
+  m.tensors.push_back(r);
+  m.total_uncompressed_num_bytes = r.uncompressed_num_bytes;
+  m.total_compressed_num_bytes = r.compressed_num_bytes;
+  m.payload_files = {r.payload_file};
+  return m;
+}
+
+TEST(DeltaManifestTest, NamesFollowSkyRL) {
+  EXPECT_EQ(VersionDirName(7), "delta-00000007");
+  EXPECT_EQ(VersionDir("/sync", 12), "/sync/delta-00000012");
+  EXPECT_EQ(PayloadFileName(0, 3), "delta-rank00000-file000003.safetensors");
+}
+
+TEST(DeltaManifestTest, JsonHasSkyRLKeysInOrderAndRoundTrips) {
+  DeltaManifest m = Sample();
+  std::string text = m.ToJson();
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  std::vector<std::string> keys;
+  for (const auto& [k, _] : j.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"version", "base_version", "tensors", "total_uncompressed_num_bytes",
+                                            "total_compressed_num_bytes", "payload_files", "format_version"}));
+  std::vector<std::string> record_keys;
+  for (const auto& [k, _] : j["tensors"][0].items()) record_keys.push_back(k);
+  EXPECT_EQ(record_keys, (std::vector<std::string>{"name", "dtype", "shape", "uncompressed_num_bytes",
+                                                   "compressed_num_bytes", "payload_file", "payload_key", "checksum",
+                                                   "checksum_algorithm"}));
+  EXPECT_EQ(j["tensors"][0]["dtype"], "bfloat16");
+  EXPECT_EQ(j["tensors"][0]["checksum_algorithm"], "xxh3-128");
+  auto back = DeltaManifest::Parse(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->version, 7);
+  EXPECT_EQ(back->base_version, 6);
+  ASSERT_EQ(back->tensors.size(), 1u);
+  EXPECT_EQ(back->tensors[0].shape, (Shape{3072, 1024}));
+  EXPECT_EQ(back->tensors[0].checksum, m.tensors[0].checksum);
+  EXPECT_EQ(back->payload_files, m.payload_files);
+}
+
+TEST(DeltaManifestTest, ReadsSkyRLManifestsIncludingTheLegacySha256Field) {
+  // As SkyRL's json.dumps(asdict(manifest)) writes it; no format_version.
+  std::string skyrl = R"({"version": 2, "base_version": 1, "tensors": [
+    {"name": "a", "dtype": "float32", "shape": [4], "uncompressed_num_bytes": 16,
+     "compressed_num_bytes": 9, "payload_file": "delta-rank00000-file000000.safetensors",
+     "payload_key": "a", "checksum": "ff", "checksum_algorithm": "xxh3-128"},
+    {"name": "b", "dtype": "bfloat16", "shape": [2], "uncompressed_num_bytes": 4,
+     "compressed_num_bytes": 9, "payload_file": "delta-rank00000-file000000.safetensors",
+     "payload_key": "b", "sha256": "ee"}],
+    "total_uncompressed_num_bytes": 20, "total_compressed_num_bytes": 18,
+    "payload_files": ["delta-rank00000-file000000.safetensors"]})";
+  auto m = DeltaManifest::Parse(skyrl);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->format_version, 1);
+  EXPECT_EQ(m->tensors[0].dtype, DType::kF32);
+  EXPECT_EQ(m->tensors[1].checksum_algorithm, DigestAlgorithm::kSha256);
+  EXPECT_EQ(m->tensors[1].checksum, "ee");
+  // An empty delta: no tensors, no files.
+  auto empty = DeltaManifest::Parse(R"({"version": 1, "base_version": 0, "tensors": [], "payload_files": []})");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->tensors.empty());
+}
+
+TEST(DeltaManifestTest, BadManifestsNameTheField) {
+  auto future = DeltaManifest::Parse(R"({"version": 1, "base_version": 0, "format_version": 99})");
+  EXPECT_EQ(future.status().code(), StatusCode::kFailedPrecondition);
+  auto no_version = DeltaManifest::Parse(R"({"base_version": 0})");
+  EXPECT_NE(no_version.status().message().find("'version'"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(Sample().ToJson());
+  j["tensors"][0].erase("payload_key");
+  auto missing = DeltaManifest::Parse(j.dump());
+  EXPECT_NE(missing.status().message().find("up_proj"), std::string::npos) << missing.status().message();
+  j = nlohmann::json::parse(Sample().ToJson());
+  j["tensors"][0]["payload_file"] = "../escape.safetensors";
+  j["payload_files"] = {"../escape.safetensors"};
+  EXPECT_EQ(DeltaManifest::Parse(j.dump()).status().code(), StatusCode::kInvalidArgument);
+  j = nlohmann::json::parse(Sample().ToJson());
+  j["payload_files"] = nlohmann::json::array();
+  EXPECT_EQ(DeltaManifest::Parse(j.dump()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(DeltaManifest::Parse("not json").ok());
+}
+
+}  // namespace
+}  // namespace wsync::delta

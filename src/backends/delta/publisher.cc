@@ -1,0 +1,359 @@
+#include "backends/delta/publisher.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backends/delta/codec.h"
+#include "backends/delta/convert.h"
+#include "backends/delta/fs.h"
+#include "backends/delta/task_pool.h"
+#include "core/log.h"
+#include "core/parallel.h"
+#include "format/safetensors.h"
+
+namespace wsync::delta {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr size_t kSnapshotAlign = 64;
+
+}  // namespace
+
+// What Create() decides once: where each tensor's snapshot lives and in which dtype.
+struct DeltaPublisher::Plan {
+  struct Entry {
+    TensorMeta disk;        // name, on-disk dtype and shape
+    size_t offset = 0;      // in `snapshot`
+    bool skip = false;      // absent from the base checkpoint
+  };
+  std::vector<TensorMeta> metadata;  // the source's
+  std::vector<Entry> entries;        // parallel to metadata
+  HostBuffer snapshot;
+  size_t largest = 0;                // bytes of the largest on-disk tensor
+  std::unique_ptr<TaskPool> pool;
+  std::vector<std::unique_ptr<DeltaCodec>> codecs;  // one per pool thread, +1 for rollback
+
+  // Reusable staging buffers, each `largest` bytes, handed out by index.
+  std::vector<HostBuffer> staging;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<size_t> free_staging;  // GUARDED_BY(mu)
+
+  std::span<std::byte> Snap(size_t i) { return {snapshot.data() + entries[i].offset, entries[i].disk.nbytes()}; }
+  size_t AcquireStaging() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return !free_staging.empty(); });
+    size_t s = free_staging.back();
+    free_staging.pop_back();
+    return s;
+  }
+  void ReleaseStaging(size_t s) {
+    {
+      std::lock_guard lock(mu);
+      free_staging.push_back(s);
+    }
+    cv.notify_one();
+  }
+};
+
+// One Publish(): every tensor's outcome, filled by the pool threads (slot i by one task).
+struct DeltaPublisher::Pass {
+  struct Slot {
+    bool submitted = false;
+    Status status;
+    EncodedDelta enc;
+    double cpu_seconds = 0;
+  };
+  explicit Pass(size_t n) : slots(n) {}
+  std::vector<Slot> slots;
+};
+
+DeltaPublisher::DeltaPublisher(DeltaPublisherOptions options) : options_(std::move(options)) {}
+DeltaPublisher::~DeltaPublisher() = default;
+
+Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOptions options,
+                                                               const std::vector<TensorMeta>& metadata) {
+  if (options.sync_dir.empty()) return InvalidArgument("delta: no sync directory given (--sync-dir)");
+  if (options.max_file_bytes == 0) return InvalidArgument("delta: --max-file-gb must be positive");
+  std::error_code ec;
+  std::filesystem::create_directories(options.sync_dir, ec);
+  if (ec) return Internal(fmt::format("creating sync directory {}: {}", options.sync_dir, ec.message()));
+  std::unique_ptr<DeltaPublisher> p(new DeltaPublisher(std::move(options)));
+  const DeltaPublisherOptions& o = p->options_;
+  auto plan = std::make_unique<Plan>();
+  plan->metadata = metadata;
+  std::optional<CheckpointDir> base;
+  if (!o.base_checkpoint.empty()) {
+    WSYNC_ASSIGN_OR_RETURN(CheckpointDir b, CheckpointDir::Open(o.base_checkpoint));
+    base = std::move(b);
+  }
+  size_t total = 0;
+  std::vector<std::string> skipped;
+  for (const TensorMeta& m : metadata) {
+    Plan::Entry e;
+    e.disk = m;
+    if (base) {
+      Result<TensorRef> ref = base->Ref(m.name);
+      if (!ref.ok()) {
+        e.skip = true;
+        skipped.push_back(m.name);
+      } else {
+        e.disk.dtype = ref->dtype;
+        e.disk.shape.assign(ref->shape.begin(), ref->shape.end());
+        if (e.disk.shape != m.shape) {
+          return InvalidArgument(fmt::format("shape of {} is {} in base checkpoint {}, the source says {}", m.name,
+                                             ShapeString(e.disk.shape), o.base_checkpoint, ShapeString(m.shape)));
+        }
+        if (!CanConvert(m.dtype, e.disk.dtype)) {
+          return InvalidArgument(fmt::format("{} is {} in the source but {} in base checkpoint {}: no cast exists",
+                                             m.name, TorchName(m.dtype), TorchName(e.disk.dtype), o.base_checkpoint));
+        }
+      }
+    }
+    e.offset = total;
+    if (!e.skip) {
+      total += (e.disk.nbytes() + kSnapshotAlign - 1) / kSnapshotAlign * kSnapshotAlign;
+      plan->largest = std::max(plan->largest, e.disk.nbytes());
+    }
+    plan->entries.push_back(std::move(e));
+  }
+  if (!skipped.empty()) {
+    WSYNC_LOG_WARN("delta: {} tensor(s) absent from base checkpoint {} are not published: {}{}", skipped.size(),
+                   o.base_checkpoint, fmt::join(skipped.begin(), skipped.begin() + std::min<size_t>(5, skipped.size()), ", "),
+                   skipped.size() > 5 ? ", ..." : "");
+  }
+  WSYNC_ASSIGN_OR_RETURN(plan->snapshot, HostBuffer::Allocate(std::max<size_t>(total, 1)));
+  size_t threads = o.threads ? o.threads : DefaultThreads();
+  plan->pool = std::make_unique<TaskPool>(threads);
+  for (size_t i = 0; i <= threads; ++i) {
+    WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create(o.zstd_level));
+    plan->codecs.push_back(std::move(codec));
+  }
+  size_t nstaging = o.staging_buffers ? o.staging_buffers : threads + 1;
+  for (size_t s = 0; s < nstaging; ++s) {
+    WSYNC_ASSIGN_OR_RETURN(HostBuffer b, HostBuffer::Allocate(std::max<size_t>(plan->largest, 1)));
+    plan->staging.push_back(std::move(b));
+    plan->free_staging.push_back(s);
+  }
+  if (base) {
+    // The snapshot starts as the base's bytes; copies run on every core.
+    Plan* pl = plan.get();
+    const CheckpointDir* b = &*base;
+    ParallelFor(pl->entries.size(), threads, [pl, b](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        if (pl->entries[i].skip) continue;
+        std::span<const std::byte> bytes = *b->Bytes(pl->entries[i].disk.name);
+        std::memcpy(pl->Snap(i).data(), bytes.data(), bytes.size());
+      }
+    });
+    p->snapshot_ready_ = true;
+  }
+  p->plan_ = std::move(plan);
+  return p;
+}
+
+Status DeltaPublisher::InitSnapshotFromFirstPass(WeightSource& source, PublishStats* stats) {
+  WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
+  auto stream = CheckedStream(std::move(inner), plan_->metadata);
+  TensorRef t;
+  for (size_t i = 0;; ++i) {
+    WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+    if (!more) break;
+    std::memcpy(plan_->Snap(i).data(), t.bytes.data(), t.bytes.size());
+    stats->tensors++;
+    stats->model_bytes += t.bytes.size();
+  }
+  return Status::Ok();
+}
+
+Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
+  if (broken_) {
+    return FailedPrecondition("delta: an earlier publish failed inside a tensor's encoding, so the snapshot "
+                              "no longer matches any version; start a new chain (fresh sync directory)");
+  }
+  if (source.metadata() != plan_->metadata) {
+    return InvalidArgument("delta: the source's metadata differs from the one the publisher was built for");
+  }
+  auto t0 = Clock::now();
+  PublishStats stats;
+  stats.base_version = version_;
+  stats.version = version_ + 1;
+  stats.threads = plan_->pool->size();
+  std::string dir = VersionDir(options_.sync_dir, stats.version);
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(dir) / kManifestName, ec)) {
+    return FailedPrecondition(fmt::format("delta: {} is already published; a chain never rewrites a version "
+                                          "(use a fresh sync directory)", dir));
+  }
+  std::filesystem::remove_all(dir, ec);  // leftovers of a publish that died before its manifest
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Internal(fmt::format("creating {}: {}", dir, ec.message()));
+
+  DeltaManifest manifest;
+  manifest.version = stats.version;
+  manifest.base_version = stats.base_version;
+  if (!snapshot_ready_) {
+    // Version 0 is this first pass: the snapshot takes it and version 1 is empty.
+    auto ts = Clock::now();
+    Status s = InitSnapshotFromFirstPass(source, &stats);
+    stats.stage_seconds = Since(ts);
+    if (s.ok()) s = WriteManifest(dir, manifest, &stats);
+    if (!s.ok()) {
+      std::filesystem::remove_all(dir, ec);
+      return s.WithContext(fmt::format("publishing version {} to {}", stats.version, dir));
+    }
+    snapshot_ready_ = true;
+  } else {
+    Pass pass(plan_->entries.size());
+    Status s;
+    auto ts = Clock::now();
+    {
+      TaskGroup group(*plan_->pool);
+      s = [&]() -> Status {
+        WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
+        auto stream = CheckedStream(std::move(inner), plan_->metadata);
+        SyncProgress progress{0, 0, 0, plan_->entries.size()};
+        for (const Plan::Entry& e : plan_->entries) progress.bytes_total += e.skip ? 0 : e.disk.nbytes();
+        TensorRef t;
+        for (size_t i = 0;; ++i) {
+          WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+          if (!more) return Status::Ok();
+          const Plan::Entry& e = plan_->entries[i];
+          if (e.skip) {
+            stats.skipped_tensors++;
+            continue;
+          }
+          std::span<const std::byte> next = t.bytes;
+          std::optional<size_t> staged;
+          if (t.dtype != e.disk.dtype || !options_.borrow_source_bytes) {
+            staged = plan_->AcquireStaging();
+            std::span<std::byte> buf = plan_->staging[*staged].span().first(e.disk.nbytes());
+            Status c = Convert(t.bytes, t.dtype, buf, e.disk.dtype, e.disk.name);
+            if (!c.ok()) {
+              plan_->ReleaseStaging(*staged);
+              return c;
+            }
+            next = buf;
+          }
+          pass.slots[i].submitted = true;
+          group.Submit([this, &pass, i, next, staged](size_t thread) {
+            auto tt = Clock::now();
+            Pass::Slot& slot = pass.slots[i];
+            Result<EncodedDelta> r = plan_->codecs[thread]->Encode(next, plan_->Snap(i), DigestAlgorithm::kXxh3_128);
+            if (r.ok()) {
+              slot.enc = std::move(*r);
+            } else {
+              slot.status = r.status().WithContext(plan_->entries[i].disk.name);
+            }
+            if (staged) plan_->ReleaseStaging(*staged);
+            slot.cpu_seconds = Since(tt);
+          });
+          stats.tensors++;
+          stats.model_bytes += e.disk.nbytes();
+          progress.bytes_done += e.disk.nbytes();
+          progress.chunks_done = i + 1;
+          if (options_.progress) options_.progress(progress);
+        }
+      }();
+    }  // waits for every submitted task
+    stats.stage_seconds = Since(ts);
+    for (const Pass::Slot& slot : pass.slots) {
+      stats.encode_cpu_seconds += slot.cpu_seconds;
+      if (s.ok() && !slot.status.ok()) s = slot.status;
+    }
+    if (s.ok()) s = WritePayloads(pass, dir, &manifest, &stats);
+    if (s.ok()) s = WriteManifest(dir, manifest, &stats);
+    if (!s.ok()) {
+      Rollback(pass);
+      std::filesystem::remove_all(dir, ec);
+      return s.WithContext(fmt::format("publishing version {} to {}", stats.version, dir));
+    }
+  }
+  version_ = stats.version;
+  stats.seconds = Since(t0);
+  return stats;
+}
+
+Status DeltaPublisher::WritePayloads(Pass& pass, const std::string& dir, DeltaManifest* manifest,
+                                     PublishStats* stats) {
+  auto tw = Clock::now();
+  std::vector<TensorRef> file;
+  std::vector<int64_t> sizes(pass.slots.size());  // the uint8 tensors' shapes
+  uint64_t file_bytes = 0;
+  int file_index = 0;
+  auto flush = [&]() -> Status {
+    if (file.empty()) return Status::Ok();
+    std::string name = PayloadFileName(options_.rank, file_index);
+    WSYNC_RETURN_IF_ERROR(WriteSafetensors((std::filesystem::path(dir) / name).string(), file));
+    manifest->payload_files.push_back(name);
+    file.clear();
+    file_bytes = 0;
+    ++file_index;
+    return Status::Ok();
+  };
+  for (size_t i = 0; i < pass.slots.size(); ++i) {
+    Pass::Slot& slot = pass.slots[i];
+    stats->changed_bytes += slot.enc.changed_bytes;
+    if (!slot.enc.changed) continue;
+    const TensorMeta& disk = plan_->entries[i].disk;
+    uint64_t n = slot.enc.compressed.size();
+    if (!file.empty() && file_bytes + n > options_.max_file_bytes) WSYNC_RETURN_IF_ERROR(flush());
+    sizes[i] = static_cast<int64_t>(n);
+    file.push_back(TensorRef{disk.name, DType::kU8, std::span<const int64_t>(&sizes[i], 1),
+                             std::as_bytes(std::span<const uint8_t>(slot.enc.compressed)), Device{}});
+    file_bytes += n;
+    DeltaTensorRecord r;
+    r.name = disk.name;
+    r.dtype = disk.dtype;
+    r.shape = disk.shape;
+    r.uncompressed_num_bytes = disk.nbytes();
+    r.compressed_num_bytes = n;
+    r.payload_file = PayloadFileName(options_.rank, file_index);
+    r.payload_key = disk.name;
+    r.checksum = slot.enc.checksum;
+    manifest->total_uncompressed_num_bytes += r.uncompressed_num_bytes;
+    manifest->total_compressed_num_bytes += n;
+    manifest->tensors.push_back(std::move(r));
+  }
+  WSYNC_RETURN_IF_ERROR(flush());
+  stats->changed_tensors = manifest->tensors.size();
+  stats->uncompressed_bytes = manifest->total_uncompressed_num_bytes;
+  stats->compressed_bytes = manifest->total_compressed_num_bytes;
+  stats->payload_files = manifest->payload_files.size();
+  stats->write_seconds += Since(tw);
+  return Status::Ok();
+}
+
+Status DeltaPublisher::WriteManifest(const std::string& dir, const DeltaManifest& manifest,
+                                     PublishStats* stats) {
+  auto tw = Clock::now();
+  Status s = WriteFileAtomic((std::filesystem::path(dir) / kManifestName).string(), manifest.ToJson());
+  stats->write_seconds += Since(tw);
+  return s;
+}
+
+void DeltaPublisher::Rollback(Pass& pass) {
+  DeltaCodec& codec = *plan_->codecs.back();  // the pool is idle: its threads' codecs are free too
+  for (size_t i = 0; i < pass.slots.size(); ++i) {
+    Pass::Slot& slot = pass.slots[i];
+    if (!slot.submitted) continue;
+    if (!slot.status.ok()) {
+      broken_ = true;  // the encode stopped part-way through this tensor's snapshot
+      continue;
+    }
+    if (!slot.enc.changed) continue;
+    Status s = codec.Apply(slot.enc.compressed, plan_->Snap(i), DigestAlgorithm::kXxh3_128, "",
+                           plan_->entries[i].disk.name);
+    if (!s.ok()) broken_ = true;
+  }
+}
+
+}  // namespace wsync::delta

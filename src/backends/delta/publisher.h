@@ -1,0 +1,106 @@
+// DeltaPublisher: the trainer half of the `delta` backend's data plane. Each Publish()
+// drains one pass of a WeightSource and writes the next version of the chain into the
+// sync directory (layout: manifest.h): per tensor, the XOR of the new bytes against the
+// previous version's bytes (the "snapshot", which the publisher keeps in host memory) in
+// the checkpoint's on-disk dtype, one zstd frame per changed tensor, unchanged tensors
+// omitted, the xxh3-128 of the new bytes as the checksum. Payload files roll over at
+// `max_file_bytes`; manifest.json is written last, by atomic rename, so a reader that
+// sees a manifest sees complete payloads.
+//
+// Version 0 is the base checkpoint. With `base_checkpoint` set, the snapshot starts as
+// its bytes (read once at Create), tensors are cast to its on-disk dtype (bf16/f16/f32
+// among themselves) and checked against its shapes, and names it lacks are skipped with
+// a warning, as SkyRL does. Without it, version 0 is the source's FIRST pass: the first
+// Publish() copies it into the snapshot and publishes an empty version 1, which is right
+// exactly when the trainer starts from the servers' base checkpoint (`wsync push
+// --checkpoint BASE`, or synthetic weights written as the base).
+//
+// The hot loops run on a pool of `threads` threads (DeltaCodec, one per thread): the
+// calling thread iterates the source and stages each tensor (a copy into one of a few
+// reusable buffers, or a dtype cast), a pool thread hashes, XORs, updates the snapshot
+// and compresses it in one cache-blocked pass. With `borrow_source_bytes`, same-dtype
+// tensors are read in place instead of staged; that needs a source whose TensorRefs stay
+// valid for the whole pass (host sources, checkpoint sources), which the TensorStream
+// contract alone does not promise.
+//
+// A Publish() that fails (source error, disk full) restores the snapshot by XORing the
+// already-encoded patches back and removes the partial version directory, so the next
+// call publishes the same version again. Not thread-safe: one Publish() at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/delta/manifest.h"
+#include "core/deadline.h"
+#include "wsync/source.h"
+#include "wsync/status.h"
+#include "wsync/trainer.h"
+
+namespace wsync::delta {
+
+struct DeltaPublisherOptions {
+  std::string sync_dir;             // required; created if missing
+  std::string base_checkpoint;      // "" : version 0 is the first pass (see above)
+  uint64_t max_file_bytes = uint64_t{1} << 30;  // payload files roll over past this (SkyRL: 1 GiB)
+  size_t threads = 0;               // encode threads; 0: every core
+  bool borrow_source_bytes = false; // read same-dtype tensors in place (see above)
+  size_t staging_buffers = 0;       // reusable staging buffers of the largest tensor; 0: threads + 1
+  int zstd_level = 1;               // SkyRL's level; any level makes a standard frame
+  int rank = 0;                     // trainer rank in payload file names
+  // Called from the calling thread after each tensor is handed to the pool.
+  std::function<void(const SyncProgress&)> progress;
+};
+
+struct PublishStats {
+  int64_t version = 0;
+  int64_t base_version = 0;
+  size_t tensors = 0;             // tensors processed
+  size_t changed_tensors = 0;     // records in the manifest
+  size_t skipped_tensors = 0;     // absent from the base checkpoint
+  uint64_t model_bytes = 0;       // bytes processed, in on-disk dtypes
+  uint64_t changed_bytes = 0;     // nonzero bytes of all patches
+  uint64_t uncompressed_bytes = 0;  // patch bytes of the records
+  uint64_t compressed_bytes = 0;
+  size_t payload_files = 0;
+  size_t threads = 0;
+  double seconds = 0;             // the whole Publish()
+  double stage_seconds = 0;       // calling thread: source iteration and staging copies
+  double encode_cpu_seconds = 0;  // summed over pool threads
+  double write_seconds = 0;       // payload files and manifest, fsynced
+};
+
+class DeltaPublisher {
+ public:
+  // `metadata` is the source's model (every pass must match it). Opens the base
+  // checkpoint and fills the snapshot from it when one is given.
+  static Result<std::unique_ptr<DeltaPublisher>> Create(DeltaPublisherOptions options,
+                                                        const std::vector<TensorMeta>& metadata);
+  ~DeltaPublisher();
+
+  // Publishes version() + 1 and returns what it did.
+  Result<PublishStats> Publish(WeightSource& source);
+
+  int64_t version() const { return version_; }
+  const DeltaPublisherOptions& options() const { return options_; }
+
+ private:
+  struct Plan;
+  struct Pass;
+  explicit DeltaPublisher(DeltaPublisherOptions options);
+  Status InitSnapshotFromFirstPass(WeightSource& source, PublishStats* stats);
+  Status WritePayloads(Pass& pass, const std::string& dir, DeltaManifest* manifest, PublishStats* stats);
+  Status WriteManifest(const std::string& dir, const DeltaManifest& manifest, PublishStats* stats);
+  void Rollback(Pass& pass);
+
+  DeltaPublisherOptions options_;
+  std::unique_ptr<Plan> plan_;
+  int64_t version_ = 0;
+  bool snapshot_ready_ = false;
+  bool broken_ = false;  // an encode failed mid-tensor: the snapshot can no longer be trusted
+};
+
+}  // namespace wsync::delta

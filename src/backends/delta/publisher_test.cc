@@ -1,0 +1,221 @@
+#include "backends/delta/publisher.h"
+
+#include <gtest/gtest.h>
+#include <zstd.h>
+
+#include <filesystem>
+
+#include "backends/delta/fs.h"
+#include "backends/delta/testing.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "trainer/synthetic.h"
+
+namespace wsync::delta {
+namespace {
+
+using testing::TempDir;
+
+std::unique_ptr<SyntheticTrainer> Tiny(uint64_t seed = 11) {
+  auto config = LookupModel("qwen3-tiny");
+  EXPECT_TRUE(config.ok());
+  auto t = SyntheticTrainer::FromMetadata(HfTensors(*config), seed, 2);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(*t);
+}
+
+std::vector<std::vector<std::byte>> Copy(const std::vector<HostTensor>& tensors) {
+  std::vector<std::vector<std::byte>> out;
+  for (const HostTensor& t : tensors) out.emplace_back(t.ref().bytes.begin(), t.ref().bytes.end());
+  return out;
+}
+
+// Decompresses one record's payload and XORs it into `old`.
+std::vector<std::byte> Patched(const std::string& sync_dir, const DeltaManifest& m, const DeltaTensorRecord& r,
+                               std::vector<std::byte> old) {
+  auto file = SafetensorsFile::Open(VersionDir(sync_dir, m.version) + "/" + r.payload_file);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  auto frame = file->Bytes(r.payload_key);
+  EXPECT_TRUE(frame.ok());
+  std::vector<std::byte> patch(r.uncompressed_num_bytes);
+  EXPECT_EQ(ZSTD_decompress(patch.data(), patch.size(), frame->data(), frame->size()), patch.size());
+  for (size_t i = 0; i < old.size(); ++i) old[i] ^= patch[i];
+  return old;
+}
+
+TEST(DeltaPublisherTest, FirstPassIsVersionZeroThenEachStepIsAVerifiableDelta) {
+  TempDir dir("pub");
+  auto trainer = Tiny();
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  o.threads = 2;
+  auto pub = DeltaPublisher::Create(o, trainer->metadata());
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto first = (*pub)->Publish(trainer->source());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->version, 1);
+  EXPECT_EQ(first->changed_tensors, 0u);
+  auto m1 = ReadManifest(o.sync_dir, 1);
+  ASSERT_TRUE(m1.ok()) << m1.status().ToString();
+  EXPECT_EQ(m1->base_version, 0);
+  EXPECT_TRUE(m1->tensors.empty());
+  EXPECT_TRUE(m1->payload_files.empty());
+
+  auto old = Copy(trainer->tensors());
+  ASSERT_TRUE(trainer->Step(1).ok());
+  auto second = (*pub)->Publish(trainer->source());
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->version, 2);
+  EXPECT_GT(second->changed_tensors, 0u);
+  EXPECT_LT(second->compressed_bytes, second->model_bytes / 5);
+  auto m2 = ReadManifest(o.sync_dir, 2);
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  EXPECT_EQ(m2->base_version, 1);
+  EXPECT_EQ(m2->payload_files, std::vector<std::string>{PayloadFileName(0, 0)});
+  size_t checked = 0;
+  for (size_t i = 0; i < trainer->tensors().size(); ++i) {
+    const HostTensor& t = trainer->tensors()[i];
+    auto it = std::find_if(m2->tensors.begin(), m2->tensors.end(), [&](const auto& r) { return r.name == t.meta.name; });
+    bool changed = !std::equal(old[i].begin(), old[i].end(), t.ref().bytes.begin());
+    ASSERT_EQ(it != m2->tensors.end(), changed) << t.meta.name;
+    if (!changed) continue;
+    EXPECT_EQ(it->checksum, HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes));
+    EXPECT_EQ(it->shape, t.meta.shape);
+    std::vector<std::byte> now = Patched(o.sync_dir, *m2, *it, old[i]);
+    EXPECT_TRUE(std::equal(now.begin(), now.end(), t.ref().bytes.begin())) << t.meta.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, m2->tensors.size());
+}
+
+TEST(DeltaPublisherTest, UnchangedTensorsAreOmittedAndPayloadFilesRollOver) {
+  TempDir dir("pub");
+  std::vector<HostTensor> tensors;
+  for (int i = 0; i < 4; ++i) tensors.push_back(*HostTensor::Zeros(TensorMeta{fmt::format("t{}", i), DType::kF32, {4096}}));
+  HostTensorSource source(std::move(tensors));
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  o.max_file_bytes = 1;  // every frame is bigger: one file per changed tensor
+  auto pub = DeltaPublisher::Create(o, source.metadata());
+  ASSERT_TRUE(pub.ok());
+  ASSERT_TRUE((*pub)->Publish(source).ok());
+  for (int i : {0, 2, 3}) source.tensors()[i].storage.data()[i * 8] = std::byte{1};
+  auto st = (*pub)->Publish(source);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  auto m = ReadManifest(o.sync_dir, 2);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->tensors.size(), 3u);
+  EXPECT_EQ(m->tensors[1].name, "t2");
+  EXPECT_EQ(m->payload_files.size(), 3u);
+  EXPECT_EQ(m->tensors[2].payload_file, PayloadFileName(0, 2));
+  EXPECT_EQ(st->changed_bytes, 3u);
+  // Nothing changed: still a new, empty version.
+  auto empty = (*pub)->Publish(source);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->version, 3);
+  EXPECT_TRUE(ReadManifest(o.sync_dir, 3)->tensors.empty());
+}
+
+TEST(DeltaPublisherTest, XorsInTheBaseCheckpointsOnDiskDtypeAndSkipsNamesItLacks) {
+  TempDir dir("pub");
+  std::vector<HostTensor> tensors;
+  tensors.push_back(*HostTensor::Zeros(TensorMeta{"a", DType::kBF16, {64, 64}}));
+  tensors.push_back(*HostTensor::Zeros(TensorMeta{"lm_head.weight", DType::kBF16, {16}}));
+  HostTensorSource source(std::move(tensors));
+  std::vector<HostTensor> base_tensors;
+  base_tensors.push_back(*HostTensor::Zeros(TensorMeta{"a", DType::kBF16, {64, 64}}));
+  ASSERT_TRUE(testing::WriteCheckpoint(dir / "base", base_tensors, DType::kF32).ok());
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  o.base_checkpoint = dir / "base";
+  auto pub = DeltaPublisher::Create(o, source.metadata());
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  uint16_t one = 0x3f80;  // bf16 1.0
+  std::memcpy(source.tensors()[0].storage.data() + 10, &one, 2);
+  auto st = (*pub)->Publish(source);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->skipped_tensors, 1u);
+  auto m = ReadManifest(o.sync_dir, 1);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->tensors.size(), 1u);
+  EXPECT_EQ(m->tensors[0].dtype, DType::kF32);
+  EXPECT_EQ(m->tensors[0].uncompressed_num_bytes, 64u * 64 * 4);
+  std::vector<std::byte> f32(64 * 64 * 4);
+  ASSERT_TRUE(Convert(source.tensors()[0].ref().bytes, DType::kBF16, f32, DType::kF32, "a").ok());
+  EXPECT_EQ(m->tensors[0].checksum, HexDigest(DigestAlgorithm::kXxh3_128, f32));
+  // A shape that disagrees with the base is refused up front.
+  std::vector<TensorMeta> bad = {TensorMeta{"a", DType::kBF16, {32, 128}}};
+  auto refused = DeltaPublisher::Create(o, bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("[64, 64]"), std::string::npos) << refused.status().message();
+}
+
+// Yields its inner source's tensors but fails at tensor `fail_at` while `armed`.
+class FlakySource : public WeightSource {
+ public:
+  FlakySource(WeightSource& inner, size_t fail_at) : inner_(inner), fail_at_(fail_at) {}
+  const std::vector<TensorMeta>& metadata() const override { return inner_.metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override {
+    WSYNC_ASSIGN_OR_RETURN(auto s, inner_.Iterate());
+    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(s), armed ? fail_at_ : SIZE_MAX));
+  }
+  bool armed = true;
+
+ private:
+  struct Stream : TensorStream {
+    Stream(std::unique_ptr<TensorStream> s, size_t fail_at) : inner(std::move(s)), fail_at(fail_at) {}
+    Result<bool> Next(TensorRef* out) override {
+      if (n++ == fail_at) return Unavailable("gather of a shard failed");
+      return inner->Next(out);
+    }
+    std::unique_ptr<TensorStream> inner;
+    size_t fail_at, n = 0;
+  };
+  WeightSource& inner_;
+  size_t fail_at_;
+};
+
+TEST(DeltaPublisherTest, AFailedPassRestoresTheSnapshotAndRepublishesTheSameVersion) {
+  TempDir dir("pub");
+  auto trainer = Tiny();
+  auto publish_all = [&](const std::string& sync, bool flaky, bool borrow) -> std::string {
+    auto t = Tiny();
+    DeltaPublisherOptions o;
+    o.sync_dir = sync;
+    o.threads = 2;
+    o.borrow_source_bytes = borrow;
+    auto pub = *DeltaPublisher::Create(o, t->metadata());
+    EXPECT_TRUE(pub->Publish(t->source()).ok());
+    EXPECT_TRUE(t->Step(1).ok());
+    if (flaky) {
+      FlakySource f(t->source(), t->metadata().size() / 2);
+      auto failed = pub->Publish(f);
+      EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
+      EXPECT_EQ(pub->version(), 1);
+      EXPECT_FALSE(std::filesystem::exists(VersionDir(sync, 2)));
+    }
+    auto st = pub->Publish(t->source());
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_TRUE(t->Step(2).ok());
+    EXPECT_TRUE(pub->Publish(t->source()).ok());
+    return *ReadFile(VersionDir(sync, 3) + "/" + PayloadFileName(0, 0));
+  };
+  std::string clean = publish_all(dir / "clean", false, false);
+  EXPECT_EQ(publish_all(dir / "flaky", true, false), clean);
+  EXPECT_EQ(publish_all(dir / "borrowed", false, true), clean);
+}
+
+TEST(DeltaPublisherTest, NeverRewritesAPublishedVersion) {
+  TempDir dir("pub");
+  auto trainer = Tiny();
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  std::filesystem::create_directories(VersionDir(o.sync_dir, 1));
+  ASSERT_TRUE(WriteFileAtomic(VersionDir(o.sync_dir, 1) + "/manifest.json", "{}").ok());
+  auto pub = DeltaPublisher::Create(o, trainer->metadata());
+  ASSERT_TRUE(pub.ok());
+  EXPECT_EQ((*pub)->Publish(trainer->source()).status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace wsync::delta

@@ -1,0 +1,214 @@
+#include "backends/delta/receiver.h"
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+
+#include <fmt/format.h>
+
+#include "backends/delta/convert.h"
+#include "backends/delta/local_checkpoint.h"
+#include "backends/delta/manifest.h"
+#include "core/digest.h"
+#include "core/log.h"
+#include "format/safetensors.h"
+#include "model/worker_store.h"
+#include "receiver/worker_thread.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+using delta::FetchReport;
+using delta::LocalCheckpoint;
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Status JoinAll(std::vector<std::future<Status>>& futures) {
+  Status first;
+  for (auto& f : futures) {
+    Status s = f.get();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+// A string setting from the serve flags, else from init_info under SkyRL's key.
+std::string Setting(const json& config, const char* flag_key, const json& init, const char* init_key) {
+  if (auto it = config.find(flag_key); it != config.end() && it->is_string() && !it->get<std::string>().empty()) {
+    return it->get<std::string>();
+  }
+  if (auto it = init.find(init_key); it != init.end() && it->is_string()) return it->get<std::string>();
+  return "";
+}
+
+Result<int64_t> TargetVersion(const json& body, const char* what) {
+  for (const char* key : {"target_version", "version"}) {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) continue;
+    if (!it->is_number_integer()) return InvalidArgument(fmt::format("{}: field '{}' must be an integer", what, key));
+    return it->get<int64_t>();
+  }
+  return InvalidArgument(fmt::format("{} needs an integer 'target_version'", what));
+}
+
+class DeltaReceiver final : public ReceiverBackend {
+ public:
+  explicit DeltaReceiver(ReceiverContext* ctx) : ctx_(ctx) {}
+
+  std::string_view name() const override { return "delta"; }
+  bool ParsesOwnUpdateInfo() const override { return true; }
+
+  Status Init(const json& init_info) override {
+    if (!init_info.is_object()) return InvalidArgument("init_info must be an object");
+    if (auto it = init_info.find("format_version"); it != init_info.end()) {
+      if (!it->is_number_integer() || it->get<int>() > delta::kManifestFormatVersion) {
+        return FailedPrecondition(fmt::format("init_info format_version {} is newer than this server reads ({})",
+                                              it->dump(), delta::kManifestFormatVersion));
+      }
+    }
+    if (auto it = init_info.find("sync_dir"); it != init_info.end() && it->is_string()) {
+      sync_dir_ = it->get<std::string>();
+    }
+    return Open(init_info);
+  }
+
+  Result<json> Fetch(const json& body) override {
+    WSYNC_RETURN_IF_ERROR(EnsureOpen());
+    WSYNC_ASSIGN_OR_RETURN(int64_t target, TargetVersion(body, "fetch_weights"));
+    std::string sync_dir = sync_dir_;
+    if (auto it = body.find("sync_dir"); it != body.end() && it->is_string()) sync_dir = it->get<std::string>();
+    if (auto it = body.find("uri"); it != body.end() && it->is_string()) {
+      std::string uri = it->get<std::string>();
+      if (uri.starts_with("gs://") || uri.starts_with("s3://")) {
+        return Unimplemented(fmt::format("fetch_weights from {}: object stores are not supported; share the sync "
+                                         "directory through a local or NFS path", uri));
+      }
+    }
+    if (sync_dir.empty()) return InvalidArgument("fetch_weights needs a 'sync_dir' (none was given at init either)");
+    Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
+    auto t0 = Clock::now();
+    std::vector<Result<FetchReport>> reports(stores_.size(), Internal("not run"));
+    std::vector<std::future<Status>> futures;
+    for (size_t i = 0; i < stores_.size(); ++i) {
+      futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
+        reports[i] = stores_[i]->Fetch(target, sync_dir, deadline);
+        return reports[i].ok() ? Status::Ok() : reports[i].status().WithContext(ctx_->workers[i].label);
+      }));
+    }
+    WSYNC_RETURN_IF_ERROR(JoinAll(futures));
+    json stats = {{"fetch_s", 0.0}, {"apply_s", 0.0}, {"reset_s", 0.0}, {"lock_wait_s", 0.0},
+                  {"versions", 0}, {"tensors", 0}, {"payload_bytes", 0}, {"tensor_bytes", 0}};
+    int applied = 0;
+    bool reset = false;
+    std::string reset_reason;
+    for (const auto& r : reports) {
+      applied += r->applied ? 1 : 0;
+      if (r->reset) {
+        reset = true;
+        reset_reason = r->reset_reason;
+      }
+      stats["fetch_s"] = stats["fetch_s"].get<double>() + r->fetch_seconds;
+      stats["apply_s"] = stats["apply_s"].get<double>() + r->apply_seconds;
+      stats["reset_s"] = stats["reset_s"].get<double>() + r->reset_seconds;
+      stats["lock_wait_s"] = std::max(stats["lock_wait_s"].get<double>(), r->lock_wait_seconds);
+      stats["versions"] = stats["versions"].get<int>() + r->versions;
+      stats["tensors"] = stats["tensors"].get<size_t>() + r->tensors;
+      stats["payload_bytes"] = stats["payload_bytes"].get<uint64_t>() + r->payload_bytes;
+      stats["tensor_bytes"] = stats["tensor_bytes"].get<uint64_t>() + r->tensor_bytes;
+    }
+    stats["total_s"] = Since(t0);
+    WSYNC_LOG_INFO("delta: fetched version {} from {} (from version {}{}): {} version(s), {} tensors, fetch {:.3f} s, "
+                   "apply {:.3f} s, reset {:.3f} s, total {:.3f} s", target, sync_dir, reports[0]->from_version,
+                   reset ? ", after a reset: " + reset_reason : "", stats["versions"].get<int>(),
+                   stats["tensors"].get<size_t>(), stats["fetch_s"].get<double>(), stats["apply_s"].get<double>(),
+                   stats["reset_s"].get<double>(), stats["total_s"].get<double>());
+    return json{{"status", "ok"}, {"target_version", target}, {"version", target}, {"stats", stats},
+                {"applied_by_workers", applied}, {"workers", stores_.size()}, {"reset", reset}};
+  }
+
+  Status Update(const UpdateRequest& req) override {
+    if (!req.reject.ok()) return req.reject;
+    WSYNC_RETURN_IF_ERROR(EnsureOpen());
+    if (req.update_info == nullptr || !req.update_info->is_object()) return InvalidArgument("update_info must be an object");
+    WSYNC_ASSIGN_OR_RETURN(int64_t target, TargetVersion(*req.update_info, "update_weights"));
+    WSYNC_RETURN_IF_ERROR(stores_.front()->ValidateReady(target));
+    Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
+    auto t0 = Clock::now();
+    std::vector<std::future<Status>> futures;
+    for (size_t i = 0; i < stores_.size(); ++i) {
+      futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
+        return Reload(ctx_->workers[i], *stores_[i], target, deadline).WithContext(ctx_->workers[i].label);
+      }));
+    }
+    WSYNC_RETURN_IF_ERROR(JoinAll(futures));
+    WSYNC_LOG_INFO("delta: reloaded version {} from {} into {} worker(s) in {:.3f} s", target,
+                   stores_.front()->CurrentDir(), stores_.size(), Since(t0));
+    return Status::Ok();
+  }
+
+  void Shutdown() override { stores_.clear(); }
+
+ private:
+  Status EnsureOpen() { return stores_.empty() ? Open(json::object()) : Status::Ok(); }
+
+  Status Open(const json& init_info) {
+    std::string base = Setting(ctx_->backend_config, "base_checkpoint", init_info, "base_model_path");
+    std::string root = Setting(ctx_->backend_config, "local_checkpoint_dir", init_info, "local_checkpoint_dir");
+    if (base.empty()) return InvalidArgument("delta: this server needs its base checkpoint (wsync serve --base-checkpoint DIR)");
+    if (root.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      root = (std::filesystem::path(tmp && *tmp ? tmp : "/tmp") / "wsync_delta_checkpoints" /
+              HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(base.data(), base.size()))).substr(0, 16))
+                 .string();
+    }
+    Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
+    std::vector<std::unique_ptr<LocalCheckpoint>> stores;
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      WSYNC_ASSIGN_OR_RETURN(auto s, LocalCheckpoint::Open(delta::LocalCheckpointOptions{base, root}, deadline));
+      stores.push_back(std::move(s));
+    }
+    stores_ = std::move(stores);
+    WSYNC_LOG_INFO("delta: local checkpoint {} over base {} for {} worker(s)", root, base, stores_.size());
+    return Status::Ok();
+  }
+
+  // Loads every HF tensor of the model from the local checkpoint into one worker's shards.
+  static Status Reload(const ReceiverWorker& w, const LocalCheckpoint& store, int64_t target, Deadline deadline) {
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<void> lock, store.LockForReading(deadline));
+    WSYNC_RETURN_IF_ERROR(store.ValidateReady(target));  // a fetch may have run since the check
+    std::string dir = store.CurrentDir();
+    WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(dir));
+    std::vector<std::byte> scratch;
+    for (const TensorMeta& want : w.store->hf_tensors()) {
+      Result<TensorRef> ref = ckpt.Ref(want.name);
+      if (!ref.ok()) return NotFound(fmt::format("checkpoint {} has no tensor {}, which the model needs", dir, want.name));
+      TensorRef r = *ref;
+      if (!std::equal(r.shape.begin(), r.shape.end(), want.shape.begin(), want.shape.end())) {
+        return InvalidArgument(fmt::format("shape of {} is {} in the model, {} in checkpoint {}", want.name,
+                                           ShapeString(want.shape), ShapeString(r.shape), dir));
+      }
+      if (r.dtype != want.dtype) {
+        scratch.resize(want.nbytes());
+        WSYNC_RETURN_IF_ERROR(delta::Convert(r.bytes, r.dtype, scratch, want.dtype, want.name));
+        r.dtype = want.dtype;
+        r.bytes = scratch;
+      }
+      r.device = w.device;
+      WSYNC_RETURN_IF_ERROR(w.store->Load(r));
+    }
+    return Status::Ok();
+  }
+
+  ReceiverContext* ctx_;
+  std::string sync_dir_;                                 // from init, the default for fetches
+  std::vector<std::unique_ptr<LocalCheckpoint>> stores_;  // one per worker, used on its thread
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ReceiverBackend>> CreateDeltaReceiver(ReceiverContext* context) {
+  return std::unique_ptr<ReceiverBackend>(std::make_unique<DeltaReceiver>(context));
+}
+
+}  // namespace wsync

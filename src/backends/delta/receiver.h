@@ -1,0 +1,30 @@
+// The `delta` backend's receiving half: the server keeps a local mutable checkpoint
+// (LocalCheckpoint) and a sync is "fetch, then reload".
+//
+//   POST /init_weight_transfer_engine {"init_info": {"sync_dir"?, "format_version"?,
+//        "base_model_path"?, "local_checkpoint_dir"?}}: opens the local checkpoint. The
+//        serve flags --base-checkpoint / --local-checkpoint-dir win over SkyRL's init keys.
+//   POST /fetch_weights {"target_version": N, "sync_dir": DIR}: runs while the server keeps
+//        generating. Every worker fetches at once, each through its own LocalCheckpoint;
+//        the host's writer lock lets one apply and the rest find it done. Answers SkyRL's
+//        {"status", "target_version", "stats": {fetch_s, apply_s, reset_s, total_s, ...}}
+//        plus "applied_by_workers" and "reset".
+//   POST /update_weights {"update_info": {"target_version": N, ...}} (its own format, not
+//        vLLM's tensor list): checks the local checkpoint is complete at N, then every
+//        worker reloads it into its shards (casting f32/bf16/f16 checkpoint dtypes to the
+//        model's) under the shared lock, so no fetch rewrites files mid-reload.
+//
+// Without an init call, the first fetch or update opens the local checkpoint from the
+// serve flags. Called by the server one call at a time; work fans out to the workers'
+// threads, and each wait (the host lock) is bounded by the server's timeout.
+#pragma once
+
+#include <memory>
+
+#include "wsync/receiver.h"
+
+namespace wsync {
+
+Result<std::unique_ptr<ReceiverBackend>> CreateDeltaReceiver(ReceiverContext* context);
+
+}  // namespace wsync

@@ -1,0 +1,67 @@
+// The `delta` backend's sending half (trainer rank 0): publishes each sync as the next
+// version of an XOR-delta chain in a sync directory the servers share (DeltaPublisher),
+// then drives the servers through SkyRL's fetch-before-pause flow
+// (reference/skyrl_weight_sync.md §5.3):
+//
+//   publish -> POST /fetch_weights (servers keep generating while they download and
+//   apply) -> POST /pause?mode=keep -> /start_weight_update -> /update_weights
+//   {"target_version", "version", "sync_dir", "uri"} (the servers reload their local
+//   checkpoint) -> /finish_weight_update -> POST /resume (always, once paused).
+//
+// Every phase is timed (DeltaSyncReport; also logged per sync). SyncStats maps them as:
+// bytes = model bytes published, chunks = payload files, transfer = publish + fetch +
+// update, start = pause + start, finish = finish + resume, seconds = all of it.
+//
+// Init() refuses a sync directory that already holds published versions: a chain starts
+// at the base checkpoint, and a trainer never rewrites a version that servers may have
+// applied; servers reset to their base when a fetch names a new sync directory. With no
+// servers, SendWeights() only publishes (servers that join later catch up by replaying
+// the chain). Every HTTP wait is bounded by timeout_seconds. Not thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/delta/publisher.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+
+// Settings of the delta trainer that TrainerOptions does not carry.
+struct DeltaTrainerOptions {
+  // Version 0 and the on-disk dtypes. Empty: version 0 is the source's first pass (see
+  // publisher.h), which is what `wsync push --checkpoint BASE` needs.
+  std::string base_checkpoint;
+  // Read same-dtype tensors in place instead of staging a copy; only for sources whose
+  // TensorRefs stay valid for a whole pass (HostTensorSource, SyntheticTrainer, checkpoints).
+  bool borrow_source_bytes = false;
+};
+
+struct DeltaSyncReport {
+  delta::PublishStats publish;
+  double fetch_seconds = 0;   // POST /fetch_weights, every server (download + apply)
+  double pause_seconds = 0;
+  double start_seconds = 0;
+  double update_seconds = 0;  // POST /update_weights: the reload
+  double finish_seconds = 0;
+  double resume_seconds = 0;
+  double seconds = 0;
+  std::vector<nlohmann::json> fetch_replies;  // each server's /fetch_weights answer
+};
+
+class DeltaTrainer : public TrainerEngine {
+ public:
+  // The phases of the last successful SendWeights().
+  virtual const DeltaSyncReport& last_report() const = 0;
+  virtual int64_t version() const = 0;
+};
+
+// The registry's factory (TrainerOptions only).
+Result<std::unique_ptr<TrainerEngine>> CreateDeltaTrainer(const TrainerOptions& options);
+// The same engine with the delta-only settings (bench, tests).
+Result<std::unique_ptr<DeltaTrainer>> NewDeltaTrainer(const TrainerOptions& options, DeltaTrainerOptions delta);
+
+}  // namespace wsync

@@ -1,0 +1,246 @@
+// The `delta` backend end to end: real `wsync serve --backend delta` servers over a base
+// checkpoint written by the test, `wsync push --backend delta --sync-dir`, and the
+// servers' /weight_checker compared with digests the test computes itself. Late joiners,
+// corruption, a crashed apply, a broken chain, empty deltas and two servers sharing one
+// local checkpoint are driven through the HTTP routes directly.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/parallel.h"
+#include "e2e_test_base.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "trainer/synthetic.h"
+
+namespace wsync::e2e {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteAll(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+class DeltaTest : public E2eTest {
+ protected:
+  // The base checkpoint: SyntheticTrainer(model, seed) weights, as one safetensors file.
+  void WriteBase(const std::string& model, uint64_t seed) {
+    model_ = model;
+    seed_ = seed;
+    E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel(model));
+    E2E_ASSERT_OK_AND_ASSIGN(auto trainer, SyntheticTrainer::FromMetadata(HfTensors(config), seed, DefaultThreads()));
+    std::vector<TensorRef> refs;
+    for (const HostTensor& t : trainer->tensors()) refs.push_back(t.ref());
+    fs::create_directories(base());
+    Status s = WriteSafetensors((fs::path(base()) / "model.safetensors").string(), refs);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  std::string base() const { return (dir() / "base").string(); }
+  std::string sync() const { return (dir() / "sync").string(); }
+  std::string local(const std::string& name) const { return (dir() / ("local-" + name)).string(); }
+
+  Result<Server> StartDelta(const std::string& name, const std::string& local_dir, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--model", model_, "--backend", "delta", "--base-checkpoint", base(),
+                                     "--local-checkpoint-dir", local_dir};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return StartServer(name, args);
+  }
+
+  RunResult PushDelta(const std::string& name, const std::vector<Server>& servers, int steps) {
+    return RunWsync(name, {"push", "--servers", JoinUrls(servers), "--backend", "delta", "--sync-dir", sync(),
+                           "--model", model_, "--seed", std::to_string(seed_), "--steps", std::to_string(steps),
+                           "--verify", "--timeout", "120"},
+                    300);
+  }
+
+  Digests Want(int steps) {
+    Result<Digests> d = ExpectedSyntheticDigests(model_, seed_, steps, DigestAlgorithm::kXxh3_128);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? *d : Digests{};
+  }
+
+  // What the trainer does for one server: fetch (answer returned), then start/update/finish.
+  HttpReply Fetch(const Server& s, int version) {
+    return HttpPostJson(s.url, "/fetch_weights", json{{"target_version", version}, {"sync_dir", sync()}});
+  }
+  void Reload(const Server& s, int version) {
+    for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{
+             {"/start_weight_update", json::object()},
+             {"/update_weights", json{{"update_info", {{"target_version", version}, {"sync_dir", sync()}}}}},
+             {"/finish_weight_update", json{{"weight_version", std::to_string(version)}}}}) {
+      HttpReply r = HttpPostJson(s.url, path, body);
+      ASSERT_EQ(r.status, 200) << path << " " << r.Describe();
+    }
+  }
+  void Payload(int version, const std::function<void(fs::path)>& fn) {
+    fn(fs::path(sync()) / fmt::format("delta-{:08d}", version) / "delta-rank00000-file000000.safetensors");
+  }
+
+  std::string model_ = "qwen3-tiny";
+  uint64_t seed_ = 0;
+};
+
+TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
+  WriteBase("qwen3-tiny", 3);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("tp2", local("a"), {"--tp", "2"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartDelta("tp1", local("b")));
+  RunResult push = PushDelta("push", {a, b}, 3);
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_TRUE(HasVerifiedTable(push.out, 4));  // every sync verified, 0 (empty delta) .. 3
+  ExpectServersHold({a, b}, Want(3), DigestAlgorithm::kXxh3_128);
+  json m1 = json::parse(ReadAll(fs::path(sync()) / "delta-00000001" / "manifest.json"));
+  EXPECT_EQ(m1["base_version"], 0);
+  EXPECT_TRUE(m1["tensors"].empty());  // sync 0 sends the base itself: an empty delta
+  json m4 = json::parse(ReadAll(fs::path(sync()) / "delta-00000004" / "manifest.json"));
+  EXPECT_EQ(m4["version"], 4);
+  EXPECT_FALSE(m4["tensors"].empty());
+  EXPECT_EQ(m4["format_version"], 1);
+  // A second run in the same sync dir is refused: versions are never rewritten.
+  RunResult again = PushDelta("again", {a}, 1);
+  EXPECT_FALSE(again.success());
+  EXPECT_NE(again.err.find("fresh --sync-dir"), std::string::npos) << again.description;
+}
+
+TEST_F(DeltaTest, ALateServerCatchesUpThroughTheWholeChain) {
+  WriteBase("qwen3-tiny", 4);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("early", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 3).success());
+  E2E_ASSERT_OK_AND_ASSIGN(Server late, StartDelta("late", local("late"), {"--tp", "2"}));
+  HttpReply f = Fetch(late, 4);
+  ASSERT_EQ(f.status, 200) << f.Describe();
+  EXPECT_EQ(f.json["stats"]["versions"], 4) << f.body;
+  EXPECT_EQ(f.json["applied_by_workers"], 1) << f.body;
+  Reload(late, 4);
+  ExpectServersHold({a, late}, Want(3), DigestAlgorithm::kXxh3_128);
+  // Asking for a version behind the local one is refused.
+  HttpReply behind = Fetch(late, 2);
+  EXPECT_EQ(behind.status, 409) << behind.Describe();
+  EXPECT_NE(behind.ErrorMessage().find("ahead of target_version 2"), std::string::npos) << behind.Describe();
+  // A reload of a version the local checkpoint is not at is refused too.
+  ASSERT_EQ(HttpPostJson(late.url, "/start_weight_update", json::object()).status, 200);
+  HttpReply wrong = HttpPostJson(late.url, "/update_weights", json{{"update_info", {{"target_version", 3}}}});
+  EXPECT_EQ(wrong.status, 409) << wrong.Describe();
+  EXPECT_NE(wrong.ErrorMessage().find("fetch_weights"), std::string::npos) << wrong.Describe();
+}
+
+TEST_F(DeltaTest, ACorruptPayloadByteIsDetectedAndTheNextFetchRecoversFromTheBase) {
+  WriteBase("qwen3-tiny", 5);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 2).success());
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartDelta("b", local("b")));
+  std::string good;
+  Payload(3, [&](fs::path p) {
+    good = ReadAll(p);
+    std::string bad = good;
+    bad[bad.size() - 1000] ^= 0x01;  // one byte inside the last tensors' frames
+    WriteAll(p, bad);
+  });
+  HttpReply f = Fetch(b, 3);
+  EXPECT_EQ(f.status, 500) << f.Describe();
+  EXPECT_NE(f.ErrorMessage().find("delta-00000003"), std::string::npos) << f.Describe();
+  EXPECT_NE(f.ErrorMessage().find("delta-rank00000-file000000.safetensors"), std::string::npos) << f.Describe();
+  json state = json::parse(ReadAll(fs::path(local("b")) / ".skyrl_weight_sync" / "state.json"));
+  EXPECT_TRUE(state["write_in_progress"].get<bool>()) << state.dump();
+  Payload(3, [&](fs::path p) { WriteAll(p, good); });
+  HttpReply again = Fetch(b, 3);
+  ASSERT_EQ(again.status, 200) << again.Describe();
+  EXPECT_TRUE(again.json["reset"].get<bool>()) << again.body;
+  Reload(b, 3);
+  ExpectServersHold({b}, Want(2), DigestAlgorithm::kXxh3_128);
+}
+
+TEST_F(DeltaTest, AnApplyThatDiedMidwayRecoversFromTheBase) {
+  // What a server killed during an apply leaves behind: half-patched weights and a state
+  // saying write_in_progress. (delta_local_checkpoint_test kills a real apply midway.)
+  WriteBase("qwen3-tiny", 6);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 2).success());
+  fs::path state_path = fs::path(local("a")) / ".skyrl_weight_sync" / "state.json";
+  json state = json::parse(ReadAll(state_path));
+  ASSERT_EQ(state["version"], 3);
+  state["write_in_progress"] = true;
+  state["target_version"] = 3;
+  WriteAll(state_path, state.dump());
+  fs::path weights = fs::path(local("a")) / "weights" / "model.safetensors";
+  std::string w = ReadAll(weights);
+  for (size_t i = w.size() / 2; i < w.size() / 2 + 4096; ++i) w[i] ^= 0x55;
+  WriteAll(weights, w);
+  HttpReply f = Fetch(a, 3);
+  ASSERT_EQ(f.status, 200) << f.Describe();
+  EXPECT_TRUE(f.json["reset"].get<bool>()) << f.body;
+  EXPECT_EQ(f.json["stats"]["versions"], 3) << f.body;
+  Reload(a, 3);
+  ExpectServersHold({a}, Want(2), DigestAlgorithm::kXxh3_128);
+}
+
+TEST_F(DeltaTest, AManifestWithAWrongBaseVersionIsRefused) {
+  WriteBase("qwen3-tiny", 7);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 2).success());
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartDelta("b", local("b")));
+  ASSERT_EQ(Fetch(b, 2).status, 200);
+  fs::path mpath = fs::path(sync()) / "delta-00000003" / "manifest.json";
+  json m = json::parse(ReadAll(mpath));
+  m["base_version"] = 1;
+  WriteAll(mpath, m.dump());
+  HttpReply f = Fetch(b, 3);
+  EXPECT_EQ(f.status, 409) << f.Describe();
+  EXPECT_NE(f.ErrorMessage().find("base_version 1"), std::string::npos) << f.Describe();
+  // The refusal touched nothing: the server still reloads version 2 exactly.
+  Reload(b, 2);
+  ExpectServersHold({b}, Want(1), DigestAlgorithm::kXxh3_128);
+}
+
+TEST_F(DeltaTest, EmptyDeltasWork) {
+  WriteBase("qwen3-tiny", 8);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  RunResult push = PushDelta("push", {a}, 0);
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_TRUE(HasVerifiedTable(push.out, 1));
+  ExpectServersHold({a}, Want(0), DigestAlgorithm::kXxh3_128);
+  EXPECT_FALSE(fs::exists(fs::path(local("a")) / "weights"));  // nothing to patch: no copy of the base
+}
+
+TEST_F(DeltaTest, ConcurrentFetchesFromTheWorkersOfOneHostApplyOnce) {
+  WriteBase("qwen3-tiny", 9);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 2).success());
+  // Two DP ranks of one deployment on this host, sharing one local checkpoint: four
+  // workers in two processes fetch at once.
+  E2E_ASSERT_OK_AND_ASSIGN(Server r0, StartDelta("dp0", local("shared"), {"--tp", "2", "--dp", "2", "--dp-rank", "0"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server r1, StartDelta("dp1", local("shared"), {"--tp", "2", "--dp", "2", "--dp-rank", "1"}));
+  HttpReply f0, f1;
+  std::thread t0([&] { f0 = Fetch(r0, 3); });
+  std::thread t1([&] { f1 = Fetch(r1, 3); });
+  t0.join();
+  t1.join();
+  ASSERT_EQ(f0.status, 200) << f0.Describe();
+  ASSERT_EQ(f1.status, 200) << f1.Describe();
+  EXPECT_EQ(f0.json["applied_by_workers"].get<int>() + f1.json["applied_by_workers"].get<int>(), 1)
+      << f0.body << "\n" << f1.body;
+  Reload(r0, 3);
+  Reload(r1, 3);
+  ExpectServersHold({r0, r1}, Want(2), DigestAlgorithm::kXxh3_128);
+}
+
+TEST_F(DeltaTest, Qwen3_0_6bStepsSyncBitExact) {
+  WriteBase("qwen3-0.6b", 17);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("tp2", local("a"), {"--tp", "2"}));
+  RunResult push = PushDelta("push", {a}, 2);
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_TRUE(HasVerifiedTable(push.out, 3));
+  ExpectServersHold({a}, Want(2), DigestAlgorithm::kXxh3_128);
+  std::cout << "[e2e] qwen3-0.6b delta push (3 syncs) took " << push.seconds << " s\n";
+}
+
+}  // namespace
+}  // namespace wsync::e2e
