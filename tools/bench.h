@@ -24,6 +24,7 @@ int RunBench(const BenchArgs& args);
 int RunBenchDelta(const BenchArgs& args);
 // `wsync bench sources` (tools/bench_sources.cc).
 int RunBenchSources(const BenchArgs& args);
+int RunBenchIpc(const BenchArgs& args);  // `wsync bench ipc` (tools/bench_ipc.cc)
 
 // One receiving rank of the raw-broadcast baseline (hidden `bench-rank` command).
 struct BenchRankArgs {

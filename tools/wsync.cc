@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
-  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast", "delta", "sources"}));
+  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc"}));
   b->add_option("--model", bench.model)->capture_default_str();
   b->add_option("--servers", bench.servers, "number of TP=1 servers")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   if (b->parsed()) {
     wsync::log::Init("bench");
     if (bench.what == "sources") Exit(RunBenchSources(bench));
+    if (bench.what == "ipc") Exit(RunBenchIpc(bench));
     Exit(bench.what == "delta" ? RunBenchDelta(bench) : RunBench(bench));
   }
   return 0;

@@ -7,6 +7,8 @@
 
 #include "backends/delta/receiver.h"
 #include "backends/delta/trainer.h"
+#include "backends/ipc/receiver.h"
+#include "backends/ipc/trainer.h"
 #include "backends/nccl/receiver.h"
 #include "backends/nccl/trainer.h"
 #include "wsync/receiver.h"
@@ -18,6 +20,7 @@ namespace {
 const std::map<std::string, ReceiverFactory, std::less<>>& Receivers() {
   static const std::map<std::string, ReceiverFactory, std::less<>> kReceivers = {
       {"delta", CreateDeltaReceiver},
+      {"ipc", CreateIpcReceiver},
       {"nccl", CreateNcclReceiver},
   };
   return kReceivers;
@@ -27,13 +30,14 @@ using TrainerFactory = std::function<Result<std::unique_ptr<TrainerEngine>>(cons
 const std::map<std::string, TrainerFactory, std::less<>>& Trainers() {
   static const std::map<std::string, TrainerFactory, std::less<>> kTrainers = {
       {"delta", CreateDeltaTrainer},
+      {"ipc", CreateIpcTrainer},
       {"nccl", CreateNcclTrainer},
   };
   return kTrainers;
 }
 
 // Backends named in the design that are not built yet answer with this.
-bool Planned(std::string_view name) { return name == "ipc" || name == "sharded"; }
+bool Planned(std::string_view name) { return name == "sharded"; }
 
 }  // namespace
 

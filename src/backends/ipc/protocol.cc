@@ -1,0 +1,358 @@
+#include "backends/ipc/protocol.h"
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace wsync {
+
+using nlohmann::json;
+
+namespace {
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A non-negative integer, however nlohmann stored it (parsed text gives unsigned, code
+// that assigns an int gives signed).
+bool IsNonNegativeInteger(const json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+}
+
+// Reads `field` of `j` (an object named `where` in messages) into `out`.
+template <typename T>
+Status Read(const json& j, const char* where, const char* field, bool required, std::optional<T>* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) {
+    if (required) return InvalidArgument(fmt::format("{} is missing '{}'", where, field));
+    return Status::Ok();
+  }
+  bool ok = false;
+  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
+  else if constexpr (std::is_unsigned_v<T>) ok = IsNonNegativeInteger(*it);
+  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
+  else if constexpr (std::is_same_v<T, json>) ok = it->is_object();
+  else ok = it->is_string();
+  if (!ok) return InvalidArgument(fmt::format("{} '{}' has the wrong type: {}", where, field, it->dump().substr(0, 200)));
+  *out = it->get<T>();
+  return Status::Ok();
+}
+
+Result<std::vector<uint64_t>> ReadU64List(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end()) return InvalidArgument(fmt::format("update_info is missing '{}' (wsync ipc protocol)", field));
+  if (!it->is_array()) return InvalidArgument(fmt::format("update_info '{}' must be a list of non-negative integers", field));
+  std::vector<uint64_t> out;
+  out.reserve(it->size());
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& v = (*it)[i];
+    if (!IsNonNegativeInteger(v)) {
+      return InvalidArgument(fmt::format("update_info {}[{}] must be a non-negative integer, got {}", field, i, v.dump()));
+    }
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
+
+bool IsSessionId(const std::string& s) {
+  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+}  // namespace
+
+json IpcBufferDesc::ToJson() const {
+  return json{{"kind", kind}, {"offset", offset}, {"stride", stride}, {"handle", handle}};
+}
+
+Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key) {
+  std::string where = fmt::format("init_info buffers['{}']", key);
+  if (!j.is_object()) return InvalidArgument(where + " must be an object");
+  static const std::set<std::string> kKnown = {"kind", "offset", "stride", "handle"};
+  for (const auto& [k, _] : j.items()) {
+    if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, k));
+  }
+  std::optional<std::string> kind;
+  std::optional<uint64_t> offset, stride;
+  std::optional<json> handle;
+  WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "kind", true, &kind));
+  WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "offset", true, &offset));
+  WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "stride", true, &stride));
+  WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "handle", false, &handle));
+  if (*kind != "shm" && *kind != "cuda_ipc" && *kind != "cuda_fd") {
+    return InvalidArgument(fmt::format("{} kind '{}' is not one of shm, cuda_ipc, cuda_fd", where, *kind));
+  }
+  IpcBufferDesc d;
+  d.kind = *kind;
+  d.offset = *offset;
+  d.stride = *stride;
+  if (handle) d.handle = *handle;
+  return d;
+}
+
+json IpcInitInfo::ToJson() const {
+  json b = json::object();
+  for (const auto& [key, desc] : buffers) b[key] = desc.ToJson();
+  json j = {{"wsync_ipc_protocol", wsync_ipc_protocol},
+            {"packed", packed},
+            {"session", session},
+            {"control_path", control_path},
+            {"control_bytes", control_bytes},
+            {"num_slots", num_slots},
+            {"slot_bytes", slot_bytes},
+            {"reader_offset", reader_offset},
+            {"reader_count", reader_count},
+            {"buffers", b}};
+  if (timeout_seconds) j["timeout_seconds"] = *timeout_seconds;
+  return j;
+}
+
+Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
+  static const std::set<std::string> kKnown = {
+      "wsync_ipc_protocol", "packed", "session", "control_path", "control_bytes", "num_slots",
+      "slot_bytes", "reader_offset", "reader_count", "buffers", "timeout_seconds"};
+  const char* where = "init_info";
+  if (!j.contains("wsync_ipc_protocol")) {
+    return InvalidArgument(
+        "init_info has no 'wsync_ipc_protocol': this server's ipc backend speaks wsync's ipc "
+        "protocol (a shared staging region exported once), not vLLM's torch-pickled CUDA IPC "
+        "handles; use a wsync trainer (`wsync push --backend ipc`)");
+  }
+  for (const auto& [key, _] : j.items()) {
+    if (!kKnown.contains(key)) return InvalidArgument(fmt::format("init_info has unknown field '{}'", key));
+  }
+  std::optional<int> version, num_slots, reader_offset, reader_count;
+  std::optional<bool> packed;
+  std::optional<std::string> session, control_path;
+  std::optional<uint64_t> control_bytes, slot_bytes;
+  std::optional<double> timeout;
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "wsync_ipc_protocol", true, &version));
+  if (*version != kIpcProtocolVersion) {
+    return InvalidArgument(fmt::format("init_info wsync_ipc_protocol {} is not supported (this server speaks {})",
+                                       *version, kIpcProtocolVersion));
+  }
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "packed", false, &packed));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "session", true, &session));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "control_path", true, &control_path));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "control_bytes", true, &control_bytes));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "num_slots", true, &num_slots));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "slot_bytes", true, &slot_bytes));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "reader_offset", true, &reader_offset));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "reader_count", true, &reader_count));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "timeout_seconds", false, &timeout));
+  IpcInitInfo info;
+  if (packed && !*packed) {
+    return Unimplemented(
+        "init_info packed=false asks for one handle per tensor; wsync's ipc backend moves packed "
+        "chunks through one exported staging region (zero-copy export is not built yet)");
+  }
+  if (!IsSessionId(*session)) {
+    return InvalidArgument(fmt::format("init_info session '{}' is not 32 lowercase hex digits", session->substr(0, 64)));
+  }
+  if (control_path->empty() || control_path->front() != '/') {
+    return InvalidArgument(fmt::format("init_info control_path '{}' must be an absolute path", control_path->substr(0, 256)));
+  }
+  if (*num_slots < 1 || *num_slots > kIpcMaxSlots) {
+    return InvalidArgument(fmt::format("init_info num_slots {} must be within 1..{}", *num_slots, kIpcMaxSlots));
+  }
+  if (*slot_bytes == 0) return InvalidArgument("init_info slot_bytes must be positive");
+  if (*reader_count < 1) return InvalidArgument(fmt::format("init_info reader_count {} must be >= 1", *reader_count));
+  if (*reader_offset < 0 || *reader_offset >= *reader_count) {
+    return InvalidArgument(fmt::format("init_info reader_offset {} must be within 0..{}", *reader_offset, *reader_count - 1));
+  }
+  if (timeout && *timeout <= 0) return InvalidArgument("init_info timeout_seconds must be positive");
+  info.session = *session;
+  info.control_path = *control_path;
+  info.control_bytes = *control_bytes;
+  info.num_slots = *num_slots;
+  info.slot_bytes = *slot_bytes;
+  info.reader_offset = *reader_offset;
+  info.reader_count = *reader_count;
+  info.timeout_seconds = timeout;
+  auto it = j.find("buffers");
+  if (it == j.end() || !it->is_object() || it->empty()) {
+    return InvalidArgument("init_info 'buffers' must be a non-empty object {device key: buffer}");
+  }
+  for (const auto& [key, value] : it->items()) {
+    WSYNC_ASSIGN_OR_RETURN(IpcBufferDesc d, IpcBufferDesc::Parse(value, key));
+    if (d.stride < info.slot_bytes) {
+      return InvalidArgument(fmt::format("init_info buffers['{}'] stride {} is below slot_bytes {}", key,
+                                         d.stride, info.slot_bytes));
+    }
+    info.buffers.emplace(key, std::move(d));
+  }
+  return info;
+}
+
+void IpcUpdateInfo::AddTo(json* u) const {
+  (*u)["wsync_ipc_protocol"] = kIpcProtocolVersion;
+  (*u)["session"] = session;
+  (*u)["sync"] = sync;
+  (*u)["first_seq"] = first_seq;
+  (*u)["tensor_sizes"] = tensor_sizes;
+  (*u)["tensor_offsets"] = tensor_offsets;
+  (*u)["chunk_ends"] = chunk_ends;
+}
+
+Result<IpcUpdateInfo> IpcUpdateInfo::Parse(const json& j) {
+  if (j.contains("ipc_handles") || j.contains("ipc_handles_pickled")) {
+    return InvalidArgument(
+        "update_info carries ipc_handles (vLLM's torch-pickled CUDA IPC handles), which wsync "
+        "does not deserialize; wsync's ipc backend reads chunks from the staging region mapped "
+        "at init");
+  }
+  const char* where = "update_info";
+  std::optional<int> version;
+  std::optional<std::string> session;
+  std::optional<uint64_t> sync, first_seq;
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "wsync_ipc_protocol", true, &version));
+  if (*version != kIpcProtocolVersion) {
+    return InvalidArgument(fmt::format("update_info wsync_ipc_protocol {} is not supported (this server speaks {})",
+                                       *version, kIpcProtocolVersion));
+  }
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "session", true, &session));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "sync", true, &sync));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "first_seq", true, &first_seq));
+  if (*first_seq == 0) return InvalidArgument("update_info first_seq must be >= 1");
+  IpcUpdateInfo u;
+  u.session = *session;
+  u.sync = *sync;
+  u.first_seq = *first_seq;
+  WSYNC_ASSIGN_OR_RETURN(u.tensor_sizes, ReadU64List(j, "tensor_sizes"));
+  WSYNC_ASSIGN_OR_RETURN(u.tensor_offsets, ReadU64List(j, "tensor_offsets"));
+  WSYNC_ASSIGN_OR_RETURN(u.chunk_ends, ReadU64List(j, "chunk_ends"));
+  return u;
+}
+
+Status IpcUpdateInfo::Validate(std::span<const TensorMeta> tensors, uint64_t slot_bytes) const {
+  size_t n = tensors.size();
+  if (tensor_sizes.size() != n || tensor_offsets.size() != n) {
+    return InvalidArgument(fmt::format(
+        "update_info lists must have one entry per tensor: names {}, tensor_sizes {}, tensor_offsets {}",
+        n, tensor_sizes.size(), tensor_offsets.size()));
+  }
+  if (n > 0 && (chunk_ends.empty() || chunk_ends.back() != n)) {
+    return InvalidArgument(fmt::format("update_info chunk_ends must end at the number of tensors ({}), got {}", n,
+                                       chunk_ends.empty() ? std::string("[]") : std::to_string(chunk_ends.back())));
+  }
+  for (size_t k = 0; k < chunk_ends.size(); ++k) {
+    uint64_t first = chunk_first(k), end = chunk_ends[k];
+    if (end <= first) {
+      return InvalidArgument(fmt::format("update_info chunk_ends[{}] = {} does not follow {} (chunks must be non-empty)",
+                                         k, end, first));
+    }
+    uint64_t used = 0;
+    for (uint64_t i = first; i < end; ++i) {
+      const TensorMeta& t = tensors[i];
+      if (tensor_sizes[i] != t.nbytes()) {
+        return InvalidArgument(fmt::format("tensor_sizes[{}] of {} is {} bytes, but {} x {} is {} bytes", i, t.name,
+                                           tensor_sizes[i], TorchName(t.dtype), ShapeString(t.shape), t.nbytes()));
+      }
+      if (tensor_offsets[i] < used) {
+        return InvalidArgument(fmt::format("tensor_offsets[{}] of {} is {}, overlapping the tensor before it (ends at {})",
+                                           i, t.name, tensor_offsets[i], used));
+      }
+      if (tensor_offsets[i] > slot_bytes || tensor_sizes[i] > slot_bytes - tensor_offsets[i]) {
+        return InvalidArgument(fmt::format(
+            "chunk {}/{} needs {} bytes (up to the end of {}), the mapped slots hold {}", k + 1,
+            chunk_ends.size(), tensor_offsets[i] + tensor_sizes[i], t.name, slot_bytes));
+      }
+      used = tensor_offsets[i] + tensor_sizes[i];
+    }
+  }
+  return Status::Ok();
+}
+
+Result<IpcPlan> PlanIpcChunks(std::span<const TensorMeta> tensors, uint64_t slot_bytes) {
+  if (slot_bytes == 0) return InvalidArgument("ipc slot size must be positive");
+  IpcPlan plan;
+  plan.tensor_offsets.resize(tensors.size());
+  uint64_t used = 0;
+  size_t in_chunk = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uint64_t bytes = tensors[i].nbytes();
+    if (bytes > slot_bytes) {
+      return InvalidArgument(fmt::format("tensor {} ({} bytes) is larger than the ipc staging slot ({} bytes)",
+                                         tensors[i].name, bytes, slot_bytes));
+    }
+    uint64_t offset = AlignUp(used, kIpcAlignment);
+    if (in_chunk > 0 && (offset > slot_bytes || bytes > slot_bytes - offset)) {  // cut BEFORE it
+      plan.chunk_ends.push_back(i);
+      plan.chunk_bytes.push_back(used);
+      used = 0;
+      offset = 0;
+      in_chunk = 0;
+    }
+    plan.tensor_offsets[i] = offset;
+    used = offset + bytes;
+    ++in_chunk;
+    plan.payload_bytes += bytes;
+  }
+  if (in_chunk > 0) {
+    plan.chunk_ends.push_back(tensors.size());
+    plan.chunk_bytes.push_back(used);
+  }
+  return plan;
+}
+
+uint64_t IpcSlotBytes(std::span<const TensorMeta> tensors, uint64_t bucket_bytes) {
+  uint64_t largest = 0, whole = 0;
+  for (const TensorMeta& t : tensors) {
+    largest = std::max<uint64_t>(largest, t.nbytes());
+    whole = AlignUp(whole, kIpcAlignment) + t.nbytes();
+  }
+  uint64_t slot = std::max(bucket_bytes, largest);
+  return std::max<uint64_t>(std::min(slot, whole), 1);
+}
+
+Result<int> IpcReaderOffsets(const std::vector<int>& world_sizes, int dp, std::vector<int>* offsets) {
+  if (dp < 1) return InvalidArgument(fmt::format("data_parallel_size {} must be >= 1", dp));
+  if (world_sizes.empty() || world_sizes.size() % dp != 0) {
+    return InvalidArgument(fmt::format("{} server(s) do not divide into deployments of data_parallel_size {}",
+                                       world_sizes.size(), dp));
+  }
+  offsets->clear();
+  int total = 0;
+  for (size_t first = 0; first < world_sizes.size(); first += dp) {
+    for (size_t i = first; i < first + dp; ++i) {
+      if (world_sizes[i] < 1 || world_sizes[i] != world_sizes[first]) {
+        return InvalidArgument(fmt::format(
+            "servers {}..{} form one deployment (data_parallel_size {}) but report world sizes {} and {}", first,
+            first + dp - 1, dp, world_sizes[first], world_sizes[i]));
+      }
+      offsets->push_back(total);
+    }
+    total += world_sizes[first];
+  }
+  return total;
+}
+
+std::string HostDeviceKey() {
+  static const std::string key = [] {
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(f, id);
+    if (id.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      id = host;
+    }
+    return "host-" + id;
+  }();
+  return key;
+}
+
+std::string NewSessionId() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) out += fmt::format("{:08x}", rd());
+  return out;
+}
+
+}  // namespace wsync

@@ -1,0 +1,151 @@
+// The `ipc` backend's wire format, version 1: the init and update payloads both halves
+// agree on, the chunk cut, and the device keys that pick a worker's staging buffer.
+//
+// The colocated backend moves bytes through ONE staging area per trainer session, exported
+// once at init and kept mapped by every receiver across syncs (a mapping is the expensive
+// part on GPU: ~0.15 s to open a CUDA IPC handle). The session has two parts:
+//
+//  * the control region: a small POSIX shared-memory file (memfd, or shm_open) holding the
+//    hand-off state (see region.h): per-slot sequence numbers the trainer publishes, one
+//    acknowledgement word per receiving worker, an abort word, and futex words to sleep on;
+//  * the staging slots (`num_slots` of `slot_bytes` each, double buffered), exported per
+//    device: on a CPU host they live in the control region itself (kind "shm"); on a GPU
+//    they are device memory exported as a CUDA IPC handle or a cuMem* POSIX fd (kinds
+//    "cuda_ipc", "cuda_fd"), keyed by the GPU's UUID so that each worker picks the entry
+//    of its own GPU, whatever CUDA_VISIBLE_DEVICES says.
+//
+// init_info (POST /init_weight_transfer_engine), one per server:
+//   {"wsync_ipc_protocol": 1, "packed": true, "session": "<32 hex>",
+//    "control_path": "/proc/PID/fd/N", "control_bytes": B,
+//    "num_slots": 2, "slot_bytes": S, "reader_offset": R0, "reader_count": R,
+//    "buffers": {"host-<boot_id>": {"kind": "shm", "offset": O, "stride": T},
+//                "GPU-<uuid>": {"kind": "cuda_fd", "offset": 0, "stride": T, "handle": {...}}},
+//    "timeout_seconds": t}
+// Worker w of the server (dp index d, tp rank p) is reader R0 + d * TP + p, exactly the
+// rank the `nccl` backend would give it minus one (the trainer), so deployments with
+// external DP load balancing share one reader numbering.
+//
+// update_info (POST /update_weights, ONE call per sync, carrying the whole model):
+//   {"names", "dtype_names", "shapes"          (vLLM's),
+//    "tensor_sizes": [bytes per tensor]          (vLLM's packed-IPC field),
+//    "tensor_offsets": [byte offset of each tensor inside its chunk's slot],
+//    "chunk_ends": [tensor index one past each chunk's last tensor],
+//    "wsync_ipc_protocol": 1, "session": "<32 hex>", "sync": n, "first_seq": q}
+// Chunk k of the update is published in slot (q + k) % num_slots under sequence number
+// q + k; a receiver reads a slot only while it carries exactly that number, so a stale or
+// foreign chunk is never read. Sequence numbers grow across the syncs of a session.
+//
+// The cut: a chunk is closed BEFORE the tensor that would overflow the slot (vLLM's IPC
+// producer, reference §7.2), not after it as vLLM's NCCL producer does: a slot is a fixed
+// mapping, so a chunk must fit in it. Tensors start at kIpcAlignment-byte offsets so that
+// copies run at full width on both CPU and GPU; the slot is sized max(bucket, largest
+// tensor), so every tensor fits.
+//
+// Pure data and functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+inline constexpr int kIpcProtocolVersion = 1;
+inline constexpr size_t kIpcAlignment = 256;  // offset of every tensor inside a slot
+inline constexpr int kIpcMaxSlots = 4;
+inline constexpr int kIpcDefaultSlots = 2;
+
+// One device's view of the staging slots: slot k is at `offset + k * stride` of the
+// exported memory. `handle` is what the kind needs to open it: {} for "shm" (the control
+// region itself); {"handle_b64"} for "cuda_ipc"; {"pid", "fd", "bytes"} for "cuda_fd".
+struct IpcBufferDesc {
+  std::string kind = "shm";
+  uint64_t offset = 0;
+  uint64_t stride = 0;
+  nlohmann::json handle = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<IpcBufferDesc> Parse(const nlohmann::json& j, const std::string& key);
+};
+
+struct IpcInitInfo {
+  int wsync_ipc_protocol = kIpcProtocolVersion;
+  bool packed = true;
+  std::string session;       // 32 lowercase hex digits, fresh per trainer Init
+  std::string control_path;  // a path this host can open(2): /proc/PID/fd/N or /dev/shm/NAME
+  uint64_t control_bytes = 0;
+  int num_slots = kIpcDefaultSlots;
+  uint64_t slot_bytes = 0;
+  int reader_offset = 0;  // this server's first reader index
+  int reader_count = 0;   // readers (receiving workers) of the whole session
+  std::map<std::string, IpcBufferDesc> buffers;  // device key -> that device's slots
+  std::optional<double> timeout_seconds;         // the trainer's bound on the servers' waits
+
+  nlohmann::json ToJson() const;
+  // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one.
+  static Result<IpcInitInfo> Parse(const nlohmann::json& j);
+};
+
+// The ipc-specific fields of one update (the tensor list itself is parsed by the server).
+struct IpcUpdateInfo {
+  std::string session;
+  uint64_t sync = 0;       // 1, 2, ... within the session
+  uint64_t first_seq = 0;  // sequence number of the update's first chunk (>= 1)
+  std::vector<uint64_t> tensor_sizes;
+  std::vector<uint64_t> tensor_offsets;
+  std::vector<uint64_t> chunk_ends;
+
+  size_t num_chunks() const { return chunk_ends.size(); }
+  size_t chunk_first(size_t k) const { return k == 0 ? 0 : chunk_ends[k - 1]; }
+  // Adds the ipc fields to an update_info that already has names/dtype_names/shapes.
+  void AddTo(nlohmann::json* update_info) const;
+  // Parses the ipc fields; rejects vLLM's torch-pickled handles with a clear message.
+  static Result<IpcUpdateInfo> Parse(const nlohmann::json& update_info);
+  // Checks the update against the tensors the server parsed and the mapped slots: sizes
+  // match dtype x shape, chunks cover the tensors in order, every tensor lies inside its
+  // slot ("chunk 3/9 needs 1073742080 bytes, the mapped slots hold 1073741824") and no
+  // two overlap. InvalidArgument naming the tensor or chunk otherwise.
+  Status Validate(std::span<const TensorMeta> tensors, uint64_t slot_bytes) const;
+};
+
+// The chunk cut (see the file comment) of `tensors` for slots of `slot_bytes`.
+struct IpcPlan {
+  std::vector<uint64_t> tensor_offsets;  // inside the tensor's chunk
+  std::vector<uint64_t> chunk_ends;
+  std::vector<uint64_t> chunk_bytes;     // bytes of the slot each chunk uses (with padding)
+  uint64_t payload_bytes = 0;            // sum of the tensors' bytes
+};
+// InvalidArgument naming the tensor when one is larger than a slot.
+Result<IpcPlan> PlanIpcChunks(std::span<const TensorMeta> tensors, uint64_t slot_bytes);
+
+// The slot size the trainer exports: max(bucket, largest tensor), but never more than one
+// chunk holding the whole model needs (a small model does not reserve a whole bucket).
+uint64_t IpcSlotBytes(std::span<const TensorMeta> tensors, uint64_t bucket_bytes);
+
+// Reader numbering: servers are listed deployment-major, `data_parallel_size` per
+// deployment, and each reports its deployment's worker count (/get_world_size with
+// include_dp). The servers of one deployment share an offset (each worker adds its own
+// dp_index * TP); deployments follow each other, and may differ in size (a TP=1 and a
+// TP=2 server). Fills `offsets` (one per server) and returns the total reader count.
+// InvalidArgument when the servers do not divide into deployments or a deployment's
+// servers disagree on its size.
+Result<int> IpcReaderOffsets(const std::vector<int>& world_sizes, int data_parallel_size,
+                             std::vector<int>* offsets);
+
+// The device key of host memory on this machine: "host-" + the kernel's boot id, so that
+// a server on another machine finds no entry instead of opening a wrong file.
+std::string HostDeviceKey();
+
+// 32 random lowercase hex digits.
+std::string NewSessionId();
+
+}  // namespace wsync

@@ -1,0 +1,193 @@
+#include "backends/ipc/protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+TensorMeta T(std::string name, int64_t elems, DType d = DType::kBF16) { return {std::move(name), d, {elems}}; }
+
+IpcInitInfo ValidInit() {
+  IpcInitInfo i;
+  i.session = std::string(32, 'a');
+  i.control_path = "/proc/1/fd/3";
+  i.control_bytes = 8 << 20;
+  i.slot_bytes = 1 << 20;
+  i.reader_offset = 1;
+  i.reader_count = 4;
+  i.buffers["host-x"] = IpcBufferDesc{"shm", 2 << 20, 2 << 20, json::object()};
+  i.timeout_seconds = 30;
+  return i;
+}
+
+TEST(IpcProtocol, InitInfoRoundTrips) {
+  IpcInitInfo i = ValidInit();
+  auto back = IpcInitInfo::Parse(i.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ToJson(), i.ToJson());
+  EXPECT_EQ(back->buffers.at("host-x").offset, uint64_t{2} << 20);
+}
+
+TEST(IpcProtocol, InitInfoErrorsNameTheField) {
+  auto expect = [](json j, const std::string& needle, StatusCode code = StatusCode::kInvalidArgument) {
+    auto r = IpcInitInfo::Parse(j);
+    ASSERT_FALSE(r.ok()) << j.dump();
+    EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  };
+  json good = ValidInit().ToJson();
+  expect(json{{"packed", false}}, "wsync_ipc_protocol");  // vLLM's own ipc init_info
+  json j = good;
+  j["wsync_ipc_protocol"] = 2;
+  expect(j, "not supported");
+  j = good;
+  j["bogus"] = 1;
+  expect(j, "unknown field 'bogus'");
+  j = good;
+  j["session"] = "xyz";
+  expect(j, "session");
+  j = good;
+  j.erase("control_path");
+  expect(j, "missing 'control_path'");
+  j = good;
+  j["control_path"] = "relative/path";
+  expect(j, "absolute");
+  j = good;
+  j["reader_offset"] = 4;
+  expect(j, "reader_offset 4");
+  j = good;
+  j["num_slots"] = 9;
+  expect(j, "num_slots");
+  j = good;
+  j["buffers"] = json::object();
+  expect(j, "buffers");
+  j = good;
+  j["buffers"]["host-x"]["stride"] = 5;
+  expect(j, "stride 5");
+  j = good;
+  j["buffers"]["host-x"]["kind"] = "rdma";
+  expect(j, "rdma");
+  j = good;
+  j["packed"] = false;
+  expect(j, "packed=false", StatusCode::kUnimplemented);
+  j = good;
+  j["slot_bytes"] = -1;
+  expect(j, "slot_bytes");
+}
+
+TEST(IpcProtocol, CutIsBeforeTheOverflowingTensorAndOffsetsAreAligned) {
+  // 100 bytes each (bf16 x 50): with 256-byte alignment two fit in 356 <= 400, a third
+  // would end at 612.
+  std::vector<TensorMeta> ts = {T("a", 50), T("b", 50), T("c", 50), T("d", 200)};
+  auto plan = PlanIpcChunks(ts, 400);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->chunk_ends, (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(plan->tensor_offsets, (std::vector<uint64_t>{0, 256, 0, 0}));
+  EXPECT_EQ(plan->chunk_bytes, (std::vector<uint64_t>{356, 100, 400}));
+  EXPECT_EQ(plan->payload_bytes, 700u);
+  for (uint64_t b : plan->chunk_bytes) EXPECT_LE(b, 400u);  // a chunk never exceeds the slot
+
+  auto too_big = PlanIpcChunks(ts, 399);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("tensor d"), std::string::npos) << too_big.status().message();
+  EXPECT_TRUE(PlanIpcChunks({}, 10)->chunk_ends.empty());
+}
+
+TEST(IpcProtocol, SlotIsBucketOrLargestTensorButNoMoreThanTheModel) {
+  std::vector<TensorMeta> ts = {T("a", 50), T("b", 500)};  // 100 + 1000 bytes
+  EXPECT_EQ(IpcSlotBytes(ts, 10), 1000u);         // largest tensor
+  EXPECT_EQ(IpcSlotBytes(ts, 1 << 30), 256u + 1000u);  // the whole model in one chunk
+  EXPECT_EQ(IpcSlotBytes(ts, 1200), 1200u);
+}
+
+IpcUpdateInfo UpdateFor(const std::vector<TensorMeta>& ts, uint64_t slot) {
+  IpcPlan plan = *PlanIpcChunks(ts, slot);
+  IpcUpdateInfo u;
+  u.session = std::string(32, 'b');
+  u.sync = 3;
+  u.first_seq = 7;
+  for (const auto& t : ts) u.tensor_sizes.push_back(t.nbytes());
+  u.tensor_offsets = plan.tensor_offsets;
+  u.chunk_ends = plan.chunk_ends;
+  return u;
+}
+
+TEST(IpcProtocol, UpdateInfoRoundTripsAndValidates) {
+  std::vector<TensorMeta> ts = {T("a", 50), T("b", 50), T("c", 200)};
+  IpcUpdateInfo u = UpdateFor(ts, 400);
+  json j = {{"names", json::array()}};
+  u.AddTo(&j);
+  auto back = IpcUpdateInfo::Parse(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->chunk_ends, u.chunk_ends);
+  EXPECT_EQ(back->first_seq, 7u);
+  EXPECT_TRUE(back->Validate(ts, 400).ok());
+
+  // A chunk larger than the mapped slots.
+  Status s = back->Validate(ts, 300);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the mapped slots hold 300"), std::string::npos) << s.message();
+
+  IpcUpdateInfo bad = u;
+  bad.tensor_sizes[1] = 99;
+  s = bad.Validate(ts, 400);
+  EXPECT_NE(s.message().find("tensor_sizes[1] of b"), std::string::npos) << s.message();
+  bad = u;
+  bad.tensor_offsets[1] = 10;  // overlaps a
+  s = bad.Validate(ts, 400);
+  EXPECT_NE(s.message().find("overlapping"), std::string::npos) << s.message();
+  bad = u;
+  bad.chunk_ends = {2};
+  s = bad.Validate(ts, 400);
+  EXPECT_NE(s.message().find("chunk_ends must end"), std::string::npos) << s.message();
+  bad = u;
+  bad.chunk_ends = {0, 3};
+  EXPECT_FALSE(bad.Validate(ts, 400).ok());
+  bad = u;
+  bad.tensor_offsets.pop_back();
+  EXPECT_FALSE(bad.Validate(ts, 400).ok());
+  bad = u;
+  bad.tensor_offsets[2] = ~uint64_t{0} - 10;  // no overflow in the bounds check
+  s = bad.Validate(ts, 400);
+  EXPECT_NE(s.message().find("the mapped slots hold"), std::string::npos) << s.message();
+}
+
+TEST(IpcProtocol, UpdateInfoRejectsTorchPickledHandlesAndMissingFields) {
+  auto r = IpcUpdateInfo::Parse(json{{"ipc_handles_pickled", "gASV"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("torch-pickled"), std::string::npos);
+  r = IpcUpdateInfo::Parse(json{{"names", json::array()}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("wsync_ipc_protocol"), std::string::npos);
+  json j;
+  UpdateFor({T("a", 4)}, 64).AddTo(&j);
+  j["tensor_offsets"] = json::array({-1});
+  r = IpcUpdateInfo::Parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tensor_offsets[0]"), std::string::npos) << r.status().message();
+}
+
+TEST(IpcProtocol, ReaderOffsetsFollowDeploymentsOfAnySize) {
+  std::vector<int> offsets;
+  EXPECT_EQ(*IpcReaderOffsets({1, 2}, 1, &offsets), 3);  // a TP=1 and a TP=2 server
+  EXPECT_EQ(offsets, (std::vector<int>{0, 1}));
+  EXPECT_EQ(*IpcReaderOffsets({4, 4, 2, 2}, 2, &offsets), 6);  // two external-LB deployments
+  EXPECT_EQ(offsets, (std::vector<int>{0, 0, 4, 4}));
+  EXPECT_FALSE(IpcReaderOffsets({4, 4, 4}, 2, &offsets).ok());
+  auto r = IpcReaderOffsets({4, 2}, 2, &offsets);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("report world sizes 4 and 2"), std::string::npos) << r.status().message();
+}
+
+TEST(IpcProtocol, HostKeyIsStableAndSessionsAreFresh) {
+  EXPECT_EQ(HostDeviceKey(), HostDeviceKey());
+  EXPECT_EQ(HostDeviceKey().rfind("host-", 0), 0u);
+  std::string a = NewSessionId(), b = NewSessionId();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_NE(a, b);
+}
+
+}  // namespace
+}  // namespace wsync

@@ -1,0 +1,352 @@
+#include "backends/ipc/region.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/futex.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace wsync {
+namespace {
+
+constexpr uint64_t kMagic = 0x4350494353595357ull;  // "WSYNCIPC" in little-endian bytes
+constexpr uint32_t kLayoutVersion = 1;
+constexpr uint64_t kHeaderPage = 4096;
+constexpr uint64_t kReaderLine = 64;
+constexpr uint64_t kSlotAlign = uint64_t{2} << 20;  // 2 MiB: huge-page friendly slots
+constexpr auto kMaxSleep = std::chrono::milliseconds(10);
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// errno as a Status naming the call, the thing and the place.
+Status Errno(std::string_view what, int err, const char* file, int line) {
+  StatusCode code = err == ENOENT || err == EACCES || err == EPERM || err == ENOTDIR || err == ENXIO
+                        ? StatusCode::kInvalidArgument
+                        : StatusCode::kInternal;
+  return Status(code, fmt::format("{}: {} ({}:{})", what, std::strerror(err), file, line));
+}
+#define WSYNC_IPC_SYSCALL(expr, what) \
+  do {                                \
+    if ((expr) < 0) return Errno((what), errno, __FILE__, __LINE__); \
+  } while (0)
+
+template <typename T>
+std::atomic_ref<T> A(T* p) {
+  return std::atomic_ref<T>(*p);
+}
+
+}  // namespace
+
+struct IpcRegion::Header {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t num_slots;
+  uint64_t slot_bytes;
+  uint64_t slot_stride;
+  uint64_t header_bytes;
+  uint64_t total_bytes;
+  uint32_t reader_count;
+  uint32_t trainer_pid;
+  char session[32];
+  alignas(64) uint32_t publish_futex;
+  alignas(64) uint32_t ack_futex;
+  alignas(64) uint64_t aborted_sync;
+  char abort_reason[248];
+  struct alignas(64) Slot {
+    uint64_t seq;
+    uint64_t bytes;
+  } slots[kIpcMaxSlots];
+};
+
+static_assert(std::atomic_ref<uint64_t>::is_always_lock_free);
+static_assert(std::atomic_ref<uint32_t>::is_always_lock_free);
+
+IpcRegion::Header* IpcRegion::header() const {
+  static_assert(sizeof(Header) <= kHeaderPage);
+  return reinterpret_cast<Header*>(base_);
+}
+uint64_t* IpcRegion::slot_seq(int k) const { return &header()->slots[k].seq; }
+uint64_t* IpcRegion::reader_acked(int r) const {
+  return reinterpret_cast<uint64_t*>(base_ + kHeaderPage + kReaderLine * r);
+}
+
+Result<std::unique_ptr<IpcRegion>> IpcRegion::Create(const IpcRegionOptions& o) {
+  if (o.num_slots < 1 || o.num_slots > kIpcMaxSlots) {
+    return InvalidArgument(fmt::format("ipc region: num_slots {} must be within 1..{}", o.num_slots, kIpcMaxSlots));
+  }
+  if (o.reader_count < 1) return InvalidArgument("ipc region: needs at least one reader");
+  if (o.slot_bytes == 0) return InvalidArgument("ipc region: slot size must be positive");
+  std::unique_ptr<IpcRegion> r(new IpcRegion());
+  r->owner_ = true;
+  r->session_ = o.session;
+  r->num_slots_ = o.num_slots;
+  r->slot_bytes_ = o.slot_bytes;
+  r->reader_count_ = o.reader_count;
+  r->slots_in_region_ = o.slots_in_region;
+  uint64_t control = kHeaderPage + kReaderLine * o.reader_count;
+  if (o.slots_in_region) {
+    r->header_bytes_ = AlignUp(control, kSlotAlign);
+    r->slot_stride_ = AlignUp(o.slot_bytes, kSlotAlign);
+    r->bytes_ = r->header_bytes_ + r->slot_stride_ * o.num_slots;
+  } else {
+    r->header_bytes_ = AlignUp(control, kHeaderPage);
+    r->slot_stride_ = AlignUp(o.slot_bytes, kSlotAlign);
+    r->bytes_ = r->header_bytes_;
+  }
+  std::string label = fmt::format("wsync-ipc-{}", o.session.substr(0, 12));
+  if (o.backing == ShmBacking::kMemfd) {
+    r->fd_ = memfd_create(label.c_str(), MFD_CLOEXEC);
+    WSYNC_IPC_SYSCALL(r->fd_, "memfd_create for the ipc staging region");
+    r->path_ = fmt::format("/proc/{}/fd/{}", getpid(), r->fd_);
+  } else {
+    r->shm_name_ = "/" + label;
+    r->fd_ = shm_open(r->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    WSYNC_IPC_SYSCALL(r->fd_, fmt::format("shm_open {}", r->shm_name_));
+    r->path_ = "/dev/shm" + r->shm_name_;
+  }
+  WSYNC_IPC_SYSCALL(flock(r->fd_, LOCK_EX | LOCK_NB), "locking the ipc region (trainer liveness)");
+  WSYNC_IPC_SYSCALL(ftruncate(r->fd_, static_cast<off_t>(r->bytes_)),
+                    fmt::format("sizing the ipc region to {} bytes", r->bytes_));
+  void* p = mmap(nullptr, r->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
+  if (p == MAP_FAILED) return Errno(fmt::format("mapping {} bytes of {}", r->bytes_, r->path_), errno, __FILE__, __LINE__);
+  r->base_ = static_cast<std::byte*>(p);
+  if (o.slots_in_region) madvise(r->base_ + r->header_bytes_, r->bytes_ - r->header_bytes_, MADV_HUGEPAGE);
+
+  Header* h = r->header();
+  h->layout_version = kLayoutVersion;
+  h->num_slots = o.num_slots;
+  h->slot_bytes = o.slot_bytes;
+  h->slot_stride = r->slot_stride_;
+  h->header_bytes = r->header_bytes_;
+  h->total_bytes = r->bytes_;
+  h->reader_count = o.reader_count;
+  h->trainer_pid = static_cast<uint32_t>(getpid());
+  std::memcpy(h->session, o.session.data(), std::min<size_t>(o.session.size(), sizeof(h->session)));
+  A(&h->magic).store(kMagic, std::memory_order_release);  // last: the header is complete
+  return r;
+}
+
+Result<std::unique_ptr<IpcRegion>> IpcRegion::Open(const IpcInitInfo& info) {
+  std::unique_ptr<IpcRegion> r(new IpcRegion());
+  r->path_ = info.control_path;
+  r->fd_ = open(info.control_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (r->fd_ < 0) {
+    int err = errno;
+    return InvalidArgument(fmt::format(
+        "cannot open the ipc control region '{}': {} (the trainer must run on this host, in a "
+        "PID namespace this server can see, and still be alive)",
+        info.control_path, std::strerror(err)));
+  }
+  struct stat st {};
+  WSYNC_IPC_SYSCALL(fstat(r->fd_, &st), fmt::format("fstat {}", info.control_path));
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgument(fmt::format("ipc control region '{}' is not a shared-memory file", info.control_path));
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderPage || size < info.control_bytes) {
+    return InvalidArgument(fmt::format("ipc control region '{}' has {} bytes, init_info says {}: not a wsync ipc region",
+                                       info.control_path, size, info.control_bytes));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
+  if (p == MAP_FAILED) return Errno(fmt::format("mapping {}", info.control_path), errno, __FILE__, __LINE__);
+  r->base_ = static_cast<std::byte*>(p);
+  r->bytes_ = size;
+  const Header* h = r->header();
+  std::string where = fmt::format("ipc control region '{}'", info.control_path);
+  if (A(const_cast<uint64_t*>(&h->magic)).load(std::memory_order_acquire) != kMagic) {
+    return InvalidArgument(where + " is not a wsync ipc region (bad magic)");
+  }
+  if (h->layout_version != kLayoutVersion) {
+    return InvalidArgument(fmt::format("{} has layout version {}, this server reads {}", where, h->layout_version, kLayoutVersion));
+  }
+  std::string session(h->session, sizeof(h->session));
+  if (session != info.session) {
+    return InvalidArgument(fmt::format("{} belongs to session {}, init_info names session {} (stale path?)", where,
+                                       session, info.session));
+  }
+  if (h->total_bytes != size || static_cast<int>(h->num_slots) != info.num_slots ||
+      h->slot_bytes != info.slot_bytes || static_cast<int>(h->reader_count) != info.reader_count ||
+      h->header_bytes < kHeaderPage + kReaderLine * h->reader_count || h->header_bytes > size) {
+    return InvalidArgument(fmt::format(
+        "{} describes {} slot(s) of {} bytes for {} reader(s) in {} bytes; init_info says {} slot(s) of {} "
+        "bytes for {} reader(s)", where, h->num_slots, h->slot_bytes, h->reader_count, h->total_bytes,
+        info.num_slots, info.slot_bytes, info.reader_count));
+  }
+  r->session_ = session;
+  r->num_slots_ = static_cast<int>(h->num_slots);
+  r->slot_bytes_ = h->slot_bytes;
+  r->slot_stride_ = h->slot_stride;
+  r->header_bytes_ = h->header_bytes;
+  r->reader_count_ = static_cast<int>(h->reader_count);
+  r->slots_in_region_ = h->header_bytes + h->slot_stride * h->num_slots <= size;
+  if (h->slot_stride < h->slot_bytes) return InvalidArgument(where + " has a slot stride below its slot size");
+  return r;
+}
+
+IpcRegion::~IpcRegion() {
+  if (base_ != nullptr) munmap(base_, bytes_);
+  if (owner_ && slots_in_region_ && fd_ >= 0 && bytes_ > header_bytes_) {
+    // Frees the staging pages now, even while a server still maps the file; the header
+    // stays, so a late reader sees no new sequence numbers, only the trainer's exit.
+    fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(header_bytes_),
+              static_cast<off_t>(bytes_ - header_bytes_));
+  }
+  UnlinkName();
+  if (fd_ >= 0) close(fd_);  // the trainer's close drops its liveness lock
+}
+
+std::span<std::byte> IpcRegion::slot(int k) {
+  if (!slots_in_region_ || k < 0 || k >= num_slots_) return {};
+  return {base_ + header_bytes_ + slot_stride_ * k, slot_bytes_};
+}
+
+IpcBufferDesc IpcRegion::ShmBuffer() const {
+  IpcBufferDesc d;
+  d.kind = "shm";
+  d.offset = header_bytes_;
+  d.stride = slot_stride_;
+  return d;
+}
+
+void IpcRegion::UnlinkName() {
+  if (!shm_name_.empty()) {
+    shm_unlink(shm_name_.c_str());
+    shm_name_.clear();
+  }
+}
+
+void IpcRegion::FutexWait(uint32_t* word, uint32_t seen, std::chrono::microseconds max_wait) {
+  timespec ts{static_cast<time_t>(max_wait.count() / 1000000), static_cast<long>(max_wait.count() % 1000000) * 1000};
+  syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);  // shared: not FUTEX_PRIVATE
+}
+
+void IpcRegion::FutexBump(uint32_t* word) {
+  A(word).fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void IpcRegion::Publish(uint64_t seq, uint64_t bytes) {
+  Header* h = header();
+  int k = static_cast<int>(seq % num_slots_);
+  A(&h->slots[k].bytes).store(bytes, std::memory_order_relaxed);
+  A(slot_seq(k)).store(seq, std::memory_order_release);
+  FutexBump(&h->publish_futex);
+}
+
+uint64_t IpcRegion::acked(int reader) const {
+  return A(reader_acked(reader)).load(std::memory_order_acquire);
+}
+
+Status IpcRegion::WaitAcked(uint64_t seq, Deadline deadline, const std::function<Status()>& check,
+                            const std::function<std::string(int)>& describe_reader) {
+  if (seq == 0) return Status::Ok();
+  Header* h = header();
+  int spins = 0;
+  for (;;) {
+    uint32_t seen = A(&h->ack_futex).load(std::memory_order_acquire);
+    bool all = true;
+    for (int r = 0; r < reader_count_ && all; ++r) all = acked(r) >= seq;
+    if (all) return Status::Ok();
+    if (check) WSYNC_RETURN_IF_ERROR(check());
+    if (deadline.expired()) {
+      std::vector<std::string> late;
+      for (int r = 0; r < reader_count_; ++r) {
+        if (acked(r) < seq) late.push_back(describe_reader ? describe_reader(r) : fmt::format("reader {}", r));
+      }
+      return DeadlineExceeded(fmt::format("{} of {} receiving worker(s) did not finish chunk seq {} in time: {}{}",
+                                          late.size(), reader_count_, seq,
+                                          fmt::join(late.begin(), late.begin() + std::min<size_t>(late.size(), 4), ", "),
+                                          late.size() > 4 ? ", ..." : ""));
+    }
+    if (++spins < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    FutexWait(&h->ack_futex, seen, std::min<std::chrono::microseconds>(kMaxSleep, deadline.remaining()));
+  }
+}
+
+void IpcRegion::Abort(uint64_t sync, std::string_view reason) {
+  Header* h = header();
+  size_t n = std::min(reason.size(), sizeof(h->abort_reason) - 1);
+  std::memcpy(h->abort_reason, reason.data(), n);
+  h->abort_reason[n] = '\0';
+  A(&h->aborted_sync).store(sync, std::memory_order_release);
+  FutexBump(&h->publish_futex);
+}
+
+void IpcRegion::Attach(int reader, uint32_t pid) {
+  A(reinterpret_cast<uint32_t*>(reader_acked(reader) + 1)).store(pid, std::memory_order_relaxed);
+}
+
+uint32_t IpcRegion::reader_pid(int reader) const {
+  return A(reinterpret_cast<uint32_t*>(reader_acked(reader) + 1)).load(std::memory_order_relaxed);
+}
+
+void IpcRegion::Ack(int reader, uint64_t seq) {
+  A(reader_acked(reader)).store(seq, std::memory_order_release);
+  FutexBump(&header()->ack_futex);
+}
+
+bool IpcRegion::TrainerAlive() {
+  if (owner_) return true;
+  if (flock(fd_, LOCK_SH | LOCK_NB) == 0) {
+    flock(fd_, LOCK_UN);
+    return false;  // nobody holds the trainer's exclusive lock any more
+  }
+  return errno == EWOULDBLOCK || errno == EINTR;
+}
+
+uint32_t IpcRegion::trainer_pid() const { return header()->trainer_pid; }
+
+Status IpcRegion::WaitPublished(uint64_t seq, uint64_t sync, Deadline deadline, std::string_view what) {
+  Header* h = header();
+  int k = static_cast<int>(seq % num_slots_);
+  auto last_probe = Deadline::Clock::now();
+  int spins = 0;
+  for (;;) {
+    uint32_t seen = A(&h->publish_futex).load(std::memory_order_acquire);
+    uint64_t got = A(slot_seq(k)).load(std::memory_order_acquire);
+    if (got == seq) return Status::Ok();
+    if (got > seq) {
+      return DataLoss(fmt::format("{}: slot {} already carries chunk seq {} (wanted {}): this reader fell behind the trainer",
+                                  what, k, got, seq));
+    }
+    if (A(&h->aborted_sync).load(std::memory_order_acquire) == sync) {
+      return Aborted(fmt::format("{}: the trainer abandoned sync {}: {}", what, sync,
+                                 std::string(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)))));
+    }
+    auto now = Deadline::Clock::now();
+    if (now - last_probe >= kMaxSleep) {
+      last_probe = now;
+      if (!TrainerAlive()) {
+        return Unavailable(fmt::format("{}: the trainer (pid {}) exited during the sync (session {})", what,
+                                       h->trainer_pid, session_));
+      }
+    }
+    if (deadline.expired()) {
+      return DeadlineExceeded(fmt::format("{}: the trainer (pid {}) did not publish chunk seq {} in time", what,
+                                          h->trainer_pid, seq));
+    }
+    if (++spins < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    FutexWait(&h->publish_futex, seen, std::min<std::chrono::microseconds>(kMaxSleep, deadline.remaining()));
+  }
+}
+
+}  // namespace wsync

@@ -1,0 +1,143 @@
+// IpcRegion: the shared-memory control region of one `ipc` session, and on a CPU host
+// its staging slots too. Both halves map the same file; the trainer creates it, each
+// receiving server opens it by path at init and keeps it mapped across syncs.
+//
+// Layout (every multi-byte word naturally aligned; hand-off words on their own cache
+// lines; accessed only through std::atomic_ref):
+//
+//   [0, 4096)              header: magic "WSYNCIPC", layout version, session id, slot
+//                          count/size/stride, reader count, trainer pid; publish futex,
+//                          ack futex, aborted sync + reason, per-slot {seq, bytes}
+//   [4096, 4096 + 64 R)    one line per reader (receiving worker): {acked seq, pid}
+//   [header_bytes, ...)    slot k at header_bytes + k * slot_stride (kind "shm" only);
+//                          header_bytes and slot_stride are multiples of 2 MiB
+//
+// Hand-off (one writer, R readers, `num_slots`-deep ring; sequence numbers start at 1
+// and grow across the syncs of a session):
+//   trainer  WaitAcked(seq - num_slots)   every reader is done with the slot's old chunk
+//            pack chunk into slot seq % num_slots
+//            Publish(seq): slot.seq = seq (release), publish_futex++, FUTEX_WAKE
+//   reader   WaitPublished(seq): slot.seq == seq (acquire), else sleep on publish_futex
+//            copy out of the slot
+//            Ack(reader, seq): acked = seq (release), ack_futex++, FUTEX_WAKE
+// No HTTP round trip per chunk: one update_weights call carries the whole tensor list.
+//
+// Faults: every wait takes a Deadline and sleeps on the futex at most 10 ms at a time so
+// that it re-checks its exits. A trainer that fails a sync calls Abort(sync, reason) and
+// its readers stop with that reason. A trainer that dies is seen through a lock: it holds
+// flock(LOCK_EX) on the region for its whole life; a reader's LOCK_SH|LOCK_NB probe
+// succeeds only once that process is gone (the kernel drops the lock with its last fd),
+// which works across PID namespaces and needs no heartbeat.
+//
+// Backing: a memfd (no name to leak when the trainer is SIGKILLed; receivers open
+// /proc/PID/fd/N), or POSIX shm_open (receivers open /dev/shm/NAME; the trainer unlinks
+// the name once every server has mapped it, so a killed trainer leaks nothing after init).
+//
+// Thread-safety: the hand-off calls are safe from any thread and process; Create/Open and
+// destruction are not concurrent with anything else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backends/ipc/protocol.h"
+#include "core/deadline.h"
+#include "wsync/status.h"
+
+namespace wsync {
+
+enum class ShmBacking { kMemfd, kPosixShm };
+
+struct IpcRegionOptions {
+  std::string session;           // NewSessionId()
+  int num_slots = kIpcDefaultSlots;
+  uint64_t slot_bytes = 0;       // capacity of one slot
+  int reader_count = 1;
+  bool slots_in_region = true;   // false: the slots live elsewhere (GPU memory)
+  ShmBacking backing = ShmBacking::kMemfd;
+};
+
+class IpcRegion {
+ public:
+  // Trainer: creates and sizes the file, writes the header, takes the liveness lock.
+  static Result<std::unique_ptr<IpcRegion>> Create(const IpcRegionOptions& options);
+  // Receiver: opens `info.control_path`, maps it and checks that it is the region the
+  // init_info describes (magic, layout, session, slots, readers, size). InvalidArgument
+  // naming the path and what differs: "not a wsync ipc region", "belongs to session X".
+  static Result<std::unique_ptr<IpcRegion>> Open(const IpcInitInfo& info);
+  ~IpcRegion();
+  IpcRegion(const IpcRegion&) = delete;
+  IpcRegion& operator=(const IpcRegion&) = delete;
+
+  const std::string& path() const { return path_; }  // what receivers open
+  uint64_t bytes() const { return bytes_; }
+  const std::string& session() const { return session_; }
+  int num_slots() const { return num_slots_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t slot_stride() const { return slot_stride_; }
+  uint64_t header_bytes() const { return header_bytes_; }
+  int reader_count() const { return reader_count_; }
+  bool owner() const { return owner_; }
+  // The staging bytes of slot `k` (kind "shm"); empty when the slots live elsewhere.
+  std::span<std::byte> slot(int k);
+  // This region's own staging slots as an init_info buffer entry (kind "shm").
+  IpcBufferDesc ShmBuffer() const;
+
+  // ---- trainer -------------------------------------------------------------------
+  // POSIX shm: removes the name (mapped regions stay); no-op for a memfd.
+  void UnlinkName();
+  // Makes chunk `seq` in slot seq % num_slots visible to readers and wakes them.
+  void Publish(uint64_t seq, uint64_t bytes);
+  // Waits until every reader has acknowledged `seq` (seq 0: returns at once). `check`
+  // runs between sleeps; its error ends the wait. `describe_reader(r)` names reader r in
+  // the DeadlineExceeded message.
+  Status WaitAcked(uint64_t seq, Deadline deadline, const std::function<Status()>& check,
+                   const std::function<std::string(int)>& describe_reader);
+  // Tells the readers of `sync` to stop with `reason`, and wakes them.
+  void Abort(uint64_t sync, std::string_view reason);
+  uint64_t acked(int reader) const;
+  // The pid a receiver recorded with Attach(), 0 before.
+  uint32_t reader_pid(int reader) const;
+
+  // ---- receiver ------------------------------------------------------------------
+  // Records `pid` in the reader's line (for the trainer's messages).
+  void Attach(int reader, uint32_t pid);
+  // Waits until slot seq % num_slots carries `seq`. Aborted when the trainer abandoned
+  // `sync`; Unavailable when the trainer exited; DataLoss when the slot already carries a
+  // later chunk (a reader that fell out of the ring); DeadlineExceeded at the deadline.
+  // `what` names the wait in messages ("chunk 3/9 of sync 2").
+  Status WaitPublished(uint64_t seq, uint64_t sync, Deadline deadline, std::string_view what);
+  void Ack(int reader, uint64_t seq);
+  // False once the process that created the region has exited.
+  bool TrainerAlive();
+  uint32_t trainer_pid() const;
+
+ private:
+  IpcRegion() = default;
+  struct Header;
+  Header* header() const;
+  uint64_t* slot_seq(int k) const;
+  uint64_t* reader_acked(int r) const;
+  // Sleeps until *word != seen, a wake-up, or at most `max_wait`.
+  static void FutexWait(uint32_t* word, uint32_t seen, std::chrono::microseconds max_wait);
+  static void FutexBump(uint32_t* word);
+
+  int fd_ = -1;
+  std::byte* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  std::string path_;
+  std::string shm_name_;  // POSIX shm name until unlinked
+  std::string session_;
+  int num_slots_ = 0;
+  uint64_t slot_bytes_ = 0, slot_stride_ = 0, header_bytes_ = 0;
+  int reader_count_ = 0;
+  bool owner_ = false;
+  bool slots_in_region_ = true;
+};
+
+}  // namespace wsync

@@ -1,0 +1,43 @@
+// The `ipc` backend's sending half (trainer rank 0), for trainers colocated with their
+// servers (same host on CPU; same GPUs on CUDA).
+//
+// Init() sizes ONE staging region from the metadata (num_buffers slots of max(bucket,
+// largest tensor), capped at what the whole model needs), exports it once (protocol.h)
+// and hands every server its reader numbers; the servers map it and keep it mapped.
+// SendWeights() then runs start -> ONE update_weights carrying the whole tensor list ->
+// finish, and meanwhile packs chunk after chunk into the slots, publishing each through
+// the region (region.h): the receivers copy chunk k out while chunk k+1 is packed. Every
+// wait is bounded by timeout_seconds and watches the servers' HTTP replies, so a server
+// that refuses or dies ends it at once with that server's message; a failed sync aborts
+// the readers, closes the servers' sessions and ends the engine's session (Init again).
+// Shutdown() (and destruction) releases the region: its staging pages are freed at once,
+// even while a server still maps it. The only staging memory is the slots: no copy of the
+// model stays resident.
+//
+// Trainer ranks other than 0 are not senders: on CPU every server of the host reads rank
+// 0's region, so they only drain the same two passes of their source the sender makes
+// (the check pass and the transfer pass; each may be a collective) and return.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "backends/ipc/region.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+
+// Knobs of the ipc trainer that TrainerOptions does not carry.
+struct IpcTrainerOptions {
+  ShmBacking backing = ShmBacking::kMemfd;
+  // Fault injection for tests: after publishing this many chunks (counted over the
+  // engine's life), stop and sleep until killed, as a trainer wedged mid-sync. Set from
+  // the environment by CreateIpcTrainer (WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS=N).
+  std::optional<size_t> stall_after_chunks;
+};
+
+Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainer(const TrainerOptions& options);
+Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainerWith(const TrainerOptions& options,
+                                                            const IpcTrainerOptions& ipc);
+
+}  // namespace wsync
