@@ -163,6 +163,7 @@ Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t bl
   WSYNC_ZSTD_CHECK(ZSTD_CCtx_setParameter(c->zstd_->cctx, ZSTD_c_compressionLevel, zstd_level),
                    StatusCode::kInvalidArgument, fmt::format("zstd level {}", zstd_level));
   ZSTD_registerSequenceProducer(c->zstd_->cctx, nullptr, ProduceSparseSequences);
+  c->sparse_ = std::make_unique<SparseApplier>();
   c->level_ = zstd_level;
   c->block_bytes_ = block_bytes;
   c->block_.resize(block_bytes);
@@ -206,6 +207,9 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
         continue;
       }
       out.changed = true;
+      // Room for a typical frame (a few % of the tensor) up front: growing by doubling
+      // would fault in and copy the output several times.
+      out.compressed.resize(next.size() / 16 + 2 * ZSTD_CStreamOutSize());
       WSYNC_ZSTD_CHECK(ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");
       WSYNC_ZSTD_CHECK(ZSTD_CCtx_setPledgedSrcSize(cctx, next.size()), StatusCode::kInternal, "zstd size");
       for (size_t z = 0; z < leading_zeros; z += block_bytes_) {
@@ -217,7 +221,7 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
   }
   if (out.changed) WSYNC_RETURN_IF_ERROR(feed(nullptr, 0, true));
   out.compressed.resize(used);
-  out.compressed.shrink_to_fit();
+  if (out.compressed.capacity() > 2 * used + (size_t{1} << 16)) out.compressed.shrink_to_fit();
   out.checksum = hasher->FinishHex();
   return out;
 }
@@ -232,9 +236,20 @@ Status DeltaCodec::Apply(std::span<const uint8_t> frame, std::span<std::byte> re
     return DataLoss(fmt::format("{}: the patch decompresses to {} bytes, the tensor has {}", what,
                                 content, region.size()));
   }
+  auto hasher = expected_hex.empty() ? nullptr : Hasher::Create(algorithm);
+  if (content == region.size() && sparse_->Apply(frame, region)) {
+    ++sparse_frames_;
+    if (!hasher) return Status::Ok();
+    hasher->Update(region);
+    std::string got = hasher->FinishHex();
+    if (got != expected_hex) {
+      return DataLoss(fmt::format("{}: checksum after apply is {}, the manifest says {}", what, got, expected_hex));
+    }
+    return Status::Ok();
+  }
+  ++libzstd_frames_;
   ZSTD_DCtx* dctx = zstd_->dctx;
   WSYNC_ZSTD_CHECK(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");
-  auto hasher = expected_hex.empty() ? nullptr : Hasher::Create(algorithm);
   ZSTD_inBuffer in{frame.data(), frame.size(), 0};
   size_t done = 0;
   for (;;) {

@@ -183,6 +183,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
     return InvalidArgument("delta: the source's metadata differs from the one the publisher was built for");
   }
   auto t0 = Clock::now();
+  double cpu0 = ProcessCpuSeconds();
   PublishStats stats;
   stats.base_version = version_;
   stats.version = version_ + 1;
@@ -279,6 +280,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
   }
   version_ = stats.version;
   stats.seconds = Since(t0);
+  stats.cpu_seconds = ProcessCpuSeconds() - cpu0;
   return stats;
 }
 

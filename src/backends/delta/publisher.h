@@ -68,8 +68,9 @@ struct PublishStats {
   size_t payload_files = 0;
   size_t threads = 0;
   double seconds = 0;             // the whole Publish()
+  double cpu_seconds = 0;         // CPU time of this process during Publish(), all threads
   double stage_seconds = 0;       // calling thread: source iteration and staging copies
-  double encode_cpu_seconds = 0;  // summed over pool threads
+  double encode_cpu_seconds = 0;  // wall time of the encode tasks, summed over pool threads
   double write_seconds = 0;       // payload files and manifest, fsynced
 };
 

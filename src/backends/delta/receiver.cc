@@ -9,6 +9,7 @@
 #include "backends/delta/convert.h"
 #include "backends/delta/local_checkpoint.h"
 #include "backends/delta/manifest.h"
+#include "backends/delta/task_pool.h"
 #include "core/digest.h"
 #include "core/log.h"
 #include "format/safetensors.h"
@@ -88,6 +89,7 @@ class DeltaReceiver final : public ReceiverBackend {
     if (sync_dir.empty()) return InvalidArgument("fetch_weights needs a 'sync_dir' (none was given at init either)");
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     auto t0 = Clock::now();
+    double cpu0 = delta::ProcessCpuSeconds();
     std::vector<Result<FetchReport>> reports(stores_.size(), Internal("not run"));
     std::vector<std::future<Status>> futures;
     for (size_t i = 0; i < stores_.size(); ++i) {
@@ -118,6 +120,7 @@ class DeltaReceiver final : public ReceiverBackend {
       stats["tensor_bytes"] = stats["tensor_bytes"].get<uint64_t>() + r->tensor_bytes;
     }
     stats["total_s"] = Since(t0);
+    stats["cpu_s"] = delta::ProcessCpuSeconds() - cpu0;  // this server process, all threads
     WSYNC_LOG_INFO("delta: fetched version {} from {} (from version {}{}): {} version(s), {} tensors, fetch {:.3f} s, "
                    "apply {:.3f} s, reset {:.3f} s, total {:.3f} s", target, sync_dir, reports[0]->from_version,
                    reset ? ", after a reset: " + reset_reason : "", stats["versions"].get<int>(),
@@ -165,7 +168,10 @@ class DeltaReceiver final : public ReceiverBackend {
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     std::vector<std::unique_ptr<LocalCheckpoint>> stores;
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
-      WSYNC_ASSIGN_OR_RETURN(auto s, LocalCheckpoint::Open(delta::LocalCheckpointOptions{base, root}, deadline));
+      delta::LocalCheckpointOptions o;
+      o.base_checkpoint = base;
+      o.root = root;
+      WSYNC_ASSIGN_OR_RETURN(auto s, LocalCheckpoint::Open(std::move(o), deadline));
       stores.push_back(std::move(s));
     }
     stores_ = std::move(stores);

@@ -8,6 +8,8 @@
 // thread-safe; the destructor runs what is queued, then joins.
 #pragma once
 
+#include <time.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -17,6 +19,14 @@
 #include <vector>
 
 namespace wsync::delta {
+
+// CPU seconds this process has used (all threads): per-core throughput is bytes over
+// this, whatever else shares the machine.
+inline double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 class TaskPool {
  public:

@@ -1,0 +1,43 @@
+// SparseApplier: applies one zstd-framed XOR patch to a tensor by touching only the
+// patch's literal bytes, for frames whose matches provably copy zeros.
+//
+// A delta patch is mostly zeros. The frames DeltaCodec writes encode each zero run as
+// a literal zero followed by an offset-1 match, which a generic decoder must expand byte
+// by byte (libzstd decodes such frames at well under 1 GB/s). XOR with zero changes
+// nothing, so this decoder parses the frame (RFC 8878: frame and block headers, Huffman
+// literals, FSE-coded sequences, repeat offsets), XORs the literals into the tensor at
+// their positions and skips every match whose source lies inside the run of zeros that
+// ends at the current position. The caller then hashes the tensor to verify it.
+//
+// Anything outside that shape (a match that may copy nonzero bytes, a dictionary, a
+// malformed or truncated frame, a size that disagrees with the tensor) makes Apply()
+// return false with the tensor exactly as it was, and the caller falls back to libzstd,
+// which decodes every valid frame and reports every invalid one. (Decoding never reads
+// the tensor, so running a failed frame a second time XORs the same bytes back.)
+// Not thread-safe: one per thread (it keeps scratch buffers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace wsync::delta {
+
+class SparseApplier {
+ public:
+  SparseApplier();
+  ~SparseApplier();
+  SparseApplier(const SparseApplier&) = delete;
+  SparseApplier& operator=(const SparseApplier&) = delete;
+
+  // region ^= patch(frame) when the frame has the sparse shape; false (region unchanged)
+  // otherwise.
+  bool Apply(std::span<const uint8_t> frame, std::span<std::byte> region);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace wsync::delta
