@@ -1,0 +1,152 @@
+#include "backends/delta/zstd_entropy.h"
+
+namespace wsync::delta::zstd {
+
+bool BuildFse(const int16_t* norm, unsigned max_sym, unsigned al, FseTable* out) {
+  size_t size = size_t{1} << al;
+  out->t.assign(size, FseEntry{});
+  out->al = al;
+  out->valid = false;
+  std::array<uint32_t, 256> next{};
+  size_t high = size - 1;
+  for (unsigned s = 0; s <= max_sym; ++s) {
+    if (norm[s] == -1) {
+      out->t[high--].sym = static_cast<uint8_t>(s);
+      next[s] = 1;
+    } else {
+      next[s] = norm[s] > 0 ? static_cast<uint32_t>(norm[s]) : 0;
+    }
+  }
+  size_t step = (size >> 1) + (size >> 3) + 3, mask = size - 1, pos = 0;
+  for (unsigned s = 0; s <= max_sym; ++s) {
+    for (int i = 0; i < norm[s]; ++i) {
+      out->t[pos].sym = static_cast<uint8_t>(s);
+      do pos = (pos + step) & mask;
+      while (pos > high);
+    }
+  }
+  if (pos != 0) return false;
+  for (size_t u = 0; u < size; ++u) {
+    uint32_t x = next[out->t[u].sym]++;
+    if (x == 0) return false;
+    unsigned nb = al - (31 - std::countl_zero(x));
+    out->t[u].nb = static_cast<uint8_t>(nb);
+    out->t[u].base = static_cast<uint16_t>((x << nb) - size);
+  }
+  out->valid = true;
+  return true;
+}
+
+size_t ReadFse(const uint8_t* p, size_t n, unsigned max_al, unsigned max_sym, FseTable* out) {
+  FwdBits b{p, n};
+  unsigned al = b.Read(4) + 5;
+  if (al > max_al) return 0;
+  std::array<int16_t, 256> norm{};
+  int remaining = (1 << al) + 1, threshold = 1 << al, nb = static_cast<int>(al) + 1;
+  unsigned sym = 0;
+  bool previous0 = false;
+  while (remaining > 1) {
+    if (previous0) {
+      for (;;) {
+        uint32_t r = b.Read(2);
+        sym += r;
+        if (r != 3) break;
+        if (sym > max_sym + 1 || b.overrun) return 0;
+      }
+    }
+    if (sym > max_sym || b.overrun) return 0;
+    int max = (2 * threshold - 1) - remaining;
+    int count;
+    if (static_cast<int>(b.Peek(nb - 1)) < max) {
+      count = static_cast<int>(b.Read(nb - 1));
+    } else {
+      count = static_cast<int>(b.Read(nb));
+      if (count >= threshold) count -= max;
+    }
+    --count;
+    remaining -= count < 0 ? 1 : count;
+    norm[sym++] = static_cast<int16_t>(count);
+    previous0 = count == 0;
+    while (remaining < threshold && threshold > 1) {
+      --nb;
+      threshold >>= 1;
+    }
+  }
+  if (remaining != 1 || b.overrun) return 0;
+  if (!BuildFse(norm.data(), sym - 1, al, out)) return 0;
+  return (b.pos + 7) / 8;
+}
+
+size_t HuffmanTable::Read(const uint8_t* p, size_t n) {
+  if (n < 1) return 0;
+  std::array<uint8_t, 256> w{};
+  size_t count = 0, used = 0;
+  if (p[0] >= 128) {
+    count = p[0] - 127u;
+    used = 1 + (count + 1) / 2;
+    if (used > n) return 0;
+    for (size_t i = 0; i < count; ++i) w[i] = (i % 2 == 0) ? p[1 + i / 2] >> 4 : p[1 + i / 2] & 15;
+  } else {
+    used = 1 + p[0];
+    if (used > n || p[0] == 0) return 0;
+    FseTable t;
+    size_t h = ReadFse(p + 1, p[0], 6, 15, &t);
+    if (h == 0 || h >= p[0]) return 0;
+    BackBits b;
+    if (!b.Init(p + 1 + h, p[0] - h)) return 0;
+    uint32_t s1 = static_cast<uint32_t>(b.Read(t.al)), s2 = static_cast<uint32_t>(b.Read(t.al));
+    if (b.remaining() < 0) return 0;
+    for (;;) {  // two interleaved states until the stream runs out
+      if (count + 2 > 255) return 0;
+      w[count++] = t.t[s1].sym;
+      s1 = t.t[s1].base + static_cast<uint32_t>(b.Read(t.t[s1].nb));
+      if (b.remaining() < 0) {
+        w[count++] = t.t[s2].sym;
+        break;
+      }
+      w[count++] = t.t[s2].sym;
+      s2 = t.t[s2].base + static_cast<uint32_t>(b.Read(t.t[s2].nb));
+      if (b.remaining() < 0) {
+        w[count++] = t.t[s1].sym;
+        break;
+      }
+    }
+  }
+  uint32_t total = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (w[i] > 11) return 0;
+    if (w[i]) total += 1u << (w[i] - 1);
+  }
+  if (total == 0 || count >= 256) return 0;
+  unsigned bits = 32 - std::countl_zero(total);  // next power of two above total
+  uint32_t rest = (1u << bits) - total;
+  if (bits > 11 || !std::has_single_bit(rest)) return 0;
+  w[count++] = static_cast<uint8_t>(std::countr_zero(rest) + 1);
+  bits_ = bits;
+  table_.assign(size_t{1} << bits, HufEntry{0, 0});
+  size_t start = 0;
+  for (unsigned weight = 1; weight <= bits; ++weight) {
+    for (size_t s = 0; s < count; ++s) {
+      if (w[s] != weight) continue;
+      size_t len = size_t{1} << (weight - 1);
+      if (start + len > table_.size()) return 0;
+      for (size_t k = 0; k < len; ++k) table_[start + k] = HufEntry{static_cast<uint8_t>(s), static_cast<uint8_t>(bits + 1 - weight)};
+      start += len;
+    }
+  }
+  return start == table_.size() ? used : 0;
+}
+
+bool HuffmanTable::DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t count) const {
+  BackBits b;
+  if (!b.Init(p, n)) return false;
+  for (size_t i = 0; i < count; ++i) {
+    const HufEntry& e = table_[b.Peek(bits_)];
+    out[i] = e.sym;
+    b.Skip(e.nb);
+  }
+  return b.remaining() == 0;
+}
+
+
+}  // namespace wsync::delta::zstd

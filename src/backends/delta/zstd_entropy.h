@@ -1,0 +1,161 @@
+// Entropy-coding pieces of the zstd format (RFC 8878) that SparseApplier decodes with:
+// backward bitstreams, FSE decoding tables (built from a normalized distribution or read
+// from an "FSE Table Description"), Huffman decoding tables and streams, and the fixed
+// code tables of literal lengths, match lengths and the default distributions.
+//
+// Every function is bounds-checked against its input and reports malformed data by its
+// return value (0 bytes read, false), never by reading outside the buffer. Pure or
+// operating on caller-owned tables; safe from any thread on distinct objects.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace wsync::delta::zstd {
+
+inline uint32_t Le(const uint8_t* p, int n) {
+  uint32_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Bits of a backward stream (FSE, Huffman): the last byte's highest set bit is the end
+// marker; reading proceeds from just below it toward the first byte, through a 64-bit
+// container refilled 8 bytes at a time (libzstd's BIT_DStream scheme). Read(n) returns
+// the next n bits with the first-read bit as the most significant. Bits before the
+// start read as zero, and remaining() < 0 then tells the stream was overrun.
+class BackBits {
+ public:
+  bool Init(const uint8_t* p, size_t n) {
+    if (n == 0 || p[n - 1] == 0) return false;
+    start_ = p;
+    unsigned marker = 8 - (31 - std::countl_zero(static_cast<uint32_t>(p[n - 1])));  // padding + marker bits
+    if (n >= 8) {
+      ptr_ = p + n - 8;
+      std::memcpy(&container_, ptr_, 8);
+      consumed_ = marker;
+    } else {
+      ptr_ = p;
+      container_ = 0;
+      for (size_t i = 0; i < n; ++i) container_ |= uint64_t{p[i]} << (8 * i);
+      consumed_ = marker + 8 * (8 - static_cast<unsigned>(n));
+    }
+    return true;
+  }
+  // Up to 56 bits (a refill happens first when needed).
+  uint64_t Peek(unsigned n) {
+    if (consumed_ + n > 64) Refill();
+    if (n == 0 || consumed_ >= 64) return 0;
+    return (container_ << consumed_) >> (64 - n);
+  }
+  void Skip(unsigned n) { consumed_ += n; }
+  uint64_t Read(unsigned n) {
+    uint64_t v = Peek(n);
+    consumed_ += n;
+    return v;
+  }
+  // Bits left; negative when more were read than the stream holds.
+  int64_t remaining() const { return static_cast<int64_t>(ptr_ - start_) * 8 + 64 - static_cast<int64_t>(consumed_); }
+
+ private:
+  void Refill() {
+    if (consumed_ > 64) return;  // overrun: stays overrun
+    size_t back = consumed_ >> 3;
+    size_t avail = static_cast<size_t>(ptr_ - start_);
+    if (back > avail) back = avail;
+    if (back == 0) return;
+    ptr_ -= back;
+    consumed_ -= 8 * static_cast<unsigned>(back);
+    std::memcpy(&container_, ptr_, 8);
+  }
+  const uint8_t* start_ = nullptr;
+  const uint8_t* ptr_ = nullptr;
+  uint64_t container_ = 0;
+  unsigned consumed_ = 0;
+};
+
+// Forward little-endian bits (FSE table descriptions).
+struct FwdBits {
+  const uint8_t* p;
+  size_t n;
+  size_t pos = 0;  // bits consumed
+  bool overrun = false;
+  uint32_t Peek(unsigned k) {
+    uint64_t w = 0;
+    size_t byte = pos >> 3;
+    for (size_t i = 0; i < 5 && byte + i < n; ++i) w |= uint64_t{p[byte + i]} << (8 * i);
+    if (pos + k > 8 * n) overrun = true;
+    return static_cast<uint32_t>((w >> (pos & 7)) & ((uint64_t{1} << k) - 1));
+  }
+  uint32_t Read(unsigned k) {
+    uint32_t v = Peek(k);
+    pos += k;
+    return v;
+  }
+};
+
+struct FseEntry {
+  uint16_t base = 0;
+  uint8_t nb = 0;
+  uint8_t sym = 0;
+};
+
+struct FseTable {
+  std::vector<FseEntry> t;
+  unsigned al = 0;
+  bool valid = false;
+};
+
+// "From normalized distribution to decoding tables": false when the counts do not fill
+// the table exactly.
+bool BuildFse(const int16_t* norm, unsigned max_sym, unsigned al, FseTable* out);
+
+// "FSE Table Description": returns the bytes read, 0 when malformed (accuracy log above
+// max_al, a symbol above max_sym, counts that do not add up, input too short).
+size_t ReadFse(const uint8_t* p, size_t n, unsigned max_al, unsigned max_sym, FseTable* out);
+
+inline constexpr std::array<uint32_t, 36> kLlBase = {0,  1,  2,  3,  4,  5,  6,   7,   8,   9,   10,   11,
+                                              12, 13, 14, 15, 16, 18, 20,  22,  24,  28,  32,   40,
+                                              48, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
+inline constexpr std::array<uint8_t, 36> kLlBits = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  0,  0,  0,  1,  1,
+                                             1, 1, 2, 2, 3, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+inline constexpr std::array<uint32_t, 53> kMlBase = {
+    3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,
+    30, 31, 32, 33, 34, 35, 37, 39, 41, 43, 47, 51, 59, 67, 83, 99, 131, 259, 515, 1027, 2051, 4099, 8195, 16387,
+    32771, 65539};
+inline constexpr std::array<uint8_t, 53> kMlBits = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
+                                             2, 2, 3, 3, 4, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+inline constexpr int16_t kLlDefault[36] = {4, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 2, 2,
+                                    2, 2, 2, 2, 2, 2, 2, 3, 2, 1, 1, 1, 1, 1, -1, -1, -1, -1};
+inline constexpr int16_t kMlDefault[53] = {1, 4, 3, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,  1,  1,  1,  1,  1,  1,  1,  1,
+                                    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1};
+inline constexpr int16_t kOfDefault[29] = {1, 1, 1, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 1,
+                                    1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1};
+
+// A Huffman decoding table: 1 << bits entries, indexed by the next `bits` bits.
+struct HufEntry {
+  uint8_t sym;
+  uint8_t nb;
+};
+
+class HuffmanTable {
+ public:
+  bool empty() const { return table_.empty(); }
+  void clear() { table_.clear(); }
+  // "Huffman Tree Description": returns the bytes read, 0 when malformed.
+  size_t Read(const uint8_t* p, size_t n);
+  // Decodes `count` symbols of one "Huffman-coded Stream"; false unless the stream is
+  // consumed exactly.
+  bool DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t count) const;
+
+ private:
+  std::vector<HufEntry> table_;
+  unsigned bits_ = 0;
+};
+
+}  // namespace wsync::delta::zstd
