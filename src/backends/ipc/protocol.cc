@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace wsync {
 
@@ -188,6 +189,16 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
     info.buffers.emplace(key, std::move(d));
   }
   return info;
+}
+
+Result<const IpcBufferDesc*> IpcInitInfo::FindBuffer(const std::string& key) const {
+  auto it = buffers.find(key);
+  if (it != buffers.end()) return &it->second;
+  std::vector<std::string> keys;
+  for (const auto& [k, _] : buffers) keys.push_back(k);
+  return InvalidArgument(fmt::format(
+      "init_info buffers has no entry for this server's device {} (offered: {}): the ipc backend needs the "
+      "trainer on the same host (CPU) or the same GPU", key, fmt::join(keys, ", ")));
 }
 
 void IpcUpdateInfo::AddTo(json* u) const {

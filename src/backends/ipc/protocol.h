@@ -93,6 +93,9 @@ struct IpcInitInfo {
   nlohmann::json ToJson() const;
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one.
   static Result<IpcInitInfo> Parse(const nlohmann::json& j);
+  // The buffer entry of device `key` (HostDeviceKey() or a GPU's "GPU-<uuid>"); a missing
+  // one is InvalidArgument naming the key and the keys offered.
+  Result<const IpcBufferDesc*> FindBuffer(const std::string& key) const;
 };
 
 // The ipc-specific fields of one update (the tensor list itself is parsed by the server).

@@ -181,6 +181,22 @@ TEST(IpcProtocol, ReaderOffsetsFollowDeploymentsOfAnySize) {
   EXPECT_NE(r.status().message().find("report world sizes 4 and 2"), std::string::npos) << r.status().message();
 }
 
+TEST(IpcProtocol, AMissingDeviceKeyIsA400NamingTheKeysOffered) {
+  IpcInitInfo i = ValidInit();
+  i.buffers.clear();
+  i.buffers["GPU-11111111-2222-3333-4444-555555555555"] = IpcBufferDesc{"cuda_fd", 0, 1 << 20, json::object()};
+  i.buffers["GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"] = IpcBufferDesc{"cuda_ipc", 0, 1 << 20, json::object()};
+  auto b = i.FindBuffer("GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->kind, "cuda_ipc");
+  auto missing = i.FindBuffer("GPU-99999999-0000-0000-0000-000000000000");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("GPU-99999999-0000-0000-0000-000000000000"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("GPU-11111111-2222-3333-4444-555555555555"), std::string::npos)
+      << missing.status().message();
+}
+
 TEST(IpcProtocol, HostKeyIsStableAndSessionsAreFresh) {
   EXPECT_EQ(HostDeviceKey(), HostDeviceKey());
   EXPECT_EQ(HostDeviceKey().rfind("host-", 0), 0u);

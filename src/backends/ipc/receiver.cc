@@ -62,25 +62,18 @@ class IpcReceiver final : public ReceiverBackend {
       }
     }
     std::string key = HostDeviceKey();
-    auto it = info.buffers.find(key);
-    if (it == info.buffers.end()) {
-      std::vector<std::string> keys;
-      for (const auto& [k, _] : info.buffers) keys.push_back(k);
-      return InvalidArgument(fmt::format(
-          "init_info buffers has no entry for this server's device {} (offered: {}): the ipc backend "
-          "needs the trainer on the same host (CPU) or GPU", key, fmt::join(keys, ", ")));
-    }
-    if (it->second.kind != "shm") {
+    WSYNC_ASSIGN_OR_RETURN(const IpcBufferDesc* buffer, info.FindBuffer(key));
+    if (buffer->kind != "shm") {
       return InvalidArgument(fmt::format("init_info buffers['{}'] is of kind {}, CPU workers read kind shm", key,
-                                         it->second.kind));
+                                         buffer->kind));
     }
     auto session = std::make_shared<Session>();
     WSYNC_ASSIGN_OR_RETURN(session->region, IpcRegion::Open(info));
-    if (it->second.offset != session->region->header_bytes() || it->second.stride != session->region->slot_stride() ||
+    if (buffer->offset != session->region->header_bytes() || buffer->stride != session->region->slot_stride() ||
         session->region->slot(session->region->num_slots() - 1).empty()) {
       return InvalidArgument(fmt::format(
           "init_info buffers['{}'] puts the slots at offset {} stride {}, but the region {} holds them at "
-          "offset {} stride {} in {} bytes", key, it->second.offset, it->second.stride, info.control_path,
+          "offset {} stride {} in {} bytes", key, buffer->offset, buffer->stride, info.control_path,
           session->region->header_bytes(), session->region->slot_stride(), session->region->bytes()));
     }
     if (!session->region->TrainerAlive()) {

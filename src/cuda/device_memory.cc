@@ -1,0 +1,237 @@
+#include "cuda/device_memory.h"
+
+#include <openssl/evp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "cuda/cuda_check.h"
+
+namespace wsync::cuda {
+namespace {
+
+using nlohmann::json;
+
+std::string Base64(const unsigned char* data, size_t n) {
+  std::string out(4 * ((n + 2) / 3), '\0');
+  int len = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), data, static_cast<int>(n));
+  out.resize(len);
+  return out;
+}
+
+// Decodes exactly `n` bytes of standard base64.
+Status Unbase64(const std::string& text, unsigned char* out, size_t n) {
+  if (text.size() != 4 * ((n + 2) / 3)) {
+    return InvalidArgument(fmt::format("handle_b64 has {} characters, a {}-byte handle takes {}", text.size(), n,
+                                       4 * ((n + 2) / 3)));
+  }
+  std::string buf(text.size(), '\0');
+  int len = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(buf.data()),
+                            reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
+  if (len < static_cast<int>(n)) return InvalidArgument("handle_b64 is not standard base64");
+  std::memcpy(out, buf.data(), n);
+  return Status::Ok();
+}
+
+Status UseDevice(int device) {
+  WSYNC_CUDA_CHECK(cudaSetDevice(device));
+  WSYNC_CUDA_CHECK(cudaFree(nullptr));  // makes the primary context current for driver calls
+  return Status::Ok();
+}
+
+CUmemAllocationProp FdProp(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// The driver calls cuda_fd needs, fetched once.
+struct Driver {
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemAddressReserve) reserve = nullptr;
+  decltype(&cuMemAddressFree) address_free = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&cuMemImportFromShareableHandle) import_handle = nullptr;
+};
+
+Result<const Driver*> GetDriver() {
+  static Result<Driver> driver = []() -> Result<Driver> {
+    Driver d;
+    WSYNC_ASSIGN_OR_RETURN(d.granularity, DriverFn<decltype(d.granularity)>("cuMemGetAllocationGranularity"));
+    WSYNC_ASSIGN_OR_RETURN(d.create, DriverFn<decltype(d.create)>("cuMemCreate"));
+    WSYNC_ASSIGN_OR_RETURN(d.release, DriverFn<decltype(d.release)>("cuMemRelease"));
+    WSYNC_ASSIGN_OR_RETURN(d.reserve, DriverFn<decltype(d.reserve)>("cuMemAddressReserve"));
+    WSYNC_ASSIGN_OR_RETURN(d.address_free, DriverFn<decltype(d.address_free)>("cuMemAddressFree"));
+    WSYNC_ASSIGN_OR_RETURN(d.map, DriverFn<decltype(d.map)>("cuMemMap"));
+    WSYNC_ASSIGN_OR_RETURN(d.unmap, DriverFn<decltype(d.unmap)>("cuMemUnmap"));
+    WSYNC_ASSIGN_OR_RETURN(d.set_access, DriverFn<decltype(d.set_access)>("cuMemSetAccess"));
+    WSYNC_ASSIGN_OR_RETURN(d.export_handle, DriverFn<decltype(d.export_handle)>("cuMemExportToShareableHandle"));
+    WSYNC_ASSIGN_OR_RETURN(d.import_handle, DriverFn<decltype(d.import_handle)>("cuMemImportFromShareableHandle"));
+    return d;
+  }();
+  if (!driver.ok()) return driver.status();
+  return &*driver;
+}
+
+// Reserves an address range for `handle`, maps it and grants `device` read/write.
+Result<CUdeviceptr> MapHandle(const Driver& d, CUmemGenericAllocationHandle handle, size_t size, int device) {
+  CUdeviceptr ptr = 0;
+  WSYNC_CU_CHECK(d.reserve(&ptr, size, 0, 0, 0));
+  CUresult r = d.map(ptr, size, 0, handle, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = d.set_access(ptr, size, &access, 1);
+    if (r != CUDA_SUCCESS) d.unmap(ptr, size);
+  }
+  if (r != CUDA_SUCCESS) {
+    d.address_free(ptr, size);
+    WSYNC_CU_CHECK(r);
+  }
+  return ptr;
+}
+
+}  // namespace
+
+std::string_view ExportKindName(ExportKind kind) { return kind == ExportKind::kCudaIpc ? "cuda_ipc" : "cuda_fd"; }
+
+Result<ExportKind> ParseExportKind(std::string_view name) {
+  if (name == "cuda_ipc") return ExportKind::kCudaIpc;
+  if (name == "cuda_fd") return ExportKind::kCuMemFd;
+  return InvalidArgument(fmt::format("device memory kind '{}' is not cuda_ipc or cuda_fd", name));
+}
+
+Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::Allocate(int device, size_t bytes, ExportKind kind) {
+  if (bytes == 0) return InvalidArgument("exported device memory must be at least one byte");
+  WSYNC_RETURN_IF_ERROR(UseDevice(device));
+  std::unique_ptr<ExportedDeviceMemory> m(new ExportedDeviceMemory());
+  m->kind_ = kind;
+  m->device_ = device;
+  if (kind == ExportKind::kCudaIpc) {
+    WSYNC_CUDA_CHECK(cudaMalloc(&m->ptr_, bytes));
+    m->size_ = bytes;
+    cudaIpcMemHandle_t h;
+    WSYNC_CUDA_CHECK(cudaIpcGetMemHandle(&h, m->ptr_));
+    static_assert(sizeof(h) == sizeof(m->ipc_handle_));
+    std::memcpy(m->ipc_handle_, &h, sizeof(h));
+    return m;
+  }
+  WSYNC_ASSIGN_OR_RETURN(const Driver* d, GetDriver());
+  CUmemAllocationProp prop = FdProp(device);
+  size_t granularity = 0;
+  WSYNC_CU_CHECK(d->granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  m->size_ = (bytes + granularity - 1) / granularity * granularity;
+  CUmemGenericAllocationHandle handle = 0;
+  WSYNC_CU_CHECK(d->create(&handle, m->size_, &prop, 0));
+  m->mem_handle_ = handle;
+  WSYNC_ASSIGN_OR_RETURN(CUdeviceptr ptr, MapHandle(*d, handle, m->size_, device));
+  m->ptr_ = reinterpret_cast<void*>(ptr);
+  int fd = -1;
+  WSYNC_CU_CHECK(d->export_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  m->fd_ = fd;
+  return m;
+}
+
+ExportedDeviceMemory::~ExportedDeviceMemory() {
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  if (kind_ == ExportKind::kCudaIpc) {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    return;
+  }
+  if (fd_ >= 0) close(fd_);
+  auto d = GetDriver();
+  if (!d.ok()) return;
+  if (ptr_ != nullptr) {
+    (*d)->unmap(reinterpret_cast<CUdeviceptr>(ptr_), size_);
+    (*d)->address_free(reinterpret_cast<CUdeviceptr>(ptr_), size_);
+  }
+  if (mem_handle_ != 0) (*d)->release(mem_handle_);
+}
+
+json ExportedDeviceMemory::Handle() const {
+  if (kind_ == ExportKind::kCudaIpc) return json{{"handle_b64", Base64(ipc_handle_, sizeof(ipc_handle_))}};
+  return json{{"pid", static_cast<int64_t>(getpid())}, {"fd", fd_}, {"bytes", size_}};
+}
+
+Result<std::unique_ptr<ImportedDeviceMemory>> ImportedDeviceMemory::Open(int device, ExportKind kind,
+                                                                        const json& handle, size_t bytes) {
+  if (!handle.is_object()) return InvalidArgument("device memory handle must be a JSON object");
+  WSYNC_RETURN_IF_ERROR(UseDevice(device));
+  std::unique_ptr<ImportedDeviceMemory> m(new ImportedDeviceMemory());
+  m->kind_ = kind;
+  m->device_ = device;
+  if (kind == ExportKind::kCudaIpc) {
+    auto it = handle.find("handle_b64");
+    if (it == handle.end() || !it->is_string()) return InvalidArgument("cuda_ipc handle needs a string 'handle_b64'");
+    cudaIpcMemHandle_t h;
+    WSYNC_RETURN_IF_ERROR(Unbase64(it->get<std::string>(), reinterpret_cast<unsigned char*>(&h), sizeof(h)));
+    WSYNC_CUDA_CHECK(cudaIpcOpenMemHandle(&m->ptr_, h, cudaIpcMemLazyEnablePeerAccess));
+    m->size_ = bytes;  // cudaIpc tells no size; the protocol's slot layout bounds every access
+    return m;
+  }
+  for (const char* f : {"pid", "fd", "bytes"}) {
+    if (!handle.contains(f) || !handle[f].is_number_integer() || handle[f].get<int64_t>() < 0) {
+      return InvalidArgument(fmt::format("cuda_fd handle needs a non-negative integer '{}'", f));
+    }
+  }
+  int pid = handle["pid"].get<int>(), remote_fd = handle["fd"].get<int>();
+  size_t size = handle["bytes"].get<size_t>();
+  if (size < bytes) {
+    return InvalidArgument(fmt::format("cuda_fd handle exports {} bytes, {} are needed", size, bytes));
+  }
+  WSYNC_ASSIGN_OR_RETURN(const Driver* d, GetDriver());
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    return InvalidArgument(fmt::format("pidfd_open({}): {} (has the exporting process exited?)", pid, std::strerror(errno)));
+  }
+  int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, remote_fd, 0));
+  int err = errno;
+  close(pidfd);
+  if (fd < 0) {
+    return InvalidArgument(fmt::format(
+        "pidfd_getfd(pid {}, fd {}): {} (taking another process's fd needs ptrace rights over it: the same "
+        "user with Yama ptrace_scope 0, or CAP_SYS_PTRACE; otherwise export kind cuda_ipc)",
+        pid, remote_fd, std::strerror(err)));
+  }
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = d->import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  close(fd);
+  WSYNC_CU_CHECK(r);
+  m->mem_handle_ = h;
+  m->size_ = size;
+  WSYNC_ASSIGN_OR_RETURN(CUdeviceptr ptr, MapHandle(*d, h, size, device));
+  m->ptr_ = reinterpret_cast<void*>(ptr);
+  return m;
+}
+
+ImportedDeviceMemory::~ImportedDeviceMemory() {
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  if (kind_ == ExportKind::kCudaIpc) {
+    if (ptr_ != nullptr) cudaIpcCloseMemHandle(ptr_);
+    return;
+  }
+  auto d = GetDriver();
+  if (!d.ok()) return;
+  if (ptr_ != nullptr) {
+    (*d)->unmap(reinterpret_cast<CUdeviceptr>(ptr_), size_);
+    (*d)->address_free(reinterpret_cast<CUdeviceptr>(ptr_), size_);
+  }
+  if (mem_handle_ != 0) (*d)->release(mem_handle_);
+}
+
+}  // namespace wsync::cuda

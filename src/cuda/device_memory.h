@@ -1,0 +1,84 @@
+// Device memory shared between colocated processes on one GPU: the `ipc` backend's GPU
+// staging slots (and, later, zero-copy exports of a source's own allocations).
+//
+// Two export kinds, named as in the ipc protocol's `buffers` entries:
+//  * "cuda_ipc": cudaMalloc + cudaIpcGetMemHandle; the handle is 64 bytes, sent as
+//    {"handle_b64": standard base64}. Works for plain cudaMalloc memory only.
+//  * "cuda_fd": cuMemCreate with a POSIX file-descriptor handle type, mapped into this
+//    process; sent as {"pid", "fd", "bytes"}. The importer takes the fd with pidfd_getfd
+//    (Linux >= 5.6; needs ptrace rights over the exporter: same user with Yama
+//    ptrace_scope 0, or CAP_SYS_PTRACE) and maps it. This is how memory from VMM /
+//    expandable-segment allocators is shared, which cudaIpcGetMemHandle refuses.
+//
+// Exporting is cheap; opening is the expensive step (~0.15 s the first time on an H200),
+// which is why the ipc protocol exports once per session and importers keep the mapping.
+// Each object frees or unmaps what it made in its destructor, on the device it was made
+// on. Not synchronized; the calling thread's current device is left set to `device`.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync/status.h"
+
+namespace wsync::cuda {
+
+enum class ExportKind { kCudaIpc, kCuMemFd };
+std::string_view ExportKindName(ExportKind kind);  // "cuda_ipc", "cuda_fd"
+Result<ExportKind> ParseExportKind(std::string_view name);
+
+class ExportedDeviceMemory {
+ public:
+  // Allocates at least `bytes` on `device` (cuda_fd rounds up to the allocation
+  // granularity) and exports it.
+  static Result<std::unique_ptr<ExportedDeviceMemory>> Allocate(int device, size_t bytes, ExportKind kind);
+  ~ExportedDeviceMemory();
+  ExportedDeviceMemory(const ExportedDeviceMemory&) = delete;
+  ExportedDeviceMemory& operator=(const ExportedDeviceMemory&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t size() const { return size_; }
+  int device() const { return device_; }
+  ExportKind kind() const { return kind_; }
+  // What an importer needs (see the file comment).
+  nlohmann::json Handle() const;
+
+ private:
+  ExportedDeviceMemory() = default;
+  ExportKind kind_ = ExportKind::kCudaIpc;
+  int device_ = 0;
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+  unsigned char ipc_handle_[64] = {};
+  unsigned long long mem_handle_ = 0;  // CUmemGenericAllocationHandle
+  int fd_ = -1;
+};
+
+class ImportedDeviceMemory {
+ public:
+  // Maps `bytes` of memory another process exported with `handle`, on `device` (this
+  // process's ordinal of the same GPU). InvalidArgument for a malformed handle or one
+  // smaller than `bytes`; the named CUDA or OS error when it does not open (its exporter
+  // exited, another GPU, no ptrace rights for cuda_fd).
+  static Result<std::unique_ptr<ImportedDeviceMemory>> Open(int device, ExportKind kind,
+                                                            const nlohmann::json& handle, size_t bytes);
+  ~ImportedDeviceMemory();
+  ImportedDeviceMemory(const ImportedDeviceMemory&) = delete;
+  ImportedDeviceMemory& operator=(const ImportedDeviceMemory&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  ImportedDeviceMemory() = default;
+  ExportKind kind_ = ExportKind::kCudaIpc;
+  int device_ = 0;
+  void* ptr_ = nullptr;
+  size_t size_ = 0;         // the whole mapping (cuda_fd: the exporter's rounded size)
+  unsigned long long mem_handle_ = 0;
+};
+
+}  // namespace wsync::cuda

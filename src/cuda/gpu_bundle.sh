@@ -1,0 +1,46 @@
+#!/bin/sh
+# Gathers the GPU test and benchmark binaries of a build, with the shared libraries they
+# need beyond glibc, into one folder to carry to the GPU machine, plus run.sh to run them
+# there. Usage: src/cuda/gpu_bundle.sh BUILD_DIR OUT_DIR
+#   then, on the GPU machine, from the repository root: sh OUT_DIR/run.sh [RESULTS_DIR]
+set -eu
+build=$1
+out=$2
+mkdir -p "$out"
+for b in src/cuda/cuda_device_memory_test src/cuda/cuda_ipc_benchmark; do
+  cp "$build/$b" "$out/"
+  ldd "$build/$b" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+      *) cp -L "$lib" "$out/" ;;
+    esac
+  done
+done
+cat > "$out/run.sh" <<'RUN'
+#!/bin/sh
+# The ipc backend's GPU checks on one GPU: the gpu-labelled tests, then the benchmark
+# (packed and zero-copy, both export kinds, 100 extra syncs of leak accounting), then the
+# PyTorch baseline when the probe is there. Results go to ${1:-.}.
+here=$(cd "$(dirname "$0")" && pwd)
+res=${1:-.}
+mkdir -p "$res"
+export LD_LIBRARY_PATH="$here${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
+"$here/cuda_device_memory_test" 2>&1 | tee "$res/cuda_device_memory_test.txt" | tail -30
+for kind in cuda_ipc cuda_fd; do
+  "$here/cuda_ipc_benchmark" --model qwen3-8b --iters 10 --bucket-gb 1.24 --kind "$kind" --leak-syncs 100 \
+    >"$res/bench_$kind.jsonl" 2>"$res/bench_$kind.log"
+  echo "rc=$? kind=$kind"; cat "$res/bench_$kind.log" "$res/bench_$kind.jsonl"
+done
+"$here/cuda_ipc_benchmark" --model qwen3-8b --iters 10 --bucket-gb 1.24 --mode packed --copy memcpy \
+  >"$res/bench_memcpy.jsonl" 2>"$res/bench_memcpy.log"
+cat "$res/bench_memcpy.log"
+for probe in shared/probes/torch_ipc_baseline.py ../shared/probes/torch_ipc_baseline.py; do
+  if [ -f "$probe" ]; then
+    env -u LD_LIBRARY_PATH python3 "$probe" 36 | tee "$res/torch_baseline.jsonl"
+    break
+  fi
+done
+RUN
+chmod +x "$out/run.sh"
+ls -la "$out"
