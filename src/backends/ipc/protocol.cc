@@ -248,13 +248,13 @@ Status IpcUpdateInfo::Validate(std::span<const TensorMeta> tensors, uint64_t slo
         "update_info lists must have one entry per tensor: names {}, tensor_sizes {}, tensor_offsets {}",
         n, tensor_sizes.size(), tensor_offsets.size()));
   }
-  if (n > 0 && (chunk_ends.empty() || chunk_ends.back() != n)) {
+  if ((n > 0 || !chunk_ends.empty()) && (chunk_ends.empty() || chunk_ends.back() != n)) {
     return InvalidArgument(fmt::format("update_info chunk_ends must end at the number of tensors ({}), got {}", n,
                                        chunk_ends.empty() ? std::string("[]") : std::to_string(chunk_ends.back())));
   }
   for (size_t k = 0; k < chunk_ends.size(); ++k) {
     uint64_t first = chunk_first(k), end = chunk_ends[k];
-    if (end <= first) {
+    if (end <= first || end > n) {
       return InvalidArgument(fmt::format("update_info chunk_ends[{}] = {} does not follow {} (chunks must be non-empty)",
                                          k, end, first));
     }

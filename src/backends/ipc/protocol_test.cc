@@ -146,6 +146,14 @@ TEST(IpcProtocol, UpdateInfoRoundTripsAndValidates) {
   bad.chunk_ends = {0, 3};
   EXPECT_FALSE(bad.Validate(ts, 400).ok());
   bad = u;
+  bad.chunk_ends = {2, 5, 3};
+  EXPECT_FALSE(bad.Validate(ts, 400).ok());
+  IpcUpdateInfo empty;  // no tensors, but chunks that would index them
+  empty.chunk_ends = {5};
+  EXPECT_FALSE(empty.Validate({}, 400).ok());
+  empty.chunk_ends.clear();
+  EXPECT_TRUE(empty.Validate({}, 400).ok());
+  bad = u;
   bad.tensor_offsets.pop_back();
   EXPECT_FALSE(bad.Validate(ts, 400).ok());
   bad = u;
