@@ -44,11 +44,15 @@ __global__ void Checksum(const unsigned long long* __restrict__ words, unsigned 
 
 cudaError_t LaunchCopyTiles(const Tile* tiles, unsigned count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
+  // cudaGetLastError reports the last error of ANY earlier runtime call on this thread;
+  // clear a stale one so that the check below is about this launch alone.
+  (void)cudaGetLastError();
   CopyTiles<<<count, kThreads, 0, stream>>>(tiles);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchChecksum(const void* data, unsigned long long words, unsigned long long* out, cudaStream_t stream) {
+  (void)cudaGetLastError();  // as above: report this launch's error only
   Checksum<<<1024, 256, 0, stream>>>(static_cast<const unsigned long long*>(data), words, out);
   return cudaGetLastError();
 }

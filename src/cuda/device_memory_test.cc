@@ -111,7 +111,8 @@ TEST(BatchedCopy, OneLaunchCopiesAlignedAndUnalignedPiecesExactly) {
   }
   auto plan = CopyPlan::Create(ops);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  ASSERT_TRUE((*plan)->Launch(nullptr).ok());
+  Status launched = (*plan)->Launch(nullptr);
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto got = DeviceChecksum(dst, kBytes, nullptr), expected = DeviceChecksum(want, kBytes, nullptr);
   ASSERT_TRUE(got.ok() && expected.ok());

@@ -149,7 +149,10 @@ Status InferenceServer::UpdateWeights(const json& update_info) {
     std::lock_guard lock(mu_);
     if (!s.ok()) active_ = false;  // a failed update ends the session
     // Bytes may have landed before a data-phase failure: say so until a sync completes.
-    if (!s.ok() && req.reject.ok() && s.code() != StatusCode::kAborted) dirty_ = true;
+    // Refusals (bad payload, wrong state, a peer's refusal) land nothing.
+    bool refused = s.code() == StatusCode::kInvalidArgument ||
+                   s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kAborted;
+    if (!s.ok() && req.reject.ok() && !refused) dirty_ = true;
     busy_ = false;
     busy_with_ = "";
   }
