@@ -13,6 +13,7 @@
 
 #include "backends/ipc/protocol.h"
 #include "control/client.h"
+#include "control/worker_labels.h"
 #include "core/log.h"
 #include "core/parallel.h"
 
@@ -255,27 +256,7 @@ class IpcTrainer final : public TrainerEngine {
 
   // Names every reader from the servers' /health when they are wsync servers.
   std::vector<std::string> ReaderLabels(int readers, const std::vector<int>& offsets, Deadline deadline) {
-    std::vector<std::string> labels(readers);
-    Result<std::vector<json>> health = client_.Get("/health", deadline);
-    for (size_t i = 0; i < offsets.size(); ++i) {
-      const std::string& url = client_.urls()[i];
-      json h = health.ok() ? (*health)[i] : json::object();
-      int tp = h.value("tp", 0), dp = h.value("dp", 0), dp_rank = h.value("dp_rank", -1);
-      if (tp <= 0 || dp <= 0) {
-        for (int r = offsets[i]; r < readers; ++r) {
-          if (labels[r].empty()) labels[r] = fmt::format("a worker of {} or a later server", url);
-        }
-        continue;
-      }
-      int first = dp_rank < 0 ? 0 : dp_rank, end = dp_rank < 0 ? dp : dp_rank + 1;
-      for (int d = first; d < end; ++d) {
-        for (int t = 0; t < tp; ++t) {
-          int r = offsets[i] + d * tp + t;
-          if (r >= 0 && r < readers) labels[r] = fmt::format("{} worker dp{}/tp{}", url, d, t);
-        }
-      }
-    }
-    return labels;
+    return WorkerLabels(client_, readers, offsets, deadline);
   }
 
   TrainerOptions options_;

@@ -15,6 +15,7 @@
 #include "comm/store.h"
 #include "control/client.h"
 #include "control/init_payloads.h"
+#include "control/worker_labels.h"
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "plan/packing.h"
@@ -330,29 +331,10 @@ class NcclTrainer final : public TrainerEngine {
     (void)client_.Post("/finish_weight_update", json::object(), Deadline::InSeconds(10));
   }
 
-  // Names every rank of the group, from the servers' /health when they are wsync servers.
+  // Rank 0 is the trainer; the others are the servers' workers.
   std::vector<std::string> RankLabels(int world, const std::vector<int>& offsets, Deadline deadline) {
-    std::vector<std::string> labels(world);
+    std::vector<std::string> labels = WorkerLabels(client_, world, offsets, deadline);
     labels[0] = "trainer";
-    Result<std::vector<json>> health = client_.Get("/health", deadline);
-    for (size_t i = 0; i < offsets.size(); ++i) {
-      const std::string& url = client_.urls()[i];
-      json h = health.ok() ? (*health)[i] : json::object();
-      int tp = h.value("tp", 0), dp = h.value("dp", 0), dp_rank = h.value("dp_rank", -1);
-      if (tp <= 0 || dp <= 0) {
-        for (int r = offsets[i]; r < world; ++r) {
-          if (labels[r].empty()) labels[r] = fmt::format("a worker of {} or a later server", url);
-        }
-        continue;
-      }
-      int first = dp_rank < 0 ? 0 : dp_rank, end = dp_rank < 0 ? dp : dp_rank + 1;
-      for (int d = first; d < end; ++d) {
-        for (int t = 0; t < tp; ++t) {
-          int r = offsets[i] + d * tp + t;
-          if (r < world) labels[r] = fmt::format("{} worker dp{}/tp{}", url, d, t);
-        }
-      }
-    }
     return labels;
   }
 

@@ -1,0 +1,34 @@
+#include "control/worker_labels.h"
+
+#include <fmt/format.h>
+
+namespace wsync {
+
+using nlohmann::json;
+
+std::vector<std::string> WorkerLabels(const FanOutClient& client, int count,
+                                      const std::vector<int>& offsets, Deadline deadline) {
+  std::vector<std::string> labels(count);
+  Result<std::vector<json>> health = client.Get("/health", deadline);
+  for (size_t i = 0; i < offsets.size() && i < client.urls().size(); ++i) {
+    const std::string& url = client.urls()[i];
+    json h = health.ok() ? (*health)[i] : json::object();
+    int tp = h.value("tp", 0), dp = h.value("dp", 0), dp_rank = h.value("dp_rank", -1);
+    if (tp <= 0 || dp <= 0) {
+      for (int r = offsets[i]; r < count; ++r) {
+        if (labels[r].empty()) labels[r] = fmt::format("a worker of {} or a later server", url);
+      }
+      continue;
+    }
+    int first = dp_rank < 0 ? 0 : dp_rank, end = dp_rank < 0 ? dp : dp_rank + 1;
+    for (int d = first; d < end; ++d) {
+      for (int t = 0; t < tp; ++t) {
+        int r = offsets[i] + d * tp + t;
+        if (r >= 0 && r < count) labels[r] = fmt::format("{} worker dp{}/tp{}", url, d, t);
+      }
+    }
+  }
+  return labels;
+}
+
+}  // namespace wsync
