@@ -150,7 +150,7 @@ void XorInto(std::span<std::byte> dst, std::span<const std::byte> src) {
   for (size_t i = 8 * words; i < n; ++i) d[i] ^= s[i];
 }
 
-Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t block_bytes) {
+Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t block_bytes, bool sparse_apply) {
   if (block_bytes == 0 || block_bytes > kDefaultBlockBytes * 4) {
     return InvalidArgument(fmt::format("delta block size {} must be in (0, {}]", block_bytes,
                                        kDefaultBlockBytes * 4));
@@ -163,7 +163,7 @@ Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t bl
   WSYNC_ZSTD_CHECK(ZSTD_CCtx_setParameter(c->zstd_->cctx, ZSTD_c_compressionLevel, zstd_level),
                    StatusCode::kInvalidArgument, fmt::format("zstd level {}", zstd_level));
   ZSTD_registerSequenceProducer(c->zstd_->cctx, nullptr, ProduceSparseSequences);
-  c->sparse_ = std::make_unique<SparseApplier>();
+  if (sparse_apply) c->sparse_ = std::make_unique<SparseApplier>();
   c->level_ = zstd_level;
   c->block_bytes_ = block_bytes;
   c->block_.resize(block_bytes);
@@ -237,10 +237,9 @@ Status DeltaCodec::Apply(std::span<const uint8_t> frame, std::span<std::byte> re
                                 content, region.size()));
   }
   auto hasher = expected_hex.empty() ? nullptr : Hasher::Create(algorithm);
-  if (content == region.size() && sparse_->Apply(frame, region)) {
+  if (sparse_ && content == region.size() && sparse_->Apply(frame, region, hasher.get())) {
     ++sparse_frames_;
     if (!hasher) return Status::Ok();
-    hasher->Update(region);
     std::string got = hasher->FinishHex();
     if (got != expected_hex) {
       return DataLoss(fmt::format("{}: checksum after apply is {}, the manifest says {}", what, got, expected_hex));
@@ -248,6 +247,7 @@ Status DeltaCodec::Apply(std::span<const uint8_t> frame, std::span<std::byte> re
     return Status::Ok();
   }
   ++libzstd_frames_;
+  if (hasher) hasher = Hasher::Create(algorithm);  // the sparse attempt fed it
   ZSTD_DCtx* dctx = zstd_->dctx;
   WSYNC_ZSTD_CHECK(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");
   ZSTD_inBuffer in{frame.data(), frame.size(), 0};

@@ -55,8 +55,10 @@ struct EncodedDelta {
 
 class DeltaCodec {
  public:
+  // `sparse_apply` false makes Apply() use libzstd for every frame (tests, benchmarks).
   static Result<std::unique_ptr<DeltaCodec>> Create(int zstd_level = kDefaultZstdLevel,
-                                                    size_t block_bytes = kDefaultBlockBytes);
+                                                    size_t block_bytes = kDefaultBlockBytes,
+                                                    bool sparse_apply = true);
   ~DeltaCodec();
   DeltaCodec(const DeltaCodec&) = delete;
   DeltaCodec& operator=(const DeltaCodec&) = delete;

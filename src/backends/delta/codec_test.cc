@@ -21,13 +21,16 @@ std::vector<std::byte> Changed(std::vector<std::byte> base, size_t first, size_t
   return base;
 }
 
+// Every test runs twice: Apply() through SparseApplier, and through libzstd alone.
+class DeltaCodecTest : public ::testing::TestWithParam<bool> {};
+
 std::unique_ptr<DeltaCodec> NewCodec(size_t block = kDefaultBlockBytes) {
-  auto c = DeltaCodec::Create(kDefaultZstdLevel, block);
+  auto c = DeltaCodec::Create(kDefaultZstdLevel, block, DeltaCodecTest::GetParam());
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return std::move(*c);
 }
 
-TEST(DeltaCodecTest, EncodeThenApplyRoundTripsAndUpdatesTheSnapshot) {
+TEST_P(DeltaCodecTest, EncodeThenApplyRoundTripsAndUpdatesTheSnapshot) {
   for (size_t n : {size_t{1}, size_t{13}, size_t{4096}, size_t{1} << 20, (size_t{1} << 20) + 7}) {
     auto codec = NewCodec(4096);
     std::vector<std::byte> old = RandomBytes(n, 1), next = Changed(old, 0, 37);
@@ -45,7 +48,7 @@ TEST(DeltaCodecTest, EncodeThenApplyRoundTripsAndUpdatesTheSnapshot) {
   }
 }
 
-TEST(DeltaCodecTest, FrameIsOneStandardZstdFrameOfTheXorWithItsContentSize) {
+TEST_P(DeltaCodecTest, FrameIsOneStandardZstdFrameOfTheXorWithItsContentSize) {
   auto codec = NewCodec();
   const size_t n = 300'000;
   std::vector<std::byte> old = RandomBytes(n, 2), next = Changed(old, 5, 101), snap = old;
@@ -59,7 +62,7 @@ TEST(DeltaCodecTest, FrameIsOneStandardZstdFrameOfTheXorWithItsContentSize) {
   EXPECT_LT(enc->compressed.size(), n / 10);
 }
 
-TEST(DeltaCodecTest, UnchangedTensorHasNoFrameButStillAChecksum) {
+TEST_P(DeltaCodecTest, UnchangedTensorHasNoFrameButStillAChecksum) {
   auto codec = NewCodec();
   std::vector<std::byte> old = RandomBytes(200'000, 3), snap = old;
   auto enc = codec->Encode(old, snap, DigestAlgorithm::kXxh3_128);
@@ -70,7 +73,7 @@ TEST(DeltaCodecTest, UnchangedTensorHasNoFrameButStillAChecksum) {
   EXPECT_EQ(enc->checksum, HexDigest(DigestAlgorithm::kXxh3_128, old));
 }
 
-TEST(DeltaCodecTest, ChangeOnlyInTheLastBlockKeepsTheLeadingZeros) {
+TEST_P(DeltaCodecTest, ChangeOnlyInTheLastBlockKeepsTheLeadingZeros) {
   auto codec = NewCodec(4096);
   const size_t n = 4096 * 50 + 100;
   std::vector<std::byte> old = RandomBytes(n, 4), next = old, snap = old;
@@ -83,7 +86,7 @@ TEST(DeltaCodecTest, ChangeOnlyInTheLastBlockKeepsTheLeadingZeros) {
   EXPECT_EQ(region, next);
 }
 
-TEST(DeltaCodecTest, CorruptTruncatedOrMisSizedPatchesAreDataLoss) {
+TEST_P(DeltaCodecTest, CorruptTruncatedOrMisSizedPatchesAreDataLoss) {
   auto codec = NewCodec();
   const size_t n = 100'000;
   std::vector<std::byte> old = RandomBytes(n, 5), next = Changed(old, 0, 9), snap = old;
@@ -112,7 +115,7 @@ TEST(DeltaCodecTest, CorruptTruncatedOrMisSizedPatchesAreDataLoss) {
   EXPECT_EQ(region, old);
 }
 
-TEST(DeltaCodecTest, DenseAndRunHeavyPatchesRoundTrip) {
+TEST_P(DeltaCodecTest, DenseAndRunHeavyPatchesRoundTrip) {
   // Every byte changed (an f32 tensor after a real step), runs of exactly 3 and 4 zeros
   // (the producer's literal/match boundary), and zeros across block boundaries.
   auto codec = NewCodec(4096);
@@ -138,18 +141,21 @@ TEST(DeltaCodecTest, DenseAndRunHeavyPatchesRoundTrip) {
   }
 }
 
-TEST(DeltaCodecTest, MismatchedSizesAreRefused) {
+TEST_P(DeltaCodecTest, MismatchedSizesAreRefused) {
   auto codec = NewCodec();
   std::vector<std::byte> a(10), b(11);
   EXPECT_EQ(codec->Encode(a, b, DigestAlgorithm::kXxh3_128).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(DeltaCodec::Create(1, 0).ok());
 }
 
-TEST(DeltaCodecTest, XorIntoHandlesTails) {
+TEST(DeltaCodecXorTest, XorIntoHandlesTails) {
   std::vector<std::byte> a = RandomBytes(21, 6), b = RandomBytes(21, 7), c = a;
   XorInto(c, b);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(c[i], a[i] ^ b[i]);
 }
+
+INSTANTIATE_TEST_SUITE_P(ApplyPaths, DeltaCodecTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Sparse" : "Libzstd"; });
 
 }  // namespace
 }  // namespace wsync::delta

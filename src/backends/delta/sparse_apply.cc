@@ -238,10 +238,10 @@ struct SparseApplier::State {
 SparseApplier::SparseApplier() : state_(std::make_unique<State>()) {}
 SparseApplier::~SparseApplier() = default;
 
-bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> region) {
+bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> region, Hasher* hasher) {
   // Decoding never reads the region, so a second run of a failed frame XORs exactly the
   // same bytes again and leaves the region as it was.
-  auto run = [&]() -> bool {
+  auto run = [&](Hasher* h) -> bool {
     State& st = *state_;
     st.reps[0] = 1;
     st.reps[1] = 4;
@@ -266,6 +266,7 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
     }
     at += fcs_bytes;
     Output out{region.data(), region.size()};
+    size_t hashed = 0;
     for (;;) {
       if (at + 3 > n) return false;
       uint32_t bh = Le(p + at, 3);
@@ -293,13 +294,17 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
       } else {
         return false;
       }
+      if (h != nullptr) {  // the block just written is still in cache
+        h->Update(std::span<const std::byte>(out.region + hashed, out.pos - hashed));
+        hashed = out.pos;
+      }
       if (last) break;
     }
     if (checksum) at += 4;
     return at == n && out.pos == out.size;
   };
-  if (run()) return true;
-  (void)run();
+  if (run(hasher)) return true;
+  (void)run(nullptr);
   return false;
 }
 

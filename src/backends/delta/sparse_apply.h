@@ -22,6 +22,8 @@
 #include <memory>
 #include <span>
 
+#include "core/digest.h"
+
 namespace wsync::delta {
 
 class SparseApplier {
@@ -32,8 +34,10 @@ class SparseApplier {
   SparseApplier& operator=(const SparseApplier&) = delete;
 
   // region ^= patch(frame) when the frame has the sparse shape; false (region unchanged)
-  // otherwise.
-  bool Apply(std::span<const uint8_t> frame, std::span<std::byte> region);
+  // otherwise. With a hasher, each stretch of the region is hashed right after it is
+  // patched, while it is still in cache (one pass over memory instead of two); after a
+  // false return the hasher's state is meaningless.
+  bool Apply(std::span<const uint8_t> frame, std::span<std::byte> region, Hasher* hasher = nullptr);
 
  private:
   struct State;

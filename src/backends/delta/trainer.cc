@@ -59,11 +59,13 @@ class DeltaTrainerImpl final : public DeltaTrainer {
     rep.seconds = Since(t0);
     const delta::PublishStats& p = rep.publish;
     WSYNC_LOG_INFO("delta: version {}: {} of {} tensors changed, {:.1f} MB compressed of {:.1f} MB ({:.2f}%); "
-                   "publish {:.3f} s ({:.2f} GB/s on {} threads), fetch {:.3f} s, pause {:.3f} s, start {:.3f} s, "
+                   "publish {:.3f} s ({:.2f} GB/s on {} threads; source {:.3f} s, encode {:.3f} s summed over "
+                   "threads, write {:.3f} s, {:.3f} CPU s), fetch {:.3f} s, pause {:.3f} s, start {:.3f} s, "
                    "reload {:.3f} s, finish {:.3f} s, resume {:.3f} s, total {:.3f} s",
                    v, p.changed_tensors, p.tensors, p.compressed_bytes / 1e6, p.model_bytes / 1e6,
                    p.model_bytes ? 100.0 * p.compressed_bytes / p.model_bytes : 0.0, p.seconds,
-                   p.seconds > 0 ? p.model_bytes / p.seconds / 1e9 : 0.0, p.threads, rep.fetch_seconds,
+                   p.seconds > 0 ? p.model_bytes / p.seconds / 1e9 : 0.0, p.threads, p.stage_seconds,
+                   p.encode_cpu_seconds, p.write_seconds, p.cpu_seconds, rep.fetch_seconds,
                    rep.pause_seconds, rep.start_seconds, rep.update_seconds, rep.finish_seconds,
                    rep.resume_seconds, rep.seconds);
     report_ = std::move(rep);
