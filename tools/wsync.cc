@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   s->add_option("--dp", serve.dp, "data-parallel size of the deployment")->capture_default_str();
   s->add_option("--dp-rank", serve.dp_rank, "host only this DP rank (external load balancing); default: all")->capture_default_str();
   s->add_option("--device", serve.device, "where shards live: cpu or cuda:N")->capture_default_str();
-  s->add_option("--backend", serve.backend, "weight-transfer backend: nccl")->capture_default_str();
+  s->add_option("--backend", serve.backend, "weight-transfer backend: nccl, ipc or delta")->capture_default_str();
   s->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on every route but /health")->envname("WSYNC_API_KEY");
   s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
   s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")->capture_default_str();
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> servers;
   auto* p = app.add_subcommand("push", "act as a trainer: sync weights to servers, optionally over synthetic RL steps");
   p->add_option("--servers", servers, "server URLs, comma-separated, deployment-major")->required();
-  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: nccl")->capture_default_str();
+  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: nccl, ipc or delta")->capture_default_str();
   auto* ckpt = p->add_option("--checkpoint", push.checkpoint, "directory of *.safetensors to sync");
   auto* model = p->add_option("--model", push.model, "registered model or config.json directory for synthetic weights");
   ckpt->excludes(model);
