@@ -13,7 +13,7 @@
 
 #include "backends/ipc/protocol.h"
 #include "control/client.h"
-#include "control/worker_labels.h"
+#include "control/fleet.h"
 #include "core/log.h"
 #include "core/parallel.h"
 
@@ -57,16 +57,9 @@ class IpcTrainer final : public TrainerEngine {
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
     // Servers give up a little before the trainer does, so that their account of a
     // failure arrives before the trainer's own wait ends (as the nccl backend does).
-    double server_timeout = std::max(0.5, options_.timeout_seconds * 0.9 - 0.25);
+    double server_timeout = ServerTimeout(options_.timeout_seconds);
     Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes, client_.Get("/get_world_size?include_dp=true", deadline));
-    std::vector<int> per_server;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (!sizes[i].contains("world_size") || !sizes[i]["world_size"].is_number_integer()) {
-        return Internal(fmt::format("{}: /get_world_size answered {}", client_.urls()[i], sizes[i].dump()));
-      }
-      per_server.push_back(sizes[i]["world_size"].get<int>());
-    }
+    WSYNC_ASSIGN_OR_RETURN(std::vector<int> per_server, ServerWorldSizes(client_, deadline));
     std::vector<int> offsets;
     WSYNC_ASSIGN_OR_RETURN(int readers, IpcReaderOffsets(per_server, options_.data_parallel_size, &offsets));
     reader_labels_ = ReaderLabels(readers, offsets, deadline);

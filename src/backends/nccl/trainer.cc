@@ -15,7 +15,7 @@
 #include "comm/store.h"
 #include "control/client.h"
 #include "control/init_payloads.h"
-#include "control/worker_labels.h"
+#include "control/fleet.h"
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "plan/packing.h"
@@ -91,16 +91,9 @@ class NcclTrainer final : public TrainerEngine {
     // Servers give up a little before the trainer does, so that a server left waiting
     // for a peer answers with ITS account (which rank never came) before the trainer's
     // own wait ends; the trainer's HTTP wait allows a short grace past its deadline.
-    double server_timeout = std::max(0.5, options_.timeout_seconds * 0.9 - 0.25);
+    double server_timeout = ServerTimeout(options_.timeout_seconds);
     Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes, client_.Get("/get_world_size?include_dp=true", deadline));
-    std::vector<int> per_server;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (!sizes[i].contains("world_size") || !sizes[i]["world_size"].is_number_integer()) {
-        return Internal(fmt::format("{}: /get_world_size answered {}", client_.urls()[i], sizes[i].dump()));
-      }
-      per_server.push_back(sizes[i]["world_size"].get<int>());
-    }
+    WSYNC_ASSIGN_OR_RETURN(std::vector<int> per_server, ServerWorldSizes(client_, deadline));
     WSYNC_ASSIGN_OR_RETURN(int world, BroadcastWorldSize(per_server, options_.data_parallel_size));
     WSYNC_ASSIGN_OR_RETURN(std::vector<int> offsets,
                            NcclRankOffsets(world, static_cast<int>(per_server.size()),

@@ -1,10 +1,22 @@
-#include "control/worker_labels.h"
+#include "control/fleet.h"
 
 #include <fmt/format.h>
 
 namespace wsync {
 
 using nlohmann::json;
+
+Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline deadline) {
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes, client.Get("/get_world_size?include_dp=true", deadline));
+  std::vector<int> per_server;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!sizes[i].contains("world_size") || !sizes[i]["world_size"].is_number_integer()) {
+      return Internal(fmt::format("{}: /get_world_size answered {}", client.urls()[i], sizes[i].dump()));
+    }
+    per_server.push_back(sizes[i]["world_size"].get<int>());
+  }
+  return per_server;
+}
 
 std::vector<std::string> WorkerLabels(const FanOutClient& client, int count,
                                       const std::vector<int>& offsets, Deadline deadline) {

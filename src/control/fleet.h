@@ -1,0 +1,31 @@
+// What a trainer learns about its fleet of servers before it builds a data plane.
+//
+// ServerWorldSizes: every server's GET /get_world_size?include_dp=true.
+// ServerTimeout: the bound a trainer hands the servers, a little under its own, so that a
+// server left waiting answers with its account before the trainer's wait ends.
+// WorkerLabels names the inference workers of a fleet for error messages, from each server's /health
+// (wsync servers report tp, dp and dp_rank there): label[i] is "URL worker dpD/tpT" for
+// the worker whose global index is offsets[server] + D * TP + T. Entries of servers that
+// do not report a layout (other servers) get a vaguer name; entries no server covers stay
+// empty. One GET /health per server, bounded by the deadline.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "control/client.h"
+#include "core/deadline.h"
+
+namespace wsync {
+
+Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline deadline);
+
+inline double ServerTimeout(double trainer_timeout_seconds) {
+  return std::max(0.5, trainer_timeout_seconds * 0.9 - 0.25);
+}
+
+std::vector<std::string> WorkerLabels(const FanOutClient& client, int count,
+                                      const std::vector<int>& offsets, Deadline deadline);
+
+}  // namespace wsync
