@@ -41,6 +41,10 @@ class WeightSource {
 std::unique_ptr<TensorStream> CheckedStream(std::unique_ptr<TensorStream> inner,
                                             const std::vector<TensorMeta>& metadata);
 
+// One whole pass of `source` through CheckedStream, discarding the tensors: the trainer's
+// check before anything is sent, and the pass a non-sending rank makes to join collectives.
+Status DrainChecked(WeightSource& source);
+
 // A source over tensors held in memory (tests, synthetic models, loaded checkpoints).
 class HostTensorSource : public WeightSource {
  public:

@@ -65,6 +65,16 @@ std::unique_ptr<TensorStream> CheckedStream(std::unique_ptr<TensorStream> inner,
   return std::make_unique<Checked>(std::move(inner), metadata);
 }
 
+Status DrainChecked(WeightSource& source) {
+  WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
+  auto stream = CheckedStream(std::move(inner), source.metadata());
+  TensorRef t;
+  for (;;) {
+    WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+    if (!more) return Status::Ok();
+  }
+}
+
 HostTensorSource::HostTensorSource(std::vector<HostTensor> tensors) : tensors_(std::move(tensors)) {
   metadata_.reserve(tensors_.size());
   for (const auto& t : tensors_) metadata_.push_back(t.meta);

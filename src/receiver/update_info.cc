@@ -60,6 +60,16 @@ Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
   return out;
 }
 
+json TensorListJson(const std::vector<TensorMeta>& tensors) {
+  json j = {{"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
+  for (const TensorMeta& m : tensors) {
+    j["names"].push_back(m.name);
+    j["dtype_names"].push_back(TorchName(m.dtype));
+    j["shapes"].push_back(m.shape);
+  }
+  return j;
+}
+
 Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const WorkerStore& store) {
   std::unordered_set<std::string_view> seen;
   for (const TensorMeta& t : tensors) {

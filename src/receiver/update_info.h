@@ -15,6 +15,8 @@ namespace wsync {
 class WorkerStore;
 
 Result<std::vector<TensorMeta>> ParseTensorList(const nlohmann::json& update_info);
+// The inverse: {"names", "dtype_names", "shapes"} of `tensors`, as trainers send them.
+nlohmann::json TensorListJson(const std::vector<TensorMeta>& tensors);
 
 // Every tensor must exist in the model with this dtype and shape, and appear once.
 Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const WorkerStore& store);

@@ -14,6 +14,7 @@
 #include "backends/ipc/protocol.h"
 #include "control/client.h"
 #include "control/fleet.h"
+#include "receiver/update_info.h"
 #include "core/log.h"
 #include "core/parallel.h"
 
@@ -112,7 +113,7 @@ class IpcTrainer final : public TrainerEngine {
       // multi-rank source is a collective among the trainer ranks).
       auto t0 = Clock::now();
       for (const char* pass : {"check pass", "transfer pass"}) {
-        Status s = Drain(source);
+        Status s = DrainChecked(source);
         if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
       }
       SyncStats stats;
@@ -121,7 +122,7 @@ class IpcTrainer final : public TrainerEngine {
       return stats;
     }
     // The whole iteration is checked before anything is sent.
-    WSYNC_RETURN_IF_ERROR(Drain(source));
+    WSYNC_RETURN_IF_ERROR(DrainChecked(source));
     if (!region_) return FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
     WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, PlanIpcChunks(meta, region_->slot_bytes()));
     IpcUpdateInfo u;
@@ -130,13 +131,8 @@ class IpcTrainer final : public TrainerEngine {
     u.first_seq = next_seq_;
     u.tensor_offsets = plan.tensor_offsets;
     u.chunk_ends = plan.chunk_ends;
-    json update = {{"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
-    for (const TensorMeta& m : meta) {
-      update["names"].push_back(m.name);
-      update["dtype_names"].push_back(TorchName(m.dtype));
-      update["shapes"].push_back(m.shape);
-      u.tensor_sizes.push_back(m.nbytes());
-    }
+    json update = TensorListJson(meta);
+    for (const TensorMeta& m : meta) u.tensor_sizes.push_back(m.nbytes());
     u.AddTo(&update);
 
     SyncStats stats;
@@ -183,16 +179,6 @@ class IpcTrainer final : public TrainerEngine {
   void Shutdown() override { region_.reset(); }
 
  private:
-  Status Drain(WeightSource& source) {
-    WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
-    auto stream = CheckedStream(std::move(inner), source.metadata());
-    TensorRef t;
-    for (;;) {
-      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-      if (!more) return Status::Ok();
-    }
-  }
-
   // Packs and publishes every chunk; chunk k goes into slot (first_seq + k) % num_slots
   // once every reader is done with what that slot held before.
   Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta, const IpcPlan& plan,

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "plan/packing.h"
+#include "receiver/update_info.h"
 
 namespace wsync {
 namespace {
@@ -171,22 +172,9 @@ class NcclTrainer final : public TrainerEngine {
     }
     const std::vector<TensorMeta>& meta = source.metadata();
     // The whole iteration is checked before anything is sent.
-    {
-      WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
-      auto stream = CheckedStream(std::move(inner), meta);
-      TensorRef t;
-      for (;;) {
-        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-        if (!more) break;
-      }
-    }
+    WSYNC_RETURN_IF_ERROR(DrainChecked(source));
     WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(meta, options_.packed ? buffer_bytes_ : 1));
-    json update = {{"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
-    for (const TensorMeta& m : meta) {
-      update["names"].push_back(m.name);
-      update["dtype_names"].push_back(TorchName(m.dtype));
-      update["shapes"].push_back(m.shape);
-    }
+    json update = TensorListJson(meta);
 
     SyncStats stats;
     stats.bytes = plan.total_bytes;
@@ -357,20 +345,12 @@ class NonSenderTrainer final : public TrainerEngine {
     SyncStats stats;
     auto t0 = Clock::now();
     for (const char* pass : {"check pass", "transfer pass"}) {
-      WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
-      auto stream = CheckedStream(std::move(inner), source.metadata());
-      TensorRef t;
-      stats.bytes = stats.tensors = 0;
-      for (;;) {
-        Result<bool> more = stream->Next(&t);
-        if (!more.ok()) {
-          return more.status().WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
-        }
-        if (!*more) break;
-        stats.bytes += t.bytes.size();
-        ++stats.tensors;
-      }
+      Status s = DrainChecked(source);
+      if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
     }
+    // A checked pass yields exactly what the metadata describes.
+    for (const TensorMeta& m : source.metadata()) stats.bytes += m.nbytes();
+    stats.tensors = source.metadata().size();
     stats.seconds = stats.transfer_seconds = Since(t0);
     return stats;
   }
