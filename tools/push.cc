@@ -140,6 +140,17 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     WSYNC_ASSIGN_OR_RETURN(ranks, TrainerRanks::Start(args.trainer_ranks, args.trainer_layout,
                                                       config ? &*config : nullptr, trainer->tensors(), topts));
   }
+  // --device cuda:N: the trainer's tensors live on the GPU (uploaded after every step, as
+  // a trainer's optimizer would leave them); digests are taken from the host copy.
+  std::unique_ptr<DeviceTensorSource> device_source;
+  if (!topts.device.is_cpu()) {
+    if (ranks) return InvalidArgument("--trainer-ranks/--trainer-layout run on cpu; drop --device or them");
+    WSYNC_ASSIGN_OR_RETURN(device_source, DeviceTensorSource::Create(topts.device, trainer->metadata()));
+    WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
+    fmt::print(stderr, "trainer tensors on {} ({:.2f} GB)\n", topts.device.ToString(),
+               device_source->storage().size() / 1e9);
+  }
+  WeightSource& send_source = device_source ? static_cast<WeightSource&>(*device_source) : trainer->source();
   WSYNC_ASSIGN_OR_RETURN(auto engine, CreateTrainerEngine(topts));
   fmt::print(stderr, "connecting to {} server(s)\n", topts.servers.size());
   WSYNC_RETURN_IF_ERROR(engine->Init(trainer->metadata()).WithContext("init_weight_transfer_engine"));
@@ -160,7 +171,8 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
       if (step > 0) WSYNC_RETURN_IF_ERROR(ranks->Refresh(trainer->tensors()));
       WSYNC_ASSIGN_OR_RETURN(row.stats, ranks->Sync(*engine, version));
     } else {
-      WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(trainer->source(), version));
+      if (device_source && step > 0) WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
+      WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(send_source, version));
     }
     row.verified = "-";
     if (args.verify) {

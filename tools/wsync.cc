@@ -8,6 +8,9 @@
 
 #include "bench.h"
 #include "core/log.h"
+#ifdef WSYNC_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 #include "demo.h"
 #include "push.h"
 #include "serve.h"
@@ -80,6 +83,8 @@ int main(int argc, char** argv) {
   p->add_option("--verify-algorithm", push.verify_algorithm, "xxh3_128 or sha256")->capture_default_str();
   p->add_option("--weight-version", push.weight_version, "weight version the servers report after the last sync");
   p->add_option("--api-key", push.trainer.api_key, "sent as 'Authorization: Bearer KEY'")->envname("WSYNC_API_KEY");
+  std::string push_device = "cpu";
+  p->add_option("--device", push_device, "where the trainer's tensors live: cpu or cuda:N")->capture_default_str();
   p->add_option("--store-host", push.trainer.store_host, "address the servers use to reach the trainer's rendezvous")->capture_default_str();
   p->add_option("--threads", push.threads, "worker threads for weights and digests (0: all cores)")->capture_default_str();
   p->add_option("--sync-dir", push.trainer.sync_dir, "delta: directory shared with the servers");
@@ -121,6 +126,9 @@ int main(int argc, char** argv) {
   br->add_option("--iters", rank.iters);
 
   CLI11_PARSE(app, argc, argv);
+#ifdef WSYNC_WITH_CUDA
+  wsync::cuda::InstallDeviceRuntime();
+#endif
 
   if (br->parsed()) Exit(RunBenchRank(rank));
 
@@ -132,6 +140,12 @@ int main(int argc, char** argv) {
     wsync::log::Init("push");
     push.trainer.servers = SplitCommas(servers);
     push.trainer.packed = !unpacked;
+    auto device = wsync::Device::Parse(push_device);
+    if (!device.ok()) {
+      fmt::print(stderr, "wsync push: error: {}\n", device.status().message());
+      Exit(2);
+    }
+    push.trainer.device = *device;
     auto rows = RunPush(push);
     if (!rows.ok()) {
       fmt::print(stderr, "wsync push: error: {}\n", rows.status().message());

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "wsync/device_runtime.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -57,6 +58,31 @@ class HostTensorSource : public WeightSource {
  private:
   std::vector<HostTensor> tensors_;
   std::vector<TensorMeta> metadata_;
+};
+
+// A source over tensors on one CUDA device, all in ONE device allocation at 256-byte
+// aligned offsets (as a trainer's flat parameter buffer keeps them), filled from host
+// tensors by Upload(). Streams yield TensorRefs on device(); they read device memory,
+// so only device-aware consumers (the GPU data planes) may dereference them.
+class DeviceTensorSource : public WeightSource {
+ public:
+  static Result<std::unique_ptr<DeviceTensorSource>> Create(const Device& device,
+                                                            std::vector<TensorMeta> metadata);
+  const std::vector<TensorMeta>& metadata() const override { return metadata_; }
+  Result<std::unique_ptr<TensorStream>> Iterate() override;
+  // Copies `tensors` (the same names, dtypes and shapes, in order) to the device; the
+  // calling thread's current device becomes device().
+  Status Upload(const std::vector<HostTensor>& tensors);
+  const Device& device() const { return storage_.device(); }
+  // The one allocation holding every tensor, and tensor i's offset inside it.
+  const DeviceBuffer& storage() const { return storage_; }
+  size_t offset(size_t i) const { return offsets_[i]; }
+
+ private:
+  DeviceTensorSource() = default;
+  std::vector<TensorMeta> metadata_;
+  std::vector<size_t> offsets_;
+  DeviceBuffer storage_;
 };
 
 }  // namespace wsync

@@ -84,4 +84,52 @@ Result<std::unique_ptr<TensorStream>> HostTensorSource::Iterate() {
   return std::unique_ptr<TensorStream>(std::make_unique<HostStream>(tensors_));
 }
 
+Result<std::unique_ptr<DeviceTensorSource>> DeviceTensorSource::Create(const Device& device,
+                                                                      std::vector<TensorMeta> metadata) {
+  std::unique_ptr<DeviceTensorSource> s(new DeviceTensorSource());
+  constexpr size_t kAlign = 256;
+  size_t total = 0;
+  for (const TensorMeta& m : metadata) {
+    s->offsets_.push_back(total);
+    total += (m.nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  s->metadata_ = std::move(metadata);
+  WSYNC_ASSIGN_OR_RETURN(s->storage_, DeviceBuffer::Allocate(device, total));
+  return s;
+}
+
+Status DeviceTensorSource::Upload(const std::vector<HostTensor>& tensors) {
+  if (tensors.size() != metadata_.size()) {
+    return InvalidArgument(fmt::format("upload of {} tensors to a source of {}", tensors.size(), metadata_.size()));
+  }
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device()));
+  WSYNC_RETURN_IF_ERROR(rt->SetDevice(device().index));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    WSYNC_RETURN_IF_ERROR(CheckSameMeta(metadata_[i], tensors[i].meta));
+    const size_t n = metadata_[i].nbytes();
+    WSYNC_RETURN_IF_ERROR(rt->Copy2D(storage_.data() + offsets_[i], n, tensors[i].storage.data(), n, n, 1));
+  }
+  return rt->Synchronize().WithContext(fmt::format("uploading the trainer's tensors to {}", device().ToString()));
+}
+
+Result<std::unique_ptr<TensorStream>> DeviceTensorSource::Iterate() {
+  class Stream final : public TensorStream {
+   public:
+    explicit Stream(const DeviceTensorSource& s) : s_(s) {}
+    Result<bool> Next(TensorRef* out) override {
+      if (i_ >= s_.metadata_.size()) return false;
+      const TensorMeta& m = s_.metadata_[i_];
+      *out = TensorRef{m.name, m.dtype, m.shape, std::span<const std::byte>(s_.storage_.data() + s_.offsets_[i_], m.nbytes()),
+                       s_.device()};
+      ++i_;
+      return true;
+    }
+
+   private:
+    const DeviceTensorSource& s_;
+    size_t i_ = 0;
+  };
+  return std::unique_ptr<TensorStream>(std::make_unique<Stream>(*this));
+}
+
 }  // namespace wsync

@@ -40,7 +40,7 @@ void ReadRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int6
   for (const SourcePiece& sp : pieces) {
     const ShardPiece& p = sp.store->table().params()[sp.param].pieces[sp.piece];
     const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
-    const std::byte* src = sp.store->params()[sp.param].storage.data();
+    const std::byte* src = sp.store->param_data(sp.param);
     int64_t o_begin = 0, o_end = r.count;
     if (p.dim > 0) {  // each run lies inside one dim-0 row; visit only the wanted rows
       const int64_t per_row = r.count / hf.shape[0];
@@ -75,15 +75,52 @@ std::string SliceString(const ShardPiece& p, const TensorMeta& hf) {
 }  // namespace
 
 Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& config, int tp_rank,
-                                                         int tp_size) {
+                                                         int tp_size, const Device& device) {
   WSYNC_ASSIGN_OR_RETURN(ShardingTable table, ShardingTable::Build(config, tp_rank, tp_size));
   std::unique_ptr<WorkerStore> store(new WorkerStore(std::move(table)));
-  store->params_.reserve(store->table_.params().size());
-  for (const WorkerParam& p : store->table_.params()) {
-    WSYNC_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Zeros(p.meta));
-    store->params_.push_back(std::move(t));
+  store->device_ = device;
+  const std::vector<WorkerParam>& params = store->table_.params();
+  if (device.is_cpu()) {
+    store->params_.reserve(params.size());
+    for (const WorkerParam& p : params) {
+      WSYNC_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Zeros(p.meta));
+      store->param_data_.push_back(t.storage.data());
+      store->params_.push_back(std::move(t));
+    }
+    return store;
   }
+  constexpr size_t kAlign = 256;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const WorkerParam& p : params) {
+    offsets.push_back(total);
+    total += (p.meta.nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  WSYNC_ASSIGN_OR_RETURN(store->device_storage_, DeviceBuffer::Allocate(device, total));
+  for (size_t off : offsets) store->param_data_.push_back(store->device_storage_.data() + off);
   return store;
+}
+
+Result<std::unique_ptr<WorkerStore>> WorkerStore::CopyToHost() const {
+  WSYNC_ASSIGN_OR_RETURN(auto host, Create(config(), tp_rank(), tp_size()));
+  if (device_.is_cpu()) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      std::memcpy(host->param_data_[i], param_data_[i], params_[i].meta.nbytes());
+    }
+    return host;
+  }
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
+  WSYNC_RETURN_IF_ERROR(rt->SetDevice(device_.index));
+  // Parameters sit back to back (256-byte aligned): one copy of the whole allocation
+  // into a staging buffer, then host memcpys into the host store's own buffers.
+  WSYNC_ASSIGN_OR_RETURN(HostBuffer staging, HostBuffer::Allocate(device_storage_.size()));
+  WSYNC_RETURN_IF_ERROR(rt->Copy2D(staging.data(), 0, device_storage_.data(), 0, device_storage_.size(), 1));
+  WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("reading back the shards on {}", device_.ToString())));
+  for (size_t i = 0; i < param_data_.size(); ++i) {
+    std::memcpy(host->param_data_[i], staging.data() + (param_data_[i] - device_storage_.data()),
+                table_.params()[i].meta.nbytes());
+  }
+  return host;
 }
 
 Status WorkerStore::CheckHf(const TensorMeta& hf) const {
@@ -108,10 +145,11 @@ Status WorkerStore::CheckHf(std::string_view name, DType dtype,
   return Status::Ok();
 }
 
-Status WorkerStore::Load(const TensorRef& hf) {
-  if (!hf.device.is_cpu()) {
-    return InvalidArgument(fmt::format("tensor {} is on {}; a WorkerStore loads host tensors",
-                                       hf.name, hf.device.ToString()));
+Status WorkerStore::CheckLoad(const TensorRef& hf) const {
+  if (!hf.device.is_cpu() && hf.device != device_) {
+    return InvalidArgument(fmt::format("tensor {} is on {}; this store is on {} and loads host tensors{}",
+                                       hf.name, hf.device.ToString(), device_.ToString(),
+                                       device_.is_cpu() ? "" : " or tensors of its own device"));
   }
   WSYNC_RETURN_IF_ERROR(CheckHf(hf.name, hf.dtype, hf.shape));
   const size_t want = static_cast<size_t>(NumElements(hf.shape)) * ItemSize(hf.dtype);
@@ -119,13 +157,45 @@ Status WorkerStore::Load(const TensorRef& hf) {
     return InvalidArgument(fmt::format("tensor {} of shape {} needs {} bytes, update has {}",
                                        hf.name, ShapeString(hf.shape), want, hf.bytes.size()));
   }
+  return Status::Ok();
+}
+
+Status WorkerStore::Load(const TensorRef& hf) {
+  WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   const std::byte* src = hf.bytes.data();
+  if (!device_.is_cpu()) {
+    WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
+    for (auto [i, k] : table_.PiecesOf(hf.name)) {
+      const PieceRuns r = table_.Runs(i, k);
+      WSYNC_RETURN_IF_ERROR(rt->Copy2D(param_data_[i] + r.dst_offset, r.dst_stride, src + r.hf_offset,
+                                       r.hf_stride, r.run_bytes, r.count));
+    }
+    return rt->Synchronize().WithContext(fmt::format("loading {} into the shards on {}", hf.name, device_.ToString()));
+  }
   for (auto [i, k] : table_.PiecesOf(hf.name)) {
     const PieceRuns r = table_.Runs(i, k);
-    std::byte* dst = params_[i].storage.data();
+    std::byte* dst = param_data_[i];
     for (int64_t o = 0; o < r.count; ++o) {
       std::memcpy(dst + r.dst_offset + o * r.dst_stride, src + r.hf_offset + o * r.hf_stride,
                   r.run_bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
+  WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
+  const std::byte* src = hf.bytes.data();
+  for (auto [i, k] : table_.PiecesOf(hf.name)) {
+    const PieceRuns r = table_.Runs(i, k);
+    std::byte* dst = param_data_[i];
+    if (r.count > 1 && r.dst_stride == r.run_bytes && r.hf_stride == r.run_bytes) {  // one block
+      out->push_back({src + r.hf_offset, dst + r.dst_offset, static_cast<size_t>(r.run_bytes * r.count)});
+      continue;
+    }
+    for (int64_t o = 0; o < r.count; ++o) {
+      out->push_back({src + r.hf_offset + o * r.hf_stride, dst + r.dst_offset + o * r.dst_stride,
+                      static_cast<size_t>(r.run_bytes)});
     }
   }
   return Status::Ok();
@@ -144,6 +214,10 @@ Status CheckTpGroup(std::span<const WorkerStore* const> group) {
     if (!(s->config() == group[0]->config())) {
       return InvalidArgument(fmt::format("TP group mixes models: rank 0 is {}, rank {} is {}",
                                          group[0]->config().name, i, s->config().name));
+    }
+    if (!s->device().is_cpu()) {
+      return FailedPrecondition(fmt::format(
+          "TP group entry {} is a store on {}: read it back through CopyToHost() first", i, s->device().ToString()));
     }
   }
   return Status::Ok();
@@ -176,7 +250,7 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
   for (const SourcePiece& sp : pieces) {
     const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
     if (r.count != 1) break;
-    runs.push_back({r.hf_offset, sp.store->params()[sp.param].storage.data() + r.dst_offset,
+    runs.push_back({r.hf_offset, sp.store->param_data(sp.param) + r.dst_offset,
                     r.run_bytes});
   }
   if (runs.size() == pieces.size()) {
@@ -262,8 +336,8 @@ Status CheckReplicas(std::span<const WorkerStore* const> group) {
                                       p.hf_name, SliceString(p, hf), s->tp_rank()));
         }
         const PieceRuns a = t.Runs(i, k), b = owner->table().Runs(oi, ok);
-        const std::byte* pa = s->params()[i].storage.data();
-        const std::byte* pb = owner->params()[oi].storage.data();
+        const std::byte* pa = s->param_data(i);
+        const std::byte* pb = owner->param_data(oi);
         for (int64_t o = 0; o < a.count; ++o) {
           if (std::memcmp(pa + a.dst_offset + o * a.dst_stride, pb + b.dst_offset + o * b.dst_stride,
                           a.run_bytes) != 0) {

@@ -1,7 +1,9 @@
-// WorkerStore: one inference worker's parameters in host memory, filled from HF tensors.
+// WorkerStore: one inference worker's parameters, filled from HF tensors.
 //
 // A WorkerStore is what a vLLM worker holds (fused, TP-sharded parameters, laid out by
-// the ShardingTable) backed by zeroed host memory. Load() takes one full HF tensor and
+// the ShardingTable) backed by zeroed memory on its device: host memory (one buffer per
+// parameter) or, on `cuda:N`, one device allocation holding every parameter at 256-byte
+// aligned offsets (device memory goes through the installed DeviceRuntime). Load() takes one full HF tensor and
 // copies its pieces into the parameters in place: parameter storage never moves, so
 // addresses handed out stay valid across syncs. The free functions read a whole TP group
 // back into HF tensors (from primary pieces only) for checksums and debugging, and check
@@ -10,7 +12,8 @@
 // Thread-safety: Load() on different stores may run concurrently on different threads;
 // one store is not synchronized (no Load concurrently with another Load or a read-back of
 // the same store). Read-back functions only read, so they may run concurrently with each
-// other.
+// other; they read host stores (a CUDA store is read back through CopyToHost()). Load()
+// on a CUDA store must run on a thread whose current device is the store's.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +27,7 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "model/sharding.h"
+#include "wsync/device_runtime.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -31,9 +35,10 @@ namespace wsync {
 
 class WorkerStore {
  public:
-  // Builds the table of worker tp_rank of tp_size and allocates its zeroed parameters.
+  // Builds the table of worker tp_rank of tp_size and allocates its zeroed parameters on
+  // `device`.
   static Result<std::unique_ptr<WorkerStore>> Create(const ModelConfig& config, int tp_rank,
-                                                     int tp_size);
+                                                     int tp_size, const Device& device = {});
   WorkerStore(const WorkerStore&) = delete;
   WorkerStore& operator=(const WorkerStore&) = delete;
 
@@ -42,29 +47,51 @@ class WorkerStore {
   int tp_size() const { return table_.tp_size(); }
   const ShardingTable& table() const { return table_; }
   const std::vector<TensorMeta>& hf_tensors() const { return table_.hf_tensors(); }
-  // The parameters, in table().params() order.
+  const Device& device() const { return device_; }
+  // The parameters of a host store, in table().params() order (empty on a CUDA store).
   const std::vector<HostTensor>& params() const { return params_; }
-  // Writable bytes of params()[i] (post-processing, fault-injection tests). The span
-  // stays valid for the store's lifetime.
+  // Address of parameter i's bytes on device(), for any store; stable for its lifetime.
+  std::byte* param_data(size_t i) const { return param_data_[i]; }
+  // Writable bytes of params()[i] of a host store (post-processing, fault-injection tests).
   std::span<std::byte> mutable_param_bytes(size_t i) { return params_[i].storage.span(); }
 
   // InvalidArgument unless the model has an HF tensor of this name, dtype and shape:
   // "model qwen3-tiny has no tensor X", "shape of X is [3072, 1024], update says [1024, 3072]".
   Status CheckHf(const TensorMeta& hf) const;
-  // Copies every piece of one full HF tensor (host memory) into the parameters.
-  // Checks name, dtype, shape and byte count first; on error nothing is written.
+  // Copies every piece of one full HF tensor into the parameters. Checks name, dtype,
+  // shape and byte count first; on error nothing is written. A host store loads host
+  // tensors; a CUDA store loads host or CUDA tensors, with its copies complete on return.
   Status Load(const TensorRef& hf);
+
+  // One contiguous copy Load() makes.
+  struct ByteCopy {
+    const std::byte* src = nullptr;
+    std::byte* dst = nullptr;
+    size_t bytes = 0;
+  };
+  // The copies Load(hf) would make, appended to `out` after the same checks (for
+  // backends that run a whole chunk's copies in one batched device launch).
+  Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const;
+
+  // A host store with the same table and a copy of every parameter's bytes (for
+  // read-back and checksums of a CUDA store; for a host store, a plain copy).
+  Result<std::unique_ptr<WorkerStore>> CopyToHost() const;
 
  private:
   explicit WorkerStore(ShardingTable table) : table_(std::move(table)) {}
   Status CheckHf(std::string_view name, DType dtype, std::span<const int64_t> shape) const;
+  Status CheckLoad(const TensorRef& hf) const;
 
   ShardingTable table_;
-  std::vector<HostTensor> params_;
+  Device device_;
+  std::vector<HostTensor> params_;     // host stores
+  DeviceBuffer device_storage_;        // CUDA stores: every parameter
+  std::vector<std::byte*> param_data_;
 };
 
 // A TP group is the stores of one model replica, indexed by tp_rank. OK when every entry
-// is set, store i has tp_rank i and tp_size group.size(), and all share one config.
+// is set, store i has tp_rank i and tp_size group.size(), all share one config and all
+// are host stores (the read-back functions below take only those).
 Status CheckTpGroup(std::span<const WorkerStore* const> tp_group);
 
 // Reassembles the full HF tensor `hf_name` from the group's primary pieces into `out`,

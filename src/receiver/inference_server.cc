@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "core/parallel.h"
+#include "wsync/device_runtime.h"
 #include "model/worker_store.h"
 #include "receiver/update_info.h"
 #include "receiver/worker_thread.h"
@@ -17,6 +18,7 @@ struct InferenceServer::Worker {
   std::unique_ptr<WorkerThread> thread;
   int dp_index = 0;
   int tp_rank = 0;
+  Device device;
 };
 
 Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const InferenceServerOptions& o,
@@ -25,9 +27,15 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   if (o.dp_rank >= o.dp) {
     return InvalidArgument(fmt::format("--dp-rank {} must be below --dp {}", o.dp_rank, o.dp));
   }
+  int workers = (o.dp_rank < 0 ? o.dp : 1) * o.tp;
   if (!o.device.is_cpu()) {
-    return Unimplemented(fmt::format("device {}: this build's reference server holds shards on cpu",
-                                     o.device.ToString()));
+    WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(o.device));
+    int count = rt->DeviceCount();
+    if (o.device.index + workers > count) {
+      return InvalidArgument(fmt::format(
+          "--device {} with {} worker(s) needs cuda:{}..cuda:{}, but this process sees {} CUDA device(s)",
+          o.device.ToString(), workers, o.device.index, o.device.index + workers - 1, count));
+    }
   }
   std::unique_ptr<InferenceServer> s(new InferenceServer());
   s->options_ = o;
@@ -37,8 +45,12 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   for (int dp = first_dp; dp < end_dp; ++dp) {
     for (int tp = 0; tp < o.tp; ++tp) {
       auto w = std::make_unique<Worker>();
-      WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp));
+      w->device = o.device;
+      if (!o.device.is_cpu()) w->device.index += static_cast<int>(s->workers_.size());
+      WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp, w->device));
       w->thread = std::make_unique<WorkerThread>(fmt::format("dp{}/tp{}", dp, tp));
+      // Every task of the worker runs with its device current (CUDA's is per thread).
+      WSYNC_RETURN_IF_ERROR(w->thread->Post([d = w->device] { return UseDeviceOnThisThread(d); }).get());
       w->dp_index = dp;
       w->tp_rank = tp;
       s->workers_.push_back(std::move(w));
@@ -67,7 +79,7 @@ void InferenceServer::set_url(const std::string& url) {
   context_.workers.clear();
   for (auto& w : workers_) {
     context_.workers.push_back(ReceiverWorker{
-        w->store.get(), w->thread.get(), w->dp_index, w->tp_rank, options_.device,
+        w->store.get(), w->thread.get(), w->dp_index, w->tp_rank, w->device,
         fmt::format("{} worker dp{}/tp{}", url.empty() ? "server" : url, w->dp_index, w->tp_rank)});
   }
 }
@@ -231,7 +243,16 @@ Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgo
   int first_dp = -1;
   for (size_t begin = 0; begin < workers_.size(); begin += options_.tp) {
     std::vector<const WorkerStore*> group;
-    for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[begin + t]->store.get());
+    std::vector<std::unique_ptr<WorkerStore>> host_copies;  // CUDA shards, read back
+    for (int t = 0; t < options_.tp; ++t) {
+      const WorkerStore* store = workers_[begin + t]->store.get();
+      if (!store->device().is_cpu()) {
+        WSYNC_ASSIGN_OR_RETURN(auto copy, store->CopyToHost());
+        host_copies.push_back(std::move(copy));
+        store = host_copies.back().get();
+      }
+      group.push_back(store);
+    }
     int dp = workers_[begin]->dp_index;
     Status replicas = CheckReplicas(group);
     if (!replicas.ok()) return replicas.WithContext(fmt::format("dp replica {}", dp));

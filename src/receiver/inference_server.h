@@ -28,7 +28,10 @@ struct InferenceServerOptions {
   int tp = 1;
   int dp = 1;                  // data-parallel size of the deployment
   int dp_rank = -1;            // -1: host every DP rank; k: host only DP rank k (external LB)
-  Device device;               // where the shards live
+  // Where the shards live: cpu, or cuda:N for the first worker and the next devices for
+  // the others (worker i of this process, dp-major, on cuda:N+i), as vLLM gives each
+  // worker its own GPU.
+  Device device;
   std::string backend = "nccl";
   double timeout_seconds = 300;  // bound on every wait the server makes
   size_t digest_threads = 0;     // 0: hardware concurrency

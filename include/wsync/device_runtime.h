@@ -1,0 +1,73 @@
+// DeviceRuntime: the few device-memory operations the CPU-built libraries need for
+// tensors that live on `cuda:N` (worker stores, trainer sources, receive buffers).
+//
+// The core, model and backend libraries build without CUDA; they reach device memory only
+// through this interface. A CUDA build installs the implementation from src/cuda
+// (cuda::InstallDeviceRuntime(), called by the `wsync` binary and the GPU tests before
+// any CUDA tensor exists); without it, every CUDA request is a clear Unimplemented
+// naming the device. Copies are ordered on the calling thread's own stream (CUDA's
+// per-thread default stream) and are complete once Synchronize() returns on that thread;
+// the device is per thread too (SetDevice before the first call on a thread).
+// Implementations are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  // Devices this process can use (0 without a driver or GPU).
+  virtual int DeviceCount() = 0;
+  // Makes `device` current on the calling thread.
+  virtual Status SetDevice(int device) = 0;
+  // `bytes` of zeroed memory on `device`, 256-byte aligned; Free() releases it.
+  virtual Result<void*> Allocate(int device, size_t bytes) = 0;
+  virtual void Free(int device, void* ptr) = 0;
+  // Enqueues `count` copies of `width` bytes, the i-th from src + i * src_pitch to
+  // dst + i * dst_pitch, host or device memory on either side (unified addressing).
+  virtual Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                        size_t count) = 0;
+  // Waits for the calling thread's enqueued copies; reports the first failure.
+  virtual Status Synchronize() = 0;
+};
+
+// The installed CUDA runtime, or Unimplemented naming `device` and saying that this
+// build (or this binary) has no CUDA support. `device` must be a CUDA device.
+Result<DeviceRuntime*> CudaRuntimeFor(const Device& device);
+// Installs (or, with nullptr, removes) the process-wide CUDA runtime.
+void InstallCudaRuntime(DeviceRuntime* runtime);
+
+// Sets `device` current on the calling thread when it is a CUDA device; OK for cpu.
+Status UseDeviceOnThisThread(const Device& device);
+
+// Device memory owned by one object: Allocate()d on construction, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static Result<DeviceBuffer> Allocate(const Device& device, size_t bytes);
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  const Device& device() const { return device_; }
+  std::span<std::byte> span() const { return {data_, size_}; }
+
+ private:
+  void Release();
+  DeviceRuntime* runtime_ = nullptr;
+  Device device_;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace wsync

@@ -1,0 +1,66 @@
+#include "wsync/device_runtime.h"
+
+#include <atomic>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace wsync {
+namespace {
+
+std::atomic<DeviceRuntime*> g_cuda_runtime{nullptr};
+
+}  // namespace
+
+Result<DeviceRuntime*> CudaRuntimeFor(const Device& device) {
+  if (device.is_cpu()) return InvalidArgument("CudaRuntimeFor(cpu): not a CUDA device");
+  DeviceRuntime* rt = g_cuda_runtime.load(std::memory_order_acquire);
+  if (rt == nullptr) {
+    return Unimplemented(fmt::format(
+        "device {}: this binary has no CUDA support (built without the CUDA toolkit, or the CUDA "
+        "runtime was not installed); use --device cpu", device.ToString()));
+  }
+  return rt;
+}
+
+void InstallCudaRuntime(DeviceRuntime* runtime) { g_cuda_runtime.store(runtime, std::memory_order_release); }
+
+Status UseDeviceOnThisThread(const Device& device) {
+  if (device.is_cpu()) return Status::Ok();
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
+  return rt->SetDevice(device.index);
+}
+
+Result<DeviceBuffer> DeviceBuffer::Allocate(const Device& device, size_t bytes) {
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
+  WSYNC_ASSIGN_OR_RETURN(void* p, rt->Allocate(device.index, bytes));
+  DeviceBuffer b;
+  b.runtime_ = rt;
+  b.device_ = device;
+  b.data_ = static_cast<std::byte*>(p);
+  b.size_ = bytes;
+  return b;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    runtime_ = std::exchange(other.runtime_, nullptr);
+    device_ = other.device_;
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { Release(); }
+
+void DeviceBuffer::Release() {
+  if (data_ != nullptr && runtime_ != nullptr) runtime_->Free(device_.index, data_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace wsync

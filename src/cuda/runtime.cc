@@ -1,0 +1,69 @@
+#include "cuda/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <fmt/format.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device.h"
+#include "wsync/device_runtime.h"
+
+namespace wsync::cuda {
+namespace {
+
+class CudaDeviceRuntime final : public DeviceRuntime {
+ public:
+  int DeviceCount() override { return cuda::DeviceCount(); }
+
+  Status SetDevice(int device) override {
+    WSYNC_CUDA_CHECK(cudaSetDevice(device));
+    return Status::Ok();
+  }
+
+  Result<void*> Allocate(int device, size_t bytes) override {
+    WSYNC_CUDA_CHECK(cudaSetDevice(device));
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error so later calls do not see it
+      return CudaError(err, fmt::format("cudaMalloc({} bytes) on cuda:{}", bytes, device), __FILE__, __LINE__);
+    }
+    WSYNC_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread));
+    WSYNC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    return p;
+  }
+
+  void Free(int device, void* ptr) override {
+    int current = -1;
+    (void)cudaGetDevice(&current);
+    (void)cudaSetDevice(device);
+    (void)cudaFree(ptr);
+    if (current >= 0) (void)cudaSetDevice(current);
+  }
+
+  Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                size_t count) override {
+    if (width == 0 || count == 0) return Status::Ok();
+    if (count == 1) {
+      WSYNC_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, cudaStreamPerThread));
+    } else {
+      WSYNC_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, count, cudaMemcpyDefault,
+                                         cudaStreamPerThread));
+    }
+    return Status::Ok();
+  }
+
+  Status Synchronize() override {
+    WSYNC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+void InstallDeviceRuntime() {
+  static CudaDeviceRuntime runtime;
+  InstallCudaRuntime(&runtime);
+}
+
+}  // namespace wsync::cuda
