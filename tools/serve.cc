@@ -32,6 +32,10 @@ int RunServe(const ServeArgs& a) {
   o.backend = a.backend;
   o.timeout_seconds = a.timeout;
   o.fault_never_join = a.fault == "never-join";
+  // A real process death in the data phase: the nccl receiver SIGKILLs this process once
+  // its first worker has loaded one chunk of an update (what an OOM kill or a crashed
+  // worker does to the trainer's group). Only the timing is chosen.
+  if (a.fault == "die-mid-update") o.backend_config["fault"] = "die-mid-update";
   if (!a.base_checkpoint.empty()) o.backend_config["base_checkpoint"] = a.base_checkpoint;
   if (!a.local_checkpoint_dir.empty()) o.backend_config["local_checkpoint_dir"] = a.local_checkpoint_dir;
   Result<Device> device = Device::Parse(a.device);

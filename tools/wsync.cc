@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
   s->add_option("--base-checkpoint", serve.base_checkpoint, "delta: the base checkpoint directory (version 0)");
   s->add_option("--local-checkpoint-dir", serve.local_checkpoint_dir, "delta: this host's mutable copy of the checkpoint");
-  s->add_option("--fault", serve.fault, "fault injection for tests: never-join")->check(CLI::IsMember({"never-join"}));
+  s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;
   std::vector<std::string> servers;

@@ -151,7 +151,10 @@ TEST(WorkerStore, LoadRejectsBadInputAndWritesNothing) {
   for (size_t i = 0; i < norm.meta.nbytes(); ++i) ASSERT_EQ(norm.storage.data()[i], std::byte{0});
   TensorRef gpu{"model.norm.weight", DType::kBF16, shape, bytes, Device{Device::Kind::kCuda, 0}};
   EXPECT_EQ(s->Load(gpu).message(),
-            "tensor model.norm.weight is on cuda:0; a WorkerStore loads host tensors");
+            "tensor model.norm.weight is on cuda:0; this store is on cpu and loads host tensors");
+  // Without a CUDA runtime installed (this test binary has none), a CUDA store is refused.
+  auto on_gpu = WorkerStore::Create(Model("qwen3-tiny"), 0, 1, Device{Device::Kind::kCuda, 0});
+  EXPECT_EQ(on_gpu.status().code(), StatusCode::kUnimplemented) << on_gpu.status().ToString();
   TensorRef unknown{"model.layers.9.mlp.up_proj.weight", DType::kBF16, shape, bytes, Device{}};
   EXPECT_EQ(s->Load(unknown).message(), "model qwen3-tiny has no tensor model.layers.9.mlp.up_proj.weight");
 }

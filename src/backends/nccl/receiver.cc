@@ -1,13 +1,21 @@
 #include "backends/nccl/receiver.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <future>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "backends/nccl/init_info.h"
+#include "backends/nccl/staging.h"
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
+#ifdef WSYNC_WITH_NCCL
+#include "comm/nccl_communicator.h"
+#include "comm/nccl_unique_id.h"
+#endif
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "model/worker_store.h"
@@ -30,7 +38,9 @@ Status JoinAll(std::vector<std::future<Status>>& futures) {
 
 class NcclReceiver final : public ReceiverBackend {
  public:
-  explicit NcclReceiver(ReceiverContext* ctx) : ctx_(ctx), slots_(ctx->workers.size()) {}
+  explicit NcclReceiver(ReceiverContext* ctx)
+      : ctx_(ctx), slots_(ctx->workers.size()),
+        fault_die_mid_update_(ctx->backend_config.value("fault", "") == "die-mid-update") {}
   ~NcclReceiver() override { Shutdown(); }
 
   std::string_view name() const override { return "nccl"; }
@@ -46,32 +56,62 @@ class NcclReceiver final : public ReceiverBackend {
       }
     }
     if (!info.uses_gloo()) {
-      return Unimplemented(fmt::format(
-          "init_info carries nccl_unique_id_b64, but this server's workers are on {}: the NCCL "
-          "data plane needs CUDA devices; use the Gloo rendezvous fields for CPU servers",
-          ctx_->workers.front().device.ToString()));
+      for (const ReceiverWorker& w : ctx_->workers) {
+        if (w.device.is_cpu()) {
+          return Unimplemented(fmt::format(
+              "init_info carries nccl_unique_id_b64, but {} is on cpu: the NCCL data plane needs CUDA "
+              "devices (wsync serve --device cuda:N); use the Gloo rendezvous fields for CPU servers", w.label));
+        }
+      }
+#ifndef WSYNC_WITH_NCCL
+      return Unimplemented("init_info carries nccl_unique_id_b64, but this server was built without NCCL");
+#endif
     }
     Shutdown();
     double timeout = std::min(ctx_->timeout_seconds, info.timeout_seconds.value_or(ctx_->timeout_seconds));
     Deadline deadline = Deadline::InSeconds(timeout);
+    std::vector<std::string> labels = info.gloo_rank_labels;
+    DescribeRank describe = [labels](int r) {
+      if (r >= 0 && r < static_cast<int>(labels.size())) return fmt::format("rank {} ({})", r, labels[r]);
+      return r == 0 ? std::string("rank 0 (trainer)") : fmt::format("rank {}", r);
+    };
+    auto op_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+#ifdef WSYNC_WITH_NCCL
+    NcclUniqueIdBytes unique_id{};
+    if (!info.uses_gloo()) {
+      WSYNC_ASSIGN_OR_RETURN(unique_id, DecodeNcclUniqueId(*info.nccl_unique_id_b64));
+    }
+#endif
     std::vector<std::future<Status>> futures;
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       const ReceiverWorker& w = ctx_->workers[i];
-      GlooOptions o;
-      o.store_host = *info.gloo_store_host;
-      o.store_port = *info.gloo_store_port;
-      o.prefix = *info.gloo_prefix;
-      o.rank = Rank(info, w);
-      o.size = info.world_size;
-      o.connect_deadline = deadline;
-      o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
-      std::vector<std::string> labels = info.gloo_rank_labels;
-      o.describe_rank = [labels](int r) {
-        if (r >= 0 && r < static_cast<int>(labels.size())) return fmt::format("rank {} ({})", r, labels[r]);
-        return r == 0 ? std::string("rank 0 (trainer)") : fmt::format("rank {}", r);
-      };
-      futures.push_back(w.thread->Post([this, i, o, deadline]() -> Status {
-        WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(o));
+      std::function<Result<std::unique_ptr<Communicator>>()> connect;
+      if (info.uses_gloo()) {
+        GlooOptions o;
+        o.store_host = *info.gloo_store_host;
+        o.store_port = *info.gloo_store_port;
+        o.prefix = *info.gloo_prefix;
+        o.rank = Rank(info, w);
+        o.size = info.world_size;
+        o.connect_deadline = deadline;
+        o.op_timeout = op_timeout;
+        o.describe_rank = describe;
+        connect = [o] { return ConnectGloo(o); };
+      } else {
+#ifdef WSYNC_WITH_NCCL
+        NcclOptions o;
+        o.unique_id = unique_id;
+        o.rank = Rank(info, w);
+        o.size = info.world_size;
+        o.device = w.device.index;
+        o.connect_deadline = deadline;
+        o.op_timeout = op_timeout;
+        o.describe_rank = describe;
+        connect = [o] { return ConnectNccl(o); };
+#endif
+      }
+      futures.push_back(w.thread->Post([this, i, connect, deadline]() -> Status {
+        WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, connect());
         float warmup = 0.0f;  // vLLM's one-element float32 SUM warm-up
         WSYNC_RETURN_IF_ERROR(comm->AllReduceSum(std::span<float>(&warmup, 1), deadline));
         slots_[i].comm = std::move(comm);
@@ -85,6 +125,9 @@ class NcclReceiver final : public ReceiverBackend {
     }
     info_ = info;
     timeout_ = timeout;
+    // NCCL receives into device buffers; Gloo into host buffers (loaded into shards on
+    // whatever device they live).
+    buffer_device_ = info.uses_gloo() ? Device{} : ctx_->workers.front().device;
     WSYNC_LOG_INFO("joined broadcast group: world {}, ranks {}..{}, packed {}", info.world_size,
                    Rank(info, ctx_->workers.front()), Rank(info, ctx_->workers.back()), info.packed);
     return Status::Ok();
@@ -148,7 +191,7 @@ class NcclReceiver final : public ReceiverBackend {
  private:
   struct Slot {
     std::unique_ptr<Communicator> comm;
-    std::vector<HostBuffer> buffers;  // receive buffers, reused across syncs
+    std::vector<StagingBuffer> buffers;  // receive buffers, reused across syncs
   };
 
   int Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
@@ -161,31 +204,33 @@ class NcclReceiver final : public ReceiverBackend {
                      const ChunkPlan& plan, Deadline deadline) {
     size_t nbuf = std::max(1, std::min(info_->packed_num_buffers, 2));
     slot.buffers.resize(nbuf);
-    for (HostBuffer& b : slot.buffers) {
-      if (b.size() < plan.max_chunk_bytes) {
-        WSYNC_ASSIGN_OR_RETURN(b, HostBuffer::Allocate(plan.max_chunk_bytes));
-      }
-    }
+    const Device buffer_device = buffer_device_.is_cpu() ? Device{} : w.device;
+    for (StagingBuffer& b : slot.buffers) WSYNC_RETURN_IF_ERROR(b.Reserve(buffer_device, plan.max_chunk_bytes));
     // A loader thread lands each tensor as soon as all of its bytes have arrived, while
     // the rest of the chunk (and the next one) is still on the wire.
     const size_t n = plan.chunks.size();
     std::vector<ProgressGate> arrived(n);  // bytes of chunk k received
     ProgressGate loaded;                   // chunks fully loaded into the shards
     std::thread loader([&] {
+      if (Status s = UseDeviceOnThisThread(w.device); !s.ok()) return loaded.Fail(s);
       for (size_t k = 0; k < n; ++k) {
         const Chunk& c = plan.chunks[k];
-        std::span<const std::byte> buf = slot.buffers[k % nbuf].span();
+        std::span<const std::byte> buf = slot.buffers[k % nbuf].span(c.bytes);
         for (size_t t = c.first; t < c.end; ++t) {
           const TensorMeta& m = tensors[t];
           size_t off = plan.offset_in_chunk[t];
           Status s = arrived[k].WaitFor(off + m.nbytes(), deadline, "chunk bytes");
           if (s.ok()) {
-            s = w.store->Load(TensorRef{m.name, m.dtype, m.shape, buf.subspan(off, m.nbytes()), w.device})
+            s = w.store->Load(TensorRef{m.name, m.dtype, m.shape, buf.subspan(off, m.nbytes()), buffer_device})
                     .WithContext(w.label);
           }
           if (!s.ok()) return loaded.Fail(s);
         }
         loaded.Advance(k + 1);
+        if (fault_die_mid_update_ && k + 1 < n) {
+          WSYNC_LOG_WARN("fault injection (--fault die-mid-update): {} loaded chunk 1/{}; killing this process", w.label, n);
+          kill(getpid(), SIGKILL);
+        }
       }
     });
     Status result;
@@ -197,7 +242,7 @@ class NcclReceiver final : public ReceiverBackend {
       }
       Communicator::StreamHooks hooks;
       hooks.on_received = [&arrived, k](size_t end) { arrived[k].Advance(end); };
-      Status s = slot.comm->Broadcast(slot.buffers[k % nbuf].span().first(c.bytes), 0, deadline, hooks);
+      Status s = slot.comm->Broadcast(slot.buffers[k % nbuf].span(c.bytes), 0, deadline, hooks);
       if (!s.ok()) {
         result = s.WithContext(fmt::format("{}: receiving chunk {}/{} ({} bytes, tensors {}..{})",
                                            w.label, k + 1, n, c.bytes, tensors[c.first].name,
@@ -217,6 +262,8 @@ class NcclReceiver final : public ReceiverBackend {
   std::vector<Slot> slots_;  // one per worker, touched only from that worker's thread
   std::optional<NcclInitInfo> info_;
   double timeout_ = 300;
+  Device buffer_device_;  // cpu (Gloo) or the workers' CUDA devices (NCCL)
+  bool fault_die_mid_update_ = false;
 };
 
 }  // namespace

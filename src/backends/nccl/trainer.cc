@@ -10,8 +10,12 @@
 #include <fmt/format.h>
 
 #include "backends/nccl/init_info.h"
+#include "backends/nccl/staging.h"
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
+#ifdef WSYNC_WITH_NCCL
+#include "comm/nccl_communicator.h"
+#endif
 #include "comm/store.h"
 #include "control/client.h"
 #include "control/init_payloads.h"
@@ -83,9 +87,13 @@ class NcclTrainer final : public TrainerEngine {
   ~NcclTrainer() override { Shutdown(); }
 
   Status Init(const std::vector<TensorMeta>& metadata) override {
-    if (!options_.device.is_cpu()) {
-      return Unimplemented(fmt::format("trainer device {}: the NCCL data plane needs a CUDA build",
+    const bool gpu = !options_.device.is_cpu();
+    if (gpu) {
+#ifndef WSYNC_WITH_NCCL
+      return Unimplemented(fmt::format("trainer device {}: this build has no NCCL (the GPU data plane); use --device cpu",
                                        options_.device.ToString()));
+#endif
+      WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
     }
     Shutdown();
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
@@ -101,7 +109,7 @@ class NcclTrainer final : public TrainerEngine {
                                            options_.data_parallel_size));
     labels_ = RankLabels(world, offsets, deadline);
 
-    if (!store_) {
+    if (!store_ && !gpu) {
       WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
     }
     prefix_ = fmt::format("wsync-{}/{}", RandomHex(8), ++attempt_);
@@ -112,10 +120,20 @@ class NcclTrainer final : public TrainerEngine {
     info.packed = options_.packed;
     info.packed_buffer_size_bytes = static_cast<int64_t>(buffer_bytes_);
     info.packed_num_buffers = options_.num_buffers;
-    info.gloo_store_host = options_.store_host;
-    info.gloo_store_port = store_->port();
-    info.gloo_prefix = prefix_;
     info.gloo_rank_labels = labels_;
+#ifdef WSYNC_WITH_NCCL
+    NcclUniqueIdBytes unique_id{};
+    if (gpu) {
+      // vLLM's UID rendezvous: no store; every rank enters ncclCommInitRank at once.
+      WSYNC_ASSIGN_OR_RETURN(unique_id, NewNcclUniqueId());
+      info.nccl_unique_id_b64 = EncodeNcclUniqueId(unique_id);
+    }
+#endif
+    if (!gpu) {
+      info.gloo_store_host = options_.store_host;
+      info.gloo_store_port = store_->port();
+      info.gloo_prefix = prefix_;
+    }
     info.wsync_protocol = kWsyncProtocolVersion;
     info.timeout_seconds = server_timeout;
     std::vector<json> bodies;
@@ -127,23 +145,41 @@ class NcclTrainer final : public TrainerEngine {
                    offsets.size(), world, fmt::join(offsets, ", "), buffer_bytes_);
     auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), http_deadline);
 
-    GlooOptions g;
-    g.store_host = options_.store_host;
-    g.store_port = store_->port();
-    g.prefix = prefix_;
-    g.rank = 0;
-    g.size = world;
-    g.bind_host = options_.store_host;
-    g.connect_deadline = deadline;
-    g.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
-    g.describe_rank = [labels = labels_](int r) {
+    auto describe = [labels = labels_](int r) {
       return r < static_cast<int>(labels.size()) ? fmt::format("rank {} ({})", r, labels[r])
                                                  : fmt::format("rank {}", r);
     };
+    auto op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
+    std::function<Result<std::unique_ptr<Communicator>>()> connect;
+    if (gpu) {
+#ifdef WSYNC_WITH_NCCL
+      NcclOptions n;
+      n.unique_id = unique_id;
+      n.rank = 0;
+      n.size = world;
+      n.device = options_.device.index;
+      n.connect_deadline = deadline;
+      n.op_timeout = op_timeout;
+      n.describe_rank = describe;
+      connect = [n] { return ConnectNccl(n); };
+#endif
+    } else {
+      GlooOptions g;
+      g.store_host = options_.store_host;
+      g.store_port = store_->port();
+      g.prefix = prefix_;
+      g.rank = 0;
+      g.size = world;
+      g.bind_host = options_.store_host;
+      g.connect_deadline = deadline;
+      g.op_timeout = op_timeout;
+      g.describe_rank = describe;
+      connect = [g] { return ConnectGloo(g); };
+    }
     // Connect on a side thread so that a server refusing init ends the wait at once.
     auto connected = std::make_shared<std::promise<Result<std::unique_ptr<Communicator>>>>();
     auto connect_future = connected->get_future();
-    std::thread([connected, g] { connected->set_value(ConnectGloo(g)); }).detach();
+    std::thread([connected, connect] { connected->set_value(connect()); }).detach();
     while (connect_future.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
       if (pending->AnyFailed()) return pending->Wait(Deadline::InSeconds(1)).status();
     }
@@ -157,11 +193,16 @@ class NcclTrainer final : public TrainerEngine {
     comm_ = std::move(*comm);
     auto warmup = std::make_shared<float>(0.0f);  // vLLM's one-element float32 SUM
     std::shared_ptr<Communicator> c = comm_;
-    WSYNC_RETURN_IF_ERROR(Watched([c, warmup, deadline] { return c->AllReduceSum(std::span<float>(warmup.get(), 1), deadline); },
+    Device device = options_.device;
+    WSYNC_RETURN_IF_ERROR(Watched([c, warmup, deadline, device] {
+                                    WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
+                                    return c->AllReduceSum(std::span<float>(warmup.get(), 1), deadline);
+                                  },
                                   *comm_, pending.get(), deadline, "broadcast group warm-up"));
     WSYNC_RETURN_IF_ERROR(pending->Wait(http_deadline).status());
-    store_->ErasePrefix(prefix_);
-    WSYNC_LOG_INFO("broadcast group of {} ranks is up", world);
+    if (store_) store_->ErasePrefix(prefix_);
+    WSYNC_LOG_INFO("broadcast group of {} ranks is up ({}, trainer on {})", world, comm_->kind(),
+                   options_.device.ToString());
     return Status::Ok();
   }
 
@@ -222,8 +263,12 @@ class NcclTrainer final : public TrainerEngine {
   Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta_in,
                   const ChunkPlan& plan_in, FanOutClient::Pending* http, Deadline deadline) {
     std::shared_ptr<Communicator> comm = comm_;
+    const Device device = options_.device;
     auto vote = std::make_shared<int64_t>(0);
-    WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline] { return comm->AllReduceSum(std::span<int64_t>(vote.get(), 1), deadline); },
+    WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline, device] {
+                                    WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
+                                    return comm->AllReduceSum(std::span<int64_t>(vote.get(), 1), deadline);
+                                  },
                                   *comm_, http, deadline, "update preflight"));
     if (*vote != 0) {
       Result<std::vector<json>> r = http->Wait(deadline);
@@ -233,10 +278,8 @@ class NcclTrainer final : public TrainerEngine {
     size_t nbuf = std::max(1, std::min(options_.num_buffers, 2));
     buffers_.resize(nbuf);
     for (auto& b : buffers_) {
-      if (!b) b = std::make_shared<HostBuffer>();
-      if (b->size() < plan_in.max_chunk_bytes) {
-        WSYNC_ASSIGN_OR_RETURN(*b, HostBuffer::Allocate(plan_in.max_chunk_bytes));
-      }
+      if (!b) b = std::make_shared<StagingBuffer>();
+      WSYNC_RETURN_IF_ERROR(b->Reserve(device, plan_in.max_chunk_bytes));
     }
     // The op owns copies of what it reads, so it may outlive this call after an abort.
     auto meta_owned = std::make_shared<const std::vector<TensorMeta>>(meta_in);
@@ -245,7 +288,12 @@ class NcclTrainer final : public TrainerEngine {
     std::shared_ptr<TensorStream> stream = CheckedStream(std::move(inner), *meta_owned);
     auto buffers = buffers_;
     auto progress = options_.progress;
-    auto op = [comm, stream, buffers, meta_owned, plan_owned, progress, deadline, nbuf]() -> Status {
+    DeviceRuntime* rt = nullptr;
+    if (!device.is_cpu()) {
+      WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(device));
+    }
+    auto op = [comm, stream, buffers, meta_owned, plan_owned, progress, deadline, nbuf, device, rt]() -> Status {
+      WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
       const ChunkPlan& plan = *plan_owned;
       const std::vector<TensorMeta>& meta = *meta_owned;
       const size_t n = plan.chunks.size();
@@ -254,6 +302,10 @@ class NcclTrainer final : public TrainerEngine {
       // The packer fills chunk k while chunk k-1 is on the wire, and the broadcast of
       // chunk k sends each piece as soon as the packer has written it.
       std::thread packer([&] {
+        if (Status s = UseDeviceOnThisThread(device); !s.ok()) {
+          for (size_t j = 0; j < n; ++j) packed[j].Fail(s);
+          return;
+        }
         for (size_t k = 0; k < n; ++k) {
           if (k >= nbuf) {
             Status s = sent.WaitFor(k - nbuf + 1, deadline, "the broadcast to free a buffer");
@@ -270,11 +322,34 @@ class NcclTrainer final : public TrainerEngine {
               return;
             }
             size_t off = plan.offset_in_chunk[i];
+            if (rt != nullptr) {  // GPU: enqueue the chunk's copies; NCCL sends it whole
+              Status s = t.device == device || t.device.is_cpu()
+                             ? rt->Copy2D(dst + off, t.bytes.size(), t.bytes.data(), t.bytes.size(), t.bytes.size(), 1)
+                             : InvalidArgument(fmt::format("tensor {} is on {}, the trainer sends from {}", t.name,
+                                                           t.device.ToString(), device.ToString()));
+              if (!s.ok()) {
+                for (size_t j = k; j < n; ++j) packed[j].Fail(s);
+                return;
+              }
+              continue;
+            }
+            if (!t.device.is_cpu()) {
+              Status s = InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors (push --device {})",
+                                                     t.name, t.device.ToString(), t.device.ToString()));
+              for (size_t j = k; j < n; ++j) packed[j].Fail(s);
+              return;
+            }
             constexpr size_t kSlice = size_t{8} << 20;  // publish big tensors in slices
             for (size_t b = 0; b < t.bytes.size(); b += kSlice) {
               size_t len = std::min(kSlice, t.bytes.size() - b);
               std::memcpy(dst + off + b, t.bytes.data() + b, len);
               packed[k].Advance(off + b + len);
+            }
+          }
+          if (rt != nullptr) {
+            if (Status s = rt->Synchronize(); !s.ok()) {
+              for (size_t j = k; j < n; ++j) packed[j].Fail(s.WithContext(fmt::format("packing chunk {}/{}", k + 1, n)));
+              return;
             }
           }
           packed[k].Advance(c.bytes);
@@ -323,7 +398,7 @@ class NcclTrainer final : public TrainerEngine {
   FanOutClient client_;
   std::unique_ptr<StoreServer> store_;
   std::shared_ptr<Communicator> comm_;
-  std::vector<std::shared_ptr<HostBuffer>> buffers_;
+  std::vector<std::shared_ptr<StagingBuffer>> buffers_;
   std::vector<std::string> labels_;
   std::string prefix_;
   size_t buffer_bytes_ = kDefaultPackedBufferBytes;
