@@ -25,13 +25,19 @@ Result<std::unique_ptr<CopyPlan>> CopyPlan::Create(std::span<const CopyOp> ops) 
   if (tiles.size() > 0x7fffffffu) return InvalidArgument(fmt::format("copy plan of {} tiles is too large", tiles.size()));
   plan->tiles_ = tiles.size();
   if (tiles.empty()) return plan;
+  WSYNC_CUDA_CHECK(cudaGetDevice(&plan->device_));
   WSYNC_CUDA_CHECK(cudaMalloc(&plan->device_tiles_, tiles.size() * sizeof(Tile)));
   WSYNC_CUDA_CHECK(cudaMemcpy(plan->device_tiles_, tiles.data(), tiles.size() * sizeof(Tile), cudaMemcpyHostToDevice));
   return plan;
 }
 
 CopyPlan::~CopyPlan() {
-  if (device_tiles_ != nullptr) cudaFree(device_tiles_);
+  if (device_tiles_ == nullptr) return;
+  int current = -1;
+  (void)cudaGetDevice(&current);
+  if (current != device_) (void)cudaSetDevice(device_);
+  (void)cudaFree(device_tiles_);
+  if (current >= 0 && current != device_) (void)cudaSetDevice(current);
 }
 
 Status CopyPlan::Launch(cudaStream_t stream) const {

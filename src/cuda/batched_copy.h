@@ -7,7 +7,7 @@
 // size allow (the ipc protocol aligns tensors to 256 bytes in a slot), byte accesses
 // otherwise. Copies must not overlap each other. Launch() is asynchronous on `stream`;
 // a plan is immutable after Create() and may be launched from any thread whose current
-// device is the plan's.
+// device is the plan's; it may be destroyed on any thread.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,6 +42,7 @@ class CopyPlan {
 
  private:
   CopyPlan() = default;
+  int device_ = 0;                // where device_tiles_ lives
   void* device_tiles_ = nullptr;  // Tile[tiles_] in device memory
   size_t tiles_ = 0;
   size_t bytes_ = 0;

@@ -64,6 +64,7 @@ struct Driver {
   decltype(&cuMemSetAccess) set_access = nullptr;
   decltype(&cuMemExportToShareableHandle) export_handle = nullptr;
   decltype(&cuMemImportFromShareableHandle) import_handle = nullptr;
+  decltype(&cuMemGetAddressRange) address_range = nullptr;
 };
 
 Result<const Driver*> GetDriver() {
@@ -79,6 +80,7 @@ Result<const Driver*> GetDriver() {
     WSYNC_ASSIGN_OR_RETURN(d.set_access, DriverFn<decltype(d.set_access)>("cuMemSetAccess"));
     WSYNC_ASSIGN_OR_RETURN(d.export_handle, DriverFn<decltype(d.export_handle)>("cuMemExportToShareableHandle"));
     WSYNC_ASSIGN_OR_RETURN(d.import_handle, DriverFn<decltype(d.import_handle)>("cuMemImportFromShareableHandle"));
+    WSYNC_ASSIGN_OR_RETURN(d.address_range, DriverFn<decltype(d.address_range)>("cuMemGetAddressRange"));
     return d;
   }();
   if (!driver.ok()) return driver.status();
@@ -146,7 +148,28 @@ Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::Allocate(int
   return m;
 }
 
+Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::ExportExisting(int device, const void* ptr) {
+  if (ptr == nullptr) return InvalidArgument("cannot export a null device pointer");
+  WSYNC_RETURN_IF_ERROR(UseDevice(device));
+  WSYNC_ASSIGN_OR_RETURN(const Driver* d, GetDriver());
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  WSYNC_CU_CHECK(d->address_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)));
+  std::unique_ptr<ExportedDeviceMemory> m(new ExportedDeviceMemory());
+  m->kind_ = ExportKind::kCudaIpc;
+  m->owned_ = false;
+  m->device_ = device;
+  m->ptr_ = const_cast<void*>(ptr);
+  m->base_offset_ = reinterpret_cast<CUdeviceptr>(ptr) - base;
+  m->size_ = size - m->base_offset_;
+  cudaIpcMemHandle_t h;
+  WSYNC_CUDA_CHECK(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)));
+  std::memcpy(m->ipc_handle_, &h, sizeof(h));
+  return m;
+}
+
 ExportedDeviceMemory::~ExportedDeviceMemory() {
+  if (!owned_) return;
   if (cudaSetDevice(device_) != cudaSuccess) return;
   if (kind_ == ExportKind::kCudaIpc) {
     if (ptr_ != nullptr) cudaFree(ptr_);

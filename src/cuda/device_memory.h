@@ -35,20 +35,29 @@ class ExportedDeviceMemory {
   // Allocates at least `bytes` on `device` (cuda_fd rounds up to the allocation
   // granularity) and exports it.
   static Result<std::unique_ptr<ExportedDeviceMemory>> Allocate(int device, size_t bytes, ExportKind kind);
+  // Exports memory this process already allocated with cudaMalloc on `device` (kind
+  // cuda_ipc), without owning it: the destructor frees nothing. Importers map the whole
+  // allocation; base_offset() is `ptr`'s offset inside it. Cheap (no allocation), so a
+  // caller may export again to learn whether the allocation behind `ptr` changed (the
+  // handle of a new allocation differs even at the same address).
+  static Result<std::unique_ptr<ExportedDeviceMemory>> ExportExisting(int device, const void* ptr);
   ~ExportedDeviceMemory();
   ExportedDeviceMemory(const ExportedDeviceMemory&) = delete;
   ExportedDeviceMemory& operator=(const ExportedDeviceMemory&) = delete;
 
   void* data() const { return ptr_; }
-  size_t size() const { return size_; }
+  size_t size() const { return size_; }  // ExportExisting: from base_offset() to the allocation's end
   int device() const { return device_; }
   ExportKind kind() const { return kind_; }
+  size_t base_offset() const { return base_offset_; }
   // What an importer needs (see the file comment).
   nlohmann::json Handle() const;
 
  private:
   ExportedDeviceMemory() = default;
   ExportKind kind_ = ExportKind::kCudaIpc;
+  bool owned_ = true;
+  size_t base_offset_ = 0;
   int device_ = 0;
   void* ptr_ = nullptr;
   size_t size_ = 0;

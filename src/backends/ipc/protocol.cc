@@ -72,8 +72,8 @@ json IpcBufferDesc::ToJson() const {
   return json{{"kind", kind}, {"offset", offset}, {"stride", stride}, {"handle", handle}};
 }
 
-Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key) {
-  std::string where = fmt::format("init_info buffers['{}']", key);
+Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key, const char* parent) {
+  std::string where = fmt::format("{} buffers['{}']", parent, key);
   if (!j.is_object()) return InvalidArgument(where + " must be an object");
   static const std::set<std::string> kKnown = {"kind", "offset", "stride", "handle"};
   for (const auto& [k, _] : j.items()) {
@@ -86,8 +86,8 @@ Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "offset", true, &offset));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "stride", true, &stride));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "handle", false, &handle));
-  if (*kind != "shm" && *kind != "cuda_ipc" && *kind != "cuda_fd") {
-    return InvalidArgument(fmt::format("{} kind '{}' is not one of shm, cuda_ipc, cuda_fd", where, *kind));
+  if (*kind != "shm" && *kind != "cuda_ipc" && *kind != "cuda_fd" && *kind != "none") {
+    return InvalidArgument(fmt::format("{} kind '{}' is not one of shm, cuda_ipc, cuda_fd, none", where, *kind));
   }
   IpcBufferDesc d;
   d.kind = *kind;
@@ -182,7 +182,7 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
   }
   for (const auto& [key, value] : it->items()) {
     WSYNC_ASSIGN_OR_RETURN(IpcBufferDesc d, IpcBufferDesc::Parse(value, key));
-    if (d.stride < info.slot_bytes) {
+    if (d.kind != "none" && d.stride < info.slot_bytes) {
       return InvalidArgument(fmt::format("init_info buffers['{}'] stride {} is below slot_bytes {}", key,
                                          d.stride, info.slot_bytes));
     }
@@ -209,7 +209,47 @@ void IpcUpdateInfo::AddTo(json* u) const {
   (*u)["tensor_sizes"] = tensor_sizes;
   (*u)["tensor_offsets"] = tensor_offsets;
   (*u)["chunk_ends"] = chunk_ends;
+  if (zero_copy) {
+    json z = {{"generation", zero_copy->generation}, {"bytes", zero_copy->bytes}};
+    if (!zero_copy->buffers.empty()) {
+      json b = json::object();
+      for (const auto& [key, desc] : zero_copy->buffers) b[key] = desc.ToJson();
+      z["buffers"] = b;
+    }
+    (*u)["zero_copy"] = z;
+  }
 }
+
+namespace {
+
+Result<IpcZeroCopy> ParseZeroCopy(const json& j) {
+  const char* where = "update_info zero_copy";
+  if (!j.is_object()) return InvalidArgument("update_info 'zero_copy' must be an object");
+  static const std::set<std::string> kKnown = {"generation", "bytes", "buffers"};
+  for (const auto& [k, _] : j.items()) {
+    if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, k));
+  }
+  std::optional<uint64_t> generation, bytes;
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "generation", true, &generation));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "bytes", true, &bytes));
+  if (*generation == 0) return InvalidArgument("update_info zero_copy generation must be >= 1");
+  IpcZeroCopy z;
+  z.generation = *generation;
+  z.bytes = *bytes;
+  if (auto it = j.find("buffers"); it != j.end()) {
+    if (!it->is_object()) return InvalidArgument("update_info zero_copy 'buffers' must be an object {device key: buffer}");
+    for (const auto& [key, value] : it->items()) {
+      WSYNC_ASSIGN_OR_RETURN(IpcBufferDesc d, IpcBufferDesc::Parse(value, key, where));
+      if (d.kind != "cuda_ipc" && d.kind != "cuda_fd") {
+        return InvalidArgument(fmt::format("{} buffers['{}'] kind '{}' is not cuda_ipc or cuda_fd", where, key, d.kind));
+      }
+      z.buffers.emplace(key, std::move(d));
+    }
+  }
+  return z;
+}
+
+}  // namespace
 
 Result<IpcUpdateInfo> IpcUpdateInfo::Parse(const json& j) {
   if (j.contains("ipc_handles") || j.contains("ipc_handles_pickled")) {
@@ -238,6 +278,9 @@ Result<IpcUpdateInfo> IpcUpdateInfo::Parse(const json& j) {
   WSYNC_ASSIGN_OR_RETURN(u.tensor_sizes, ReadU64List(j, "tensor_sizes"));
   WSYNC_ASSIGN_OR_RETURN(u.tensor_offsets, ReadU64List(j, "tensor_offsets"));
   WSYNC_ASSIGN_OR_RETURN(u.chunk_ends, ReadU64List(j, "chunk_ends"));
+  if (auto it = j.find("zero_copy"); it != j.end() && !it->is_null()) {
+    WSYNC_ASSIGN_OR_RETURN(u.zero_copy, ParseZeroCopy(*it));
+  }
   return u;
 }
 
@@ -252,6 +295,11 @@ Status IpcUpdateInfo::Validate(std::span<const TensorMeta> tensors, uint64_t slo
     return InvalidArgument(fmt::format("update_info chunk_ends must end at the number of tensors ({}), got {}", n,
                                        chunk_ends.empty() ? std::string("[]") : std::to_string(chunk_ends.back())));
   }
+  if (zero_copy && chunk_ends.size() > 1) {
+    return InvalidArgument(fmt::format("a zero-copy update is one chunk (one go), but chunk_ends has {} entries",
+                                       chunk_ends.size()));
+  }
+  const uint64_t limit = zero_copy ? zero_copy->bytes : slot_bytes;
   for (size_t k = 0; k < chunk_ends.size(); ++k) {
     uint64_t first = chunk_first(k), end = chunk_ends[k];
     if (end <= first || end > n) {
@@ -269,7 +317,12 @@ Status IpcUpdateInfo::Validate(std::span<const TensorMeta> tensors, uint64_t slo
         return InvalidArgument(fmt::format("tensor_offsets[{}] of {} is {}, overlapping the tensor before it (ends at {})",
                                            i, t.name, tensor_offsets[i], used));
       }
-      if (tensor_offsets[i] > slot_bytes || tensor_sizes[i] > slot_bytes - tensor_offsets[i]) {
+      if (tensor_offsets[i] > limit || tensor_sizes[i] > limit - tensor_offsets[i]) {
+        if (zero_copy) {
+          return InvalidArgument(fmt::format(
+              "zero-copy tensor {} ends at byte {}, beyond the {} bytes of the trainer's exported tensors", t.name,
+              tensor_offsets[i] + tensor_sizes[i], limit));
+        }
         return InvalidArgument(fmt::format(
             "chunk {}/{} needs {} bytes (up to the end of {}), the mapped slots hold {}", k + 1,
             chunk_ends.size(), tensor_offsets[i] + tensor_sizes[i], t.name, slot_bytes));

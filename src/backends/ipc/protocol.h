@@ -35,6 +35,20 @@
 // q + k; a receiver reads a slot only while it carries exactly that number, so a stale or
 // foreign chunk is never read. Sequence numbers grow across the syncs of a session.
 //
+// Zero-copy (stateful) mode, GPU only: the trainer's tensors already sit in ONE exported
+// device allocation, so there is nothing to pack. The update adds
+//   "zero_copy": {"generation": g, "bytes": B,
+//                 "buffers": {"GPU-<uuid>": {"kind": "cuda_ipc", "offset": o, "stride": 0,
+//                                             "handle": {...}}}}
+// where tensor i lies at the mapping's start + o + tensor_offsets[i], inside [o, o + B);
+// chunk_ends is [number of tensors] (one "go", published as sequence q with no slot
+// bytes); `buffers` travels only in the first update of generation g (a receiver maps it
+// then and keeps it). The trainer bumps g whenever the allocation behind its tensors
+// changes (address, size or IPC handle); a receiver reads only a mapping whose session and
+// generation equal the update's, and answers 409 for a generation it has not mapped and
+// whose handle the update does not carry. In init_info, a trainer that only ever sends
+// zero-copy lists its GPU as {"kind": "none", "offset": 0, "stride": 0}: no slots there.
+//
 // The cut: a chunk is closed BEFORE the tensor that would overflow the slot (vLLM's IPC
 // producer, reference §7.2), not after it as vLLM's NCCL producer does: a slot is a fixed
 // mapping, so a chunk must fit in it. Tensors start at kIpcAlignment-byte offsets so that
@@ -66,7 +80,9 @@ inline constexpr int kIpcDefaultSlots = 2;
 
 // One device's view of the staging slots: slot k is at `offset + k * stride` of the
 // exported memory. `handle` is what the kind needs to open it: {} for "shm" (the control
-// region itself); {"handle_b64"} for "cuda_ipc"; {"pid", "fd", "bytes"} for "cuda_fd".
+// region itself); {"handle_b64"} for "cuda_ipc"; {"pid", "fd", "bytes"} for "cuda_fd";
+// kind "none" means the device has no slots (a zero-copy-only trainer). In a zero-copy
+// update the same shape names the trainer's own tensors (stride 0).
 struct IpcBufferDesc {
   std::string kind = "shm";
   uint64_t offset = 0;
@@ -74,7 +90,9 @@ struct IpcBufferDesc {
   nlohmann::json handle = nlohmann::json::object();
 
   nlohmann::json ToJson() const;
-  static Result<IpcBufferDesc> Parse(const nlohmann::json& j, const std::string& key);
+  // `parent` names the object holding the entry in messages.
+  static Result<IpcBufferDesc> Parse(const nlohmann::json& j, const std::string& key,
+                                     const char* parent = "init_info");
 };
 
 struct IpcInitInfo {
@@ -98,6 +116,13 @@ struct IpcInitInfo {
   Result<const IpcBufferDesc*> FindBuffer(const std::string& key) const;
 };
 
+// The zero-copy fields of an update (see the file comment).
+struct IpcZeroCopy {
+  uint64_t generation = 0;  // >= 1 within a session
+  uint64_t bytes = 0;       // the tensors' extent from their buffer's offset
+  std::map<std::string, IpcBufferDesc> buffers;  // only in a generation's first update
+};
+
 // The ipc-specific fields of one update (the tensor list itself is parsed by the server).
 struct IpcUpdateInfo {
   std::string session;
@@ -106,6 +131,7 @@ struct IpcUpdateInfo {
   std::vector<uint64_t> tensor_sizes;
   std::vector<uint64_t> tensor_offsets;
   std::vector<uint64_t> chunk_ends;
+  std::optional<IpcZeroCopy> zero_copy;
 
   size_t num_chunks() const { return chunk_ends.size(); }
   size_t chunk_first(size_t k) const { return k == 0 ? 0 : chunk_ends[k - 1]; }
@@ -116,7 +142,8 @@ struct IpcUpdateInfo {
   // Checks the update against the tensors the server parsed and the mapped slots: sizes
   // match dtype x shape, chunks cover the tensors in order, every tensor lies inside its
   // slot ("chunk 3/9 needs 1073742080 bytes, the mapped slots hold 1073741824") and no
-  // two overlap. InvalidArgument naming the tensor or chunk otherwise.
+  // two overlap. InvalidArgument naming the tensor or chunk otherwise. A zero-copy update
+  // is one chunk bounded by zero_copy.bytes instead of the slots.
   Status Validate(std::span<const TensorMeta> tensors, uint64_t slot_bytes) const;
 };
 

@@ -4,13 +4,16 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/ipc/device_plane.h"
 #include "backends/ipc/protocol.h"
 #include "backends/ipc/region.h"
 #include "core/log.h"
@@ -22,12 +25,46 @@ namespace {
 
 using nlohmann::json;
 
-// One mapped session: the region and what init said about it.
+// What a sync's batched copies were built for: the update's tensors and where they sit.
+struct CopyLayout {
+  std::vector<TensorMeta> tensors;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> chunk_ends;
+  uint64_t generation = 0;  // zero-copy: the mapping's generation
+  bool operator==(const CopyLayout&) const = default;
+};
+
+// One worker's side of a session's data plane. A CUDA worker reads either device slots
+// (mapped once, shared by the session's workers on the same GPU), or host slots (a CPU
+// trainer: each tensor goes host -> device), or none (a zero-copy-only trainer). Only the
+// worker's own thread touches it during an update.
+struct WorkerPlane {
+  enum class Slots { kHost, kDevice, kNone };
+  Slots slots = Slots::kHost;
+  std::string key;                         // the worker's device key
+  std::shared_ptr<DeviceImport> staging;   // kDevice
+  uint64_t offset = 0, stride = 0;         // of slot k: staging + offset + k * stride
+  CopyLayout packed_layout;                // what `packed` was built for
+  DeviceCopyCache packed;                  // one batched copy per (chunk, slot)
+  // Zero-copy: the trainer's tensors mapped under `generation` (0: none), at `zc_offset`.
+  std::shared_ptr<DeviceImport> zc;
+  uint64_t generation = 0;
+  uint64_t zc_offset = 0;
+  CopyLayout zc_layout;
+  DeviceCopyCache zc_copies;
+};
+
+// One mapped session: the region, what init said about it, and each worker's plane (in
+// the order of the context's workers).
 struct Session {
   std::unique_ptr<IpcRegion> region;
   IpcInitInfo info;
   double timeout = 300;
+  std::vector<std::unique_ptr<WorkerPlane>> planes;
 };
+
+// Runs `fn` on `w`'s thread (where its device is current) and waits for it.
+Status OnWorker(const ReceiverWorker& w, std::function<Status()> fn) { return w.thread->Post(std::move(fn)).get(); }
 
 class IpcReceiver final : public ReceiverBackend {
  public:
@@ -56,29 +93,23 @@ class IpcReceiver final : public ReceiverBackend {
             "{} would be reader {} (reader_offset {} + dp {} * tp {} + tp rank {}), outside reader_count {}",
             w.label, reader, info.reader_offset, w.dp_index, tp, w.tp_rank, info.reader_count));
       }
-      if (!w.device.is_cpu()) {
-        return Unimplemented(fmt::format("{} is on {}: ipc from CUDA staging needs the CUDA receiver (not built)",
-                                         w.label, w.device.ToString()));
-      }
-    }
-    std::string key = HostDeviceKey();
-    WSYNC_ASSIGN_OR_RETURN(const IpcBufferDesc* buffer, info.FindBuffer(key));
-    if (buffer->kind != "shm") {
-      return InvalidArgument(fmt::format("init_info buffers['{}'] is of kind {}, CPU workers read kind shm", key,
-                                         buffer->kind));
     }
     auto session = std::make_shared<Session>();
-    WSYNC_ASSIGN_OR_RETURN(session->region, IpcRegion::Open(info));
-    if (buffer->offset != session->region->header_bytes() || buffer->stride != session->region->slot_stride() ||
-        session->region->slot(session->region->num_slots() - 1).empty()) {
-      return InvalidArgument(fmt::format(
-          "init_info buffers['{}'] puts the slots at offset {} stride {}, but the region {} holds them at "
-          "offset {} stride {} in {} bytes", key, buffer->offset, buffer->stride, info.control_path,
-          session->region->header_bytes(), session->region->slot_stride(), session->region->bytes()));
+    std::vector<const IpcBufferDesc*> buffers;
+    for (const ReceiverWorker& w : ctx_->workers) {
+      session->planes.push_back(std::make_unique<WorkerPlane>());
+      WSYNC_ASSIGN_OR_RETURN(const IpcBufferDesc* b, PickBuffer(w, info, *session->planes.back()));
+      buffers.push_back(b);
     }
+    WSYNC_ASSIGN_OR_RETURN(session->region, IpcRegion::Open(info));
     if (!session->region->TrainerAlive()) {
       return InvalidArgument(fmt::format("the trainer that created ipc region {} (pid {}) has exited",
                                          info.control_path, session->region->trainer_pid()));
+    }
+    std::map<int, std::shared_ptr<DeviceImport>> opened;  // device index -> its slots
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      WSYNC_RETURN_IF_ERROR(
+          OpenSlots(ctx_->workers[i], info, *buffers[i], *session->region, opened, *session->planes[i]));
     }
     for (const ReceiverWorker& w : ctx_->workers) {
       session->region->Attach(info.reader_offset + w.dp_index * tp + w.tp_rank, static_cast<uint32_t>(getpid()));
@@ -113,6 +144,7 @@ class IpcReceiver final : public ReceiverBackend {
           "init_weight_transfer_engine for the new session", u.session, session->info.session));
     }
     WSYNC_RETURN_IF_ERROR(u.Validate(req.tensors, region.slot_bytes()));
+    WSYNC_RETURN_IF_ERROR(CheckPlanes(*session, u));
     if (!region.TrainerAlive()) {
       Release(session);
       return FailedPrecondition(fmt::format(
@@ -129,11 +161,18 @@ class IpcReceiver final : public ReceiverBackend {
     }
 
     Deadline deadline = Deadline::InSeconds(session->timeout);
+    if (u.zero_copy) WSYNC_RETURN_IF_ERROR(MapZeroCopy(*session, u));
     std::atomic<size_t> landed{0};
     std::vector<std::future<Status>> futures;
-    for (const ReceiverWorker& w : ctx_->workers) {
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      const ReceiverWorker& w = ctx_->workers[i];
       int reader = session->info.reader_offset + w.dp_index * tp + w.tp_rank;
-      futures.push_back(w.thread->Post([&, reader, w]() -> Status {
+      WorkerPlane* plane = session->planes[i].get();
+      futures.push_back(w.thread->Post([&, reader, w, plane]() -> Status {
+        if (u.zero_copy) return ReceiveZeroCopy(w, *plane, reader, region, u, req.tensors, deadline, landed);
+        if (plane->slots == WorkerPlane::Slots::kDevice) {
+          return ReceiveDevice(w, *plane, reader, region, u, req.tensors, deadline, landed);
+        }
         return Receive(w, reader, region, u, req.tensors, deadline, landed);
       }));
     }
@@ -158,7 +197,8 @@ class IpcReceiver final : public ReceiverBackend {
   }
 
  private:
-  // Lands every chunk of the update in one worker's shards; runs on the worker's thread.
+  // Lands every chunk of the update from the host slots in one worker's shards (a CUDA
+  // worker copies each tensor host -> device); runs on the worker's thread.
   static Status Receive(const ReceiverWorker& w, int reader, IpcRegion& region, const IpcUpdateInfo& u,
                         const std::vector<TensorMeta>& tensors, Deadline deadline, std::atomic<size_t>& landed) {
     size_t n = u.num_chunks();
@@ -169,12 +209,221 @@ class IpcReceiver final : public ReceiverBackend {
       std::span<std::byte> slot = region.slot(static_cast<int>(seq % region.num_slots()));
       for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) {
         const TensorMeta& m = tensors[i];
-        TensorRef ref{m.name, m.dtype, m.shape, slot.subspan(u.tensor_offsets[i], u.tensor_sizes[i]), w.device};
+        TensorRef ref{m.name, m.dtype, m.shape, slot.subspan(u.tensor_offsets[i], u.tensor_sizes[i]), Device{}};
         WSYNC_RETURN_IF_ERROR(w.store->Load(ref).WithContext(w.label));
       }
       landed.fetch_add(1);
       region.Ack(reader, seq);
     }
+    return Status::Ok();
+  }
+
+  // Where worker `w` reads this session's chunks from: its own GPU's slots, the host
+  // slots of the region (CPU workers, or CUDA workers of a trainer on this host's CPU),
+  // or nothing (kind none: a zero-copy-only trainer). Fills plane.key and plane.slots.
+  Result<const IpcBufferDesc*> PickBuffer(const ReceiverWorker& w, const IpcInitInfo& info, WorkerPlane& plane) {
+    plane.key = HostDeviceKey();
+    if (!w.device.is_cpu()) {
+      WSYNC_ASSIGN_OR_RETURN(plane.key, IpcDeviceKey(w.device));
+      auto it = info.buffers.find(plane.key);
+      if (it != info.buffers.end()) {
+        const IpcBufferDesc& b = it->second;
+        if (b.kind == "none") {
+          plane.slots = WorkerPlane::Slots::kNone;
+        } else if (b.kind == "cuda_ipc" || b.kind == "cuda_fd") {
+          plane.slots = WorkerPlane::Slots::kDevice;
+        } else {
+          return InvalidArgument(fmt::format("init_info buffers['{}'] is of kind {}; {} on {} reads cuda_ipc or "
+                                             "cuda_fd", plane.key, b.kind, w.label, w.device.ToString()));
+        }
+        return &b;
+      }
+      if (!info.buffers.contains(HostDeviceKey())) {
+        return info.FindBuffer(plane.key).status().WithContext(fmt::format("{} (on {})", w.label, w.device.ToString()));
+      }
+    }
+    std::string key = HostDeviceKey();
+    WSYNC_ASSIGN_OR_RETURN(const IpcBufferDesc* host, info.FindBuffer(key));
+    if (host->kind != "shm") {
+      return InvalidArgument(fmt::format("init_info buffers['{}'] is of kind {}, CPU workers read kind shm", key,
+                                         host->kind));
+    }
+    plane.slots = WorkerPlane::Slots::kHost;
+    return host;
+  }
+
+  // Checks the host slots against the region, or opens a GPU's slots once (shared through
+  // `opened` with the session's other workers on that GPU, on the thread of the first).
+  Status OpenSlots(const ReceiverWorker& w, const IpcInitInfo& info, const IpcBufferDesc& buffer, IpcRegion& region,
+                   std::map<int, std::shared_ptr<DeviceImport>>& opened, WorkerPlane& plane) {
+    if (plane.slots == WorkerPlane::Slots::kNone) return Status::Ok();
+    if (plane.slots == WorkerPlane::Slots::kHost) {
+      if (buffer.offset != region.header_bytes() || buffer.stride != region.slot_stride() ||
+          region.slot(region.num_slots() - 1).empty()) {
+        return InvalidArgument(fmt::format(
+            "init_info buffers['{}'] puts the slots at offset {} stride {}, but the region {} holds them at "
+            "offset {} stride {} in {} bytes", HostDeviceKey(), buffer.offset, buffer.stride, info.control_path,
+            region.header_bytes(), region.slot_stride(), region.bytes()));
+      }
+      return Status::Ok();
+    }
+    plane.offset = buffer.offset;
+    plane.stride = buffer.stride;
+    std::shared_ptr<DeviceImport>& staging = opened[w.device.index];
+    if (!staging) {
+      uint64_t bytes = buffer.offset + buffer.stride * static_cast<uint64_t>(info.num_slots);
+      std::unique_ptr<DeviceImport> m;
+      Status s = OnWorker(w, [&]() -> Status {
+        WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle, bytes));
+        return Status::Ok();
+      });
+      if (!s.ok()) return InvalidArgument(fmt::format("init_info buffers['{}']: {}: {}", plane.key, w.label, s.message()));
+      staging = std::move(m);
+      WSYNC_LOG_INFO("ipc session {}: {} mapped {} bytes of {} staging on {}", info.session, w.label, bytes,
+                     buffer.kind, w.device.ToString());
+    }
+    plane.staging = staging;
+    return Status::Ok();
+  }
+
+  // What no worker could do with this update, refused before anyone waits.
+  Status CheckPlanes(const Session& session, const IpcUpdateInfo& u) const {
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      const ReceiverWorker& w = ctx_->workers[i];
+      const WorkerPlane& plane = *session.planes[i];
+      if (u.zero_copy) {
+        if (w.device.is_cpu()) {
+          return InvalidArgument(fmt::format("{} is on cpu; a zero-copy update needs workers on the trainer's GPU",
+                                             w.label));
+        }
+        if (plane.generation != u.zero_copy->generation && !u.zero_copy->buffers.contains(plane.key)) {
+          if (u.zero_copy->buffers.empty()) {
+            return FailedPrecondition(fmt::format(
+                "update_info names zero-copy generation {} of session {}, but {} has mapped generation {} and the "
+                "update carries no handle: the trainer must send it again", u.zero_copy->generation, u.session,
+                w.label, plane.generation));
+          }
+          std::vector<std::string> keys;
+          for (const auto& [k, _] : u.zero_copy->buffers) keys.push_back(k);
+          return InvalidArgument(fmt::format(
+              "update_info zero_copy buffers has no entry for {}'s device {} (offered: {}): zero-copy needs the "
+              "trainer's tensors on the same GPU", w.label, plane.key, fmt::join(keys, ", ")));
+        }
+      } else if (plane.slots == WorkerPlane::Slots::kNone) {
+        return InvalidArgument(fmt::format(
+            "this ipc session has no staging slots on {} (the trainer sends zero-copy updates only), but update "
+            "{} is packed", plane.key, u.sync));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Maps the trainer's tensors for a zero-copy update whose generation a worker has not
+  // mapped yet: once per GPU, on the thread of the first worker there; the previous
+  // generation's mapping goes.
+  Status MapZeroCopy(Session& session, const IpcUpdateInfo& u) {
+    std::map<int, std::shared_ptr<DeviceImport>> opened;
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      const ReceiverWorker& w = ctx_->workers[i];
+      WorkerPlane& plane = *session.planes[i];
+      if (plane.generation == u.zero_copy->generation) continue;
+      const IpcBufferDesc& buffer = u.zero_copy->buffers.at(plane.key);  // CheckPlanes made sure
+      std::shared_ptr<DeviceImport>& mapping = opened[w.device.index];
+      if (!mapping) {
+        plane.zc.reset();
+        std::unique_ptr<DeviceImport> m;
+        Status s = OnWorker(w, [&]() -> Status {
+          WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle,
+                                                       buffer.offset + u.zero_copy->bytes));
+          return Status::Ok();
+        });
+        if (!s.ok()) {
+          return InvalidArgument(fmt::format("update_info zero_copy buffers['{}']: {}: {}", plane.key, w.label,
+                                             s.message()));
+        }
+        mapping = std::move(m);
+        WSYNC_LOG_INFO("ipc session {}: {} mapped the trainer's tensors ({} bytes, generation {}) on {}", u.session,
+                       w.label, u.zero_copy->bytes, u.zero_copy->generation, w.device.ToString());
+      }
+      plane.zc = mapping;
+      plane.zc_offset = buffer.offset;
+      plane.generation = u.zero_copy->generation;
+      plane.zc_copies.Clear();
+      plane.zc_layout = CopyLayout{};
+    }
+    return Status::Ok();
+  }
+
+  // The copies that land tensors [first, end) of `tensors` from `base + offsets[i]` in
+  // the worker's shards.
+  static Result<DeviceCopyCache::Copies> LandingCopies(const ReceiverWorker& w, const std::byte* base,
+                                                       const std::vector<TensorMeta>& tensors, const IpcUpdateInfo& u,
+                                                       size_t first, size_t end) {
+    DeviceCopyCache::Copies copies;
+    for (size_t i = first; i < end; ++i) {
+      const TensorMeta& m = tensors[i];
+      std::span<std::byte> bytes(const_cast<std::byte*>(base) + u.tensor_offsets[i], u.tensor_sizes[i]);
+      TensorRef ref{m.name, m.dtype, m.shape, bytes, w.device};
+      WSYNC_RETURN_IF_ERROR(w.store->PlanLoad(ref, &copies).WithContext(w.label));
+    }
+    return copies;
+  }
+
+  // Lands every chunk from the device slots, each with one batched copy built once per
+  // (layout, slot); runs on the worker's thread.
+  static Status ReceiveDevice(const ReceiverWorker& w, WorkerPlane& plane, int reader, IpcRegion& region,
+                              const IpcUpdateInfo& u, const std::vector<TensorMeta>& tensors, Deadline deadline,
+                              std::atomic<size_t>& landed) {
+    CopyLayout layout{tensors, u.tensor_offsets, u.chunk_ends, 0};
+    if (!(layout == plane.packed_layout)) {
+      plane.packed.Clear();
+      plane.packed_layout = std::move(layout);
+    }
+    size_t n = u.num_chunks();
+    for (size_t k = 0; k < n; ++k) {
+      uint64_t seq = u.first_seq + k;
+      int slot = static_cast<int>(seq % region.num_slots());
+      size_t key = k * kIpcMaxSlots + static_cast<size_t>(slot);
+      DeviceCopies* copies = plane.packed.Find(key);
+      if (copies == nullptr) {  // first sync of this layout: plan before waiting
+        const std::byte* base = plane.staging->data() + plane.offset + static_cast<uint64_t>(slot) * plane.stride;
+        WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, base, tensors, u, u.chunk_first(k), u.chunk_ends[k]));
+        WSYNC_ASSIGN_OR_RETURN(copies, plane.packed.Get(w.device, key, list));
+      }
+      std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, n, u.sync);
+      WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what));
+      WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
+      landed.fetch_add(1);
+      region.Ack(reader, seq);
+    }
+    return Status::Ok();
+  }
+
+  // Waits for the go, then copies straight from the trainer's tensors into the shards in
+  // one batched copy (built once per layout and generation).
+  static Status ReceiveZeroCopy(const ReceiverWorker& w, WorkerPlane& plane, int reader, IpcRegion& region,
+                                const IpcUpdateInfo& u, const std::vector<TensorMeta>& tensors, Deadline deadline,
+                                std::atomic<size_t>& landed) {
+    if (u.num_chunks() == 0) return Status::Ok();
+    if (plane.generation != u.zero_copy->generation || !plane.zc) {  // MapZeroCopy made sure; never read stale
+      return Internal(fmt::format("{}: zero-copy generation {} is not mapped", w.label, u.zero_copy->generation));
+    }
+    CopyLayout layout{tensors, u.tensor_offsets, u.chunk_ends, plane.generation};
+    if (!(layout == plane.zc_layout)) {
+      plane.zc_copies.Clear();
+      plane.zc_layout = std::move(layout);
+    }
+    DeviceCopies* copies = plane.zc_copies.Find(0);
+    if (copies == nullptr) {
+      WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, plane.zc->data() + plane.zc_offset, tensors, u, 0,
+                                                      tensors.size()));
+      WSYNC_ASSIGN_OR_RETURN(copies, plane.zc_copies.Get(w.device, 0, list));
+    }
+    std::string what = fmt::format("{}: zero-copy go of sync {}", w.label, u.sync);
+    WSYNC_RETURN_IF_ERROR(region.WaitPublished(u.first_seq, u.sync, deadline, what));
+    WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
+    landed.fetch_add(1);
+    region.Ack(reader, u.first_seq);
     return Status::Ok();
   }
 

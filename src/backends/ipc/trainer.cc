@@ -6,17 +6,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/ipc/device_plane.h"
 #include "backends/ipc/protocol.h"
 #include "control/client.h"
 #include "control/fleet.h"
 #include "receiver/update_info.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "wsync/source.h"
 
 namespace wsync {
 namespace {
@@ -47,14 +50,14 @@ class IpcTrainer final : public TrainerEngine {
   ~IpcTrainer() override { Shutdown(); }
 
   Status Init(const std::vector<TensorMeta>& metadata) override {
-    if (!options_.device.is_cpu()) {
-      return Unimplemented(fmt::format(
-          "trainer device {}: the ipc backend's CUDA staging (CUDA IPC / cuMem fd export keyed by "
-          "GPU UUID) is not wired into this trainer yet; use --device cpu",
-          options_.device.ToString()));
-    }
     Shutdown();
     if (options_.rank != 0) return Status::Ok();  // not the sender: nothing to export
+    const bool gpu = !options_.device.is_cpu();
+    std::string device_key = HostDeviceKey();
+    if (gpu) {
+      WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
+      WSYNC_ASSIGN_OR_RETURN(device_key, IpcDeviceKey(options_.device));
+    }
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
     // Servers give up a little before the trainer does, so that their account of a
     // failure arrives before the trainer's own wait ends (as the nccl backend does).
@@ -71,7 +74,18 @@ class IpcTrainer final : public TrainerEngine {
     r.slot_bytes = IpcSlotBytes(metadata, static_cast<uint64_t>(options_.bucket_gb * double(uint64_t{1} << 30)));
     r.reader_count = readers;
     r.backing = ipc_.backing;
+    r.slots_in_region = !gpu;
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<IpcRegion> region, IpcRegion::Create(r));
+    IpcBufferDesc buffer = region->ShmBuffer();
+    std::unique_ptr<DeviceExport> staging;
+    if (gpu && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy) {
+      buffer = IpcBufferDesc{"none", 0, 0, json::object()};
+    } else if (gpu) {
+      // The slots, exported once for the whole session.
+      WSYNC_ASSIGN_OR_RETURN(staging, DeviceExport::Allocate(options_.device, region->slot_stride() * r.num_slots,
+                                                             ipc_.export_kind));
+      buffer = IpcBufferDesc{std::string(staging->kind()), 0, region->slot_stride(), staging->Handle()};
+    }
 
     IpcInitInfo info;
     info.session = region->session();
@@ -80,16 +94,16 @@ class IpcTrainer final : public TrainerEngine {
     info.num_slots = region->num_slots();
     info.slot_bytes = region->slot_bytes();
     info.reader_count = region->reader_count();
-    info.buffers[HostDeviceKey()] = region->ShmBuffer();
+    info.buffers[device_key] = buffer;
     info.timeout_seconds = server_timeout;
     std::vector<json> bodies;
     for (int offset : offsets) {
       info.reader_offset = offset;
       bodies.push_back(json{{"init_info", info.ToJson()}});
     }
-    WSYNC_LOG_INFO("init: {} servers, {} readers, reader offsets [{}], {} slot(s) of {} bytes in {}",
-                   offsets.size(), info.reader_count, fmt::join(offsets, ", "), info.num_slots,
-                   info.slot_bytes, info.control_path);
+    WSYNC_LOG_INFO("init: {} servers, {} readers, reader offsets [{}], {} slot(s) of {} bytes, control {}, "
+                   "buffer {} ({})", offsets.size(), info.reader_count, fmt::join(offsets, ", "), info.num_slots,
+                   info.slot_bytes, info.control_path, device_key, buffer.kind);
     auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), http_deadline);
     WSYNC_RETURN_IF_ERROR(pending->Wait(http_deadline).status());
     region->UnlinkName();  // every server has it open now
@@ -101,6 +115,8 @@ class IpcTrainer final : public TrainerEngine {
       }
     }
     region_ = std::move(region);
+    staging_ = std::move(staging);
+    device_key_ = device_key;
     next_seq_ = 1;
     sync_ = 0;
     return Status::Ok();
@@ -124,12 +140,26 @@ class IpcTrainer final : public TrainerEngine {
     // The whole iteration is checked before anything is sent.
     WSYNC_RETURN_IF_ERROR(DrainChecked(source));
     if (!region_) return FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
-    WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, PlanIpcChunks(meta, region_->slot_bytes()));
+    if (!options_.device.is_cpu()) WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
+    auto* device_source = dynamic_cast<DeviceTensorSource*>(&source);
+    const bool zero_copy = !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
+                           device_source != nullptr && device_source->device() == options_.device;
+    if (!options_.device.is_cpu() && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy && !zero_copy) {
+      return FailedPrecondition(fmt::format(
+          "the ipc trainer exports no staging slots (mode zero_copy), so it needs a DeviceTensorSource on {}",
+          options_.device.ToString()));
+    }
+    IpcPlan plan;
     IpcUpdateInfo u;
     u.session = region_->session();
-    u.sync = ++sync_;
     u.first_seq = next_seq_;
-    u.tensor_offsets = plan.tensor_offsets;
+    if (zero_copy) {
+      WSYNC_ASSIGN_OR_RETURN(plan, ZeroCopyPlan(*device_source, &u));
+    } else {
+      WSYNC_ASSIGN_OR_RETURN(plan, PlanIpcChunks(meta, region_->slot_bytes()));
+      u.tensor_offsets = plan.tensor_offsets;
+    }
+    u.sync = ++sync_;
     u.chunk_ends = plan.chunk_ends;
     json update = TensorListJson(meta);
     for (const TensorMeta& m : meta) u.tensor_sizes.push_back(m.nbytes());
@@ -152,7 +182,7 @@ class IpcTrainer final : public TrainerEngine {
     auto pending = client_.PostAsync("/update_weights",
                                      std::vector<json>(client_.urls().size(), json{{"update_info", update}}),
                                      http_deadline);
-    Status s = Transfer(source, meta, plan, u, *pending, deadline);
+    Status s = zero_copy ? Go(u, *pending, deadline) : Transfer(source, meta, plan, u, *pending, deadline);
     if (s.ok()) s = pending->Wait(http_deadline).status();
     if (!s.ok()) {
       region_->Abort(u.sync, s.message());
@@ -166,6 +196,7 @@ class IpcTrainer final : public TrainerEngine {
       return s;
     }
     next_seq_ += plan.chunk_ends.size();
+    if (u.zero_copy) zero_copy_sent_ = true;  // every server has mapped this generation
     stats.transfer_seconds = Since(t1);
     auto t2 = Clock::now();
     json finish = json::object();
@@ -176,23 +207,131 @@ class IpcTrainer final : public TrainerEngine {
     return stats;
   }
 
-  void Shutdown() override { region_.reset(); }
+  void Shutdown() override {
+    pack_cache_.Clear();
+    staging_.reset();
+    region_.reset();
+    zero_copy_sent_ = false;  // a new session maps the source again
+  }
 
  private:
+  // The update of a zero-copy sync: the source's tensors where they are, one chunk, and
+  // the export of their allocation when it is new to this session or has changed.
+  Result<IpcPlan> ZeroCopyPlan(const DeviceTensorSource& source, IpcUpdateInfo* u) {
+    const DeviceBuffer& storage = source.storage();
+    const std::vector<TensorMeta>& meta = source.metadata();
+    // Exporting is cheap and names the allocation: a new one at the same address has
+    // another handle, so a receiver never reads through a stale mapping.
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceExport> ex,
+                           DeviceExport::Existing(options_.device, storage.data(), storage.size()));
+    IpcBufferDesc desc{std::string(ex->kind()), ex->offset(), 0, ex->Handle()};
+    bool changed = storage.data() != exported_data_ || storage.size() != exported_bytes_ ||
+                   desc.offset != exported_.offset || desc.handle != exported_.handle;
+    if (changed) {
+      ++generation_;
+      exported_ = desc;
+      exported_data_ = storage.data();
+      exported_bytes_ = storage.size();
+      zero_copy_sent_ = false;
+      WSYNC_LOG_INFO("zero-copy: exported the source's {} bytes on {} as generation {}", storage.size(),
+                     options_.device.ToString(), generation_);
+    }
+    IpcZeroCopy z;
+    z.generation = generation_;
+    z.bytes = storage.size();
+    if (!zero_copy_sent_) z.buffers[device_key_] = exported_;
+    u->zero_copy = std::move(z);
+    IpcPlan plan;
+    // The transfer pass: every tensor must be where the offsets say.
+    WSYNC_ASSIGN_OR_RETURN(auto inner, const_cast<DeviceTensorSource&>(source).Iterate());
+    auto stream = CheckedStream(std::move(inner), meta);
+    TensorRef t;
+    for (size_t i = 0; i < meta.size(); ++i) {
+      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+      if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
+      if (t.bytes.data() != storage.data() + source.offset(i) || t.device != options_.device) {
+        return Internal(fmt::format("zero-copy: tensor {} is not at offset {} of the source's allocation on {}",
+                                    meta[i].name, source.offset(i), options_.device.ToString()));
+      }
+      plan.tensor_offsets.push_back(source.offset(i));
+      plan.payload_bytes += meta[i].nbytes();
+    }
+    if (!meta.empty()) {
+      plan.chunk_ends = {meta.size()};
+      plan.chunk_bytes = {0};
+    }
+    u->tensor_offsets = plan.tensor_offsets;
+    return plan;
+  }
+
+  // The one hand-off of a zero-copy sync: once the trainer's device is idle (its tensors
+  // are final), publish the go; the receivers copy and acknowledge it.
+  Status Go(const IpcUpdateInfo& u, FanOutClient::Pending& http, Deadline deadline) {
+    if (u.chunk_ends.empty()) return Status::Ok();
+    WSYNC_RETURN_IF_ERROR(SynchronizeIpcDevice(options_.device).WithContext("finishing the trainer's writes"));
+    uint64_t seq = u.first_seq;
+    uint64_t previous = seq > static_cast<uint64_t>(region_->num_slots()) ? seq - region_->num_slots() : 0;
+    Status free = region_->WaitAcked(previous, deadline, HttpCheck(http), ReaderDescriber());
+    if (!free.ok()) return free.WithContext(fmt::format("waiting to publish the zero-copy go of sync {}", u.sync));
+    region_->Publish(seq, 0);
+    if (options_.progress) options_.progress(SyncProgress{0, 0, 1, 1});
+    ++chunks_published_;
+    if (ipc_.stall_after_chunks && chunks_published_ == *ipc_.stall_after_chunks) Stall();
+    return Status::Ok();
+  }
+
+  static std::function<Status()> HttpCheck(FanOutClient::Pending& http) {
+    return [&http]() -> Status {
+      if (!http.AnyFailed()) return Status::Ok();
+      Result<std::vector<json>> r = http.Wait(Deadline::InSeconds(1));
+      return r.ok() ? Aborted("a server ended its update early") : r.status();
+    };
+  }
+  std::function<std::string(int)> ReaderDescriber() const {
+    return [this](int r) {
+      return r < static_cast<int>(reader_labels_.size()) ? reader_labels_[r] : fmt::format("reader {}", r);
+    };
+  }
+
+  // Packs chunk k of a GPU sync into `slot`: tensors of a DeviceTensorSource on the
+  // trainer's device in one cached batched copy (their addresses are stable); anything
+  // else tensor by tensor, finished before the stream's next tensor (a TensorRef is only
+  // valid until then).
+  Status PackDevice(TensorStream& stream, bool stable, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
+                    size_t k, int slot, SyncProgress& p) {
+    WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(options_.device));
+    std::byte* base = staging_->data() + static_cast<uint64_t>(slot) * region_->slot_stride();
+    DeviceCopyCache::Copies copies;
+    TensorRef t;
+    for (size_t i = k == 0 ? 0 : plan.chunk_ends[k - 1]; i < plan.chunk_ends[k]; ++i) {
+      WSYNC_ASSIGN_OR_RETURN(bool more, stream.Next(&t));
+      if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
+      std::byte* dst = base + plan.tensor_offsets[i];
+      if (stable && t.device == options_.device) {
+        copies.push_back({t.bytes.data(), dst, t.bytes.size()});
+      } else {
+        WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, 0, t.bytes.data(), 0, t.bytes.size(), 1));
+        WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("packing {}", meta[i].name)));
+      }
+      p.bytes_done += t.bytes.size();
+    }
+    if (copies.empty()) return Status::Ok();
+    WSYNC_ASSIGN_OR_RETURN(DeviceCopies * c,
+                           pack_cache_.Get(options_.device, k * kIpcMaxSlots + static_cast<size_t>(slot), copies));
+    return c->Run().WithContext(fmt::format("packing chunk {}/{} on {}", k + 1, plan.chunk_ends.size(),
+                                            options_.device.ToString()));
+  }
+
   // Packs and publishes every chunk; chunk k goes into slot (first_seq + k) % num_slots
   // once every reader is done with what that slot held before.
   Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
                   const IpcUpdateInfo& u, FanOutClient::Pending& http, Deadline deadline) {
     WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
     auto stream = CheckedStream(std::move(inner), meta);
-    auto check = [&http]() -> Status {
-      if (!http.AnyFailed()) return Status::Ok();
-      Result<std::vector<json>> r = http.Wait(Deadline::InSeconds(1));
-      return r.ok() ? Aborted("a server ended its update early") : r.status();
-    };
-    auto describe = [this](int r) {
-      return r < static_cast<int>(reader_labels_.size()) ? reader_labels_[r] : fmt::format("reader {}", r);
-    };
+    auto check = HttpCheck(http);
+    auto describe = ReaderDescriber();
+    const bool gpu = staging_ != nullptr;
+    const bool stable = dynamic_cast<DeviceTensorSource*>(&source) != nullptr;
     size_t threads = DefaultThreads();
     size_t n = plan.chunk_ends.size();
     SyncProgress p{0, plan.payload_bytes, 0, n};
@@ -203,13 +342,23 @@ class IpcTrainer final : public TrainerEngine {
       if (!free.ok()) {
         return free.WithContext(fmt::format("waiting for a free staging slot for chunk {}/{} of sync {}", k + 1, n, u.sync));
       }
-      std::span<std::byte> slot = region_->slot(static_cast<int>(seq % region_->num_slots()));
-      TensorRef t;
-      for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) {
-        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-        if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
-        CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads);
-        p.bytes_done += t.bytes.size();
+      int slot_index = static_cast<int>(seq % region_->num_slots());
+      if (gpu) {
+        WSYNC_RETURN_IF_ERROR(PackDevice(*stream, stable, meta, plan, k, slot_index, p));
+      } else {
+        std::span<std::byte> slot = region_->slot(slot_index);
+        TensorRef t;
+        for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) {
+          WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+          if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
+          if (!t.device.is_cpu()) {
+            return InvalidArgument(fmt::format("tensor {} is on {}, but this ipc trainer stages in host memory "
+                                               "(--device cpu); give the trainer the tensors' device",
+                                               meta[i].name, t.device.ToString()));
+          }
+          CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads);
+          p.bytes_done += t.bytes.size();
+        }
       }
       region_->Publish(seq, plan.chunk_bytes[k]);
       p.chunks_done = k + 1;
@@ -242,6 +391,16 @@ class IpcTrainer final : public TrainerEngine {
   IpcTrainerOptions ipc_;
   FanOutClient client_;
   std::unique_ptr<IpcRegion> region_;
+  std::unique_ptr<DeviceExport> staging_;  // GPU: the session's slots (packed modes)
+  std::string device_key_;                 // where the trainer's buffers live
+  DeviceCopyCache pack_cache_;             // GPU: one batched copy per (chunk, slot)
+  // Zero-copy: what was last exported of the source's allocation, its generation and
+  // whether every server of the session has been sent its handle.
+  IpcBufferDesc exported_;
+  const std::byte* exported_data_ = nullptr;
+  size_t exported_bytes_ = 0;
+  uint64_t generation_ = 0;
+  bool zero_copy_sent_ = false;
   std::vector<std::string> reader_labels_;
   uint64_t next_seq_ = 1;
   uint64_t sync_ = 0;
@@ -254,6 +413,9 @@ Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainerWith(const TrainerOptions
   if (options.servers.empty() && options.rank == 0) return InvalidArgument("no servers given (--servers)");
   if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
   if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
+  if (ipc.export_kind != "cuda_ipc" && ipc.export_kind != "cuda_fd") {
+    return InvalidArgument(fmt::format("ipc export kind '{}' is not cuda_ipc or cuda_fd", ipc.export_kind));
+  }
   if (!options.packed) {
     return Unimplemented("the ipc backend sends packed chunks only (--unpacked is not supported: "
                          "one handle per tensor keeps the whole model resident on the trainer)");
@@ -266,6 +428,14 @@ Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainer(const TrainerOptions& op
   // The one environment knob of this backend: test-only fault injection (see trainer.h).
   if (const char* v = std::getenv("WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS"); v != nullptr && *v != '\0') {
     ipc.stall_after_chunks = std::strtoull(v, nullptr, 10);
+  }
+  if (const char* v = std::getenv("WSYNC_IPC_EXPORT_KIND"); v != nullptr && *v != '\0') ipc.export_kind = v;
+  if (const char* v = std::getenv("WSYNC_IPC_MODE"); v != nullptr && *v != '\0') {
+    std::string mode = v;
+    if (mode == "auto") ipc.mode = IpcTrainerOptions::Mode::kAuto;
+    else if (mode == "packed") ipc.mode = IpcTrainerOptions::Mode::kPacked;
+    else if (mode == "zero_copy") ipc.mode = IpcTrainerOptions::Mode::kZeroCopy;
+    else return InvalidArgument(fmt::format("WSYNC_IPC_MODE '{}' is not auto, packed or zero_copy", mode));
   }
   return CreateIpcTrainerWith(options, ipc);
 }

@@ -14,6 +14,19 @@
 // even while a server still maps it. The only staging memory is the slots: no copy of the
 // model stays resident.
 //
+// On a GPU (TrainerOptions::device cuda:N) the slots are device memory on that GPU,
+// exported once per session (cuda_ipc, or cuda_fd) and listed under its "GPU-<uuid>"
+// key; the control region stays in host shared memory. Each chunk is packed with ONE
+// batched copy: from a DeviceTensorSource the copy list of every (chunk, slot) is built
+// once and reused while the source's allocation stays put; other sources (host tensors,
+// device tensors that may move between Next() calls) are copied tensor by tensor. In
+// zero-copy mode (a DeviceTensorSource on the trainer's GPU, mode auto or zero_copy) the
+// trainer packs nothing: it exports the source's one allocation once per session (again
+// whenever the allocation changes, under a new generation number), and a sync is one
+// "go" after which every receiver copies straight from the trainer's tensors (see
+// protocol.h). The caller's writes to the tensors must be complete when SendWeights is
+// called; the trainer synchronizes its device before the go.
+//
 // Trainer ranks other than 0 are not senders: on CPU every server of the host reads rank
 // 0's region, so they only drain the same two passes of their source the sender makes
 // (the check pass and the transfer pass; each may be a collective) and return.
@@ -21,6 +34,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "backends/ipc/region.h"
 #include "wsync/trainer.h"
@@ -30,6 +44,16 @@ namespace wsync {
 // Knobs of the ipc trainer that TrainerOptions does not carry.
 struct IpcTrainerOptions {
   ShmBacking backing = ShmBacking::kMemfd;
+  // GPU trainers: how the staging slots are exported, "cuda_ipc" (cudaMalloc + CUDA IPC
+  // handle) or "cuda_fd" (cuMem* with a POSIX fd; receivers need ptrace rights over the
+  // trainer to take it). Environment: WSYNC_IPC_EXPORT_KIND.
+  std::string export_kind = "cuda_ipc";
+  // GPU trainers: kAuto sends zero-copy when the source is a DeviceTensorSource on the
+  // trainer's device and packs otherwise (it exports staging slots either way); kPacked
+  // always packs; kZeroCopy exports no slots (no staging memory at all) and refuses
+  // other sources. Environment: WSYNC_IPC_MODE=auto|packed|zero_copy.
+  enum class Mode { kAuto, kPacked, kZeroCopy };
+  Mode mode = Mode::kAuto;
   // Fault injection for tests: after publishing this many chunks (counted over the
   // engine's life), stop and sleep until killed, as a trainer wedged mid-sync. Set from
   // the environment by CreateIpcTrainer (WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS=N).
