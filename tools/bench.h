@@ -12,6 +12,8 @@ struct BenchArgs {
   int iters = 3;
   double bucket_gb = 1.0;
   int steps = 5;
+  // `bench ipc`: where the trainer's tensors and the server's shards live (cpu or cuda:N).
+  std::string device = "cpu";
   // `bench sources` (tools/bench_sources.cc): the Megatron layout to compare with FSDP,
   // ranks (0: tp*pp*ep, or 4 for fsdp), and the hidden spec of one rank process.
   std::string trainer_layout = "tp2pp2ep1";

@@ -4,17 +4,30 @@
 // at best) and all cores. A packed sync copies every byte twice (pack, then load), so on
 // a host where the trainer's packing overlaps the workers' loads the sync can approach
 // the one-thread memcpy floor, not beat it.
+//
+// `--device cuda:N`: the trainer's tensors in one device allocation on cuda:N (a
+// DeviceTensorSource) and one TP=1 server with its shards on the same GPU. Each mode runs
+// its own session, with --iters (at least 10) timed syncs after one warm-up: packed
+// (exported GPU staging slots, one batched copy to pack and one to land each chunk:
+// every byte crosses HBM twice) and zero-copy (the server copies straight from the
+// trainer's allocation after a "go": once). Beside them, the single-copy floor: one
+// device-to-device copy of the same bytes. Extra GPU memory is what the device had free
+// before the session minus after its first sync (trainer staging + mappings + plans).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "backends/ipc/device_plane.h"
+#include "backends/ipc/trainer.h"
 #include "bench.h"
 #include "children.h"
 #include "core/parallel.h"
 #include "model/config.h"
 #include "trainer/synthetic.h"
+#include "wsync/device_runtime.h"
+#include "wsync/source.h"
 #include "wsync/trainer.h"
 
 namespace wsync::cli {
@@ -50,9 +63,129 @@ Result<std::vector<double>> MemcpyFloor(const std::vector<HostTensor>& tensors, 
   return times;
 }
 
+struct GpuModeResult {
+  std::string mode;
+  double sync_s = 0, transfer_s = 0;
+  size_t chunks = 0;
+  int64_t extra_bytes = 0;
+};
+
+// One session of `mode` against the server: Init, a warm-up sync, `iters` timed syncs.
+Result<GpuModeResult> RunGpuMode(const std::string& url, const Device& device, DeviceTensorSource& source,
+                                 const BenchArgs& a, int iters, IpcTrainerOptions::Mode mode, const char* name) {
+  TrainerOptions o;
+  o.backend = "ipc";
+  o.servers = {url};
+  o.device = device;
+  o.bucket_gb = a.bucket_gb;
+  o.timeout_seconds = 600;
+  IpcTrainerOptions ipc;
+  ipc.mode = mode;
+  WSYNC_ASSIGN_OR_RETURN(auto free0, IpcDeviceMemoryInfo(device));
+  WSYNC_ASSIGN_OR_RETURN(auto engine, CreateIpcTrainerWith(o, ipc));
+  WSYNC_RETURN_IF_ERROR(engine->Init(source.metadata()));
+  GpuModeResult r;
+  r.mode = name;
+  std::vector<double> sync_times, transfer_times;
+  for (int i = 0; i <= iters; ++i) {
+    WSYNC_ASSIGN_OR_RETURN(SyncStats st, engine->SendWeights(source, std::nullopt));
+    if (i == 0) {
+      WSYNC_ASSIGN_OR_RETURN(auto free1, IpcDeviceMemoryInfo(device));
+      r.extra_bytes = static_cast<int64_t>(free0.first) - static_cast<int64_t>(free1.first);
+      continue;
+    }
+    sync_times.push_back(st.seconds);
+    transfer_times.push_back(st.transfer_seconds);
+    r.chunks = st.chunks;
+  }
+  engine->Shutdown();
+  r.sync_s = Median(sync_times);
+  r.transfer_s = Median(transfer_times);
+  return r;
+}
+
+// The single-copy floor: one device-to-device copy of `bytes` (timed on the host around
+// the copy and its synchronization).
+Result<double> DeviceCopyFloor(const DeviceTensorSource& source, size_t bytes, int iters) {
+  WSYNC_ASSIGN_OR_RETURN(DeviceBuffer scratch, DeviceBuffer::Allocate(source.device(), bytes));
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(source.device()));
+  WSYNC_RETURN_IF_ERROR(rt->SetDevice(source.device().index));
+  std::vector<double> times;
+  for (int i = 0; i < iters + 3; ++i) {
+    auto t0 = Clock::now();
+    WSYNC_RETURN_IF_ERROR(rt->Copy2D(scratch.data(), 0, source.storage().data(), 0, bytes, 1));
+    WSYNC_RETURN_IF_ERROR(rt->Synchronize());
+    if (i >= 3) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(times);
+}
+
+int RunBenchIpcGpu(const BenchArgs& a, const Device& device) {
+  std::vector<Child> servers;
+  auto fail = [&](const Status& s) {
+    for (Child& c : servers) StopChild(c);
+    fmt::print(stderr, "wsync bench ipc: error: {}\n", s.ToString());
+    return 1;
+  };
+  auto config = LookupModel(a.model);
+  if (!config.ok()) return fail(config.status());
+  const int iters = std::max(a.iters, 10);
+  std::vector<TensorMeta> meta = HfTensors(*config);
+  size_t bytes = 0;
+  for (const TensorMeta& t : meta) bytes += t.nbytes();
+  std::unique_ptr<DeviceTensorSource> source;
+  {
+    auto trainer = SyntheticTrainer::FromMetadata(meta, 7, 0);
+    if (!trainer.ok()) return fail(trainer.status());
+    auto made = DeviceTensorSource::Create(device, meta);
+    if (!made.ok()) return fail(made.status());
+    source = std::move(*made);
+    if (Status s = source->Upload((*trainer)->tensors()); !s.ok()) return fail(s);
+  }  // the host copy goes: the trainer's tensors live on the GPU only
+  auto dir = MakeTempDir("bench-ipc");
+  if (!dir.ok()) return fail(dir.status());
+  auto c = StartServer({"--model", a.model, "--tp", "1", "--device", device.ToString(), "--backend", "ipc",
+                        "--timeout", "600"},
+                       fmt::format("{}/server.log", *dir), Deadline::InSeconds(300));
+  if (!c.ok()) return fail(c.status());
+  servers.push_back(*c);
+  std::vector<GpuModeResult> results;
+  for (auto [mode, name] : {std::pair{IpcTrainerOptions::Mode::kPacked, "packed"},
+                            std::pair{IpcTrainerOptions::Mode::kZeroCopy, "zero-copy"}}) {
+    auto r = RunGpuMode(servers[0].url, device, *source, a, iters, mode, name);
+    if (!r.ok()) return fail(r.status().WithContext(fmt::format("{} (server log {})", name, servers[0].log_path)));
+    results.push_back(*r);
+  }
+  for (Child& s : servers) StopChild(s);
+  servers.clear();
+  auto floor = DeviceCopyFloor(*source, bytes, iters);
+  if (!floor.ok()) return fail(floor.status());
+  fmt::print("wsync bench ipc: {} ({:.3f} GB, {} tensors) on {}: trainer and one TP=1 server colocated, bucket {} "
+             "GiB, median of {} timed sync(s) after 1 warm-up\n",
+             config->name, bytes / 1e9, meta.size(), device.ToString(), a.bucket_gb, iters);
+  fmt::print("{:<44} {:>7} {:>9} {:>9} {:>8} {:>11} {:>12}\n", "what", "chunks", "sync ms", "data ms", "GB/s",
+             "x floor", "extra GPU GB");
+  for (const GpuModeResult& r : results) {
+    fmt::print("{:<44} {:>7} {:>9.2f} {:>9.2f} {:>8.0f} {:>11.2f} {:>12.3f}\n",
+               fmt::format("wsync ipc {} (start..finish)", r.mode), r.chunks, r.sync_s * 1e3, r.transfer_s * 1e3,
+               bytes / r.sync_s / 1e9, r.sync_s / *floor, r.extra_bytes / 1e9);
+  }
+  fmt::print("{:<44} {:>7} {:>9.2f} {:>9.2f} {:>8.0f} {:>11.2f} {:>12}\n", "single device-to-device copy (floor)", 1,
+             *floor * 1e3, *floor * 1e3, bytes / *floor / 1e9, 1.0, "");
+  fmt::print("(sync = start_weight_update .. finish_weight_update answered; data = update_weights with the data "
+             "plane; GB/s of the model's bytes per sync)\n");
+  return 0;
+}
+
 }  // namespace
 
 int RunBenchIpc(const BenchArgs& a) {
+  auto device = Device::Parse(a.device);
+  if (!device.ok()) {
+    fmt::print(stderr, "wsync bench ipc: error: {}\n", device.status().message());
+    return 1;
+  }
+  if (!device->is_cpu()) return RunBenchIpcGpu(a, *device);
   auto config = LookupModel(a.model);
   if (!config.ok()) {
     fmt::print(stderr, "wsync bench ipc: error: {}\n", config.status().message());

@@ -110,6 +110,8 @@ int main(int argc, char** argv) {
   b->add_option("--iters", bench.iters, "timed syncs (after one warm-up)")->capture_default_str();
   b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
   b->add_option("--steps", bench.steps, "delta: synthetic steps to publish and apply")->capture_default_str();
+  b->add_option("--device", bench.device, "ipc: cpu, or cuda:N (trainer and one TP=1 server on that GPU)")
+      ->capture_default_str();
   b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp")->capture_default_str();
   b->add_option("--trainer-ranks", bench.trainer_ranks, "sources: ranks (0: tp*pp*ep)")->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`

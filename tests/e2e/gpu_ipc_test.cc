@@ -1,0 +1,258 @@
+// The colocated `ipc` backend on CUDA (label `gpu`): a real `wsync serve --device cuda:0
+// --backend ipc` process fed by `wsync push --device cuda:0 --backend ipc` (packed through
+// exported GPU staging slots, or zero-copy from the trainer's own allocation) or by a
+// trainer engine inside this test (to count GPU memory and open fds across 100 syncs).
+// Every sync is checked bit for bit against digests this test computes itself; bad
+// handles and a GPU the trainer did not export for are 400s that leave the server
+// serving. Skips cleanly without a GPU (cuda::DeviceCount() == 0).
+#include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "backends/ipc/device_plane.h"
+#include "backends/ipc/region.h"
+#include "backends/ipc/trainer.h"
+#include "cuda/device.h"
+#include "cuda/runtime.h"
+#include "e2e_test_base.h"
+#include "model/config.h"
+#include "trainer/synthetic.h"
+#include "wsync/source.h"
+
+namespace wsync::e2e {
+namespace {
+
+using nlohmann::json;
+
+int OpenFds(pid_t pid) {
+  int n = 0;
+  if (DIR* d = opendir(fmt::format("/proc/{}/fd", pid).c_str())) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+::testing::AssertionResult IsError(const HttpReply& r, int status, std::vector<std::string> needles) {
+  if (r.status != status) return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
+  std::string msg = r.ErrorMessage();
+  for (const std::string& n : needles) {
+    if (msg.find(n) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << r.Describe();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class GpuIpcTest : public E2eTest {
+ protected:
+  void NeedGpus(int n) {
+    gpus_ = cuda::DeviceCount();
+    if (gpus_ < n) GTEST_SKIP() << "needs " << n << " CUDA device(s), this machine has " << gpus_;
+    cuda::InstallDeviceRuntime();
+  }
+  Result<Server> StartGpuServer(const std::string& name, int tp = 1) {
+    return StartServer(name, {"--model", "qwen3-tiny", "--tp", std::to_string(tp), "--device", "cuda:0",
+                              "--backend", "ipc", "--timeout", "60"});
+  }
+  RunResult PushIpc(const std::string& name, const Server& s, std::vector<std::string> args,
+                    std::map<std::string, std::string> env = {}) {
+    std::vector<std::string> full = {"push", "--servers", s.url, "--backend", "ipc"};
+    full.insert(full.end(), args.begin(), args.end());
+    return RunWsync(name, std::move(full), 120, std::move(env));
+  }
+  int gpus_ = 0;
+};
+
+// Packed (both export kinds), zero-copy, and a CPU trainer's host slots into CUDA shards.
+TEST_F(GpuIpcTest, ColocatedSyncsAreBitExactInEveryMode) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("gpu"));
+  struct Case {
+    const char* name;
+    const char* device;
+    std::map<std::string, std::string> env;
+  };
+  std::vector<Case> cases = {
+      {"packed_cuda_ipc", "cuda:0", {{"WSYNC_IPC_MODE", "packed"}}},
+      {"packed_cuda_fd", "cuda:0", {{"WSYNC_IPC_MODE", "packed"}, {"WSYNC_IPC_EXPORT_KIND", "cuda_fd"}}},
+      {"zero_copy", "cuda:0", {{"WSYNC_IPC_MODE", "zero_copy"}}},
+      {"auto", "cuda:0", {}},
+      {"cpu_trainer", "cpu", {}},
+  };
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ++seed;
+    // 1 MiB slots: several chunks per sync through the two-slot ring.
+    RunResult push = PushIpc(fmt::format("push_{}", c.name), s,
+                             {"--model", "qwen3-tiny", "--seed", std::to_string(seed), "--steps", "2", "--device",
+                              c.device, "--bucket-gb", "0.001", "--verify", "--timeout", "60"},
+                             c.env);
+    ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+    EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
+    E2E_ASSERT_OK_AND_ASSIGN(Digests want,
+                             ExpectedSyntheticDigests("qwen3-tiny", seed, 2, DigestAlgorithm::kXxh3_128));
+    ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  }
+  ExpectCleanShutdown(s);
+}
+
+// 100 syncs per mode from one trainer engine: no GPU memory and no fds gained on either
+// side after the first syncs (mappings and copy plans are made once per session), every
+// sync's bytes land, and a zero-copy source whose allocation is replaced is re-exported
+// under a new generation instead of read through the old mapping.
+TEST_F(GpuIpcTest, HundredSyncsGainNoGpuMemoryOrFdsAndAReplacedAllocationIsReExported) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("gpu"));
+  const Device dev{Device::Kind::kCuda, 0};
+  auto trainer = SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 51, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto source = DeviceTensorSource::Create(dev, (*trainer)->metadata());
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  ASSERT_TRUE((*source)->Upload((*trainer)->tensors()).ok());
+  uint64_t step = 0;
+  for (auto mode : {IpcTrainerOptions::Mode::kPacked, IpcTrainerOptions::Mode::kZeroCopy}) {
+    bool zero_copy = mode == IpcTrainerOptions::Mode::kZeroCopy;
+    SCOPED_TRACE(zero_copy ? "zero-copy" : "packed");
+    TrainerOptions o;
+    o.backend = "ipc";
+    o.servers = {s.url};
+    o.device = dev;
+    o.bucket_gb = 1.0 / 1024;
+    o.timeout_seconds = 60;
+    IpcTrainerOptions ipc;
+    ipc.mode = mode;
+    auto engine = CreateIpcTrainerWith(o, ipc);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    ASSERT_TRUE((*engine)->Init((*trainer)->metadata()).ok());
+    for (int i = 0; i < 3; ++i) {
+      auto st = (*engine)->SendWeights(**source, std::nullopt);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+    }
+    auto mem0 = IpcDeviceMemoryInfo(dev);
+    ASSERT_TRUE(mem0.ok()) << mem0.status().ToString();
+    int server_fds0 = OpenFds(s.process->pid()), own_fds0 = OpenFds(getpid());
+    for (int i = 0; i < 100; ++i) {
+      if (i % 25 == 0) {  // new weights now and then, so that the syncs move new bytes
+        ASSERT_TRUE((*trainer)->Step(++step).ok());
+        ASSERT_TRUE((*source)->Upload((*trainer)->tensors()).ok());
+      }
+      auto st = (*engine)->SendWeights(**source, std::nullopt);
+      ASSERT_TRUE(st.ok()) << "sync " << i << ": " << st.status().ToString() << "\n" << s.process->Describe();
+    }
+    auto mem1 = IpcDeviceMemoryInfo(dev);
+    ASSERT_TRUE(mem1.ok());
+    int64_t lost = static_cast<int64_t>(mem0->first) - static_cast<int64_t>(mem1->first);
+    EXPECT_LE(lost, int64_t{4} << 20) << "GPU memory lost over 100 syncs: " << lost << " bytes";
+    EXPECT_EQ(OpenFds(s.process->pid()), server_fds0);
+    EXPECT_EQ(OpenFds(getpid()), own_fds0);
+    E2E_ASSERT_OK_AND_ASSIGN(Digests got, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
+    EXPECT_TRUE(DigestsEqual(DigestTensors((*trainer)->tensors(), DigestAlgorithm::kXxh3_128), got));
+
+    if (zero_copy) {
+      // A new allocation (perhaps at the old address): the trainer must export it again.
+      source->reset();
+      ASSERT_TRUE((*trainer)->Step(++step).ok());
+      source = DeviceTensorSource::Create(dev, (*trainer)->metadata());
+      ASSERT_TRUE(source.ok());
+      ASSERT_TRUE((*source)->Upload((*trainer)->tensors()).ok());
+      auto st = (*engine)->SendWeights(**source, std::nullopt);
+      ASSERT_TRUE(st.ok()) << st.status().ToString() << "\n" << s.process->Describe();
+      E2E_ASSERT_OK_AND_ASSIGN(Digests again, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
+      EXPECT_TRUE(DigestsEqual(DigestTensors((*trainer)->tensors(), DigestAlgorithm::kXxh3_128), again));
+      EXPECT_NE(s.process->Stderr().find("generation 2"), std::string::npos) << s.process->Describe();
+    }
+    (*engine)->Shutdown();
+  }
+  ExpectCleanShutdown(s);
+}
+
+// Init payloads a GPU server must refuse with a 400 naming the problem: no entry for its
+// GPU's UUID, and handles that do not open. The server keeps serving afterwards.
+TEST_F(GpuIpcTest, MissingUuidAndBadHandlesAreClearErrorsAndTheServerKeepsServing) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("gpu"));
+  E2E_ASSERT_OK_AND_ASSIGN(std::string uuid, cuda::GpuUuid(0));
+  IpcRegionOptions ro;
+  ro.session = NewSessionId();
+  ro.slot_bytes = 1 << 20;
+  ro.reader_count = 1;
+  ro.slots_in_region = false;
+  auto region = IpcRegion::Create(ro);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  json init = {{"wsync_ipc_protocol", 1},
+               {"packed", true},
+               {"session", (*region)->session()},
+               {"control_path", (*region)->path()},
+               {"control_bytes", (*region)->bytes()},
+               {"num_slots", (*region)->num_slots()},
+               {"slot_bytes", (*region)->slot_bytes()},
+               {"reader_offset", 0},
+               {"reader_count", 1}};
+  const std::string other = "GPU-00000000-0000-0000-0000-000000000000";
+  auto with = [&](const std::string& key, json buffer) {
+    json j = init;
+    j["buffers"] = {{key, buffer}};
+    return json{{"init_info", j}};
+  };
+  json slots = {{"kind", "cuda_ipc"}, {"offset", 0}, {"stride", (*region)->slot_stride()}};
+
+  json missing = slots;
+  missing["handle"] = {{"handle_b64", std::string(86, 'A') + "=="}};
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(other, missing)), 400,
+                      {"no entry for this server's device", uuid, other}));
+
+  json zeros = slots;  // a well-formed handle that names no allocation
+  zeros["handle"] = {{"handle_b64", std::string(86, 'A') + "=="}};
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, zeros)), 400,
+                      {"cannot open the cuda_ipc handle", uuid}));
+  json garbage = slots;
+  garbage["handle"] = {{"handle_b64", "not base64"}};
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, garbage)), 400,
+                      {"handle_b64"}));
+  json no_handle = slots;
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, no_handle)), 400,
+                      {"handle_b64"}));
+  // A cuda_fd handle of a process that has exited.
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  waitpid(gone, nullptr, 0);
+  json fd = {{"kind", "cuda_fd"}, {"offset", 0}, {"stride", (*region)->slot_stride()},
+             {"handle", {{"pid", gone}, {"fd", 3}, {"bytes", (*region)->slot_stride() * 2}}}};
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, fd)), 400,
+                      {"cannot open the cuda_fd handle", "pidfd_open"}));
+  region->reset();
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+
+  RunResult push = PushIpc("push", s, {"--model", "qwen3-tiny", "--seed", "61", "--steps", "1", "--device",
+                                       "cuda:0", "--verify", "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 61, 1, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  ExpectCleanShutdown(s);
+}
+
+// A TP=2 server on cuda:0 and cuda:1 with the trainer's staging only on cuda:0: the
+// worker on cuda:1 finds no entry for its GPU, and init says so.
+TEST_F(GpuIpcTest, AWorkerOnAGpuTheTrainerDidNotExportForIsA400NamingItsUuid) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("tp2", 2));
+  E2E_ASSERT_OK_AND_ASSIGN(std::string uuid1, cuda::GpuUuid(1));
+  RunResult push = PushIpc("push", s, {"--model", "qwen3-tiny", "--seed", "62", "--device", "cuda:0",
+                                       "--timeout", "60"}, {{"WSYNC_IPC_MODE", "packed"}});
+  EXPECT_FALSE(push.success()) << push.description;
+  EXPECT_NE(push.err.find(uuid1), std::string::npos) << push.description;
+  EXPECT_NE(push.err.find("no entry for this server's device"), std::string::npos) << push.description;
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+}
+
+}  // namespace
+}  // namespace wsync::e2e
