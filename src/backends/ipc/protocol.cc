@@ -151,7 +151,8 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
   if (packed && !*packed) {
     return Unimplemented(
         "init_info packed=false asks for one handle per tensor; wsync's ipc backend moves packed "
-        "chunks through one exported staging region (zero-copy export is not built yet)");
+        "chunks through one exported staging region, or (GPU) copies straight from the trainer's one "
+        "exported allocation, announced per update (update_info zero_copy)");
   }
   if (!IsSessionId(*session)) {
     return InvalidArgument(fmt::format("init_info session '{}' is not 32 lowercase hex digits", session->substr(0, 64)));

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 namespace wsync {
 namespace {
 
@@ -160,6 +162,68 @@ TEST(IpcProtocol, UpdateInfoRoundTripsAndValidates) {
   bad.tensor_offsets[2] = ~uint64_t{0} - 10;  // no overflow in the bounds check
   s = bad.Validate(ts, 400);
   EXPECT_NE(s.message().find("the mapped slots hold"), std::string::npos) << s.message();
+}
+
+TEST(IpcProtocol, ZeroCopyUpdatesRoundTripAndAreOneChunkBoundedByTheExport) {
+  std::vector<TensorMeta> ts = {T("a", 50), T("b", 50), T("c", 200)};  // bf16: 100, 100, 400 bytes
+  IpcUpdateInfo u;
+  u.session = std::string(32, 'b');
+  u.sync = 3;
+  u.first_seq = 9;
+  u.tensor_sizes = {100, 100, 400};
+  u.tensor_offsets = {0, 256, 512};
+  u.chunk_ends = {3};
+  u.zero_copy = IpcZeroCopy{2, 912, {}};
+  u.zero_copy->buffers["GPU-x"] = IpcBufferDesc{"cuda_ipc", 4096, 0, json{{"handle_b64", "AAAA"}}};
+  json j = {{"names", json::array()}};
+  u.AddTo(&j);
+  auto back = IpcUpdateInfo::Parse(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_TRUE(back->zero_copy.has_value());
+  EXPECT_EQ(back->zero_copy->generation, 2u);
+  EXPECT_EQ(back->zero_copy->bytes, 912u);
+  EXPECT_EQ(back->zero_copy->buffers.at("GPU-x").offset, 4096u);
+  // Bounded by the export, not by the (smaller) slots.
+  EXPECT_TRUE(back->Validate(ts, 300).ok());
+  IpcUpdateInfo bad = *back;
+  bad.zero_copy->bytes = 911;
+  Status s = bad.Validate(ts, 1 << 20);
+  EXPECT_NE(s.message().find("beyond the 911 bytes of the trainer's exported tensors"), std::string::npos)
+      << s.message();
+  bad = *back;
+  bad.chunk_ends = {1, 3};
+  s = bad.Validate(ts, 1 << 20);
+  EXPECT_NE(s.message().find("one chunk"), std::string::npos) << s.message();
+
+  // Later updates of a generation carry no handle; wrong shapes are 400s naming the field.
+  u.zero_copy->buffers.clear();
+  j = {{"names", json::array()}};
+  u.AddTo(&j);
+  EXPECT_FALSE(j["zero_copy"].contains("buffers"));
+  ASSERT_TRUE(IpcUpdateInfo::Parse(j).ok());
+  for (auto [field, value, needle] : {std::tuple{"generation", json(0), "generation must be >= 1"},
+                                      std::tuple{"bytes", json("x"), "'bytes' has the wrong type"},
+                                      std::tuple{"extra", json(1), "unknown field 'extra'"},
+                                      std::tuple{"buffers", json{{"GPU-x", {{"kind", "shm"}, {"offset", 0},
+                                                                           {"stride", 0}}}},
+                                                 "is not cuda_ipc or cuda_fd"}}) {
+    json k = j;
+    k["zero_copy"][field] = value;
+    auto r = IpcUpdateInfo::Parse(k);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(IpcProtocol, ZeroCopyOnlyTrainersListTheirGpuAsKindNone) {
+  IpcInitInfo i = ValidInit();
+  i.buffers.clear();
+  i.buffers["GPU-x"] = IpcBufferDesc{"none", 0, 0, json::object()};
+  auto back = IpcInitInfo::Parse(i.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->buffers.at("GPU-x").kind, "none");
+  i.buffers["GPU-x"].kind = "cuda_ipc";  // slots, but a stride below slot_bytes
+  EXPECT_FALSE(IpcInitInfo::Parse(i.ToJson()).ok());
 }
 
 TEST(IpcProtocol, UpdateInfoRejectsTorchPickledHandlesAndMissingFields) {

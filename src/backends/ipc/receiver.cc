@@ -322,6 +322,13 @@ class IpcReceiver final : public ReceiverBackend {
   // mapped yet: once per GPU, on the thread of the first worker there; the previous
   // generation's mapping goes.
   Status MapZeroCopy(Session& session, const IpcUpdateInfo& u) {
+    // Every old mapping goes first: a process must not hold two mappings of one allocation.
+    for (auto& plane : session.planes) {
+      if (plane->generation == u.zero_copy->generation) continue;
+      plane->zc_copies.Clear();
+      plane->zc.reset();
+      plane->generation = 0;
+    }
     std::map<int, std::shared_ptr<DeviceImport>> opened;
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       const ReceiverWorker& w = ctx_->workers[i];
@@ -330,7 +337,6 @@ class IpcReceiver final : public ReceiverBackend {
       const IpcBufferDesc& buffer = u.zero_copy->buffers.at(plane.key);  // CheckPlanes made sure
       std::shared_ptr<DeviceImport>& mapping = opened[w.device.index];
       if (!mapping) {
-        plane.zc.reset();
         std::unique_ptr<DeviceImport> m;
         Status s = OnWorker(w, [&]() -> Status {
           WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle,

@@ -182,7 +182,7 @@ class IpcTrainer final : public TrainerEngine {
     auto pending = client_.PostAsync("/update_weights",
                                      std::vector<json>(client_.urls().size(), json{{"update_info", update}}),
                                      http_deadline);
-    Status s = zero_copy ? Go(u, *pending, deadline) : Transfer(source, meta, plan, u, *pending, deadline);
+    Status s = zero_copy ? Go(u, plan.payload_bytes, *pending, deadline) : Transfer(source, meta, plan, u, *pending, deadline);
     if (s.ok()) s = pending->Wait(http_deadline).status();
     if (!s.ok()) {
       region_->Abort(u.sync, s.message());
@@ -266,7 +266,7 @@ class IpcTrainer final : public TrainerEngine {
 
   // The one hand-off of a zero-copy sync: once the trainer's device is idle (its tensors
   // are final), publish the go; the receivers copy and acknowledge it.
-  Status Go(const IpcUpdateInfo& u, FanOutClient::Pending& http, Deadline deadline) {
+  Status Go(const IpcUpdateInfo& u, uint64_t bytes, FanOutClient::Pending& http, Deadline deadline) {
     if (u.chunk_ends.empty()) return Status::Ok();
     WSYNC_RETURN_IF_ERROR(SynchronizeIpcDevice(options_.device).WithContext("finishing the trainer's writes"));
     uint64_t seq = u.first_seq;
@@ -274,7 +274,7 @@ class IpcTrainer final : public TrainerEngine {
     Status free = region_->WaitAcked(previous, deadline, HttpCheck(http), ReaderDescriber());
     if (!free.ok()) return free.WithContext(fmt::format("waiting to publish the zero-copy go of sync {}", u.sync));
     region_->Publish(seq, 0);
-    if (options_.progress) options_.progress(SyncProgress{0, 0, 1, 1});
+    if (options_.progress) options_.progress(SyncProgress{bytes, bytes, 1, 1});
     ++chunks_published_;
     if (ipc_.stall_after_chunks && chunks_published_ == *ipc_.stall_after_chunks) Stall();
     return Status::Ok();
