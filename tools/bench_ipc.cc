@@ -25,6 +25,7 @@
 #include "children.h"
 #include "core/parallel.h"
 #include "model/config.h"
+#include "push.h"
 #include "trainer/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
@@ -133,15 +134,13 @@ int RunBenchIpcGpu(const BenchArgs& a, const Device& device) {
   std::vector<TensorMeta> meta = HfTensors(*config);
   size_t bytes = 0;
   for (const TensorMeta& t : meta) bytes += t.nbytes();
-  std::unique_ptr<DeviceTensorSource> source;
-  {
-    auto trainer = SyntheticTrainer::FromMetadata(meta, 7, 0);
-    if (!trainer.ok()) return fail(trainer.status());
-    auto made = DeviceTensorSource::Create(device, meta);
-    if (!made.ok()) return fail(made.status());
-    source = std::move(*made);
-    if (Status s = source->Upload((*trainer)->tensors()); !s.ok()) return fail(s);
-  }  // the host copy goes: the trainer's tensors live on the GPU only
+  // The host copy stays only to verify the server's bytes after each mode's syncs.
+  auto trainer = SyntheticTrainer::FromMetadata(meta, 7, 0);
+  if (!trainer.ok()) return fail(trainer.status());
+  auto made = DeviceTensorSource::Create(device, meta);
+  if (!made.ok()) return fail(made.status());
+  std::unique_ptr<DeviceTensorSource> source = std::move(*made);
+  if (Status s = source->Upload((*trainer)->tensors()); !s.ok()) return fail(s);
   auto dir = MakeTempDir("bench-ipc");
   if (!dir.ok()) return fail(dir.status());
   auto c = StartServer({"--model", a.model, "--tp", "1", "--device", device.ToString(), "--backend", "ipc",
@@ -150,10 +149,23 @@ int RunBenchIpcGpu(const BenchArgs& a, const Device& device) {
   if (!c.ok()) return fail(c.status());
   servers.push_back(*c);
   std::vector<GpuModeResult> results;
+  uint64_t step = 0;
   for (auto [mode, name] : {std::pair{IpcTrainerOptions::Mode::kPacked, "packed"},
                             std::pair{IpcTrainerOptions::Mode::kZeroCopy, "zero-copy"}}) {
+    if (step > 0) {  // new weights, so that this mode's verification proves its own bytes
+      if (auto st = (*trainer)->Step(step); !st.ok()) return fail(st.status());
+      if (Status s = source->Upload((*trainer)->tensors()); !s.ok()) return fail(s);
+    }
+    ++step;
     auto r = RunGpuMode(servers[0].url, device, *source, a, iters, mode, name);
     if (!r.ok()) return fail(r.status().WithContext(fmt::format("{} (server log {})", name, servers[0].log_path)));
+    TrainerOptions v;
+    v.servers = {servers[0].url};
+    v.timeout_seconds = 600;
+    if (Status s = VerifyServers(v, (*trainer)->source(), DigestAlgorithm::kXxh3_128); !s.ok()) {
+      return fail(s.WithContext(fmt::format("verifying the server after the {} syncs", name)));
+    }
+    fmt::print(stderr, "{}: the server's checksums equal the trainer's\n", name);
     results.push_back(*r);
   }
   for (Child& s : servers) StopChild(s);
@@ -161,7 +173,7 @@ int RunBenchIpcGpu(const BenchArgs& a, const Device& device) {
   auto floor = DeviceCopyFloor(*source, bytes, iters);
   if (!floor.ok()) return fail(floor.status());
   fmt::print("wsync bench ipc: {} ({:.3f} GB, {} tensors) on {}: trainer and one TP=1 server colocated, bucket {} "
-             "GiB, median of {} timed sync(s) after 1 warm-up\n",
+             "GiB, median of {} timed sync(s) after 1 warm-up; every mode verified by checksums\n",
              config->name, bytes / 1e9, meta.size(), device.ToString(), a.bucket_gb, iters);
   fmt::print("{:<44} {:>7} {:>9} {:>9} {:>8} {:>11} {:>12}\n", "what", "chunks", "sync ms", "data ms", "GB/s",
              "x floor", "extra GPU GB");

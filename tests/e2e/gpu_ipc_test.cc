@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "backends/ipc/device_plane.h"
@@ -26,10 +28,18 @@ namespace {
 
 using nlohmann::json;
 
+// Open fds of `pid` other than sockets (HTTP connections come and go between syncs).
 int OpenFds(pid_t pid) {
   int n = 0;
-  if (DIR* d = opendir(fmt::format("/proc/{}/fd", pid).c_str())) {
-    while (readdir(d) != nullptr) ++n;
+  std::string dir = fmt::format("/proc/{}/fd", pid);
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char target[256] = {};
+      ssize_t len = readlink((dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+      if (len > 0 && std::string_view(target, len).starts_with("socket:")) continue;
+      ++n;
+    }
     closedir(d);
   }
   return n;
