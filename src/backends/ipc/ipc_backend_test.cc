@@ -281,6 +281,20 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
   json pickled = fake.Update(meta, 4 << 20);
   pickled["ipc_handles_pickled"] = "gASVAAAA";
   EXPECT_EQ(s.UpdateWeights(pickled).code(), StatusCode::kInvalidArgument);
+  // A zero-copy update (GPU only) to CPU workers.
+  ASSERT_TRUE(s.StartWeightUpdate().ok());
+  json zero_copy = fake.Update(meta, 4 << 20);
+  zero_copy["chunk_ends"] = {meta.size()};
+  zero_copy["zero_copy"] = {{"generation", 1}, {"bytes", 64 << 20}};
+  uint64_t at = 0;
+  for (size_t i = 0; i < meta.size(); ++i) {
+    zero_copy["tensor_offsets"][i] = at;
+    at += (meta[i].nbytes() + 255) / 256 * 256;
+  }
+  st = s.UpdateWeights(zero_copy);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("is on cpu; a zero-copy update needs workers on the trainer's GPU"), std::string::npos)
+      << st.message();
 
   // The server still serves: a real trainer's sync verifies.
   auto engine = *CreateIpcTrainer(Options({&a}));
@@ -340,6 +354,23 @@ TEST_F(IpcBackend, AMappingWhoseTrainerExitedIsReleasedBetweenSyncs) {
   Status st = a.service->UpdateWeights(fake.Update(trainer->metadata(), 4 << 20));
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.message().find("no ipc staging region is mapped"), std::string::npos) << st.message();
+}
+
+TEST_F(IpcBackend, GpuTrainerOptionsAreCheckedAndACudaTrainerWithoutAGpuIsAClearError) {
+  Server a = StartServer("qwen3-tiny", 1);
+  TrainerOptions o = Options({&a});
+  IpcTrainerOptions ipc;
+  ipc.export_kind = "nvlink";
+  auto bad = CreateIpcTrainerWith(o, ipc);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("export kind 'nvlink'"), std::string::npos) << bad.status().message();
+  // This binary installs no CUDA runtime: a CUDA trainer fails at init naming the device
+  // (the GPU paths are tested in tests/e2e/gpu_ipc_test.cc).
+  o.device = Device{Device::Kind::kCuda, 0};
+  auto engine = *CreateIpcTrainer(o);
+  Status s = engine->Init(HfTensors(*LookupModel("qwen3-tiny")));
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
+  EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s.message();
 }
 
 TEST_F(IpcBackend, SendWithoutInitAndUnpackedAreClearErrors) {
