@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -27,20 +28,24 @@ Status NcclError(ncclResult_t r, const std::string& what) {
   return Unavailable(fmt::format("{}: {} ({})", what, ncclGetErrorString(r), static_cast<int>(r)));
 }
 
-// Polls until `done()` is true, the communicator reports an error, or the deadline passes.
-// Spins briefly first (collectives on NVLink finish in microseconds), then sleeps.
+// Polls until the communicator has finished enqueuing (a non-blocking communicator
+// answers ncclInProgress while it still connects peers or enqueues: the first collective
+// on a new group does both) and then `done()` is true; or until the communicator reports
+// an error, or the deadline passes. `done()` is never trusted while the enqueue is in
+// progress: the stream may look idle only because nothing is on it yet. Spins briefly
+// first (collectives on NVLink finish in microseconds), then sleeps.
 template <typename Done>
 Status PollComm(ncclComm_t comm, Done done, Deadline deadline, const std::string& what) {
   auto start = Clock::now();
   for (;;) {
-    if (done()) return Status::Ok();
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm, &async);
     if (r != ncclSuccess) return NcclError(r, what);
     if (async != ncclSuccess && async != ncclInProgress) return NcclError(async, what);
+    if (async == ncclSuccess && done()) return Status::Ok();
     if (deadline.expired()) return DeadlineExceeded(fmt::format("{}: timed out", what));
     if (Clock::now() - start > std::chrono::milliseconds(2)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 }
@@ -56,6 +61,7 @@ class NcclCommunicator final : public Communicator {
       ncclCommFinalize(comm_);
       ncclCommDestroy(comm_);
     }
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
   }
@@ -65,12 +71,67 @@ class NcclCommunicator final : public Communicator {
   std::string_view kind() const override { return "nccl"; }
 
   Status Broadcast(std::span<std::byte> data, int root, Deadline deadline) override {
+    return Broadcast(data, root, deadline, StreamHooks{});
+  }
+
+  // Every broadcast goes in pieces of kPieceBytes, with or without hooks, so that every
+  // rank makes the same ncclBroadcast calls: the root enqueues piece i as soon as
+  // before_send says its bytes are ready, and a receiver reports each piece once its event
+  // has completed, so the caller's packing and unpacking overlap the wire. Pieces are
+  // enqueued back to back without waiting for one another (stream order keeps them in
+  // sequence).
+  Status Broadcast(std::span<std::byte> data, int root, Deadline deadline, const StreamHooks& hooks) override {
+    const bool feed = options_.rank == root && hooks.before_send;
+    const bool report = options_.rank != root && hooks.on_received;
     std::string what = fmt::format("nccl broadcast of {} bytes from {} on {}", data.size(),
                                    DescribeRankOrDefault(options_.describe_rank, root),
                                    DescribeRankOrDefault(options_.describe_rank, options_.rank));
-    return Run(what, deadline, [&] {
-      return ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_, stream_);
-    });
+    if (aborted_) return Aborted(what + ": the communicator was aborted by an earlier failure");
+    cudaSetDevice(options_.device);
+    Deadline d = deadline.Min(Deadline::In(options_.op_timeout));
+    const size_t n = data.size();
+    const size_t pieces = std::max<size_t>(1, (n + kPieceBytes - 1) / kPieceBytes);
+    while (events_.size() < pieces) {
+      cudaEvent_t e = nullptr;
+      WSYNC_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), what);
+      events_.push_back(e);
+    }
+    auto piece_end = [&](size_t i) { return std::min(n, (i + 1) * kPieceBytes); };
+    size_t reported = 0;
+    Status s;
+    for (size_t i = 0; i < pieces && s.ok(); ++i) {
+      const size_t begin = i * kPieceBytes, end = piece_end(i);
+      if (feed) {
+        s = hooks.before_send(end);
+        if (!s.ok()) break;
+      }
+      ncclResult_t r = ncclBroadcast(data.data() + begin, data.data() + begin, end - begin, ncclUint8, root, comm_, stream_);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        s = NcclError(r, what);
+        break;
+      }
+      // A non-blocking communicator must finish enqueuing before the next call.
+      s = PollComm(comm_, [] { return true; }, d, what);
+      if (!s.ok()) break;
+      if (cudaEventRecord(events_[i], stream_) != cudaSuccess) {
+        s = Internal(fmt::format("{}: cudaEventRecord: {}", what, cudaGetErrorString(cudaGetLastError())));
+        break;
+      }
+      while (report && reported <= i && cudaEventQuery(events_[reported]) == cudaSuccess) {
+        hooks.on_received(piece_end(reported++));
+      }
+    }
+    if (s.ok()) {
+      for (size_t i = reported; i < pieces && s.ok(); ++i) {
+        s = PollComm(comm_, [&] { return cudaEventQuery(events_[i]) != cudaErrorNotReady; }, d, what);
+        if (s.ok() && cudaEventQuery(events_[i]) != cudaSuccess) {
+          s = Internal(fmt::format("{}: {}", what, cudaGetErrorString(cudaGetLastError())));
+        }
+        if (s.ok() && report) hooks.on_received(piece_end(i));
+      }
+    }
+    if (!s.ok()) Abort();  // peers may be waiting for pieces this rank will never send
+    return s;
   }
 
   Status AllReduceSum(std::span<int64_t> data, Deadline deadline) override {
@@ -121,6 +182,8 @@ class NcclCommunicator final : public Communicator {
 
  public:
   static constexpr size_t kScratchBytes = 256;
+  // Piece size of a streamed broadcast: large enough for NCCL's full bandwidth.
+  static constexpr size_t kPieceBytes = size_t{256} << 20;
 
  private:
   NcclOptions options_;
@@ -128,6 +191,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   void* scratch_;
   std::atomic<bool> aborted_{false};
+  std::vector<cudaEvent_t> events_;  // one per piece of a streamed broadcast, reused
 };
 
 }  // namespace

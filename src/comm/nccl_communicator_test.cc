@@ -4,7 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
@@ -48,6 +51,57 @@ TEST(NcclCommunicator, InitWaitingForAbsentRanksTimesOut) {
   EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status().ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
   EXPECT_NE(comm.status().message().find("waiting for every rank"), std::string::npos);
+}
+
+// Two ranks on two GPUs, each on its own thread as two processes would be: the warm-up,
+// then all-reduces whose results must be the true sums (a non-blocking communicator's
+// first collective is still connecting when it returns; its result must still be waited
+// for), then a broadcast checked byte for byte.
+TEST(NcclCommunicator, TwoRanksOnTwoGpusSumAndBroadcastExactly) {
+  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  NcclUniqueIdBytes id = *NewNcclUniqueId();
+  constexpr size_t kBytes = size_t{64} << 20;
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      results[rank] = [&]() -> Status {
+        NcclOptions o;
+        o.unique_id = id;
+        o.rank = rank;
+        o.size = 2;
+        o.device = rank;
+        o.connect_deadline = Deadline::InSeconds(60);
+        WSYNC_ASSIGN_OR_RETURN(auto comm, ConnectNccl(o));
+        for (int round = 0; round < 3; ++round) {
+          float f = 1.5f + rank;
+          WSYNC_RETURN_IF_ERROR(comm->AllReduceSum(std::span<float>(&f, 1), Deadline::InSeconds(30)));
+          if (f != 4.0f) return Internal(fmt::format("round {}: float sum {} != 4", round, f));
+          int64_t v[2] = {int64_t{1} << (40 + rank), -rank};
+          WSYNC_RETURN_IF_ERROR(comm->AllReduceSum(std::span<int64_t>(v, 2), Deadline::InSeconds(30)));
+          if (v[0] != (int64_t{1} << 40) + (int64_t{1} << 41) || v[1] != -1) {
+            return Internal(fmt::format("round {}: int64 sums {} {}", round, v[0], v[1]));
+          }
+        }
+        std::vector<unsigned char> host(kBytes);
+        for (size_t i = 0; i < kBytes; ++i) host[i] = rank == 0 ? static_cast<unsigned char>(i * 131 + 7) : 0;
+        void* dev = nullptr;
+        if (cudaMalloc(&dev, kBytes) != cudaSuccess) return Internal("cudaMalloc");
+        cudaMemcpy(dev, host.data(), kBytes, cudaMemcpyHostToDevice);
+        Status b = comm->Broadcast(std::span(static_cast<std::byte*>(dev), kBytes), 0, Deadline::InSeconds(30));
+        cudaMemcpy(host.data(), dev, kBytes, cudaMemcpyDeviceToHost);
+        cudaFree(dev);
+        WSYNC_RETURN_IF_ERROR(b);
+        for (size_t i = 0; i < kBytes; ++i) {
+          if (host[i] != static_cast<unsigned char>(i * 131 + 7)) return Internal(fmt::format("byte {} differs", i));
+        }
+        return Status::Ok();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(results[0].ok()) << results[0].ToString();
+  EXPECT_TRUE(results[1].ok()) << results[1].ToString();
 }
 
 }  // namespace

@@ -249,6 +249,9 @@ class NcclTrainer final : public TrainerEngine {
     WSYNC_RETURN_IF_ERROR(client_.Post("/finish_weight_update", finish, deadline).status());
     stats.finish_seconds = Since(t2);
     stats.seconds = Since(t0);
+    WSYNC_LOG_DEBUG("sync of {} bytes in {} chunks: start {:.2f} ms, data {:.2f} ms, finish {:.2f} ms, total {:.2f} ms",
+                    stats.bytes, stats.chunks, stats.start_seconds * 1e3, stats.transfer_seconds * 1e3,
+                    stats.finish_seconds * 1e3, stats.seconds * 1e3);
     return stats;
   }
 
@@ -313,6 +316,8 @@ class NcclTrainer final : public TrainerEngine {
           }
           const Chunk& c = plan.chunks[k];
           std::byte* dst = buffers[k % nbuf]->data();
+          constexpr size_t kReleaseBytes = size_t{128} << 20;
+          size_t released = 0;
           TensorRef t;
           for (size_t i = c.first; i < c.end; ++i) {
             Result<bool> more = stream->Next(&t);
@@ -322,11 +327,23 @@ class NcclTrainer final : public TrainerEngine {
               return;
             }
             size_t off = plan.offset_in_chunk[i];
-            if (rt != nullptr) {  // GPU: enqueue the chunk's copies; NCCL sends it whole
+            if (rt != nullptr) {
+              // GPU: copies on this thread's stream, released in slices as NCCL streams
+              // the chunk in pieces, so the wire starts before the whole chunk is packed.
               Status s = t.device == device || t.device.is_cpu()
-                             ? rt->Copy2D(dst + off, t.bytes.size(), t.bytes.data(), t.bytes.size(), t.bytes.size(), 1)
+                             ? Status::Ok()
                              : InvalidArgument(fmt::format("tensor {} is on {}, the trainer sends from {}", t.name,
                                                            t.device.ToString(), device.ToString()));
+              for (size_t b = 0; s.ok() && b < t.bytes.size(); b += kReleaseBytes) {
+                const size_t len = std::min(kReleaseBytes, t.bytes.size() - b);
+                s = rt->Copy2D(dst + off + b, len, t.bytes.data() + b, len, len, 1);
+                const size_t end = off + b + len;
+                if (s.ok() && end - released >= kReleaseBytes) {
+                  s = rt->Synchronize();
+                  if (s.ok()) packed[k].Advance(end);
+                  released = end;
+                }
+              }
               if (!s.ok()) {
                 for (size_t j = k; j < n; ++j) packed[j].Fail(s);
                 return;
