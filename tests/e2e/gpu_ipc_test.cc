@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -179,6 +181,46 @@ TEST_F(GpuIpcTest, HundredSyncsGainNoGpuMemoryOrFdsAndAReplacedAllocationIsReExp
     }
     (*engine)->Shutdown();
   }
+  ExpectCleanShutdown(s);
+}
+
+// A trainer SIGKILLed in the middle of a packed GPU sync: the server ends the update at
+// once, releases the dead trainer's GPU mappings, and takes the next session, whose syncs
+// verify (in both modes).
+TEST_F(GpuIpcTest, ATrainerKilledMidSyncLeavesTheServerReadyForTheNextSession) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("gpu"));
+  E2E_ASSERT_OK_AND_ASSIGN(
+      Subprocess * trainer,
+      SpawnWsync("stalled_push",
+                 {"push", "--servers", s.url, "--backend", "ipc", "--model", "qwen3-tiny", "--seed", "1", "--steps",
+                  "2", "--bucket-gb", "0.001", "--device", "cuda:0", "--timeout", "60"},
+                 {{"WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS", "3"}, {"WSYNC_IPC_MODE", "packed"}}));
+  auto stalled = [&] { return trainer->Stderr().find("stalled after 3 chunk(s)") != std::string::npos; };
+  for (int i = 0; i < 600 && !stalled(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(stalled()) << trainer->Describe();
+  trainer->Signal(SIGKILL);
+  ASSERT_TRUE(trainer->Wait(Deadline::InSeconds(10)).has_value());
+  bool ended = false;
+  for (int i = 0; i < 100 && !ended; ++i) {
+    ended = s.process->Stderr().find("exited during the sync") != std::string::npos;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(ended) << s.process->Describe();
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+
+  for (const char* mode : {"packed", "zero_copy"}) {
+    SCOPED_TRACE(mode);
+    RunResult push = PushIpc(fmt::format("push_{}", mode), s,
+                             {"--model", "qwen3-tiny", "--seed", "6", "--steps", "2", "--verify", "--bucket-gb",
+                              "0.001", "--device", "cuda:0", "--timeout", "60"},
+                             {{"WSYNC_IPC_MODE", mode}});
+    ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+    EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
+  }
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 6, 2, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
   ExpectCleanShutdown(s);
 }
 
