@@ -280,6 +280,34 @@ TEST_F(GpuIpcTest, MissingUuidAndBadHandlesAreClearErrorsAndTheServerKeepsServin
              {"handle", {{"pid", gone}, {"fd", 3}, {"bytes", (*region)->slot_stride() * 2}}}};
   EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, fd)), 400,
                       {"cannot open the cuda_fd handle", "pidfd_open"}));
+
+  // A zero-copy-only session (kind none): a packed update is refused, and so is a
+  // zero-copy update naming a generation the server never mapped without its handle.
+  ASSERT_EQ(HttpPostJson(s.url, "/init_weight_transfer_engine",
+                         with(uuid, {{"kind", "none"}, {"offset", 0}, {"stride", 0}})).status, 200);
+  json update = {{"names", {"model.norm.weight"}},
+                 {"dtype_names", {"bfloat16"}},
+                 {"shapes", {{256}}},  // qwen3-tiny's hidden size
+                 {"tensor_sizes", {512}},
+                 {"tensor_offsets", {0}},
+                 {"chunk_ends", {1}},
+                 {"wsync_ipc_protocol", 1},
+                 {"session", (*region)->session()},
+                 {"sync", 1},
+                 {"first_seq", 1}};
+  ASSERT_EQ(HttpPostJson(s.url, "/start_weight_update", json::object()).status, 200);
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/update_weights", json{{"update_info", update}}), 400,
+                      {"no staging slots", uuid}));
+  update["zero_copy"] = {{"generation", 5}, {"bytes", 4096}};
+  ASSERT_EQ(HttpPostJson(s.url, "/start_weight_update", json::object()).status, 200);
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/update_weights", json{{"update_info", update}}), 409,
+                      {"generation 5", "no handle"}));
+  update["zero_copy"]["buffers"] = {{uuid, zeros}};  // a handle that does not open
+  update["zero_copy"]["buffers"][uuid]["stride"] = 0;
+  ASSERT_EQ(HttpPostJson(s.url, "/start_weight_update", json::object()).status, 200);
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/update_weights", json{{"update_info", update}}), 400,
+                      {"zero_copy buffers", "cannot open the cuda_ipc handle"}));
+  (void)HttpPostJson(s.url, "/finish_weight_update", json::object());
   region->reset();
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
 
