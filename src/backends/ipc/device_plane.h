@@ -14,6 +14,9 @@
 //    for it before publishing or acknowledging.
 // Objects free or unmap what they made in their destructors, on their own device, from
 // any thread. Not synchronized: one thread uses an object at a time.
+//
+// Tests may install their own IpcDevicePlane (SetIpcDevicePlaneForTesting): a host-memory
+// fake, with a fake DeviceRuntime, runs the engines' GPU paths on a machine without a GPU.
 #pragma once
 
 #include <cstddef>
@@ -104,6 +107,28 @@ class DeviceCopyCache {
   };
   std::map<size_t, Entry> entries_;
 };
+
+// What the factories above dispatch to: the built-in plane (CUDA, or the stub) unless a
+// test installed another.
+class IpcDevicePlane {
+ public:
+  virtual ~IpcDevicePlane() = default;
+  virtual Result<std::string> DeviceKey(const Device& device) = 0;
+  virtual Result<std::unique_ptr<DeviceExport>> Allocate(const Device& device, uint64_t bytes,
+                                                         std::string_view kind) = 0;
+  virtual Result<std::unique_ptr<DeviceExport>> Existing(const Device& device, const void* ptr, uint64_t bytes) = 0;
+  virtual Result<std::unique_ptr<DeviceImport>> Open(const Device& device, std::string_view kind,
+                                                     const nlohmann::json& handle, uint64_t bytes) = 0;
+  virtual Result<std::unique_ptr<DeviceCopies>> Copies(const Device& device,
+                                                       std::span<const WorkerStore::ByteCopy> copies) = 0;
+  virtual Status Synchronize(const Device& device) = 0;
+  virtual Result<std::pair<uint64_t, uint64_t>> MemoryInfo(const Device& device) = 0;
+};
+// The plane of this build (device_plane_cuda.cc or device_plane_none.cc).
+IpcDevicePlane& BuiltinIpcDevicePlane();
+// Installs `plane` for the whole process; nullptr goes back to the built-in one. Call it
+// before any engine exists and keep `plane` alive while one does.
+void SetIpcDevicePlaneForTesting(IpcDevicePlane* plane);
 
 // Waits until every earlier piece of work on the calling thread's current device is done
 // (a zero-copy trainer's tensors are final before receivers read them).

@@ -54,74 +54,83 @@ class CudaCopies final : public DeviceCopies {
   std::unique_ptr<cuda::CopyPlan> plan_;
 };
 
+class CudaPlane final : public IpcDevicePlane {
+ public:
+  Result<std::string> DeviceKey(const Device& device) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    return cuda::GpuUuid(device.index);
+  }
+
+  Result<std::unique_ptr<DeviceExport>> Allocate(const Device& device, uint64_t bytes,
+                                                 std::string_view kind) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    WSYNC_ASSIGN_OR_RETURN(cuda::ExportKind k, cuda::ParseExportKind(kind));
+    auto m = cuda::ExportedDeviceMemory::Allocate(device.index, bytes, k);
+    if (!m.ok()) {
+      return m.status().WithContext(
+          fmt::format("allocating {} bytes of {} staging on {}", bytes, kind, device.ToString()));
+    }
+    return std::unique_ptr<DeviceExport>(std::make_unique<CudaExport>(std::move(*m)));
+  }
+
+  Result<std::unique_ptr<DeviceExport>> Existing(const Device& device, const void* ptr, uint64_t bytes) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    auto m = cuda::ExportedDeviceMemory::ExportExisting(device.index, ptr);
+    if (!m.ok()) return m.status().WithContext(fmt::format("exporting the trainer's tensors on {}", device.ToString()));
+    if ((*m)->size() < bytes) {
+      return InvalidArgument(fmt::format("the allocation behind the trainer's tensors on {} holds {} bytes from "
+                                         "their start, {} are needed", device.ToString(), (*m)->size(), bytes));
+    }
+    return std::unique_ptr<DeviceExport>(std::make_unique<CudaExport>(std::move(*m)));
+  }
+
+  Result<std::unique_ptr<DeviceImport>> Open(const Device& device, std::string_view kind,
+                                             const nlohmann::json& handle, uint64_t bytes) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    WSYNC_ASSIGN_OR_RETURN(cuda::ExportKind k, cuda::ParseExportKind(kind));
+    auto m = cuda::ImportedDeviceMemory::Open(device.index, k, handle, bytes);
+    if (!m.ok()) {
+      (void)cudaGetLastError();
+      // The handle came from the request: whatever makes it unopenable is the caller's.
+      return InvalidArgument(fmt::format("cannot open the {} handle on {}: {}", kind, device.ToString(),
+                                         m.status().message()));
+    }
+    return std::unique_ptr<DeviceImport>(std::make_unique<CudaImport>(std::move(*m)));
+  }
+
+  Result<std::unique_ptr<DeviceCopies>> Copies(const Device& device,
+                                               std::span<const WorkerStore::ByteCopy> copies) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    std::vector<cuda::CopyOp> ops;
+    ops.reserve(copies.size());
+    for (const WorkerStore::ByteCopy& c : copies) ops.push_back({c.src, c.dst, c.bytes});
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CopyPlan> plan, cuda::CopyPlan::Create(ops));
+    return std::unique_ptr<DeviceCopies>(std::make_unique<CudaCopies>(std::move(plan)));
+  }
+
+  Status Synchronize(const Device& device) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    WSYNC_CUDA_CHECK(cudaSetDevice(device.index));
+    WSYNC_CUDA_CHECK(cudaDeviceSynchronize());
+    return Status::Ok();
+  }
+
+  Result<std::pair<uint64_t, uint64_t>> MemoryInfo(const Device& device) override {
+    WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
+    WSYNC_CUDA_CHECK(cudaSetDevice(device.index));
+    size_t free = 0, total = 0;
+    WSYNC_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return std::pair<uint64_t, uint64_t>{free, total};
+  }
+};
+
 }  // namespace
 
 bool IpcDevicePlaneBuilt() { return true; }
 
-Result<std::string> IpcDeviceKey(const Device& device) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  return cuda::GpuUuid(device.index);
-}
-
-Result<std::unique_ptr<DeviceExport>> DeviceExport::Allocate(const Device& device, uint64_t bytes,
-                                                             std::string_view kind) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  WSYNC_ASSIGN_OR_RETURN(cuda::ExportKind k, cuda::ParseExportKind(kind));
-  auto m = cuda::ExportedDeviceMemory::Allocate(device.index, bytes, k);
-  if (!m.ok()) {
-    return m.status().WithContext(fmt::format("allocating {} bytes of {} staging on {}", bytes, kind, device.ToString()));
-  }
-  return std::unique_ptr<DeviceExport>(std::make_unique<CudaExport>(std::move(*m)));
-}
-
-Result<std::unique_ptr<DeviceExport>> DeviceExport::Existing(const Device& device, const void* ptr, uint64_t bytes) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  auto m = cuda::ExportedDeviceMemory::ExportExisting(device.index, ptr);
-  if (!m.ok()) return m.status().WithContext(fmt::format("exporting the trainer's tensors on {}", device.ToString()));
-  if ((*m)->size() < bytes) {
-    return InvalidArgument(fmt::format("the allocation behind the trainer's tensors on {} holds {} bytes from their "
-                                       "start, {} are needed", device.ToString(), (*m)->size(), bytes));
-  }
-  return std::unique_ptr<DeviceExport>(std::make_unique<CudaExport>(std::move(*m)));
-}
-
-Result<std::unique_ptr<DeviceImport>> DeviceImport::Open(const Device& device, std::string_view kind,
-                                                         const nlohmann::json& handle, uint64_t bytes) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  WSYNC_ASSIGN_OR_RETURN(cuda::ExportKind k, cuda::ParseExportKind(kind));
-  auto m = cuda::ImportedDeviceMemory::Open(device.index, k, handle, bytes);
-  if (!m.ok()) {
-    (void)cudaGetLastError();
-    // The handle came from the request: whatever makes it unopenable is the caller's.
-    return InvalidArgument(fmt::format("cannot open the {} handle on {}: {}", kind, device.ToString(),
-                                       m.status().message()));
-  }
-  return std::unique_ptr<DeviceImport>(std::make_unique<CudaImport>(std::move(*m)));
-}
-
-Result<std::unique_ptr<DeviceCopies>> DeviceCopies::Create(const Device& device,
-                                                           std::span<const WorkerStore::ByteCopy> copies) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  std::vector<cuda::CopyOp> ops;
-  ops.reserve(copies.size());
-  for (const WorkerStore::ByteCopy& c : copies) ops.push_back({c.src, c.dst, c.bytes});
-  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CopyPlan> plan, cuda::CopyPlan::Create(ops));
-  return std::unique_ptr<DeviceCopies>(std::make_unique<CudaCopies>(std::move(plan)));
-}
-
-Status SynchronizeIpcDevice(const Device& device) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  WSYNC_CUDA_CHECK(cudaSetDevice(device.index));
-  WSYNC_CUDA_CHECK(cudaDeviceSynchronize());
-  return Status::Ok();
-}
-
-Result<std::pair<uint64_t, uint64_t>> IpcDeviceMemoryInfo(const Device& device) {
-  WSYNC_RETURN_IF_ERROR(NeedsCuda(device));
-  WSYNC_CUDA_CHECK(cudaSetDevice(device.index));
-  size_t free = 0, total = 0;
-  WSYNC_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return std::pair<uint64_t, uint64_t>{free, total};
+IpcDevicePlane& BuiltinIpcDevicePlane() {
+  static CudaPlane plane;
+  return plane;
 }
 
 }  // namespace wsync

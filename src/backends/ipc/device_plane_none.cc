@@ -1,4 +1,4 @@
-// device_plane.h without CUDA: every factory says that this build has no GPU data plane.
+// device_plane.h without CUDA: every call says that this build has no GPU data plane.
 #include <fmt/format.h>
 
 #include "backends/ipc/device_plane.h"
@@ -12,32 +12,33 @@ Status NotBuilt(const Device& device) {
                                    device.ToString()));
 }
 
+class NoPlane final : public IpcDevicePlane {
+ public:
+  Result<std::string> DeviceKey(const Device& device) override { return NotBuilt(device); }
+  Result<std::unique_ptr<DeviceExport>> Allocate(const Device& device, uint64_t, std::string_view) override {
+    return NotBuilt(device);
+  }
+  Result<std::unique_ptr<DeviceExport>> Existing(const Device& device, const void*, uint64_t) override {
+    return NotBuilt(device);
+  }
+  Result<std::unique_ptr<DeviceImport>> Open(const Device& device, std::string_view, const nlohmann::json&,
+                                             uint64_t) override {
+    return NotBuilt(device);
+  }
+  Result<std::unique_ptr<DeviceCopies>> Copies(const Device& device, std::span<const WorkerStore::ByteCopy>) override {
+    return NotBuilt(device);
+  }
+  Status Synchronize(const Device& device) override { return NotBuilt(device); }
+  Result<std::pair<uint64_t, uint64_t>> MemoryInfo(const Device& device) override { return NotBuilt(device); }
+};
+
 }  // namespace
 
 bool IpcDevicePlaneBuilt() { return false; }
 
-Result<std::string> IpcDeviceKey(const Device& device) { return NotBuilt(device); }
-
-Result<std::unique_ptr<DeviceExport>> DeviceExport::Allocate(const Device& device, uint64_t, std::string_view) {
-  return NotBuilt(device);
+IpcDevicePlane& BuiltinIpcDevicePlane() {
+  static NoPlane plane;
+  return plane;
 }
-
-Result<std::unique_ptr<DeviceExport>> DeviceExport::Existing(const Device& device, const void*, uint64_t) {
-  return NotBuilt(device);
-}
-
-Result<std::unique_ptr<DeviceImport>> DeviceImport::Open(const Device& device, std::string_view,
-                                                         const nlohmann::json&, uint64_t) {
-  return NotBuilt(device);
-}
-
-Result<std::unique_ptr<DeviceCopies>> DeviceCopies::Create(const Device& device,
-                                                           std::span<const WorkerStore::ByteCopy>) {
-  return NotBuilt(device);
-}
-
-Status SynchronizeIpcDevice(const Device& device) { return NotBuilt(device); }
-
-Result<std::pair<uint64_t, uint64_t>> IpcDeviceMemoryInfo(const Device& device) { return NotBuilt(device); }
 
 }  // namespace wsync
