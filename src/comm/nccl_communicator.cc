@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -74,7 +75,7 @@ class NcclCommunicator final : public Communicator {
     return Broadcast(data, root, deadline, StreamHooks{});
   }
 
-  // Every broadcast goes in pieces of kPieceBytes, with or without hooks, so that every
+  // Every broadcast goes in pieces of piece_bytes_, with or without hooks, so that every
   // rank makes the same ncclBroadcast calls: the root enqueues piece i as soon as
   // before_send says its bytes are ready, and a receiver reports each piece once its event
   // has completed, so the caller's packing and unpacking overlap the wire. Pieces are
@@ -90,17 +91,17 @@ class NcclCommunicator final : public Communicator {
     cudaSetDevice(options_.device);
     Deadline d = deadline.Min(Deadline::In(options_.op_timeout));
     const size_t n = data.size();
-    const size_t pieces = std::max<size_t>(1, (n + kPieceBytes - 1) / kPieceBytes);
+    const size_t pieces = std::max<size_t>(1, (n + piece_bytes_ - 1) / piece_bytes_);
     while (events_.size() < pieces) {
       cudaEvent_t e = nullptr;
       WSYNC_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), what);
       events_.push_back(e);
     }
-    auto piece_end = [&](size_t i) { return std::min(n, (i + 1) * kPieceBytes); };
+    auto piece_end = [&](size_t i) { return std::min(n, (i + 1) * piece_bytes_); };
     size_t reported = 0;
     Status s;
     for (size_t i = 0; i < pieces && s.ok(); ++i) {
-      const size_t begin = i * kPieceBytes, end = piece_end(i);
+      const size_t begin = i * piece_bytes_, end = piece_end(i);
       if (feed) {
         s = hooks.before_send(end);
         if (!s.ok()) break;
@@ -184,6 +185,13 @@ class NcclCommunicator final : public Communicator {
   static constexpr size_t kScratchBytes = 256;
   // Piece size of a streamed broadcast: large enough for NCCL's full bandwidth.
   static constexpr size_t kPieceBytes = size_t{256} << 20;
+  // The piece size in use: kPieceBytes, or WSYNC_NCCL_PIECE_MB (a tuning knob every rank
+  // of a group must set alike, since the pieces are separate ncclBroadcast calls).
+  const size_t piece_bytes_ = [] {
+    const char* env = std::getenv("WSYNC_NCCL_PIECE_MB");
+    size_t mb = env ? std::strtoull(env, nullptr, 10) : 0;
+    return mb > 0 ? mb << 20 : kPieceBytes;
+  }();
 
  private:
   NcclOptions options_;
@@ -219,7 +227,11 @@ Result<std::unique_ptr<Communicator>> ConnectNccl(const NcclOptions& o) {
                                  DescribeRankOrDefault(o.describe_rank, o.rank), o.size, o.device);
   WSYNC_CUDA_RETURN(cudaSetDevice(o.device), what);
   cudaStream_t stream = nullptr;
-  WSYNC_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), what);
+  // The highest priority: the engine packs and unpacks on other streams of the same GPU
+  // while the wire runs, and NCCL's blocks should get SMs first.
+  int least_priority = 0, greatest_priority = 0;
+  WSYNC_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority), what);
+  WSYNC_CUDA_RETURN(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest_priority), what);
   void* scratch = nullptr;
   if (cudaMalloc(&scratch, NcclCommunicator::kScratchBytes) != cudaSuccess) {
     cudaStreamDestroy(stream);

@@ -236,7 +236,9 @@ class NcclTrainer final : public TrainerEngine {
                                      std::vector<json>(client_.urls().size(), json{{"update_info", update}}),
                                      http_deadline);
     Status s = Transfer(source, meta, plan, pending.get(), deadline);
+    auto t_wire_done = Clock::now();
     if (s.ok()) s = pending->Wait(http_deadline).status();
+    WSYNC_LOG_DEBUG("update_weights answered {:.2f} ms after the wire", Since(t_wire_done) * 1e3);
     if (!s.ok()) {
       comm_->Abort();
       CloseSessions();
@@ -267,6 +269,7 @@ class NcclTrainer final : public TrainerEngine {
                   const ChunkPlan& plan_in, FanOutClient::Pending* http, Deadline deadline) {
     std::shared_ptr<Communicator> comm = comm_;
     const Device device = options_.device;
+    auto t_vote = Clock::now();
     auto vote = std::make_shared<int64_t>(0);
     WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline, device] {
                                     WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
@@ -395,7 +398,11 @@ class NcclTrainer final : public TrainerEngine {
       packer.join();
       return result;
     };
-    return Watched(op, *comm_, http, deadline, "weight broadcast");
+    auto t_wire = Clock::now();
+    Status s = Watched(op, *comm_, http, deadline, "weight broadcast");
+    WSYNC_LOG_DEBUG("preflight {:.2f} ms, chunks on the wire {:.2f} ms", std::chrono::duration<double>(t_wire - t_vote).count() * 1e3,
+                    Since(t_wire) * 1e3);
+    return s;
   }
 
   // Ends any session still open on a server after a failed sync (409s are expected
