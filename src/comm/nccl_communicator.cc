@@ -33,8 +33,11 @@ Status NcclError(ncclResult_t r, const std::string& what) {
 // answers ncclInProgress while it still connects peers or enqueues: the first collective
 // on a new group does both) and then `done()` is true; or until the communicator reports
 // an error, or the deadline passes. `done()` is never trusted while the enqueue is in
-// progress: the stream may look idle only because nothing is on it yet. Spins briefly
-// first (collectives on NVLink finish in microseconds), then sleeps.
+// progress: the stream may look idle only because nothing is on it yet. Spins (yielding
+// the core) for the first 200 ms: a chunk on NVLink takes a few ms, and the host noticing
+// its end late delays the next chunk on every rank (sleeping 20 us costs ~80 us with the
+// kernel's timer slack, per chunk, per rank). Longer waits (a peer that is slow to join)
+// sleep between polls.
 template <typename Done>
 Status PollComm(ncclComm_t comm, Done done, Deadline deadline, const std::string& what) {
   auto start = Clock::now();
@@ -45,8 +48,10 @@ Status PollComm(ncclComm_t comm, Done done, Deadline deadline, const std::string
     if (async != ncclSuccess && async != ncclInProgress) return NcclError(async, what);
     if (async == ncclSuccess && done()) return Status::Ok();
     if (deadline.expired()) return DeadlineExceeded(fmt::format("{}: timed out", what));
-    if (Clock::now() - start > std::chrono::milliseconds(2)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (Clock::now() - start > std::chrono::milliseconds(200)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {
+      std::this_thread::yield();
     }
   }
 }
