@@ -1,7 +1,9 @@
 // `wsync push --trainer-ranks N --trainer-layout L`: N trainer ranks as threads of the
 // push process. Each rank joins its own trainer communicator (Gloo, through a store this
 // process hosts), holds its shards of the model as laid out by L, and runs its own
-// TrainerEngine: rank 0 is the sender, the others only drain their sources.
+// TrainerEngine: rank 0 is the sender, the others only drain their sources. A rank whose
+// sync fails stops the trainer group (TrainerGroup::Stop), so the others fail at once
+// with kAborted "trainer rank R (...) stopped: <cause>" rather than at the timeout.
 #pragma once
 
 #include <memory>
@@ -29,7 +31,8 @@ class TrainerRanks {
   // Re-lays every rank's shards out from new full weights.
   Status Refresh(const std::vector<HostTensor>& full);
   // One sync on every rank: `sender` (rank 0's engine) here, the others on their threads.
-  // The sender's error wins; otherwise the first failing rank's.
+  // The sender's error wins; otherwise the first failing rank's. After a failure the
+  // trainer group is aborted: later syncs fail (restart the ranks to recover).
   Result<SyncStats> Sync(TrainerEngine& sender, const std::optional<std::string>& version);
 
  private:

@@ -105,11 +105,13 @@ class FsdpSource::Stream final : public TensorStream {
     Status s = comm.AllGather(shard.storage.span().first(n), src_->gathered_.span().first(total),
                               Deadline::InSeconds(src_->options_.timeout_seconds));
     if (!s.ok()) {
-      return s.WithContext(fmt::format("fsdp source on {}: all-gather of {} (tensor {}/{}; every "
-                                       "trainer rank must drain every pass, and one that stopped "
-                                       "iterating or died leaves the others waiting)",
-                                       DescribeRankOrDefault(src_->options_.describe_rank, comm.rank()),
-                                       meta[i].name, i + 1, meta.size()));
+      return ExplainCollectiveFailure(
+          src_->options_, s,
+          fmt::format("fsdp source on {}: all-gather of {} (tensor {}/{})",
+                      DescribeRankOrDefault(src_->options_.describe_rank, comm.rank()), meta[i].name,
+                      i + 1, meta.size()),
+          " (every trainer rank must drain every pass, and one that stopped iterating or died "
+          "leaves the others waiting)");
     }
     *out = TensorRef{meta[i].name, meta[i].dtype, meta[i].shape,
                      src_->gathered_.span().first(meta[i].nbytes()), Device{}};
@@ -123,8 +125,9 @@ class FsdpSource::Stream final : public TensorStream {
 
 Result<std::unique_ptr<TensorStream>> FsdpSource::Iterate() {
   if (comm_->aborted()) {
-    return Aborted("fsdp source: the trainer communicator was aborted by an earlier failure; "
-                   "build new sources");
+    return ExplainCollectiveFailure(
+        options_, Aborted("the trainer communicator was aborted by an earlier failure; build new sources"),
+        "fsdp source", "");
   }
   return std::unique_ptr<TensorStream>(std::make_unique<Stream>(this));
 }

@@ -13,19 +13,26 @@ Result<ParallelLayout> ParallelLayout::Parse(std::string_view text, int world) {
   ParallelLayout l;
   l.world = world;
   if (text == "fsdp") return l;
-  static const std::regex kRe("tp([0-9]+)pp([0-9]+)ep([0-9]+)");
+  static const std::regex kRe("tp([0-9]{1,6})pp([0-9]{1,6})ep([0-9]{1,6})(etp([0-9]{1,6}))?");
   std::cmatch m;
   std::string s(text);
   if (!std::regex_match(s.c_str(), m, kRe)) {
     return InvalidArgument(fmt::format(
-        "trainer layout '{}': expected 'fsdp' or 'tpXppYepZ' such as 'tp2pp2ep1'", text));
+        "trainer layout '{}': expected 'fsdp' or 'tpXppYepZ[etpW]' such as 'tp2pp2ep1' or 'tp2pp1ep2etp2'",
+        text));
   }
   l.fsdp = false;
   l.tp = std::stoi(m[1]);
   l.pp = std::stoi(m[2]);
   l.ep = std::stoi(m[3]);
-  if (l.tp < 1 || l.pp < 1 || l.ep < 1) {
-    return InvalidArgument(fmt::format("trainer layout '{}': tp, pp and ep must be at least 1", text));
+  l.etp = m[5].matched ? std::stoi(m[5]) : 1;
+  if (l.tp < 1 || l.pp < 1 || l.ep < 1 || l.etp < 1) {
+    return InvalidArgument(fmt::format("trainer layout '{}': tp, pp, ep and etp must be at least 1", text));
+  }
+  if (l.tp % l.etp != 0) {
+    return InvalidArgument(fmt::format(
+        "trainer layout '{}': etp {} must divide tp {} (expert shards are split over the TP group)",
+        text, l.etp, l.tp));
   }
   const int cell = l.tp * l.pp * l.ep;
   if (world % cell != 0) {
@@ -36,7 +43,8 @@ Result<ParallelLayout> ParallelLayout::Parse(std::string_view text, int world) {
 }
 
 std::string ParallelLayout::ToString() const {
-  return fsdp ? "fsdp" : fmt::format("tp{}pp{}ep{}", tp, pp, ep);
+  if (fsdp) return "fsdp";
+  return etp == 1 ? fmt::format("tp{}pp{}ep{}", tp, pp, ep) : fmt::format("tp{}pp{}ep{}etp{}", tp, pp, ep, etp);
 }
 
 ParallelLayout::Coord ParallelLayout::CoordOf(int rank) const {
@@ -90,6 +98,10 @@ Result<MegatronLayout> MegatronLayout::Build(const ModelConfig& c, const Paralle
     return bad(fmt::format("{} layers cannot fill {} pipeline stages", c.num_hidden_layers, l.pp));
   }
   if (ep > 1 && !c.is_moe()) return bad(fmt::format("ep {} needs a MoE model", ep));
+  if (l.etp > 1 && !c.is_moe()) return bad(fmt::format("etp {} needs a MoE model", l.etp));
+  if (c.is_moe() && c.moe_intermediate_size % l.etp != 0) {
+    return bad(fmt::format("moe_intermediate_size {} is not divisible by etp {}", c.moe_intermediate_size, l.etp));
+  }
   if (c.is_moe()) {
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
       if (c.num_experts % ep != 0) {
@@ -120,14 +132,14 @@ Result<MegatronLayout> MegatronLayout::Build(const ModelConfig& c, const Paralle
       ShardPiece p{hf, 0, 0, shape[0], -1, 0, primary};
       add(std::move(name), std::move(shape), {std::move(p)});
     };
-    auto vocab = [&](std::string name, const std::string& hf) {
+    auto vocab = [&](std::string name, const std::string& hf, bool primary) {
       const int64_t per = vpad / tp, start = r * per, end = std::min(c.vocab_size, start + per);
       std::vector<ShardPiece> pieces;
-      if (end > start) pieces.push_back(ShardPiece{hf, 0, start, end - start, -1, 0, dense_primary});
+      if (end > start) pieces.push_back(ShardPiece{hf, 0, start, end - start, -1, 0, primary});
       add(std::move(name), {per, H}, std::move(pieces));
     };
     const auto [first, end] = t.StageLayers(k.pp);
-    if (k.pp == 0) vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight");
+    if (k.pp == 0) vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", dense_primary);
     for (int64_t layer = first; layer < end; ++layer) {
       const std::string m = fmt::format("decoder.layers.{}.", layer - first);
       const std::string h = fmt::format("model.layers.{}.", layer);
@@ -148,19 +160,21 @@ Result<MegatronLayout> MegatronLayout::Build(const ModelConfig& c, const Paralle
       add(m + "self_attention.linear_proj.weight", {H, cols},
           {ShardPiece{a + "o_proj.weight", 1, r * cols, cols, -1, 0, dense_primary}});
       if (c.is_moe()) {
-        const int64_t E = c.num_experts, n_local = E / ep, F = c.moe_intermediate_size;
+        const int64_t E = c.num_experts, n_local = E / ep;
+        // Expert shard s of etp, replica q of the tp / etp copies of that shard.
+        const int64_t Fl = c.moe_intermediate_size / l.etp, s = r % l.etp, q = r / l.etp;
         replicated(m + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight", {H}, repl_primary);
         replicated(m + "mlp.router.weight", h + "mlp.gate.weight", {E, H}, repl_primary);
         for (int64_t i = 0; i < n_local; ++i) {
           const int64_t e = k.ep * n_local + i;
-          const bool primary = k.dp == 0 && r == i % tp;
+          const bool primary = k.dp == 0 && q == i % (tp / l.etp);
           const std::string x = fmt::format("{}mlp.experts.local_experts.{}.", m, i);
           const std::string y = fmt::format("{}mlp.experts.{}.", h, e);
-          add(x + "linear_fc1.weight", {2 * F, H},
-              {ShardPiece{y + "gate_proj.weight", 0, 0, F, -1, 0, primary},
-               ShardPiece{y + "up_proj.weight", 0, 0, F, -1, F, primary}});
-          add(x + "linear_fc2.weight", {H, F},
-              {ShardPiece{y + "down_proj.weight", 0, 0, H, -1, 0, primary}});
+          add(x + "linear_fc1.weight", {2 * Fl, H},
+              {ShardPiece{y + "gate_proj.weight", 0, s * Fl, Fl, -1, 0, primary},
+               ShardPiece{y + "up_proj.weight", 0, s * Fl, Fl, -1, Fl, primary}});
+          add(x + "linear_fc2.weight", {H, Fl},
+              {ShardPiece{y + "down_proj.weight", 1, s * Fl, Fl, -1, 0, primary}});
         }
       } else {
         const int64_t Il = I / tp;
@@ -175,8 +189,13 @@ Result<MegatronLayout> MegatronLayout::Build(const ModelConfig& c, const Paralle
     }
     if (k.pp == l.pp - 1) {
       replicated("decoder.final_layernorm.weight", "model.norm.weight", {H}, repl_primary);
-      // Tied: the HF checkpoint has no lm_head; export never reads the output layer.
-      if (!c.tie_word_embeddings) vocab("output_layer.weight", "lm_head.weight");
+      if (!c.tie_word_embeddings) {
+        vocab("output_layer.weight", "lm_head.weight", dense_primary);
+      } else if (l.pp > 1) {
+        // Tied over several stages: the last stage keeps its own copy of the embedding
+        // (Megatron keeps the two equal); export reads the first stage's.
+        vocab("output_layer.weight", "model.embed_tokens.weight", false);
+      }
     }
   }
   WSYNC_RETURN_IF_ERROR(t.Index());

@@ -1,9 +1,11 @@
 // Trainer-side parallel layouts: how a training job's ranks split a Hugging Face model.
 //
 // ParallelLayout names the layout of N trainer ranks: "fsdp" (every rank holds an even
-// dim-0 shard of every tensor) or "tpXppYepZ" (Megatron-style tensor x pipeline x expert
-// parallelism, with N / (X*Y*Z) data-parallel replicas). Ranks are numbered tp fastest,
-// then ep, then dp, then pp (Megatron's "tp-ep-dp-pp" order).
+// dim-0 shard of every tensor) or "tpXppYepZ[etpW]" (Megatron-style tensor x pipeline x
+// expert parallelism, with N / (X*Y*Z) data-parallel replicas, and MoE expert weights
+// split W ways over the TP group, Megatron's expert_tensor_parallel_size; W divides X,
+// default 1). Ranks are numbered tp fastest, then ep, then dp, then pp (Megatron's
+// "tp-ep-dp-pp" order); a rank's expert-TP rank is its tp rank mod W.
 //
 // MegatronLayout is the Megatron-Core layout of one model as DATA, like the server-side
 // ShardingTable (src/model/sharding.h): for every rank, its parameters (Megatron names,
@@ -18,13 +20,21 @@
 //     (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight; MoE: pre_mlp_layernorm);
 //   - embedding and output_layer rows are padded to a multiple of 128 * tp (Megatron's
 //     make_vocab_size_divisible_by); padding rows are zero and belong to no HF tensor;
-//   - MoE experts are whole (expert TP = 1): expert e lives on EP rank e / (E / ep) as
-//     local expert e % (E / ep) ("mlp.experts.local_experts.<i>.linear_fc1.weight");
+//   - MoE expert e lives on EP rank e / (E / ep) as local expert e % (E / ep)
+//     ("mlp.experts.local_experts.<i>.linear_fc1.weight"); with etp = 1 every TP rank of
+//     the EP rank holds it whole, with etp > 1 its fc1 ([gate; up] of the shard) splits
+//     dim 0 and its fc2 dim 1 over etp, and the tp / etp ranks of equal tp mod etp hold
+//     copies of the same shard;
 //   - pipeline stage s owns the contiguous layers [s*L/pp, (s+1)*L/pp) under LOCAL layer
-//     numbers; the embedding is on the first stage, final norm and output_layer on the last.
+//     numbers; the embedding is on the first stage, final norm and output_layer on the last;
+//   - tied embeddings (tie_word_embeddings; the HF checkpoint and vLLM have no lm_head):
+//     with pp = 1 the output layer is the embedding and has no parameter of its own; with
+//     pp > 1 the last stage holds output_layer.weight, a replica of model.embed_tokens.weight
+//     (same vocab-parallel split and padding), so that stage holds the embedding too.
 // Exactly one copy of every HF element is `primary` (dp 0; for dense weights ep 0; for
-// TP-replicated tensors tp 0; an expert's on tp rank (local index % tp)): export reads
-// those. A built table is immutable; const methods are safe from any thread.
+// TP-replicated tensors tp 0; an expert shard's on the copy (tp / etp) numbered local
+// index % (tp / etp), spreading export over the TP group): export reads those. A built
+// table is immutable; const methods are safe from any thread.
 #pragma once
 
 #include <cstdint>
@@ -44,13 +54,15 @@ namespace wsync {
 struct ParallelLayout {
   bool fsdp = true;
   int tp = 1, pp = 1, ep = 1;
+  int etp = 1;  // expert tensor parallelism: divides tp
   int world = 1;  // trainer ranks
 
   struct Coord {
     int tp = 0, pp = 0, ep = 0, dp = 0;
   };
   int dp() const { return fsdp ? world : world / (tp * pp * ep); }
-  // "fsdp" or "tp2pp2ep1" for `world` ranks; world must be a multiple of tp*pp*ep.
+  // "fsdp", "tp2pp2ep1" or "tp2pp1ep2etp2" for `world` ranks; world must be a multiple
+  // of tp*pp*ep, and etp must divide tp.
   static Result<ParallelLayout> Parse(std::string_view text, int world);
   std::string ToString() const;
   Coord CoordOf(int rank) const;
@@ -70,8 +82,8 @@ class MegatronLayout {
  public:
   // InvalidArgument naming the model and quantity when the layout does not fit: KV heads
   // (query groups) or intermediate size not divisible by tp, fewer layers than pp stages,
-  // ep > 1 on a dense model, or a MoE layer whose experts ep does not divide (the error
-  // names the layer).
+  // ep or etp > 1 on a dense model, moe_intermediate_size not divisible by etp, or a MoE
+  // layer whose experts ep does not divide (the error names the layer).
   static Result<MegatronLayout> Build(const ModelConfig& config, const ParallelLayout& layout);
 
   const ModelConfig& config() const { return config_; }

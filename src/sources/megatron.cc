@@ -88,12 +88,13 @@ Status MegatronSource::LoadGroup(size_t g, Deadline deadline) {
     }
     Status s = comm_->Broadcast(staging_.span().first(c.bytes), r, deadline);
     if (!s.ok()) {
-      return s.WithContext(fmt::format(
-          "megatron export of group '{}' on {}: broadcast of the {} bytes of pieces held by {} "
-          "(every trainer rank must drain every pass; one that stopped iterating or died "
-          "leaves the others, and the ranks relaying to it, waiting)",
-          groups_[g].key, DescribeRankOrDefault(options_.describe_rank, me), c.bytes,
-          DescribeRankOrDefault(options_.describe_rank, r)));
+      return ExplainCollectiveFailure(
+          options_, s,
+          fmt::format("megatron export of group '{}' on {}: broadcast of the {} bytes of pieces held by {}",
+                      groups_[g].key, DescribeRankOrDefault(options_.describe_rank, me), c.bytes,
+                      DescribeRankOrDefault(options_.describe_rank, r)),
+          " (every trainer rank must drain every pass; one that stopped iterating or died "
+          "leaves the others, and the ranks relaying to it, waiting)");
     }
     size_t at = 0;
     for (const ExportPiece& p : c.pieces) {
@@ -138,8 +139,9 @@ class MegatronSource::Stream final : public TensorStream {
 
 Result<std::unique_ptr<TensorStream>> MegatronSource::Iterate() {
   if (comm_->aborted()) {
-    return Aborted("megatron source: the trainer communicator was aborted by an earlier failure; "
-                   "build new sources");
+    return ExplainCollectiveFailure(
+        options_, Aborted("the trainer communicator was aborted by an earlier failure; build new sources"),
+        "megatron source", "");
   }
   return std::unique_ptr<TensorStream>(std::make_unique<Stream>(this));
 }

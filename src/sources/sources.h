@@ -18,11 +18,15 @@
 // A collective waits at most `timeout_seconds` for a peer; a rank that stops iterating
 // makes the others fail with DeadlineExceeded naming it, and a stream destroyed before
 // its pass is through aborts the trainer communicator so the others fail at once (build
-// new sources to recover). Not thread-safe: one pass at a time per source.
+// new sources to recover). A rank that fails outside its source posts why and aborts
+// (TrainerGroup::Stop, trainer_ranks.h): the others' collectives then fail at once, and
+// with `peer_stopped` set their error is kAborted "trainer rank R (...) stopped: <cause>".
+// Not thread-safe: one pass at a time per source.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,7 +46,22 @@ struct SourceOptions {
   double timeout_seconds = 300;
   // Names trainer ranks in errors; empty means "rank N".
   DescribeRank describe_rank;
+  // Asked when a collective of a pass fails: a non-OK answer says why a peer stopped
+  // (TrainerGroup::PeerStoppedFn) and replaces the transport's error, e.g. "connection
+  // closed by peer". Empty: the transport's error stands. Called from the iterating thread.
+  std::function<Status()> peer_stopped;
 };
+
+// `failure` (of a collective, with `what` the source was doing as context), unless
+// options.peer_stopped knows that a peer stopped: then that reason, as kAborted.
+inline Status ExplainCollectiveFailure(const SourceOptions& options, const Status& failure,
+                                       const std::string& what, const std::string& hint) {
+  if (options.peer_stopped) {
+    Status why = options.peer_stopped();
+    if (!why.ok()) return Aborted(why.message()).WithContext(what);
+  }
+  return failure.WithContext(what + hint);
+}
 
 // Largest resident footprint of the buffers a source allocates for passes (gather,
 // group and staging buffers), in bytes; the rank's own shards are not counted.

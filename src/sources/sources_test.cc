@@ -24,9 +24,10 @@ namespace wsync {
 namespace {
 
 using RankFn = std::function<void(int rank, std::shared_ptr<Communicator> comm)>;
+using GroupFn = std::function<void(int rank, std::shared_ptr<TrainerGroup> group)>;
 
-// Runs `fn` on `n` threads, each joined to one Gloo group of n ranks.
-void RunRanks(const ParallelLayout& layout, double timeout_s, const RankFn& fn) {
+// Runs `fn` on `n` threads, each joined to one trainer group of n ranks.
+void RunGroups(const ParallelLayout& layout, double timeout_s, const GroupFn& fn) {
   static std::atomic<int> group{0};
   auto store = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -37,12 +38,17 @@ void RunRanks(const ParallelLayout& layout, double timeout_s, const RankFn& fn) 
   std::vector<std::thread> threads;
   for (int r = 0; r < layout.world; ++r) {
     threads.emplace_back([&, r] {
-      auto comm = ConnectTrainerGroup(o, layout, r);
-      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      fn(r, *comm);
+      auto g = TrainerGroup::Connect(o, layout, r);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      fn(r, *g);
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// The same with only each rank's communicator.
+void RunRanks(const ParallelLayout& layout, double timeout_s, const RankFn& fn) {
+  RunGroups(layout, timeout_s, [&](int rank, std::shared_ptr<TrainerGroup> g) { fn(rank, g->comm()); });
 }
 
 std::unique_ptr<SyntheticTrainer> Model(const ModelConfig& c) {
@@ -205,10 +211,96 @@ TEST(MegatronSource, DataParallelReplicasAndRepeatedPasses) {
   RoundTrip(TinyKv4(), *ParallelLayout::Parse("tp2pp2ep1", 8), 2);
 }
 
+const WorkerParam* FindParam(const MegatronLayout& l, int rank, const std::string& name) {
+  for (const WorkerParam& p : l.params(rank)) {
+    if (p.meta.name == name) return &p;
+  }
+  return nullptr;
+}
+
+// qwen3-0.6b ties its embeddings (HF has no lm_head.weight, nor does vLLM's table). With
+// pp > 1 Megatron's last stage keeps output_layer.weight, a vocab-parallel replica of the
+// embedding: held there, never exported from there.
+TEST(MegatronLayout, TiedEmbeddingsHaveAReplicaOnTheLastStage) {
+  ModelConfig c = Config("qwen3-0.6b");
+  ASSERT_TRUE(c.tie_word_embeddings);
+  auto l = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp2ep1", 4));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_LT(l->FindHf("model.embed_tokens.weight"), l->FindHf("model.norm.weight"));
+  EXPECT_EQ(l->FindHf("lm_head.weight"), -1);
+  // Ranks 2 and 3 are the last stage; 151936 rows padded to 152064 = 594 * 256.
+  for (int rank : {2, 3}) {
+    const WorkerParam* out = FindParam(*l, rank, "output_layer.weight");
+    ASSERT_NE(out, nullptr) << rank;
+    EXPECT_EQ(out->meta.shape, (Shape{76032, 1024}));
+    ASSERT_EQ(out->pieces.size(), 1u);
+    const ShardPiece& p = out->pieces[0];
+    EXPECT_EQ(p.hf_name, "model.embed_tokens.weight");
+    EXPECT_EQ(p.hf_start, (rank - 2) * 76032);
+    EXPECT_EQ(p.length, rank == 2 ? 76032 : 151936 - 76032);
+    EXPECT_FALSE(p.primary);
+    auto held = l->HeldNames(rank);
+    EXPECT_NE(std::find(held.begin(), held.end(), "model.embed_tokens.weight"), held.end());
+    EXPECT_EQ(FindParam(*l, rank - 2, "output_layer.weight"), nullptr);
+  }
+  // Export reads the first stage's copy only.
+  auto pieces = l->ExportPieces(l->FindHf("model.embed_tokens.weight"));
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].rank, 0);
+  EXPECT_EQ(pieces[1].rank, 1);
+  // One stage: the output layer is the embedding itself, no parameter of its own.
+  auto one = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep1", 2));
+  ASSERT_TRUE(one.ok());
+  for (int rank : {0, 1}) EXPECT_EQ(FindParam(*one, rank, "output_layer.weight"), nullptr);
+  // Untied, the last stage's output layer is lm_head.
+  ModelConfig untied = c;
+  untied.tie_word_embeddings = false;
+  auto u = MegatronLayout::Build(untied, *ParallelLayout::Parse("tp2pp2ep1", 4));
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(FindParam(*u, 3, "output_layer.weight")->pieces[0].hf_name, "lm_head.weight");
+  EXPECT_TRUE(FindParam(*u, 3, "output_layer.weight")->pieces[0].primary);
+}
+
+// The last stage's replica holds exactly the first stage's embedding bytes, padding zero.
+TEST(MegatronLayout, TiedReplicaBytesEqualTheEmbeddingShard) {
+  ModelConfig c = Config("qwen3-tiny");
+  c.tie_word_embeddings = true;
+  c.vocab_size = 4000;  // 4096 padded rows: the tail of tp rank 1's shard is padding
+  auto layout = *ParallelLayout::Parse("tp2pp2ep1", 4);
+  auto l = MegatronLayout::Build(c, layout);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto model = Model(c);
+  for (int tp = 0; tp < 2; ++tp) {
+    auto first = LayOutMegatron(*l, tp, model->tensors());
+    auto last = LayOutMegatron(*l, 2 + tp, model->tensors());
+    ASSERT_TRUE(first.ok() && last.ok());
+    const HostTensor& emb = first->front();
+    const HostTensor& out = last->back();
+    EXPECT_EQ(emb.meta.name, "embedding.word_embeddings.weight");
+    ASSERT_EQ(out.meta.name, "output_layer.weight");
+    ASSERT_EQ(out.meta.shape, (Shape{2048, 256}));
+    ASSERT_EQ(emb.meta.nbytes(), out.meta.nbytes());
+    EXPECT_EQ(0, std::memcmp(emb.storage.data(), out.storage.data(), out.meta.nbytes())) << tp;
+    // Rows [tp*2048, ...) of the HF embedding; tp rank 1 has 1952 real rows then zeros.
+    const size_t row = 256 * 2, real = tp == 0 ? 2048 : 1952;
+    EXPECT_EQ(0, std::memcmp(out.storage.data(), model->tensors()[0].storage.data() + tp * 2048 * row,
+                             real * row));
+    std::vector<std::byte> zeros((2048 - real) * row);
+    EXPECT_EQ(0, std::memcmp(out.storage.data() + real * row, zeros.data(), zeros.size()));
+  }
+}
+
 TEST(MegatronSource, TiedEmbeddings) {
   ModelConfig c = Config("qwen3-tiny");
   c.tie_word_embeddings = true;
-  RoundTrip(c, *ParallelLayout::Parse("tp2pp2ep1", 4));
+  for (const char* l : {"tp2pp2ep1", "tp2pp1ep1", "tp1pp2ep1"}) {
+    auto layout = *ParallelLayout::Parse(l, 4);
+    SCOPED_TRACE(l);
+    RoundTrip(c, layout);
+  }
+  ModelConfig moe = Config("qwen3-moe-tiny");
+  moe.tie_word_embeddings = true;
+  RoundTrip(moe, *ParallelLayout::Parse("tp1pp2ep2", 4));
 }
 
 TEST(FsdpSource, RoundTripOneToFourRanks) {
@@ -346,6 +438,149 @@ TEST(SourceErrors, AbandonedPassFailsTheOthersFast) {
       ASSERT_TRUE(*more) << "pass ended although rank 1 abandoned it";
     }
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  });
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// What a rank was doing when its first collective of a pass failed, as the sources word it.
+std::string FirstCollective(const ParallelLayout& layout, const std::vector<TensorMeta>& meta, int rank) {
+  if (layout.fsdp) {
+    return fmt::format("fsdp source on trainer rank {}: all-gather of {} (tensor 1/{})", rank, meta[0].name,
+                       meta.size());
+  }
+  // 'pre' holds the embedding, whose primary pieces are on dp 0 (rank 0 for tp1).
+  return fmt::format("megatron export of group 'pre' on {}: broadcast of the {} bytes of pieces held by {}",
+                     layout.Describe(rank), meta[0].nbytes(), layout.Describe(0));
+}
+
+// Rank 0 (the sender) drains the check pass, then fails outside its source (a server
+// refused the update) and stops the group: ranks 1 and 2, already in the transfer pass,
+// fail at once (not at the 30 s timeout) with kAborted naming rank 0 and its cause.
+TEST(SourceErrors, SenderThatStopsFailsTheOthersAtOnce) {
+  for (const char* name : {"fsdp", "tp1pp1ep1"}) {
+    SCOPED_TRACE(name);
+    ModelConfig c = Config("qwen3-tiny");
+    auto model = Model(c);
+    auto layout = *ParallelLayout::Parse(name, 3);
+    const Status cause = Unavailable("POST /start_weight_update to http://127.0.0.1:9 refused");
+    std::atomic<int> failed{0};
+    RunGroups(layout, 30, [&](int rank, std::shared_ptr<TrainerGroup> group) {
+      auto source = BuildRankSource(*group, layout, &c, model->tensors(), 30);
+      ASSERT_TRUE(source.ok()) << source.status().ToString();
+      ExpectPassEquals(**source, model->tensors(), layout.Describe(rank));  // the check pass
+      if (rank == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are waiting
+        EXPECT_TRUE(group->PeerStopped().ok());
+        group->Stop(cause);
+        return;
+      }
+      auto start = std::chrono::steady_clock::now();
+      auto stream = (*source)->Iterate();
+      ASSERT_TRUE(stream.ok());
+      TensorRef t;
+      auto more = (*stream)->Next(&t);
+      ASSERT_FALSE(more.ok());
+      EXPECT_LT(SecondsSince(start), 5.0) << more.status().ToString();
+      EXPECT_EQ(more.status().code(), StatusCode::kAborted);
+      EXPECT_EQ(more.status().message(),
+                FirstCollective(layout, (*source)->metadata(), rank) + ": " + layout.Describe(0) +
+                    " stopped: POST /start_weight_update to http://127.0.0.1:9 refused");
+      // A new pass fails at once for the same reason.
+      stream->reset();
+      auto again = (*source)->Iterate();
+      ASSERT_FALSE(again.ok());
+      EXPECT_EQ(again.status().code(), StatusCode::kAborted);
+      EXPECT_EQ(again.status().message(),
+                std::string(layout.fsdp ? "fsdp" : "megatron") + " source: " + layout.Describe(0) +
+                    " stopped: POST /start_weight_update to http://127.0.0.1:9 refused");
+      ++failed;
+    });
+    EXPECT_EQ(failed, 2);
+  }
+}
+
+// A non-sender rank fails mid-pass (holding its stream) and stops the group: rank 0 and
+// the other non-sender fail at once naming it; later stops (consequences) do not replace
+// the first cause on the board.
+TEST(SourceErrors, NonSenderThatStopsFailsTheSenderAtOnce) {
+  for (const char* name : {"fsdp", "tp1pp1ep1"}) {
+    SCOPED_TRACE(name);
+    ModelConfig c = Config("qwen3-tiny");
+    auto model = Model(c);
+    auto layout = *ParallelLayout::Parse(name, 3);
+    std::atomic<int> failed{0};
+    RunGroups(layout, 30, [&](int rank, std::shared_ptr<TrainerGroup> group) {
+      auto source = BuildRankSource(*group, layout, &c, model->tensors(), 30);
+      ASSERT_TRUE(source.ok()) << source.status().ToString();
+      auto stream = (*source)->Iterate();
+      ASSERT_TRUE(stream.ok());
+      TensorRef t;
+      auto start = std::chrono::steady_clock::now();
+      size_t yielded = 0;
+      for (;;) {
+        if (rank == 2 && yielded == 3) {
+          group->Stop(Internal("checksum of model.layers.0.mlp.up_proj.weight differs"));
+          EXPECT_TRUE(group->PeerStopped().ok()) << "a rank does not see its own stop";
+          std::this_thread::sleep_for(std::chrono::seconds(1));  // stream still held
+          return;
+        }
+        auto more = (*stream)->Next(&t);
+        if (!more.ok()) {
+          EXPECT_LT(SecondsSince(start), 5.0) << more.status().ToString();
+          EXPECT_EQ(more.status().code(), StatusCode::kAborted);
+          const std::string want = layout.Describe(2) +
+                                   " stopped: checksum of model.layers.0.mlp.up_proj.weight differs";
+          const std::string& m = more.status().message();
+          EXPECT_EQ(m.substr(m.size() - std::min(m.size(), want.size())), want) << m;
+          // This failure is a consequence: stopping does not replace rank 2's cause.
+          group->Stop(more.status());
+          Status seen = group->PeerStopped();
+          EXPECT_EQ(seen.message(), want);
+          ++failed;
+          return;
+        }
+        ASSERT_TRUE(*more) << "pass ended although rank 2 stopped";
+        ++yielded;
+      }
+    });
+    EXPECT_EQ(failed, 2);
+  }
+}
+
+// The exact wording of the stop board, and its first-cause rule: rank 1 stopping after
+// rank 3 (a consequence) does not replace rank 3's cause, though rank 1 is lower-numbered.
+TEST(TrainerGroup, StopBoardNamesTheFirstRankAndCause) {
+  auto layout = *ParallelLayout::Parse("tp2pp1ep1", 4);
+  const std::string want = "trainer rank 3 (tp1 pp0 ep0 dp1) stopped: server http://h:1 did not answer /update_weights";
+  std::atomic<int> phase{0}, checked{0};
+  auto wait_for = [](std::atomic<int>& v, int n) {
+    while (v.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  RunGroups(layout, 30, [&](int rank, std::shared_ptr<TrainerGroup> group) {
+    EXPECT_TRUE(group->PeerStopped().ok());
+    ++checked;
+    wait_for(checked, 4);
+    if (rank == 3) {
+      group->Stop(DeadlineExceeded("server http://h:1 did not answer /update_weights"));
+      EXPECT_TRUE(group->comm()->aborted());
+      phase = 1;
+    }
+    wait_for(phase, 1);
+    if (rank == 1) {
+      group->Stop(Aborted("a consequence"));
+      phase = 2;
+    }
+    wait_for(phase, 2);
+    Status s = group->PeerStopped();
+    if (rank == 3) {
+      EXPECT_TRUE(s.ok()) << "a rank does not see its own stop: " << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kAborted);
+      EXPECT_EQ(s.message(), want);
+    }
   });
 }
 
