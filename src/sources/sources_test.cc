@@ -90,6 +90,21 @@ ModelConfig TinyKv4() {
   return c;
 }
 
+// qwen3-moe-tiny with 4 KV heads, for tp = 4.
+ModelConfig MoeKv4() {
+  ModelConfig c = Config("qwen3-moe-tiny");
+  c.name = "qwen3-moe-tiny-kv4";
+  c.num_key_value_heads = 4;
+  return c;
+}
+
+const WorkerParam* FindParam(const MegatronLayout& l, int rank, const std::string& name) {
+  for (const WorkerParam& p : l.params(rank)) {
+    if (p.meta.name == name) return &p;
+  }
+  return nullptr;
+}
+
 TEST(LayerGroups, PrePerLayerPost) {
   ModelConfig c = Config("qwen3-moe-tiny");
   std::vector<std::string> names;
@@ -127,6 +142,23 @@ TEST(ParallelLayout, ParseAndCoordinates) {
   EXPECT_FALSE(ParallelLayout::Parse("tp2pp2ep1", 6).ok());
   EXPECT_FALSE(ParallelLayout::Parse("tp2", 2).ok());
   EXPECT_TRUE(ParallelLayout::Parse("fsdp", 3)->fsdp);
+}
+
+TEST(ParallelLayout, ExpertTensorParallel) {
+  auto l = ParallelLayout::Parse("tp2pp1ep2etp2", 4);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->etp, 2);
+  EXPECT_EQ(l->dp(), 1);
+  EXPECT_EQ(l->ToString(), "tp2pp1ep2etp2");
+  EXPECT_EQ(ParallelLayout::Parse("tp2pp1ep2", 4)->etp, 1);
+  EXPECT_EQ(ParallelLayout::Parse("tp2pp1ep2etp1", 4)->ToString(), "tp2pp1ep2");
+  EXPECT_EQ(ParallelLayout::Parse("tp2pp1ep2etp4", 4).status().message(),
+            "trainer layout 'tp2pp1ep2etp4': etp 4 must divide tp 2 (expert shards are split over the TP group)");
+  EXPECT_EQ(ParallelLayout::Parse("tp2pp1ep2etp0", 4).status().message(),
+            "trainer layout 'tp2pp1ep2etp0': tp, pp, ep and etp must be at least 1");
+  EXPECT_EQ(ParallelLayout::Parse("tp2pp1ep2etp", 4).status().message(),
+            "trainer layout 'tp2pp1ep2etp': expected 'fsdp' or 'tpXppYepZ[etpW]' such as 'tp2pp2ep1' or "
+            "'tp2pp1ep2etp2'");
 }
 
 TEST(MegatronLayout, QkvInterleavedPerQueryGroup) {
@@ -206,16 +238,100 @@ TEST(MegatronSource, RoundTripEveryLayout) {
   EXPECT_GE(ran, 20);
 }
 
+// Layout `text` with no data-parallel replicas: world = tp * pp * ep.
+ParallelLayout OneReplica(const std::string& text) {
+  ParallelLayout cell = *ParallelLayout::Parse(text, 64);  // 64: a multiple of every cell here
+  return *ParallelLayout::Parse(text, cell.tp * cell.pp * cell.ep);
+}
+
+TEST(MegatronSource, RoundTripExpertTensorParallel) {
+  for (const char* l : {"tp2pp1ep1etp2", "tp2pp2ep2etp2", "tp2pp1ep4etp2"}) {
+    SCOPED_TRACE(l);
+    RoundTrip(Config("qwen3-moe-tiny"), OneReplica(l));
+  }
+  for (const char* l : {"tp4pp1ep1etp2", "tp4pp1ep2etp4", "tp4pp2ep1etp4"}) {
+    SCOPED_TRACE(l);
+    RoundTrip(MoeKv4(), OneReplica(l));
+  }
+}
+
 TEST(MegatronSource, DataParallelReplicasAndRepeatedPasses) {
   RoundTrip(Config("qwen3-moe-tiny"), *ParallelLayout::Parse("tp2pp1ep2", 8), 2);
   RoundTrip(TinyKv4(), *ParallelLayout::Parse("tp2pp2ep1", 8), 2);
+  RoundTrip(Config("qwen3-moe-tiny"), *ParallelLayout::Parse("tp2pp1ep2etp2", 8), 2);
 }
 
-const WorkerParam* FindParam(const MegatronLayout& l, int rank, const std::string& name) {
-  for (const WorkerParam& p : l.params(rank)) {
-    if (p.meta.name == name) return &p;
+// tp2pp1ep2etp2 over qwen3-moe-tiny (8 experts, moe_intermediate_size 128, hidden 256):
+// rank 3 (tp1 ep1) holds the second 64-row half of gate and up, and the second 64-column
+// half of down, of experts 4..7; its bytes are exactly those slices.
+TEST(MegatronLayout, ExpertTensorParallelShards) {
+  ModelConfig c = Config("qwen3-moe-tiny");
+  auto layout = *ParallelLayout::Parse("tp2pp1ep2etp2", 4);
+  auto l = MegatronLayout::Build(c, layout);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const WorkerParam* fc1 = FindParam(*l, 3, "decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight");
+  const WorkerParam* fc2 = FindParam(*l, 3, "decoder.layers.1.mlp.experts.local_experts.2.linear_fc2.weight");
+  ASSERT_NE(fc1, nullptr);
+  ASSERT_NE(fc2, nullptr);
+  EXPECT_EQ(fc1->meta.shape, (Shape{128, 256}));
+  EXPECT_EQ(fc2->meta.shape, (Shape{256, 64}));
+  ASSERT_EQ(fc1->pieces.size(), 2u);
+  EXPECT_EQ(fc1->pieces[0].hf_name, "model.layers.1.mlp.experts.6.gate_proj.weight");
+  EXPECT_EQ(fc1->pieces[1].hf_name, "model.layers.1.mlp.experts.6.up_proj.weight");
+  EXPECT_EQ(fc1->pieces[1].hf_start, 64);
+  EXPECT_EQ(fc1->pieces[1].dst_start, 64);
+  EXPECT_EQ(fc2->pieces[0].dim, 1);
+  EXPECT_EQ(fc2->pieces[0].hf_start, 64);
+  // One copy per shard (tp / etp = 1): every expert piece is primary.
+  EXPECT_TRUE(fc1->pieces[0].primary && fc2->pieces[0].primary);
+
+  auto model = Model(c);
+  auto params = LayOutMegatron(*l, 3, model->tensors());
+  ASSERT_TRUE(params.ok()) << params.status().ToString();
+  auto hf = [&](const std::string& name) -> const HostTensor& { return model->tensors()[l->FindHf(name)]; };
+  auto param = [&](const std::string& name) -> const HostTensor& {
+    for (size_t i = 0; i < l->params(3).size(); ++i) {
+      if (l->params(3)[i].meta.name == name) return (*params)[i];
+    }
+    ADD_FAILURE() << name;
+    return (*params)[0];
+  };
+  const size_t row = 256 * 2;  // bf16
+  const HostTensor& p1 = param("decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight");
+  EXPECT_EQ(0, std::memcmp(p1.storage.data(), hf("model.layers.1.mlp.experts.6.gate_proj.weight").storage.data() + 64 * row,
+                           64 * row));
+  EXPECT_EQ(0, std::memcmp(p1.storage.data() + 64 * row,
+                           hf("model.layers.1.mlp.experts.6.up_proj.weight").storage.data() + 64 * row, 64 * row));
+  const HostTensor& p2 = param("decoder.layers.1.mlp.experts.local_experts.2.linear_fc2.weight");
+  const std::byte* down = hf("model.layers.1.mlp.experts.6.down_proj.weight").storage.data();
+  for (int h = 0; h < 256; ++h) {
+    ASSERT_EQ(0, std::memcmp(p2.storage.data() + h * 64 * 2, down + h * 128 * 2 + 64 * 2, 64 * 2)) << "row " << h;
   }
-  return nullptr;
+}
+
+// tp4 with etp2: two copies of each expert shard; export spreads experts over them.
+TEST(MegatronLayout, ExpertTensorParallelReplicasSpreadExport) {
+  auto l = MegatronLayout::Build(MoeKv4(), *ParallelLayout::Parse("tp4pp1ep1etp2", 4));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  for (int rank = 0; rank < 4; ++rank) {
+    for (int i : {0, 1, 2, 3}) {
+      const WorkerParam* fc2 =
+          FindParam(*l, rank, fmt::format("decoder.layers.0.mlp.experts.local_experts.{}.linear_fc2.weight", i));
+      ASSERT_NE(fc2, nullptr);
+      EXPECT_EQ(fc2->pieces[0].hf_start, (rank % 2) * 64);
+      EXPECT_EQ(fc2->pieces[0].primary, rank / 2 == i % 2) << "rank " << rank << " expert " << i;
+    }
+  }
+}
+
+TEST(MegatronLayout, ExpertTensorParallelErrors) {
+  auto dense = MegatronLayout::Build(Config("qwen3-tiny"), *ParallelLayout::Parse("tp2pp1ep1etp2", 2));
+  EXPECT_EQ(dense.status().message(), "model qwen3-tiny, trainer layout tp2pp1ep1etp2: etp 2 needs a MoE model");
+  ModelConfig c = Config("qwen3-moe-tiny");
+  c.moe_intermediate_size = 129;
+  auto odd = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep1etp2", 2));
+  EXPECT_EQ(odd.status().message(),
+            "model qwen3-moe-tiny, trainer layout tp2pp1ep1etp2: moe_intermediate_size 129 is not divisible by etp 2");
 }
 
 // qwen3-0.6b ties its embeddings (HF has no lm_head.weight, nor does vLLM's table). With
