@@ -91,9 +91,12 @@ TEST_F(SourcesTest, SenderThatFailsStopsTheOtherRanksAtOnce) {
     EXPECT_NE(push.err.find("wsync push: error: " + cause), std::string::npos) << push.description;
     const std::string rank0 = layout == "fsdp" ? "trainer rank 0" : "trainer rank 0 (tp0 pp0 ep0 dp0)";
     for (int r = 1; r < ranks; ++r) {
-      const std::string who = layout == "fsdp" ? fmt::format("trainer rank {}", r)
-                                               : fmt::format("trainer rank {} (tp0 pp{} ep0 dp{})", r, r / 2, r % 2);
-      const std::string head = fmt::format("{} failed too: ABORTED: trainer rank {} (transfer pass of the sync): ", who, r);
+      // tp1pp2ep1 over 4 ranks: two data-parallel replicas per stage.
+      const std::string who = layout == "fsdp"
+                                  ? fmt::format("trainer rank {}", r)
+                                  : fmt::format("trainer rank {} (tp0 pp{} ep0 dp{})", r, r / 2, r % 2);
+      const std::string head =
+          fmt::format("{} failed too: ABORTED: trainer rank {} (transfer pass of the sync): ", who, r);
       const size_t at = push.err.find(head);
       ASSERT_NE(at, std::string::npos) << push.description;
       const std::string line = push.err.substr(at, push.err.find('\n', at) - at);
