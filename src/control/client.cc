@@ -105,7 +105,7 @@ std::string ErrorMessageOf(const std::string& body) {
 }
 
 Result<json> DoRequest(const std::string& url, const std::string& method, const std::string& path,
-                       const json& body, const ClientOptions& options, Deadline deadline) {
+                       const std::string* body, const ClientOptions& options, Deadline deadline) {
   std::string what = fmt::format("{}: {} {}", url, method, path);
   httplib::Client cli(url);
   double left = std::max(0.001, deadline.remaining_seconds());
@@ -120,7 +120,7 @@ Result<json> DoRequest(const std::string& url, const std::string& method, const 
 
   httplib::Result res = method == "GET"
                             ? cli.Get(path, headers)
-                            : cli.Post(path, headers, body.is_null() ? std::string() : body.dump(),
+                            : cli.Post(path, headers, body == nullptr ? std::string() : *body,
                                        "application/json");
   if (!res) {
     auto err = res.error();
@@ -163,27 +163,36 @@ FanOutClient::FanOutClient(std::vector<std::string> urls, ClientOptions options)
   }
 }
 
+std::vector<std::shared_ptr<const std::string>> FanOutClient::Serialize(const std::vector<json>& bodies) {
+  std::vector<std::shared_ptr<const std::string>> out;
+  out.reserve(bodies.size());
+  for (const json& b : bodies) out.push_back(b.is_null() ? nullptr : std::make_shared<const std::string>(b.dump()));
+  return out;
+}
+
 std::shared_ptr<FanOutClient::Pending> FanOutClient::Start(const std::string& method,
                                                            const std::string& path,
-                                                           std::vector<json> bodies,
+                                                           std::vector<std::shared_ptr<const std::string>> bodies,
                                                            Deadline deadline) const {
   auto fan = std::make_shared<FanOut>(urls_);
   for (size_t i = 0; i < urls_.size(); ++i) {
     std::thread([fan, i, url = urls_[i], method, path, body = std::move(bodies[i]),
                  options = options_, deadline] {
-      fan->Finish(i, DoRequest(url, method, path, body, options, deadline));
+      fan->Finish(i, DoRequest(url, method, path, body.get(), options, deadline));
     }).detach();
   }
   return fan;
 }
 
 Result<std::vector<json>> FanOutClient::Get(const std::string& path, Deadline deadline) const {
-  return Start("GET", path, std::vector<json>(urls_.size()), deadline)->Wait(deadline);
+  return Start("GET", path, std::vector<std::shared_ptr<const std::string>>(urls_.size()), deadline)->Wait(deadline);
 }
 
 Result<std::vector<json>> FanOutClient::Post(const std::string& path, const json& body,
                                              Deadline deadline) const {
-  return Start("POST", path, std::vector<json>(urls_.size(), body), deadline)->Wait(deadline);
+  auto serialized = body.is_null() ? nullptr : std::make_shared<const std::string>(body.dump());
+  return Start("POST", path, std::vector<std::shared_ptr<const std::string>>(urls_.size(), serialized), deadline)
+      ->Wait(deadline);
 }
 
 Result<std::vector<json>> FanOutClient::PostEach(const std::string& path, std::vector<json> bodies,
@@ -191,14 +200,21 @@ Result<std::vector<json>> FanOutClient::PostEach(const std::string& path, std::v
   if (bodies.size() != urls_.size()) {
     return Internal(fmt::format("{} bodies for {} servers", bodies.size(), urls_.size()));
   }
-  return Start("POST", path, std::move(bodies), deadline)->Wait(deadline);
+  return Start("POST", path, Serialize(bodies), deadline)->Wait(deadline);
 }
 
 std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(const std::string& path,
                                                                std::vector<json> bodies,
                                                                Deadline deadline) const {
   bodies.resize(urls_.size());
-  return Start("POST", path, std::move(bodies), deadline);
+  return Start("POST", path, Serialize(bodies), deadline);
+}
+
+std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(const std::string& path,
+                                                               std::shared_ptr<const std::string> body,
+                                                               Deadline deadline) const {
+  return Start("POST", path, std::vector<std::shared_ptr<const std::string>>(urls_.size(), std::move(body)),
+               deadline);
 }
 
 }  // namespace wsync

@@ -55,10 +55,16 @@ class FanOutClient {
   // Starts a POST to every server and returns at once.
   std::shared_ptr<Pending> PostAsync(const std::string& path, std::vector<nlohmann::json> bodies,
                                      Deadline deadline) const;
+  // The same, with one already-serialized JSON body for every server (a trainer keeps the
+  // serialized update_info of an unchanged tensor list across syncs: no dump, no copies).
+  std::shared_ptr<Pending> PostAsync(const std::string& path, std::shared_ptr<const std::string> body,
+                                     Deadline deadline) const;
 
  private:
+  // One body per server; null for none (GET).
   std::shared_ptr<Pending> Start(const std::string& method, const std::string& path,
-                                 std::vector<nlohmann::json> bodies, Deadline deadline) const;
+                                 std::vector<std::shared_ptr<const std::string>> bodies, Deadline deadline) const;
+  static std::vector<std::shared_ptr<const std::string>> Serialize(const std::vector<nlohmann::json>& bodies);
   std::vector<std::string> urls_;
   ClientOptions options_;
 };

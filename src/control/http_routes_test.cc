@@ -24,6 +24,7 @@ class RecordingService : public ControlService {
     return Status::Ok();
   }
   Status UpdateWeights(const json& info) override {
+    last_update = info;
     if (!active) return FailedPrecondition("start_weight_update must be called before update_weights");
     if (!info.contains("names")) return InvalidArgument("update_info is missing 'names'");
     return Status::Ok();
@@ -54,6 +55,7 @@ class RecordingService : public ControlService {
   json Health() const override { return {{"status", "ok"}}; }
 
   json last_init;
+  json last_update;
   bool active = false;
   bool paused = false;
   std::string version = "default";
@@ -89,6 +91,30 @@ TEST_F(HttpRoutes, LifecycleAndCodes) {
   auto info = cli.Get("/weight_info");
   EXPECT_EQ(json::parse(info->body)["weight_version"], "v7");
   EXPECT_EQ(cli.Post("/finish_weight_update")->status, 409);
+}
+
+// Large bodies are parsed once and reused while byte-identical: the same tensor list sent
+// every sync must reach the service intact each time, and any change must be seen.
+TEST_F(HttpRoutes, RepeatedLargeUpdateBodiesReachTheServiceExactly) {
+  auto cli = Cli();
+  json names = json::array();
+  for (int i = 0; i < 400; ++i) names.push_back("model.layers." + std::to_string(i) + ".mlp.up_proj.weight");
+  json a{{"update_info", {{"names", names}, {"sync", 1}}}};
+  json b = a;
+  b["update_info"]["names"][399] = "model.layers.399.mlp.down_proj.weight";
+  ASSERT_GE(a.dump().size(), 4096u);
+  for (const json* body : {&a, &a, &b, &a, &b}) {
+    ASSERT_EQ(cli.Post("/start_weight_update")->status, 200);
+    auto r = cli.Post("/update_weights", body->dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(svc_.last_update, (*body)["update_info"]);
+    ASSERT_EQ(cli.Post("/finish_weight_update")->status, 200);
+  }
+  // A malformed body of the same size as a cached one is still a 400.
+  std::string broken = a.dump();
+  broken.back() = ' ';  // the closing brace: same size, unterminated object
+  EXPECT_EQ(cli.Post("/update_weights", broken, "application/json")->status, 400);
 }
 
 TEST_F(HttpRoutes, BadBodiesAre400WithMessages) {

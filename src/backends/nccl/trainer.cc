@@ -215,7 +215,12 @@ class NcclTrainer final : public TrainerEngine {
     // The whole iteration is checked before anything is sent.
     WSYNC_RETURN_IF_ERROR(DrainChecked(source));
     WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(meta, options_.packed ? buffer_bytes_ : 1));
-    json update = TensorListJson(meta);
+    // The update_info of an unchanged tensor list is serialized once and sent as is (the
+    // servers, in turn, parse a byte-identical body once).
+    if (!update_body_ || meta != update_meta_) {
+      update_meta_ = meta;
+      update_body_ = std::make_shared<const std::string>(json{{"update_info", TensorListJson(meta)}}.dump());
+    }
 
     SyncStats stats;
     stats.bytes = plan.total_bytes;
@@ -232,9 +237,7 @@ class NcclTrainer final : public TrainerEngine {
     auto t1 = Clock::now();
     // As in Init: the servers' waits end first, so their account arrives in time.
     Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
-    auto pending = client_.PostAsync("/update_weights",
-                                     std::vector<json>(client_.urls().size(), json{{"update_info", update}}),
-                                     http_deadline);
+    auto pending = client_.PostAsync("/update_weights", update_body_, http_deadline);
     Status s = Transfer(source, meta, plan, pending.get(), deadline);
     auto t_wire_done = Clock::now();
     if (s.ok()) s = pending->Wait(http_deadline).status();
@@ -423,6 +426,8 @@ class NcclTrainer final : public TrainerEngine {
   std::unique_ptr<StoreServer> store_;
   std::shared_ptr<Communicator> comm_;
   std::vector<std::shared_ptr<StagingBuffer>> buffers_;
+  std::vector<TensorMeta> update_meta_;               // the tensor list update_body_ carries
+  std::shared_ptr<const std::string> update_body_;    // {"update_info": ...}, serialized
   std::vector<std::string> labels_;
   std::string prefix_;
   size_t buffer_bytes_ = kDefaultPackedBufferBytes;
