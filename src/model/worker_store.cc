@@ -111,15 +111,12 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::CopyToHost() const {
   }
   WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
   WSYNC_RETURN_IF_ERROR(rt->SetDevice(device_.index));
-  // Parameters sit back to back (256-byte aligned): one copy of the whole allocation
-  // into a staging buffer, then host memcpys into the host store's own buffers.
-  WSYNC_ASSIGN_OR_RETURN(HostBuffer staging, HostBuffer::Allocate(device_storage_.size()));
-  WSYNC_RETURN_IF_ERROR(rt->Copy2D(staging.data(), 0, device_storage_.data(), 0, device_storage_.size(), 1));
-  WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("reading back the shards on {}", device_.ToString())));
+  // Straight into the host store's own buffers: no staging copy of the whole shard set.
   for (size_t i = 0; i < param_data_.size(); ++i) {
-    std::memcpy(host->param_data_[i], staging.data() + (param_data_[i] - device_storage_.data()),
-                table_.params()[i].meta.nbytes());
+    const size_t n = table_.params()[i].meta.nbytes();
+    WSYNC_RETURN_IF_ERROR(rt->Copy2D(host->param_data_[i], n, param_data_[i], n, n, 1));
   }
+  WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("reading back the shards on {}", device_.ToString())));
   return host;
 }
 
