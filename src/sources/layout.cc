@@ -161,13 +161,17 @@ Result<MegatronLayout> MegatronLayout::Build(const ModelConfig& c, const Paralle
           {ShardPiece{a + "o_proj.weight", 1, r * cols, cols, -1, 0, dense_primary}});
       if (c.is_moe()) {
         const int64_t E = c.num_experts, n_local = E / ep;
-        // Expert shard s of etp, replica q of the tp / etp copies of that shard.
-        const int64_t Fl = c.moe_intermediate_size / l.etp, s = r % l.etp, q = r / l.etp;
+        // Megatron's expert grid re-lays the stage's ranks etp fastest, then ep, then
+        // expert-dp (MoE parallel folding): shard s, EP rank xr, copy d of the shard.
+        const int64_t stage_index = r + tp * (k.ep + ep * k.dp);
+        const int64_t Fl = c.moe_intermediate_size / l.etp, s = stage_index % l.etp;
+        const int64_t xr = stage_index / l.etp % ep, d = stage_index / (l.etp * ep);
         replicated(m + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight", {H}, repl_primary);
         replicated(m + "mlp.router.weight", h + "mlp.gate.weight", {E, H}, repl_primary);
         for (int64_t i = 0; i < n_local; ++i) {
-          const int64_t e = k.ep * n_local + i;
-          const bool primary = k.dp == 0 && q == i % (tp / l.etp);
+          const int64_t e = xr * n_local + i;
+          // Copies 0 .. tp/etp - 1 exist in every layout; export spreads experts over them.
+          const bool primary = d == i % (tp / l.etp);
           const std::string x = fmt::format("{}mlp.experts.local_experts.{}.", m, i);
           const std::string y = fmt::format("{}mlp.experts.{}.", h, e);
           add(x + "linear_fc1.weight", {2 * Fl, H},

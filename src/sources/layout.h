@@ -5,7 +5,7 @@
 // expert parallelism, with N / (X*Y*Z) data-parallel replicas, and MoE expert weights
 // split W ways over the TP group, Megatron's expert_tensor_parallel_size; W divides X,
 // default 1). Ranks are numbered tp fastest, then ep, then dp, then pp (Megatron's
-// "tp-ep-dp-pp" order); a rank's expert-TP rank is its tp rank mod W.
+// "tp-ep-dp-pp" order, its data-parallel size being ep*dp here).
 //
 // MegatronLayout is the Megatron-Core layout of one model as DATA, like the server-side
 // ShardingTable (src/model/sharding.h): for every rank, its parameters (Megatron names,
@@ -20,11 +20,15 @@
 //     (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight; MoE: pre_mlp_layernorm);
 //   - embedding and output_layer rows are padded to a multiple of 128 * tp (Megatron's
 //     make_vocab_size_divisible_by); padding rows are zero and belong to no HF tensor;
-//   - MoE expert e lives on EP rank e / (E / ep) as local expert e % (E / ep)
-//     ("mlp.experts.local_experts.<i>.linear_fc1.weight"); with etp = 1 every TP rank of
-//     the EP rank holds it whole, with etp > 1 its fc1 ([gate; up] of the shard) splits
-//     dim 0 and its fc2 dim 1 over etp, and the tp / etp ranks of equal tp mod etp hold
-//     copies of the same shard;
+//   - MoE expert params follow Megatron-Core's expert grid (MoE parallel folding): the
+//     stage's ranks, in the order above, are re-laid etp fastest, then ep, then
+//     expert-dp. Expert e lives on expert-EP rank e / (E / ep) as local expert
+//     e % (E / ep) ("mlp.experts.local_experts.<i>.linear_fc1.weight"); etp > 1 splits
+//     its fc1 ([gate; up] of the shard) on dim 0 and its fc2 on dim 1. With etp = tp the
+//     expert grid is the attention grid (expert-EP rank = ep coordinate); with etp < tp
+//     the expert-EP rank changes inside a TP group (tp2ep2: rank 1 holds EP rank 1's
+//     experts, rank 2 copies rank 0's), as in Megatron. Megatron's own default is
+//     etp = tp; here it is 1;
 //   - pipeline stage s owns the contiguous layers [s*L/pp, (s+1)*L/pp) under LOCAL layer
 //     numbers; the embedding is on the first stage, final norm and output_layer on the last;
 //   - tied embeddings (tie_word_embeddings; the HF checkpoint and vLLM have no lm_head):
@@ -32,9 +36,9 @@
 //     pp > 1 the last stage holds output_layer.weight, a replica of model.embed_tokens.weight
 //     (same vocab-parallel split and padding), so that stage holds the embedding too.
 // Exactly one copy of every HF element is `primary` (dp 0; for dense weights ep 0; for
-// TP-replicated tensors tp 0; an expert shard's on the copy (tp / etp) numbered local
-// index % (tp / etp), spreading export over the TP group): export reads those. A built
-// table is immutable; const methods are safe from any thread.
+// TP-replicated tensors tp 0; an expert shard's on its expert-dp copy local index %
+// (tp / etp), spreading export over the stage): export reads those. A built table is
+// immutable; const methods are safe from any thread.
 #pragma once
 
 #include <cstdint>
@@ -95,9 +99,9 @@ class MegatronLayout {
   const std::vector<WorkerParam>& params(int rank) const { return params_[rank]; }
   // The primary pieces of HF tensor `hf`, rank-major; together they cover every element once.
   std::span<const ExportPiece> ExportPieces(int hf) const { return export_[hf]; }
-  // HF names whose pieces this rank's TP group holds (its stage, its experts, the
-  // replicated tensors), in metadata order: what it produces without crossing stages
-  // or expert owners.
+  // HF names whose pieces this rank's TP group holds (its stage's dense and replicated
+  // tensors, and the experts its members hold), in metadata order: what it produces
+  // without crossing stages or expert owners.
   std::vector<std::string> HeldNames(int rank) const;
   // Byte runs of params(rank)[param].pieces[piece] (hf_* in the HF tensor, dst_* in the param).
   PieceRuns Runs(int rank, int param, int piece) const;

@@ -181,6 +181,29 @@ TEST(MegatronLayout, ExpertTensorParallelReplicasSpreadExport) {
   }
 }
 
+// Megatron's expert grid (etp fastest, then ep, then expert-dp) with etp 1 < tp 2: rank 1,
+// the second TP rank of EP coordinate 0, holds EP rank 1's experts; ranks 2 and 3 copy
+// ranks 0 and 1, and export alternates experts between the two copies.
+TEST(MegatronLayout, ExpertGridFoldsOverTensorParallelRanks) {
+  auto l = MegatronLayout::Build(Config("qwen3-moe-tiny"), *ParallelLayout::Parse("tp2pp1ep2", 4));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const int first_expert[] = {0, 4, 0, 4};
+  for (int rank = 0; rank < 4; ++rank) {
+    for (int i = 0; i < 4; ++i) {
+      const WorkerParam* fc1 =
+          FindParam(*l, rank, fmt::format("decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight", i));
+      ASSERT_NE(fc1, nullptr);
+      EXPECT_EQ(fc1->meta.shape, (Shape{256, 256}));  // whole: [gate; up]
+      EXPECT_EQ(fc1->pieces[0].hf_name,
+                fmt::format("model.layers.1.mlp.experts.{}.gate_proj.weight", first_expert[rank] + i));
+      EXPECT_EQ(fc1->pieces[0].primary, rank / 2 == i % 2) << "rank " << rank << " expert " << i;
+    }
+  }
+  // Rank 0's TP group (ranks 0 and 1) holds every expert.
+  auto held = l->HeldNames(0);
+  EXPECT_NE(std::find(held.begin(), held.end(), "model.layers.0.mlp.experts.7.down_proj.weight"), held.end());
+}
+
 TEST(MegatronLayout, ExpertTensorParallelErrors) {
   auto dense = MegatronLayout::Build(Config("qwen3-tiny"), *ParallelLayout::Parse("tp2pp1ep1etp2", 2));
   EXPECT_EQ(dense.status().message(), "model qwen3-tiny, trainer layout tp2pp1ep1etp2: etp 2 needs a MoE model");

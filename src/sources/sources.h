@@ -125,7 +125,7 @@ class MegatronSource : public WeightSource, public SourceMemory {
   // The whole model, on every rank.
   const std::vector<TensorMeta>& metadata() const override { return layout_->hf_tensors(); }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
-  // What this rank's TP group holds: its stage's tensors, minus other EP ranks' experts.
+  // What this rank's TP group holds: its stage's dense tensors and its members' experts.
   std::optional<std::vector<std::string>> HeldNames() const override { return held_; }
   const std::vector<LayerGroup>& groups() const { return groups_; }
   std::vector<HostTensor>& params() { return params_; }
