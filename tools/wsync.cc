@@ -89,10 +89,12 @@ int main(int argc, char** argv) {
   p->add_option("--threads", push.threads, "worker threads for weights and digests (0: all cores)")->capture_default_str();
   p->add_option("--sync-dir", push.trainer.sync_dir, "delta: directory shared with the servers");
   p->add_option("--max-file-gb", push.trainer.max_file_gb, "delta: payload files roll over at this size")->capture_default_str();
+  p->add_option("--base-checkpoint", push.trainer.base_checkpoint,
+                "delta: the servers' base checkpoint (version 0) when it is not the first sync's weights");
   bool unpacked = false;
   p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
   p->add_option("--trainer-ranks", push.trainer_ranks, "trainer ranks, run as threads; rank 0 sends")->capture_default_str();
-  p->add_option("--trainer-layout", push.trainer_layout, "how ranks shard the model: fsdp or tpXppYepZ (e.g. tp2pp2ep1)")->capture_default_str();
+  p->add_option("--trainer-layout", push.trainer_layout, "how ranks shard the model: fsdp or tpXppYepZ[etpW] (e.g. tp2pp2ep1, tp2pp1ep2etp2)")->capture_default_str();
 
   DemoArgs demo;
   auto* d = app.add_subcommand("demo", "start two TP=2 servers, push a Qwen3-0.6B-shaped model and 3 RL steps, verify each sync");

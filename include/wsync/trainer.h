@@ -45,6 +45,9 @@ struct TrainerOptions {
   std::string sync_dir;
   double max_file_gb = 1.0;
   size_t publish_threads = 0;
+  // `delta`: the checkpoint the servers start from (version 0), when it is not the
+  // source's first pass (a trainer resuming from a base the servers already hold).
+  std::string base_checkpoint;
   // Called from the sending thread after every chunk.
   std::function<void(const SyncProgress&)> progress;
 };

@@ -110,6 +110,26 @@ TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
   EXPECT_NE(again.err.find("fresh --sync-dir"), std::string::npos) << again.description;
 }
 
+// `push --base-checkpoint`: the servers' base is not the trainer's first pass, so version 1
+// is a real delta from the base to the trainer's starting weights.
+TEST_F(DeltaTest, ATrainerStartingFromOtherWeightsThanTheBaseSyncsBitExact) {
+  WriteBase("qwen3-tiny", 3);
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartDelta("tp1", local("a")));
+  RunResult push = RunWsync("push", {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync(),
+                                     "--model", model_, "--seed", "9", "--steps", "1", "--base-checkpoint", base(),
+                                     "--verify", "--timeout", "120"},
+                            300);
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_TRUE(HasVerifiedTable(push.out, 2));
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests(model_, 9, 1, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  json m1 = json::parse(ReadAll(fs::path(sync()) / "delta-00000001" / "manifest.json"));
+  EXPECT_EQ(m1["base_version"], 0);
+  EXPECT_FALSE(m1["tensors"].empty()) << "seed 9's weights differ from the seed-3 base";
+  // Without the flag the first pass would be taken as version 0 and the server, still on
+  // the seed-3 base, would be left behind: the flag is what makes this run correct.
+}
+
 TEST_F(DeltaTest, ALateServerCatchesUpThroughTheWholeChain) {
   WriteBase("qwen3-tiny", 4);
   E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("early", local("a")));

@@ -150,7 +150,9 @@ Result<std::unique_ptr<DeltaTrainer>> NewDeltaTrainer(const TrainerOptions& opti
 }
 
 Result<std::unique_ptr<TrainerEngine>> CreateDeltaTrainer(const TrainerOptions& options) {
-  WSYNC_ASSIGN_OR_RETURN(auto engine, NewDeltaTrainer(options, DeltaTrainerOptions{}));
+  DeltaTrainerOptions delta;
+  delta.base_checkpoint = options.base_checkpoint;
+  WSYNC_ASSIGN_OR_RETURN(auto engine, NewDeltaTrainer(options, delta));
   return std::unique_ptr<TrainerEngine>(std::move(engine));
 }
 
