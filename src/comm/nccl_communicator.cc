@@ -80,8 +80,8 @@ class NcclCommunicator final : public Communicator {
     return Broadcast(data, root, deadline, StreamHooks{});
   }
 
-  // Every broadcast goes in pieces of piece_bytes_, with or without hooks, so that every
-  // rank makes the same ncclBroadcast calls: the root enqueues piece i as soon as
+  // Every broadcast goes in pieces of options_.piece_bytes (0: one piece), with or without
+  // hooks, so that every rank makes the same ncclBroadcast calls: the root enqueues piece i as soon as
   // before_send says its bytes are ready, and a receiver reports each piece once its event
   // has completed, so the caller's packing and unpacking overlap the wire. Pieces are
   // enqueued back to back without waiting for one another (stream order keeps them in
@@ -96,17 +96,18 @@ class NcclCommunicator final : public Communicator {
     cudaSetDevice(options_.device);
     Deadline d = deadline.Min(Deadline::In(options_.op_timeout));
     const size_t n = data.size();
-    const size_t pieces = std::max<size_t>(1, (n + piece_bytes_ - 1) / piece_bytes_);
+    const size_t piece_bytes = options_.piece_bytes > 0 ? options_.piece_bytes : std::max<size_t>(n, 1);
+    const size_t pieces = std::max<size_t>(1, (n + piece_bytes - 1) / piece_bytes);
     while (events_.size() < pieces) {
       cudaEvent_t e = nullptr;
       WSYNC_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), what);
       events_.push_back(e);
     }
-    auto piece_end = [&](size_t i) { return std::min(n, (i + 1) * piece_bytes_); };
+    auto piece_end = [&](size_t i) { return std::min(n, (i + 1) * piece_bytes); };
     size_t reported = 0;
     Status s;
     for (size_t i = 0; i < pieces && s.ok(); ++i) {
-      const size_t begin = i * piece_bytes_, end = piece_end(i);
+      const size_t begin = i * piece_bytes, end = piece_end(i);
       if (feed) {
         s = hooks.before_send(end);
         if (!s.ok()) break;
@@ -188,15 +189,6 @@ class NcclCommunicator final : public Communicator {
 
  public:
   static constexpr size_t kScratchBytes = 256;
-  // Piece size of a streamed broadcast: large enough for NCCL's full bandwidth.
-  static constexpr size_t kPieceBytes = size_t{256} << 20;
-  // The piece size in use: kPieceBytes, or WSYNC_NCCL_PIECE_MB (a tuning knob every rank
-  // of a group must set alike, since the pieces are separate ncclBroadcast calls).
-  const size_t piece_bytes_ = [] {
-    const char* env = std::getenv("WSYNC_NCCL_PIECE_MB");
-    size_t mb = env ? std::strtoull(env, nullptr, 10) : 0;
-    return mb > 0 ? mb << 20 : kPieceBytes;
-  }();
 
  private:
   NcclOptions options_;

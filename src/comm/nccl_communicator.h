@@ -27,6 +27,11 @@ struct NcclOptions {
   int rank = 0;
   int size = 0;
   int device = 0;  // CUDA device ordinal
+  // Broadcast() issues ncclBroadcast calls of at most this many bytes, so that a caller's
+  // StreamHooks see the data in pieces; 0: one call per Broadcast(). Every rank of a group
+  // must use the same value (the calls must match), which is why wsync peers agree on it
+  // in init_info and vLLM peers (one call per chunk) get 0.
+  size_t piece_bytes = 0;
   Deadline connect_deadline = Deadline::InSeconds(300);
   std::chrono::milliseconds op_timeout = std::chrono::seconds(300);
   DescribeRank describe_rank;

@@ -18,6 +18,17 @@ Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline d
   return per_server;
 }
 
+Result<bool> WsyncServers(const FanOutClient& client, Deadline deadline, std::string* other) {
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> health, client.Get("/health", deadline));
+  for (size_t i = 0; i < health.size(); ++i) {
+    if (!health[i].is_object() || health[i].value("server", "") != "wsync") {
+      if (other != nullptr) *other = client.urls()[i];
+      return false;
+    }
+  }
+  return true;
+}
+
 std::vector<std::string> WorkerLabels(const FanOutClient& client, int count,
                                       const std::vector<int>& offsets, Deadline deadline) {
   std::vector<std::string> labels(count);

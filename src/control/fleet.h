@@ -1,6 +1,9 @@
 // What a trainer learns about its fleet of servers before it builds a data plane.
 //
 // ServerWorldSizes: every server's GET /get_world_size?include_dp=true.
+// WsyncServers: whether every server is a wsync server (its GET /health JSON says
+// "server": "wsync"); a trainer speaks wsync's protocol extensions only to those, and
+// plain vLLM to any other fleet.
 // ServerTimeout: the bound a trainer hands the servers, a little under its own, so that a
 // server left waiting answers with its account before the trainer's wait ends.
 // WorkerLabels names the inference workers of a fleet for error messages, from each server's /health
@@ -20,6 +23,10 @@
 namespace wsync {
 
 Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline deadline);
+
+// True when every server is a wsync server; otherwise false, with the first other
+// server's URL in `other` (when given). An unreachable server is the GET's error.
+Result<bool> WsyncServers(const FanOutClient& client, Deadline deadline, std::string* other = nullptr);
 
 inline double ServerTimeout(double trainer_timeout_seconds) {
   return std::max(0.5, trainer_timeout_seconds * 0.9 - 0.25);

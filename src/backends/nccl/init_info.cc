@@ -21,6 +21,7 @@ json NcclInitInfo::ToJson() const {
   if (!gloo_rank_labels.empty()) j["gloo_rank_labels"] = gloo_rank_labels;
   if (wsync_protocol) j["wsync_protocol"] = *wsync_protocol;
   if (timeout_seconds) j["timeout_seconds"] = *timeout_seconds;
+  if (wsync_broadcast_piece_bytes) j["wsync_broadcast_piece_bytes"] = *wsync_broadcast_piece_bytes;
   return j;
 }
 
@@ -49,7 +50,7 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   static const std::set<std::string> kKnown = {
       "rank_offset", "world_size", "packed", "packed_buffer_size_bytes", "packed_num_buffers",
       "nccl_unique_id_b64", "master_address", "master_port", "gloo_store_host", "gloo_store_port",
-      "gloo_prefix", "gloo_rank_labels", "wsync_protocol", "timeout_seconds"};
+      "gloo_prefix", "gloo_rank_labels", "wsync_protocol", "timeout_seconds", "wsync_broadcast_piece_bytes"};
   for (const auto& [key, _] : j.items()) {
     if (!kKnown.contains(key)) return InvalidArgument(fmt::format("init_info has unknown field '{}'", key));
   }
@@ -74,6 +75,7 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_prefix", false, &info.gloo_prefix));
   WSYNC_RETURN_IF_ERROR(Read(j, "wsync_protocol", false, &protocol));
   WSYNC_RETURN_IF_ERROR(Read(j, "timeout_seconds", false, &timeout));
+  WSYNC_RETURN_IF_ERROR(Read(j, "wsync_broadcast_piece_bytes", false, &info.wsync_broadcast_piece_bytes));
   info.rank_offset = *rank_offset;
   info.world_size = *world_size;
   if (packed) info.packed = *packed;
@@ -99,6 +101,9 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
                                        *info.wsync_protocol, kWsyncProtocolVersion));
   }
   if (info.timeout_seconds && *info.timeout_seconds <= 0) return InvalidArgument("init_info timeout_seconds must be positive");
+  if (info.wsync_broadcast_piece_bytes && *info.wsync_broadcast_piece_bytes <= 0) {
+    return InvalidArgument("init_info wsync_broadcast_piece_bytes must be positive");
+  }
   bool gloo = info.gloo_store_host || info.gloo_store_port || info.gloo_prefix;
   if (gloo && (!info.gloo_store_host || !info.gloo_store_port || !info.gloo_prefix)) {
     return InvalidArgument("init_info needs all of gloo_store_host, gloo_store_port and gloo_prefix");

@@ -5,7 +5,11 @@
 // and nccl_unique_id_b64 for the GPU data plane. The CPU data plane (Gloo) adds what its
 // rendezvous needs, all prefixed `gloo_`, plus `wsync_protocol` (the version of wsync's
 // extensions: today 1, which also turns on the one-integer preflight before each
-// update). Unknown fields are rejected, as vLLM's dataclass constructor rejects them.
+// update) and, on the GPU path, `wsync_broadcast_piece_bytes` (every chunk's broadcast
+// goes as ncclBroadcast calls of at most this many bytes; absent: one call per chunk, as
+// vLLM does). A wsync trainer sends the wsync_ fields only to wsync servers, so a vLLM
+// server gets vLLM's payload and vLLM's one broadcast per chunk. Unknown fields are
+// rejected, as vLLM's dataclass constructor rejects them.
 // Pure data and functions; thread-safe.
 #pragma once
 
@@ -22,6 +26,9 @@
 namespace wsync {
 
 inline constexpr int kWsyncProtocolVersion = 1;
+// The piece size a wsync trainer asks of wsync servers: large enough for NCCL's full
+// bandwidth, small enough that packing and unpacking overlap the wire inside a chunk.
+inline constexpr int64_t kWsyncBroadcastPieceBytes = int64_t{256} << 20;
 
 struct NcclInitInfo {
   int rank_offset = 1;
@@ -37,6 +44,7 @@ struct NcclInitInfo {
   std::optional<std::string> gloo_prefix;       // unique per init
   std::vector<std::string> gloo_rank_labels;    // names of ranks, for error messages
   std::optional<int> wsync_protocol;            // set by wsync trainers
+  std::optional<int64_t> wsync_broadcast_piece_bytes;  // NCCL pieces per chunk (wsync peers)
   std::optional<double> timeout_seconds;        // the trainer's bound on waits
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }

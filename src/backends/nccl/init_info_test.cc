@@ -24,6 +24,20 @@ TEST(NcclInitInfo, RoundTrips) {
   EXPECT_EQ(NcclInitInfo::Parse(info->ToJson())->ToJson(), info->ToJson());
 }
 
+TEST(NcclInitInfo, BroadcastPieceBytesIsAWsyncFieldThatMustBePositive) {
+  json j = {{"rank_offset", 1}, {"world_size", 2}, {"nccl_unique_id_b64", std::string(172, 'A')},
+            {"wsync_protocol", 1}, {"wsync_broadcast_piece_bytes", int64_t{256} << 20}};
+  auto info = NcclInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->wsync_broadcast_piece_bytes, int64_t{256} << 20);
+  EXPECT_EQ(NcclInitInfo::Parse(info->ToJson())->ToJson(), info->ToJson());
+  j["wsync_broadcast_piece_bytes"] = 0;
+  EXPECT_EQ(ErrorOf(j), "init_info wsync_broadcast_piece_bytes must be positive");
+  // vLLM's payload has no such field: one broadcast per chunk.
+  j.erase("wsync_broadcast_piece_bytes");
+  EXPECT_FALSE(NcclInitInfo::Parse(j)->wsync_broadcast_piece_bytes.has_value());
+}
+
 TEST(NcclInitInfo, VllmDefaults) {
   json j = {{"rank_offset", 1}, {"world_size", 5}, {"nccl_unique_id_b64", std::string(172, 'A')}};
   auto info = NcclInitInfo::Parse(j);

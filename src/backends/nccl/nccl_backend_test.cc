@@ -1,6 +1,11 @@
 // The `nccl` backend end to end inside one process: real HTTP servers on loopback, real
 // Gloo groups, a trainer engine, and checksums read back from the servers' shards.
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "control/client.h"
 #include "control/http_server.h"
@@ -156,6 +161,30 @@ TEST_F(NcclBackend, ServerRejectsBadInitNamingTheField) {
   init["nccl_unique_id_b64"] = "AAAA";
   r = client.Post("/init_weight_transfer_engine", json{{"init_info", init}}, Deadline::InSeconds(5));
   EXPECT_NE(r.status().message().find("exactly one rendezvous"), std::string::npos);
+}
+
+// A server that is not wsync (here: an HTTP server answering /health and
+// /get_world_size as a vLLM server would, with no "server": "wsync") cannot take the CPU
+// data plane; the trainer says so, naming it, before it builds anything.
+TEST(NcclTrainer, CpuTrainerRefusesAServerThatIsNotWsync) {
+  httplib::Server other;
+  other.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
+  other.Get("/get_world_size", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"world_size": 1})", "application/json");
+  });
+  int port = other.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { other.listen_after_bind(); });
+  TrainerOptions o;
+  o.servers = {fmt::format("http://127.0.0.1:{}", port)};
+  o.timeout_seconds = 10;
+  auto engine = CreateTrainerEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Status s = (*engine)->Init(HfTensors(*LookupModel("qwen3-tiny")));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find(o.servers[0] + " is not a wsync server"), std::string::npos) << s.ToString();
+  other.stop();
+  serving.join();
 }
 
 }  // namespace

@@ -107,6 +107,8 @@ class NcclReceiver final : public ReceiverBackend {
         o.connect_deadline = deadline;
         o.op_timeout = op_timeout;
         o.describe_rank = describe;
+        // wsync trainers say how they cut each chunk; vLLM's send one call per chunk.
+        o.piece_bytes = static_cast<size_t>(info.wsync_broadcast_piece_bytes.value_or(0));
         connect = [o] { return ConnectNccl(o); };
 #endif
       }

@@ -1,6 +1,7 @@
 #include "backends/nccl/trainer.h"
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -79,6 +80,14 @@ Status Watched(std::function<Status()> op, Communicator& comm, FanOutClient::Pen
   }
 }
 
+// The NCCL piece size asked of wsync servers: kWsyncBroadcastPieceBytes, or
+// WSYNC_NCCL_PIECE_MB (a tuning knob; the servers follow what init_info says).
+int64_t BroadcastPieceBytes() {
+  const char* env = std::getenv("WSYNC_NCCL_PIECE_MB");
+  int64_t mb = env ? std::strtoll(env, nullptr, 10) : 0;
+  return mb > 0 ? mb << 20 : kWsyncBroadcastPieceBytes;
+}
+
 class NcclTrainer final : public TrainerEngine {
  public:
   explicit NcclTrainer(const TrainerOptions& o)
@@ -102,6 +111,19 @@ class NcclTrainer final : public TrainerEngine {
     // own wait ends; the trainer's HTTP wait allows a short grace past its deadline.
     double server_timeout = ServerTimeout(options_.timeout_seconds);
     Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
+    // wsync's extensions (preflight vote, labels, timeouts, broadcast pieces) go to wsync
+    // servers only; any other fleet gets vLLM's payload and vLLM's data plane.
+    std::string other_server;
+    WSYNC_ASSIGN_OR_RETURN(wsync_servers_, WsyncServers(client_, deadline, &other_server));
+    if (!wsync_servers_ && !gpu) {
+      return FailedPrecondition(fmt::format(
+          "{} is not a wsync server (its /health does not say \"server\": \"wsync\"): the CPU data plane "
+          "(Gloo) needs wsync servers; vLLM servers take the GPU path (push --device cuda:N)", other_server));
+    }
+    if (!wsync_servers_) {
+      WSYNC_LOG_INFO("{} is not a wsync server: speaking plain vLLM (no preflight vote, one broadcast per chunk)",
+                     other_server);
+    }
     WSYNC_ASSIGN_OR_RETURN(std::vector<int> per_server, ServerWorldSizes(client_, deadline));
     WSYNC_ASSIGN_OR_RETURN(int world, BroadcastWorldSize(per_server, options_.data_parallel_size));
     WSYNC_ASSIGN_OR_RETURN(std::vector<int> offsets,
@@ -120,7 +142,12 @@ class NcclTrainer final : public TrainerEngine {
     info.packed = options_.packed;
     info.packed_buffer_size_bytes = static_cast<int64_t>(buffer_bytes_);
     info.packed_num_buffers = options_.num_buffers;
-    info.gloo_rank_labels = labels_;
+    if (wsync_servers_) {
+      info.gloo_rank_labels = labels_;
+      info.wsync_protocol = kWsyncProtocolVersion;
+      info.timeout_seconds = server_timeout;
+      if (gpu) info.wsync_broadcast_piece_bytes = BroadcastPieceBytes();
+    }
 #ifdef WSYNC_WITH_NCCL
     NcclUniqueIdBytes unique_id{};
     if (gpu) {
@@ -134,8 +161,6 @@ class NcclTrainer final : public TrainerEngine {
       info.gloo_store_port = store_->port();
       info.gloo_prefix = prefix_;
     }
-    info.wsync_protocol = kWsyncProtocolVersion;
-    info.timeout_seconds = server_timeout;
     std::vector<json> bodies;
     for (int offset : offsets) {
       info.rank_offset = offset;
@@ -161,6 +186,7 @@ class NcclTrainer final : public TrainerEngine {
       n.connect_deadline = deadline;
       n.op_timeout = op_timeout;
       n.describe_rank = describe;
+      n.piece_bytes = static_cast<size_t>(info.wsync_broadcast_piece_bytes.value_or(0));
       connect = [n] { return ConnectNccl(n); };
 #endif
     } else {
@@ -274,11 +300,13 @@ class NcclTrainer final : public TrainerEngine {
     const Device device = options_.device;
     auto t_vote = Clock::now();
     auto vote = std::make_shared<int64_t>(0);
-    WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline, device] {
-                                    WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
-                                    return comm->AllReduceSum(std::span<int64_t>(vote.get(), 1), deadline);
-                                  },
-                                  *comm_, http, deadline, "update preflight"));
+    if (wsync_servers_) {  // vLLM servers take no vote
+      WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline, device] {
+                                      WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
+                                      return comm->AllReduceSum(std::span<int64_t>(vote.get(), 1), deadline);
+                                    },
+                                    *comm_, http, deadline, "update preflight"));
+    }
     if (*vote != 0) {
       Result<std::vector<json>> r = http->Wait(deadline);
       if (!r.ok()) return r.status();
@@ -426,6 +454,7 @@ class NcclTrainer final : public TrainerEngine {
   std::unique_ptr<StoreServer> store_;
   std::shared_ptr<Communicator> comm_;
   std::vector<std::shared_ptr<StagingBuffer>> buffers_;
+  bool wsync_servers_ = true;  // every server is a wsync server (else: plain vLLM)
   std::vector<TensorMeta> update_meta_;               // the tensor list update_body_ carries
   std::shared_ptr<const std::string> update_body_;    // {"update_info": ...}, serialized
   std::vector<std::string> labels_;
