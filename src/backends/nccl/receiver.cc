@@ -129,7 +129,7 @@ class NcclReceiver final : public ReceiverBackend {
     timeout_ = timeout;
     // NCCL receives into device buffers; Gloo into host buffers (loaded into shards on
     // whatever device they live).
-    buffer_device_ = info.uses_gloo() ? Device{} : ctx_->workers.front().device;
+    device_buffers_ = !info.uses_gloo();
     WSYNC_LOG_INFO("joined broadcast group: world {}, ranks {}..{}, packed {}", info.world_size,
                    Rank(info, ctx_->workers.front()), Rank(info, ctx_->workers.back()), info.packed);
     return Status::Ok();
@@ -206,7 +206,7 @@ class NcclReceiver final : public ReceiverBackend {
                      const ChunkPlan& plan, Deadline deadline) {
     size_t nbuf = std::max(1, std::min(info_->packed_num_buffers, 2));
     slot.buffers.resize(nbuf);
-    const Device buffer_device = buffer_device_.is_cpu() ? Device{} : w.device;
+    const Device buffer_device = device_buffers_ ? w.device : Device{};
     for (StagingBuffer& b : slot.buffers) WSYNC_RETURN_IF_ERROR(b.Reserve(buffer_device, plan.max_chunk_bytes));
     // A loader thread lands each tensor as soon as all of its bytes have arrived, while
     // the rest of the chunk (and the next one) is still on the wire.
@@ -264,7 +264,7 @@ class NcclReceiver final : public ReceiverBackend {
   std::vector<Slot> slots_;  // one per worker, touched only from that worker's thread
   std::optional<NcclInitInfo> info_;
   double timeout_ = 300;
-  Device buffer_device_;  // cpu (Gloo) or the workers' CUDA devices (NCCL)
+  bool device_buffers_ = false;  // NCCL: receive buffers on each worker's GPU; Gloo: host
   bool fault_die_mid_update_ = false;
 };
 
