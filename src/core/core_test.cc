@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/digest.h"
+#include "wsync/device_runtime.h"
 #include "wsync/dtype.h"
 #include "wsync/source.h"
 #include "wsync/tensor.h"
@@ -108,4 +109,20 @@ TEST(CheckedStream, MissingAndExtraTensors) {
 }
 
 }  // namespace
+// Without an installed CUDA runtime (this binary links none), every CUDA request is a
+// clear Unimplemented naming the device, and cpu needs nothing.
+TEST(DeviceRuntime, CudaWithoutAnInstalledRuntimeIsUnimplementedNamingTheDevice) {
+  Device gpu{Device::Kind::kCuda, 3};
+  auto rt = CudaRuntimeFor(gpu);
+  EXPECT_EQ(rt.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(rt.status().message().find("cuda:3"), std::string::npos) << rt.status().ToString();
+  EXPECT_EQ(CudaRuntimeFor(Device{}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(UseDeviceOnThisThread(Device{}).ok());
+  EXPECT_EQ(UseDeviceOnThisThread(gpu).code(), StatusCode::kUnimplemented);
+  auto buffer = DeviceBuffer::Allocate(gpu, 1024);
+  EXPECT_EQ(buffer.status().code(), StatusCode::kUnimplemented);
+  auto source = DeviceTensorSource::Create(gpu, {TensorMeta{"w", DType::kBF16, {4}}});
+  EXPECT_EQ(source.status().code(), StatusCode::kUnimplemented);
+}
+
 }  // namespace wsync
