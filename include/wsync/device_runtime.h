@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "wsync/status.h"
 #include "wsync/tensor.h"
@@ -45,6 +47,13 @@ void InstallCudaRuntime(DeviceRuntime* runtime);
 
 // Sets `device` current on the calling thread when it is a CUDA device; OK for cpu.
 Status UseDeviceOnThisThread(const Device& device);
+
+// Tensors laid out back to back in one device allocation start at multiples of this
+// (full-width copies; what cudaMalloc itself guarantees for an allocation's start).
+inline constexpr size_t kDeviceTensorAlignment = 256;
+// The offsets of tensors of `bytes` sizes laid out that way, in order, into `offsets`;
+// returns the size of the allocation that holds them all.
+size_t LayOutAligned(std::span<const size_t> bytes, std::vector<size_t>* offsets);
 
 // Device memory owned by one object: Allocate()d on construction, freed on destruction.
 class DeviceBuffer {

@@ -31,6 +31,15 @@ Status UseDeviceOnThisThread(const Device& device) {
   return rt->SetDevice(device.index);
 }
 
+size_t LayOutAligned(std::span<const size_t> bytes, std::vector<size_t>* offsets) {
+  size_t total = 0;
+  for (size_t n : bytes) {
+    offsets->push_back(total);
+    total += (n + kDeviceTensorAlignment - 1) / kDeviceTensorAlignment * kDeviceTensorAlignment;
+  }
+  return total;
+}
+
 Result<DeviceBuffer> DeviceBuffer::Allocate(const Device& device, size_t bytes) {
   WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
   WSYNC_ASSIGN_OR_RETURN(void* p, rt->Allocate(device.index, bytes));

@@ -87,12 +87,9 @@ Result<std::unique_ptr<TensorStream>> HostTensorSource::Iterate() {
 Result<std::unique_ptr<DeviceTensorSource>> DeviceTensorSource::Create(const Device& device,
                                                                       std::vector<TensorMeta> metadata) {
   std::unique_ptr<DeviceTensorSource> s(new DeviceTensorSource());
-  constexpr size_t kAlign = 256;
-  size_t total = 0;
-  for (const TensorMeta& m : metadata) {
-    s->offsets_.push_back(total);
-    total += (m.nbytes() + kAlign - 1) / kAlign * kAlign;
-  }
+  std::vector<size_t> sizes;
+  for (const TensorMeta& m : metadata) sizes.push_back(m.nbytes());
+  const size_t total = LayOutAligned(sizes, &s->offsets_);
   s->metadata_ = std::move(metadata);
   WSYNC_ASSIGN_OR_RETURN(s->storage_, DeviceBuffer::Allocate(device, total));
   return s;

@@ -89,13 +89,9 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
     }
     return store;
   }
-  constexpr size_t kAlign = 256;
-  std::vector<size_t> offsets;
-  size_t total = 0;
-  for (const WorkerParam& p : params) {
-    offsets.push_back(total);
-    total += (p.meta.nbytes() + kAlign - 1) / kAlign * kAlign;
-  }
+  std::vector<size_t> sizes, offsets;
+  for (const WorkerParam& p : params) sizes.push_back(p.meta.nbytes());
+  const size_t total = LayOutAligned(sizes, &offsets);
   WSYNC_ASSIGN_OR_RETURN(store->device_storage_, DeviceBuffer::Allocate(device, total));
   for (size_t off : offsets) store->param_data_.push_back(store->device_storage_.data() + off);
   return store;
