@@ -18,8 +18,11 @@ Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline d
   return per_server;
 }
 
-Result<bool> WsyncServers(const FanOutClient& client, Deadline deadline, std::string* other) {
-  WSYNC_ASSIGN_OR_RETURN(std::vector<json> health, client.Get("/health", deadline));
+Result<std::vector<json>> FleetHealth(const FanOutClient& client, Deadline deadline) {
+  return client.Get("/health", deadline);
+}
+
+bool WsyncServers(const FanOutClient& client, const std::vector<json>& health, std::string* other) {
   for (size_t i = 0; i < health.size(); ++i) {
     if (!health[i].is_object() || health[i].value("server", "") != "wsync") {
       if (other != nullptr) *other = client.urls()[i];
@@ -31,11 +34,16 @@ Result<bool> WsyncServers(const FanOutClient& client, Deadline deadline, std::st
 
 std::vector<std::string> WorkerLabels(const FanOutClient& client, int count,
                                       const std::vector<int>& offsets, Deadline deadline) {
+  Result<std::vector<json>> health = FleetHealth(client, deadline);
+  return WorkerLabels(client, health.ok() ? *health : std::vector<json>(client.urls().size()), count, offsets);
+}
+
+std::vector<std::string> WorkerLabels(const FanOutClient& client, const std::vector<json>& health, int count,
+                                      const std::vector<int>& offsets) {
   std::vector<std::string> labels(count);
-  Result<std::vector<json>> health = client.Get("/health", deadline);
   for (size_t i = 0; i < offsets.size() && i < client.urls().size(); ++i) {
     const std::string& url = client.urls()[i];
-    json h = health.ok() ? (*health)[i] : json::object();
+    json h = i < health.size() && health[i].is_object() ? health[i] : json::object();
     int tp = h.value("tp", 0), dp = h.value("dp", 0), dp_rank = h.value("dp_rank", -1);
     if (tp <= 0 || dp <= 0) {
       for (int r = offsets[i]; r < count; ++r) {

@@ -24,9 +24,13 @@ namespace wsync {
 
 Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline deadline);
 
-// True when every server is a wsync server; otherwise false, with the first other
-// server's URL in `other` (when given). An unreachable server is the GET's error.
-Result<bool> WsyncServers(const FanOutClient& client, Deadline deadline, std::string* other = nullptr);
+// Every server's GET /health body, in server order (an unreachable server is the error).
+Result<std::vector<nlohmann::json>> FleetHealth(const FanOutClient& client, Deadline deadline);
+
+// True when every /health body in `health` (FleetHealth) is a wsync server's; otherwise
+// false, with the first other server's URL in `other` (when given).
+bool WsyncServers(const FanOutClient& client, const std::vector<nlohmann::json>& health,
+                  std::string* other = nullptr);
 
 inline double ServerTimeout(double trainer_timeout_seconds) {
   return std::max(0.5, trainer_timeout_seconds * 0.9 - 0.25);
@@ -34,5 +38,8 @@ inline double ServerTimeout(double trainer_timeout_seconds) {
 
 std::vector<std::string> WorkerLabels(const FanOutClient& client, int count,
                                       const std::vector<int>& offsets, Deadline deadline);
+// The same from /health bodies already fetched (FleetHealth).
+std::vector<std::string> WorkerLabels(const FanOutClient& client, const std::vector<nlohmann::json>& health,
+                                      int count, const std::vector<int>& offsets);
 
 }  // namespace wsync

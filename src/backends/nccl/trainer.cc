@@ -114,7 +114,8 @@ class NcclTrainer final : public TrainerEngine {
     // wsync's extensions (preflight vote, labels, timeouts, broadcast pieces) go to wsync
     // servers only; any other fleet gets vLLM's payload and vLLM's data plane.
     std::string other_server;
-    WSYNC_ASSIGN_OR_RETURN(wsync_servers_, WsyncServers(client_, deadline, &other_server));
+    WSYNC_ASSIGN_OR_RETURN(std::vector<json> health, FleetHealth(client_, deadline));
+    wsync_servers_ = WsyncServers(client_, health, &other_server);
     if (!wsync_servers_ && !gpu) {
       return FailedPrecondition(fmt::format(
           "{} is not a wsync server (its /health does not say \"server\": \"wsync\"): the CPU data plane "
@@ -129,7 +130,7 @@ class NcclTrainer final : public TrainerEngine {
     WSYNC_ASSIGN_OR_RETURN(std::vector<int> offsets,
                            NcclRankOffsets(world, static_cast<int>(per_server.size()),
                                            options_.data_parallel_size));
-    labels_ = RankLabels(world, offsets, deadline);
+    labels_ = RankLabels(health, world, offsets);
 
     if (!store_ && !gpu) {
       WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
@@ -336,74 +337,66 @@ class NcclTrainer final : public TrainerEngine {
       const size_t n = plan.chunks.size();
       std::vector<ProgressGate> packed(n);  // bytes of chunk k written into its buffer
       ProgressGate sent;                     // chunks whose broadcast has completed
-      // The packer fills chunk k while chunk k-1 is on the wire, and the broadcast of
+      // Packs chunk k into its buffer, releasing bytes as they land: the broadcast of
       // chunk k sends each piece as soon as the packer has written it.
-      std::thread packer([&] {
-        if (Status s = UseDeviceOnThisThread(device); !s.ok()) {
-          for (size_t j = 0; j < n; ++j) packed[j].Fail(s);
-          return;
-        }
-        for (size_t k = 0; k < n; ++k) {
-          if (k >= nbuf) {
-            Status s = sent.WaitFor(k - nbuf + 1, deadline, "the broadcast to free a buffer");
-            if (!s.ok()) return packed[k].Fail(s);
-          }
-          const Chunk& c = plan.chunks[k];
-          std::byte* dst = buffers[k % nbuf]->data();
-          constexpr size_t kReleaseBytes = size_t{128} << 20;
-          size_t released = 0;
-          TensorRef t;
-          for (size_t i = c.first; i < c.end; ++i) {
-            Result<bool> more = stream->Next(&t);
-            if (!more.ok() || !*more) {
-              Status s = more.ok() ? Internal("source ended early") : more.status();
-              for (size_t j = k; j < n; ++j) packed[j].Fail(s);
-              return;
-            }
-            size_t off = plan.offset_in_chunk[i];
-            if (rt != nullptr) {
-              // GPU: copies on this thread's stream, released in slices as NCCL streams
-              // the chunk in pieces, so the wire starts before the whole chunk is packed.
-              Status s = t.device == device || t.device.is_cpu()
-                             ? Status::Ok()
-                             : InvalidArgument(fmt::format("tensor {} is on {}, the trainer sends from {}", t.name,
-                                                           t.device.ToString(), device.ToString()));
-              for (size_t b = 0; s.ok() && b < t.bytes.size(); b += kReleaseBytes) {
-                const size_t len = std::min(kReleaseBytes, t.bytes.size() - b);
-                s = rt->Copy2D(dst + off + b, len, t.bytes.data() + b, len, len, 1);
-                const size_t end = off + b + len;
-                if (s.ok() && end - released >= kReleaseBytes) {
-                  s = rt->Synchronize();
-                  if (s.ok()) packed[k].Advance(end);
-                  released = end;
-                }
-              }
-              if (!s.ok()) {
-                for (size_t j = k; j < n; ++j) packed[j].Fail(s);
-                return;
-              }
-              continue;
-            }
-            if (!t.device.is_cpu()) {
-              Status s = InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors (push --device {})",
-                                                     t.name, t.device.ToString(), t.device.ToString()));
-              for (size_t j = k; j < n; ++j) packed[j].Fail(s);
-              return;
-            }
-            constexpr size_t kSlice = size_t{8} << 20;  // publish big tensors in slices
-            for (size_t b = 0; b < t.bytes.size(); b += kSlice) {
-              size_t len = std::min(kSlice, t.bytes.size() - b);
-              std::memcpy(dst + off + b, t.bytes.data() + b, len);
-              packed[k].Advance(off + b + len);
-            }
-          }
+      auto pack_chunk = [&](size_t k) -> Status {
+        const Chunk& c = plan.chunks[k];
+        std::byte* dst = buffers[k % nbuf]->data();
+        TensorRef t;
+        size_t released = 0;
+        for (size_t i = c.first; i < c.end; ++i) {
+          WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+          if (!more) return Internal("source ended early");
+          const size_t off = plan.offset_in_chunk[i];
           if (rt != nullptr) {
-            if (Status s = rt->Synchronize(); !s.ok()) {
-              for (size_t j = k; j < n; ++j) packed[j].Fail(s.WithContext(fmt::format("packing chunk {}/{}", k + 1, n)));
-              return;
+            // GPU: copies on this thread's stream, released in slices as NCCL streams
+            // the chunk in pieces, so the wire starts before the whole chunk is packed.
+            constexpr size_t kReleaseBytes = size_t{128} << 20;
+            if (!(t.device == device || t.device.is_cpu())) {
+              return InvalidArgument(fmt::format("tensor {} is on {}, the trainer sends from {}", t.name,
+                                                 t.device.ToString(), device.ToString()));
             }
+            for (size_t b = 0; b < t.bytes.size(); b += kReleaseBytes) {
+              const size_t len = std::min(kReleaseBytes, t.bytes.size() - b);
+              WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst + off + b, len, t.bytes.data() + b, len, len, 1));
+              const size_t end = off + b + len;
+              if (end - released >= kReleaseBytes) {
+                WSYNC_RETURN_IF_ERROR(rt->Synchronize());
+                packed[k].Advance(end);
+                released = end;
+              }
+            }
+            continue;
           }
-          packed[k].Advance(c.bytes);
+          if (!t.device.is_cpu()) {
+            return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors (push --device {})",
+                                               t.name, t.device.ToString(), t.device.ToString()));
+          }
+          constexpr size_t kSlice = size_t{8} << 20;  // publish big tensors in slices
+          for (size_t b = 0; b < t.bytes.size(); b += kSlice) {
+            size_t len = std::min(kSlice, t.bytes.size() - b);
+            std::memcpy(dst + off + b, t.bytes.data() + b, len);
+            packed[k].Advance(off + b + len);
+          }
+        }
+        if (rt != nullptr) {
+          WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("packing chunk {}/{}", k + 1, n)));
+        }
+        packed[k].Advance(c.bytes);
+        return Status::Ok();
+      };
+      // The packer fills chunk k while chunk k-1 is on the wire; a failure fails chunk k
+      // and every later one, so the broadcast stops at the first chunk it cannot send.
+      std::thread packer([&] {
+        Status s = UseDeviceOnThisThread(device);
+        size_t k = 0;
+        for (; s.ok() && k < n; ++k) {
+          if (k >= nbuf) s = sent.WaitFor(k - nbuf + 1, deadline, "the broadcast to free a buffer");
+          if (s.ok()) s = pack_chunk(k);
+          if (!s.ok()) break;
+        }
+        if (!s.ok()) {
+          for (size_t j = k; j < n; ++j) packed[j].Fail(s);
         }
       });
       Status result;
@@ -443,8 +436,8 @@ class NcclTrainer final : public TrainerEngine {
   }
 
   // Rank 0 is the trainer; the others are the servers' workers.
-  std::vector<std::string> RankLabels(int world, const std::vector<int>& offsets, Deadline deadline) {
-    std::vector<std::string> labels = WorkerLabels(client_, world, offsets, deadline);
+  std::vector<std::string> RankLabels(const std::vector<json>& health, int world, const std::vector<int>& offsets) {
+    std::vector<std::string> labels = WorkerLabels(client_, health, world, offsets);
     labels[0] = "trainer";
     return labels;
   }
