@@ -50,9 +50,14 @@ struct ReceiverContext {
 // refuses the update (bad payload, wrong session state); backends whose data plane is a
 // collective still take part in it far enough to tell the trainer "no" instead of
 // leaving it waiting, then return `reject`.
+// `update_info` is the same object, update after update, while the trainer sends
+// byte-identical bodies (so are `tensors`): a backend may keep what it derives from them
+// keyed by the pointer, holding the shared_ptr so that the address stays theirs.
 struct UpdateRequest {
-  const nlohmann::json* update_info = nullptr;
-  std::vector<TensorMeta> tensors;  // parsed and checked against the model when reject is OK
+  std::shared_ptr<const nlohmann::json> update_info;  // never null
+  // Parsed and checked against the model when reject is OK; never null (empty when the
+  // backend parses its own update_info or the update was rejected before parsing).
+  std::shared_ptr<const std::vector<TensorMeta>> tensors;
   Status reject;
 };
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,8 +29,11 @@ class ControlService {
   virtual Status InitWeightTransfer(const nlohmann::json& init_info) = 0;
   // POST /start_weight_update; FailedPrecondition if a session is already active.
   virtual Status StartWeightUpdate() = 0;
-  // POST /update_weights {"update_info": {...}}; returns after the data has landed.
-  virtual Status UpdateWeights(const nlohmann::json& update_info) = 0;
+  // POST /update_weights {"update_info": {...}}; returns after the data has landed. A
+  // byte-identical body arrives as the same object as the previous one (the HTTP layer
+  // keeps the last parsed body), so what a service derives from it may be kept and
+  // reused while it holds the pointer.
+  virtual Status UpdateWeights(std::shared_ptr<const nlohmann::json> update_info) = 0;
   // POST /finish_weight_update [{"weight_version": "..."}].
   virtual Status FinishWeightUpdate(const std::optional<std::string>& weight_version) = 0;
   // POST /fetch_weights (delta backend); other backends answer Unimplemented.

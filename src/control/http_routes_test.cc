@@ -23,7 +23,8 @@ class RecordingService : public ControlService {
     active = true;
     return Status::Ok();
   }
-  Status UpdateWeights(const json& info) override {
+  Status UpdateWeights(std::shared_ptr<const json> body) override {
+    const json& info = *body;
     last_update = info;
     if (!active) return FailedPrecondition("start_weight_update must be called before update_weights");
     if (!info.contains("names")) return InvalidArgument("update_info is missing 'names'");

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -196,13 +197,20 @@ void HttpControlServer::Routes() {
     ReplyError(res, Internal(fmt::format("{} failed: {}", req.path, what)));
   });
 
-  // Runs `fn(body)` for a POST route and answers {"message": ok_message} on success.
+  // Runs `fn(req, body)` for a POST route and answers its JSON on success; `fn` takes the
+  // body as `const json&`, or as the shared parsed object when it keeps it.
   auto cache = std::make_shared<BodyCache>();
   auto post = [&srv, cache](const char* path, bool allow_empty, auto fn) {
     srv.Post(path, [allow_empty, fn, cache](const httplib::Request& req, httplib::Response& res) {
       Result<std::shared_ptr<const json>> body = ParseBody(req, allow_empty, *cache);
       if (!body.ok()) return ReplyError(res, body.status());
-      Result<json> out = fn(req, **body);
+      Result<json> out = [&] {
+        if constexpr (std::is_invocable_v<decltype(fn), const httplib::Request&, std::shared_ptr<const json>>) {
+          return fn(req, *body);
+        } else {
+          return fn(req, **body);
+        }
+      }();
       if (!out.ok()) return ReplyError(res, out.status());
       Reply(res, 200, *out);
     });
@@ -220,9 +228,10 @@ void HttpControlServer::Routes() {
   post("/start_draft_weight_update", true, [](const httplib::Request&, const json&) -> Result<json> {
     return InvalidArgument("this server has no draft model");
   });
-  post("/update_weights", false, [svc](const httplib::Request&, const json& b) -> Result<json> {
-    WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "update_info"));
-    WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(*info));
+  post("/update_weights", false, [svc](const httplib::Request&, std::shared_ptr<const json> b) -> Result<json> {
+    WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(*b, "update_info"));
+    // The field shares the body's lifetime, and its identity: the same body, the same info.
+    WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(std::shared_ptr<const json>(std::move(b), info)));
     return json{{"message", "Weights updated"}};
   });
   post("/finish_weight_update", true, [svc](const httplib::Request&, const json& b) -> Result<json> {

@@ -139,21 +139,33 @@ Status InferenceServer::StartWeightUpdate() {
   return Status::Ok();
 }
 
-Status InferenceServer::UpdateWeights(const json& update_info) {
+Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
+  if (update_info == nullptr) return InvalidArgument("update_info is missing");
   WSYNC_RETURN_IF_ERROR(Acquire("update_weights"));
+  static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
   UpdateRequest req;
-  req.update_info = &update_info;
+  req.update_info = update_info;
+  req.tensors = kNoTensors;
   {
     std::lock_guard lock(mu_);
     if (!active_) req.reject = FailedPrecondition("start_weight_update must be called before update_weights");
   }
   if (req.reject.ok() && !backend_->ParsesOwnUpdateInfo()) {
-    Result<std::vector<TensorMeta>> parsed = ParseTensorList(update_info);
-    if (!parsed.ok()) {
-      req.reject = parsed.status();
+    if (update_info == checked_info_) {
+      req.tensors = checked_tensors_;  // the same body as an update already checked
     } else {
-      req.tensors = std::move(*parsed);
-      req.reject = CheckTensorsAgainstModel(req.tensors, *workers_.front()->store);
+      Result<std::vector<TensorMeta>> parsed = ParseTensorList(*update_info);
+      if (!parsed.ok()) {
+        req.reject = parsed.status();
+      } else {
+        auto tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
+        req.reject = CheckTensorsAgainstModel(*tensors, *workers_.front()->store);
+        if (req.reject.ok()) {
+          checked_info_ = update_info;
+          checked_tensors_ = tensors;
+        }
+        req.tensors = std::move(tensors);
+      }
     }
   }
   Status s = backend_->Update(req);

@@ -59,7 +59,10 @@ class InferenceServer : public ControlService {
 
   Status InitWeightTransfer(const nlohmann::json& init_info) override;
   Status StartWeightUpdate() override;
-  Status UpdateWeights(const nlohmann::json& update_info) override;
+  Status UpdateWeights(std::shared_ptr<const nlohmann::json> update_info) override;
+  Status UpdateWeights(const nlohmann::json& update_info) {  // a copy; for tests
+    return UpdateWeights(std::make_shared<const nlohmann::json>(update_info));
+  }
   Status FinishWeightUpdate(const std::optional<std::string>& weight_version) override;
   Result<nlohmann::json> FetchWeights(const nlohmann::json& body) override;
   int WorldSize(bool include_dp) const override;
@@ -84,6 +87,10 @@ class InferenceServer : public ControlService {
   std::vector<std::unique_ptr<Worker>> workers_;
   ReceiverContext context_;
   std::unique_ptr<ReceiverBackend> backend_;
+  // The last update_info whose tensor list parsed and matched the model, and that list:
+  // a trainer sending the same body every sync is checked once. Used under Acquire().
+  std::shared_ptr<const nlohmann::json> checked_info_;
+  std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
 
   mutable std::mutex mu_;
   bool active_ = false;       // GUARDED_BY(mu_): between start and finish

@@ -238,7 +238,7 @@ TEST_F(GpuIpcTest, MissingUuidAndBadHandlesAreClearErrorsAndTheServerKeepsServin
   ro.slots_in_region = false;
   auto region = IpcRegion::Create(ro);
   ASSERT_TRUE(region.ok()) << region.status().ToString();
-  json init = {{"wsync_ipc_protocol", 1},
+  json init = {{"wsync_ipc_protocol", kIpcProtocolVersion},
                {"packed", true},
                {"session", (*region)->session()},
                {"control_path", (*region)->path()},
@@ -291,10 +291,9 @@ TEST_F(GpuIpcTest, MissingUuidAndBadHandlesAreClearErrorsAndTheServerKeepsServin
                  {"tensor_sizes", {512}},
                  {"tensor_offsets", {0}},
                  {"chunk_ends", {1}},
-                 {"wsync_ipc_protocol", 1},
-                 {"session", (*region)->session()},
-                 {"sync", 1},
-                 {"first_seq", 1}};
+                 {"wsync_ipc_protocol", kIpcProtocolVersion},
+                 {"session", (*region)->session()}};
+  (*region)->Announce(1, 1);
   ASSERT_EQ(HttpPostJson(s.url, "/start_weight_update", json::object()).status, 200);
   EXPECT_TRUE(IsError(HttpPostJson(s.url, "/update_weights", json{{"update_info", update}}), 400,
                       {"no staging slots", uuid}));

@@ -209,6 +209,7 @@ struct FakeTrainer {
     f.info.slot_bytes = f.region->slot_bytes();
     f.info.reader_count = readers;
     f.info.buffers[HostDeviceKey()] = f.region->ShmBuffer();
+    f.region->Announce(1, 1);  // every update of the fake is sync 1, from chunk seq 1
     return f;
   }
   json Update(const std::vector<TensorMeta>& ts, uint64_t slot_bytes_for_plan) const {
@@ -216,8 +217,6 @@ struct FakeTrainer {
     json u = {{"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
     IpcUpdateInfo ipc;
     ipc.session = info.session;
-    ipc.sync = 1;
-    ipc.first_seq = 1;
     for (const auto& t : ts) {
       u["names"].push_back(t.name);
       u["dtype_names"].push_back(TorchName(t.dtype));
@@ -276,6 +275,25 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
   other["session"] = NewSessionId();
   st = s.UpdateWeights(other);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  // An update the trainer did not announce in its region (version 1 trainers put the sync
+  // in the body instead).
+  {
+    FakeTrainer silent = FakeTrainer::Make(2, 4 << 20);
+    silent.region->Announce(0, 0);
+    ASSERT_TRUE(s.InitWeightTransfer(silent.info.ToJson()).ok());
+    ASSERT_TRUE(s.StartWeightUpdate().ok());
+    st = s.UpdateWeights(silent.Update(meta, 4 << 20));
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.message().find("announced no sync in its control region"), std::string::npos) << st.message();
+    json v1 = silent.Update(meta, 4 << 20);
+    v1["wsync_ipc_protocol"] = 1;
+    ASSERT_TRUE(s.StartWeightUpdate().ok());
+    st = s.UpdateWeights(v1);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("wsync_ipc_protocol 1 is not supported (this server speaks 2)"), std::string::npos)
+        << st.message();
+    ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson()).ok());
+  }
   // vLLM's pickled handles.
   ASSERT_TRUE(s.StartWeightUpdate().ok());
   json pickled = fake.Update(meta, 4 << 20);

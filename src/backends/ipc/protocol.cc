@@ -205,8 +205,6 @@ Result<const IpcBufferDesc*> IpcInitInfo::FindBuffer(const std::string& key) con
 void IpcUpdateInfo::AddTo(json* u) const {
   (*u)["wsync_ipc_protocol"] = kIpcProtocolVersion;
   (*u)["session"] = session;
-  (*u)["sync"] = sync;
-  (*u)["first_seq"] = first_seq;
   (*u)["tensor_sizes"] = tensor_sizes;
   (*u)["tensor_offsets"] = tensor_offsets;
   (*u)["chunk_ends"] = chunk_ends;
@@ -262,20 +260,14 @@ Result<IpcUpdateInfo> IpcUpdateInfo::Parse(const json& j) {
   const char* where = "update_info";
   std::optional<int> version;
   std::optional<std::string> session;
-  std::optional<uint64_t> sync, first_seq;
   WSYNC_RETURN_IF_ERROR(Read(j, where, "wsync_ipc_protocol", true, &version));
   if (*version != kIpcProtocolVersion) {
     return InvalidArgument(fmt::format("update_info wsync_ipc_protocol {} is not supported (this server speaks {})",
                                        *version, kIpcProtocolVersion));
   }
   WSYNC_RETURN_IF_ERROR(Read(j, where, "session", true, &session));
-  WSYNC_RETURN_IF_ERROR(Read(j, where, "sync", true, &sync));
-  WSYNC_RETURN_IF_ERROR(Read(j, where, "first_seq", true, &first_seq));
-  if (*first_seq == 0) return InvalidArgument("update_info first_seq must be >= 1");
   IpcUpdateInfo u;
   u.session = *session;
-  u.sync = *sync;
-  u.first_seq = *first_seq;
   WSYNC_ASSIGN_OR_RETURN(u.tensor_sizes, ReadU64List(j, "tensor_sizes"));
   WSYNC_ASSIGN_OR_RETURN(u.tensor_offsets, ReadU64List(j, "tensor_offsets"));
   WSYNC_ASSIGN_OR_RETURN(u.chunk_ends, ReadU64List(j, "chunk_ends"));

@@ -1,4 +1,4 @@
-// The `ipc` backend's wire format, version 1: the init and update payloads both halves
+// The `ipc` backend's wire format, version 2: the init and update payloads both halves
 // agree on, the chunk cut, and the device keys that pick a worker's staging buffer.
 //
 // The colocated backend moves bytes through ONE staging area per trainer session, exported
@@ -15,7 +15,7 @@
 //    of its own GPU, whatever CUDA_VISIBLE_DEVICES says.
 //
 // init_info (POST /init_weight_transfer_engine), one per server:
-//   {"wsync_ipc_protocol": 1, "packed": true, "session": "<32 hex>",
+//   {"wsync_ipc_protocol": 2, "packed": true, "session": "<32 hex>",
 //    "control_path": "/proc/PID/fd/N", "control_bytes": B,
 //    "num_slots": 2, "slot_bytes": S, "reader_offset": R0, "reader_count": R,
 //    "buffers": {"host-<boot_id>": {"kind": "shm", "offset": O, "stride": T},
@@ -30,10 +30,17 @@
 //    "tensor_sizes": [bytes per tensor]          (vLLM's packed-IPC field),
 //    "tensor_offsets": [byte offset of each tensor inside its chunk's slot],
 //    "chunk_ends": [tensor index one past each chunk's last tensor],
-//    "wsync_ipc_protocol": 1, "session": "<32 hex>", "sync": n, "first_seq": q}
-// Chunk k of the update is published in slot (q + k) % num_slots under sequence number
-// q + k; a receiver reads a slot only while it carries exactly that number, so a stale or
-// foreign chunk is never read. Sequence numbers grow across the syncs of a session.
+//    "wsync_ipc_protocol": 2, "session": "<32 hex>"}
+// The update names no sync: it describes only the layout, so that a trainer sending the
+// same tensors sends the same bytes every sync, and a server parses and checks them once
+// per session (the HTTP layer hands a byte-identical body back as the same parsed object).
+// What changes every sync, its number n and the sequence number q of its first chunk,
+// the trainer announces in the control region (IpcRegion::Announce) before it posts the
+// update; the server reads it there when the update arrives (version 1 carried both in
+// the body as "sync" and "first_seq"). Chunk k of the update is published in slot
+// (q + k) % num_slots under sequence number q + k; a receiver reads a slot only while it
+// carries exactly that number, so a stale or foreign chunk is never read. Sequence numbers
+// grow across the syncs of a session.
 //
 // Zero-copy (stateful) mode, GPU only: the trainer's tensors already sit in ONE exported
 // device allocation, so there is nothing to pack. The update adds
@@ -73,7 +80,7 @@
 
 namespace wsync {
 
-inline constexpr int kIpcProtocolVersion = 1;
+inline constexpr int kIpcProtocolVersion = 2;
 inline constexpr size_t kIpcAlignment = 256;  // offset of every tensor inside a slot
 inline constexpr int kIpcMaxSlots = 4;
 inline constexpr int kIpcDefaultSlots = 2;
@@ -89,6 +96,7 @@ struct IpcBufferDesc {
   uint64_t stride = 0;
   nlohmann::json handle = nlohmann::json::object();
 
+  bool operator==(const IpcBufferDesc&) const = default;
   nlohmann::json ToJson() const;
   // `parent` names the object holding the entry in messages.
   static Result<IpcBufferDesc> Parse(const nlohmann::json& j, const std::string& key,
@@ -121,11 +129,13 @@ struct IpcZeroCopy {
   uint64_t generation = 0;  // >= 1 within a session
   uint64_t bytes = 0;       // the tensors' extent from their buffer's offset
   std::map<std::string, IpcBufferDesc> buffers;  // only in a generation's first update
+  bool operator==(const IpcZeroCopy&) const = default;
 };
 
 // The ipc-specific fields of one update (the tensor list itself is parsed by the server).
 struct IpcUpdateInfo {
   std::string session;
+  // Not on the wire: what the trainer announced in the control region for this sync.
   uint64_t sync = 0;       // 1, 2, ... within the session
   uint64_t first_seq = 0;  // sequence number of the update's first chunk (>= 1)
   std::vector<uint64_t> tensor_sizes;
@@ -133,11 +143,14 @@ struct IpcUpdateInfo {
   std::vector<uint64_t> chunk_ends;
   std::optional<IpcZeroCopy> zero_copy;
 
+  bool operator==(const IpcUpdateInfo&) const = default;
   size_t num_chunks() const { return chunk_ends.size(); }
   size_t chunk_first(size_t k) const { return k == 0 ? 0 : chunk_ends[k - 1]; }
-  // Adds the ipc fields to an update_info that already has names/dtype_names/shapes.
+  // Adds the ipc fields to an update_info that already has names/dtype_names/shapes
+  // (all but sync and first_seq, which travel in the control region).
   void AddTo(nlohmann::json* update_info) const;
-  // Parses the ipc fields; rejects vLLM's torch-pickled handles with a clear message.
+  // Parses the ipc fields (sync and first_seq stay 0); rejects vLLM's torch-pickled
+  // handles with a clear message.
   static Result<IpcUpdateInfo> Parse(const nlohmann::json& update_info);
   // Checks the update against the tensors the server parsed and the mapped slots: sizes
   // match dtype x shape, chunks cover the tensors in order, every tensor lies inside its

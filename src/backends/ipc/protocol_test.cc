@@ -42,8 +42,8 @@ TEST(IpcProtocol, InitInfoErrorsNameTheField) {
   json good = ValidInit().ToJson();
   expect(json{{"packed", false}}, "wsync_ipc_protocol");  // vLLM's own ipc init_info
   json j = good;
-  j["wsync_ipc_protocol"] = 2;
-  expect(j, "not supported");
+  j["wsync_ipc_protocol"] = 1;  // the body carried the sync's numbers then
+  expect(j, "wsync_ipc_protocol 1 is not supported (this server speaks 2)");
   j = good;
   j["bogus"] = 1;
   expect(j, "unknown field 'bogus'");
@@ -124,7 +124,9 @@ TEST(IpcProtocol, UpdateInfoRoundTripsAndValidates) {
   auto back = IpcUpdateInfo::Parse(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->chunk_ends, u.chunk_ends);
-  EXPECT_EQ(back->first_seq, 7u);
+  EXPECT_EQ(back->first_seq, 0u);  // the sync's numbers travel in the control region
+  EXPECT_FALSE(j.contains("sync"));
+  EXPECT_FALSE(j.contains("first_seq"));
   EXPECT_TRUE(back->Validate(ts, 400).ok());
 
   // A chunk larger than the mapped slots.

@@ -26,12 +26,17 @@ namespace {
 using nlohmann::json;
 
 // What a sync's batched copies were built for: the update's tensors and where they sit.
+// The tensor list is shared with the server, the same object sync after sync while the
+// trainer's update does not change, so that the comparison is usually a pointer's.
 struct CopyLayout {
-  std::vector<TensorMeta> tensors;
+  std::shared_ptr<const std::vector<TensorMeta>> tensors;
   std::vector<uint64_t> offsets;
   std::vector<uint64_t> chunk_ends;
   uint64_t generation = 0;  // zero-copy: the mapping's generation
-  bool operator==(const CopyLayout&) const = default;
+  bool operator==(const CopyLayout& o) const {
+    return generation == o.generation && offsets == o.offsets && chunk_ends == o.chunk_ends &&
+           (tensors == o.tensors || (tensors != nullptr && o.tensors != nullptr && *tensors == *o.tensors));
+  }
 };
 
 // One worker's side of a session's data plane. A CUDA worker reads either device slots
@@ -136,14 +141,15 @@ class IpcReceiver final : public ReceiverBackend {
           "no ipc staging region is mapped: call init_weight_transfer_engine first (a session ends "
           "when its trainer exits)");
     }
-    WSYNC_ASSIGN_OR_RETURN(IpcUpdateInfo u, IpcUpdateInfo::Parse(*req.update_info));
     IpcRegion& region = *session->region;
-    if (u.session != session->info.session) {
-      return FailedPrecondition(fmt::format(
-          "update_info names ipc session {}, but this server mapped session {}: call "
-          "init_weight_transfer_engine for the new session", u.session, session->info.session));
+    WSYNC_ASSIGN_OR_RETURN(IpcUpdateInfo u, ParseAndValidate(req, session));
+    IpcRegion::Announcement a = region.Announced();
+    if (a.sync == 0 || a.first_seq == 0) {
+      return FailedPrecondition(fmt::format("the trainer of ipc session {} announced no sync in its control region "
+                                            "before update_weights", u.session));
     }
-    WSYNC_RETURN_IF_ERROR(u.Validate(req.tensors, region.slot_bytes()));
+    u.sync = a.sync;
+    u.first_seq = a.first_seq;
     WSYNC_RETURN_IF_ERROR(CheckPlanes(*session, u));
     if (!region.TrainerAlive()) {
       Release(session);
@@ -155,8 +161,8 @@ class IpcReceiver final : public ReceiverBackend {
     for (const ReceiverWorker& w : ctx_->workers) {
       int reader = session->info.reader_offset + w.dp_index * tp + w.tp_rank;
       if (region.acked(reader) >= u.first_seq) {
-        return FailedPrecondition(fmt::format("update_info first_seq {} of sync {} was already consumed by {}",
-                                              u.first_seq, u.sync, w.label));
+        return FailedPrecondition(fmt::format("the trainer announced sync {} from chunk seq {}, which {} has already "
+                                              "consumed", u.sync, u.first_seq, w.label));
       }
     }
 
@@ -164,16 +170,17 @@ class IpcReceiver final : public ReceiverBackend {
     if (u.zero_copy) WSYNC_RETURN_IF_ERROR(MapZeroCopy(*session, u));
     std::atomic<size_t> landed{0};
     std::vector<std::future<Status>> futures;
+    const std::shared_ptr<const std::vector<TensorMeta>>& tensors = req.tensors;
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       const ReceiverWorker& w = ctx_->workers[i];
       int reader = session->info.reader_offset + w.dp_index * tp + w.tp_rank;
       WorkerPlane* plane = session->planes[i].get();
       futures.push_back(w.thread->Post([&, reader, w, plane]() -> Status {
-        if (u.zero_copy) return ReceiveZeroCopy(w, *plane, reader, region, u, req.tensors, deadline, landed);
+        if (u.zero_copy) return ReceiveZeroCopy(w, *plane, reader, region, u, tensors, deadline, landed);
         if (plane->slots == WorkerPlane::Slots::kDevice) {
-          return ReceiveDevice(w, *plane, reader, region, u, req.tensors, deadline, landed);
+          return ReceiveDevice(w, *plane, reader, region, u, tensors, deadline, landed);
         }
-        return Receive(w, reader, region, u, req.tensors, deadline, landed);
+        return Receive(w, reader, region, u, *tensors, deadline, landed);
       }));
     }
     Status first;
@@ -197,6 +204,24 @@ class IpcReceiver final : public ReceiverBackend {
   }
 
  private:
+  // The update's ipc fields, checked against its tensors and the session; a body already
+  // checked for this session (the same object, see UpdateRequest) is not parsed again.
+  Result<IpcUpdateInfo> ParseAndValidate(const UpdateRequest& req, const std::shared_ptr<Session>& session) {
+    if (req.update_info == checked_.info && req.tensors == checked_.tensors && session == checked_.session.lock()) {
+      return checked_.update;
+    }
+    checked_ = Checked{};
+    WSYNC_ASSIGN_OR_RETURN(IpcUpdateInfo u, IpcUpdateInfo::Parse(*req.update_info));
+    if (u.session != session->info.session) {
+      return FailedPrecondition(fmt::format(
+          "update_info names ipc session {}, but this server mapped session {}: call "
+          "init_weight_transfer_engine for the new session", u.session, session->info.session));
+    }
+    WSYNC_RETURN_IF_ERROR(u.Validate(*req.tensors, session->region->slot_bytes()));
+    checked_ = Checked{req.update_info, req.tensors, session, u};
+    return u;
+  }
+
   // Lands every chunk of the update from the host slots in one worker's shards (a CUDA
   // worker copies each tensor host -> device); runs on the worker's thread.
   static Status Receive(const ReceiverWorker& w, int reader, IpcRegion& region, const IpcUpdateInfo& u,
@@ -378,8 +403,8 @@ class IpcReceiver final : public ReceiverBackend {
   // Lands every chunk from the device slots, each with one batched copy built once per
   // (layout, slot); runs on the worker's thread.
   static Status ReceiveDevice(const ReceiverWorker& w, WorkerPlane& plane, int reader, IpcRegion& region,
-                              const IpcUpdateInfo& u, const std::vector<TensorMeta>& tensors, Deadline deadline,
-                              std::atomic<size_t>& landed) {
+                              const IpcUpdateInfo& u, const std::shared_ptr<const std::vector<TensorMeta>>& tensors,
+                              Deadline deadline, std::atomic<size_t>& landed) {
     CopyLayout layout{tensors, u.tensor_offsets, u.chunk_ends, 0};
     if (!(layout == plane.packed_layout)) {
       plane.packed.Clear();
@@ -393,7 +418,7 @@ class IpcReceiver final : public ReceiverBackend {
       DeviceCopies* copies = plane.packed.Find(key);
       if (copies == nullptr) {  // first sync of this layout: plan before waiting
         const std::byte* base = plane.staging->data() + plane.offset + static_cast<uint64_t>(slot) * plane.stride;
-        WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, base, tensors, u, u.chunk_first(k), u.chunk_ends[k]));
+        WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, base, *tensors, u, u.chunk_first(k), u.chunk_ends[k]));
         WSYNC_ASSIGN_OR_RETURN(copies, plane.packed.Get(w.device, key, list));
       }
       std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, n, u.sync);
@@ -408,8 +433,8 @@ class IpcReceiver final : public ReceiverBackend {
   // Waits for the go, then copies straight from the trainer's tensors into the shards in
   // one batched copy (built once per layout and generation).
   static Status ReceiveZeroCopy(const ReceiverWorker& w, WorkerPlane& plane, int reader, IpcRegion& region,
-                                const IpcUpdateInfo& u, const std::vector<TensorMeta>& tensors, Deadline deadline,
-                                std::atomic<size_t>& landed) {
+                                const IpcUpdateInfo& u, const std::shared_ptr<const std::vector<TensorMeta>>& tensors,
+                                Deadline deadline, std::atomic<size_t>& landed) {
     if (u.num_chunks() == 0) return Status::Ok();
     if (plane.generation != u.zero_copy->generation || !plane.zc) {  // MapZeroCopy made sure; never read stale
       return Internal(fmt::format("{}: zero-copy generation {} is not mapped", w.label, u.zero_copy->generation));
@@ -421,8 +446,8 @@ class IpcReceiver final : public ReceiverBackend {
     }
     DeviceCopies* copies = plane.zc_copies.Find(0);
     if (copies == nullptr) {
-      WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, plane.zc->data() + plane.zc_offset, tensors, u, 0,
-                                                      tensors.size()));
+      WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, plane.zc->data() + plane.zc_offset, *tensors, u, 0,
+                                                      tensors->size()));
       WSYNC_ASSIGN_OR_RETURN(copies, plane.zc_copies.Get(w.device, 0, list));
     }
     std::string what = fmt::format("{}: zero-copy go of sync {}", w.label, u.sync);
@@ -455,6 +480,14 @@ class IpcReceiver final : public ReceiverBackend {
   }
 
   ReceiverContext* ctx_;
+  // The last update that passed ParseAndValidate (used by Update only, which the server
+  // never runs twice at once).
+  struct Checked {
+    std::shared_ptr<const json> info;
+    std::shared_ptr<const std::vector<TensorMeta>> tensors;
+    std::weak_ptr<Session> session;  // not an owner: a released session's mapping goes
+    IpcUpdateInfo update;
+  } checked_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Session> session_;  // GUARDED_BY(mu_); an update holds its own reference

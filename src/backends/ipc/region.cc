@@ -23,7 +23,7 @@ namespace wsync {
 namespace {
 
 constexpr uint64_t kMagic = 0x4350494353595357ull;  // "WSYNCIPC" in little-endian bytes
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: the announced sync
 constexpr uint64_t kHeaderPage = 4096;
 constexpr uint64_t kReaderLine = 64;
 constexpr uint64_t kSlotAlign = uint64_t{2} << 20;  // 2 MiB: huge-page friendly slots
@@ -65,6 +65,8 @@ struct IpcRegion::Header {
   alignas(64) uint32_t ack_futex;
   alignas(64) uint64_t aborted_sync;
   char abort_reason[248];
+  alignas(64) uint64_t announced_sync;  // written last by Announce, read first and last by Announced
+  uint64_t announced_first_seq;
   struct alignas(64) Slot {
     uint64_t seq;
     uint64_t bytes;
@@ -236,6 +238,23 @@ void IpcRegion::FutexWait(uint32_t* word, uint32_t seen, std::chrono::microsecon
 void IpcRegion::FutexBump(uint32_t* word) {
   A(word).fetch_add(1, std::memory_order_release);
   syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void IpcRegion::Announce(uint64_t sync, uint64_t first_seq) {
+  Header* h = header();
+  A(&h->announced_sync).store(0, std::memory_order_release);  // readers retry until both words are new
+  A(&h->announced_first_seq).store(first_seq, std::memory_order_release);
+  A(&h->announced_sync).store(sync, std::memory_order_release);
+}
+
+IpcRegion::Announcement IpcRegion::Announced() const {
+  Header* h = header();
+  for (;;) {
+    Announcement a;
+    a.sync = A(&h->announced_sync).load(std::memory_order_acquire);
+    a.first_seq = A(&h->announced_first_seq).load(std::memory_order_acquire);
+    if (A(&h->announced_sync).load(std::memory_order_acquire) == a.sync) return a;
+  }
 }
 
 void IpcRegion::Publish(uint64_t seq, uint64_t bytes) {

@@ -7,13 +7,16 @@
 //
 //   [0, 4096)              header: magic "WSYNCIPC", layout version, session id, slot
 //                          count/size/stride, reader count, trainer pid; publish futex,
-//                          ack futex, aborted sync + reason, per-slot {seq, bytes}
+//                          ack futex, aborted sync + reason, the announced sync
+//                          {sync, first seq}, per-slot {seq, bytes}
 //   [4096, 4096 + 64 R)    one line per reader (receiving worker): {acked seq, pid}
 //   [header_bytes, ...)    slot k at header_bytes + k * slot_stride (kind "shm" only);
 //                          header_bytes and slot_stride are multiples of 2 MiB
 //
 // Hand-off (one writer, R readers, `num_slots`-deep ring; sequence numbers start at 1
 // and grow across the syncs of a session):
+//   trainer  Announce(sync, first_seq) before it posts the sync's update_weights
+//   reader   Announced() when the update arrives: which sync, and where its chunks start
 //   trainer  WaitAcked(seq - num_slots)   every reader is done with the slot's old chunk
 //            pack chunk into slot seq % num_slots
 //            Publish(seq): slot.seq = seq (release), publish_futex++, FUTEX_WAKE
@@ -91,6 +94,9 @@ class IpcRegion {
   // ---- trainer -------------------------------------------------------------------
   // POSIX shm: removes the name (mapped regions stay); no-op for a memfd.
   void UnlinkName();
+  // Names the sync about to start and the sequence number of its first chunk. Called
+  // before the sync's update_weights is posted, never while a sync is under way.
+  void Announce(uint64_t sync, uint64_t first_seq);
   // Makes chunk `seq` in slot seq % num_slots visible to readers and wakes them.
   void Publish(uint64_t seq, uint64_t bytes);
   // Waits until every reader has acknowledged `seq` (seq 0: returns at once). `check`
@@ -105,6 +111,12 @@ class IpcRegion {
   uint32_t reader_pid(int reader) const;
 
   // ---- receiver ------------------------------------------------------------------
+  struct Announcement {
+    uint64_t sync = 0;       // 0: nothing announced yet
+    uint64_t first_seq = 0;
+  };
+  // What the trainer last announced (a consistent pair).
+  Announcement Announced() const;
   // Records `pid` in the reader's line (for the trainer's messages).
   void Attach(int reader, uint32_t pid);
   // Waits until slot seq % num_slots carries `seq`. Aborted when the trainer abandoned

@@ -114,6 +114,21 @@ TEST(IpcRegion, OpenRejectsMissingGarbageAndForeignRegions) {
   EXPECT_NE(r.status().message().find("reader(s)"), std::string::npos) << r.status().message();
 }
 
+TEST(IpcRegion, ReadersSeeTheSyncTheTrainerAnnouncedLast) {
+  auto trainer = IpcRegion::Create(Options(1));
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ((*reader)->Announced().sync, 0u);  // nothing yet
+  (*trainer)->Announce(1, 1);
+  EXPECT_EQ((*reader)->Announced().sync, 1u);
+  EXPECT_EQ((*reader)->Announced().first_seq, 1u);
+  (*trainer)->Announce(2, 14);  // sync 1 took 13 chunks
+  IpcRegion::Announcement a = (*reader)->Announced();
+  EXPECT_EQ(a.sync, 2u);
+  EXPECT_EQ(a.first_seq, 14u);
+}
+
 TEST(IpcRegion, PosixShmNameIsGoneAfterUnlinkButMappingsStay) {
   auto trainer = IpcRegion::Create(Options(1, 4096, ShmBacking::kPosixShm));
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();

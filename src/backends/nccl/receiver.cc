@@ -143,7 +143,7 @@ class NcclReceiver final : public ReceiverBackend {
           "tears the group down)");
     }
     Deadline deadline = Deadline::InSeconds(timeout_);
-    std::vector<TensorMeta> tensors = req.tensors;
+    const std::vector<TensorMeta>& tensors = *req.tensors;
     ChunkPlan plan;
     if (req.reject.ok()) {
       Result<ChunkPlan> p = info_->packed
