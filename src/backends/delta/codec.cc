@@ -120,7 +120,7 @@ size_t ProduceSparseSequences(void*, ZSTD_Sequence* out, size_t capacity, const 
 
 // A page of zeros for the leading unchanged blocks of a frame.
 const std::byte* ZeroBlock(size_t n) {
-  static const std::vector<std::byte> zeros(kDefaultBlockBytes * 4);
+  static const std::vector<std::byte> zeros(kMaxBlockBytes);
   return n <= zeros.size() ? zeros.data() : nullptr;
 }
 
@@ -150,10 +150,10 @@ void XorInto(std::span<std::byte> dst, std::span<const std::byte> src) {
   for (size_t i = 8 * words; i < n; ++i) d[i] ^= s[i];
 }
 
-Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t block_bytes, bool sparse_apply) {
-  if (block_bytes == 0 || block_bytes > kDefaultBlockBytes * 4) {
-    return InvalidArgument(fmt::format("delta block size {} must be in (0, {}]", block_bytes,
-                                       kDefaultBlockBytes * 4));
+Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t block_bytes, bool sparse_apply,
+                                                      Encoder encoder) {
+  if (block_bytes == 0 || block_bytes > kMaxBlockBytes) {
+    return InvalidArgument(fmt::format("delta block size {} must be in (0, {}]", block_bytes, kMaxBlockBytes));
   }
   std::unique_ptr<DeltaCodec> c(new DeltaCodec());
   c->zstd_ = std::make_unique<Zstd>();
@@ -164,9 +164,10 @@ Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t bl
                    StatusCode::kInvalidArgument, fmt::format("zstd level {}", zstd_level));
   ZSTD_registerSequenceProducer(c->zstd_->cctx, nullptr, ProduceSparseSequences);
   if (sparse_apply) c->sparse_ = std::make_unique<SparseApplier>();
+  if (encoder == Encoder::kDirect) c->writer_ = std::make_unique<zstd::FrameWriter>();
   c->level_ = zstd_level;
   c->block_bytes_ = block_bytes;
-  c->block_.resize(block_bytes);
+  c->block_.resize(block_bytes + 64);
   return c;
 }
 
@@ -196,6 +197,7 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
       if (end ? left == 0 : in.pos == in.size) return Status::Ok();
     }
   };
+  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm);
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet fed
   for (size_t off = 0; off < next.size(); off += block_bytes_) {
     size_t n = std::min(block_bytes_, next.size() - off);
@@ -220,6 +222,43 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
     WSYNC_RETURN_IF_ERROR(feed(block_.data(), n, false));
   }
   if (out.changed) WSYNC_RETURN_IF_ERROR(feed(nullptr, 0, true));
+  out.compressed.resize(used);
+  if (out.compressed.capacity() > 2 * used + (size_t{1} << 16)) out.compressed.shrink_to_fit();
+  out.checksum = hasher->FinishHex();
+  return out;
+}
+
+Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
+                                              DigestAlgorithm algorithm) {
+  EncodedDelta out;
+  auto hasher = Hasher::Create(algorithm);
+  size_t used = 0;
+  size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet written
+  const auto* patch = reinterpret_cast<const uint8_t*>(block_.data());
+  for (size_t off = 0; off < next.size(); off += block_bytes_) {
+    size_t n = std::min(block_bytes_, next.size() - off);
+    bool last = off + n == next.size();
+    hasher->Update(next.subspan(off, n));
+    uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
+    if (!out.changed) {
+      if (nz == 0) {
+        leading_zeros += n;
+        continue;
+      }
+      out.changed = true;
+      // Room for a typical frame (a few % of the tensor) up front: growing by doubling
+      // would fault in and copy the output several times.
+      out.compressed.resize(next.size() / 16 + 4096);
+      writer_->Begin(next.size(), &out.compressed, &used);
+      if (leading_zeros > 0) writer_->AddZeros(leading_zeros, false);
+    }
+    out.changed_bytes += nz;
+    if (nz == 0) {
+      writer_->AddZeros(n, last);
+    } else {
+      writer_->AddBlock(patch, n, last);
+    }
+  }
   out.compressed.resize(used);
   if (out.compressed.capacity() > 2 * used + (size_t{1} << 16)) out.compressed.shrink_to_fit();
   out.checksum = hasher->FinishHex();

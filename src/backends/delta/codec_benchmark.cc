@@ -69,7 +69,20 @@ int main(int argc, char** argv) {
   double encode_s = BestSeconds(
       3, [&] { std::memcpy(snap.data(), old.data(), n); },
       [&] { enc = *(*codec)->Encode(next, snap, DigestAlgorithm::kXxh3_128); });
+  auto viazstd = delta::DeltaCodec::Create(1, block_kib << 10, true, delta::Encoder::kLibzstd);
+  delta::EncodedDelta enc_zstd;
+  double encode_zstd_s = BestSeconds(
+      3, [&] { std::memcpy(snap.data(), old.data(), n); },
+      [&] { enc_zstd = *(*viazstd)->Encode(next, snap, DigestAlgorithm::kXxh3_128); });
   for (size_t i = 0; i < n; ++i) patch[i] = old[i] ^ next[i];
+  {
+    size_t seqs = 0, lits = 0, zs = 0, nz = 0; size_t z = 0; size_t hist_ml[8] = {0};
+    for (size_t i = 0; i < n; ++i) {
+      if (patch[i] != std::byte{0}) { ++nz; if (z >= 4) { ++seqs; lits += 1; int b=0; size_t m=z-1; while(m>>=1) ++b; hist_ml[std::min(b,7)]++; } else lits += z; lits += 1; z = 0; } else ++z;
+    }
+    std::printf("nonzero %zu (%.2f%%), sequences %zu (%.2f per KB), literals %zu (%.2f%%)\n", nz, 100.0*nz/n, seqs, seqs*1024.0/n, lits, 100.0*lits/n);
+    for (int b=0;b<8;++b) std::printf(" ml2^%d:%zu", b, hist_ml[b]); std::printf("\n");
+  }
   std::vector<char> out(ZSTD_compressBound(n));
   size_t oneshot = 0;
   double zstd_s = BestSeconds(3, nothing, [&] { oneshot = ZSTD_compress(out.data(), out.size(), patch.data(), n, 1); });
@@ -83,21 +96,27 @@ int main(int argc, char** argv) {
   double plain_s = BestSeconds(
       3, [&] { std::memcpy(region.data(), old.data(), n); },
       [&] { (void)(*plain)->Apply(enc.compressed, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
+  std::vector<uint8_t> stock(out.begin(), out.begin() + oneshot);
+  double stock_s = BestSeconds(
+      3, [&] { std::memcpy(region.data(), old.data(), n); },
+      [&] { (void)(*plain)->Apply(stock, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
   std::vector<uint8_t> decoded(n);
   double libzstd_s = BestSeconds(3, nothing, [&] {
     (void)ZSTD_decompress(decoded.data(), n, enc.compressed.data(), enc.compressed.size());
   });
   std::printf("tensor %zu MiB bf16, %.2f%% of elements changed, block %zu KiB\n", mib,
               100 * step->changed_fraction, block_kib);
-  std::printf("compressed %.2f%% of tensor bytes (stock zstd -1: %.2f%%)\n", 100.0 * enc.compressed.size() / n,
-              100.0 * oneshot / n);
+  std::printf("compressed %.2f%% of tensor bytes (via libzstd %.2f%%, stock zstd -1: %.2f%%)\n",
+              100.0 * enc.compressed.size() / n, 100.0 * enc_zstd.compressed.size() / n, 100.0 * oneshot / n);
   std::printf("%-28s %8.2f GB/s\n", "memcpy", gbps(memcpy_s));
   std::printf("%-28s %8.2f GB/s\n", "xxh3-128", gbps(hash_s));
   std::printf("%-28s %8.2f GB/s\n", "stock zstd -1 (patch)", gbps(zstd_s));
+  std::printf("%-28s %8.2f GB/s\n", "Encode via libzstd", gbps(encode_zstd_s));
   std::printf("%-28s %8.2f GB/s\n", "Encode (fused)", gbps(encode_s));
   std::printf("%-28s %8.2f GB/s\n", "libzstd decode of the frame", gbps(libzstd_s));
   std::printf("%-28s %8.2f GB/s\n", "sparse XOR of the frame", gbps(sparse_s));
   std::printf("%-28s %8.2f GB/s\n", "Apply via libzstd, verified", gbps(plain_s));
+  std::printf("%-28s %8.2f GB/s\n", "Apply stock -1 frame (libzstd)", gbps(stock_s));
   std::printf("%-28s %8.2f GB/s   (%llu sparse, %llu libzstd frames)\n", "Apply (verified)", gbps(apply_s),
               static_cast<unsigned long long>((*codec)->sparse_frames()),
               static_cast<unsigned long long>((*codec)->libzstd_frames()));

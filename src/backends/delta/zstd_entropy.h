@@ -152,6 +152,12 @@ class HuffmanTable {
   // Decodes `count` symbols of one "Huffman-coded Stream"; false unless the stream is
   // consumed exactly.
   bool DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t count) const;
+  // Code length of every byte value (0: no code), as read.
+  std::array<uint8_t, 256> CodeLengths() const {
+    std::array<uint8_t, 256> len{};
+    for (const HufEntry& e : table_) len[e.sym] = e.nb;
+    return len;
+  }
 
  private:
   std::vector<HufEntry> table_;
