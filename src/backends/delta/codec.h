@@ -98,6 +98,8 @@ class DeltaCodec {
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
   std::unique_ptr<zstd::FrameWriter> writer_;  // null: libzstd writes the frames
+  std::vector<uint8_t> frame_;                 // the frame being written (kept between tensors)
+  std::vector<uint64_t> masks_;                // nonzero bytes of block_, one word per 64 bytes
   int level_ = kDefaultZstdLevel;
   size_t block_bytes_ = kDefaultBlockBytes;
   std::vector<std::byte> block_;  // one patch block (and slack the frame writer reads)

@@ -148,6 +148,26 @@ TEST_P(DeltaCodecTest, MismatchedSizesAreRefused) {
   EXPECT_FALSE(DeltaCodec::Create(1, 0).ok());
 }
 
+TEST(DeltaCodecIsaTest, BaselineAndAvx2LoopsWriteTheSameFrames) {
+  for (size_t n : {size_t{1}, size_t{100}, size_t{65536 + 17}, size_t{1} << 20}) {
+    std::vector<std::byte> old = RandomBytes(n, 9), next = Changed(old, 3, 29);
+    std::vector<std::vector<uint8_t>> frames;
+    for (bool baseline : {false, true}) {
+      zstd::UseBaselineIsaForTesting(baseline);
+      auto codec = DeltaCodec::Create();
+      ASSERT_TRUE(codec.ok());
+      std::vector<std::byte> snap = old;
+      auto enc = (*codec)->Encode(next, snap, DigestAlgorithm::kXxh3_128);
+      ASSERT_TRUE(enc.ok());
+      EXPECT_EQ(snap, next);
+      EXPECT_EQ(enc->changed_bytes, (n - 3 + 28) / 29);
+      frames.push_back(enc->compressed);
+    }
+    zstd::UseBaselineIsaForTesting(false);
+    EXPECT_EQ(frames[0], frames[1]) << n;
+  }
+}
+
 TEST(DeltaCodecXorTest, XorIntoHandlesTails) {
   std::vector<std::byte> a = RandomBytes(21, 6), b = RandomBytes(21, 7), c = a;
   XorInto(c, b);

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <bit>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
 #endif
 
 #include "backends/delta/zstd_entropy.h"
@@ -41,14 +41,19 @@ struct CodeTables {
 };
 const CodeTables kCodes;
 
-inline unsigned LlCode(uint32_t ll) { return ll < 64 ? kCodes.ll[ll] : HighBit(ll) + 19; }
+// Branch-free (a select, not a jump): long lengths are rare but unpredictable.
+inline unsigned LlCode(uint32_t ll) {
+  unsigned small = kCodes.ll[std::min<uint32_t>(ll, 63)];
+  return ll < 64 ? small : HighBit(ll) + 19;
+}
 inline unsigned MlCode(uint32_t ml) {  // ml >= 3
   uint32_t b = ml - 3;
-  return b < 128 ? kCodes.ml[b] : HighBit(b) + 36;
+  unsigned small = kCodes.ml[std::min<uint32_t>(b, 127)];
+  return b < 128 ? small : HighBit(b | 1) + 36;
 }
 
 // Bit i set when p[i] != 0, for the first `n` (<= 64) bytes at p.
-inline uint64_t NonzeroMask(const uint8_t* p, size_t n) {
+__attribute__((always_inline)) inline uint64_t NonzeroMask(const uint8_t* p, size_t n) {
 #if defined(__SSE2__)
   if (n == 64) {
     const __m128i zero = _mm_setzero_si128();
@@ -329,6 +334,7 @@ FrameWriter::FrameWriter() {
   scratch_.resize(4 * kMaxBlock + 4096);
   ll_code_.resize(kMaxBlock / 4 + 2);
   ml_code_.resize(kMaxBlock / 4 + 2);
+  pos_.resize(kMaxBlock + 64);
 }
 
 uint8_t* FrameWriter::Reserve(size_t n) {
@@ -370,11 +376,99 @@ void FrameWriter::AddZeros(uint64_t n, bool last) {
   } while (n > 0);
 }
 
-size_t FrameWriter::Scan(const uint8_t* p, size_t n) {
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"), always_inline)) inline uint64_t NonzeroMask64Avx2(const uint8_t* p) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  uint64_t lo = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(a, zero)));
+  uint64_t hi = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(b, zero)));
+  return ~(lo | hi << 32);
+}
+#endif
+
+// Writes the positions of the changed bytes of p[0, n) to `pos` (n + 64 slots) and
+// returns their number. Four positions per step, so that the loop branches once per
+// four changes (most 64-byte chunks have fewer) instead of once per change; slots past
+// a chunk's count hold junk that the next chunk overwrites. A macro so that it compiles
+// inside functions of different target ISAs (`MASK64` reads a full 64-byte chunk).
+#define WSYNC_SCAN_POSITIONS(MASK_AT_BASE)                                                      \
+  size_t np = 0;                                                                                \
+  for (size_t base = 0; base < n; base += 64) {                                                 \
+    uint64_t mask = MASK_AT_BASE;                                                               \
+    uint32_t* w = pos + np;                                                                     \
+    np += static_cast<size_t>(std::popcount(mask));                                             \
+    const uint32_t b = static_cast<uint32_t>(base);                                             \
+    do {                                                                                        \
+      w[0] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      mask &= mask - 1;                                                                         \
+      w[1] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      mask &= mask - 1;                                                                         \
+      w[2] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      mask &= mask - 1;                                                                         \
+      w[3] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      mask &= mask - 1;                                                                         \
+      w += 4;                                                                                   \
+    } while (mask != 0);                                                                        \
+  }                                                                                             \
+  return np;
+
+size_t ScanPositionsBaseline(const uint8_t* p, size_t n, uint32_t* pos) {
+  WSYNC_SCAN_POSITIONS(NonzeroMask(p + base, std::min<size_t>(64, n - base)))
+}
+size_t MaskPositionsBaseline(const uint64_t* masks, size_t n, uint32_t* pos) { WSYNC_SCAN_POSITIONS(masks[base / 64]) }
+
+// The same for CPUs with AVX2/BMI/POPCNT, chosen at run time.
+#if defined(__x86_64__)
+__attribute__((target("avx2,bmi,bmi2,popcnt,lzcnt"))) size_t ScanPositionsAvx2(const uint8_t* p, size_t n,
+                                                                               uint32_t* pos) {
+  WSYNC_SCAN_POSITIONS(n - base >= 64 ? NonzeroMask64Avx2(p + base) : NonzeroMask(p + base, n - base))
+}
+__attribute__((target("bmi,popcnt"))) size_t MaskPositionsBmi(const uint64_t* masks, size_t n, uint32_t* pos) {
+  WSYNC_SCAN_POSITIONS(masks[base / 64])
+}
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+                       __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
+bool use_avx2 = kHaveAvx2;
+#endif
+#undef WSYNC_SCAN_POSITIONS
+
+}  // namespace
+
+bool Avx2Enabled() {
+#if defined(__x86_64__)
+  return use_avx2;
+#else
+  return false;
+#endif
+}
+
+void UseBaselineIsaForTesting(bool baseline) {
+#if defined(__x86_64__)
+  use_avx2 = kHaveAvx2 && !baseline;
+#endif
+  (void)baseline;
+}
+
+size_t FrameWriter::Scan(const uint8_t* p, size_t n, const uint64_t* masks) {
+  // The positions of the changed bytes first (from the caller's masks when it has them).
+  uint32_t* pos = pos_.data();
+#if defined(__x86_64__)
+  size_t np = masks != nullptr ? (use_avx2 ? MaskPositionsBmi(masks, n, pos) : MaskPositionsBaseline(masks, n, pos))
+              : use_avx2       ? ScanPositionsAvx2(p, n, pos)
+                               : ScanPositionsBaseline(p, n, pos);
+#else
+  size_t np = masks != nullptr ? MaskPositionsBaseline(masks, n, pos) : ScanPositionsBaseline(p, n, pos);
+#endif
+  // Then one sequence per zero run of four or more bytes: literals [lit_from, zero_start]
+  // (the changed bytes and one zero), a match over the rest of the run.
   Seq* seq = seqs_.data();
+  uint8_t* llc = ll_code_.data();
+  uint8_t* mlc = ml_code_.data();
   uint8_t* lit = lits_.data();
   size_t count = 0, nlit = 0, zero_start = 0, lit_from = 0;
-  // Literals [lit_from, zero_start] and a match over the zeros up to `end`.
   auto sequence = [&](size_t end) {
     uint32_t ll = static_cast<uint32_t>(zero_start + 1 - lit_from);
     if (ll <= 16) {
@@ -383,17 +477,17 @@ size_t FrameWriter::Scan(const uint8_t* p, size_t n) {
       std::memcpy(lit + nlit, p + lit_from, ll);
     }
     nlit += ll;
-    seq[count++] = Seq{ll, static_cast<uint32_t>(end - zero_start - 1)};
+    uint32_t ml = static_cast<uint32_t>(end - zero_start - 1);
+    seq[count] = Seq{ll, ml};
+    llc[count] = static_cast<uint8_t>(LlCode(ll));
+    mlc[count] = static_cast<uint8_t>(MlCode(ml));
+    ++count;
     lit_from = end;
   };
-  for (size_t base = 0; base < n; base += 64) {
-    uint64_t mask = NonzeroMask(p + base, std::min<size_t>(64, n - base));
-    while (mask != 0) {  // one iteration per changed byte
-      size_t pos = base + static_cast<size_t>(std::countr_zero(mask));
-      mask &= mask - 1;
-      if (pos - zero_start >= 4) sequence(pos);
-      zero_start = pos + 1;
-    }
+  for (size_t k = 0; k < np; ++k) {
+    size_t q = pos[k];
+    if (q - zero_start >= 4) sequence(q);
+    zero_start = q + 1;
   }
   if (n - zero_start >= 4) sequence(n);
   std::memcpy(lit + nlit, p + lit_from, n - lit_from);  // the last literals
@@ -417,12 +511,6 @@ size_t FrameWriter::WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out) {
     }
     if (huf_valid_ || fresh) {
       const HufCTable& t = fresh ? huf_next_ : huf_;
-      uint8_t* body = out + 5;
-      size_t dn = 0;
-      if (fresh) {
-        std::memcpy(body, t.description.data(), t.description.size());
-        dn = t.description.size();
-      }
       auto stream = [&t](const uint8_t* src, size_t count, uint8_t* dst) {
         BitWriter w(dst);
         size_t i = count;
@@ -441,33 +529,37 @@ size_t FrameWriter::WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out) {
         }
         return w.Close();
       };
+      // Only a section smaller than the raw literals is kept, so both size fields are
+      // below n and the header size follows from n alone.
       bool four = n >= kFourStreams;
+      unsigned sf = !four ? 0 : n < 1024 ? 1 : n < 16384 ? 2 : 3;
+      size_t h = sf <= 1 ? 3 : sf == 2 ? 4 : 5;
+      uint8_t* body = out + h;
+      size_t dn = 0;
+      if (fresh) {
+        std::memcpy(body, t.description.data(), t.description.size());
+        dn = t.description.size();
+      }
       size_t csize;
       if (four) {
         size_t per = (n + 3) / 4;
         uint8_t* jump = body + dn;
         uint8_t* s = jump + 6;
-        size_t sizes[4];
         for (int k = 0; k < 4; ++k) {
-          sizes[k] = stream(lit + k * per, k < 3 ? per : n - 3 * per, s);
-          s += sizes[k];
-        }
-        for (int k = 0; k < 3; ++k) {
-          jump[2 * k] = static_cast<uint8_t>(sizes[k]);
-          jump[2 * k + 1] = static_cast<uint8_t>(sizes[k] >> 8);
+          size_t size = stream(lit + k * per, k < 3 ? per : n - 3 * per, s);
+          if (k < 3) {
+            jump[2 * k] = static_cast<uint8_t>(size);
+            jump[2 * k + 1] = static_cast<uint8_t>(size >> 8);
+          }
+          s += size;
         }
         csize = static_cast<size_t>(s - body);
-        if (std::max({sizes[0], sizes[1], sizes[2]}) > 0xFFFF) csize = SIZE_MAX;
       } else {
         csize = dn + stream(lit, n, body + dn);
       }
-      size_t big = std::max(n, csize);
-      unsigned sf = !four ? 0 : big < 1024 ? 1 : big < 16384 ? 2 : 3;
-      size_t h = sf <= 1 ? 3 : sf == 2 ? 4 : 5;
-      if (csize != SIZE_MAX && h + csize < n) {  // n <= 128 KiB: every field fits
+      if (h + csize < n) {  // then also each stream < 64 KiB
         uint64_t v = (fresh ? 2u : 3u) | (sf << 2) | (uint64_t{n} << 4);
         v |= uint64_t{csize} << (h == 3 ? 14 : h == 4 ? 18 : 22);
-        std::memmove(out + h, body, csize);
         for (size_t i = 0; i < h; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
         fresh_huf_ = fresh;
         return h + csize;
@@ -508,12 +600,8 @@ size_t FrameWriter::WriteSequences(uint8_t* out) {
   }
   if (n == 0) return static_cast<size_t>(o - out);
   const Seq* seq = seqs_.data();
-  uint8_t* llc = ll_code_.data();
-  uint8_t* mlc = ml_code_.data();
-  for (size_t i = 0; i < n; ++i) {
-    llc[i] = static_cast<uint8_t>(LlCode(seq[i].ll));
-    mlc[i] = static_cast<uint8_t>(MlCode(seq[i].ml));
-  }
+  const uint8_t* llc = ll_code_.data();
+  const uint8_t* mlc = ml_code_.data();
   fresh_seq_ = !seq_valid_ || (seq_from_ < 1024 && n > 4 * seq_from_);
   uint8_t* modes = o++;
   if (fresh_seq_) {
@@ -563,8 +651,8 @@ size_t FrameWriter::WriteSequences(uint8_t* out) {
   return static_cast<size_t>(o - out);
 }
 
-void FrameWriter::AddBlock(const uint8_t* patch, size_t n, bool last) {
-  size_t nlit = Scan(patch, n);
+void FrameWriter::AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks) {
+  size_t nlit = Scan(patch, n, masks);
   uint8_t* b = scratch_.data() + 3;
   size_t size = WriteLiterals(lits_.data(), nlit, b);
   fresh_seq_ = false;

@@ -115,6 +115,12 @@ struct HufCTable {
 // not compress below 128 bytes).
 bool BuildHuffman(const uint32_t* counts, HufCTable* out);
 
+// Makes every FrameWriter use (true) or stop using the baseline x86-64 scan instead of
+// the AVX2 one on CPUs that have AVX2 (tests; not thread-safe against running writers).
+void UseBaselineIsaForTesting(bool baseline);
+// Whether the AVX2 loops run (the CPU has AVX2, BMI1/2 and POPCNT, and no test said no).
+bool Avx2Enabled();
+
 class FrameWriter {
  public:
   FrameWriter();
@@ -123,7 +129,9 @@ class FrameWriter {
   void Begin(uint64_t content_size, std::vector<uint8_t>* out, size_t* used);
   // Appends `n` (<= kMaxBlock) bytes of the patch as one block. `patch` must be
   // readable for 32 bytes past n (the scan reads whole words). `last` ends the frame.
-  void AddBlock(const uint8_t* patch, size_t n, bool last);
+  // `masks`, when given, has bit i of word k set iff patch[64k + i] != 0 (for every
+  // chunk, the partial last one too; the caller computed them while XORing).
+  void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr);
   // Appends `n` zero bytes (any size) as RLE blocks.
   void AddZeros(uint64_t n, bool last);
 
@@ -134,7 +142,7 @@ class FrameWriter {
   };
   uint8_t* Reserve(size_t n);
   void PutBlockHeader(uint8_t* p, bool last, unsigned type, size_t size);
-  size_t Scan(const uint8_t* patch, size_t n);  // fills seqs_, lits_; returns literal count
+  size_t Scan(const uint8_t* patch, size_t n, const uint64_t* masks);  // fills seqs_, lits_; returns literal count
   size_t WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out);
   size_t WriteSequences(uint8_t* out);
 
@@ -143,7 +151,8 @@ class FrameWriter {
   std::vector<Seq> seqs_;
   std::vector<uint8_t> lits_;
   std::vector<uint8_t> scratch_;  // one compressed block
-  std::vector<uint8_t> ll_code_, ml_code_;
+  std::vector<uint8_t> ll_code_, ml_code_;  // codes of seqs_
+  std::vector<uint32_t> pos_;               // positions of the changed bytes of a block
   // Per frame: the literal code and the sequence tables the last blocks used.
   HufCTable huf_, huf_next_;  // next: built for the current block, kept if it is written
   bool fresh_huf_ = false;     // the current block's literals carry huf_next_

@@ -82,7 +82,14 @@ std::vector<std::vector<uint8_t>> Patches() {
   return v;
 }
 
-TEST(FrameWriterTest, FramesDecodeBitExactlyWithLibzstdAndSparseApplier) {
+// Runs with the scan the CPU picks, then with the baseline x86-64 one.
+class FrameWriterIsaTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { UseBaselineIsaForTesting(GetParam()); }
+  void TearDown() override { UseBaselineIsaForTesting(false); }
+};
+
+TEST_P(FrameWriterIsaTest, FramesDecodeBitExactlyWithLibzstdAndSparseApplier) {
   SparseApplier applier;
   ZSTD_DCtx* d = ZSTD_createDCtx();
   ZSTD_DCtx_setParameter(d, ZSTD_d_windowLogMax, 17);  // the frame asks for no more
@@ -113,6 +120,9 @@ TEST(FrameWriterTest, FramesDecodeBitExactlyWithLibzstdAndSparseApplier) {
   }
   ZSTD_freeDCtx(d);
 }
+
+INSTANTIATE_TEST_SUITE_P(Scan, FrameWriterIsaTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Baseline" : "Native"; });
 
 TEST(FrameWriterTest, SparsePatchesCompressLikeBf16Steps) {
   std::mt19937 rng(5);
