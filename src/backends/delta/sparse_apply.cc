@@ -1,6 +1,12 @@
 #include "backends/delta/sparse_apply.h"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "backends/delta/zstd_entropy.h"
 
@@ -50,20 +56,84 @@ inline void PutLiterals(Output& out, const uint8_t* lit, size_t n) {
   out.pos += n;
 }
 
+// PutLiterals for up to 16 literals with 16 bytes of output left: one masked 16-byte
+// XOR (the bytes past n are rewritten unchanged, all inside this region). `lit` must be
+// readable for 16 bytes.
+inline void PutLiteralsShort(Output& out, const uint8_t* lit, size_t n) {
+#if defined(__SSE2__)
+  alignas(16) static constexpr uint8_t kMask[32] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                                    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  __m128i l = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lit)),
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMask + 16 - n)));
+  auto* dst = reinterpret_cast<__m128i*>(out.region + out.pos);
+  _mm_storeu_si128(dst, _mm_xor_si128(_mm_loadu_si128(dst), l));
+  unsigned nonzero = ~static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(l, _mm_setzero_si128()))) &
+                     ((1u << n) - 1);
+  out.tz = nonzero == 0 ? out.tz + n : n - 1 - static_cast<size_t>(31 - std::countl_zero(nonzero));
+  out.pos += n;
+#else
+  PutLiterals(out, lit, n);
+#endif
+}
+
+// One decoding table entry of a sequence code with its code tables folded in (libzstd's
+// ZSTD_seqSymbol): the length or offset value is `value` + the next `extra` bits, the
+// next state `next` + the next `nb` bits.
+struct SeqEntry {
+  uint32_t value;
+  uint16_t next;
+  uint8_t extra;
+  uint8_t nb;
+};
+
+struct SeqTable {
+  std::vector<SeqEntry> t;
+  unsigned al = 0;
+};
+
+void ToSeqTable(const FseTable& f, const uint32_t* base, const uint8_t* bits, SeqTable* out) {
+  out->al = f.al;
+  out->t.resize(f.t.size());
+  for (size_t i = 0; i < f.t.size(); ++i) {
+    out->t[i] = SeqEntry{base[f.t[i].sym], f.t[i].base, bits[f.t[i].sym], f.t[i].nb};
+  }
+}
+
+// Offset codes: value 1 << code, code extra bits.
+struct OffsetCodes {
+  uint32_t base[32];
+  uint8_t bits[32];
+  OffsetCodes() {
+    for (unsigned c = 0; c < 32; ++c) {
+      base[c] = 1u << c;
+      bits[c] = static_cast<uint8_t>(c);
+    }
+  }
+};
+const OffsetCodes kOf;
+
 }  // namespace
 
 struct SparseApplier::State {
-  FseTable ll_default, ml_default, of_default;
-  FseTable ll, ml, of;         // the tables of the last block with sequences ("Repeat_Mode")
+  SeqTable ll_default, ml_default, of_default;
+  SeqTable ll_own, ml_own, of_own;  // tables read from the frame
+  // The tables in force ("Repeat_Mode" keeps them); null before the first sequences.
+  const SeqTable* ll = nullptr;
+  const SeqTable* ml = nullptr;
+  const SeqTable* of = nullptr;
   zstd::HuffmanTable huf;      // empty before the first Huffman-coded literals block
   std::vector<uint8_t> literals;
   uint32_t reps[3] = {1, 4, 8};
 
   State() {
-    BuildFse(kLlDefault, 35, 6, &ll_default);
-    BuildFse(kMlDefault, 52, 6, &ml_default);
-    BuildFse(kOfDefault, 28, 5, &of_default);
-    literals.resize(kBlockMax);
+    FseTable f;
+    BuildFse(kLlDefault, 35, 6, &f);
+    ToSeqTable(f, kLlBase.data(), kLlBits.data(), &ll_default);
+    BuildFse(kMlDefault, 52, 6, &f);
+    ToSeqTable(f, kMlBase.data(), kMlBits.data(), &ml_default);
+    BuildFse(kOfDefault, 28, 5, &f);
+    ToSeqTable(f, kOf.base, kOf.bits, &of_default);
+    literals.resize(kBlockMax + 32);  // slack for 16-byte reads past the last literal
   }
 
   // "Literals Section": fills `literals`, returns the section size (0 when malformed).
@@ -115,50 +185,46 @@ struct SparseApplier::State {
     *count = regen;
     if (sf == 0) {
       if (!huf.DecodeStream(q, qn, literals.data(), regen)) return 0;
-    } else {
-      if (qn < 10) return 0;
-      size_t s1 = Le(q, 2), s2 = Le(q + 2, 2), s3 = Le(q + 4, 2);
-      if (6 + s1 + s2 + s3 + 1 > qn) return 0;
-      size_t s4 = qn - 6 - s1 - s2 - s3, per = (regen + 3) / 4;
-      if (3 * per > regen) return 0;
-      const uint8_t* s = q + 6;
-      if (!huf.DecodeStream(s, s1, literals.data(), per) ||
-          !huf.DecodeStream(s + s1, s2, literals.data() + per, per) ||
-          !huf.DecodeStream(s + s1 + s2, s3, literals.data() + 2 * per, per) ||
-          !huf.DecodeStream(s + s1 + s2 + s3, s4, literals.data() + 3 * per, regen - 3 * per)) {
-        return 0;
-      }
+    } else if (!huf.DecodeFourStreams(q, qn, literals.data(), regen)) {
+      return 0;
     }
     return h + csize;
   }
 
-  // Reads one table of the "Sequences_Section_Header" into `table`.
-  size_t ReadTable(unsigned mode, const uint8_t* p, size_t n, const FseTable& predefined, unsigned max_al,
-                   unsigned max_sym, FseTable* table) {
+  // Reads one table of the "Sequences_Section_Header" and points `cur` at the table in
+  // force; returns the bytes read, SIZE_MAX when malformed.
+  static size_t ReadTable(unsigned mode, const uint8_t* p, size_t n, const SeqTable& predefined, unsigned max_al,
+                          unsigned max_sym, const uint32_t* base, const uint8_t* bits, SeqTable* own,
+                          const SeqTable** cur) {
     switch (mode) {
       case 0:
-        *table = predefined;
+        *cur = &predefined;
         return 0;
       case 1:
         if (n < 1 || p[0] > max_sym) return SIZE_MAX;
-        table->t.assign(1, FseEntry{0, 0, p[0]});
-        table->al = 0;
-        table->valid = true;
+        own->t.assign(1, SeqEntry{base[p[0]], 0, bits[p[0]], 0});
+        own->al = 0;
+        *cur = own;
         return 1;
       case 2: {
-        size_t used = ReadFse(p, n, max_al, max_sym, table);
-        return used == 0 ? SIZE_MAX : used;
+        FseTable f;
+        size_t used = ReadFse(p, n, max_al, max_sym, &f);
+        if (used == 0) return SIZE_MAX;
+        ToSeqTable(f, base, bits, own);
+        *cur = own;
+        return used;
       }
       default:
-        return table->valid ? 0 : SIZE_MAX;
+        return *cur != nullptr ? 0 : SIZE_MAX;
     }
   }
 
   // "Sequences Section" and "Sequence Execution" in one loop: each sequence's literals
   // are XORed into `out` and its match is skipped when it provably copies zeros. False
   // when malformed or when a match may copy nonzero bytes (some literals may have been
-  // applied by then: the caller undoes them by running the same frame again).
-  bool ExecuteSequences(const uint8_t* p, size_t n, size_t nlit, Output& out) {
+  // applied by then: the caller undoes them by running the same frame again). The
+  // block's output ends by `block_end`.
+  bool ExecuteSequences(const uint8_t* p, size_t n, size_t nlit, Output& out, size_t block_end) {
     if (n < 1) return false;
     size_t nseq, h;
     if (p[0] < 128) {
@@ -174,7 +240,7 @@ struct SparseApplier::State {
       h = 3;
     }
     if (nseq == 0) {
-      if (h != n || nlit > out.size - out.pos) return false;
+      if (h != n || nlit > block_end - out.pos) return false;
       PutLiterals(out, literals.data(), nlit);
       return true;
     }
@@ -182,27 +248,49 @@ struct SparseApplier::State {
     unsigned modes = p[h++];
     if (modes & 3) return false;
     size_t used;
-    if ((used = ReadTable(modes >> 6, p + h, n - h, ll_default, 9, 35, &ll)) == SIZE_MAX) return false;
+    if ((used = ReadTable(modes >> 6, p + h, n - h, ll_default, 9, 35, kLlBase.data(), kLlBits.data(), &ll_own,
+                          &ll)) == SIZE_MAX) {
+      return false;
+    }
     h += used;
-    if ((used = ReadTable((modes >> 4) & 3, p + h, n - h, of_default, 8, 31, &of)) == SIZE_MAX) return false;
+    if ((used = ReadTable((modes >> 4) & 3, p + h, n - h, of_default, 8, 31, kOf.base, kOf.bits, &of_own, &of)) ==
+        SIZE_MAX) {
+      return false;
+    }
     h += used;
-    if ((used = ReadTable((modes >> 2) & 3, p + h, n - h, ml_default, 9, 52, &ml)) == SIZE_MAX) return false;
+    if ((used = ReadTable((modes >> 2) & 3, p + h, n - h, ml_default, 9, 52, kMlBase.data(), kMlBits.data(), &ml_own,
+                          &ml)) == SIZE_MAX) {
+      return false;
+    }
     h += used;
     BackBits b;
     if (h > n || !b.Init(p + h, n - h)) return false;
-    uint32_t lls = static_cast<uint32_t>(b.Read(ll.al)), ofs = static_cast<uint32_t>(b.Read(of.al)),
-             mls = static_cast<uint32_t>(b.Read(ml.al));
+    // Offsets all "repeat offset 1" (an RLE table of code 0, what FrameWriter writes):
+    // no offset bits, so a sequence reads at most 50 bits and one refill serves it.
+    bool rle_of1 = of->al == 0 && of->t[0].value == 1 && of->t[0].extra == 0;
+    return rle_of1 ? Execute<true>(b, nseq, nlit, out, block_end) : Execute<false>(b, nseq, nlit, out, block_end);
+  }
+
+  template <bool kRleOffset1>
+  bool Execute(BackBits& b, size_t nseq, size_t nlit, Output& out, size_t block_end) {
+    const SeqEntry* llt = ll->t.data();
+    const SeqEntry* mlt = ml->t.data();
+    const SeqEntry* oft = of->t.data();
+    uint32_t lls = static_cast<uint32_t>(b.Read(ll->al)), ofs = static_cast<uint32_t>(b.Read(of->al)),
+             mls = static_cast<uint32_t>(b.Read(ml->al));
+    const uint8_t* lit = literals.data();
     size_t lp = 0;
     for (size_t i = 0; i < nseq; ++i) {
-      unsigned ofc = of.t[ofs].sym, mlc = ml.t[mls].sym, llc = ll.t[lls].sym;
-      if (ofc > 31 || mlc > 52 || llc > 35) return false;
-      uint64_t ofv = (uint64_t{1} << ofc) + b.Read(ofc);
-      uint32_t mlen = kMlBase[mlc] + static_cast<uint32_t>(b.Read(kMlBits[mlc]));
-      uint32_t llen = kLlBase[llc] + static_cast<uint32_t>(b.Read(kLlBits[llc]));
+      const bool fast = kRleOffset1 && b.RefillFast();
+      auto read = [&b, fast](unsigned k) { return fast ? b.ReadUnchecked(k) : b.Read(k); };
+      const SeqEntry L = llt[lls], M = mlt[mls], O = oft[ofs];
+      uint64_t ofv = kRleOffset1 ? 1 : O.value + read(O.extra);
+      uint32_t mlen = M.value + static_cast<uint32_t>(read(M.extra));
+      uint32_t llen = L.value + static_cast<uint32_t>(read(L.extra));
       if (i + 1 < nseq) {
-        lls = ll.t[lls].base + static_cast<uint32_t>(b.Read(ll.t[lls].nb));
-        mls = ml.t[mls].base + static_cast<uint32_t>(b.Read(ml.t[mls].nb));
-        ofs = of.t[ofs].base + static_cast<uint32_t>(b.Read(of.t[ofs].nb));
+        lls = L.next + static_cast<uint32_t>(read(L.nb));
+        mls = M.next + static_cast<uint32_t>(read(M.nb));
+        if (!kRleOffset1) ofs = O.next + static_cast<uint32_t>(read(O.nb));
       }
       uint32_t offset;
       if (ofv > 3) {  // "Repeat offsets": a new offset
@@ -222,15 +310,19 @@ struct SparseApplier::State {
           reps[0] = offset;
         }
       }
-      if (llen > nlit - lp || llen > out.size - out.pos) return false;
-      PutLiterals(out, literals.data() + lp, llen);
+      if (llen > nlit - lp || uint64_t{llen} + mlen > block_end - out.pos) return false;
+      if (llen <= 16 && out.size - out.pos >= 16) {
+        PutLiteralsShort(out, lit + lp, llen);
+      } else {
+        PutLiterals(out, lit + lp, llen);
+      }
       lp += llen;
-      if (offset > out.tz || mlen > out.size - out.pos) return false;  // may copy nonzero bytes
+      if (offset > out.tz) return false;  // may copy nonzero bytes
       out.pos += mlen;
       out.tz += mlen;
     }
-    if (b.remaining() != 0 || nlit - lp > out.size - out.pos) return false;
-    PutLiterals(out, literals.data() + lp, nlit - lp);
+    if (b.remaining() != 0 || nlit - lp > block_end - out.pos) return false;
+    PutLiterals(out, lit + lp, nlit - lp);
     return true;
   }
 };
@@ -247,7 +339,7 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
     st.reps[1] = 4;
     st.reps[2] = 8;
     st.huf.clear();
-    st.ll.valid = st.of.valid = st.ml.valid = false;
+    st.ll = st.of = st.ml = nullptr;
     const uint8_t* p = frame.data();
     size_t n = frame.size();
     if (n < 6 || Le(p, 4) != 0xFD2FB528u) return false;
@@ -289,7 +381,8 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
       } else if (type == 2) {  // "Compressed_Block"
         if (at + size > n || size > kBlockMax) return false;
         size_t nlit = 0, lsize = st.ReadLiterals(p + at, size, &nlit);
-        if (lsize == 0 || !st.ExecuteSequences(p + at + lsize, size - lsize, nlit, out)) return false;
+        size_t block_end = out.pos + std::min(kBlockMax, out.size - out.pos);
+        if (lsize == 0 || !st.ExecuteSequences(p + at + lsize, size - lsize, nlit, out, block_end)) return false;
         at += size;
       } else {
         return false;

@@ -148,5 +148,42 @@ bool HuffmanTable::DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t
   return b.remaining() == 0;
 }
 
+bool HuffmanTable::DecodeFourStreams(const uint8_t* p, size_t n, uint8_t* out, size_t count) const {
+  if (n < 10) return false;
+  size_t s1 = Le(p, 2), s2 = Le(p + 2, 2), s3 = Le(p + 4, 2);
+  if (6 + s1 + s2 + s3 + 1 > n) return false;
+  size_t s4 = n - 6 - s1 - s2 - s3, per = (count + 3) / 4;
+  if (3 * per > count) return false;
+  const uint8_t* s = p + 6;
+  BackBits b[4];
+  if (!b[0].Init(s, s1) || !b[1].Init(s + s1, s2) || !b[2].Init(s + s1 + s2, s3) ||
+      !b[3].Init(s + s1 + s2 + s3, s4)) {
+    return false;
+  }
+  uint8_t* o[4] = {out, out + per, out + 2 * per, out + 3 * per};
+  uint8_t* const end[4] = {out + per, out + 2 * per, out + 3 * per, out + count};
+  const HufEntry* t = table_.data();
+  const unsigned bits = bits_;
+  // Stream 4 is the shortest, so it decides when fewer than five symbols are left.
+  while (end[3] - o[3] >= 5) {
+    if (!(b[0].RefillFast() & b[1].RefillFast() & b[2].RefillFast() & b[3].RefillFast())) break;
+    for (int r = 0; r < 5; ++r) {  // 5 x 11 bits <= 57
+      for (int k = 0; k < 4; ++k) {
+        HufEntry e = t[b[k].PeekUnchecked(bits)];
+        *o[k]++ = e.sym;
+        b[k].Skip(e.nb);
+      }
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    while (o[k] < end[k]) {
+      HufEntry e = t[b[k].Peek(bits)];
+      *o[k]++ = e.sym;
+      b[k].Skip(e.nb);
+    }
+    if (b[k].remaining() != 0) return false;
+  }
+  return true;
+}
 
 }  // namespace wsync::delta::zstd

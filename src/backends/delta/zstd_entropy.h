@@ -58,6 +58,21 @@ class BackBits {
     consumed_ += n;
     return v;
   }
+  // Refills, then says whether at least 57 bits are held (the stream's start is not
+  // near), i.e. whether Unchecked reads of up to 57 bits in all are safe until the
+  // next refill. False near the start: use Read() there.
+  bool RefillFast() {
+    Refill();
+    return consumed_ <= 7;
+  }
+  // n in [0, 57 - bits read since RefillFast() returned true].
+  uint64_t ReadUnchecked(unsigned n) {
+    uint64_t v = ((container_ << consumed_) >> 1) >> (63 - n);
+    consumed_ += n;
+    return v;
+  }
+  // n in [1, 57 - bits read since RefillFast() returned true].
+  uint64_t PeekUnchecked(unsigned n) const { return (container_ << consumed_) >> (64 - n); }
   // Bits left; negative when more were read than the stream holds.
   int64_t remaining() const { return static_cast<int64_t>(ptr_ - start_) * 8 + 64 - static_cast<int64_t>(consumed_); }
 
@@ -152,6 +167,10 @@ class HuffmanTable {
   // Decodes `count` symbols of one "Huffman-coded Stream"; false unless the stream is
   // consumed exactly.
   bool DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t count) const;
+  // Decodes `count` symbols of four streams (the "4 streams" literals layout) that are
+  // `n` bytes at p, jump table included; interleaved, five symbols per stream between
+  // refills. False unless each stream is consumed exactly.
+  bool DecodeFourStreams(const uint8_t* p, size_t n, uint8_t* out, size_t count) const;
   // Code length of every byte value (0: no code), as read.
   std::array<uint8_t, 256> CodeLengths() const {
     std::array<uint8_t, 256> len{};
