@@ -126,7 +126,7 @@ TEST_F(IpcTest, TwoTrainerRanksWhereRank1IsNotTheSenderMatchTheTrainer) {
 TEST_F(IpcTest, BadInputGetsClearErrorsAndTheServerKeepsServing) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartIpcServer("serve", "qwen3-tiny", 2));
   const std::string& u = s.url;
-  json init = {{"wsync_ipc_protocol", 2},
+  json init = {{"wsync_ipc_protocol", 3},
                {"packed", true},
                {"session", std::string(32, 'a')},
                {"control_path", "/dev/shm/wsync-ipc-no-such-region"},
@@ -165,7 +165,7 @@ TEST_F(IpcTest, BadInputGetsClearErrorsAndTheServerKeepsServing) {
                  {"tensor_sizes", {512}},
                  {"tensor_offsets", {0}},
                  {"chunk_ends", {1}},
-                 {"wsync_ipc_protocol", 2},
+                 {"wsync_ipc_protocol", 3},
                  {"session", std::string(32, 'a')}};
   EXPECT_TRUE(IsError(HttpPostJson(u, "/update_weights", json{{"update_info", update}}), 409,
                       {"call init_weight_transfer_engine"}));

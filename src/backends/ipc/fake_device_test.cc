@@ -21,10 +21,12 @@
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/receiver.h"
 #include "backends/ipc/trainer.h"
+#include "comm/store.h"
 #include "control/http_server.h"
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
+#include "sources/trainer_ranks.h"
 #include "trainer/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
@@ -134,6 +136,14 @@ class FakePlane final : public IpcDevicePlane {
     return std::unique_ptr<DeviceImport>(std::make_unique<Import>(a->base, &imports));
   }
   Result<std::unique_ptr<DeviceCopies>> Copies(const Device&, std::span<const WorkerStore::ByteCopy> copies) override {
+    for (const auto& c : copies) {  // every copy stays inside live device memory
+      auto s = rt_->Containing(c.src), d = rt_->Containing(c.dst);
+      if (!s || !d || static_cast<const std::byte*>(c.src) + c.bytes > s->base + s->bytes ||
+          static_cast<std::byte*>(c.dst) + c.bytes > d->base + d->bytes) {
+        return Internal(fmt::format("fake plane: a copy of {} bytes from {} to {} leaves device memory", c.bytes,
+                                    static_cast<const void*>(c.src), static_cast<const void*>(c.dst)));
+      }
+    }
     plans.fetch_add(1);
     return std::unique_ptr<DeviceCopies>(std::make_unique<Copier>(copies, &launches));
   }
@@ -381,6 +391,223 @@ TEST_F(IpcFakeGpu, AWorkerOnAGpuWithoutAnEntryAndBadHandlesAre400s) {
   ASSERT_TRUE(good->Init(trainer->metadata()).ok());
   ASSERT_TRUE(good->SendWeights(trainer->source(), std::nullopt).ok());
   ExpectHolds(*a.service, *trainer);
+}
+
+// ---- several trainer ranks, each exporting its own GPU's slots ---------------------
+
+// One call per rank, all at once (Init and SendWeights of several ranks are concurrent,
+// as the ranks of a trainer are).
+template <typename Fn>
+std::vector<Status> OnRanks(int n, Fn fn) {
+  std::vector<Status> out(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// The trainer group of `n` ranks (a Gloo communicator through a rendezvous store).
+struct Group {
+  std::unique_ptr<StoreServer> store;
+  ParallelLayout layout;
+  std::vector<std::shared_ptr<TrainerGroup>> ranks;
+
+  static Group Connect(int n) {
+    Group g;
+    g.store = std::move(*StoreServer::Start("127.0.0.1", 0));
+    g.layout = *ParallelLayout::Parse("fsdp", n);
+    TrainerGroupOptions o;
+    o.store_port = g.store->port();
+    o.prefix = NewSessionId();
+    o.timeout_seconds = 20;
+    g.ranks.resize(n);
+    auto st = OnRanks(n, [&](int r) -> Status {
+      WSYNC_ASSIGN_OR_RETURN(g.ranks[r], TrainerGroup::Connect(o, g.layout, r));
+      return Status::Ok();
+    });
+    for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
+    return g;
+  }
+};
+
+// A source whose `fail_pass`-th pass fails at tensor `fail_at` (a trainer rank that breaks
+// in the middle of a sync).
+class FailingSource final : public WeightSource {
+ public:
+  explicit FailingSource(WeightSource* inner) : inner_(inner) {}
+  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override {
+    WSYNC_ASSIGN_OR_RETURN(auto s, inner_->Iterate());
+    bool fail = ++passes_ == fail_pass;
+    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(s), fail ? fail_at : SIZE_MAX));
+  }
+  int fail_pass = 0;  // 1-based; 0: never
+  size_t fail_at = 0;
+
+ private:
+  class Stream final : public TensorStream {
+   public:
+    Stream(std::unique_ptr<TensorStream> inner, size_t fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
+    Result<bool> Next(TensorRef* out) override {
+      if (n_++ == fail_at_) return Internal("injected: the rank's optimizer state is corrupt");
+      return inner_->Next(out);
+    }
+
+   private:
+    std::unique_ptr<TensorStream> inner_;
+    size_t fail_at_;
+    size_t n_ = 0;
+  };
+  WeightSource* inner_;
+  int passes_ = 0;
+};
+
+TEST_F(IpcFakeGpu, TwoRanksOnTwoGpusEachFeedTheWorkersOnTheirGpuBitExact) {
+  constexpr Device kCuda1{Device::Kind::kCuda, 1};
+  Server& tp2 = StartServer(2);          // workers on cuda:0 and cuda:1
+  Server& one = StartServer(1, kCuda1);  // a second reader of rank 1's slots
+  auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 11, 2));
+  Group group = Group::Connect(2);
+  // FSDP sources: every pass is a collective of the two ranks, and each yields full
+  // tensors (host memory here; each rank packs them into its own GPU's slots).
+  std::vector<std::unique_ptr<WeightSource>> sources(2);
+  auto built = OnRanks(2, [&](int r) -> Status {
+    WSYNC_ASSIGN_OR_RETURN(sources[r], BuildRankSource(*group.ranks[r], group.layout, nullptr, trainer->tensors(), 20));
+    return Status::Ok();
+  });
+  for (const Status& s : built) ASSERT_TRUE(s.ok()) << s.ToString();
+  std::vector<std::unique_ptr<TrainerEngine>> engines;
+  for (int r = 0; r < 2; ++r) {
+    TrainerOptions o = Options({&tp2, &one}, Device{Device::Kind::kCuda, r});
+    o.rank = r;
+    o.comm = group.ranks[r]->comm();
+    engines.push_back(std::move(*CreateIpcTrainer(o)));
+  }
+  int opens0 = plane_.opens.load();
+  auto init = OnRanks(2, [&](int r) { return engines[r]->Init(trainer->metadata()); });
+  for (const Status& s : init) ASSERT_TRUE(s.ok()) << s.ToString();
+  // One mapping per (server, GPU): tp2 maps both ranks' slots, `one` maps rank 1's.
+  EXPECT_EQ(plane_.opens.load() - opens0, 3);
+  for (uint64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE(trainer->Step(step).ok());
+    for (auto& s : sources) ASSERT_TRUE(RefreshRankSource(*s, trainer->tensors()).ok());
+    std::vector<Result<SyncStats>> stats(2, Status::Ok());
+    auto synced = OnRanks(2, [&](int r) {
+      stats[r] = engines[r]->SendWeights(*sources[r], "v" + std::to_string(step));
+      return stats[r].status();
+    });
+    for (const Status& s : synced) ASSERT_TRUE(s.ok()) << s.ToString();
+    // Rank 1 packed every byte into its own slots (the cut is the same on both ranks).
+    EXPECT_GE(stats[1]->chunks, 3u);
+    EXPECT_EQ(stats[1]->chunks, stats[0]->chunks);
+    EXPECT_EQ(stats[1]->bytes, stats[0]->bytes);
+    ExpectHolds(*tp2.service, *trainer);
+    ExpectHolds(*one.service, *trainer);
+    EXPECT_EQ(one.service->WeightVersion(), "v" + std::to_string(step));
+  }
+  engines.clear();
+  EXPECT_TRUE(Eventually([&] { return plane_.imports.load() == 0; }, 5)) << plane_.imports.load() << " left";
+}
+
+TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
+  constexpr Device kCuda1{Device::Kind::kCuda, 1};
+  Server& tp2 = StartServer(2);
+  auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 12, 2));
+  Group group = Group::Connect(2);
+  // Device sources on each rank's own GPU: in auto mode rank 0 would send zero-copy, but
+  // with a second publisher both ranks pack.
+  std::vector<std::unique_ptr<DeviceTensorSource>> device(2);
+  for (int r = 0; r < 2; ++r) {
+    device[r] = std::move(*DeviceTensorSource::Create(Device{Device::Kind::kCuda, r}, trainer->metadata()));
+  }
+  FailingSource rank1(device[1].get());
+  std::vector<WeightSource*> sources = {device[0].get(), &rank1};
+  std::vector<std::unique_ptr<TrainerEngine>> engines(2);
+  auto make = [&] {
+    for (int r = 0; r < 2; ++r) {
+      TrainerOptions o = Options({&tp2}, r == 0 ? kCuda0 : kCuda1);
+      o.rank = r;
+      o.comm = group.ranks[r]->comm();
+      engines[r] = std::move(*CreateIpcTrainer(o));
+    }
+    auto init = OnRanks(2, [&](int r) { return engines[r]->Init(trainer->metadata()); });
+    for (const Status& s : init) ASSERT_TRUE(s.ok()) << s.ToString();
+  };
+  auto sync = [&](uint64_t step) {
+    EXPECT_TRUE(trainer->Step(step).ok());
+    for (auto& d : device) EXPECT_TRUE(d->Upload(trainer->tensors()).ok());
+    return OnRanks(2, [&](int r) { return engines[r]->SendWeights(*sources[r], std::nullopt).status(); });
+  };
+  make();
+  for (const Status& s : sync(1)) ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectHolds(*tp2.service, *trainer);
+
+  // Sync 2: rank 1's transfer pass (its 4th pass) breaks at tensor 5, after it has
+  // published some chunks. Every rank fails at once (not at the 20 s timeout), naming it.
+  rank1.fail_pass = 4;
+  rank1.fail_at = 5;
+  auto t0 = std::chrono::steady_clock::now();
+  auto failed = sync(2);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 10.0);
+  ASSERT_FALSE(failed[1].ok());
+  EXPECT_NE(failed[1].message().find("injected"), std::string::npos) << failed[1].ToString();
+  ASSERT_FALSE(failed[0].ok());
+  EXPECT_NE(failed[0].message().find("injected"), std::string::npos) << failed[0].ToString();
+  EXPECT_NE(failed[0].message().find("trainer rank 1"), std::string::npos) << failed[0].ToString();
+  // Both sessions are over: another sync without Init is refused on both ranks.
+  auto refused = sync(3);
+  for (const Status& s : refused) EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+
+  // The server takes the next session and lands it bit-exact.
+  make();
+  for (uint64_t step = 4; step <= 5; ++step) {
+    for (const Status& s : sync(step)) ASSERT_TRUE(s.ok()) << s.ToString();
+    ExpectHolds(*tp2.service, *trainer);
+  }
+}
+
+TEST_F(IpcFakeGpu, RanksSharingAGpuOrTheHostExportOnceAndAGpuNoRankIsOnIsA400) {
+  auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 13, 2));
+  Group group = Group::Connect(2);
+  auto engines_on = [&](const std::vector<Server*>& servers, Device d0, Device d1) {
+    std::vector<std::unique_ptr<TrainerEngine>> e;
+    for (int r = 0; r < 2; ++r) {
+      TrainerOptions o = Options(servers, r == 0 ? d0 : d1);
+      o.rank = r;
+      o.comm = group.ranks[r]->comm();
+      e.push_back(std::move(*CreateIpcTrainer(o)));
+    }
+    return e;
+  };
+  // Both ranks on cuda:0 export one set of slots there: the TP=2 server's worker on
+  // cuda:1 has no entry, and every rank's Init fails with the server's 400 naming it.
+  Server& tp2 = StartServer(2);
+  auto e = engines_on({&tp2}, kCuda0, kCuda0);
+  auto init = OnRanks(2, [&](int r) { return e[r]->Init(trainer->metadata()); });
+  for (const Status& s : init) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("no entry for this server's device GPU-fake-1"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("offered: GPU-fake-0"), std::string::npos) << s.message();
+  }
+  // The same two ranks serve a server on their GPU: rank 1 only drains.
+  Server& a = StartServer(1);
+  e = engines_on({&a}, kCuda0, kCuda0);
+  init = OnRanks(2, [&](int r) { return e[r]->Init(trainer->metadata()); });
+  for (const Status& s : init) ASSERT_TRUE(s.ok()) << s.ToString();
+  // (Both drain the same host tensors: a non-sending rank only reads them.)
+  std::vector<WeightSource*> sources = {&trainer->source(), &trainer->source()};
+  auto synced = OnRanks(2, [&](int r) { return e[r]->SendWeights(*sources[r], std::nullopt).status(); });
+  for (const Status& s : synced) ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectHolds(*a.service, *trainer);
+  // CPU ranks: rank 0's host slots serve every worker of the host, GPU workers included.
+  ASSERT_TRUE(trainer->Step(1).ok());
+  e = engines_on({&tp2}, Device{}, Device{});
+  init = OnRanks(2, [&](int r) { return e[r]->Init(trainer->metadata()); });
+  for (const Status& s : init) ASSERT_TRUE(s.ok()) << s.ToString();
+  synced = OnRanks(2, [&](int r) { return e[r]->SendWeights(*sources[r], std::nullopt).status(); });
+  for (const Status& s : synced) ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectHolds(*tp2.service, *trainer);
 }
 
 }  // namespace

@@ -290,7 +290,7 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
     ASSERT_TRUE(s.StartWeightUpdate().ok());
     st = s.UpdateWeights(v1);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-    EXPECT_NE(st.message().find("wsync_ipc_protocol 1 is not supported (this server speaks 2)"), std::string::npos)
+    EXPECT_NE(st.message().find("wsync_ipc_protocol 1 is not supported (this server speaks 3)"), std::string::npos)
         << st.message();
     ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson()).ok());
   }

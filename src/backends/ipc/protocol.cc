@@ -69,20 +69,25 @@ bool IsSessionId(const std::string& s) {
 }  // namespace
 
 json IpcBufferDesc::ToJson() const {
-  return json{{"kind", kind}, {"offset", offset}, {"stride", stride}, {"handle", handle}};
+  json j{{"kind", kind}, {"offset", offset}, {"stride", stride}, {"handle", handle}};
+  if (publisher != 0) j["publisher"] = publisher;
+  return j;
 }
 
 Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key, const char* parent) {
   std::string where = fmt::format("{} buffers['{}']", parent, key);
   if (!j.is_object()) return InvalidArgument(where + " must be an object");
-  static const std::set<std::string> kKnown = {"kind", "offset", "stride", "handle"};
+  static const std::set<std::string> kKnown = {"kind", "offset", "stride", "handle", "publisher"};
   for (const auto& [k, _] : j.items()) {
     if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, k));
   }
   std::optional<std::string> kind;
   std::optional<uint64_t> offset, stride;
   std::optional<json> handle;
+  std::optional<int> publisher;
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "kind", true, &kind));
+  WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "publisher", false, &publisher));
+  if (publisher && *publisher < 0) return InvalidArgument(fmt::format("{} publisher {} must be >= 0", where, *publisher));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "offset", true, &offset));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "stride", true, &stride));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "handle", false, &handle));
@@ -94,6 +99,7 @@ Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key
   d.offset = *offset;
   d.stride = *stride;
   if (handle) d.handle = *handle;
+  d.publisher = publisher.value_or(0);
   return d;
 }
 

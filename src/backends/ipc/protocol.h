@@ -1,4 +1,4 @@
-// The `ipc` backend's wire format, version 2: the init and update payloads both halves
+// The `ipc` backend's wire format, version 3: the init and update payloads both halves
 // agree on, the chunk cut, and the device keys that pick a worker's staging buffer.
 //
 // The colocated backend moves bytes through ONE staging area per trainer session, exported
@@ -19,8 +19,17 @@
 //    "control_path": "/proc/PID/fd/N", "control_bytes": B,
 //    "num_slots": 2, "slot_bytes": S, "reader_offset": R0, "reader_count": R,
 //    "buffers": {"host-<boot_id>": {"kind": "shm", "offset": O, "stride": T},
-//                "GPU-<uuid>": {"kind": "cuda_fd", "offset": 0, "stride": T, "handle": {...}}},
+//                "GPU-<uuid>": {"kind": "cuda_fd", "offset": 0, "stride": T, "handle": {...}},
+//                "GPU-<uuid1>": {"kind": "cuda_ipc", ..., "publisher": 1}},
 //    "timeout_seconds": t}
+// Several trainer ranks (version 3): each rank on a GPU no lower rank is on exports slots
+// of its own there (same num_slots, slot_bytes and stride) and packs every chunk into them;
+// the ranks gather their descriptors to rank 0 at init (through TrainerOptions::comm) and
+// rank 0 sends the merged map. A buffer entry names its `publisher` (omitted: 0, rank 0),
+// the index of that rank's line in the control region; a worker waits for that
+// publisher's slot words and acknowledges to it (region.h). Ranks on a GPU a lower rank
+// already serves, and every rank of a CPU trainer (one host: rank 0's shm slots serve it),
+// export nothing. Zero-copy stays rank 0's alone: with several publishers the trainer packs.
 // Worker w of the server (dp index d, tp rank p) is reader R0 + d * TP + p, exactly the
 // rank the `nccl` backend would give it minus one (the trainer), so deployments with
 // external DP load balancing share one reader numbering.
@@ -80,7 +89,7 @@
 
 namespace wsync {
 
-inline constexpr int kIpcProtocolVersion = 2;
+inline constexpr int kIpcProtocolVersion = 3;
 inline constexpr size_t kIpcAlignment = 256;  // offset of every tensor inside a slot
 inline constexpr int kIpcMaxSlots = 4;
 inline constexpr int kIpcDefaultSlots = 2;
@@ -89,12 +98,15 @@ inline constexpr int kIpcDefaultSlots = 2;
 // exported memory. `handle` is what the kind needs to open it: {} for "shm" (the control
 // region itself); {"handle_b64"} for "cuda_ipc"; {"pid", "fd", "bytes"} for "cuda_fd";
 // kind "none" means the device has no slots (a zero-copy-only trainer). In a zero-copy
-// update the same shape names the trainer's own tensors (stride 0).
+// update the same shape names the trainer's own tensors (stride 0). `publisher` is the
+// control region's publisher line of the trainer rank that packs into these slots (0:
+// rank 0; on the wire only when not 0).
 struct IpcBufferDesc {
   std::string kind = "shm";
   uint64_t offset = 0;
   uint64_t stride = 0;
   nlohmann::json handle = nlohmann::json::object();
+  int publisher = 0;
 
   bool operator==(const IpcBufferDesc&) const = default;
   nlohmann::json ToJson() const;

@@ -24,6 +24,22 @@ IpcInitInfo ValidInit() {
   return i;
 }
 
+TEST(IpcProtocol, BufferEntriesNameTheirPublisherOnlyWhenNotRankZero) {
+  IpcInitInfo i = ValidInit();
+  i.buffers["GPU-b"] = IpcBufferDesc{"cuda_ipc", 0, 2 << 20, json{{"handle_b64", "x"}}, 1};
+  json j = i.ToJson();
+  EXPECT_FALSE(j["buffers"]["host-x"].contains("publisher"));  // rank 0's: as in version 2
+  EXPECT_EQ(j["buffers"]["GPU-b"]["publisher"], 1);
+  auto back = IpcInitInfo::Parse(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->buffers.at("GPU-b").publisher, 1);
+  EXPECT_EQ(back->buffers.at("host-x").publisher, 0);
+  j["buffers"]["GPU-b"]["publisher"] = -1;
+  auto bad = IpcInitInfo::Parse(j);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("buffers['GPU-b'] publisher -1"), std::string::npos) << bad.status().message();
+}
+
 TEST(IpcProtocol, InitInfoRoundTrips) {
   IpcInitInfo i = ValidInit();
   auto back = IpcInitInfo::Parse(i.ToJson());
@@ -43,7 +59,7 @@ TEST(IpcProtocol, InitInfoErrorsNameTheField) {
   expect(json{{"packed", false}}, "wsync_ipc_protocol");  // vLLM's own ipc init_info
   json j = good;
   j["wsync_ipc_protocol"] = 1;  // the body carried the sync's numbers then
-  expect(j, "wsync_ipc_protocol 1 is not supported (this server speaks 2)");
+  expect(j, "wsync_ipc_protocol 1 is not supported (this server speaks 3)");
   j = good;
   j["bogus"] = 1;
   expect(j, "unknown field 'bogus'");

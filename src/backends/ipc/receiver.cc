@@ -47,6 +47,7 @@ struct WorkerPlane {
   enum class Slots { kHost, kDevice, kNone };
   Slots slots = Slots::kHost;
   std::string key;                         // the worker's device key
+  int publisher = 0;                       // the trainer rank's line whose slots it reads
   std::shared_ptr<DeviceImport> staging;   // kDevice
   uint64_t offset = 0, stride = 0;         // of slot k: staging + offset + k * stride
   CopyLayout packed_layout;                // what `packed` was built for
@@ -116,8 +117,10 @@ class IpcReceiver final : public ReceiverBackend {
       WSYNC_RETURN_IF_ERROR(
           OpenSlots(ctx_->workers[i], info, *buffers[i], *session->region, opened, *session->planes[i]));
     }
-    for (const ReceiverWorker& w : ctx_->workers) {
-      session->region->Attach(info.reader_offset + w.dp_index * tp + w.tp_rank, static_cast<uint32_t>(getpid()));
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      const ReceiverWorker& w = ctx_->workers[i];
+      session->region->Attach(info.reader_offset + w.dp_index * tp + w.tp_rank, static_cast<uint32_t>(getpid()),
+                              session->planes[i]->publisher);
     }
     session->info = info;
     session->timeout = std::min(ctx_->timeout_seconds, info.timeout_seconds.value_or(ctx_->timeout_seconds));
@@ -230,7 +233,7 @@ class IpcReceiver final : public ReceiverBackend {
     for (size_t k = 0; k < n; ++k) {
       uint64_t seq = u.first_seq + k;
       std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, n, u.sync);
-      WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what));
+      WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what, 0));
       std::span<std::byte> slot = region.slot(static_cast<int>(seq % region.num_slots()));
       for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) {
         const TensorMeta& m = tensors[i];
@@ -261,6 +264,7 @@ class IpcReceiver final : public ReceiverBackend {
           return InvalidArgument(fmt::format("init_info buffers['{}'] is of kind {}; {} on {} reads cuda_ipc or "
                                              "cuda_fd", plane.key, b.kind, w.label, w.device.ToString()));
         }
+        plane.publisher = b.publisher;
         return &b;
       }
       if (!info.buffers.contains(HostDeviceKey())) {
@@ -272,6 +276,10 @@ class IpcReceiver final : public ReceiverBackend {
     if (host->kind != "shm") {
       return InvalidArgument(fmt::format("init_info buffers['{}'] is of kind {}, CPU workers read kind shm", key,
                                          host->kind));
+    }
+    if (host->publisher != 0) {
+      return InvalidArgument(fmt::format("init_info buffers['{}'] names publisher {}; the host slots are rank 0's "
+                                         "(publisher 0)", key, host->publisher));
     }
     plane.slots = WorkerPlane::Slots::kHost;
     return host;
@@ -422,7 +430,7 @@ class IpcReceiver final : public ReceiverBackend {
         WSYNC_ASSIGN_OR_RETURN(copies, plane.packed.Get(w.device, key, list));
       }
       std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, n, u.sync);
-      WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what));
+      WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what, plane.publisher));
       WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
       landed.fetch_add(1);
       region.Ack(reader, seq);

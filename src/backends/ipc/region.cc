@@ -23,9 +23,12 @@ namespace wsync {
 namespace {
 
 constexpr uint64_t kMagic = 0x4350494353595357ull;  // "WSYNCIPC" in little-endian bytes
-constexpr uint32_t kLayoutVersion = 2;  // 2: the announced sync
+constexpr uint32_t kLayoutVersion = 3;  // 2: the announced sync; 3: publisher lines
 constexpr uint64_t kHeaderPage = 4096;
 constexpr uint64_t kReaderLine = 64;
+constexpr uint64_t kCacheLine = 64;
+constexpr uint64_t kPublisherLine = kCacheLine * (kIpcMaxSlots + 1);  // slot words, then pid
+constexpr int kMaxPublishers = 1024;
 constexpr uint64_t kSlotAlign = uint64_t{2} << 20;  // 2 MiB: huge-page friendly slots
 constexpr auto kMaxSleep = std::chrono::milliseconds(10);
 
@@ -60,6 +63,7 @@ struct IpcRegion::Header {
   uint64_t total_bytes;
   uint32_t reader_count;
   uint32_t trainer_pid;
+  uint32_t publisher_count;
   char session[32];
   alignas(64) uint32_t publish_futex;
   alignas(64) uint32_t ack_futex;
@@ -67,10 +71,6 @@ struct IpcRegion::Header {
   char abort_reason[248];
   alignas(64) uint64_t announced_sync;  // written last by Announce, read first and last by Announced
   uint64_t announced_first_seq;
-  struct alignas(64) Slot {
-    uint64_t seq;
-    uint64_t bytes;
-  } slots[kIpcMaxSlots];
 };
 
 static_assert(std::atomic_ref<uint64_t>::is_always_lock_free);
@@ -80,9 +80,20 @@ IpcRegion::Header* IpcRegion::header() const {
   static_assert(sizeof(Header) <= kHeaderPage);
   return reinterpret_cast<Header*>(base_);
 }
-uint64_t* IpcRegion::slot_seq(int k) const { return &header()->slots[k].seq; }
+// Publisher line p: slot k's {seq, bytes} at + 64 k, the pid at + 64 num_slots_max, the
+// liveness lock on the line's last byte.
+uint64_t* IpcRegion::slot_seq(int p, int k) const {
+  return reinterpret_cast<uint64_t*>(base_ + kHeaderPage + kPublisherLine * p + kCacheLine * k);
+}
+uint64_t* IpcRegion::slot_bytes_word(int p, int k) const { return slot_seq(p, k) + 1; }
+uint32_t* IpcRegion::publisher_pid(int p) const {
+  return reinterpret_cast<uint32_t*>(base_ + kHeaderPage + kPublisherLine * p + kCacheLine * kIpcMaxSlots);
+}
+uint64_t IpcRegion::publisher_lock_byte(int p) const { return kHeaderPage + kPublisherLine * (p + 1) - 1; }
+uint64_t IpcRegion::readers_begin() const { return kHeaderPage + kPublisherLine * publisher_count_; }
+// Reader line r: {acked seq (u64), pid (u32), publisher (u32)}.
 uint64_t* IpcRegion::reader_acked(int r) const {
-  return reinterpret_cast<uint64_t*>(base_ + kHeaderPage + kReaderLine * r);
+  return reinterpret_cast<uint64_t*>(base_ + readers_begin() + kReaderLine * r);
 }
 
 Result<std::unique_ptr<IpcRegion>> IpcRegion::Create(const IpcRegionOptions& o) {
@@ -91,14 +102,19 @@ Result<std::unique_ptr<IpcRegion>> IpcRegion::Create(const IpcRegionOptions& o) 
   }
   if (o.reader_count < 1) return InvalidArgument("ipc region: needs at least one reader");
   if (o.slot_bytes == 0) return InvalidArgument("ipc region: slot size must be positive");
+  if (o.publisher_count < 1 || o.publisher_count > kMaxPublishers) {
+    return InvalidArgument(fmt::format("ipc region: publisher_count {} must be within 1..{}", o.publisher_count,
+                                       kMaxPublishers));
+  }
   std::unique_ptr<IpcRegion> r(new IpcRegion());
   r->owner_ = true;
   r->session_ = o.session;
   r->num_slots_ = o.num_slots;
   r->slot_bytes_ = o.slot_bytes;
   r->reader_count_ = o.reader_count;
+  r->publisher_count_ = o.publisher_count;
   r->slots_in_region_ = o.slots_in_region;
-  uint64_t control = kHeaderPage + kReaderLine * o.reader_count;
+  uint64_t control = kHeaderPage + kPublisherLine * o.publisher_count + kReaderLine * o.reader_count;
   if (o.slots_in_region) {
     r->header_bytes_ = AlignUp(control, kSlotAlign);
     r->slot_stride_ = AlignUp(o.slot_bytes, kSlotAlign);
@@ -136,65 +152,111 @@ Result<std::unique_ptr<IpcRegion>> IpcRegion::Create(const IpcRegionOptions& o) 
   h->total_bytes = r->bytes_;
   h->reader_count = o.reader_count;
   h->trainer_pid = static_cast<uint32_t>(getpid());
+  h->publisher_count = static_cast<uint32_t>(o.publisher_count);
+  *r->publisher_pid(0) = h->trainer_pid;
   std::memcpy(h->session, o.session.data(), std::min<size_t>(o.session.size(), sizeof(h->session)));
   A(&h->magic).store(kMagic, std::memory_order_release);  // last: the header is complete
   return r;
 }
 
-Result<std::unique_ptr<IpcRegion>> IpcRegion::Open(const IpcInitInfo& info) {
+// Opens and maps `path` and checks that it is a region of this layout and `session`.
+Result<std::unique_ptr<IpcRegion>> IpcRegion::Map(const std::string& path, const std::string& session) {
   std::unique_ptr<IpcRegion> r(new IpcRegion());
-  r->path_ = info.control_path;
-  r->fd_ = open(info.control_path.c_str(), O_RDWR | O_CLOEXEC);
+  r->path_ = path;
+  r->fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (r->fd_ < 0) {
     int err = errno;
     return InvalidArgument(fmt::format(
         "cannot open the ipc control region '{}': {} (the trainer must run on this host, in a "
-        "PID namespace this server can see, and still be alive)",
-        info.control_path, std::strerror(err)));
+        "PID namespace this process can see, and still be alive)",
+        path, std::strerror(err)));
   }
   struct stat st {};
-  WSYNC_IPC_SYSCALL(fstat(r->fd_, &st), fmt::format("fstat {}", info.control_path));
+  WSYNC_IPC_SYSCALL(fstat(r->fd_, &st), fmt::format("fstat {}", path));
   if (!S_ISREG(st.st_mode)) {
-    return InvalidArgument(fmt::format("ipc control region '{}' is not a shared-memory file", info.control_path));
+    return InvalidArgument(fmt::format("ipc control region '{}' is not a shared-memory file", path));
   }
   uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < kHeaderPage || size < info.control_bytes) {
-    return InvalidArgument(fmt::format("ipc control region '{}' has {} bytes, init_info says {}: not a wsync ipc region",
-                                       info.control_path, size, info.control_bytes));
+  if (size < kHeaderPage) {
+    return InvalidArgument(fmt::format("ipc control region '{}' has {} bytes: not a wsync ipc region", path, size));
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_, 0);
-  if (p == MAP_FAILED) return Errno(fmt::format("mapping {}", info.control_path), errno, __FILE__, __LINE__);
+  if (p == MAP_FAILED) return Errno(fmt::format("mapping {}", path), errno, __FILE__, __LINE__);
   r->base_ = static_cast<std::byte*>(p);
   r->bytes_ = size;
   const Header* h = r->header();
-  std::string where = fmt::format("ipc control region '{}'", info.control_path);
+  std::string where = fmt::format("ipc control region '{}'", path);
   if (A(const_cast<uint64_t*>(&h->magic)).load(std::memory_order_acquire) != kMagic) {
     return InvalidArgument(where + " is not a wsync ipc region (bad magic)");
   }
   if (h->layout_version != kLayoutVersion) {
-    return InvalidArgument(fmt::format("{} has layout version {}, this server reads {}", where, h->layout_version, kLayoutVersion));
+    return InvalidArgument(fmt::format("{} has layout version {}, this process reads {}", where, h->layout_version,
+                                       kLayoutVersion));
   }
-  std::string session(h->session, sizeof(h->session));
-  if (session != info.session) {
+  std::string got(h->session, sizeof(h->session));
+  if (got != session) {
     return InvalidArgument(fmt::format("{} belongs to session {}, init_info names session {} (stale path?)", where,
-                                       session, info.session));
+                                       got, session));
   }
-  if (h->total_bytes != size || static_cast<int>(h->num_slots) != info.num_slots ||
-      h->slot_bytes != info.slot_bytes || static_cast<int>(h->reader_count) != info.reader_count ||
-      h->header_bytes < kHeaderPage + kReaderLine * h->reader_count || h->header_bytes > size) {
-    return InvalidArgument(fmt::format(
-        "{} describes {} slot(s) of {} bytes for {} reader(s) in {} bytes; init_info says {} slot(s) of {} "
-        "bytes for {} reader(s)", where, h->num_slots, h->slot_bytes, h->reader_count, h->total_bytes,
-        info.num_slots, info.slot_bytes, info.reader_count));
+  if (h->total_bytes != size || h->num_slots < 1 || h->num_slots > kIpcMaxSlots || h->publisher_count < 1 ||
+      h->publisher_count > kMaxPublishers ||
+      h->header_bytes < kHeaderPage + kPublisherLine * h->publisher_count + kReaderLine * h->reader_count ||
+      h->header_bytes > size || h->slot_stride < h->slot_bytes) {
+    return InvalidArgument(fmt::format("{} has an inconsistent header ({} slot(s) of {} bytes, stride {}, {} "
+                                       "publisher(s), {} reader(s), header {} of {} bytes)", where, h->num_slots,
+                                       h->slot_bytes, h->slot_stride, h->publisher_count, h->reader_count,
+                                       h->header_bytes, size));
   }
-  r->session_ = session;
+  r->session_ = got;
   r->num_slots_ = static_cast<int>(h->num_slots);
   r->slot_bytes_ = h->slot_bytes;
   r->slot_stride_ = h->slot_stride;
   r->header_bytes_ = h->header_bytes;
   r->reader_count_ = static_cast<int>(h->reader_count);
+  r->publisher_count_ = static_cast<int>(h->publisher_count);
   r->slots_in_region_ = h->header_bytes + h->slot_stride * h->num_slots <= size;
-  if (h->slot_stride < h->slot_bytes) return InvalidArgument(where + " has a slot stride below its slot size");
+  return r;
+}
+
+Result<std::unique_ptr<IpcRegion>> IpcRegion::Open(const IpcInitInfo& info) {
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<IpcRegion> r, Map(info.control_path, info.session));
+  const Header* h = r->header();
+  if (r->bytes_ < info.control_bytes) {
+    return InvalidArgument(fmt::format("ipc control region '{}' has {} bytes, init_info says {}: not a wsync ipc region",
+                                       info.control_path, r->bytes_, info.control_bytes));
+  }
+  if (r->num_slots_ != info.num_slots || r->slot_bytes_ != info.slot_bytes || r->reader_count_ != info.reader_count) {
+    return InvalidArgument(fmt::format(
+        "ipc control region '{}' describes {} slot(s) of {} bytes for {} reader(s) in {} bytes; init_info says {} "
+        "slot(s) of {} bytes for {} reader(s)", info.control_path, h->num_slots, h->slot_bytes, h->reader_count,
+        h->total_bytes, info.num_slots, info.slot_bytes, info.reader_count));
+  }
+  for (const auto& [key, b] : info.buffers) {
+    if (b.publisher >= r->publisher_count_) {
+      return InvalidArgument(fmt::format("init_info buffers['{}'] names publisher {}, but the region '{}' has {}",
+                                         key, b.publisher, info.control_path, r->publisher_count_));
+    }
+  }
+  return r;
+}
+
+Result<std::unique_ptr<IpcRegion>> IpcRegion::OpenPublisher(const std::string& path, const std::string& session,
+                                                             int publisher) {
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<IpcRegion> r, Map(path, session));
+  if (publisher < 1 || publisher >= r->publisher_count_) {
+    return InvalidArgument(fmt::format("ipc control region '{}' has publishers 0..{}, not {}", path,
+                                       r->publisher_count_ - 1, publisher));
+  }
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = static_cast<off_t>(r->publisher_lock_byte(publisher));
+  lock.l_len = 1;
+  WSYNC_IPC_SYSCALL(fcntl(r->fd_, F_OFD_SETLK, &lock),
+                    fmt::format("locking publisher {} of {} (is another trainer rank publisher {}?)", publisher, path,
+                                publisher));
+  r->publisher_ = publisher;
+  A(r->publisher_pid(publisher)).store(static_cast<uint32_t>(getpid()), std::memory_order_release);
   return r;
 }
 
@@ -245,6 +307,37 @@ void IpcRegion::Announce(uint64_t sync, uint64_t first_seq) {
   A(&h->announced_sync).store(0, std::memory_order_release);  // readers retry until both words are new
   A(&h->announced_first_seq).store(first_seq, std::memory_order_release);
   A(&h->announced_sync).store(sync, std::memory_order_release);
+  if (publisher_count_ > 1) FutexBump(&h->publish_futex);  // publishers p > 0 wait for it
+}
+
+Result<uint64_t> IpcRegion::WaitAnnounced(uint64_t sync, Deadline deadline) {
+  Header* h = header();
+  auto last_probe = Deadline::Clock::now();
+  for (;;) {
+    uint32_t seen = A(&h->publish_futex).load(std::memory_order_acquire);
+    Announcement a = Announced();
+    if (a.sync == sync) return a.first_seq;
+    if (a.sync > sync) {
+      return FailedPrecondition(fmt::format("publisher {} expected sync {}, the trainer announced sync {}", publisher_,
+                                            sync, a.sync));
+    }
+    if (auto reason = AbortedReason(sync)) {
+      return Aborted(fmt::format("sync {} was abandoned before it started: {}", sync, *reason));
+    }
+    auto now = Deadline::Clock::now();
+    if (now - last_probe >= kMaxSleep) {
+      last_probe = now;
+      if (!PublisherAlive(0)) {
+        return Unavailable(fmt::format("the trainer (rank 0, pid {}) exited before announcing sync {} (session {})",
+                                       h->trainer_pid, sync, session_));
+      }
+    }
+    if (deadline.expired()) {
+      return DeadlineExceeded(fmt::format("the trainer (rank 0, pid {}) did not announce sync {} in time",
+                                          h->trainer_pid, sync));
+    }
+    FutexWait(&h->publish_futex, seen, std::min<std::chrono::microseconds>(kMaxSleep, deadline.remaining()));
+  }
 }
 
 IpcRegion::Announcement IpcRegion::Announced() const {
@@ -260,8 +353,8 @@ IpcRegion::Announcement IpcRegion::Announced() const {
 void IpcRegion::Publish(uint64_t seq, uint64_t bytes) {
   Header* h = header();
   int k = static_cast<int>(seq % num_slots_);
-  A(&h->slots[k].bytes).store(bytes, std::memory_order_relaxed);
-  A(slot_seq(k)).store(seq, std::memory_order_release);
+  A(slot_bytes_word(publisher_, k)).store(bytes, std::memory_order_relaxed);
+  A(slot_seq(publisher_, k)).store(seq, std::memory_order_release);
   FutexBump(&h->publish_futex);
 }
 
@@ -277,16 +370,18 @@ Status IpcRegion::WaitAcked(uint64_t seq, Deadline deadline, const std::function
   for (;;) {
     uint32_t seen = A(&h->ack_futex).load(std::memory_order_acquire);
     bool all = true;
-    for (int r = 0; r < reader_count_ && all; ++r) all = acked(r) >= seq;
+    for (int r = 0; r < reader_count_ && all; ++r) all = acked(r) >= seq || reader_publisher(r) != publisher_;
     if (all) return Status::Ok();
     if (check) WSYNC_RETURN_IF_ERROR(check());
     if (deadline.expired()) {
       std::vector<std::string> late;
+      int mine = 0;
       for (int r = 0; r < reader_count_; ++r) {
-        if (acked(r) < seq) late.push_back(describe_reader ? describe_reader(r) : fmt::format("reader {}", r));
+        mine += reader_publisher(r) == publisher_;
+        if (acked(r) < seq && reader_publisher(r) == publisher_) late.push_back(describe_reader ? describe_reader(r) : fmt::format("reader {}", r));
       }
       return DeadlineExceeded(fmt::format("{} of {} receiving worker(s) did not finish chunk seq {} in time: {}{}",
-                                          late.size(), reader_count_, seq,
+                                          late.size(), mine, seq,
                                           fmt::join(late.begin(), late.begin() + std::min<size_t>(late.size(), 4), ", "),
                                           late.size() > 4 ? ", ..." : ""));
     }
@@ -300,6 +395,8 @@ Status IpcRegion::WaitAcked(uint64_t seq, Deadline deadline, const std::function
 
 void IpcRegion::Abort(uint64_t sync, std::string_view reason) {
   Header* h = header();
+  // The first rank to abandon a sync names the root cause; later ones only follow it.
+  if (A(&h->aborted_sync).load(std::memory_order_acquire) == sync) return;
   size_t n = std::min(reason.size(), sizeof(h->abort_reason) - 1);
   std::memcpy(h->abort_reason, reason.data(), n);
   h->abort_reason[n] = '\0';
@@ -307,8 +404,40 @@ void IpcRegion::Abort(uint64_t sync, std::string_view reason) {
   FutexBump(&h->publish_futex);
 }
 
-void IpcRegion::Attach(int reader, uint32_t pid) {
-  A(reinterpret_cast<uint32_t*>(reader_acked(reader) + 1)).store(pid, std::memory_order_relaxed);
+bool IpcRegion::HasReaders() const {
+  for (int r = 0; r < reader_count_; ++r) {
+    if (reader_publisher(r) == publisher_) return true;
+  }
+  return false;
+}
+
+std::optional<std::string> IpcRegion::AbortedReason(uint64_t sync) const {
+  const Header* h = header();
+  if (A(const_cast<uint64_t*>(&h->aborted_sync)).load(std::memory_order_acquire) != sync) return std::nullopt;
+  return std::string(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
+}
+
+bool IpcRegion::PublisherAlive(int p) {
+  if (p == 0) return TrainerAlive();
+  if (p == publisher_ && !owner_) return true;
+  struct flock probe {};
+  probe.l_type = F_RDLCK;
+  probe.l_whence = SEEK_SET;
+  probe.l_start = static_cast<off_t>(publisher_lock_byte(p));
+  probe.l_len = 1;
+  if (fcntl(fd_, F_OFD_GETLK, &probe) != 0) return true;  // cannot tell: the deadline decides
+  return probe.l_type != F_UNLCK;
+}
+
+void IpcRegion::Attach(int reader, uint32_t pid, int publisher) {
+  A(reinterpret_cast<uint32_t*>(reader_acked(reader) + 1) + 1).store(static_cast<uint32_t>(publisher),
+                                                                       std::memory_order_relaxed);
+  A(reinterpret_cast<uint32_t*>(reader_acked(reader) + 1)).store(pid, std::memory_order_release);
+}
+
+int IpcRegion::reader_publisher(int reader) const {
+  return static_cast<int>(
+      A(reinterpret_cast<uint32_t*>(reader_acked(reader) + 1) + 1).load(std::memory_order_relaxed));
 }
 
 uint32_t IpcRegion::reader_pid(int reader) const {
@@ -331,14 +460,18 @@ bool IpcRegion::TrainerAlive() {
 
 uint32_t IpcRegion::trainer_pid() const { return header()->trainer_pid; }
 
-Status IpcRegion::WaitPublished(uint64_t seq, uint64_t sync, Deadline deadline, std::string_view what) {
+Status IpcRegion::WaitPublished(uint64_t seq, uint64_t sync, Deadline deadline, std::string_view what,
+                                int publisher) {
   Header* h = header();
+  if (publisher < 0 || publisher >= publisher_count_) {
+    return InvalidArgument(fmt::format("{}: the region has no publisher {}", what, publisher));
+  }
   int k = static_cast<int>(seq % num_slots_);
   auto last_probe = Deadline::Clock::now();
   int spins = 0;
   for (;;) {
     uint32_t seen = A(&h->publish_futex).load(std::memory_order_acquire);
-    uint64_t got = A(slot_seq(k)).load(std::memory_order_acquire);
+    uint64_t got = A(slot_seq(publisher, k)).load(std::memory_order_acquire);
     if (got == seq) return Status::Ok();
     if (got > seq) {
       return DataLoss(fmt::format("{}: slot {} already carries chunk seq {} (wanted {}): this reader fell behind the trainer",
@@ -355,8 +488,18 @@ Status IpcRegion::WaitPublished(uint64_t seq, uint64_t sync, Deadline deadline, 
         return Unavailable(fmt::format("{}: the trainer (pid {}) exited during the sync (session {})", what,
                                        h->trainer_pid, session_));
       }
+      if (publisher != 0 && !PublisherAlive(publisher)) {
+        return Unavailable(fmt::format("{}: trainer publisher {} (pid {}) exited during the sync (session {})", what,
+                                       publisher, A(publisher_pid(publisher)).load(std::memory_order_relaxed),
+                                       session_));
+      }
     }
     if (deadline.expired()) {
+      if (publisher != 0) {
+        return DeadlineExceeded(fmt::format("{}: trainer publisher {} (pid {}) did not publish chunk seq {} in time",
+                                            what, publisher,
+                                            A(publisher_pid(publisher)).load(std::memory_order_relaxed), seq));
+      }
       return DeadlineExceeded(fmt::format("{}: the trainer (pid {}) did not publish chunk seq {} in time", what,
                                           h->trainer_pid, seq));
     }

@@ -248,5 +248,101 @@ TEST(IpcRegion, AnOrderlyTrainerShutdownPunchesOutTheSlots) {
   EXPECT_FALSE((*reader)->TrainerAlive());
 }
 
+// Several trainer ranks: publisher p packs into its own slots and waits only for the
+// readers that attached to it; its readers wait only for its slot words.
+TEST(IpcRegion, EachPublisherHandsOffToItsOwnReadersOnly) {
+  IpcRegionOptions o = Options(3);
+  o.publisher_count = 2;
+  o.slots_in_region = false;  // GPU slots: the region holds the hand-off words only
+  auto trainer = IpcRegion::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto other = IpcRegion::OpenPublisher((*trainer)->path(), (*trainer)->session(), 1);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ((*other)->publisher(), 1);
+  // Publisher 1 is taken; there is no publisher 2.
+  EXPECT_FALSE(IpcRegion::OpenPublisher((*trainer)->path(), (*trainer)->session(), 1).ok());
+  EXPECT_FALSE(IpcRegion::OpenPublisher((*trainer)->path(), (*trainer)->session(), 2).ok());
+  EXPECT_FALSE(IpcRegion::OpenPublisher((*trainer)->path(), NewSessionId(), 1).ok());
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  (*reader)->Attach(0, 11, 1);
+  (*reader)->Attach(1, 12, 1);
+  (*reader)->Attach(2, 13, 0);
+  EXPECT_TRUE((*trainer)->HasReaders());
+  EXPECT_TRUE((*other)->HasReaders());
+  EXPECT_EQ((*trainer)->reader_publisher(1), 1);
+
+  // Publisher 1 waits for the announcement of the sync it is about to pack.
+  std::thread announcer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    (*trainer)->Announce(1, 1);
+  });
+  auto first = (*other)->WaitAnnounced(1, Deadline::InSeconds(20));
+  announcer.join();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(*first, 1u);
+
+  // Publisher 1's chunk 1 is not publisher 0's: a reader of publisher 0 still waits.
+  (*other)->Publish(1, 8);
+  ASSERT_TRUE((*reader)->WaitPublished(1, 1, Deadline::InSeconds(5), "x", 1).ok());
+  EXPECT_EQ((*reader)->WaitPublished(1, 1, Deadline::InSeconds(0.05), "x", 0).code(), StatusCode::kDeadlineExceeded);
+  (*trainer)->Publish(1, 8);
+  ASSERT_TRUE((*reader)->WaitPublished(1, 1, Deadline::InSeconds(5), "x", 0).ok());
+  // Publisher 0 waits for reader 2 alone, publisher 1 for readers 0 and 1.
+  (*reader)->Ack(2, 1);
+  EXPECT_TRUE((*trainer)->WaitAcked(1, Deadline::InSeconds(5), nullptr, nullptr).ok());
+  Status s = (*other)->WaitAcked(1, Deadline::InSeconds(0.05), nullptr, [](int r) { return "worker " + std::to_string(r); });
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("2 of 2 receiving worker(s)"), std::string::npos) << s.message();
+  (*reader)->Ack(0, 1);
+  (*reader)->Ack(1, 1);
+  EXPECT_TRUE((*other)->WaitAcked(1, Deadline::InSeconds(5), nullptr, nullptr).ok());
+
+  // Any publisher may abandon a sync; the first reason stays.
+  (*other)->Abort(2, "rank 1 failed");
+  (*trainer)->Abort(2, "rank 0 followed");
+  EXPECT_EQ((*reader)->AbortedReason(2).value_or(""), "rank 1 failed");
+  s = (*reader)->WaitPublished(3, 2, Deadline::InSeconds(5), "chunk 1/1 of sync 2", 0);
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1 failed"), std::string::npos) << s.message();
+  EXPECT_EQ((*other)->WaitAnnounced(2, Deadline::InSeconds(5)).status().code(), StatusCode::kAborted);
+}
+
+TEST(IpcRegion, APublisherThatDiesIsSeenByItsReadersWithinMilliseconds) {
+  IpcRegionOptions o = Options(1);
+  o.publisher_count = 2;
+  auto trainer = IpcRegion::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto p = IpcRegion::OpenPublisher((*trainer)->path(), (*trainer)->session(), 1);
+    char c = p.ok() ? 'y' : 'n';
+    if (write(pipefd[1], &c, 1) != 1) _exit(2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    _exit(0);  // dies mid-sync, chunk 1 never published
+  }
+  char c = 0;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  EXPECT_TRUE((*reader)->PublisherAlive(1));
+  auto t0 = Clock::now();
+  Status s = (*reader)->WaitPublished(1, 1, Deadline::InSeconds(20), "chunk 1/1 of sync 1", 1);
+  double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("publisher 1"), std::string::npos) << s.message();
+  EXPECT_LT(took, 5);
+  EXPECT_FALSE((*reader)->PublisherAlive(1));
+  EXPECT_TRUE((*reader)->PublisherAlive(0));  // the trainer itself is alive
+  close(pipefd[0]);
+  close(pipefd[1]);
+}
+
 }  // namespace
 }  // namespace wsync

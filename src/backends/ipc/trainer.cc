@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <ranges>
 #include <thread>
 
 #include <fmt/format.h>
@@ -14,6 +16,8 @@
 
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/protocol.h"
+#include "backends/ipc/rank_exchange.h"
+#include "comm/communicator.h"
 #include "control/client.h"
 #include "control/fleet.h"
 #include "receiver/update_info.h"
@@ -51,99 +55,356 @@ class IpcTrainer final : public TrainerEngine {
 
   Status Init(const std::vector<TensorMeta>& metadata) override {
     Shutdown();
+    publisher_ = options_.rank == 0 ? 0 : -1;
+    if (options_.comm && options_.comm->size() > 1) return InitGroup(metadata);
     if (options_.rank != 0) return Status::Ok();  // not the sender: nothing to export
+    WSYNC_ASSIGN_OR_RETURN(Offer offer, CreateSession(metadata, 1));
+    return OfferSession(std::move(offer));
+  }
+
+  Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>& weight_version) override {
+    if (publisher_ > 0) return SendAsPublisher(source);
+    if (publisher_ < 0) return Drain(source);
+    if (!region_ || region_->publisher_count() == 1) return Send(source, weight_version);
+    // Several publishers: whatever fails this sync on rank 0 stops the other ranks too
+    // (they wait for its announcement, then for their readers' acknowledgements).
+    const uint64_t sync = sync_ + 1;
+    Result<SyncStats> r = Send(source, weight_version);
+    if (!r.ok() && region_) {
+      region_->Abort(sync, fmt::format("trainer rank 0: {}", r.status().message()));
+      CloseSessions();
+      Shutdown();
+    }
+    return r;
+  }
+
+ private:
+  // What rank 0 sets up before the servers hear of it: the region, its own slots, and the
+  // init_info (without the other publishers' buffers).
+  struct Offer {
+    std::unique_ptr<IpcRegion> region;
+    std::unique_ptr<DeviceExport> staging;
+    std::string device_key;
+    IpcInitInfo info;
+    std::vector<int> offsets;
+  };
+
+  Result<Offer> CreateSession(const std::vector<TensorMeta>& metadata, int publishers) {
     const bool gpu = !options_.device.is_cpu();
-    std::string device_key = HostDeviceKey();
+    Offer o;
+    o.device_key = HostDeviceKey();
     if (gpu) {
       WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
-      WSYNC_ASSIGN_OR_RETURN(device_key, IpcDeviceKey(options_.device));
+      WSYNC_ASSIGN_OR_RETURN(o.device_key, IpcDeviceKey(options_.device));
     }
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    // Servers give up a little before the trainer does, so that their account of a
-    // failure arrives before the trainer's own wait ends (as the nccl backend does).
-    double server_timeout = ServerTimeout(options_.timeout_seconds);
-    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
     WSYNC_ASSIGN_OR_RETURN(std::vector<int> per_server, ServerWorldSizes(client_, deadline));
-    std::vector<int> offsets;
-    WSYNC_ASSIGN_OR_RETURN(int readers, IpcReaderOffsets(per_server, options_.data_parallel_size, &offsets));
-    reader_labels_ = ReaderLabels(readers, offsets, deadline);
+    WSYNC_ASSIGN_OR_RETURN(int readers, IpcReaderOffsets(per_server, options_.data_parallel_size, &o.offsets));
+    reader_labels_ = ReaderLabels(readers, o.offsets, deadline);
 
     IpcRegionOptions r;
     r.session = NewSessionId();
     r.num_slots = std::clamp(options_.num_buffers, 1, kIpcMaxSlots);
     r.slot_bytes = IpcSlotBytes(metadata, static_cast<uint64_t>(options_.bucket_gb * double(uint64_t{1} << 30)));
     r.reader_count = readers;
+    r.publisher_count = publishers;
     r.backing = ipc_.backing;
     r.slots_in_region = !gpu;
-    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<IpcRegion> region, IpcRegion::Create(r));
-    IpcBufferDesc buffer = region->ShmBuffer();
-    std::unique_ptr<DeviceExport> staging;
+    WSYNC_ASSIGN_OR_RETURN(o.region, IpcRegion::Create(r));
+    IpcBufferDesc buffer = o.region->ShmBuffer();
     if (gpu && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy) {
       buffer = IpcBufferDesc{"none", 0, 0, json::object()};
     } else if (gpu) {
       // The slots, exported once for the whole session.
-      WSYNC_ASSIGN_OR_RETURN(staging, DeviceExport::Allocate(options_.device, region->slot_stride() * r.num_slots,
-                                                             ipc_.export_kind));
-      buffer = IpcBufferDesc{std::string(staging->kind()), 0, region->slot_stride(), staging->Handle()};
+      WSYNC_ASSIGN_OR_RETURN(o.staging, DeviceExport::Allocate(options_.device, o.region->slot_stride() * r.num_slots,
+                                                               ipc_.export_kind));
+      buffer = IpcBufferDesc{std::string(o.staging->kind()), 0, o.region->slot_stride(), o.staging->Handle()};
     }
+    IpcInitInfo& info = o.info;
+    info.session = o.region->session();
+    info.control_path = o.region->path();
+    info.control_bytes = o.region->bytes();
+    info.num_slots = o.region->num_slots();
+    info.slot_bytes = o.region->slot_bytes();
+    info.reader_count = o.region->reader_count();
+    info.buffers[o.device_key] = buffer;
+    // Servers give up a little before the trainer does, so that their account of a
+    // failure arrives before the trainer's own wait ends (as the nccl backend does).
+    info.timeout_seconds = ServerTimeout(options_.timeout_seconds);
+    return o;
+  }
 
-    IpcInitInfo info;
-    info.session = region->session();
-    info.control_path = region->path();
-    info.control_bytes = region->bytes();
-    info.num_slots = region->num_slots();
-    info.slot_bytes = region->slot_bytes();
-    info.reader_count = region->reader_count();
-    info.buffers[device_key] = buffer;
-    info.timeout_seconds = server_timeout;
+  // Sends `o.info` to every server; the session is this engine's once all attached.
+  Status OfferSession(Offer o) {
+    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
+    IpcInitInfo& info = o.info;
     std::vector<json> bodies;
-    for (int offset : offsets) {
+    for (int offset : o.offsets) {
       info.reader_offset = offset;
       bodies.push_back(json{{"init_info", info.ToJson()}});
     }
+    std::vector<std::string> keys;
+    for (const auto& [key, b] : info.buffers) keys.push_back(fmt::format("{} ({}, publisher {})", key, b.kind, b.publisher));
     WSYNC_LOG_INFO("init: {} servers, {} readers, reader offsets [{}], {} slot(s) of {} bytes, control {}, "
-                   "buffer {} ({})", offsets.size(), info.reader_count, fmt::join(offsets, ", "), info.num_slots,
-                   info.slot_bytes, info.control_path, device_key, buffer.kind);
+                   "buffers {}", o.offsets.size(), info.reader_count, fmt::join(o.offsets, ", "), info.num_slots,
+                   info.slot_bytes, info.control_path, fmt::join(keys, ", "));
     auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), http_deadline);
     WSYNC_RETURN_IF_ERROR(pending->Wait(http_deadline).status());
-    region->UnlinkName();  // every server has it open now
-    for (int reader = 0; reader < readers; ++reader) {
-      if (region->reader_pid(reader) == 0) {
+    o.region->UnlinkName();  // every server has it open now
+    for (int reader = 0; reader < info.reader_count; ++reader) {
+      if (o.region->reader_pid(reader) == 0) {
         return FailedPrecondition(fmt::format(
             "no server took reader {} ({}) of the ipc session: do the servers' DP layouts match "
             "--data-parallel-size {}?", reader, reader_labels_[reader], options_.data_parallel_size));
       }
     }
-    region_ = std::move(region);
-    staging_ = std::move(staging);
-    device_key_ = device_key;
+    region_ = std::move(o.region);
+    staging_ = std::move(o.staging);
+    device_key_ = o.device_key;
     next_seq_ = 1;
     sync_ = 0;
     return Status::Ok();
   }
 
-  Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>& weight_version) override {
-    const std::vector<TensorMeta>& meta = source.metadata();
-    if (options_.rank != 0) {
-      // Not the sender: drain the same two passes the sender makes (every pass of a
-      // multi-rank source is a collective among the trainer ranks).
-      auto t0 = Clock::now();
-      for (const char* pass : {"check pass", "transfer pass"}) {
-        Status s = DrainChecked(source);
-        if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
+  // Init of one rank of several (TrainerOptions::comm): a fixed sequence of collectives
+  // that every rank runs whatever fails, so that a failure anywhere ends every rank's
+  // Init with the same error instead of a hang:
+  //   1. all-gather each rank's device key; every rank derives the same publishers (the
+  //      lowest rank on each GPU; only rank 0 on a CPU trainer, whose shm slots serve the
+  //      host);
+  //   2. rank 0 queries the servers, creates the region (one line per publisher) and its
+  //      own slots, and broadcasts the region's path and session;
+  //   3. every other publisher opens the region by path, allocates and exports its slots
+  //      on its GPU (same count and stride); all-gather of the descriptors;
+  //   4. rank 0 sends the merged `buffers` to the servers and broadcasts the outcome.
+  Status InitGroup(const std::vector<TensorMeta>& metadata) {
+    Communicator& comm = *options_.comm;
+    const int rank = comm.rank(), ranks = comm.size();
+    if (rank != options_.rank) {
+      return InvalidArgument(fmt::format("TrainerOptions::rank {} is rank {} of TrainerOptions::comm", options_.rank,
+                                         rank));
+    }
+    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    // 1. device keys.
+    json mine;
+    {
+      std::string key = HostDeviceKey();
+      Status s = Status::Ok();
+      if (!options_.device.is_cpu()) {
+        s = UseDeviceOnThisThread(options_.device);
+        if (s.ok()) {
+          Result<std::string> k = IpcDeviceKey(options_.device);
+          s = k.status();
+          if (k.ok()) key = *k;
+        }
       }
+      mine = s.ok() ? json{{"key", key}} : ErrorJson(s);
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> gathered, AllGatherStrings(comm, mine.dump(), deadline));
+    std::vector<std::string> keys(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      json j = json::parse(gathered[r]);
+      if (j.contains("error")) return StatusFromJson(j, fmt::format("trainer rank {} (its device key)", r));
+      keys[r] = j["key"].get<std::string>();
+    }
+    const bool host = keys[0].starts_with("host-");
+    std::vector<int> publisher_of(ranks, -1);
+    int publishers = 0;
+    std::map<std::string, int> by_key;
+    for (int r = 0; r < ranks; ++r) {
+      if (keys[r].starts_with("host-") ? r != 0 : host) continue;  // CPU: rank 0's host slots serve all
+      auto [it, fresh] = by_key.emplace(keys[r], publishers);
+      if (fresh) publisher_of[r] = publishers++;
+    }
+    if (publishers > 1 && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy) {
+      return FailedPrecondition(fmt::format(
+          "WSYNC_IPC_MODE=zero_copy sends from trainer rank 0's GPU only, but the trainer ranks sit on {} GPUs "
+          "({}); use packed or auto (which packs when several ranks export)", publishers,
+          fmt::join(std::views::keys(by_key), ", ")));
+    }
+
+    // 2. rank 0's region.
+    std::optional<Offer> offer;
+    std::string created;
+    if (rank == 0) {
+      Result<Offer> o = CreateSession(metadata, publishers);
+      if (o.ok()) {
+        created = json{{"path", o->region->path()}, {"session", o->region->session()}}.dump();
+        offer = std::move(*o);
+      } else {
+        created = ErrorJson(o.status()).dump();
+      }
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::string got, BroadcastString(comm, created, 0, deadline));
+    json region_json = json::parse(got);
+    if (region_json.contains("error")) return StatusFromJson(region_json, rank == 0 ? "" : "trainer rank 0");
+
+    // 3. the other publishers' slots.
+    std::unique_ptr<IpcRegion> region;
+    std::unique_ptr<DeviceExport> staging;
+    json desc = json::object();
+    if (rank != 0 && publisher_of[rank] > 0) {
+      Status s = [&]() -> Status {
+        WSYNC_ASSIGN_OR_RETURN(region, IpcRegion::OpenPublisher(region_json["path"].get<std::string>(),
+                                                                region_json["session"].get<std::string>(),
+                                                                publisher_of[rank]));
+        WSYNC_ASSIGN_OR_RETURN(staging, DeviceExport::Allocate(options_.device,
+                                                               region->slot_stride() * region->num_slots(),
+                                                               ipc_.export_kind));
+        IpcBufferDesc b{std::string(staging->kind()), 0, region->slot_stride(), staging->Handle(), publisher_of[rank]};
+        desc = json{{"key", keys[rank]}, {"buffer", b.ToJson()}};
+        return Status::Ok();
+      }();
+      if (!s.ok()) desc = ErrorJson(s);
+    }
+    WSYNC_ASSIGN_OR_RETURN(gathered, AllGatherStrings(comm, desc.dump(), deadline));
+
+    // 4. rank 0 offers the merged map.
+    std::string outcome;
+    Status mine_status = Status::Ok();
+    if (rank == 0) {
+      mine_status = [&]() -> Status {
+        for (int r = 1; r < ranks; ++r) {
+          json j = json::parse(gathered[r]);
+          if (j.contains("error")) {
+            return StatusFromJson(j, fmt::format("trainer rank {} ({}) exporting its staging", r, keys[r]));
+          }
+          if (!j.contains("buffer")) continue;
+          WSYNC_ASSIGN_OR_RETURN(IpcBufferDesc b, IpcBufferDesc::Parse(j["buffer"], keys[r], "trainer rank"));
+          offer->info.buffers[keys[r]] = std::move(b);
+        }
+        return OfferSession(std::move(*offer));
+      }();
+      outcome = mine_status.ok() ? "{}" : ErrorJson(mine_status).dump();
+    }
+    WSYNC_ASSIGN_OR_RETURN(got, BroadcastString(comm, outcome, 0, deadline));
+    if (rank == 0) {
+      if (!mine_status.ok()) Shutdown();
+      return mine_status;
+    }
+    json result = json::parse(got);
+    if (result.contains("error")) return StatusFromJson(result, "trainer rank 0 (ipc init)");
+    publisher_ = publisher_of[rank];
+    if (region) {
+      has_readers_ = region->HasReaders();
+      WSYNC_LOG_INFO("init: trainer rank {} is publisher {} of ipc session {} on {} ({} reader(s) of its own)", rank,
+                     publisher_, region->session(), keys[rank], has_readers_ ? "with" : "without");
+    }
+    region_ = std::move(region);
+    staging_ = std::move(staging);
+    device_key_ = keys[rank];
+    sync_ = 0;
+    return Status::Ok();
+  }
+
+  static json ErrorJson(const Status& s) {
+    return json{{"error", s.message()}, {"code", static_cast<int>(s.code())}};
+  }
+  // The status another rank put on the wire, its message prefixed with `who`.
+  static Status StatusFromJson(const json& j, const std::string& who) {
+    std::string message = j.value("error", std::string("unknown error"));
+    auto code = static_cast<StatusCode>(j.value("code", static_cast<int>(StatusCode::kInternal)));
+    return Status(code, who.empty() ? message : fmt::format("{}: {}", who, message));
+  }
+
+  // A rank that packs nothing: drains the same two passes the sender makes (every pass
+  // of a multi-rank source is a collective among the trainer ranks).
+  Result<SyncStats> Drain(WeightSource& source) {
+    auto t0 = Clock::now();
+    for (const char* pass : {"check pass", "transfer pass"}) {
+      Status s = DrainChecked(source);
+      if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
+    }
+    SyncStats stats;
+    stats.tensors = source.metadata().size();
+    stats.seconds = stats.transfer_seconds = Since(t0);
+    return stats;
+  }
+
+  // A publisher p > 0: the check pass, then the sync rank 0 announces, packed into this
+  // rank's own slots chunk by chunk for the readers on its GPU; returns once they have
+  // acknowledged the last chunk. Any failure aborts the sync for every rank and reader
+  // and ends this rank's session (Init again, with the others).
+  Result<SyncStats> SendAsPublisher(WeightSource& source) {
+    const std::vector<TensorMeta>& meta = source.metadata();
+    auto t0 = Clock::now();
+    Status checked = DrainChecked(source);
+    if (!region_) {
+      WSYNC_RETURN_IF_ERROR(checked);
+      return FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a failed "
+                                            "sync ends the session)", options_.rank));
+    }
+    const uint64_t sync = ++sync_;
+    auto fail = [&](Status s) -> Status {
+      s = s.WithContext(fmt::format("trainer rank {} ({}), sync {}", options_.rank, device_key_, sync));
+      region_->Abort(sync, s.message());
+      Quiesce(nullptr);
+      Shutdown();
+      return s;
+    };
+    if (!checked.ok()) return fail(checked.WithContext("check pass"));
+    if (!has_readers_) {  // no worker reads this GPU's slots: nothing to pack
+      Status s = DrainChecked(source);
+      if (!s.ok()) return fail(s.WithContext("transfer pass"));
       SyncStats stats;
       stats.tensors = meta.size();
       stats.seconds = stats.transfer_seconds = Since(t0);
       return stats;
     }
+    if (!options_.device.is_cpu()) {
+      Status s = UseDeviceOnThisThread(options_.device);
+      if (!s.ok()) return fail(s);
+    }
+    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    Result<uint64_t> first = region_->WaitAnnounced(sync, deadline);
+    if (!first.ok()) return fail(first.status());
+    Result<IpcPlan> plan = PlanIpcChunks(meta, region_->slot_bytes());
+    if (!plan.ok()) return fail(plan.status());
+    IpcUpdateInfo u;
+    u.sync = sync;
+    u.first_seq = *first;
+    u.chunk_ends = plan->chunk_ends;
+    auto check = PeerCheck(sync);
+    auto t1 = Clock::now();
+    Status s = Transfer(source, meta, *plan, u, check, deadline);
+    // Its readers have landed every chunk (or the sync failed somewhere).
+    if (s.ok() && !u.chunk_ends.empty()) {
+      s = region_->WaitAcked(u.first_seq + u.chunk_ends.size() - 1, deadline, check, ReaderDescriber());
+    }
+    if (!s.ok()) return fail(s);
+    SyncStats stats;
+    stats.bytes = plan->payload_bytes;
+    stats.tensors = meta.size();
+    stats.chunks = plan->chunk_ends.size();
+    stats.transfer_seconds = Since(t1);
+    stats.seconds = Since(t0);
+    return stats;
+  }
+
+  // Publishers p > 0 stop when another rank abandoned the sync or rank 0 ended its session.
+  std::function<Status()> PeerCheck(uint64_t sync) {
+    return [this, sync]() -> Status {
+      if (auto reason = region_->AbortedReason(sync)) return Aborted(fmt::format("sync {} was abandoned: {}", sync, *reason));
+      if (!region_->PublisherAlive(0)) {
+        return Unavailable(fmt::format("trainer rank 0 (pid {}) ended ipc session {} (it exited, or a sync failed)",
+                                       region_->trainer_pid(), region_->session()));
+      }
+      return Status::Ok();
+    };
+  }
+
+  // Rank 0's sync: the check pass, start, the update and the data plane, finish.
+  Result<SyncStats> Send(WeightSource& source, const std::optional<std::string>& weight_version) {
+    const std::vector<TensorMeta>& meta = source.metadata();
     // The whole iteration is checked before anything is sent.
     WSYNC_RETURN_IF_ERROR(DrainChecked(source));
     if (!region_) return FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
     if (!options_.device.is_cpu()) WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
     auto* device_source = dynamic_cast<DeviceTensorSource*>(&source);
+    // Zero-copy serves rank 0's GPU alone: with several publishers every one packs.
     const bool zero_copy = !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
-                           device_source != nullptr && device_source->device() == options_.device;
+                           device_source != nullptr && device_source->device() == options_.device &&
+                           region_->publisher_count() == 1;
     if (!options_.device.is_cpu() && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy && !zero_copy) {
       return FailedPrecondition(fmt::format(
           "the ipc trainer exports no staging slots (mode zero_copy), so it needs a DeviceTensorSource on {}",
@@ -180,7 +441,8 @@ class IpcTrainer final : public TrainerEngine {
     auto t1 = Clock::now();
     region_->Announce(u.sync, u.first_seq);
     auto pending = client_.PostAsync("/update_weights", update, http_deadline);
-    Status s = zero_copy ? Go(u, plan.payload_bytes, *pending, deadline) : Transfer(source, meta, plan, u, *pending, deadline);
+    Status s = zero_copy ? Go(u, plan.payload_bytes, *pending, deadline)
+                         : Transfer(source, meta, plan, u, SenderCheck(*pending, u.sync), deadline);
     if (s.ok()) s = pending->Wait(http_deadline).status();
     if (!s.ok()) {
       region_->Abort(u.sync, s.message());
@@ -189,6 +451,7 @@ class IpcTrainer final : public TrainerEngine {
         Result<std::vector<json>> r = pending->Wait(Deadline::InSeconds(2));
         if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) s = r.status();
       }
+      Quiesce(pending.get());
       CloseSessions();
       Shutdown();
       return s;
@@ -205,7 +468,10 @@ class IpcTrainer final : public TrainerEngine {
     return stats;
   }
 
+ public:
   void Shutdown() override {
+    has_readers_ = true;
+    published_seq_ = 0;
     body_ = CachedBody{};
     pack_cache_.Clear();
     staging_.reset();
@@ -287,6 +553,7 @@ class IpcTrainer final : public TrainerEngine {
     Status free = region_->WaitAcked(previous, deadline, HttpCheck(http), ReaderDescriber());
     if (!free.ok()) return free.WithContext(fmt::format("waiting to publish the zero-copy go of sync {}", u.sync));
     region_->Publish(seq, 0);
+    published_seq_ = seq;
     if (options_.progress) options_.progress(SyncProgress{bytes, bytes, 1, 1});
     ++chunks_published_;
     if (ipc_.stall_after_chunks && chunks_published_ == *ipc_.stall_after_chunks) Stall();
@@ -298,6 +565,31 @@ class IpcTrainer final : public TrainerEngine {
       if (!http.AnyFailed()) return Status::Ok();
       Result<std::vector<json>> r = http.Wait(Deadline::InSeconds(1));
       return r.ok() ? Aborted("a server ended its update early") : r.status();
+    };
+  }
+  // Before a failed sync frees the slots (or lets the caller write its tensors again),
+  // for at most 2 s: no reader may still be copying from them. Rank 0 waits for every
+  // server's answer to update_weights (a server answers once all its workers stopped);
+  // other publishers wait until their readers acknowledged every chunk published (after
+  // an abort a reader still lands, and acknowledges, every chunk already published, then
+  // stops); a reader that died or stopped for its own reason ends this only at the bound.
+  void Quiesce(FanOutClient::Pending* http) {
+    Deadline bound = Deadline::InSeconds(2);
+    if (http != nullptr) {
+      while (!http->Done() && !bound.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else if (region_ && published_seq_ > 0) {
+      (void)region_->WaitAcked(published_seq_, bound, nullptr, nullptr);
+    }
+  }
+
+  // Rank 0's exits while it waits for acknowledgements: a server that answered early, and
+  // with several publishers another rank that abandoned the sync.
+  std::function<Status()> SenderCheck(FanOutClient::Pending& http, uint64_t sync) {
+    if (region_->publisher_count() == 1) return HttpCheck(http);
+    return [this, &http, sync]() -> Status {
+      WSYNC_RETURN_IF_ERROR(HttpCheck(http)());
+      if (auto reason = region_->AbortedReason(sync)) return Aborted(fmt::format("sync {} was abandoned: {}", sync, *reason));
+      return Status::Ok();
     };
   }
   std::function<std::string(int)> ReaderDescriber() const {
@@ -338,10 +630,9 @@ class IpcTrainer final : public TrainerEngine {
   // Packs and publishes every chunk; chunk k goes into slot (first_seq + k) % num_slots
   // once every reader is done with what that slot held before.
   Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
-                  const IpcUpdateInfo& u, FanOutClient::Pending& http, Deadline deadline) {
+                  const IpcUpdateInfo& u, const std::function<Status()>& check, Deadline deadline) {
     WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
     auto stream = CheckedStream(std::move(inner), meta);
-    auto check = HttpCheck(http);
     auto describe = ReaderDescriber();
     const bool gpu = staging_ != nullptr;
     const bool stable = dynamic_cast<DeviceTensorSource*>(&source) != nullptr;
@@ -374,6 +665,7 @@ class IpcTrainer final : public TrainerEngine {
         }
       }
       region_->Publish(seq, plan.chunk_bytes[k]);
+      published_seq_ = seq;
       p.chunks_done = k + 1;
       if (options_.progress) options_.progress(p);
       ++chunks_published_;
@@ -420,7 +712,10 @@ class IpcTrainer final : public TrainerEngine {
   uint64_t generation_ = 0;
   bool zero_copy_sent_ = false;
   std::vector<std::string> reader_labels_;
+  int publisher_ = 0;       // this rank's line in the region; -1: packs nothing (drains)
+  bool has_readers_ = true;  // publishers p > 0: some worker reads this GPU's slots
   uint64_t next_seq_ = 1;
+  uint64_t published_seq_ = 0;  // the last chunk this rank published in its session
   uint64_t sync_ = 0;
   size_t chunks_published_ = 0;
 };
