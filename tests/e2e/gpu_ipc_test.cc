@@ -4,7 +4,9 @@
 // trainer engine inside this test (to count GPU memory and open fds across 100 syncs).
 // Every sync is checked bit for bit against digests this test computes itself; bad
 // handles and a GPU the trainer did not export for are 400s that leave the server
-// serving. Skips cleanly without a GPU (cuda::DeviceCount() == 0).
+// serving. With 2 GPUs, two trainer ranks (threads of this test, one per GPU, joined by a
+// Gloo group) each export their own GPU's slots into a TP=2 server spanning both. Skips
+// cleanly without enough GPUs (cuda::DeviceCount()).
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,8 @@
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/region.h"
 #include "backends/ipc/trainer.h"
+#include "comm/gloo_communicator.h"
+#include "comm/store.h"
 #include "cuda/device.h"
 #include "cuda/runtime.h"
 #include "e2e_test_base.h"
@@ -331,6 +335,75 @@ TEST_F(GpuIpcTest, AWorkerOnAGpuTheTrainerDidNotExportForIsA400NamingItsUuid) {
   EXPECT_NE(push.err.find(uuid1), std::string::npos) << push.description;
   EXPECT_NE(push.err.find("no entry for this server's device"), std::string::npos) << push.description;
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+}
+
+// Two trainer ranks on cuda:0 and cuda:1 (threads here, a Gloo group between them), each
+// packing into slots on its own GPU, and a TP=2 server whose workers sit on those GPUs:
+// each worker reads its own GPU's slots (before, the worker on cuda:1 had none), sync
+// after sync, and again in a second session.
+TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("tp2", 2));
+  auto trainer = SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 71, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto store = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<std::shared_ptr<Communicator>> comms(2);
+  std::vector<std::unique_ptr<DeviceTensorSource>> sources(2);
+  std::vector<std::unique_ptr<TrainerEngine>> engines(2);
+  auto on_ranks = [](auto fn) {
+    std::vector<Status> out(2);
+    std::thread other([&] { out[1] = fn(1); });
+    out[0] = fn(0);
+    other.join();
+    return out;
+  };
+  auto joined = on_ranks([&](int r) -> Status {
+    GlooOptions g;
+    g.store_port = (*store)->port();
+    g.prefix = "ipc-ranks-" + NewSessionId();
+    g.rank = r;
+    g.size = 2;
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, ConnectGloo(g));
+    comms[r] = std::move(c);
+    Device dev{Device::Kind::kCuda, r};
+    WSYNC_ASSIGN_OR_RETURN(sources[r], DeviceTensorSource::Create(dev, (*trainer)->metadata()));
+    TrainerOptions o;
+    o.backend = "ipc";
+    o.servers = {s.url};
+    o.device = dev;
+    o.rank = r;
+    o.comm = comms[r];
+    o.bucket_gb = 1.0 / 1024;  // several chunks per sync
+    o.timeout_seconds = 60;
+    WSYNC_ASSIGN_OR_RETURN(engines[r], CreateIpcTrainer(o));
+    return Status::Ok();
+  });
+  for (const Status& st : joined) ASSERT_TRUE(st.ok()) << st.ToString();
+  auto init = [&] { return on_ranks([&](int r) { return engines[r]->Init((*trainer)->metadata()); }); };
+  auto sync = [&](uint64_t step) {
+    EXPECT_TRUE((*trainer)->Step(step).ok());
+    for (auto& src : sources) EXPECT_TRUE(src->Upload((*trainer)->tensors()).ok());
+    return on_ranks([&](int r) { return engines[r]->SendWeights(*sources[r], std::nullopt).status(); });
+  };
+  auto holds = [&] {
+    E2E_ASSERT_OK_AND_ASSIGN(Digests got, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
+    EXPECT_TRUE(DigestsEqual(DigestTensors((*trainer)->tensors(), DigestAlgorithm::kXxh3_128), got));
+  };
+  for (const Status& st : init()) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  for (uint64_t step = 1; step <= 5; ++step) {
+    for (const Status& st : sync(step)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+    holds();
+  }
+  for (auto& e : engines) e->Shutdown();
+  // A new session of both ranks after the old one ended verifies too.
+  for (const Status& st : init()) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  for (const Status& st : sync(6)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  holds();
+  engines.clear();
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+  ExpectCleanShutdown(s);
 }
 
 }  // namespace
