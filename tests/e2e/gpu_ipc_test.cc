@@ -359,10 +359,11 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
     other.join();
     return out;
   };
+  const std::string prefix = "ipc-ranks-" + NewSessionId();
   auto joined = on_ranks([&](int r) -> Status {
     GlooOptions g;
     g.store_port = (*store)->port();
-    g.prefix = "ipc-ranks-" + NewSessionId();
+    g.prefix = prefix;
     g.rank = r;
     g.size = 2;
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, ConnectGloo(g));
