@@ -43,7 +43,7 @@ struct Output {
 };
 
 // XORs n literals into the output and advances it.
-inline void PutLiterals(Output& out, const uint8_t* lit, size_t n) {
+__attribute__((always_inline)) inline void PutLiterals(Output& out, const uint8_t* lit, size_t n) {
   size_t last_nonzero = n;
   std::byte* dst = out.region + out.pos;
   for (size_t i = 0; i < n; ++i) {
@@ -58,8 +58,11 @@ inline void PutLiterals(Output& out, const uint8_t* lit, size_t n) {
 
 // PutLiterals for up to 16 literals with 16 bytes of output left: one masked 16-byte
 // XOR (the bytes past n are rewritten unchanged, all inside this region). `lit` must be
-// readable for 16 bytes.
-inline void PutLiteralsShort(Output& out, const uint8_t* lit, size_t n) {
+// readable for 16 bytes. With kExactTz false, out.tz becomes a lower bound (0 or 1 when
+// n > 0), which is all a repeat offset of 1 needs; a lower bound only ever declines a
+// frame (to libzstd), never accepts a wrong one.
+template <bool kExactTz>
+__attribute__((always_inline)) inline void PutLiteralsShort(Output& out, const uint8_t* lit, size_t n) {
 #if defined(__SSE2__)
   alignas(16) static constexpr uint8_t kMask[32] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
                                                     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
@@ -67,9 +70,13 @@ inline void PutLiteralsShort(Output& out, const uint8_t* lit, size_t n) {
                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMask + 16 - n)));
   auto* dst = reinterpret_cast<__m128i*>(out.region + out.pos);
   _mm_storeu_si128(dst, _mm_xor_si128(_mm_loadu_si128(dst), l));
-  unsigned nonzero = ~static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(l, _mm_setzero_si128()))) &
-                     ((1u << n) - 1);
-  out.tz = nonzero == 0 ? out.tz + n : n - 1 - static_cast<size_t>(31 - std::countl_zero(nonzero));
+  if constexpr (kExactTz) {
+    unsigned nonzero = ~static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(l, _mm_setzero_si128()))) &
+                       ((1u << n) - 1);
+    out.tz = nonzero == 0 ? out.tz + n : n - 1 - static_cast<size_t>(31 - std::countl_zero(nonzero));
+  } else if (n > 0) {
+    out.tz = lit[n - 1] == 0 ? 1 : 0;
+  }
   out.pos += n;
 #else
   PutLiterals(out, lit, n);
@@ -271,8 +278,14 @@ struct SparseApplier::State {
     return rle_of1 ? Execute<true>(b, nseq, nlit, out, block_end) : Execute<false>(b, nseq, nlit, out, block_end);
   }
 
+  // The loop works on local copies of the output position, the bit reader and the
+  // repeat offsets: stores into the tensor (std::byte, or SSE vectors) may alias any
+  // memory, so members would be reloaded after every literal written.
   template <bool kRleOffset1>
-  bool Execute(BackBits& b, size_t nseq, size_t nlit, Output& out, size_t block_end) {
+  bool Execute(BackBits& bits, size_t nseq, size_t nlit, Output& out_ref, size_t block_end) {
+    Output out = out_ref;
+    BackBits b = bits;
+    uint32_t r0 = reps[0], r1 = reps[1], r2 = reps[2];
     const SeqEntry* llt = ll->t.data();
     const SeqEntry* mlt = ml->t.data();
     const SeqEntry* oft = of->t.data();
@@ -280,50 +293,87 @@ struct SparseApplier::State {
              mls = static_cast<uint32_t>(b.Read(ml->al));
     const uint8_t* lit = literals.data();
     size_t lp = 0;
+    bool ok = true;
     for (size_t i = 0; i < nseq; ++i) {
-      const bool fast = kRleOffset1 && b.RefillFast();
-      auto read = [&b, fast](unsigned k) { return fast ? b.ReadUnchecked(k) : b.Read(k); };
       const SeqEntry L = llt[lls], M = mlt[mls], O = oft[ofs];
-      uint64_t ofv = kRleOffset1 ? 1 : O.value + read(O.extra);
-      uint32_t mlen = M.value + static_cast<uint32_t>(read(M.extra));
-      uint32_t llen = L.value + static_cast<uint32_t>(read(L.extra));
-      if (i + 1 < nseq) {
-        lls = L.next + static_cast<uint32_t>(read(L.nb));
-        mls = M.next + static_cast<uint32_t>(read(M.nb));
-        if (!kRleOffset1) ofs = O.next + static_cast<uint32_t>(read(O.nb));
+      uint64_t ofv;
+      uint32_t mlen, llen;
+      if constexpr (kRleOffset1) {
+        // The match-length and literal-length extra bits and the two state updates in
+        // one read (at most 50 bits), split afterwards: one step of the bit reader's
+        // dependency chain per sequence instead of four.
+        const bool fast = b.RefillFast();
+        const bool more = i + 1 < nseq;
+        const unsigned sl = more ? L.nb : 0, sm = more ? M.nb : 0;
+        const unsigned total = M.extra + L.extra + sl + sm;
+        uint64_t v = fast ? b.ReadUnchecked(total) : b.Read(total);
+        uint32_t mls_bits = static_cast<uint32_t>(v & ((uint64_t{1} << sm) - 1));
+        v >>= sm;
+        uint32_t lls_bits = static_cast<uint32_t>(v & ((uint64_t{1} << sl) - 1));
+        v >>= sl;
+        llen = L.value + static_cast<uint32_t>(v & ((uint64_t{1} << L.extra) - 1));
+        mlen = M.value + static_cast<uint32_t>(v >> L.extra);
+        if (more) {
+          lls = L.next + lls_bits;
+          mls = M.next + mls_bits;
+        }
+        ofv = 1;
+      } else {
+        ofv = O.value + b.Read(O.extra);
+        mlen = M.value + static_cast<uint32_t>(b.Read(M.extra));
+        llen = L.value + static_cast<uint32_t>(b.Read(L.extra));
+        if (i + 1 < nseq) {
+          lls = L.next + static_cast<uint32_t>(b.Read(L.nb));
+          mls = M.next + static_cast<uint32_t>(b.Read(M.nb));
+          ofs = O.next + static_cast<uint32_t>(b.Read(O.nb));
+        }
       }
       uint32_t offset;
       if (ofv > 3) {  // "Repeat offsets": a new offset
         offset = static_cast<uint32_t>(ofv - 3);
-        reps[2] = reps[1];
-        reps[1] = reps[0];
-        reps[0] = offset;
+        r2 = r1;
+        r1 = r0;
+        r0 = offset;
       } else {
         unsigned idx = static_cast<unsigned>(ofv) - 1 + (llen == 0 ? 1 : 0);
         if (idx == 0) {
-          offset = reps[0];
+          offset = r0;
         } else {
-          offset = idx == 3 ? reps[0] - 1 : reps[idx];
-          if (offset == 0) return false;
-          if (idx != 1) reps[2] = reps[1];
-          reps[1] = reps[0];
-          reps[0] = offset;
+          offset = idx == 1 ? r1 : idx == 2 ? r2 : r0 - 1;
+          if (offset == 0) {
+            ok = false;
+            break;
+          }
+          if (idx != 1) r2 = r1;
+          r1 = r0;
+          r0 = offset;
         }
       }
-      if (llen > nlit - lp || uint64_t{llen} + mlen > block_end - out.pos) return false;
+      if (llen > nlit - lp || uint64_t{llen} + mlen > block_end - out.pos) {
+        ok = false;
+        break;
+      }
       if (llen <= 16 && out.size - out.pos >= 16) {
-        PutLiteralsShort(out, lit + lp, llen);
+        PutLiteralsShort<!kRleOffset1>(out, lit + lp, llen);
       } else {
         PutLiterals(out, lit + lp, llen);
       }
       lp += llen;
-      if (offset > out.tz) return false;  // may copy nonzero bytes
+      if (offset > out.tz) {  // may copy nonzero bytes
+        ok = false;
+        break;
+      }
       out.pos += mlen;
       out.tz += mlen;
     }
-    if (b.remaining() != 0 || nlit - lp > block_end - out.pos) return false;
-    PutLiterals(out, lit + lp, nlit - lp);
-    return true;
+    if (ok && (b.remaining() != 0 || nlit - lp > block_end - out.pos)) ok = false;
+    if (ok) PutLiterals(out, lit + lp, nlit - lp);
+    out_ref = out;
+    bits = b;
+    reps[0] = r0;
+    reps[1] = r1;
+    reps[2] = r2;
+    return ok;
   }
 };
 
