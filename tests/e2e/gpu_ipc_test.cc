@@ -62,6 +62,38 @@ int OpenFds(pid_t pid) {
   return ::testing::AssertionSuccess();
 }
 
+// Wraps a source; its `fail_pass`-th pass (1-based) fails at tensor `fail_at`: a trainer
+// rank that breaks in the middle of a sync.
+class FailingSource final : public WeightSource {
+ public:
+  explicit FailingSource(WeightSource* inner) : inner_(inner) {}
+  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override {
+    WSYNC_ASSIGN_OR_RETURN(auto s, inner_->Iterate());
+    size_t fail = ++passes_ == fail_pass ? fail_at : SIZE_MAX;
+    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(s), fail));
+  }
+  int fail_pass = 0;
+  size_t fail_at = 0;
+
+ private:
+  class Stream final : public TensorStream {
+   public:
+    Stream(std::unique_ptr<TensorStream> inner, size_t fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
+    Result<bool> Next(TensorRef* out) override {
+      if (n_++ == fail_at_) return Internal("injected: rank 1's source broke");
+      return inner_->Next(out);
+    }
+
+   private:
+    std::unique_ptr<TensorStream> inner_;
+    size_t fail_at_;
+    size_t n_ = 0;
+  };
+  WeightSource* inner_;
+  int passes_ = 0;
+};
+
 class GpuIpcTest : public E2eTest {
  protected:
   void NeedGpus(int n) {
@@ -340,7 +372,8 @@ TEST_F(GpuIpcTest, AWorkerOnAGpuTheTrainerDidNotExportForIsA400NamingItsUuid) {
 // Two trainer ranks on cuda:0 and cuda:1 (threads here, a Gloo group between them), each
 // packing into slots on its own GPU, and a TP=2 server whose workers sit on those GPUs:
 // each worker reads its own GPU's slots (before, the worker on cuda:1 had none), sync
-// after sync, and again in a second session.
+// after sync. Then rank 1's source breaks in the middle of a sync: both ranks fail at
+// once naming it, and the next session of both verifies.
 TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
   NeedGpus(2);
   if (IsSkipped()) return;
@@ -382,11 +415,15 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
     return Status::Ok();
   });
   for (const Status& st : joined) ASSERT_TRUE(st.ok()) << st.ToString();
+  FailingSource rank1(sources[1].get());
   auto init = [&] { return on_ranks([&](int r) { return engines[r]->Init((*trainer)->metadata()); }); };
   auto sync = [&](uint64_t step) {
     EXPECT_TRUE((*trainer)->Step(step).ok());
     for (auto& src : sources) EXPECT_TRUE(src->Upload((*trainer)->tensors()).ok());
-    return on_ranks([&](int r) { return engines[r]->SendWeights(*sources[r], std::nullopt).status(); });
+    return on_ranks([&](int r) {
+      WeightSource& src = r == 1 ? static_cast<WeightSource&>(rank1) : *sources[r];
+      return engines[r]->SendWeights(src, std::nullopt).status();
+    });
   };
   auto holds = [&] {
     E2E_ASSERT_OK_AND_ASSIGN(Digests got, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
@@ -397,11 +434,24 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
     for (const Status& st : sync(step)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
     holds();
   }
-  for (auto& e : engines) e->Shutdown();
-  // A new session of both ranks after the old one ended verifies too.
+  // Sync 6: rank 1's transfer pass (its 12th pass) breaks at tensor 7, after it has
+  // published some chunks on cuda:1.
+  rank1.fail_pass = 12;
+  rank1.fail_at = 7;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Status> failed = sync(6);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  for (const Status& st : failed) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("injected"), std::string::npos) << st.ToString();
+  }
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+  // The next session of both ranks verifies.
   for (const Status& st : init()) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
-  for (const Status& st : sync(6)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
-  holds();
+  for (uint64_t step = 7; step <= 8; ++step) {
+    for (const Status& st : sync(step)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+    holds();
+  }
   engines.clear();
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
   ExpectCleanShutdown(s);
