@@ -27,9 +27,19 @@
 // protocol.h). The caller's writes to the tensors must be complete when SendWeights is
 // called; the trainer synchronizes its device before the go.
 //
-// Trainer ranks other than 0 are not senders: on CPU every server of the host reads rank
-// 0's region, so they only drain the same two passes of their source the sender makes
-// (the check pass and the transfer pass; each may be a collective) and return.
+// Several trainer ranks (TrainerOptions::comm, the ranks' group; see
+// docs/protocol_ipc.md): Init is a collective of every rank. The lowest rank on each GPU
+// is a publisher: it opens rank 0's control region by path, exports slots of its own on
+// its GPU (same count and size), and rank 0 sends the merged `buffers` map; each sync,
+// every publisher packs every chunk into its own slots for the workers on its GPU
+// (waiting for rank 0's announcement of the sync, then for its own readers'
+// acknowledgements), with no collective and no HTTP per chunk. A rank that fails a sync
+// aborts it for every rank and reader; all ranks then need Init again. Zero-copy is rank
+// 0's alone (with several publishers, kAuto packs). Without `comm` (or a group of one),
+// and for ranks that publish nothing (a GPU a lower rank serves; every rank but 0 of a CPU
+// trainer, whose shm slots serve the host), ranks other than 0 only drain the same two
+// passes of their source the sender makes (the check pass and the transfer pass; each
+// may be a collective) and return.
 #pragma once
 
 #include <memory>
