@@ -2,7 +2,9 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -104,24 +106,87 @@ std::string ErrorMessageOf(const std::string& body) {
   return body.size() > 500 ? body.substr(0, 500) + "..." : body;
 }
 
-Result<json> DoRequest(const std::string& url, const std::string& method, const std::string& path,
-                       const std::string* body, const ClientOptions& options, Deadline deadline) {
-  std::string what = fmt::format("{}: {} {}", url, method, path);
-  httplib::Client cli(url);
-  double left = std::max(0.001, deadline.remaining_seconds());
-  auto connect = std::chrono::duration<double>(std::min(left, options.connect_timeout_seconds));
-  cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(connect));
-  auto io = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(left));
-  cli.set_read_timeout(io);
-  cli.set_write_timeout(io);
-  cli.set_keep_alive(false);
-  httplib::Headers headers = {{"Connection", "close"}};
-  if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+}  // namespace
 
-  httplib::Result res = method == "GET"
-                            ? cli.Get(path, headers)
-                            : cli.Post(path, headers, body == nullptr ? std::string() : *body,
-                                       "application/json");
+// Idle kept-alive connections per server URL, handed to one request at a time.
+class FanOutClient::Connections {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr size_t kMaxIdlePerServer = 4;
+
+  // A connection to `url`: an idle one used less than kReuseIdleSeconds ago, else a new
+  // one. `reused` says which.
+  std::unique_ptr<httplib::Client> Take(const std::string& url, bool* reused) {
+    std::vector<std::unique_ptr<httplib::Client>> stale;  // closed outside the lock
+    std::unique_ptr<httplib::Client> c;
+    {
+      std::lock_guard lock(mu_);
+      std::vector<Idle>& idle = idle_[url];
+      auto fresh = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(kReuseIdleSeconds));
+      while (!idle.empty()) {
+        Idle last = std::move(idle.back());
+        idle.pop_back();
+        if (last.since >= fresh) {
+          c = std::move(last.client);
+          break;
+        }
+        stale.push_back(std::move(last.client));
+      }
+      for (Idle& i : idle) {  // older than the one taken
+        if (i.since < fresh) stale.push_back(std::move(i.client));
+      }
+      std::erase_if(idle, [](const Idle& i) { return i.client == nullptr; });
+    }
+    *reused = c != nullptr;
+    if (c) return c;
+    c = std::make_unique<httplib::Client>(url);
+    c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);
+    return c;
+  }
+  // Back after a request that got a whole reply.
+  void Give(const std::string& url, std::unique_ptr<httplib::Client> c) {
+    std::lock_guard lock(mu_);
+    std::vector<Idle>& idle = idle_[url];
+    if (idle.size() < kMaxIdlePerServer) idle.push_back(Idle{std::move(c), Clock::now()});
+  }
+
+ private:
+  struct Idle {
+    std::unique_ptr<httplib::Client> client;
+    Clock::time_point since;
+  };
+  std::mutex mu_;
+  std::map<std::string, std::vector<Idle>> idle_;  // GUARDED_BY(mu_); most recent last
+};
+
+namespace {
+
+Result<json> DoRequest(FanOutClient::Connections& connections, const std::string& url, const std::string& method,
+                       const std::string& path, const std::string* body, const ClientOptions& options,
+                       Deadline deadline) {
+  std::string what = fmt::format("{}: {} {}", url, method, path);
+  httplib::Headers headers;
+  if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+  bool reused = false;
+  std::unique_ptr<httplib::Client> cli;
+  httplib::Result res(nullptr, httplib::Error::Unknown);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    cli = connections.Take(url, &reused);
+    double left = std::max(0.001, deadline.remaining_seconds());
+    auto connect = std::chrono::duration<double>(std::min(left, options.connect_timeout_seconds));
+    cli->set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(connect));
+    auto io = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(left));
+    cli->set_read_timeout(io);
+    cli->set_write_timeout(io);
+    res = method == "GET" ? cli->Get(path, headers)
+                          : cli->Post(path, headers, body == nullptr ? std::string() : *body, "application/json");
+    // A kept-alive connection the server closed meanwhile fails while the request is
+    // written, before the server can have acted on it: once more on a new connection.
+    if (res || !reused || res.error() != httplib::Error::Write) break;
+  }
+  if (res) connections.Give(url, std::move(cli));
   if (!res) {
     auto err = res.error();
     if (err == httplib::Error::Read && deadline.expired()) {
@@ -156,7 +221,7 @@ StatusCode StatusCodeForHttp(int s) {
 }
 
 FanOutClient::FanOutClient(std::vector<std::string> urls, ClientOptions options)
-    : urls_(std::move(urls)), options_(std::move(options)) {
+    : urls_(std::move(urls)), options_(std::move(options)), connections_(std::make_shared<Connections>()) {
   for (auto& u : urls_) {
     while (!u.empty() && u.back() == '/') u.pop_back();
     if (u.find("://") == std::string::npos) u = "http://" + u;
@@ -173,25 +238,31 @@ std::vector<std::shared_ptr<const std::string>> FanOutClient::Serialize(const st
 std::shared_ptr<FanOutClient::Pending> FanOutClient::Start(const std::string& method,
                                                            const std::string& path,
                                                            std::vector<std::shared_ptr<const std::string>> bodies,
-                                                           Deadline deadline) const {
+                                                           Deadline deadline, bool blocking) const {
   auto fan = std::make_shared<FanOut>(urls_);
+  if (blocking && urls_.size() == 1) {  // no thread to start and join
+    fan->Finish(0, DoRequest(*connections_, urls_[0], method, path, bodies[0].get(), options_, deadline));
+    return fan;
+  }
   for (size_t i = 0; i < urls_.size(); ++i) {
-    std::thread([fan, i, url = urls_[i], method, path, body = std::move(bodies[i]),
+    std::thread([fan, i, connections = connections_, url = urls_[i], method, path, body = std::move(bodies[i]),
                  options = options_, deadline] {
-      fan->Finish(i, DoRequest(url, method, path, body.get(), options, deadline));
+      fan->Finish(i, DoRequest(*connections, url, method, path, body.get(), options, deadline));
     }).detach();
   }
   return fan;
 }
 
 Result<std::vector<json>> FanOutClient::Get(const std::string& path, Deadline deadline) const {
-  return Start("GET", path, std::vector<std::shared_ptr<const std::string>>(urls_.size()), deadline)->Wait(deadline);
+  return Start("GET", path, std::vector<std::shared_ptr<const std::string>>(urls_.size()), deadline, true)
+      ->Wait(deadline);
 }
 
 Result<std::vector<json>> FanOutClient::Post(const std::string& path, const json& body,
                                              Deadline deadline) const {
   auto serialized = body.is_null() ? nullptr : std::make_shared<const std::string>(body.dump());
-  return Start("POST", path, std::vector<std::shared_ptr<const std::string>>(urls_.size(), serialized), deadline)
+  return Start("POST", path, std::vector<std::shared_ptr<const std::string>>(urls_.size(), serialized), deadline,
+               true)
       ->Wait(deadline);
 }
 
@@ -200,7 +271,7 @@ Result<std::vector<json>> FanOutClient::PostEach(const std::string& path, std::v
   if (bodies.size() != urls_.size()) {
     return Internal(fmt::format("{} bodies for {} servers", bodies.size(), urls_.size()));
   }
-  return Start("POST", path, Serialize(bodies), deadline)->Wait(deadline);
+  return Start("POST", path, Serialize(bodies), deadline, true)->Wait(deadline);
 }
 
 std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(const std::string& path,

@@ -3,10 +3,16 @@
 // Every call goes to every server concurrently, waits for all of them (bounded by a
 // Deadline) and fails with the first server's error (in server order), carrying the
 // server's own message: "http://127.0.0.1:8001: POST /update_weights -> 400: shape of
-// ...". Each request sends `Connection: close` (a kept-alive connection goes stale over a
-// training step) and is never retried, because a half-done stateful call must not be
-// repeated. Thread-safe; requests run on their own threads, so a call that times out
-// leaves them to finish in the background without blocking the caller.
+// ...". Connections are kept alive (with TCP_NODELAY) and reused while they have been idle
+// less than kReuseIdleSeconds, well inside the idle timeouts of HTTP servers (5 s for
+// cpp-httplib and uvicorn), so that the calls of one sync do not each pay a TCP connect
+// and a server-side accept; a connection idle longer (over a training step) is closed and
+// a fresh one made. A request is never retried once it may have reached the server,
+// because a half-done stateful call must not be repeated: only a reused connection that
+// fails while the request is being written is replaced, once. Thread-safe; a fan-out to
+// several servers runs each request on its own thread, so a call that times out leaves
+// them to finish in the background without blocking the caller (a blocking call to one
+// server runs on the caller's thread).
 #pragma once
 
 #include <memory>
@@ -19,6 +25,8 @@
 #include "wsync/status.h"
 
 namespace wsync {
+
+inline constexpr double kReuseIdleSeconds = 2;
 
 struct ClientOptions {
   std::string api_key;                 // sent as `Authorization: Bearer KEY` when set
@@ -33,6 +41,7 @@ class FanOutClient {
   FanOutClient(std::vector<std::string> server_urls, ClientOptions options);
 
   const std::vector<std::string>& urls() const { return urls_; }
+  class Connections;  // the idle kept-alive connections (client.cc)
 
   // A fan-out in flight. Wait() returns every server's JSON reply, or the first error.
   class Pending {
@@ -61,12 +70,15 @@ class FanOutClient {
                                      Deadline deadline) const;
 
  private:
-  // One body per server; null for none (GET).
+  // One body per server; null for none (GET). `blocking`: the caller waits at once, so a
+  // single server's request may run on the caller's thread.
   std::shared_ptr<Pending> Start(const std::string& method, const std::string& path,
-                                 std::vector<std::shared_ptr<const std::string>> bodies, Deadline deadline) const;
+                                 std::vector<std::shared_ptr<const std::string>> bodies, Deadline deadline,
+                                 bool blocking = false) const;
   static std::vector<std::shared_ptr<const std::string>> Serialize(const std::vector<nlohmann::json>& bodies);
   std::vector<std::string> urls_;
   ClientOptions options_;
+  std::shared_ptr<Connections> connections_;  // shared with requests still running
 };
 
 }  // namespace wsync

@@ -2,6 +2,11 @@
 // the receiver so that these tests pin the HTTP contract (bodies, codes, auth) alone.
 #include <httplib.h>
 
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include "control/client.h"
@@ -184,6 +189,59 @@ TEST_F(HttpRoutes, FanOutClientCarriesServerMessages) {
   std::vector<json> bodies = {json{{"init_info", {{"rank_offset", 1}}}}, json{{"init_info", {{"rank_offset", 5}}}}};
   ASSERT_TRUE(client.PostEach("/init_weight_transfer_engine", bodies, Deadline::InSeconds(10)).ok());
   EXPECT_EQ(other.last_init["rank_offset"], 5);
+}
+
+// A plain HTTP server that answers every POST with the port the request came from, so a
+// test sees which requests shared a connection; it closes connections idle `idle_seconds`.
+class PortEcho {
+ public:
+  explicit PortEcho(time_t idle_seconds) {
+    srv_.set_keep_alive_timeout(idle_seconds);
+    srv_.Post("/port", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(json{{"port", req.remote_port}}.dump(), "application/json");
+    });
+    port_ = srv_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { srv_.listen_after_bind(); });
+  }
+  ~PortEcho() {
+    srv_.stop();
+    thread_.join();
+  }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+
+ private:
+  httplib::Server srv_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+int PortOf(const FanOutClient& client) {
+  auto r = client.Post("/port", json::object(), Deadline::InSeconds(10));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? (*r)[0]["port"].get<int>() : -1;
+}
+
+TEST(FanOutClient, TheCallsOfASyncShareOneConnectionAndAnIdleOneIsReplaced) {
+  PortEcho server(5);
+  FanOutClient client({server.url()}, {});
+  int first = PortOf(client);
+  EXPECT_EQ(PortOf(client), first);  // start, update, finish: one connection
+  auto pending = client.PostAsync("/port", std::make_shared<const std::string>("{}"), Deadline::InSeconds(10));
+  auto r = pending->Wait(Deadline::InSeconds(10));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)[0]["port"].get<int>(), first);
+  std::this_thread::sleep_for(std::chrono::duration<double>(kReuseIdleSeconds + 0.3));
+  EXPECT_NE(PortOf(client), first);  // idle over a "training step": a fresh connection
+}
+
+TEST(FanOutClient, AConnectionTheServerClosedWhileIdleIsNotAnError) {
+  PortEcho server(1);  // shorter than kReuseIdleSeconds
+  FanOutClient client({server.url()}, {});
+  int first = PortOf(client);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  int second = PortOf(client);
+  EXPECT_GT(second, 0);
+  EXPECT_NE(second, first);
 }
 
 TEST(FanOutClient, UnreachableServerIsUnavailable) {

@@ -128,6 +128,10 @@ Result<std::unique_ptr<HttpControlServer>> HttpControlServer::Start(
   s->server_->new_task_queue = [] { return new httplib::ThreadPool(32); };
   s->server_->set_payload_max_length(options.max_body_bytes);
   s->server_->set_read_timeout(30, 0);
+  // Trainers keep their connections alive across the calls of a sync (see client.h) and
+  // close them when idle; small replies go out at once.
+  s->server_->set_tcp_nodelay(true);
+  s->server_->set_keep_alive_max_count(1 << 20);
   s->Routes();
   int port = options.port == 0 ? s->server_->bind_to_any_port(options.host)
                                : (s->server_->bind_to_port(options.host, options.port)
