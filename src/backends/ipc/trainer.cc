@@ -180,17 +180,16 @@ class IpcTrainer final : public TrainerEngine {
   Status InitGroup(const std::vector<TensorMeta>& metadata) {
     Communicator& comm = *options_.comm;
     const int rank = comm.rank(), ranks = comm.size();
-    if (rank != options_.rank) {
-      return InvalidArgument(fmt::format("TrainerOptions::rank {} is rank {} of TrainerOptions::comm", options_.rank,
-                                         rank));
-    }
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    // 1. device keys.
+    // 1. device keys (a rank that cannot name its device, or is misnumbered, fails all).
     json mine;
     {
       std::string key = HostDeviceKey();
       Status s = Status::Ok();
-      if (!options_.device.is_cpu()) {
+      if (rank != options_.rank) {
+        s = InvalidArgument(fmt::format("TrainerOptions::rank {} is rank {} of TrainerOptions::comm", options_.rank,
+                                        rank));
+      } else if (!options_.device.is_cpu()) {
         s = UseDeviceOnThisThread(options_.device);
         if (s.ok()) {
           Result<std::string> k = IpcDeviceKey(options_.device);
