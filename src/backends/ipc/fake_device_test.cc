@@ -136,16 +136,8 @@ class FakePlane final : public IpcDevicePlane {
     return std::unique_ptr<DeviceImport>(std::make_unique<Import>(a->base, &imports));
   }
   Result<std::unique_ptr<DeviceCopies>> Copies(const Device&, std::span<const WorkerStore::ByteCopy> copies) override {
-    for (const auto& c : copies) {  // every copy stays inside live device memory
-      auto s = rt_->Containing(c.src), d = rt_->Containing(c.dst);
-      if (!s || !d || static_cast<const std::byte*>(c.src) + c.bytes > s->base + s->bytes ||
-          static_cast<std::byte*>(c.dst) + c.bytes > d->base + d->bytes) {
-        return Internal(fmt::format("fake plane: a copy of {} bytes from {} to {} leaves device memory", c.bytes,
-                                    static_cast<const void*>(c.src), static_cast<const void*>(c.dst)));
-      }
-    }
     plans.fetch_add(1);
-    return std::unique_ptr<DeviceCopies>(std::make_unique<Copier>(copies, &launches));
+    return std::unique_ptr<DeviceCopies>(std::make_unique<Copier>(rt_, copies, &launches));
   }
   Status Synchronize(const Device&) override { return Status::Ok(); }
   Result<std::pair<uint64_t, uint64_t>> MemoryInfo(const Device&) override {
@@ -190,9 +182,21 @@ class FakePlane final : public IpcDevicePlane {
   };
   class Copier final : public DeviceCopies {
    public:
-    Copier(std::span<const WorkerStore::ByteCopy> c, std::atomic<int>* launches)
-        : copies_(c.begin(), c.end()), launches_(launches) {}
+    Copier(FakeRuntime* rt, std::span<const WorkerStore::ByteCopy> c, std::atomic<int>* launches)
+        : rt_(rt), copies_(c.begin(), c.end()), launches_(launches) {}
     Status Run() override {
+      // A launch reads and writes live device memory only: a copy from freed staging (a
+      // trainer rank that freed its slots while a reader still copied) fails the test
+      // here instead of reading freed host memory. (Building a plan only records the
+      // addresses, as on a GPU.)
+      for (const auto& c : copies_) {
+        auto s = rt_->Containing(c.src), d = rt_->Containing(c.dst);
+        if (!s || !d || static_cast<const std::byte*>(c.src) + c.bytes > s->base + s->bytes ||
+            static_cast<std::byte*>(c.dst) + c.bytes > d->base + d->bytes) {
+          return Internal(fmt::format("fake plane: a copy of {} bytes from {} to {} leaves live device memory",
+                                      c.bytes, static_cast<const void*>(c.src), static_cast<const void*>(c.dst)));
+        }
+      }
       for (const auto& c : copies_) std::memcpy(c.dst, c.src, c.bytes);
       launches_->fetch_add(1);
       return Status::Ok();
@@ -204,6 +208,7 @@ class FakePlane final : public IpcDevicePlane {
     }
 
    private:
+    FakeRuntime* rt_;
     std::vector<WorkerStore::ByteCopy> copies_;
     std::atomic<int>* launches_;
   };
