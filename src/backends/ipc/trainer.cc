@@ -380,10 +380,14 @@ class IpcTrainer final : public TrainerEngine {
     return stats;
   }
 
-  // Publishers p > 0 stop when another rank abandoned the sync or rank 0 ended its session.
+  // Publishers p > 0 stop when another rank abandoned the sync or rank 0 ended its session
+  // (a lock probe, a system call: at most every 10 ms, as readers probe).
   std::function<Status()> PeerCheck(uint64_t sync) {
-    return [this, sync]() -> Status {
+    return [this, sync, last_probe = Clock::time_point{}]() mutable -> Status {
       if (auto reason = region_->AbortedReason(sync)) return Aborted(fmt::format("sync {} was abandoned: {}", sync, *reason));
+      auto now = Clock::now();
+      if (now - last_probe < std::chrono::milliseconds(10)) return Status::Ok();
+      last_probe = now;
       if (!region_->PublisherAlive(0)) {
         return Unavailable(fmt::format("trainer rank 0 (pid {}) ended ipc session {} (it exited, or a sync failed)",
                                        region_->trainer_pid(), region_->session()));
