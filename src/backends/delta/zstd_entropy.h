@@ -62,6 +62,12 @@ class BackBits {
   // near), i.e. whether Unchecked reads of up to 57 bits in all are safe until the
   // next refill. False near the start: use Read() there.
   bool RefillFast() {
+    if (ptr_ - start_ >= static_cast<std::ptrdiff_t>(8 + (consumed_ >> 3))) {  // far from the start: no checks
+      ptr_ -= consumed_ >> 3;
+      consumed_ &= 7;
+      std::memcpy(&container_, ptr_, 8);
+      return true;
+    }
     Refill();
     return consumed_ <= 7;
   }
