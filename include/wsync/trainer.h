@@ -42,12 +42,13 @@ struct TrainerOptions {
   std::string store_host = "127.0.0.1";  // where the rendezvous store listens (servers dial it)
   Device device;
   int rank = 0;                      // trainer rank; rank 0 is the sender
-  // The trainer ranks' own group (every rank of it builds an engine with the same one;
-  // comm->rank() == rank), for backends whose ranks agree on something at Init. `ipc`:
-  // each rank on a GPU no lower rank is on exports its own staging slots there and rank 0
-  // sends the merged map (Init is then a collective of every rank; it runs no collective
-  // per sync). Empty (the default), or a group of one: rank 0 alone exports, the others
-  // only drain their sources. Other backends ignore it.
+  // The trainer ranks' own group: each rank passes its membership (comm->rank() == rank),
+  // for backends whose ranks agree on something at Init. `ipc`: each rank on a GPU no
+  // lower rank is on exports its own staging slots there and rank 0 sends the merged map;
+  // Init is then a collective of every rank (call it on all ranks at once, with no other
+  // collective on `comm` in flight); no collective runs per sync. Empty (the default), or a
+  // group of one: rank 0 alone exports, the others only drain their sources. Other
+  // backends ignore it.
   std::shared_ptr<Communicator> comm;
   // `delta`: the directory both sides share (local or NFS), payload files roll over at
   // this size, and publishing uses this many threads (0: all cores).
