@@ -188,6 +188,19 @@ Result<WritableMapping> WritableMapping::Open(const std::string& path) {
   return m;
 }
 
+void WritableMapping::PrepareForWrite(std::span<std::byte> region) {
+#if defined(__linux__)
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, absent from older headers
+  if (region.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t begin = reinterpret_cast<uintptr_t>(region.data()) & ~(page - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(region.data() + region.size());
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite);  // EINVAL on old kernels: faults instead
+#else
+  (void)region;
+#endif
+}
+
 WritableMapping::WritableMapping(WritableMapping&& o) noexcept
     : path_(std::move(o.path_)), data_(o.data_), size_(o.size_) {
   o.data_ = nullptr;

@@ -83,6 +83,14 @@ class WritableMapping {
   std::span<std::byte> bytes() { return {data_, size_}; }
   const std::string& path() const { return path_; }
 
+  // Maps the pages under `region` (a span of bytes()) writable ahead of the writes
+  // (madvise MADV_POPULATE_WRITE, Linux 5.14+; a no-op elsewhere): one kernel loop
+  // instead of a read fault and a write fault per page in the middle of the apply loop,
+  // which on ext4 more than halves the CPU time of applying a dense patch (1.65 -> 0.70
+  // CPU s per qwen3-0.6b step). Every page becomes dirty, so callers use it only for
+  // regions whose patch touches most pages. Thread-safe for disjoint regions.
+  static void PrepareForWrite(std::span<std::byte> region);
+
  private:
   WritableMapping() = default;
   void Release();

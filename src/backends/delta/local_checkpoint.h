@@ -68,6 +68,8 @@ struct FetchReport {
   double reset_seconds = 0;   // copying the base into weights/
   double fetch_seconds = 0;   // reading manifests and payloads
   double apply_seconds = 0;   // decompress + XOR + verify
+  double apply_cpu_seconds = 0;  // CPU time of the apply threads (all of them)
+  size_t libzstd_frames = 0;  // patches SparseApplier declined, applied through libzstd
   double seconds = 0;
 };
 
