@@ -30,6 +30,12 @@ class DeviceRuntime {
   virtual Status SetDevice(int device) = 0;
   // `bytes` of zeroed memory on `device`, 256-byte aligned; Free() releases it.
   virtual Result<void*> Allocate(int device, size_t bytes) = 0;
+  // The same from the driver's virtual memory API (cuMemCreate + cuMemMap, shareable as a
+  // POSIX fd), as PyTorch's expandable segments allocate: the ipc backend exports such
+  // memory as cuda_fd, whose mappings copy at full speed. Free() releases it too.
+  virtual Result<void*> AllocateVirtualMemory(int device, size_t bytes) {
+    return Unimplemented("this device runtime has no virtual-memory allocations");
+  }
   virtual void Free(int device, void* ptr) = 0;
   // Enqueues `count` copies of `width` bytes, the i-th from src + i * src_pitch to
   // dst + i * dst_pitch, host or device memory on either side (unified addressing).
@@ -55,11 +61,15 @@ inline constexpr size_t kDeviceTensorAlignment = 256;
 // returns the size of the allocation that holds them all.
 size_t LayOutAligned(std::span<const size_t> bytes, std::vector<size_t>* offsets);
 
+// Which DeviceRuntime call allocates a buffer.
+enum class DeviceAllocator { kRuntime, kVirtualMemory };
+
 // Device memory owned by one object: Allocate()d on construction, freed on destruction.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  static Result<DeviceBuffer> Allocate(const Device& device, size_t bytes);
+  static Result<DeviceBuffer> Allocate(const Device& device, size_t bytes,
+                                       DeviceAllocator allocator = DeviceAllocator::kRuntime);
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -66,8 +66,11 @@ class HostTensorSource : public WeightSource {
 // so only device-aware consumers (the GPU data planes) may dereference them.
 class DeviceTensorSource : public WeightSource {
  public:
-  static Result<std::unique_ptr<DeviceTensorSource>> Create(const Device& device,
-                                                            std::vector<TensorMeta> metadata);
+  // `allocator` kVirtualMemory: the one allocation comes from cuMemCreate, as a trainer
+  // with expandable segments holds its weights (exported as cuda_fd, see DeviceBuffer).
+  static Result<std::unique_ptr<DeviceTensorSource>> Create(
+      const Device& device, std::vector<TensorMeta> metadata,
+      DeviceAllocator allocator = DeviceAllocator::kRuntime);
   const std::vector<TensorMeta>& metadata() const override { return metadata_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   // Copies `tensors` (the same names, dtypes and shapes, in order) to the device; the

@@ -40,9 +40,11 @@ size_t LayOutAligned(std::span<const size_t> bytes, std::vector<size_t>* offsets
   return total;
 }
 
-Result<DeviceBuffer> DeviceBuffer::Allocate(const Device& device, size_t bytes) {
+Result<DeviceBuffer> DeviceBuffer::Allocate(const Device& device, size_t bytes, DeviceAllocator allocator) {
   WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
-  WSYNC_ASSIGN_OR_RETURN(void* p, rt->Allocate(device.index, bytes));
+  WSYNC_ASSIGN_OR_RETURN(void* p, allocator == DeviceAllocator::kVirtualMemory
+                                      ? rt->AllocateVirtualMemory(device.index, bytes)
+                                      : rt->Allocate(device.index, bytes));
   DeviceBuffer b;
   b.runtime_ = rt;
   b.device_ = device;

@@ -85,13 +85,14 @@ Result<std::unique_ptr<TensorStream>> HostTensorSource::Iterate() {
 }
 
 Result<std::unique_ptr<DeviceTensorSource>> DeviceTensorSource::Create(const Device& device,
-                                                                      std::vector<TensorMeta> metadata) {
+                                                                      std::vector<TensorMeta> metadata,
+                                                                      DeviceAllocator allocator) {
   std::unique_ptr<DeviceTensorSource> s(new DeviceTensorSource());
   std::vector<size_t> sizes;
   for (const TensorMeta& m : metadata) sizes.push_back(m.nbytes());
   const size_t total = LayOutAligned(sizes, &s->offsets_);
   s->metadata_ = std::move(metadata);
-  WSYNC_ASSIGN_OR_RETURN(s->storage_, DeviceBuffer::Allocate(device, total));
+  WSYNC_ASSIGN_OR_RETURN(s->storage_, DeviceBuffer::Allocate(device, total, allocator));
   return s;
 }
 

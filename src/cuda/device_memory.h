@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -35,11 +36,14 @@ class ExportedDeviceMemory {
   // Allocates at least `bytes` on `device` (cuda_fd rounds up to the allocation
   // granularity) and exports it.
   static Result<std::unique_ptr<ExportedDeviceMemory>> Allocate(int device, size_t bytes, ExportKind kind);
-  // Exports memory this process already allocated with cudaMalloc on `device` (kind
-  // cuda_ipc), without owning it: the destructor frees nothing. Importers map the whole
-  // allocation; base_offset() is `ptr`'s offset inside it. Cheap (no allocation), so a
-  // caller may export again to learn whether the allocation behind `ptr` changed (the
-  // handle of a new allocation differs even at the same address).
+  // Exports memory this process already allocated on `device`, without owning it: the
+  // destructor frees nothing. cudaMalloc memory goes out as cuda_ipc; memory from
+  // cuMemCreate (the virtual memory API, as expandable-segment allocators use it, created
+  // with a POSIX fd handle type) as cuda_fd, this export holding a reference to the
+  // allocation and the fd until it is destroyed. Importers map the whole allocation;
+  // base_offset() is `ptr`'s offset inside it. Cheap (no allocation), so a caller may
+  // export again and compare Identity() to learn whether the allocation behind `ptr`
+  // changed (a new allocation differs even at the same address).
   static Result<std::unique_ptr<ExportedDeviceMemory>> ExportExisting(int device, const void* ptr);
   ~ExportedDeviceMemory();
   ExportedDeviceMemory(const ExportedDeviceMemory&) = delete;
@@ -52,6 +56,9 @@ class ExportedDeviceMemory {
   size_t base_offset() const { return base_offset_; }
   // What an importer needs (see the file comment).
   nlohmann::json Handle() const;
+  // Names the allocation: equal for two exports of the same one (a cuda_fd Handle() is not:
+  // each export has its own fd).
+  std::string Identity() const;
 
  private:
   ExportedDeviceMemory() = default;
@@ -61,6 +68,7 @@ class ExportedDeviceMemory {
   int device_ = 0;
   void* ptr_ = nullptr;
   size_t size_ = 0;
+  size_t alloc_bytes_ = 0;  // ExportExisting: the whole allocation, from its base
   unsigned char ipc_handle_[64] = {};
   unsigned long long mem_handle_ = 0;  // CUmemGenericAllocationHandle
   int fd_ = -1;

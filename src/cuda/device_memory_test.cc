@@ -169,6 +169,48 @@ TEST_P(DeviceMemory, ExportedMemoryOpensInAnotherProcessBitExact) {
   if (out.find("child ok") == std::string::npos) std::printf("child output:\n%s\n", out.c_str());
 }
 
+// Memory from cuMemCreate (a trainer with expandable segments) has no CUDA IPC handle:
+// ExportExisting sends it as its allocation's fd, names it stably across exports, and
+// another process opens it bit-exact.
+TEST(DeviceMemoryExisting, CuMemAllocationsGoOutAsTheirFdAndOpenBitExact) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBytes = size_t{64} << 20;
+  auto owner = ExportedDeviceMemory::Allocate(0, kBytes, ExportKind::kCuMemFd);  // cuMemCreate + map
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  std::vector<unsigned char> host(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) host[i] = static_cast<unsigned char>(i * 29 + (i >> 11));
+  ASSERT_EQ(cudaMemcpy((*owner)->data(), host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  const auto* inside = static_cast<const unsigned char*>((*owner)->data()) + 4096;
+  auto a = ExportedDeviceMemory::ExportExisting(0, inside);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)->kind(), ExportKind::kCuMemFd);
+  EXPECT_EQ((*a)->base_offset(), 4096u);
+  auto b = ExportedDeviceMemory::ExportExisting(0, (*owner)->data());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*a)->Identity(), (*b)->Identity());  // one allocation, whatever the fds
+  EXPECT_NE((*a)->Handle()["fd"], (*b)->Handle()["fd"]);
+  EXPECT_GE((*a)->Handle()["bytes"].get<size_t>(), kBytes);
+  // A cudaMalloc allocation is another allocation, and goes out as cuda_ipc.
+  void* plain = nullptr;
+  ASSERT_EQ(cudaMalloc(&plain, 1 << 20), cudaSuccess);
+  auto c = ExportedDeviceMemory::ExportExisting(0, plain);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->kind(), ExportKind::kCudaIpc);
+  EXPECT_NE((*c)->Identity(), (*a)->Identity());
+  c->reset();
+  cudaFree(plain);
+
+  auto sum = DeviceChecksum((*owner)->data(), kBytes, nullptr);
+  ASSERT_TRUE(sum.ok());
+  json orders = {{"kind", "cuda_fd"}, {"handle", (*a)->Handle()}, {"bytes", kBytes}, {"checksum", *sum}};
+  auto [code, out] = RunChild("DeviceMemoryChild.*", orders);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("child ok"), std::string::npos) << out;
+  // The exports go first: the allocation is the owner's to free.
+  a->reset();
+  b->reset();
+}
+
 TEST_P(DeviceMemory, BadHandlesAreClearErrors) {
   SKIP_WITHOUT_GPU();
   auto r = ImportedDeviceMemory::Open(0, GetParam(), json::array(), 16);

@@ -2,10 +2,15 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
+
 #include <fmt/format.h>
 
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/device_memory.h"
 #include "wsync/device_runtime.h"
 
 namespace wsync::cuda {
@@ -33,7 +38,29 @@ class CudaDeviceRuntime final : public DeviceRuntime {
     return p;
   }
 
+  Result<void*> AllocateVirtualMemory(int device, size_t bytes) override {
+    auto m = ExportedDeviceMemory::Allocate(device, bytes == 0 ? 1 : bytes, ExportKind::kCuMemFd);
+    if (!m.ok()) return m.status().WithContext(fmt::format("cuMemCreate of {} bytes on cuda:{}", bytes, device));
+    void* p = (*m)->data();
+    WSYNC_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread));
+    WSYNC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    std::lock_guard lock(mu_);
+    virtual_[p] = std::move(*m);
+    return p;
+  }
+
   void Free(int device, void* ptr) override {
+    {
+      std::unique_ptr<ExportedDeviceMemory> vm;
+      std::unique_lock lock(mu_);
+      if (auto it = virtual_.find(ptr); it != virtual_.end()) {
+        vm = std::move(it->second);
+        virtual_.erase(it);
+        lock.unlock();
+        vm.reset();  // unmaps and releases (an importer's mapping keeps the memory alive)
+        return;
+      }
+    }
     int current = -1;
     (void)cudaGetDevice(&current);
     (void)cudaSetDevice(device);
@@ -57,6 +84,10 @@ class CudaDeviceRuntime final : public DeviceRuntime {
     WSYNC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
     return Status::Ok();
   }
+
+ private:
+  std::mutex mu_;
+  std::map<void*, std::unique_ptr<ExportedDeviceMemory>> virtual_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace

@@ -51,15 +51,19 @@ class DeviceExport {
   // Allocates at least `bytes` on `device` and exports it as `kind` ("cuda_ipc" or
   // "cuda_fd"); the memory is owned by the object.
   static Result<std::unique_ptr<DeviceExport>> Allocate(const Device& device, uint64_t bytes, std::string_view kind);
-  // Exports memory this process already holds (a cudaMalloc allocation, as a
-  // DeviceTensorSource keeps its tensors) as "cuda_ipc", without owning it. `ptr` may
-  // point inside its allocation: offset() says where.
+  // Exports memory this process already holds, without owning it: a cudaMalloc
+  // allocation as "cuda_ipc", a cuMemCreate one (DeviceAllocator::kVirtualMemory,
+  // expandable segments) as "cuda_fd", holding the allocation's fd while it lives. `ptr`
+  // may point inside its allocation: offset() says where.
   static Result<std::unique_ptr<DeviceExport>> Existing(const Device& device, const void* ptr, uint64_t bytes);
 
   virtual std::byte* data() const = 0;        // Allocate: the memory; Existing: `ptr`
   virtual std::string_view kind() const = 0;  // "cuda_ipc" or "cuda_fd"
   virtual uint64_t offset() const = 0;        // of data() inside what importers map
   virtual nlohmann::json Handle() const = 0;  // what an importer opens (device_memory.h)
+  // Names the exported allocation: two exports of the same one are equal (their cuda_fd
+  // handles are not: each has its own fd).
+  virtual std::string Identity() const { return std::string(kind()) + ":" + Handle().dump(); }
 };
 
 // Device memory another process exported, mapped into this one.

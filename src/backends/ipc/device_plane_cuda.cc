@@ -24,6 +24,7 @@ class CudaExport final : public DeviceExport {
   std::string_view kind() const override { return cuda::ExportKindName(m_->kind()); }
   uint64_t offset() const override { return m_->base_offset(); }
   nlohmann::json Handle() const override { return m_->Handle(); }
+  std::string Identity() const override { return m_->Identity(); }
 
  private:
   std::unique_ptr<cuda::ExportedDeviceMemory> m_;

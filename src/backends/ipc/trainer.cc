@@ -506,12 +506,15 @@ class IpcTrainer final : public TrainerEngine {
     // another handle, so a receiver never reads through a stale mapping.
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceExport> ex,
                            DeviceExport::Existing(options_.device, storage.data(), storage.size()));
-    IpcBufferDesc desc{std::string(ex->kind()), ex->offset(), 0, ex->Handle()};
     bool changed = storage.data() != exported_data_ || storage.size() != exported_bytes_ ||
-                   desc.offset != exported_.offset || desc.handle != exported_.handle;
+                   zero_copy_export_ == nullptr || ex->offset() != zero_copy_export_->offset() ||
+                   ex->Identity() != zero_copy_export_->Identity();
     if (changed) {
       ++generation_;
-      exported_ = desc;
+      // Kept while the generation lives: a cuda_fd export holds the fd the servers take.
+      zero_copy_export_ = std::move(ex);
+      exported_ = IpcBufferDesc{std::string(zero_copy_export_->kind()), zero_copy_export_->offset(), 0,
+                                zero_copy_export_->Handle()};
       exported_data_ = storage.data();
       exported_bytes_ = storage.size();
       zero_copy_sent_ = false;
@@ -710,6 +713,7 @@ class IpcTrainer final : public TrainerEngine {
   // Zero-copy: what was last exported of the source's allocation, its generation and
   // whether every server of the session has been sent its handle.
   IpcBufferDesc exported_;
+  std::unique_ptr<DeviceExport> zero_copy_export_;
   const std::byte* exported_data_ = nullptr;
   size_t exported_bytes_ = 0;
   uint64_t generation_ = 0;
