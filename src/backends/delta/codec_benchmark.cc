@@ -1,8 +1,10 @@
 // Micro-benchmark of DeltaCodec on one thread, with realistic data: a bf16 tensor of
 // synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (about 4% of
-// values change). Prints GB/s of tensor bytes for Encode, Apply, and the pieces they
-// fuse (memcpy, xxh3-128, one-shot stock zstd -1 of the patch), and the compressed
-// ratio. Times are this thread's CPU time (best of 3), i.e. per-core cost.
+// values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
+// frame writer, and libzstd from the same sequences), Apply (SparseApplier; libzstd; a
+// stock zstd -1 frame as SkyRL writes it) and the pieces they fuse (memcpy, xxh3-128,
+// one-shot stock zstd -1 of the patch), and the compressed ratios. Times are this
+// thread's CPU time (best of 3; best of 20 in the one-loop modes), i.e. per-core cost.
 //
 //   delta_codec_benchmark [MiB=256] [block KiB=64] [encode|apply: only that, 20 times, for perf]
 #include <time.h>
@@ -92,13 +94,20 @@ int main(int argc, char** argv) {
       3, [&] { std::memcpy(snap.data(), old.data(), n); },
       [&] { enc_zstd = *(*viazstd)->Encode(next, snap, DigestAlgorithm::kXxh3_128); });
   for (size_t i = 0; i < n; ++i) patch[i] = old[i] ^ next[i];
-  {
-    size_t seqs = 0, lits = 0, zs = 0, nz = 0; size_t z = 0; size_t hist_ml[8] = {0};
+  {  // the patch's shape: changed bytes, and the sequences and literals a frame holds
+    size_t seqs = 0, lits = 0, nonzero = 0, zeros = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (patch[i] != std::byte{0}) { ++nz; if (z >= 4) { ++seqs; lits += 1; int b=0; size_t m=z-1; while(m>>=1) ++b; hist_ml[std::min(b,7)]++; } else lits += z; lits += 1; z = 0; } else ++z;
+      if (patch[i] == std::byte{0}) {
+        ++zeros;
+        continue;
+      }
+      ++nonzero;
+      seqs += zeros >= 4;
+      lits += (zeros >= 4 ? 1 : zeros) + 1;
+      zeros = 0;
     }
-    std::printf("nonzero %zu (%.2f%%), sequences %zu (%.2f per KB), literals %zu (%.2f%%)\n", nz, 100.0*nz/n, seqs, seqs*1024.0/n, lits, 100.0*lits/n);
-    for (int b=0;b<8;++b) std::printf(" ml2^%d:%zu", b, hist_ml[b]); std::printf("\n");
+    std::printf("patch: %.2f%% nonzero bytes, %zu sequences (%.1f per KiB), %.2f%% literals\n", 100.0 * nonzero / n,
+                seqs, seqs * 1024.0 / n, 100.0 * lits / n);
   }
   std::vector<char> out(ZSTD_compressBound(n));
   size_t oneshot = 0;
