@@ -73,7 +73,8 @@ struct GpuModeResult {
 
 // One session of `mode` against the server: Init, a warm-up sync, `iters` timed syncs.
 Result<GpuModeResult> RunGpuMode(const std::string& url, const Device& device, DeviceTensorSource& source,
-                                 const BenchArgs& a, int iters, IpcTrainerOptions::Mode mode, const char* name) {
+                                 const BenchArgs& a, int iters, IpcTrainerOptions::Mode mode, const char* name,
+                                 const std::string& export_kind) {
   TrainerOptions o;
   o.backend = "ipc";
   o.servers = {url};
@@ -82,6 +83,7 @@ Result<GpuModeResult> RunGpuMode(const std::string& url, const Device& device, D
   o.timeout_seconds = 600;
   IpcTrainerOptions ipc;
   ipc.mode = mode;
+  ipc.export_kind = export_kind;
   WSYNC_ASSIGN_OR_RETURN(auto free0, IpcDeviceMemoryInfo(device));
   WSYNC_ASSIGN_OR_RETURN(auto engine, CreateIpcTrainerWith(o, ipc));
   WSYNC_RETURN_IF_ERROR(engine->Init(source.metadata()));
@@ -158,17 +160,20 @@ int RunBenchIpcGpu(const BenchArgs& a, const Device& device) {
     IpcTrainerOptions::Mode mode;
     const char* name;
     DeviceTensorSource* source;
+    const char* export_kind;  // of the packed slots
   };
-  for (auto [mode, name, run_source] : {Run{IpcTrainerOptions::Mode::kPacked, "packed", source.get()},
-                                        Run{IpcTrainerOptions::Mode::kZeroCopy, "zero-copy", source.get()},
-                                        Run{IpcTrainerOptions::Mode::kZeroCopy, "zero-copy, cuMem source",
-                                            vmm->get()}}) {
+  using Mode = IpcTrainerOptions::Mode;
+  for (auto [mode, name, run_source, export_kind] :
+       {Run{Mode::kPacked, "packed, cuda_ipc slots", source.get(), "cuda_ipc"},
+        Run{Mode::kPacked, "packed, cuda_fd slots", source.get(), "cuda_fd"},
+        Run{Mode::kZeroCopy, "zero-copy", source.get(), "cuda_ipc"},
+        Run{Mode::kZeroCopy, "zero-copy, cuMem source", vmm->get(), "cuda_ipc"}}) {
     if (step > 0) {  // new weights, so that this mode's verification proves its own bytes
       if (auto st = (*trainer)->Step(step); !st.ok()) return fail(st.status());
       if (Status s = run_source->Upload((*trainer)->tensors()); !s.ok()) return fail(s);
     }
     ++step;
-    auto r = RunGpuMode(servers[0].url, device, *run_source, a, iters, mode, name);
+    auto r = RunGpuMode(servers[0].url, device, *run_source, a, iters, mode, name, export_kind);
     if (!r.ok()) return fail(r.status().WithContext(fmt::format("{} (server log {})", name, servers[0].log_path)));
     TrainerOptions v;
     v.servers = {servers[0].url};
