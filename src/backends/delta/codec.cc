@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "backends/delta/nonzero_mask.h"
+
 namespace wsync::delta {
 namespace {
 
@@ -101,24 +103,6 @@ __attribute__((target("avx2,popcnt"))) uint64_t XorUpdateAvx2(const std::byte* n
   return nonzero;
 }
 #endif
-
-// Bit i set when p[i] != 0, for the first `n` (<= 64) bytes at p.
-uint64_t NonzeroMask(const uint8_t* p, size_t n) {
-#if defined(__SSE2__)
-  if (n == 64) {
-    const __m128i zero = _mm_setzero_si128();
-    uint64_t zeros = 0;
-    for (int k = 0; k < 4; ++k) {
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
-      zeros |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)))) << (16 * k);
-    }
-    return ~zeros;
-  }
-#endif
-  uint64_t mask = 0;
-  for (size_t i = 0; i < n; ++i) mask |= static_cast<uint64_t>(p[i] != 0) << i;
-  return mask;
-}
 
 // zstd's sequence producer for XOR patches. A patch is runs of zeros between isolated
 // changed bytes, which zstd's own fast match finder handles badly (short hash hits,

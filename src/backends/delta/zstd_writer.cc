@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/delta/nonzero_mask.h"
 #include "backends/delta/zstd_entropy.h"
 
 // Section names below are RFC 8878's; the encoding order of every bitstream mirrors
@@ -50,24 +51,6 @@ inline unsigned MlCode(uint32_t ml) {  // ml >= 3
   uint32_t b = ml - 3;
   unsigned small = kCodes.ml[std::min<uint32_t>(b, 127)];
   return b < 128 ? small : HighBit(b | 1) + 36;
-}
-
-// Bit i set when p[i] != 0, for the first `n` (<= 64) bytes at p.
-__attribute__((always_inline)) inline uint64_t NonzeroMask(const uint8_t* p, size_t n) {
-#if defined(__SSE2__)
-  if (n == 64) {
-    const __m128i zero = _mm_setzero_si128();
-    uint64_t zeros = 0;
-    for (int k = 0; k < 4; ++k) {
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
-      zeros |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)))) << (16 * k);
-    }
-    return ~zeros;
-  }
-#endif
-  uint64_t mask = 0;
-  for (size_t i = 0; i < n; ++i) mask |= static_cast<uint64_t>(p[i] != 0) << i;
-  return mask;
 }
 
 // Code lengths of a Huffman code for `counts` (two-queue merge over sorted leaves);
