@@ -26,6 +26,7 @@
 #include "cuda/runtime.h"
 #include "e2e_test_base.h"
 #include "model/config.h"
+#include "sources/failing_source.h"
 #include "trainer/synthetic.h"
 #include "wsync/source.h"
 
@@ -61,38 +62,6 @@ int OpenFds(pid_t pid) {
   }
   return ::testing::AssertionSuccess();
 }
-
-// Wraps a source; its `fail_pass`-th pass (1-based) fails at tensor `fail_at`: a trainer
-// rank that breaks in the middle of a sync.
-class FailingSource final : public WeightSource {
- public:
-  explicit FailingSource(WeightSource* inner) : inner_(inner) {}
-  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
-  Result<std::unique_ptr<TensorStream>> Iterate() override {
-    WSYNC_ASSIGN_OR_RETURN(auto s, inner_->Iterate());
-    size_t fail = ++passes_ == fail_pass ? fail_at : SIZE_MAX;
-    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(s), fail));
-  }
-  int fail_pass = 0;
-  size_t fail_at = 0;
-
- private:
-  class Stream final : public TensorStream {
-   public:
-    Stream(std::unique_ptr<TensorStream> inner, size_t fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
-    Result<bool> Next(TensorRef* out) override {
-      if (n_++ == fail_at_) return Internal("injected: rank 1's source broke");
-      return inner_->Next(out);
-    }
-
-   private:
-    std::unique_ptr<TensorStream> inner_;
-    size_t fail_at_;
-    size_t n_ = 0;
-  };
-  WeightSource* inner_;
-  int passes_ = 0;
-};
 
 class GpuIpcTest : public E2eTest {
  protected:

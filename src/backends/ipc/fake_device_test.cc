@@ -26,6 +26,7 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
+#include "sources/failing_source.h"
 #include "sources/trainer_ranks.h"
 #include "trainer/synthetic.h"
 #include "wsync/device_runtime.h"
@@ -433,38 +434,6 @@ struct Group {
     for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.ToString();
     return g;
   }
-};
-
-// A source whose `fail_pass`-th pass fails at tensor `fail_at` (a trainer rank that breaks
-// in the middle of a sync).
-class FailingSource final : public WeightSource {
- public:
-  explicit FailingSource(WeightSource* inner) : inner_(inner) {}
-  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
-  Result<std::unique_ptr<TensorStream>> Iterate() override {
-    WSYNC_ASSIGN_OR_RETURN(auto s, inner_->Iterate());
-    bool fail = ++passes_ == fail_pass;
-    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(s), fail ? fail_at : SIZE_MAX));
-  }
-  int fail_pass = 0;  // 1-based; 0: never
-  size_t fail_at = 0;
-
- private:
-  class Stream final : public TensorStream {
-   public:
-    Stream(std::unique_ptr<TensorStream> inner, size_t fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
-    Result<bool> Next(TensorRef* out) override {
-      if (n_++ == fail_at_) return Internal("injected: the rank's optimizer state is corrupt");
-      return inner_->Next(out);
-    }
-
-   private:
-    std::unique_ptr<TensorStream> inner_;
-    size_t fail_at_;
-    size_t n_ = 0;
-  };
-  WeightSource* inner_;
-  int passes_ = 0;
 };
 
 TEST_F(IpcFakeGpu, TwoRanksOnTwoGpusEachFeedTheWorkersOnTheirGpuBitExact) {
