@@ -338,67 +338,86 @@ TEST_F(GpuIpcTest, AWorkerOnAGpuTheTrainerDidNotExportForIsA400NamingItsUuid) {
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
 }
 
-// Two trainer ranks on cuda:0 and cuda:1 (threads here, a Gloo group between them), each
-// packing into slots on its own GPU, and a TP=2 server whose workers sit on those GPUs:
-// each worker reads its own GPU's slots (before, the worker on cuda:1 had none), sync
-// after sync. Then rank 1's source breaks in the middle of a sync: both ranks fail at
-// once naming it, and the next session of both verifies.
+// Two trainer ranks on cuda:0 and cuda:1: threads here, a Gloo group between them, each
+// with a DeviceTensorSource on its own GPU and an ipc engine sending to one server.
+struct TwoGpuRanks {
+  std::unique_ptr<StoreServer> store;
+  std::vector<std::shared_ptr<Communicator>> comms{2};
+  std::vector<std::unique_ptr<DeviceTensorSource>> sources{2};
+  std::vector<std::unique_ptr<TrainerEngine>> engines{2};
+
+  // fn(rank) on both ranks at once (their Init and SendWeights are collectives).
+  template <typename Fn>
+  static std::vector<Status> OnRanks(Fn fn) {
+    std::vector<Status> out(2);
+    std::thread other([&] { out[1] = fn(1); });
+    out[0] = fn(0);
+    other.join();
+    return out;
+  }
+
+  static Result<std::unique_ptr<TwoGpuRanks>> Start(const std::string& url, const std::vector<TensorMeta>& meta,
+                                                    const IpcTrainerOptions& ipc) {
+    auto g = std::make_unique<TwoGpuRanks>();
+    WSYNC_ASSIGN_OR_RETURN(g->store, StoreServer::Start("127.0.0.1", 0));
+    const std::string prefix = "ipc-ranks-" + NewSessionId();
+    for (const Status& st : OnRanks([&](int r) -> Status {
+           GlooOptions o;
+           o.store_port = g->store->port();
+           o.prefix = prefix;
+           o.rank = r;
+           o.size = 2;
+           WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, ConnectGloo(o));
+           g->comms[r] = std::move(c);
+           Device dev{Device::Kind::kCuda, r};
+           WSYNC_ASSIGN_OR_RETURN(g->sources[r], DeviceTensorSource::Create(dev, meta));
+           TrainerOptions t;
+           t.backend = "ipc";
+           t.servers = {url};
+           t.device = dev;
+           t.rank = r;
+           t.comm = g->comms[r];
+           t.bucket_gb = 1.0 / 1024;  // several chunks per packed sync
+           t.timeout_seconds = 60;
+           WSYNC_ASSIGN_OR_RETURN(g->engines[r], CreateIpcTrainerWith(t, ipc));
+           return Status::Ok();
+         })) {
+      WSYNC_RETURN_IF_ERROR(st);
+    }
+    return g;
+  }
+  std::vector<Status> Init(const std::vector<TensorMeta>& meta) {
+    return OnRanks([&](int r) { return engines[r]->Init(meta); });
+  }
+};
+
+// Two trainer ranks, each packing into slots on its own GPU, and a TP=2 server whose
+// workers sit on those GPUs: each worker reads its own GPU's slots (before, the worker on
+// cuda:1 had none), sync after sync. Then rank 1's source breaks in the middle of a sync:
+// both ranks fail at once naming it, and the next session of both verifies.
 TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
   NeedGpus(2);
   if (IsSkipped()) return;
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("tp2", 2));
   auto trainer = SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 71, 2);
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
-  auto store = StoreServer::Start("127.0.0.1", 0);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  std::vector<std::shared_ptr<Communicator>> comms(2);
-  std::vector<std::unique_ptr<DeviceTensorSource>> sources(2);
-  std::vector<std::unique_ptr<TrainerEngine>> engines(2);
-  auto on_ranks = [](auto fn) {
-    std::vector<Status> out(2);
-    std::thread other([&] { out[1] = fn(1); });
-    out[0] = fn(0);
-    other.join();
-    return out;
-  };
-  const std::string prefix = "ipc-ranks-" + NewSessionId();
-  auto joined = on_ranks([&](int r) -> Status {
-    GlooOptions g;
-    g.store_port = (*store)->port();
-    g.prefix = prefix;
-    g.rank = r;
-    g.size = 2;
-    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, ConnectGloo(g));
-    comms[r] = std::move(c);
-    Device dev{Device::Kind::kCuda, r};
-    WSYNC_ASSIGN_OR_RETURN(sources[r], DeviceTensorSource::Create(dev, (*trainer)->metadata()));
-    TrainerOptions o;
-    o.backend = "ipc";
-    o.servers = {s.url};
-    o.device = dev;
-    o.rank = r;
-    o.comm = comms[r];
-    o.bucket_gb = 1.0 / 1024;  // several chunks per sync
-    o.timeout_seconds = 60;
-    WSYNC_ASSIGN_OR_RETURN(engines[r], CreateIpcTrainer(o));
-    return Status::Ok();
-  });
-  for (const Status& st : joined) ASSERT_TRUE(st.ok()) << st.ToString();
-  FailingSource rank1(sources[1].get());
-  auto init = [&] { return on_ranks([&](int r) { return engines[r]->Init((*trainer)->metadata()); }); };
+  E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<TwoGpuRanks> g, TwoGpuRanks::Start(s.url, (*trainer)->metadata(), {}));
+  FailingSource rank1(g->sources[1].get());  // no DeviceTensorSource: the ranks pack
   auto sync = [&](uint64_t step) {
     EXPECT_TRUE((*trainer)->Step(step).ok());
-    for (auto& src : sources) EXPECT_TRUE(src->Upload((*trainer)->tensors()).ok());
-    return on_ranks([&](int r) {
-      WeightSource& src = r == 1 ? static_cast<WeightSource&>(rank1) : *sources[r];
-      return engines[r]->SendWeights(src, std::nullopt).status();
+    for (auto& src : g->sources) EXPECT_TRUE(src->Upload((*trainer)->tensors()).ok());
+    return TwoGpuRanks::OnRanks([&](int r) {
+      WeightSource& src = r == 1 ? static_cast<WeightSource&>(rank1) : *g->sources[r];
+      return g->engines[r]->SendWeights(src, std::nullopt).status();
     });
   };
   auto holds = [&] {
     E2E_ASSERT_OK_AND_ASSIGN(Digests got, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
     EXPECT_TRUE(DigestsEqual(DigestTensors((*trainer)->tensors(), DigestAlgorithm::kXxh3_128), got));
   };
-  for (const Status& st : init()) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  for (const Status& st : g->Init((*trainer)->metadata())) {
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  }
   for (uint64_t step = 1; step <= 5; ++step) {
     for (const Status& st : sync(step)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
     holds();
@@ -416,12 +435,56 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
   }
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
   // The next session of both ranks verifies.
-  for (const Status& st : init()) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  for (const Status& st : g->Init((*trainer)->metadata())) {
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  }
   for (uint64_t step = 7; step <= 8; ++step) {
     for (const Status& st : sync(step)) ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
     holds();
   }
-  engines.clear();
+  g->engines.clear();
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+  ExpectCleanShutdown(s);
+}
+
+// Zero-copy with two ranks: each rank exports its own GPU's tensors (rank 0 sends the
+// merged map, each rank publishes the go for its GPU's workers), so the TP=2 server's
+// worker on cuda:1 copies from rank 1's tensors on cuda:1. Then rank 1 alone moves its
+// tensors to a cuMem allocation (exported as cuda_fd): a new generation, still verified.
+TEST_F(GpuIpcTest, TwoTrainerRanksEachSendTheirOwnTensorsZeroCopy) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("tp2_zero_copy", 2));
+  auto trainer = SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 72, 2);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  IpcTrainerOptions ipc;
+  ipc.mode = IpcTrainerOptions::Mode::kZeroCopy;  // no slots anywhere: a packed sync could not pass
+  E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<TwoGpuRanks> g, TwoGpuRanks::Start(s.url, (*trainer)->metadata(), ipc));
+  for (const Status& st : g->Init((*trainer)->metadata())) {
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+  }
+  auto sync = [&](uint64_t step) {
+    EXPECT_TRUE((*trainer)->Step(step).ok());
+    for (auto& src : g->sources) EXPECT_TRUE(src->Upload((*trainer)->tensors()).ok());
+    std::vector<uint64_t> chunks(2);
+    for (const Status& st : TwoGpuRanks::OnRanks([&](int r) -> Status {
+           WSYNC_ASSIGN_OR_RETURN(SyncStats stats, g->engines[r]->SendWeights(*g->sources[r], std::nullopt));
+           chunks[r] = stats.chunks;
+           return Status::Ok();
+         })) {
+      EXPECT_TRUE(st.ok()) << st.ToString() << "\n" << s.process->Describe();
+    }
+    EXPECT_EQ(chunks, (std::vector<uint64_t>{1, 1}));  // one go on each GPU
+    E2E_ASSERT_OK_AND_ASSIGN(Digests got, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
+    EXPECT_TRUE(DigestsEqual(DigestTensors((*trainer)->tensors(), DigestAlgorithm::kXxh3_128), got));
+  };
+  for (uint64_t step = 1; step <= 5; ++step) sync(step);
+  auto moved = DeviceTensorSource::Create(Device{Device::Kind::kCuda, 1}, (*trainer)->metadata(),
+                                          DeviceAllocator::kVirtualMemory);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  g->sources[1] = std::move(*moved);
+  for (uint64_t step = 6; step <= 8; ++step) sync(step);
+  g->engines.clear();
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
   ExpectCleanShutdown(s);
 }

@@ -45,15 +45,16 @@ class FakeRuntime final : public DeviceRuntime {
     std::byte* base;
     size_t bytes;
     uint64_t serial;
+    int device;
   };
   int DeviceCount() override { return 4; }
   Status SetDevice(int) override { return Status::Ok(); }
-  Result<void*> Allocate(int, size_t bytes) override {
+  Result<void*> Allocate(int device, size_t bytes) override {
     size_t n = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
     void* p = std::aligned_alloc(256, n);
     std::memset(p, 0, n);
     std::lock_guard lock(mu_);
-    live_[reinterpret_cast<uintptr_t>(p)] = Allocation{static_cast<std::byte*>(p), n, ++serial_};
+    live_[reinterpret_cast<uintptr_t>(p)] = Allocation{static_cast<std::byte*>(p), n, ++serial_, device};
     return p;
   }
   void Free(int, void* ptr) override {
@@ -134,6 +135,7 @@ class FakePlane final : public IpcDevicePlane {
     }
     if (a->bytes < bytes) return InvalidArgument("cannot open: the allocation is smaller than needed");
     opens.fetch_add(1);
+    if (a->device != device.index) foreign_opens.fetch_add(1);
     return std::unique_ptr<DeviceImport>(std::make_unique<Import>(a->base, &imports));
   }
   Result<std::unique_ptr<DeviceCopies>> Copies(const Device&, std::span<const WorkerStore::ByteCopy> copies) override {
@@ -148,6 +150,7 @@ class FakePlane final : public IpcDevicePlane {
 
   std::atomic<int> imports{0};   // mappings alive
   std::atomic<int> opens{0};     // mappings ever made
+  std::atomic<int> foreign_opens{0};  // ...of memory on another GPU than the importer's
   std::atomic<int> plans{0};     // batched copies built
   std::atomic<int> launches{0};  // batched copies run
 
@@ -483,13 +486,136 @@ TEST_F(IpcFakeGpu, TwoRanksOnTwoGpusEachFeedTheWorkersOnTheirGpuBitExact) {
   EXPECT_TRUE(Eventually([&] { return plane_.imports.load() == 0; }, 5)) << plane_.imports.load() << " left";
 }
 
+// Zero-copy with two ranks: each rank exports its own GPU's tensors, rank 0 sends the
+// merged map, and the workers on each GPU copy from the rank on that GPU.
+TEST_F(IpcFakeGpu, TwoRanksEachOfferTheirOwnTensorsZeroCopyAndFallBackToPackingTogether) {
+  constexpr Device kCuda1{Device::Kind::kCuda, 1};
+  Server& tp2 = StartServer(2);          // workers on cuda:0 and cuda:1
+  Server& one = StartServer(1, kCuda1);  // a second reader of rank 1's tensors
+  auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 14, 2));
+  Group group = Group::Connect(2);
+  std::vector<std::unique_ptr<DeviceTensorSource>> device(2);
+  for (int r = 0; r < 2; ++r) {
+    device[r] = std::move(*DeviceTensorSource::Create(Device{Device::Kind::kCuda, r}, trainer->metadata()));
+  }
+  std::vector<WeightSource*> sources = {device[0].get(), device[1].get()};
+  auto make = [&](IpcTrainerOptions::Mode mode) {
+    std::vector<std::unique_ptr<TrainerEngine>> engines(2);
+    for (int r = 0; r < 2; ++r) {
+      TrainerOptions o = Options({&tp2, &one}, Device{Device::Kind::kCuda, r});
+      o.rank = r;
+      o.comm = group.ranks[r]->comm();
+      IpcTrainerOptions ipc;
+      ipc.mode = mode;
+      engines[r] = std::move(*CreateIpcTrainerWith(o, ipc));
+    }
+    auto init = OnRanks(2, [&](int r) { return engines[r]->Init(trainer->metadata()); });
+    for (const Status& s : init) EXPECT_TRUE(s.ok()) << s.ToString();
+    return engines;
+  };
+  uint64_t step = 0;
+  auto sync = [&](std::vector<std::unique_ptr<TrainerEngine>>& engines, std::vector<SyncStats>* stats = nullptr) {
+    EXPECT_TRUE(trainer->Step(++step).ok());
+    for (auto& d : device) EXPECT_TRUE(d->Upload(trainer->tensors()).ok());
+    std::vector<SyncStats> got(2);
+    auto st = OnRanks(2, [&](int r) -> Status {
+      WSYNC_ASSIGN_OR_RETURN(got[r], engines[r]->SendWeights(*sources[r], "v" + std::to_string(step)));
+      return Status::Ok();
+    });
+    if (stats != nullptr) *stats = got;
+    return st;
+  };
+
+  auto engines = make(IpcTrainerOptions::Mode::kAuto);
+  int opens0 = plane_.opens.load(), plans0 = 0;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<SyncStats> stats;
+    for (const Status& s : sync(engines, &stats)) ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(stats[0].chunks, 1u);  // one go per rank, nothing packed
+    EXPECT_EQ(stats[1].chunks, 1u);
+    ExpectHolds(*tp2.service, *trainer);
+    ExpectHolds(*one.service, *trainer);
+    if (i == 1) plans0 = plane_.plans.load();
+  }
+  // tp2 mapped both ranks' tensors, `one` rank 1's: each worker its own GPU's, once.
+  EXPECT_EQ(plane_.opens.load() - opens0, 3);
+  EXPECT_EQ(plane_.foreign_opens.load(), 0);
+  EXPECT_EQ(plane_.plans.load(), plans0);
+
+  // Rank 1 alone moves its tensors to a new allocation: a new generation for every
+  // worker, and still each worker maps its own GPU's rank.
+  device[1] = std::move(*DeviceTensorSource::Create(kCuda1, trainer->metadata()));
+  sources[1] = device[1].get();
+  for (const Status& s : sync(engines)) ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectHolds(*tp2.service, *trainer);
+  ExpectHolds(*one.service, *trainer);
+  EXPECT_EQ(plane_.opens.load() - opens0, 6);
+  EXPECT_EQ(plane_.foreign_opens.load(), 0);
+
+  // One rank's source is not a DeviceTensorSource: both ranks pack that sync (auto), into
+  // their slots, and go back to zero-copy after it without mapping anything again.
+  FailingSource other(device[1].get());
+  sources[1] = &other;
+  std::vector<SyncStats> stats;
+  for (const Status& s : sync(engines, &stats)) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GE(stats[0].chunks, 3u);
+  EXPECT_EQ(stats[1].chunks, stats[0].chunks);
+  ExpectHolds(*tp2.service, *trainer);
+  ExpectHolds(*one.service, *trainer);
+  sources[1] = device[1].get();
+  int opens1 = plane_.opens.load();
+  for (const Status& s : sync(engines, &stats)) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(stats[1].chunks, 1u);
+  EXPECT_EQ(plane_.opens.load(), opens1);
+  ExpectHolds(*tp2.service, *trainer);
+
+  // A rank whose check pass fails fails the sync on both ranks at once, naming it, before
+  // anything moved; the session stays and the next sync lands.
+  FailingSource broken(device[1].get());
+  broken.fail_pass = 1;
+  broken.fail_at = 3;
+  sources[1] = &broken;
+  auto t0 = std::chrono::steady_clock::now();
+  auto failed = sync(engines);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  ASSERT_FALSE(failed[0].ok());
+  EXPECT_NE(failed[0].message().find("trainer rank 1"), std::string::npos) << failed[0].ToString();
+  EXPECT_NE(failed[0].message().find("injected"), std::string::npos) << failed[0].ToString();
+  ASSERT_FALSE(failed[1].ok());
+  EXPECT_NE(failed[1].message().find("injected"), std::string::npos) << failed[1].ToString();
+  sources[1] = device[1].get();
+  for (const Status& s : sync(engines)) ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectHolds(*tp2.service, *trainer);
+  ExpectHolds(*one.service, *trainer);
+  engines.clear();
+
+  // zero_copy mode exports no slots: a rank that cannot offer its tensors fails the sync
+  // on both ranks with the reason, and the session stays.
+  engines = make(IpcTrainerOptions::Mode::kZeroCopy);
+  FailingSource wrapped(device[1].get());  // the same tensors, but not a DeviceTensorSource
+  sources[1] = &wrapped;
+  auto refused = sync(engines);
+  for (const Status& s : refused) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("trainer rank 1: its source is not a DeviceTensorSource"), std::string::npos)
+        << s.ToString();
+  }
+  sources[1] = device[1].get();
+  for (const Status& s : sync(engines)) ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectHolds(*tp2.service, *trainer);
+  ExpectHolds(*one.service, *trainer);
+  EXPECT_EQ(plane_.foreign_opens.load(), 0);
+  engines.clear();
+  EXPECT_TRUE(Eventually([&] { return plane_.imports.load() == 0; }, 5)) << plane_.imports.load() << " left";
+}
+
 TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
   constexpr Device kCuda1{Device::Kind::kCuda, 1};
   Server& tp2 = StartServer(2);
   auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 12, 2));
   Group group = Group::Connect(2);
-  // Device sources on each rank's own GPU: in auto mode rank 0 would send zero-copy, but
-  // with a second publisher both ranks pack.
+  // Device sources on each rank's own GPU; rank 1's wrapper is no DeviceTensorSource, so
+  // the ranks pack (auto mode).
   std::vector<std::unique_ptr<DeviceTensorSource>> device(2);
   for (int r = 0; r < 2; ++r) {
     device[r] = std::move(*DeviceTensorSource::Create(Device{Device::Kind::kCuda, r}, trainer->metadata()));

@@ -29,7 +29,10 @@
 // the index of that rank's line in the control region; a worker waits for that
 // publisher's slot words and acknowledges to it (region.h). Ranks on a GPU a lower rank
 // already serves, and every rank of a CPU trainer (one host: rank 0's shm slots serve it),
-// export nothing. Zero-copy stays rank 0's alone: with several publishers the trainer packs.
+// export nothing. Zero-copy with several publishers: each exports its own tensors, and the
+// update's zero_copy.buffers carries every publisher's entry (with its `publisher`); a
+// worker maps its GPU's entry and waits for the go on that publisher's line. The ranks
+// agree per sync whether it is zero-copy (docs/protocol_ipc.md).
 // Worker w of the server (dp index d, tp rank p) is reader R0 + d * TP + p, exactly the
 // rank the `nccl` backend would give it minus one (the trainer), so deployments with
 // external DP load balancing share one reader numbering.

@@ -1,8 +1,9 @@
 // Strings over a Communicator, for the few messages trainer ranks exchange when an ipc
 // session starts (device keys, the region rank 0 created, each rank's staging
-// descriptor, the outcome). Collective: every rank of `comm` calls the same function in
-// the same order. Each is two collectives (the lengths, then the bytes); never used per
-// chunk or per sync. Errors are the communicator's (see communicator.h), with context.
+// descriptor, the outcome) and once at the start of each sync (each rank's state and
+// zero-copy offer). Collective: every rank of `comm` calls the same function in the same
+// order. Each is two collectives (the lengths, then the bytes); never used per chunk.
+// Errors are the communicator's (see communicator.h), with context.
 #pragma once
 
 #include <string>

@@ -342,6 +342,13 @@ class IpcReceiver final : public ReceiverBackend {
               "update_info zero_copy buffers has no entry for {}'s device {} (offered: {}): zero-copy needs the "
               "trainer's tensors on the same GPU", w.label, plane.key, fmt::join(keys, ", ")));
         }
+        // The go comes on the line of the trainer rank this worker attached to at init.
+        auto entry = u.zero_copy->buffers.find(plane.key);
+        if (entry != u.zero_copy->buffers.end() && entry->second.publisher != plane.publisher) {
+          return InvalidArgument(fmt::format(
+              "update_info zero_copy buffers['{}'] names publisher {}, but init_info gave {} publisher {}",
+              plane.key, entry->second.publisher, w.label, plane.publisher));
+        }
       } else if (plane.slots == WorkerPlane::Slots::kNone) {
         return InvalidArgument(fmt::format(
             "this ipc session has no staging slots on {} (the trainer sends zero-copy updates only), but update "
@@ -459,7 +466,7 @@ class IpcReceiver final : public ReceiverBackend {
       WSYNC_ASSIGN_OR_RETURN(copies, plane.zc_copies.Get(w.device, 0, list));
     }
     std::string what = fmt::format("{}: zero-copy go of sync {}", w.label, u.sync);
-    WSYNC_RETURN_IF_ERROR(region.WaitPublished(u.first_seq, u.sync, deadline, what));
+    WSYNC_RETURN_IF_ERROR(region.WaitPublished(u.first_seq, u.sync, deadline, what, plane.publisher));
     WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
     landed.fetch_add(1);
     region.Ack(reader, u.first_seq);

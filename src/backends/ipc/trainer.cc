@@ -8,7 +8,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <ranges>
 #include <thread>
 
 #include <fmt/format.h>
@@ -21,6 +20,7 @@
 #include "control/client.h"
 #include "control/fleet.h"
 #include "receiver/update_info.h"
+#include "core/digest.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "wsync/source.h"
@@ -55,6 +55,7 @@ class IpcTrainer final : public TrainerEngine {
 
   Status Init(const std::vector<TensorMeta>& metadata) override {
     Shutdown();
+    group_ = zero_copy_group_ = false;
     publisher_ = options_.rank == 0 ? 0 : -1;
     if (options_.comm && options_.comm->size() > 1) return InitGroup(metadata);
     if (options_.rank != 0) return Status::Ok();  // not the sender: nothing to export
@@ -66,11 +67,12 @@ class IpcTrainer final : public TrainerEngine {
     if (publisher_ > 0) return SendAsPublisher(source);
     if (publisher_ < 0) return Drain(source);
     if (!region_ || region_->publisher_count() == 1) return Send(source, weight_version);
-    // Several publishers: whatever fails this sync on rank 0 stops the other ranks too
-    // (they wait for its announcement, then for their readers' acknowledgements).
+    // Several publishers: whatever fails this sync on rank 0 once it has begun stops the
+    // other ranks too (they wait for its announcement, then for their readers'
+    // acknowledgements). What fails before (the ranks' exchange) fails every rank alike.
     const uint64_t sync = sync_ + 1;
     Result<SyncStats> r = Send(source, weight_version);
-    if (!r.ok() && region_) {
+    if (!r.ok() && region_ && sync_ == sync) {
       region_->Abort(sync, fmt::format("trainer rank 0: {}", r.status().message()));
       CloseSessions();
       Shutdown();
@@ -215,12 +217,6 @@ class IpcTrainer final : public TrainerEngine {
       auto [it, fresh] = by_key.emplace(keys[r], publishers);
       if (fresh) publisher_of[r] = publishers++;
     }
-    if (publishers > 1 && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy) {
-      return FailedPrecondition(fmt::format(
-          "WSYNC_IPC_MODE=zero_copy sends from trainer rank 0's GPU only, but the trainer ranks sit on {} GPUs "
-          "({}); use packed or auto (which packs when several ranks export)", publishers,
-          fmt::join(std::views::keys(by_key), ", ")));
-    }
 
     // 2. rank 0's region.
     std::optional<Offer> offer;
@@ -247,10 +243,14 @@ class IpcTrainer final : public TrainerEngine {
         WSYNC_ASSIGN_OR_RETURN(region, IpcRegion::OpenPublisher(region_json["path"].get<std::string>(),
                                                                 region_json["session"].get<std::string>(),
                                                                 publisher_of[rank]));
-        WSYNC_ASSIGN_OR_RETURN(staging, DeviceExport::Allocate(options_.device,
-                                                               region->slot_stride() * region->num_slots(),
-                                                               ipc_.export_kind));
-        IpcBufferDesc b{std::string(staging->kind()), 0, region->slot_stride(), staging->Handle(), publisher_of[rank]};
+        IpcBufferDesc b{"none", 0, 0, json::object(), publisher_of[rank]};  // zero-copy only: no slots
+        if (ipc_.mode != IpcTrainerOptions::Mode::kZeroCopy) {
+          WSYNC_ASSIGN_OR_RETURN(staging, DeviceExport::Allocate(options_.device,
+                                                                 region->slot_stride() * region->num_slots(),
+                                                                 ipc_.export_kind));
+          b = IpcBufferDesc{std::string(staging->kind()), 0, region->slot_stride(), staging->Handle(),
+                            publisher_of[rank]};
+        }
         desc = json{{"key", keys[rank]}, {"buffer", b.ToJson()}};
         return Status::Ok();
       }();
@@ -277,6 +277,8 @@ class IpcTrainer final : public TrainerEngine {
       outcome = mine_status.ok() ? "{}" : ErrorJson(mine_status).dump();
     }
     WSYNC_ASSIGN_OR_RETURN(got, BroadcastString(comm, outcome, 0, deadline));
+    group_ = true;
+    zero_copy_group_ = publishers > 1 && !host && ipc_.mode != IpcTrainerOptions::Mode::kPacked;
     if (rank == 0) {
       if (!mine_status.ok()) Shutdown();
       return mine_status;
@@ -310,10 +312,15 @@ class IpcTrainer final : public TrainerEngine {
   // of a multi-rank source is a collective among the trainer ranks).
   Result<SyncStats> Drain(WeightSource& source) {
     auto t0 = Clock::now();
-    for (const char* pass : {"check pass", "transfer pass"}) {
-      Status s = DrainChecked(source);
-      if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
+    Status checked = DrainChecked(source);
+    if (!checked.ok()) checked = checked.WithContext(fmt::format("trainer rank {} (check pass of the sync)", options_.rank));
+    if (group_) {
+      WSYNC_RETURN_IF_ERROR(ExchangeSyncState(source, checked).status());
+    } else {
+      WSYNC_RETURN_IF_ERROR(checked);
     }
+    Status s = DrainChecked(source);
+    if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} (transfer pass of the sync)", options_.rank));
     SyncStats stats;
     stats.tensors = source.metadata().size();
     stats.seconds = stats.transfer_seconds = Since(t0);
@@ -328,11 +335,15 @@ class IpcTrainer final : public TrainerEngine {
     const std::vector<TensorMeta>& meta = source.metadata();
     auto t0 = Clock::now();
     Status checked = DrainChecked(source);
-    if (!region_) {
-      WSYNC_RETURN_IF_ERROR(checked);
-      return FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a failed "
-                                            "sync ends the session)", options_.rank));
+    if (!checked.ok()) {
+      checked = checked.WithContext(fmt::format("trainer rank {} ({}), check pass", options_.rank, device_key_));
+    } else if (!region_) {
+      checked = FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a "
+                                               "failed sync ends the session)", options_.rank));
     }
+    // Nothing has moved yet: a rank whose check failed fails the sync on every rank here,
+    // and the session stays.
+    WSYNC_ASSIGN_OR_RETURN(GroupSync group, ExchangeSyncState(source, checked));
     const uint64_t sync = ++sync_;
     auto fail = [&](Status s) -> Status {
       s = s.WithContext(fmt::format("trainer rank {} ({}), sync {}", options_.rank, device_key_, sync));
@@ -341,8 +352,7 @@ class IpcTrainer final : public TrainerEngine {
       Shutdown();
       return s;
     };
-    if (!checked.ok()) return fail(checked.WithContext("check pass"));
-    if (!has_readers_) {  // no worker reads this GPU's slots: nothing to pack
+    if (!has_readers_) {  // no worker reads this GPU's slots or tensors: nothing to send
       Status s = DrainChecked(source);
       if (!s.ok()) return fail(s.WithContext("transfer pass"));
       SyncStats stats;
@@ -355,17 +365,21 @@ class IpcTrainer final : public TrainerEngine {
       if (!s.ok()) return fail(s);
     }
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    // Zero-copy: the transfer pass only checks that the tensors are where the exchanged
+    // layout says, before the go.
+    Result<IpcPlan> plan = group.zero_copy ? ZeroCopyLayout(static_cast<DeviceTensorSource&>(source))
+                                           : PlanIpcChunks(meta, region_->slot_bytes());
+    if (!plan.ok()) return fail(plan.status());
     Result<uint64_t> first = region_->WaitAnnounced(sync, deadline);
     if (!first.ok()) return fail(first.status());
-    Result<IpcPlan> plan = PlanIpcChunks(meta, region_->slot_bytes());
-    if (!plan.ok()) return fail(plan.status());
     IpcUpdateInfo u;
     u.sync = sync;
     u.first_seq = *first;
     u.chunk_ends = plan->chunk_ends;
     auto check = PeerCheck(sync);
     auto t1 = Clock::now();
-    Status s = Transfer(source, meta, *plan, u, check, deadline);
+    Status s = group.zero_copy ? Go(u, plan->payload_bytes, check, deadline)
+                               : Transfer(source, meta, *plan, u, check, deadline);
     // Its readers have landed every chunk (or the sync failed somewhere).
     if (s.ok() && !u.chunk_ends.empty()) {
       s = region_->WaitAcked(u.first_seq + u.chunk_ends.size() - 1, deadline, check, ReaderDescriber());
@@ -400,14 +414,22 @@ class IpcTrainer final : public TrainerEngine {
   Result<SyncStats> Send(WeightSource& source, const std::optional<std::string>& weight_version) {
     const std::vector<TensorMeta>& meta = source.metadata();
     // The whole iteration is checked before anything is sent.
-    WSYNC_RETURN_IF_ERROR(DrainChecked(source));
-    if (!region_) return FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
+    Status checked = DrainChecked(source);
+    if (checked.ok() && !region_) checked = FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
+    GroupSync group;
+    if (group_) {
+      WSYNC_ASSIGN_OR_RETURN(group, ExchangeSyncState(source, checked));
+    } else {
+      WSYNC_RETURN_IF_ERROR(checked);
+    }
     if (!options_.device.is_cpu()) WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
     auto* device_source = dynamic_cast<DeviceTensorSource*>(&source);
-    // Zero-copy serves rank 0's GPU alone: with several publishers every one packs.
-    const bool zero_copy = !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
-                           device_source != nullptr && device_source->device() == options_.device &&
-                           region_->publisher_count() == 1;
+    // With several publishers the ranks decided together (each sends its own GPU's go).
+    const bool zero_copy = zero_copy_group_
+                               ? group.zero_copy
+                               : !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
+                                     device_source != nullptr && device_source->device() == options_.device &&
+                                     region_->publisher_count() == 1;
     if (!options_.device.is_cpu() && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy && !zero_copy) {
       return FailedPrecondition(fmt::format(
           "the ipc trainer exports no staging slots (mode zero_copy), so it needs a DeviceTensorSource on {}",
@@ -418,7 +440,7 @@ class IpcTrainer final : public TrainerEngine {
     u.session = region_->session();
     u.first_seq = next_seq_;
     if (zero_copy) {
-      WSYNC_ASSIGN_OR_RETURN(plan, ZeroCopyPlan(*device_source, &u));
+      WSYNC_ASSIGN_OR_RETURN(plan, ZeroCopyPlan(*device_source, zero_copy_group_ ? &group.buffers : nullptr, &u));
     } else {
       WSYNC_ASSIGN_OR_RETURN(plan, PlanIpcChunks(meta, region_->slot_bytes()));
       u.tensor_offsets = plan.tensor_offsets;
@@ -444,8 +466,8 @@ class IpcTrainer final : public TrainerEngine {
     auto t1 = Clock::now();
     region_->Announce(u.sync, u.first_seq);
     auto pending = client_.PostAsync("/update_weights", update, http_deadline);
-    Status s = zero_copy ? Go(u, plan.payload_bytes, *pending, deadline)
-                         : Transfer(source, meta, plan, u, SenderCheck(*pending, u.sync), deadline);
+    auto check = SenderCheck(*pending, u.sync);
+    Status s = zero_copy ? Go(u, plan.payload_bytes, check, deadline) : Transfer(source, meta, plan, u, check, deadline);
     if (s.ok()) s = pending->Wait(http_deadline).status();
     if (!s.ok()) {
       region_->Abort(u.sync, s.message());
@@ -497,44 +519,65 @@ class IpcTrainer final : public TrainerEngine {
     return body_.bytes;
   }
 
-  // The update of a zero-copy sync: the source's tensors where they are, one chunk, and
-  // the export of their allocation when it is new to this session or has changed.
-  Result<IpcPlan> ZeroCopyPlan(const DeviceTensorSource& source, IpcUpdateInfo* u) {
+  // Exports the allocation behind `source`'s tensors when it is new to this session or
+  // changed since the last export (returns whether it did). Exporting is cheap and names
+  // the allocation: a new one at the same address has another handle, so a receiver never
+  // reads through a stale mapping.
+  Result<bool> ExportSource(const DeviceTensorSource& source) {
     const DeviceBuffer& storage = source.storage();
-    const std::vector<TensorMeta>& meta = source.metadata();
-    // Exporting is cheap and names the allocation: a new one at the same address has
-    // another handle, so a receiver never reads through a stale mapping.
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceExport> ex,
                            DeviceExport::Existing(options_.device, storage.data(), storage.size()));
     bool changed = storage.data() != exported_data_ || storage.size() != exported_bytes_ ||
                    zero_copy_export_ == nullptr || ex->offset() != zero_copy_export_->offset() ||
                    ex->Identity() != zero_copy_export_->Identity();
-    if (changed) {
-      ++generation_;
-      // Kept while the generation lives: a cuda_fd export holds the fd the servers take.
-      zero_copy_export_ = std::move(ex);
-      exported_ = IpcBufferDesc{std::string(zero_copy_export_->kind()), zero_copy_export_->offset(), 0,
-                                zero_copy_export_->Handle()};
-      exported_data_ = storage.data();
-      exported_bytes_ = storage.size();
-      zero_copy_sent_ = false;
-      WSYNC_LOG_INFO("zero-copy: exported the source's {} bytes on {} as generation {}", storage.size(),
-                     options_.device.ToString(), generation_);
+    if (!changed) return false;
+    // Kept while the generation lives: a cuda_fd export holds the fd the servers take.
+    zero_copy_export_ = std::move(ex);
+    exported_ = IpcBufferDesc{std::string(zero_copy_export_->kind()), zero_copy_export_->offset(), 0,
+                              zero_copy_export_->Handle(), std::max(publisher_, 0)};
+    exported_data_ = storage.data();
+    exported_bytes_ = storage.size();
+    WSYNC_LOG_INFO("zero-copy: exported the source's {} bytes on {}", storage.size(), options_.device.ToString());
+    return true;
+  }
+
+  // The update of a zero-copy sync: the source's tensors where they are, one chunk, and
+  // the exports of their allocations when they are new to this session or have changed:
+  // this rank's own, or with several publishers every publisher's (`group`, exchanged).
+  Result<IpcPlan> ZeroCopyPlan(DeviceTensorSource& source, const std::map<std::string, IpcBufferDesc>* group,
+                               IpcUpdateInfo* u) {
+    if (group == nullptr) {
+      WSYNC_ASSIGN_OR_RETURN(bool changed, ExportSource(source));
+      if (changed) {
+        ++generation_;
+        zero_copy_sent_ = false;
+      }
     }
     IpcZeroCopy z;
     z.generation = generation_;
-    z.bytes = storage.size();
-    if (!zero_copy_sent_) z.buffers[device_key_] = exported_;
+    z.bytes = source.storage().size();
+    if (!zero_copy_sent_) {
+      if (group != nullptr) z.buffers = *group;
+      else z.buffers[device_key_] = exported_;
+    }
     u->zero_copy = std::move(z);
+    WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, ZeroCopyLayout(source));
+    u->tensor_offsets = plan.tensor_offsets;
+    return plan;
+  }
+
+  // The transfer pass of a zero-copy sync: every tensor must be where the offsets say.
+  Result<IpcPlan> ZeroCopyLayout(DeviceTensorSource& source) {
+    const std::vector<TensorMeta>& meta = source.metadata();
+    const std::byte* base = source.storage().data();
     IpcPlan plan;
-    // The transfer pass: every tensor must be where the offsets say.
-    WSYNC_ASSIGN_OR_RETURN(auto inner, const_cast<DeviceTensorSource&>(source).Iterate());
+    WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
     auto stream = CheckedStream(std::move(inner), meta);
     TensorRef t;
     for (size_t i = 0; i < meta.size(); ++i) {
       WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
       if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
-      if (t.bytes.data() != storage.data() + source.offset(i) || t.device != options_.device) {
+      if (t.bytes.data() != base + source.offset(i) || t.device != options_.device) {
         return Internal(fmt::format("zero-copy: tensor {} is not at offset {} of the source's allocation on {}",
                                     meta[i].name, source.offset(i), options_.device.ToString()));
       }
@@ -545,18 +588,105 @@ class IpcTrainer final : public TrainerEngine {
       plan.chunk_ends = {meta.size()};
       plan.chunk_bytes = {0};
     }
-    u->tensor_offsets = plan.tensor_offsets;
     return plan;
   }
 
-  // The one hand-off of a zero-copy sync: once the trainer's device is idle (its tensors
-  // are final), publish the go; the receivers copy and acknowledge it.
-  Status Go(const IpcUpdateInfo& u, uint64_t bytes, FanOutClient::Pending& http, Deadline deadline) {
+  // Where a DeviceTensorSource's tensors lie in its allocation: ranks whose digests are
+  // equal can share one update's tensor_offsets.
+  static std::string LayoutDigest(const DeviceTensorSource& source) {
+    std::vector<uint64_t> words{source.storage().size()};
+    for (size_t i = 0; i < source.metadata().size(); ++i) words.push_back(source.offset(i));
+    return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(words)));
+  }
+
+  // What the ranks of a group agree on before each sync.
+  struct GroupSync {
+    bool zero_copy = false;
+    std::map<std::string, IpcBufferDesc> buffers;  // zero-copy: every publisher's tensors
+  };
+
+  // The exchange that starts every sync of a group, after the check pass and before
+  // anything reaches the servers (an all-gather of one small message per rank; every
+  // rank calls it, whatever failed). `mine` is this rank's state: an error on any rank
+  // (a failed check pass, no session) fails the sync on every rank at once, naming that
+  // rank, where the others would otherwise wait for a sync that never comes. With several
+  // publishers that may send zero-copy (zero_copy_group_), each publisher with readers
+  // offers its tensors' export and layout; the sync is zero-copy when every one offers
+  // the same layout, and every rank bumps the generation when any export changed, so all
+  // derive the same decision from the same messages.
+  Result<GroupSync> ExchangeSyncState(WeightSource& source, Status mine) {
+    json j = json::object();
+    if (mine.ok() && zero_copy_group_ && publisher_ >= 0 && has_readers_) {
+      auto* device = dynamic_cast<DeviceTensorSource*>(&source);
+      if (device == nullptr || device->device() != options_.device) {
+        j = json{{"zero_copy", false},
+                 {"why", fmt::format("its source is not a DeviceTensorSource on {}", options_.device.ToString())}};
+      } else {
+        mine = UseDeviceOnThisThread(options_.device);
+        if (mine.ok()) {
+          Result<bool> changed = ExportSource(*device);
+          if (!changed.ok()) {
+            mine = changed.status();
+          } else {
+            j = json{{"zero_copy", true}, {"key", device_key_}, {"layout", LayoutDigest(*device)},
+                     {"changed", *changed}, {"buffer", exported_.ToJson()}};
+          }
+        }
+      }
+    }
+    if (!mine.ok()) j = ErrorJson(mine);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                           AllGatherStrings(*options_.comm, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
+    if (!mine.ok()) return mine;
+    GroupSync g;
+    g.zero_copy = zero_copy_group_;
+    bool changed = false;
+    std::string layout, why;
+    int layout_rank = 0;
+    for (size_t r = 0; r < all.size(); ++r) {
+      json e = json::parse(all[r]);
+      if (e.contains("error")) return StatusFromJson(e, fmt::format("trainer rank {}", r));
+      if (!e.contains("zero_copy")) continue;
+      if (!e["zero_copy"].get<bool>()) {
+        g.zero_copy = false;
+        why = fmt::format("trainer rank {}: {}", r, e["why"].get<std::string>());
+        continue;
+      }
+      std::string l = e["layout"].get<std::string>();
+      if (layout.empty()) {
+        layout = l;
+        layout_rank = static_cast<int>(r);
+      } else if (l != layout) {
+        g.zero_copy = false;
+        why = fmt::format("trainer rank {}'s tensors lie at other offsets of its allocation than trainer rank {}'s",
+                          r, layout_rank);
+      }
+      changed = changed || e["changed"].get<bool>();
+      std::string key = e["key"].get<std::string>();
+      WSYNC_ASSIGN_OR_RETURN(g.buffers[key], IpcBufferDesc::Parse(e["buffer"], key, "trainer rank"));
+    }
+    if (changed) {
+      ++generation_;
+      zero_copy_sent_ = false;
+    }
+    if (zero_copy_group_ && !g.zero_copy) {
+      if (ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy) {
+        return FailedPrecondition(fmt::format("WSYNC_IPC_MODE=zero_copy, but {}", why));
+      }
+      WSYNC_LOG_DEBUG("sync packs: {}", why);
+    }
+    return g;
+  }
+
+  // The one hand-off of a zero-copy sync on this rank's GPU: once the device is idle (the
+  // tensors are final), publish the go on this rank's line; its readers copy and
+  // acknowledge it.
+  Status Go(const IpcUpdateInfo& u, uint64_t bytes, const std::function<Status()>& check, Deadline deadline) {
     if (u.chunk_ends.empty()) return Status::Ok();
     WSYNC_RETURN_IF_ERROR(SynchronizeIpcDevice(options_.device).WithContext("finishing the trainer's writes"));
     uint64_t seq = u.first_seq;
     uint64_t previous = seq > static_cast<uint64_t>(region_->num_slots()) ? seq - region_->num_slots() : 0;
-    Status free = region_->WaitAcked(previous, deadline, HttpCheck(http), ReaderDescriber());
+    Status free = region_->WaitAcked(previous, deadline, check, ReaderDescriber());
     if (!free.ok()) return free.WithContext(fmt::format("waiting to publish the zero-copy go of sync {}", u.sync));
     region_->Publish(seq, 0);
     published_seq_ = seq;
@@ -719,6 +849,10 @@ class IpcTrainer final : public TrainerEngine {
   uint64_t generation_ = 0;
   bool zero_copy_sent_ = false;
   std::vector<std::string> reader_labels_;
+  // Init of several ranks succeeded: every sync starts with the ranks' exchange
+  // (ExchangeSyncState), until the next Init.
+  bool group_ = false;
+  bool zero_copy_group_ = false;  // ...in which every publisher may offer its own tensors
   int publisher_ = 0;       // this rank's line in the region; -1: packs nothing (drains)
   bool has_readers_ = true;  // publishers p > 0: some worker reads this GPU's slots
   uint64_t next_seq_ = 1;

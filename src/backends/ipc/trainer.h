@@ -34,8 +34,12 @@
 // every publisher packs every chunk into its own slots for the workers on its GPU
 // (waiting for rank 0's announcement of the sync, then for its own readers'
 // acknowledgements), with no collective and no HTTP per chunk. A rank that fails a sync
-// aborts it for every rank and reader; all ranks then need Init again. Zero-copy is rank
-// 0's alone (with several publishers, kAuto packs). Without `comm` (or a group of one),
+// aborts it for every rank and reader; all ranks then need Init again. Each sync starts
+// with one small all-gather: a rank whose check pass failed fails the sync on every rank
+// before anything moves (the session stays), and with several publishers each offers its
+// DeviceTensorSource's export: the sync is zero-copy (each publisher sends the go for its
+// GPU's workers, who copy from that rank's tensors) when all offered the same layout,
+// otherwise kAuto packs and kZeroCopy fails it on every rank. Without `comm` (or a group of one),
 // and for ranks that publish nothing (a GPU a lower rank serves; every rank but 0 of a CPU
 // trainer, whose shm slots serve the host), ranks other than 0 only drain the same two
 // passes of their source the sender makes (the check pass and the transfer pass; each
