@@ -307,8 +307,11 @@ TEST_F(IpcFakeGpu, PackedAndZeroCopySyncsLandBitExactWithPlansBuiltOnceAndMappin
       ASSERT_TRUE(source->Upload(trainer->tensors()).ok());
       auto st = engine->SendWeights(*source, "v" + std::to_string(step));
       ASSERT_TRUE(st.ok()) << st.status().ToString();
-      EXPECT_EQ(st->chunks, zero_copy ? 1u : st->chunks);
-      if (!zero_copy) EXPECT_GE(st->chunks, 3u);
+      if (zero_copy) {
+        EXPECT_EQ(st->chunks, 1u);
+      } else {
+        EXPECT_GE(st->chunks, 3u);
+      }
       ExpectHolds(*a.service, *trainer);
       ExpectHolds(*b.service, *trainer);
       if (i == 2) plans_after_warmup = plane_.plans.load();

@@ -422,6 +422,9 @@ class IpcTrainer final : public TrainerEngine {
     } else {
       WSYNC_RETURN_IF_ERROR(checked);
     }
+    // From here on the sync has begun: with several publishers, a failure aborts it for
+    // the other ranks (SendWeights), which are already waiting for its announcement.
+    const uint64_t sync = ++sync_;
     if (!options_.device.is_cpu()) WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
     auto* device_source = dynamic_cast<DeviceTensorSource*>(&source);
     // With several publishers the ranks decided together (each sends its own GPU's go).
@@ -448,7 +451,7 @@ class IpcTrainer final : public TrainerEngine {
     u.chunk_ends = plan.chunk_ends;
     for (const TensorMeta& m : meta) u.tensor_sizes.push_back(m.nbytes());
     std::shared_ptr<const std::string> update = UpdateBody(meta, u);
-    u.sync = ++sync_;
+    u.sync = sync;
 
     SyncStats stats;
     stats.bytes = plan.payload_bytes;
