@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <string_view>
 #include <thread>
 
@@ -485,6 +488,103 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachSendTheirOwnTensorsZeroCopy) {
   g->sources[1] = std::move(*moved);
   for (uint64_t step = 6; step <= 8; ++step) sync(step);
   g->engines.clear();
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
+  ExpectCleanShutdown(s);
+}
+
+// ---- trainer ranks as separate processes ---------------------------------------------
+
+// The script both processes of TwoTrainerRankProcessesEachSendFromTheirOwnGpu run, rank 0
+// in the test and rank 1 in a child process: the same synthetic steps (same seed), a
+// DeviceTensorSource on cuda:RANK (rank 1's from cuMem, so its exports are cuda_fd handles
+// that name rank 1's own pid), one session in auto mode (zero-copy: each rank's go for its
+// GPU's worker) and one packed with cuda_fd slots. `after_sync` runs after each sync.
+Status RunRankScript(int rank, const json& orders, const std::function<Status(uint64_t, const SyntheticTrainer&)>& after_sync) {
+  cuda::InstallDeviceRuntime();
+  GlooOptions g;
+  g.store_port = orders["store_port"].get<int>();
+  g.prefix = orders["prefix"].get<std::string>();
+  g.rank = rank;
+  g.size = 2;
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(g));
+  std::shared_ptr<Communicator> shared = std::move(comm);
+  WSYNC_ASSIGN_OR_RETURN(auto trainer, SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 73, 2));
+  const Device dev{Device::Kind::kCuda, rank};
+  uint64_t step = 0;
+  for (auto mode : {IpcTrainerOptions::Mode::kAuto, IpcTrainerOptions::Mode::kPacked}) {
+    WSYNC_ASSIGN_OR_RETURN(auto source,
+                           DeviceTensorSource::Create(dev, trainer->metadata(),
+                                                      rank == 1 ? DeviceAllocator::kVirtualMemory : DeviceAllocator::kRuntime));
+    TrainerOptions t;
+    t.backend = "ipc";
+    t.servers = {orders["url"].get<std::string>()};
+    t.device = dev;
+    t.rank = rank;
+    t.comm = shared;
+    t.bucket_gb = 1.0 / 1024;  // several chunks per packed sync
+    t.timeout_seconds = 60;
+    IpcTrainerOptions ipc;
+    ipc.mode = mode;
+    ipc.export_kind = "cuda_fd";
+    WSYNC_ASSIGN_OR_RETURN(auto engine, CreateIpcTrainerWith(t, ipc));
+    WSYNC_RETURN_IF_ERROR(engine->Init(trainer->metadata()));
+    for (int i = 0; i < 3; ++i) {
+      WSYNC_RETURN_IF_ERROR(trainer->Step(++step).status());
+      WSYNC_RETURN_IF_ERROR(source->Upload(trainer->tensors()));
+      WSYNC_ASSIGN_OR_RETURN(SyncStats stats, engine->SendWeights(*source, std::nullopt));
+      bool zero_copy = mode == IpcTrainerOptions::Mode::kAuto;
+      if (zero_copy ? stats.chunks != 1 : stats.chunks < 3) {
+        return Internal(fmt::format("rank {} sync {} sent {} chunk(s) in {} mode", rank, step, stats.chunks,
+                                    zero_copy ? "zero-copy" : "packed"));
+      }
+      WSYNC_RETURN_IF_ERROR(after_sync(step, *trainer));
+    }
+  }
+  return Status::Ok();
+}
+
+// Not a test of its own: the trainer rank 1 process that
+// GpuIpcTest.TwoTrainerRankProcessesEachSendFromTheirOwnGpu spawns (this binary, filtered
+// to this test, with WSYNC_IPC_RANK1_ORDERS set). Skipped in every other run.
+TEST(GpuIpcRankProcess, RankOne) {
+  const char* orders = std::getenv("WSYNC_IPC_RANK1_ORDERS");
+  if (orders == nullptr) GTEST_SKIP() << "runs only as rank 1 of GpuIpcTest.TwoTrainerRankProcessesEachSendFromTheirOwnGpu";
+  Status s = RunRankScript(1, json::parse(orders), [](uint64_t, const SyntheticTrainer&) { return Status::Ok(); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+// Trainer ranks as separate processes (as a real trainer's are): rank 0 here, rank 1 a
+// child process on cuda:1. Each exports its own memory from its own pid (cuda_fd), the TP=2
+// server's workers map each rank's, and every sync verifies, zero-copy then packed.
+TEST_F(GpuIpcTest, TwoTrainerRankProcessesEachSendFromTheirOwnGpu) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("tp2_processes", 2));
+  E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreServer> store, StoreServer::Start("127.0.0.1", 0));
+  json orders = {{"url", s.url}, {"store_port", store->port()}, {"prefix", "ipc-processes-" + NewSessionId()}};
+  SpawnOptions o;
+  o.args = {"--gtest_filter=GpuIpcRankProcess.RankOne"};
+  o.stdout_path = dir() / "rank1.stdout";
+  o.stderr_path = dir() / "rank1.stderr";
+  o.env = {{"WSYNC_IPC_RANK1_ORDERS", orders.dump()}};
+  E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Subprocess> rank1,
+                           Subprocess::Spawn(std::filesystem::read_symlink("/proc/self/exe"), o));
+  int verified = 0;
+  Status mine = RunRankScript(0, orders, [&](uint64_t, const SyntheticTrainer& trainer) -> Status {
+    // Rank 0's sync returns once every server answered: the worker on cuda:1 has landed
+    // rank 1's go or chunks too.
+    WSYNC_ASSIGN_OR_RETURN(Digests got, ServerChecksums(s.url, DigestAlgorithm::kXxh3_128));
+    if (auto same = DigestsEqual(DigestTensors(trainer.tensors(), DigestAlgorithm::kXxh3_128), got); !same) {
+      return DataLoss(fmt::format("the server's checksums differ from the trainer's: {}", same.message()));
+    }
+    ++verified;
+    return Status::Ok();
+  });
+  std::optional<ExitStatus> exit = rank1->Wait(Deadline::InSeconds(60));
+  ASSERT_TRUE(mine.ok()) << mine.ToString() << "\n--- rank 1 ---\n" << rank1->Describe() << "\n--- server ---\n"
+                         << s.process->Describe();
+  ASSERT_TRUE(exit.has_value() && exit->success()) << rank1->Describe();
+  EXPECT_EQ(verified, 6);
   EXPECT_EQ(HttpGet(s.url, "/health").status, 200);
   ExpectCleanShutdown(s);
 }
