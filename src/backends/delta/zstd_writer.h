@@ -121,6 +121,29 @@ void UseBaselineIsaForTesting(bool baseline);
 // Whether the AVX2 loops run (the CPU has AVX2, BMI1/2 and POPCNT, and no test said no).
 bool Avx2Enabled();
 
+// Memory the caller reads and writes after this block (its next block's inputs): the
+// writer prefetches it one 64-byte line per Step() from inside its compute-bound loops
+// (the mask scan and the sequence coder), so that the caller's memory-bound pass over it
+// finds it in cache and the DRAM traffic overlaps this block's entropy coding instead of
+// following it. Lines of `read` are fetched first, then lines of `write` (for writing).
+struct Prefetch {
+  const uint8_t* read = nullptr;
+  size_t read_bytes = 0;
+  uint8_t* write = nullptr;
+  size_t write_bytes = 0;
+  void Step() {
+    if (read_bytes != 0) {
+      __builtin_prefetch(read, 0, 3);
+      read += 64;
+      read_bytes = read_bytes > 64 ? read_bytes - 64 : 0;
+    } else if (write_bytes != 0) {
+      __builtin_prefetch(write, 1, 3);
+      write += 64;
+      write_bytes = write_bytes > 64 ? write_bytes - 64 : 0;
+    }
+  }
+};
+
 class FrameWriter {
  public:
   FrameWriter();
@@ -130,8 +153,9 @@ class FrameWriter {
   // Appends `n` (<= kMaxBlock) bytes of the patch as one block. `patch` must be
   // readable for 32 bytes past n (the scan reads whole words). `last` ends the frame.
   // `masks`, when given, has bit i of word k set iff patch[64k + i] != 0 (for every
-  // chunk, the partial last one too; the caller computed them while XORing).
-  void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr);
+  // chunk, the partial last one too; the caller computed them while XORing). `ahead`:
+  // memory to pull into cache meanwhile (see Prefetch); the frame does not depend on it.
+  void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr, Prefetch ahead = {});
   // Appends `n` zero bytes (any size) as RLE blocks.
   void AddZeros(uint64_t n, bool last);
 
@@ -142,9 +166,10 @@ class FrameWriter {
   };
   uint8_t* Reserve(size_t n);
   void PutBlockHeader(uint8_t* p, bool last, unsigned type, size_t size);
-  size_t Scan(const uint8_t* patch, size_t n, const uint64_t* masks);  // fills seqs_, lits_; returns literal count
+  // Fill seqs_, lits_ and return the literal count.
+  size_t Scan(const uint8_t* patch, size_t n, const uint64_t* masks, Prefetch& ahead);
   size_t WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out);
-  size_t WriteSequences(uint8_t* out);
+  size_t WriteSequences(uint8_t* out, Prefetch& ahead);
 
   std::vector<uint8_t>* out_ = nullptr;
   size_t* used_ = nullptr;
