@@ -293,8 +293,7 @@ Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, s
       // The next block's source and snapshot lines are fetched while this one is coded.
       size_t ahead = std::min(block_bytes_, next.size() - off - n);
       writer_->AddBlock(patch, n, last, masks,
-                        zstd::Prefetch{reinterpret_cast<const uint8_t*>(next.data() + off + n), ahead,
-                                       reinterpret_cast<uint8_t*>(snapshot.data() + off + n), ahead});
+                        Prefetch{next.data() + off + n, ahead, snapshot.data() + off + n, ahead});
     }
   }
   out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));

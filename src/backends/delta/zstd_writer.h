@@ -25,6 +25,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/delta/prefetch.h"
+
 namespace wsync::delta::zstd {
 
 // Largest block the format allows (Block_Maximum_Size with a window of 128 KiB).
@@ -121,29 +123,6 @@ void UseBaselineIsaForTesting(bool baseline);
 // Whether the AVX2 loops run (the CPU has AVX2, BMI1/2 and POPCNT, and no test said no).
 bool Avx2Enabled();
 
-// Memory the caller reads and writes after this block (its next block's inputs): the
-// writer prefetches it one 64-byte line per Step() from inside its compute-bound loops
-// (the mask scan and the sequence coder), so that the caller's memory-bound pass over it
-// finds it in cache and the DRAM traffic overlaps this block's entropy coding instead of
-// following it. Lines of `read` are fetched first, then lines of `write` (for writing).
-struct Prefetch {
-  const uint8_t* read = nullptr;
-  size_t read_bytes = 0;
-  uint8_t* write = nullptr;
-  size_t write_bytes = 0;
-  void Step() {
-    if (read_bytes != 0) {
-      __builtin_prefetch(read, 0, 3);
-      read += 64;
-      read_bytes = read_bytes > 64 ? read_bytes - 64 : 0;
-    } else if (write_bytes != 0) {
-      __builtin_prefetch(write, 1, 3);
-      write += 64;
-      write_bytes = write_bytes > 64 ? write_bytes - 64 : 0;
-    }
-  }
-};
-
 class FrameWriter {
  public:
   FrameWriter();
@@ -154,7 +133,7 @@ class FrameWriter {
   // readable for 32 bytes past n (the scan reads whole words). `last` ends the frame.
   // `masks`, when given, has bit i of word k set iff patch[64k + i] != 0 (for every
   // chunk, the partial last one too; the caller computed them while XORing). `ahead`:
-  // memory to pull into cache meanwhile (see Prefetch); the frame does not depend on it.
+  // memory to pull into cache meanwhile (prefetch.h); the frame does not depend on it.
   void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr, Prefetch ahead = {});
   // Appends `n` zero bytes (any size) as RLE blocks.
   void AddZeros(uint64_t n, bool last);
