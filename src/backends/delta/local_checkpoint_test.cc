@@ -226,6 +226,35 @@ TEST_F(LocalCheckpointTest, ANewSyncDirStartsANewChainFromTheBase) {
   EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), (*trainer2)->tensors()));
 }
 
+// A receiver keeps the local files mapped between versions; when another receiver of
+// the host rebuilds them from the base (a new chain), the next apply must write the new
+// files, not the old mapping.
+TEST_F(LocalCheckpointTest, FilesReplacedByAnotherReceiverAreMappedAgain) {
+  PublishSteps(2);
+  auto a = Open();
+  ASSERT_TRUE(a->Fetch(2, sync(), Deadline::InSeconds(30)).ok());
+  auto trainer2 = SyntheticTrainer::FromMetadata(trainer_->metadata(), 5, 2);
+  ASSERT_TRUE(trainer2.ok());
+  DeltaPublisherOptions o;
+  o.sync_dir = dir_ / "sync2";
+  o.base_checkpoint = base();
+  auto pub2 = DeltaPublisher::Create(o, trainer_->metadata());
+  ASSERT_TRUE(pub2.ok());
+  ASSERT_TRUE((*trainer2)->Step(1).ok());
+  ASSERT_TRUE((*pub2)->Publish((*trainer2)->source()).ok());
+  auto b = Open();  // the other receiver: resets weights/ to the base and applies version 1
+  auto rb = b->Fetch(1, o.sync_dir, Deadline::InSeconds(30));
+  ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+  EXPECT_TRUE(rb->reset);
+  ASSERT_TRUE((*trainer2)->Step(2).ok());
+  ASSERT_TRUE((*pub2)->Publish((*trainer2)->source()).ok());
+  auto ra = a->Fetch(2, o.sync_dir, Deadline::InSeconds(30));
+  ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+  EXPECT_FALSE(ra->reset);
+  EXPECT_EQ(ra->versions, 1);
+  EXPECT_TRUE(CheckpointHolds(a->CurrentDir(), (*trainer2)->tensors()));
+}
+
 TEST_F(LocalCheckpointTest, TheWriterLockWaitHasADeadline) {
   auto local = Open();
   auto held = FileLock::Acquire(root() + "/.skyrl_weight_sync/writer.lock", FileLock::Mode::kExclusive,
