@@ -8,7 +8,8 @@
 //
 // The decoder does not use it: prefetching the next block's region (a mapped file) for
 // writing while SparseApplier decodes made the server's apply slower (2.03-2.11 ->
-// 1.70-1.72 GB/s per core in `wsync bench delta`).
+// 1.70-1.72 GB/s per core in `wsync bench delta`); SparseApplier prefetches a single
+// line a short distance ahead of each sequence instead (kRegionPrefetchAhead).
 #pragma once
 
 #include <cstddef>
