@@ -101,8 +101,13 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
     r.fetch_s = rep.fetch_seconds;
     r.fetch_gbps = p.model_bytes / rep.fetch_seconds / 1e9;
     // CPU time of the server processes during the fetch: decompress + XOR + verify.
-    double fetch_cpu = 0;
-    for (const auto& reply : rep.fetch_replies) fetch_cpu += reply["stats"].value("cpu_s", 0.0);
+    double fetch_cpu = 0, apply_cpu = 0;
+    for (const auto& reply : rep.fetch_replies) {
+      fetch_cpu += reply["stats"].value("cpu_s", 0.0);
+      apply_cpu += reply["stats"].value("apply_cpu_s", 0.0);
+    }
+    WSYNC_LOG_INFO("bench delta: step {}: servers' CPU during the fetch {:.3f} s, {:.3f} s of it in the apply threads",
+                   step, fetch_cpu, apply_cpu);
     r.apply_core_gbps = fetch_cpu > 0 ? p.model_bytes / fetch_cpu / 1e9 : 0;
     r.reload_s = rep.update_seconds;
     r.sync_s = sync_stats.seconds;

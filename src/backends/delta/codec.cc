@@ -290,7 +290,10 @@ Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, s
     if (nz == 0) {
       writer_->AddZeros(n, last);
     } else {
-      writer_->AddBlock(patch, n, last, masks);
+      // The next block's source and snapshot lines are fetched while this one is coded.
+      size_t ahead = std::min(block_bytes_, next.size() - off - n);
+      writer_->AddBlock(patch, n, last, masks,
+                        Prefetch{next.data() + off + n, ahead, snapshot.data() + off + n, ahead});
     }
   }
   out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));

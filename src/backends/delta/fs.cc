@@ -181,11 +181,19 @@ Result<WritableMapping> WritableMapping::Open(const std::string& path) {
   WritableMapping m;
   m.path_ = path;
   m.size_ = static_cast<size_t>(st.st_size);
+  m.dev_ = static_cast<uint64_t>(st.st_dev);
+  m.ino_ = static_cast<uint64_t>(st.st_ino);
   if (m.size_ == 0) return m;
   void* p = ::mmap(nullptr, m.size_, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
   if (p == MAP_FAILED) return ErrnoStatus(fmt::format("mapping {} read-write", path), errno);
   m.data_ = static_cast<std::byte*>(p);
   return m;
+}
+
+bool WritableMapping::StillMaps(const std::string& path) const {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_dev) == dev_ &&
+         static_cast<uint64_t>(st.st_ino) == ino_ && static_cast<size_t>(st.st_size) == size_;
 }
 
 void WritableMapping::PrepareForWrite(std::span<std::byte> region) {
@@ -202,7 +210,7 @@ void WritableMapping::PrepareForWrite(std::span<std::byte> region) {
 }
 
 WritableMapping::WritableMapping(WritableMapping&& o) noexcept
-    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_) {
+    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_), dev_(o.dev_), ino_(o.ino_) {
   o.data_ = nullptr;
   o.size_ = 0;
 }
@@ -213,6 +221,8 @@ WritableMapping& WritableMapping::operator=(WritableMapping&& o) noexcept {
     path_ = std::move(o.path_);
     data_ = o.data_;
     size_ = o.size_;
+    dev_ = o.dev_;
+    ino_ = o.ino_;
     o.data_ = nullptr;
     o.size_ = 0;
   }

@@ -82,6 +82,9 @@ class WritableMapping {
 
   std::span<std::byte> bytes() { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  // Whether `path` still names the mapped file (same device, inode and size): false once
+  // it was replaced, e.g. by a reset that copied the base again.
+  bool StillMaps(const std::string& path) const;
 
   // Maps the pages under `region` (a span of bytes()) writable ahead of the writes
   // (madvise MADV_POPULATE_WRITE, Linux 5.14+; a no-op elsewhere): one kernel loop
@@ -97,6 +100,7 @@ class WritableMapping {
   std::string path_;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;
 };
 
 // Where one tensor's bytes sit in a safetensors file.

@@ -32,6 +32,11 @@ struct LocalCheckpoint::Applier {
   explicit Applier(size_t threads) : pool(threads) {}
   TaskPool pool;
   std::vector<std::unique_ptr<DeltaCodec>> codecs;  // one per pool thread
+  // The weights/ files stay mapped between versions (each checked to still be the file
+  // at its path before use): mapping and unmapping a checkpoint per version costs page
+  // table setup and teardown for every page, and pages still dirty from the previous
+  // version keep their writable entries.
+  std::map<std::string, WritableMapping> maps;
 };
 
 LocalCheckpoint::LocalCheckpoint(LocalCheckpointOptions options) : options_(std::move(options)) {
@@ -115,6 +120,7 @@ Status LocalCheckpoint::ResetFromBase(const std::string& sync_dir) {
   s.write_in_progress = true;  // until weights/ is gone: a crash here resets again
   WSYNC_RETURN_IF_ERROR(WriteState(s));
   std::error_code ec;
+  if (applier_) applier_->maps.clear();
   fs::remove_all(weights_dir_, ec);
   if (ec) return Internal(fmt::format("removing {}: {}", weights_dir_, ec.message()));
   s.write_in_progress = false;
@@ -248,7 +254,19 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
     size_t record;
     std::span<std::byte> region;
   };
-  std::map<std::string, WritableMapping> maps;
+  if (!applier_) {
+    size_t threads = options_.threads ? options_.threads : DefaultThreads();
+    auto applier = std::make_unique<Applier>(threads);
+    for (size_t t = 0; t < threads; ++t) {
+      WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create());
+      applier->codecs.push_back(std::move(codec));
+    }
+    applier_ = std::move(applier);
+  }
+  std::map<std::string, WritableMapping>& maps = applier_->maps;
+  for (auto it = maps.begin(); it != maps.end();) {  // a file replaced since (another process reset)
+    it = it->second.StillMaps(it->first) ? std::next(it) : maps.erase(it);
+  }
   std::vector<Job> jobs;
   std::vector<std::string> skipped;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
@@ -278,14 +296,6 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
   report->skipped += skipped.size();
 
   auto ta = Clock::now();
-  if (!applier_) {
-    size_t threads = options_.threads ? options_.threads : DefaultThreads();
-    applier_ = std::make_unique<Applier>(threads);
-    for (size_t t = 0; t < threads; ++t) {
-      WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create());
-      applier_->codecs.push_back(std::move(codec));
-    }
-  }
   // Largest first, so that one big tensor does not start last.
   std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.region.size() > b.region.size(); });
   std::mutex mu;

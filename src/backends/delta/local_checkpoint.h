@@ -18,6 +18,8 @@
 // are checked, payload files are mapped from the sync directory, and each patch is XORed
 // into the memory-mapped weights in place and its checksum verified, on `threads`
 // threads. Only when every version verified does the state say `version = target`.
+// The weights' mappings are kept between fetches; a file found replaced at its path
+// (a reset here or by another process of the host) is mapped again.
 //
 // Thread-safety: a LocalCheckpoint is used by one thread at a time; give each worker its
 // own instance (each holds its own lock descriptor), which is what makes the flock

@@ -63,6 +63,29 @@ class LocalCheckpointTest : public ::testing::Test {
     return o;
   }
 
+  // A second trainer run from the same base: its own trainer and a publisher into a
+  // fresh sync dir, sync2(). `trainer` is null when a step of the setup failed.
+  struct Chain {
+    std::unique_ptr<SyntheticTrainer> trainer;
+    std::unique_ptr<DeltaPublisher> publisher;
+  };
+  std::string sync2() const { return dir_ / "sync2"; }
+  Chain SecondChain() {
+    Chain c;
+    auto t = SyntheticTrainer::FromMetadata(trainer_->metadata(), 5, 2);
+    DeltaPublisherOptions o;
+    o.sync_dir = sync2();
+    o.base_checkpoint = base();
+    auto p = DeltaPublisher::Create(o, trainer_->metadata());
+    EXPECT_TRUE(t.ok() && p.ok());
+    if (t.ok() && p.ok()) c = Chain{std::move(*t), std::move(*p)};
+    return c;
+  }
+  // Trains the chain one step (to `step`) and publishes it.
+  static bool PublishStep(Chain& c, uint64_t step) {
+    return c.trainer->Step(step).ok() && c.publisher->Publish(c.trainer->source()).ok();
+  }
+
   std::unique_ptr<LocalCheckpoint> Open(const std::string& name = "local") {
     auto c = LocalCheckpoint::Open(Options(name, 2), Deadline::InSeconds(30));
     EXPECT_TRUE(c.ok()) << c.status().ToString();
@@ -206,24 +229,29 @@ TEST_F(LocalCheckpointTest, AnApplyKilledMidwayRecoversFromTheBase) {
   EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
 }
 
+// A new sync dir resets the files from the base. Receivers keep the local files mapped
+// between versions, so another receiver of the host that applied the old chain must
+// write the rebuilt files on its next apply, not its old mapping.
 TEST_F(LocalCheckpointTest, ANewSyncDirStartsANewChainFromTheBase) {
   PublishSteps(2);
+  auto other = Open();
+  ASSERT_TRUE(other->Fetch(2, sync(), Deadline::InSeconds(30)).ok());  // it applies, and keeps the mapping
   auto local = Open();
   ASSERT_TRUE(local->Fetch(2, sync(), Deadline::InSeconds(30)).ok());
   // A second trainer run: a fresh sync dir whose version 1 is the base plus one step.
-  auto trainer2 = SyntheticTrainer::FromMetadata(trainer_->metadata(), 5, 2);
-  ASSERT_TRUE(trainer2.ok());
-  ASSERT_TRUE((*trainer2)->Step(1).ok());
-  DeltaPublisherOptions o;
-  o.sync_dir = dir_ / "sync2";
-  o.base_checkpoint = base();
-  auto pub2 = DeltaPublisher::Create(o, trainer_->metadata());
-  ASSERT_TRUE(pub2.ok());
-  ASSERT_TRUE((*pub2)->Publish((*trainer2)->source()).ok());
-  auto r = local->Fetch(1, o.sync_dir, Deadline::InSeconds(30));
+  Chain two = SecondChain();
+  ASSERT_TRUE(two.trainer);
+  ASSERT_TRUE(PublishStep(two, 1));
+  auto r = local->Fetch(1, sync2(), Deadline::InSeconds(30));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->reset);
-  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), (*trainer2)->tensors()));
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), two.trainer->tensors()));
+  ASSERT_TRUE(PublishStep(two, 2));
+  auto ro = other->Fetch(2, sync2(), Deadline::InSeconds(30));
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  EXPECT_FALSE(ro->reset);
+  EXPECT_EQ(ro->versions, 1);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), two.trainer->tensors()));
 }
 
 TEST_F(LocalCheckpointTest, TheWriterLockWaitHasADeadline) {

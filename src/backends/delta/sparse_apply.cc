@@ -31,6 +31,12 @@ using zstd::Le;
 using zstd::ReadFse;
 
 constexpr size_t kBlockMax = 128 * 1024;
+// How far ahead of its write position the sequence loop prefetches the tensor. The
+// hardware prefetcher stops at each 4 KiB page of the mapped file; a line 2 KiB ahead
+// per sequence (one every ~55 bytes of an RL-step patch) keeps the next page coming.
+// Measured: apply 3.75-3.93 -> 4.15-4.23 GB/s (micro); 1 KiB and 4 KiB do about as well,
+// a whole 64 KiB block ahead was slower.
+constexpr size_t kRegionPrefetchAhead = 2048;
 
 // Where the patch is being applied: the tensor, the write position, and how many bytes
 // of patch just before that position are zeros (a match reading only those bytes copies
@@ -353,6 +359,9 @@ struct SparseApplier::State {
         ok = false;
         break;
       }
+      // The tensor ahead of the write position, for the load-XOR-store of a later
+      // sequence (a hint: it never faults, even past the end of the mapping).
+      __builtin_prefetch(out.region + out.pos + kRegionPrefetchAhead, 1, 3);
       if (llen <= 16 && out.size - out.pos >= 16) {
         PutLiteralsShort<!kRleOffset1>(out, lit + lp, llen);
       } else {

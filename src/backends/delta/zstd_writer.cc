@@ -372,26 +372,33 @@ __attribute__((target("avx2"), always_inline)) inline uint64_t NonzeroMask64Avx2
 }
 #endif
 
+// The lowest set bit's index, any value when m == 0: unlike std::countr_zero, which
+// GCC guards with a branch on m == 0 (a mispredicted one in the loop below, where the
+// number of changes per chunk is random), the forced top bit makes it one tzcnt/bsf.
+inline uint32_t LowBitOrJunk(uint64_t m) { return static_cast<uint32_t>(__builtin_ctzll(m | (uint64_t{1} << 63))); }
+
 // Writes the positions of the changed bytes of p[0, n) to `pos` (n + 64 slots) and
 // returns their number. Four positions per step, so that the loop branches once per
 // four changes (most 64-byte chunks have fewer) instead of once per change; slots past
 // a chunk's count hold junk that the next chunk overwrites. A macro so that it compiles
-// inside functions of different target ISAs (`MASK64` reads a full 64-byte chunk).
-#define WSYNC_SCAN_POSITIONS(MASK_AT_BASE)                                                      \
+// inside functions of different target ISAs (`MASK64` reads a full 64-byte chunk);
+// `STEP` runs once per chunk.
+#define WSYNC_SCAN_POSITIONS(MASK_AT_BASE, STEP)                                                \
   size_t np = 0;                                                                                \
   for (size_t base = 0; base < n; base += 64) {                                                 \
     uint64_t mask = MASK_AT_BASE;                                                               \
+    STEP;                                                                                       \
     uint32_t* w = pos + np;                                                                     \
     np += static_cast<size_t>(std::popcount(mask));                                             \
     const uint32_t b = static_cast<uint32_t>(base);                                             \
     do {                                                                                        \
-      w[0] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      w[0] = b + LowBitOrJunk(mask);                                                            \
       mask &= mask - 1;                                                                         \
-      w[1] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      w[1] = b + LowBitOrJunk(mask);                                                            \
       mask &= mask - 1;                                                                         \
-      w[2] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      w[2] = b + LowBitOrJunk(mask);                                                            \
       mask &= mask - 1;                                                                         \
-      w[3] = b + static_cast<uint32_t>(std::countr_zero(mask));                                 \
+      w[3] = b + LowBitOrJunk(mask);                                                            \
       mask &= mask - 1;                                                                         \
       w += 4;                                                                                   \
     } while (mask != 0);                                                                        \
@@ -399,18 +406,21 @@ __attribute__((target("avx2"), always_inline)) inline uint64_t NonzeroMask64Avx2
   return np;
 
 size_t ScanPositionsBaseline(const uint8_t* p, size_t n, uint32_t* pos) {
-  WSYNC_SCAN_POSITIONS(NonzeroMask(p + base, std::min<size_t>(64, n - base)))
+  WSYNC_SCAN_POSITIONS(NonzeroMask(p + base, std::min<size_t>(64, n - base)), (void)0)
 }
-size_t MaskPositionsBaseline(const uint64_t* masks, size_t n, uint32_t* pos) { WSYNC_SCAN_POSITIONS(masks[base / 64]) }
+size_t MaskPositionsBaseline(const uint64_t* masks, size_t n, uint32_t* pos, Prefetch& ahead) {
+  WSYNC_SCAN_POSITIONS(masks[base / 64], ahead.Step())
+}
 
 // The same for CPUs with AVX2/BMI/POPCNT, chosen at run time.
 #if defined(__x86_64__)
 __attribute__((target("avx2,bmi,bmi2,popcnt,lzcnt"))) size_t ScanPositionsAvx2(const uint8_t* p, size_t n,
                                                                                uint32_t* pos) {
-  WSYNC_SCAN_POSITIONS(n - base >= 64 ? NonzeroMask64Avx2(p + base) : NonzeroMask(p + base, n - base))
+  WSYNC_SCAN_POSITIONS(n - base >= 64 ? NonzeroMask64Avx2(p + base) : NonzeroMask(p + base, n - base), (void)0)
 }
-__attribute__((target("bmi,popcnt"))) size_t MaskPositionsBmi(const uint64_t* masks, size_t n, uint32_t* pos) {
-  WSYNC_SCAN_POSITIONS(masks[base / 64])
+__attribute__((target("bmi,popcnt"))) size_t MaskPositionsBmi(const uint64_t* masks, size_t n, uint32_t* pos,
+                                                              Prefetch& ahead) {
+  WSYNC_SCAN_POSITIONS(masks[base / 64], ahead.Step())
 }
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
                        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
@@ -435,15 +445,15 @@ void UseBaselineIsaForTesting(bool baseline) {
   (void)baseline;
 }
 
-size_t FrameWriter::Scan(const uint8_t* p, size_t n, const uint64_t* masks) {
+size_t FrameWriter::Scan(const uint8_t* p, size_t n, const uint64_t* masks, Prefetch& ahead) {
   // The positions of the changed bytes first (from the caller's masks when it has them).
   uint32_t* pos = pos_.data();
 #if defined(__x86_64__)
-  size_t np = masks != nullptr ? (use_avx2 ? MaskPositionsBmi(masks, n, pos) : MaskPositionsBaseline(masks, n, pos))
+  size_t np = masks != nullptr ? (use_avx2 ? MaskPositionsBmi(masks, n, pos, ahead) : MaskPositionsBaseline(masks, n, pos, ahead))
               : use_avx2       ? ScanPositionsAvx2(p, n, pos)
                                : ScanPositionsBaseline(p, n, pos);
 #else
-  size_t np = masks != nullptr ? MaskPositionsBaseline(masks, n, pos) : ScanPositionsBaseline(p, n, pos);
+  size_t np = masks != nullptr ? MaskPositionsBaseline(masks, n, pos, ahead) : ScanPositionsBaseline(p, n, pos);
 #endif
   // Then one sequence per zero run of four or more bytes: literals [lit_from, zero_start]
   // (the changed bytes and one zero), a match over the rest of the run.
@@ -568,7 +578,7 @@ size_t FrameWriter::WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out) {
   return h + n;
 }
 
-size_t FrameWriter::WriteSequences(uint8_t* out) {
+size_t FrameWriter::WriteSequences(uint8_t* out, Prefetch& ahead) {
   const size_t n = seqs_count_;
   uint8_t* o = out;
   if (n < 128) {
@@ -622,6 +632,7 @@ size_t FrameWriter::WriteSequences(uint8_t* out) {
   w.Flush();
   for (size_t i = last; i-- > 0;) {
     unsigned lc = llc[i], mc = mlc[i];
+    ahead.Step();
     mls.Encode(w, ml, mc);
     lls.Encode(w, ll, lc);
     w.Add(seq[i].ll - kLlBase[lc], kLlBits[lc]);
@@ -634,12 +645,12 @@ size_t FrameWriter::WriteSequences(uint8_t* out) {
   return static_cast<size_t>(o - out);
 }
 
-void FrameWriter::AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks) {
-  size_t nlit = Scan(patch, n, masks);
+void FrameWriter::AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks, Prefetch ahead) {
+  size_t nlit = Scan(patch, n, masks, ahead);
   uint8_t* b = scratch_.data() + 3;
   size_t size = WriteLiterals(lits_.data(), nlit, b);
   fresh_seq_ = false;
-  size += WriteSequences(b + size);
+  size += WriteSequences(b + size, ahead);
   if (size < n) {
     PutBlockHeader(scratch_.data(), last, 2, size);
     std::memcpy(Reserve(size + 3), scratch_.data(), size + 3);

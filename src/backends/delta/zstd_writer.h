@@ -25,6 +25,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/delta/prefetch.h"
+
 namespace wsync::delta::zstd {
 
 // Largest block the format allows (Block_Maximum_Size with a window of 128 KiB).
@@ -130,8 +132,9 @@ class FrameWriter {
   // Appends `n` (<= kMaxBlock) bytes of the patch as one block. `patch` must be
   // readable for 32 bytes past n (the scan reads whole words). `last` ends the frame.
   // `masks`, when given, has bit i of word k set iff patch[64k + i] != 0 (for every
-  // chunk, the partial last one too; the caller computed them while XORing).
-  void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr);
+  // chunk, the partial last one too; the caller computed them while XORing). `ahead`:
+  // memory to pull into cache meanwhile (prefetch.h); the frame does not depend on it.
+  void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr, Prefetch ahead = {});
   // Appends `n` zero bytes (any size) as RLE blocks.
   void AddZeros(uint64_t n, bool last);
 
@@ -142,9 +145,10 @@ class FrameWriter {
   };
   uint8_t* Reserve(size_t n);
   void PutBlockHeader(uint8_t* p, bool last, unsigned type, size_t size);
-  size_t Scan(const uint8_t* patch, size_t n, const uint64_t* masks);  // fills seqs_, lits_; returns literal count
+  // Fill seqs_, lits_ and return the literal count.
+  size_t Scan(const uint8_t* patch, size_t n, const uint64_t* masks, Prefetch& ahead);
   size_t WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out);
-  size_t WriteSequences(uint8_t* out);
+  size_t WriteSequences(uint8_t* out, Prefetch& ahead);
 
   std::vector<uint8_t>* out_ = nullptr;
   size_t* used_ = nullptr;
