@@ -110,6 +110,30 @@ TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
   EXPECT_NE(again.err.find("fresh --sync-dir"), std::string::npos) << again.description;
 }
 
+// Two trainer ranks (`push --trainer-ranks 2`): rank 0 publishes what its FSDP or TP
+// shards gather to, rank 1 only drains its source once per sync (its part of the
+// collectives); every version lands bit-exact, and the payload names rank 0 only.
+TEST_F(DeltaTest, TwoTrainerRanksWhereRank1OnlyDrainsItsSourceSyncBitExact) {
+  WriteBase("qwen3-tiny", 4);
+  for (const char* layout : {"fsdp", "tp2pp1ep1"}) {
+    SCOPED_TRACE(layout);
+    fs::remove_all(sync());
+    E2E_ASSERT_OK_AND_ASSIGN(Server s, StartDelta(fmt::format("serve_{}", layout), local(layout)));
+    RunResult push = RunWsync(fmt::format("push_{}", layout),
+                              {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync(), "--model",
+                               model_, "--seed", "4", "--steps", "2", "--verify", "--timeout", "120",
+                               "--trainer-ranks", "2", "--trainer-layout", layout},
+                              300);
+    ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+    EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
+    ExpectServersHold({s}, Want(2), DigestAlgorithm::kXxh3_128);
+    json m = json::parse(ReadAll(fs::path(sync()) / "delta-00000003" / "manifest.json"));
+    ASSERT_FALSE(m["payload_files"].empty());
+    for (const auto& f : m["payload_files"]) EXPECT_TRUE(f.get<std::string>().starts_with("delta-rank00000-")) << f;
+    ExpectCleanShutdown(s);
+  }
+}
+
 // `push --base-checkpoint`: the servers' base is not the trainer's first pass, so version 1
 // is a real delta from the base to the trainer's starting weights.
 TEST_F(DeltaTest, ATrainerStartingFromOtherWeightsThanTheBaseSyncsBitExact) {

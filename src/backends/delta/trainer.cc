@@ -7,6 +7,7 @@
 #include "backends/delta/manifest.h"
 #include "control/client.h"
 #include "core/log.h"
+#include "core/non_sender_trainer.h"
 
 namespace wsync {
 namespace {
@@ -144,12 +145,18 @@ Result<std::unique_ptr<DeltaTrainer>> NewDeltaTrainer(const TrainerOptions& opti
   if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
   if (options.max_file_gb <= 0) return InvalidArgument("--max-file-gb must be positive");
   if (options.rank != 0) {
-    return Unimplemented("trainer ranks other than 0 need a multi-rank source (not built yet)");
+    return InvalidArgument(fmt::format("trainer rank {} does not publish: only rank 0 builds a delta publisher "
+                                       "(CreateDeltaTrainer gives the other ranks an engine that drains their "
+                                       "source)", options.rank));
   }
   return std::unique_ptr<DeltaTrainer>(std::make_unique<DeltaTrainerImpl>(options, std::move(delta)));
 }
 
 Result<std::unique_ptr<TrainerEngine>> CreateDeltaTrainer(const TrainerOptions& options) {
+  if (options.rank < 0) return InvalidArgument(fmt::format("trainer rank {} is negative", options.rank));
+  // Rank 0 alone publishes; the others drain the one pass per sync its publisher makes
+  // (as SkyRL's non-sender ranks iterate their sources).
+  if (options.rank != 0) return NewNonSenderTrainer(options.rank, 1);
   DeltaTrainerOptions delta;
   delta.base_checkpoint = options.base_checkpoint;
   WSYNC_ASSIGN_OR_RETURN(auto engine, NewDeltaTrainer(options, delta));

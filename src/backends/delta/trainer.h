@@ -1,4 +1,5 @@
-// The `delta` backend's sending half (trainer rank 0): publishes each sync as the next
+// The `delta` backend's sending half (trainer rank 0; CreateDeltaTrainer gives every other
+// rank a NonSenderTrainer that drains its source's one pass per sync): publishes each sync as the next
 // version of an XOR-delta chain in a sync directory the servers share (DeltaPublisher),
 // then drives the servers through SkyRL's fetch-before-pause flow
 // (reference/skyrl_weight_sync.md §5.3):

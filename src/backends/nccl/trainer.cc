@@ -22,6 +22,7 @@
 #include "control/init_payloads.h"
 #include "control/fleet.h"
 #include "core/log.h"
+#include "core/non_sender_trainer.h"
 #include "core/progress_gate.h"
 #include "plan/packing.h"
 #include "receiver/update_info.h"
@@ -456,40 +457,13 @@ class NcclTrainer final : public TrainerEngine {
   int attempt_ = 0;
 };
 
-// A trainer rank other than 0: not a member of the broadcast group and never on the
-// control plane. Each sync it drains the same passes the sender makes (the check pass,
-// then the transfer pass), because every pass of a multi-rank source is a collective
-// among the trainer ranks; the source's collectives bound every wait and name the rank
-// that stopped.
-class NonSenderTrainer final : public TrainerEngine {
- public:
-  explicit NonSenderTrainer(const TrainerOptions& o) : options_(o) {}
-
-  Status Init(const std::vector<TensorMeta>&) override { return Status::Ok(); }
-
-  Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>&) override {
-    SyncStats stats;
-    auto t0 = Clock::now();
-    for (const char* pass : {"check pass", "transfer pass"}) {
-      Status s = DrainChecked(source);
-      if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} ({} of the sync)", options_.rank, pass));
-    }
-    // A checked pass yields exactly what the metadata describes.
-    for (const TensorMeta& m : source.metadata()) stats.bytes += m.nbytes();
-    stats.tensors = source.metadata().size();
-    stats.seconds = stats.transfer_seconds = Since(t0);
-    return stats;
-  }
-
- private:
-  TrainerOptions options_;
-};
-
 }  // namespace
 
 Result<std::unique_ptr<TrainerEngine>> CreateNcclTrainer(const TrainerOptions& options) {
   if (options.rank < 0) return InvalidArgument(fmt::format("trainer rank {} is negative", options.rank));
-  if (options.rank != 0) return std::unique_ptr<TrainerEngine>(std::make_unique<NonSenderTrainer>(options));
+  // Not a member of the broadcast group and never on the control plane: it drains the
+  // sender's two passes (the check pass, then the transfer pass).
+  if (options.rank != 0) return NewNonSenderTrainer(options.rank, 2);
   if (options.servers.empty()) return InvalidArgument("no servers given (--servers)");
   if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
   if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
