@@ -5,11 +5,13 @@
 // local checkpoint are driven through the HTTP routes directly.
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/delta/convert.h"
 #include "core/parallel.h"
 #include "e2e_test_base.h"
 #include "format/safetensors.h"
@@ -31,14 +33,27 @@ void WriteAll(const fs::path& p, const std::string& s) { std::ofstream(p, std::i
 
 class DeltaTest : public E2eTest {
  protected:
-  // The base checkpoint: SyntheticTrainer(model, seed) weights, as one safetensors file.
-  void WriteBase(const std::string& model, uint64_t seed) {
+  // The base checkpoint: SyntheticTrainer(model, seed) weights, as one safetensors file;
+  // with `disk` (F32), the floating-point tensors stored in that dtype instead.
+  void WriteBase(const std::string& model, uint64_t seed, std::optional<DType> disk = std::nullopt) {
     model_ = model;
     seed_ = seed;
     E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel(model));
     E2E_ASSERT_OK_AND_ASSIGN(auto trainer, SyntheticTrainer::FromMetadata(HfTensors(config), seed, DefaultThreads()));
     std::vector<TensorRef> refs;
-    for (const HostTensor& t : trainer->tensors()) refs.push_back(t.ref());
+    std::vector<std::vector<std::byte>> widened;
+    widened.reserve(trainer->tensors().size());
+    for (const HostTensor& t : trainer->tensors()) {
+      TensorRef r = t.ref();
+      if (disk && r.dtype == DType::kBF16) {
+        std::vector<std::byte>& out = widened.emplace_back(r.bytes.size() * 2);
+        Status c = delta::Convert(r.bytes, r.dtype, out, *disk, r.name);
+        ASSERT_TRUE(c.ok()) << c.ToString();
+        r.dtype = *disk;
+        r.bytes = out;
+      }
+      refs.push_back(r);
+    }
     fs::create_directories(base());
     Status s = WriteSafetensors((fs::path(base()) / "model.safetensors").string(), refs);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -132,6 +147,25 @@ TEST_F(DeltaTest, TwoTrainerRanksWhereRank1OnlyDrainsItsSourceSyncBitExact) {
     for (const auto& f : m["payload_files"]) EXPECT_TRUE(f.get<std::string>().starts_with("delta-rank00000-")) << f;
     ExpectCleanShutdown(s);
   }
+}
+
+// A base checkpoint stored in F32 for a bf16 model: the trainer publishes its XORs in the
+// checkpoint's dtype, and each server converts while it reloads its shards (on several
+// threads for a CPU worker); every version lands bit-exact.
+TEST_F(DeltaTest, ACheckpointInAnotherDtypeThanTheModelReloadsBitExact) {
+  WriteBase("qwen3-tiny", 5, DType::kF32);
+  E2E_ASSERT_OK_AND_ASSIGN(Server tp2, StartDelta("tp2", local("a"), {"--tp", "2"}));
+  // The trainer reads the base's dtypes (--base-checkpoint) to publish in them.
+  RunResult push = RunWsync("push", {"push", "--servers", tp2.url, "--backend", "delta", "--sync-dir", sync(),
+                                     "--base-checkpoint", base(), "--model", model_, "--seed", "5", "--steps", "2",
+                                     "--verify", "--timeout", "120"},
+                            300);
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << tp2.process->Describe();
+  EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
+  ExpectServersHold({tp2}, Want(2), DigestAlgorithm::kXxh3_128);
+  json m = json::parse(ReadAll(fs::path(sync()) / "delta-00000003" / "manifest.json"));
+  ASSERT_FALSE(m["tensors"].empty());
+  EXPECT_EQ(m["tensors"][0]["dtype"], "float32");  // SkyRL names torch dtypes
 }
 
 // `push --base-checkpoint`: the servers' base is not the trainer's first pass, so version 1

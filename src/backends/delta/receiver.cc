@@ -1,6 +1,8 @@
 #include "backends/delta/receiver.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <future>
 
@@ -12,6 +14,7 @@
 #include "backends/delta/task_pool.h"
 #include "core/digest.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "format/safetensors.h"
 #include "model/worker_store.h"
 #include "receiver/worker_thread.h"
@@ -144,9 +147,11 @@ class DeltaReceiver final : public ReceiverBackend {
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     auto t0 = Clock::now();
     std::vector<std::future<Status>> futures;
+    // The servers are paused: a CPU worker's copies may take its share of every core.
+    const size_t threads = std::max<size_t>(1, DefaultThreads() / stores_.size());
     for (size_t i = 0; i < stores_.size(); ++i) {
       futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
-        return Reload(ctx_->workers[i], *stores_[i], target, deadline).WithContext(ctx_->workers[i].label);
+        return Reload(ctx_->workers[i], *stores_[i], target, deadline, threads).WithContext(ctx_->workers[i].label);
       }));
     }
     WSYNC_RETURN_IF_ERROR(JoinAll(futures));
@@ -185,11 +190,19 @@ class DeltaReceiver final : public ReceiverBackend {
   }
 
   // Loads every HF tensor of the model from the local checkpoint into one worker's shards.
-  static Status Reload(const ReceiverWorker& w, const LocalCheckpoint& store, int64_t target, Deadline deadline) {
+  // A CPU worker plans every copy first and runs them on `threads` threads in pieces of
+  // at most kReloadPieceBytes (one thread copied ~5 GB/s, and the pause waits for it); a
+  // CUDA worker loads tensor by tensor.
+  static Status Reload(const ReceiverWorker& w, const LocalCheckpoint& store, int64_t target, Deadline deadline,
+                       size_t threads) {
+    constexpr size_t kReloadPieceBytes = size_t{8} << 20;
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<void> lock, store.LockForReading(deadline));
     WSYNC_RETURN_IF_ERROR(store.ValidateReady(target));  // a fetch may have run since the check
     std::string dir = store.CurrentDir();
     WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(dir));
+    const bool plan = w.device.is_cpu();
+    std::vector<WorkerStore::ByteCopy> copies;
+    std::vector<std::vector<std::byte>> converted;  // what the planned copies read from, for other dtypes
     std::vector<std::byte> scratch;
     for (const TensorMeta& want : w.store->hf_tensors()) {
       Result<TensorRef> ref = ckpt.Ref(want.name);
@@ -200,14 +213,25 @@ class DeltaReceiver final : public ReceiverBackend {
                                            ShapeString(want.shape), ShapeString(r.shape), dir));
       }
       if (r.dtype != want.dtype) {
-        scratch.resize(want.nbytes());
-        WSYNC_RETURN_IF_ERROR(delta::Convert(r.bytes, r.dtype, scratch, want.dtype, want.name));
+        std::vector<std::byte>& out = plan ? converted.emplace_back() : scratch;
+        out.resize(want.nbytes());
+        WSYNC_RETURN_IF_ERROR(delta::Convert(r.bytes, r.dtype, out, want.dtype, want.name));
         r.dtype = want.dtype;
-        r.bytes = scratch;
+        r.bytes = out;
       }
       r.device = w.device;
-      WSYNC_RETURN_IF_ERROR(w.store->Load(r));
+      WSYNC_RETURN_IF_ERROR(plan ? w.store->PlanLoad(r, &copies) : w.store->Load(r));
     }
+    if (!plan) return Status::Ok();
+    std::vector<WorkerStore::ByteCopy> pieces;
+    for (const WorkerStore::ByteCopy& c : copies) {
+      for (size_t off = 0; off < c.bytes; off += kReloadPieceBytes) {
+        pieces.push_back({c.src + off, c.dst + off, std::min(kReloadPieceBytes, c.bytes - off)});
+      }
+    }
+    ParallelFor(pieces.size(), threads, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+    });
     return Status::Ok();
   }
 
