@@ -1,5 +1,7 @@
 #include "backends/delta/zstd_entropy.h"
 
+#include <algorithm>
+
 namespace wsync::delta::zstd {
 
 bool BuildFse(const int16_t* norm, unsigned max_sym, unsigned al, FseTable* out) {
@@ -134,7 +136,18 @@ size_t HuffmanTable::Read(const uint8_t* p, size_t n) {
       start += len;
     }
   }
-  return start == table_.size() ? used : 0;
+  if (start != table_.size()) return 0;
+  // A second symbol follows in the same lookup when its code fits in the bits left:
+  // those bits are the top of the index the rest of `i` (shifted up) makes.
+  pairs_.resize(table_.size());
+  const size_t mask = table_.size() - 1;
+  for (size_t i = 0; i < table_.size(); ++i) {
+    const HufEntry a = table_[i];
+    const HufEntry b = table_[(i << a.nb) & mask];
+    pairs_[i] = a.nb + b.nb <= bits ? HufPair{{a.sym, b.sym}, static_cast<uint8_t>(a.nb + b.nb), 2}
+                                    : HufPair{{a.sym, 0}, a.nb, 1};
+  }
+  return used;
 }
 
 bool HuffmanTable::DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t count) const {
@@ -163,14 +176,21 @@ bool HuffmanTable::DecodeFourStreams(const uint8_t* p, size_t n, uint8_t* out, s
   uint8_t* o[4] = {out, out + per, out + 2 * per, out + 3 * per};
   uint8_t* const end[4] = {out + per, out + 2 * per, out + 3 * per, out + count};
   const HufEntry* t = table_.data();
+  const HufPair* t2 = pairs_.data();
   const unsigned bits = bits_;
-  // Stream 4 is the shortest, so it decides when fewer than five symbols are left.
-  while (end[3] - o[3] >= 5) {
+  // Five lookups per stream write at most ten symbols; the streams advance unevenly, so
+  // the closest to its end decides (a store of two symbols past it would clobber the
+  // next stream's first, decoded already).
+  auto room = [&] {
+    return std::min(std::min(end[0] - o[0], end[1] - o[1]), std::min(end[2] - o[2], end[3] - o[3]));
+  };
+  while (room() >= 10) {
     if (!(b[0].RefillFast() & b[1].RefillFast() & b[2].RefillFast() & b[3].RefillFast())) break;
     for (int r = 0; r < 5; ++r) {  // 5 x 11 bits <= 57
       for (int k = 0; k < 4; ++k) {
-        HufEntry e = t[b[k].PeekUnchecked(bits)];
-        *o[k]++ = e.sym;
+        HufPair e = t2[b[k].PeekUnchecked(bits)];
+        std::memcpy(o[k], e.sym, 2);
+        o[k] += e.count;
         b[k].Skip(e.nb);
       }
     }
