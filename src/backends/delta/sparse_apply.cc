@@ -213,19 +213,17 @@ __attribute__((noinline)) size_t DecodeRepeat1Baseline(const Repeat1Loop& c, siz
   return DecodeRepeat1Body(c, nseq, bits, lls, mls, lp, out);
 }
 #if defined(__x86_64__)
-// BMI2's three-operand shifts and bzhi take the variable shifts off the cl register.
 __attribute__((noinline, target("bmi,bmi2"))) size_t DecodeRepeat1Bmi2(const Repeat1Loop& c, size_t nseq,
                                                                        BackBits& bits, uint32_t& lls, uint32_t& mls,
                                                                        size_t& lp, Output& out) {
   return DecodeRepeat1Body(c, nseq, bits, lls, mls, lp, out);
 }
-const bool kHaveBmi2 = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
 #endif
 
 size_t DecodeRepeat1(const Repeat1Loop& c, size_t nseq, BackBits& bits, uint32_t& lls, uint32_t& mls, size_t& lp,
                      Output& out) {
 #if defined(__x86_64__)
-  if (kHaveBmi2) return DecodeRepeat1Bmi2(c, nseq, bits, lls, mls, lp, out);
+  if (zstd::CpuHasBmi2()) return DecodeRepeat1Bmi2(c, nseq, bits, lls, mls, lp, out);
 #endif
   return DecodeRepeat1Baseline(c, nseq, bits, lls, mls, lp, out);
 }

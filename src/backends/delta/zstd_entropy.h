@@ -108,6 +108,12 @@ class BackBits {
   unsigned consumed_ = 0;
 };
 
+// Whether the CPU has BMI1 and BMI2 (x86-64), for the decoding loops that have a clone
+// compiled for them: three-operand shifts keep their variable shifts off the cl register.
+// False after UseBaselineDecodeForTesting(true), so that tests run the baseline clones.
+bool CpuHasBmi2();
+void UseBaselineDecodeForTesting(bool baseline);  // not thread-safe against decoders
+
 // Forward little-endian bits (FSE table descriptions).
 struct FwdBits {
   const uint8_t* p;

@@ -442,7 +442,7 @@ void UseBaselineIsaForTesting(bool baseline) {
 #if defined(__x86_64__)
   use_avx2 = kHaveAvx2 && !baseline;
 #endif
-  (void)baseline;
+  UseBaselineDecodeForTesting(baseline);
 }
 
 size_t FrameWriter::Scan(const uint8_t* p, size_t n, const uint64_t* masks, Prefetch& ahead) {
