@@ -224,25 +224,14 @@ __attribute__((noinline, target("bmi,bmi2"))) bool DecodeFourStreamsBmi2(const H
 
 namespace {
 #if defined(__x86_64__)
-const bool kHaveBmi2 = __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
-bool use_bmi2 = kHaveBmi2;
+IsaChoice bmi2(__builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2"));
+#else
+IsaChoice bmi2(false);
 #endif
 }  // namespace
 
-bool CpuHasBmi2() {
-#if defined(__x86_64__)
-  return use_bmi2;
-#else
-  return false;
-#endif
-}
-
-void UseBaselineDecodeForTesting(bool baseline) {
-#if defined(__x86_64__)
-  use_bmi2 = kHaveBmi2 && !baseline;
-#endif
-  (void)baseline;
-}
+bool CpuHasBmi2() { return bmi2.enabled(); }
+void UseBaselineDecodeForTesting(bool baseline) { bmi2.UseBaseline(baseline); }
 
 bool HuffmanTable::DecodeFourStreams(const uint8_t* p, size_t n, uint8_t* out, size_t count) const {
 #if defined(__x86_64__)

@@ -108,6 +108,20 @@ class BackBits {
   unsigned consumed_ = 0;
 };
 
+// Whether a loop with a clone for an instruction-set extension runs that clone: the CPU
+// has the extension and no test asked for the baseline clone (UseBaseline is not
+// thread-safe against the loops that read enabled()).
+class IsaChoice {
+ public:
+  explicit IsaChoice(bool cpu_has) : cpu_has_(cpu_has), use_(cpu_has) {}
+  bool enabled() const { return use_; }
+  void UseBaseline(bool baseline) { use_ = cpu_has_ && !baseline; }
+
+ private:
+  bool cpu_has_;
+  bool use_;
+};
+
 // Whether the CPU has BMI1 and BMI2 (x86-64), for the decoding loops that have a clone
 // compiled for them: three-operand shifts keep their variable shifts off the cl register.
 // False after UseBaselineDecodeForTesting(true), so that tests run the baseline clones.
