@@ -89,6 +89,22 @@ __attribute__((always_inline)) inline void PutLiteralsShort(Output& out, const u
 #endif
 }
 
+// PutLiteralsShort<false> for any number of literals with n + 16 bytes of output left:
+// whole 16-byte XORs, then one masked one. `lit` must be readable for n + 16 bytes.
+__attribute__((always_inline)) inline void PutLiteralsLong(Output& out, const uint8_t* lit, size_t n) {
+#if defined(__SSE2__)
+  size_t i = 0;
+  for (; i + 16 < n; i += 16) {
+    auto* dst = reinterpret_cast<__m128i*>(out.region + out.pos + i);
+    _mm_storeu_si128(dst, _mm_xor_si128(_mm_loadu_si128(dst), _mm_loadu_si128(reinterpret_cast<const __m128i*>(lit + i))));
+  }
+  out.pos += i;
+  PutLiteralsShort<false>(out, lit + i, n - i);
+#else
+  PutLiterals(out, lit, n);
+#endif
+}
+
 // One decoding table entry of a sequence code with its code tables folded in (libzstd's
 // ZSTD_seqSymbol): the length or offset value is `value` + the next `extra` bits, the
 // next state `next` + the next `nb` bits.
@@ -124,6 +140,93 @@ struct OffsetCodes {
   }
 };
 const OffsetCodes kOf;
+
+// Sequences of FrameWriter's shape, the bulk of every frame it writes: offsets all
+// "repeat offset 1" (an RLE offset table) with repeat offset 1 still 1, every literal
+// length at least 1 and the last literal of each sequence a zero, so that each match
+// copies zeros. A loop of its own, out of line, so that its state (bit container, two
+// FSE states, positions) stays in registers: one sequence is one table load per length
+// code, one read of at most 50 bits and one unchecked refill. It decodes sequences
+// [0, nseq - 1) (the last one reads no state bits) while the bitstream is 8+ bytes from
+// its start and returns how many; `lp`, `out`, `b`, `lls`, `mls` advance. SIZE_MAX when
+// a sequence is malformed or not of that shape (a literal length of 0 would select
+// another repeat offset): the frame then goes to libzstd.
+struct Repeat1Loop {
+  const SeqEntry* llt;
+  const SeqEntry* mlt;
+  const uint8_t* lit;
+  size_t nlit;
+  size_t block_end;
+};
+
+__attribute__((always_inline)) inline size_t DecodeRepeat1Body(const Repeat1Loop& c, size_t nseq, BackBits& bits,
+                                                               uint32_t& lls_ref, uint32_t& mls_ref, size_t& lp_ref,
+                                                               Output& out_ref) {
+  BackBits b = bits;
+  uint32_t lls = lls_ref, mls = mls_ref;
+  const SeqEntry* const llt = c.llt;
+  const SeqEntry* const mlt = c.mlt;
+  const uint8_t* const lit = c.lit;
+  std::byte* const region = out_ref.region;
+  const size_t nlit = c.nlit, block_end = c.block_end, size = out_ref.size;
+  size_t lp = lp_ref, pos = out_ref.pos, tz = out_ref.tz, left = nseq - 1;
+  while (left > 0 && b.FarFromStart()) {
+    const SeqEntry L = llt[lls], M = mlt[mls];
+    b.RefillUnchecked();
+    // Read order: match-length extra bits, literal-length extra bits, then the
+    // literal-length and match-length states; the first-read bits are the highest.
+    const unsigned sm = M.nb, sl = L.nb;
+    uint64_t v = b.ReadUnchecked(M.extra + L.extra + sl + sm);
+    mls = M.next + static_cast<uint32_t>(v & ((uint64_t{1} << sm) - 1));
+    v >>= sm;
+    lls = L.next + static_cast<uint32_t>(v & ((uint64_t{1} << sl) - 1));
+    v >>= sl;
+    const size_t llen = L.value + static_cast<uint32_t>(v & ((uint64_t{1} << L.extra) - 1));
+    const size_t mlen = M.value + static_cast<uint32_t>(v >> L.extra);
+    if ((llen - 1 >= nlit - lp) | (llen + mlen > block_end - pos)) return SIZE_MAX;  // llen == 0 wraps
+    __builtin_prefetch(region + pos + kRegionPrefetchAhead, 1, 3);
+    Output o{region, size, pos, 0};
+    if (llen <= 16 && size - pos >= 16) {
+      PutLiteralsShort<false>(o, lit + lp, llen);
+    } else if (size - pos >= llen + 16) {
+      PutLiteralsLong(o, lit + lp, llen);
+    } else {
+      PutLiterals(o, lit + lp, llen);
+    }
+    lp += llen;
+    if (lit[lp - 1] != 0) return SIZE_MAX;  // the match would copy this nonzero byte
+    pos += llen + mlen;
+    tz = mlen + 1;  // a lower bound: the zero literal and the match's zeros
+    --left;
+  }
+  out_ref.tz = tz;
+  bits = b;
+  lls_ref = lls;
+  mls_ref = mls;
+  lp_ref = lp;
+  out_ref.pos = pos;
+  return nseq - 1 - left;
+}
+
+__attribute__((noinline)) size_t DecodeRepeat1Baseline(const Repeat1Loop& c, size_t nseq, BackBits& bits,
+                                                       uint32_t& lls, uint32_t& mls, size_t& lp, Output& out) {
+  return DecodeRepeat1Body(c, nseq, bits, lls, mls, lp, out);
+}
+#if defined(__x86_64__)
+__attribute__((noinline, target("bmi,bmi2"))) size_t DecodeRepeat1Bmi2(const Repeat1Loop& c, size_t nseq,
+                                                                       BackBits& bits, uint32_t& lls, uint32_t& mls,
+                                                                       size_t& lp, Output& out) {
+  return DecodeRepeat1Body(c, nseq, bits, lls, mls, lp, out);
+}
+#endif
+
+size_t DecodeRepeat1(const Repeat1Loop& c, size_t nseq, BackBits& bits, uint32_t& lls, uint32_t& mls, size_t& lp,
+                     Output& out) {
+#if defined(__x86_64__)
+  if (zstd::CpuHasBmi2()) return DecodeRepeat1Bmi2(c, nseq, bits, lls, mls, lp, out);
+#endif
+  return DecodeRepeat1Baseline(c, nseq, bits, lls, mls, lp, out);
+}
 
 }  // namespace
 
@@ -298,9 +401,16 @@ struct SparseApplier::State {
     uint32_t lls = static_cast<uint32_t>(b.Read(ll->al)), ofs = static_cast<uint32_t>(b.Read(of->al)),
              mls = static_cast<uint32_t>(b.Read(ml->al));
     const uint8_t* lit = literals.data();
-    size_t lp = 0;
+    size_t lp = 0, first = 0;
+    if (kRleOffset1 && r0 == 1) {
+      first = DecodeRepeat1(Repeat1Loop{llt, mlt, lit, nlit, block_end}, nseq, b, lls, mls, lp, out);
+      if (first == SIZE_MAX) {
+        out_ref = out;
+        return false;
+      }
+    }
     bool ok = true;
-    for (size_t i = 0; i < nseq; ++i) {
+    for (size_t i = first; i < nseq; ++i) {
       const SeqEntry L = llt[lls], M = mlt[mls], O = oft[ofs];
       uint64_t ofv;
       uint32_t mlen, llen;

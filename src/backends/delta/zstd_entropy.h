@@ -79,6 +79,15 @@ class BackBits {
   }
   // n in [1, 57 - bits read since RefillFast() returned true].
   uint64_t PeekUnchecked(unsigned n) const { return (container_ << consumed_) >> (64 - n); }
+  // Whether a refill cannot reach the stream's start (8+ bytes left before the
+  // container): then RefillUnchecked() is safe.
+  bool FarFromStart() const { return ptr_ - start_ >= 8; }
+  // Refills to 57+ bits without looking at the start; only when FarFromStart().
+  void RefillUnchecked() {
+    ptr_ -= consumed_ >> 3;
+    consumed_ &= 7;
+    std::memcpy(&container_, ptr_, 8);
+  }
   // Bits left; negative when more were read than the stream holds.
   int64_t remaining() const { return static_cast<int64_t>(ptr_ - start_) * 8 + 64 - static_cast<int64_t>(consumed_); }
 
@@ -98,6 +107,26 @@ class BackBits {
   uint64_t container_ = 0;
   unsigned consumed_ = 0;
 };
+
+// Whether a loop with a clone for an instruction-set extension runs that clone: the CPU
+// has the extension and no test asked for the baseline clone (UseBaseline is not
+// thread-safe against the loops that read enabled()).
+class IsaChoice {
+ public:
+  explicit IsaChoice(bool cpu_has) : cpu_has_(cpu_has), use_(cpu_has) {}
+  bool enabled() const { return use_; }
+  void UseBaseline(bool baseline) { use_ = cpu_has_ && !baseline; }
+
+ private:
+  bool cpu_has_;
+  bool use_;
+};
+
+// Whether the CPU has BMI1 and BMI2 (x86-64), for the decoding loops that have a clone
+// compiled for them: three-operand shifts keep their variable shifts off the cl register.
+// False after UseBaselineDecodeForTesting(true), so that tests run the baseline clones.
+bool CpuHasBmi2();
+void UseBaselineDecodeForTesting(bool baseline);  // not thread-safe against decoders
 
 // Forward little-endian bits (FSE table descriptions).
 struct FwdBits {
@@ -164,18 +193,31 @@ struct HufEntry {
   uint8_t nb;
 };
 
+// The same index, decoding up to two symbols at once: `sym[0]`, then `sym[1]` when
+// `count` is 2 (both codes fit in the `bits` bits looked up); `nb` is the bits they
+// take together.
+struct HufPair {
+  uint8_t sym[2];
+  uint8_t nb;
+  uint8_t count;
+};
+
 class HuffmanTable {
  public:
   bool empty() const { return table_.empty(); }
-  void clear() { table_.clear(); }
+  void clear() {
+    table_.clear();
+    pairs_.clear();
+  }
   // "Huffman Tree Description": returns the bytes read, 0 when malformed.
   size_t Read(const uint8_t* p, size_t n);
   // Decodes `count` symbols of one "Huffman-coded Stream"; false unless the stream is
   // consumed exactly.
   bool DecodeStream(const uint8_t* p, size_t n, uint8_t* out, size_t count) const;
   // Decodes `count` symbols of four streams (the "4 streams" literals layout) that are
-  // `n` bytes at p, jump table included; interleaved, five symbols per stream between
-  // refills. False unless each stream is consumed exactly.
+  // `n` bytes at p, jump table included; interleaved, five lookups of one or two
+  // symbols per stream between refills. False unless each stream is consumed exactly.
+  // `out` must have 2 bytes of room past `count` (a lookup stores two symbols).
   bool DecodeFourStreams(const uint8_t* p, size_t n, uint8_t* out, size_t count) const;
   // Code length of every byte value (0: no code), as read.
   std::array<uint8_t, 256> CodeLengths() const {
@@ -186,6 +228,7 @@ class HuffmanTable {
 
  private:
   std::vector<HufEntry> table_;
+  std::vector<HufPair> pairs_;  // built with table_
   unsigned bits_ = 0;
 };
 

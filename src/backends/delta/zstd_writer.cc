@@ -422,9 +422,8 @@ __attribute__((target("bmi,popcnt"))) size_t MaskPositionsBmi(const uint64_t* ma
                                                               Prefetch& ahead) {
   WSYNC_SCAN_POSITIONS(masks[base / 64], ahead.Step())
 }
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
-                       __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
-bool use_avx2 = kHaveAvx2;
+IsaChoice avx2(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+               __builtin_cpu_supports("popcnt"));
 #endif
 #undef WSYNC_SCAN_POSITIONS
 
@@ -432,7 +431,7 @@ bool use_avx2 = kHaveAvx2;
 
 bool Avx2Enabled() {
 #if defined(__x86_64__)
-  return use_avx2;
+  return avx2.enabled();
 #else
   return false;
 #endif
@@ -440,17 +439,18 @@ bool Avx2Enabled() {
 
 void UseBaselineIsaForTesting(bool baseline) {
 #if defined(__x86_64__)
-  use_avx2 = kHaveAvx2 && !baseline;
+  avx2.UseBaseline(baseline);
 #endif
-  (void)baseline;
+  UseBaselineDecodeForTesting(baseline);
 }
 
 size_t FrameWriter::Scan(const uint8_t* p, size_t n, const uint64_t* masks, Prefetch& ahead) {
   // The positions of the changed bytes first (from the caller's masks when it has them).
   uint32_t* pos = pos_.data();
 #if defined(__x86_64__)
-  size_t np = masks != nullptr ? (use_avx2 ? MaskPositionsBmi(masks, n, pos, ahead) : MaskPositionsBaseline(masks, n, pos, ahead))
-              : use_avx2       ? ScanPositionsAvx2(p, n, pos)
+  const bool fast = avx2.enabled();
+  size_t np = masks != nullptr ? (fast ? MaskPositionsBmi(masks, n, pos, ahead) : MaskPositionsBaseline(masks, n, pos, ahead))
+              : fast           ? ScanPositionsAvx2(p, n, pos)
                                : ScanPositionsBaseline(p, n, pos);
 #else
   size_t np = masks != nullptr ? MaskPositionsBaseline(masks, n, pos, ahead) : ScanPositionsBaseline(p, n, pos);

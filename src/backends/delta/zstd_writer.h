@@ -118,7 +118,8 @@ struct HufCTable {
 bool BuildHuffman(const uint32_t* counts, HufCTable* out);
 
 // Makes every FrameWriter use (true) or stop using the baseline x86-64 scan instead of
-// the AVX2 one on CPUs that have AVX2 (tests; not thread-safe against running writers).
+// the AVX2 one on CPUs that have AVX2, and SparseApplier its baseline decoding loops
+// instead of the BMI2 ones (tests; not thread-safe against running writers).
 void UseBaselineIsaForTesting(bool baseline);
 // Whether the AVX2 loops run (the CPU has AVX2, BMI1/2 and POPCNT, and no test said no).
 bool Avx2Enabled();
