@@ -343,6 +343,31 @@ TEST_F(GpuIpcTest, AWorkerOnAGpuTheTrainerDidNotExportForIsA400NamingItsUuid) {
 
 // Two trainer ranks on cuda:0 and cuda:1: threads here, a Gloo group between them, each
 // with a DeviceTensorSource on its own GPU and an ipc engine sending to one server.
+// Rank `rank` of a two-rank trainer group: its Gloo communicator through the store at
+// `store_port`, and its ipc engine on cuda:RANK sending to `url` (several chunks per
+// packed sync).
+Result<std::shared_ptr<Communicator>> JoinTwoRanks(int store_port, const std::string& prefix, int rank) {
+  GlooOptions o;
+  o.store_port = store_port;
+  o.prefix = prefix;
+  o.rank = rank;
+  o.size = 2;
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, ConnectGloo(o));
+  return std::shared_ptr<Communicator>(std::move(c));
+}
+Result<std::unique_ptr<TrainerEngine>> RankEngine(const std::string& url, int rank, std::shared_ptr<Communicator> comm,
+                                                  const IpcTrainerOptions& ipc) {
+  TrainerOptions t;
+  t.backend = "ipc";
+  t.servers = {url};
+  t.device = Device{Device::Kind::kCuda, rank};
+  t.rank = rank;
+  t.comm = std::move(comm);
+  t.bucket_gb = 1.0 / 1024;
+  t.timeout_seconds = 60;
+  return CreateIpcTrainerWith(t, ipc);
+}
+
 struct TwoGpuRanks {
   std::unique_ptr<StoreServer> store;
   std::vector<std::shared_ptr<Communicator>> comms{2};
@@ -365,24 +390,9 @@ struct TwoGpuRanks {
     WSYNC_ASSIGN_OR_RETURN(g->store, StoreServer::Start("127.0.0.1", 0));
     const std::string prefix = "ipc-ranks-" + NewSessionId();
     for (const Status& st : OnRanks([&](int r) -> Status {
-           GlooOptions o;
-           o.store_port = g->store->port();
-           o.prefix = prefix;
-           o.rank = r;
-           o.size = 2;
-           WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, ConnectGloo(o));
-           g->comms[r] = std::move(c);
-           Device dev{Device::Kind::kCuda, r};
-           WSYNC_ASSIGN_OR_RETURN(g->sources[r], DeviceTensorSource::Create(dev, meta));
-           TrainerOptions t;
-           t.backend = "ipc";
-           t.servers = {url};
-           t.device = dev;
-           t.rank = r;
-           t.comm = g->comms[r];
-           t.bucket_gb = 1.0 / 1024;  // several chunks per packed sync
-           t.timeout_seconds = 60;
-           WSYNC_ASSIGN_OR_RETURN(g->engines[r], CreateIpcTrainerWith(t, ipc));
+           WSYNC_ASSIGN_OR_RETURN(g->comms[r], JoinTwoRanks(g->store->port(), prefix, r));
+           WSYNC_ASSIGN_OR_RETURN(g->sources[r], DeviceTensorSource::Create(Device{Device::Kind::kCuda, r}, meta));
+           WSYNC_ASSIGN_OR_RETURN(g->engines[r], RankEngine(url, r, g->comms[r], ipc));
            return Status::Ok();
          })) {
       WSYNC_RETURN_IF_ERROR(st);
@@ -501,13 +511,8 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachSendTheirOwnTensorsZeroCopy) {
 // GPU's worker) and one packed with cuda_fd slots. `after_sync` runs after each sync.
 Status RunRankScript(int rank, const json& orders, const std::function<Status(uint64_t, const SyntheticTrainer&)>& after_sync) {
   cuda::InstallDeviceRuntime();
-  GlooOptions g;
-  g.store_port = orders["store_port"].get<int>();
-  g.prefix = orders["prefix"].get<std::string>();
-  g.rank = rank;
-  g.size = 2;
-  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, ConnectGloo(g));
-  std::shared_ptr<Communicator> shared = std::move(comm);
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> shared,
+                         JoinTwoRanks(orders["store_port"].get<int>(), orders["prefix"].get<std::string>(), rank));
   WSYNC_ASSIGN_OR_RETURN(auto trainer, SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 73, 2));
   const Device dev{Device::Kind::kCuda, rank};
   uint64_t step = 0;
@@ -515,18 +520,10 @@ Status RunRankScript(int rank, const json& orders, const std::function<Status(ui
     WSYNC_ASSIGN_OR_RETURN(auto source,
                            DeviceTensorSource::Create(dev, trainer->metadata(),
                                                       rank == 1 ? DeviceAllocator::kVirtualMemory : DeviceAllocator::kRuntime));
-    TrainerOptions t;
-    t.backend = "ipc";
-    t.servers = {orders["url"].get<std::string>()};
-    t.device = dev;
-    t.rank = rank;
-    t.comm = shared;
-    t.bucket_gb = 1.0 / 1024;  // several chunks per packed sync
-    t.timeout_seconds = 60;
     IpcTrainerOptions ipc;
     ipc.mode = mode;
     ipc.export_kind = "cuda_fd";
-    WSYNC_ASSIGN_OR_RETURN(auto engine, CreateIpcTrainerWith(t, ipc));
+    WSYNC_ASSIGN_OR_RETURN(auto engine, RankEngine(orders["url"].get<std::string>(), rank, shared, ipc));
     WSYNC_RETURN_IF_ERROR(engine->Init(trainer->metadata()));
     for (int i = 0; i < 3; ++i) {
       WSYNC_RETURN_IF_ERROR(trainer->Step(++step).status());
