@@ -12,6 +12,9 @@ struct BenchArgs {
   int iters = 3;
   double bucket_gb = 1.0;
   int steps = 5;
+  // `bench delta`: write the local checkpoint back to disk before each step, as the
+  // kernel does by itself when steps are more than ~30 s apart (vm.dirty_expire_centisecs).
+  bool write_back = false;
   // `bench ipc`: where the trainer's tensors and the server's shards live (cpu or cuda:N).
   std::string device = "cpu";
   // `bench sources` (tools/bench_sources.cc): the Megatron layout to compare with FSDP,

@@ -13,8 +13,12 @@
 #include <chrono>
 #include <filesystem>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
+#include "backends/delta/fs.h"
 #include "backends/delta/publisher.h"
 #include "backends/delta/trainer.h"
 #include "bench.h"
@@ -34,6 +38,25 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Writes every file under `dir` back to disk and waits, as the kernel's flusher does by
+// itself to pages dirty for longer than vm.dirty_expire_centisecs (30 s by default): it
+// leaves the pages clean and every process's mapping of them write-protected again.
+Status WriteBack(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return delta::ErrnoStatus(fmt::format("opening {} to write it back", it->path().string()), errno);
+    int rc = ::fdatasync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return delta::ErrnoStatus(fmt::format("writing {} back", it->path().string()), err);
+  }
+  if (ec) return Internal(fmt::format("listing {}: {}", dir, ec.message()));
+  return Status::Ok();
 }
 
 struct Row {
@@ -79,12 +102,14 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   WSYNC_ASSIGN_OR_RETURN(auto single, delta::DeltaPublisher::Create(one, meta));
 
   fmt::print("wsync bench delta: {} ({:.3f} GB bf16), {} step(s), {} server process(es) x TP={} sharing one local "
-             "checkpoint, {} core(s)\n", config.name, model_bytes / 1e9, a.steps, a.servers, a.tp, threads);
+             "checkpoint, {} core(s){}\n", config.name, model_bytes / 1e9, a.steps, a.servers, a.tp, threads,
+             a.write_back ? "; the local checkpoint written back to disk before each step" : "");
   fmt::print("{:>4} {:>8} {:>9} {:>7} | {:>8} {:>7} {:>8} {:>9} | {:>8} {:>7} {:>9} | {:>8} {:>7}\n", "step", "changed",
              "compr MB", "compr%", "publish", "GB/s", "GB/s/cpu", "1-thr /cpu", "fetch+ap", "GB/s", "apply/cpu",
              "reload", "sync");
   std::vector<Row> rows;
   for (int step = 1; step <= a.steps; ++step) {
+    if (a.write_back && step > 1) WSYNC_RETURN_IF_ERROR(WriteBack(dir + "/local/weights"));
     WSYNC_ASSIGN_OR_RETURN(StepStats st, trainer->Step(static_cast<uint64_t>(step)));
     WSYNC_ASSIGN_OR_RETURN(SyncStats sync_stats, engine->SendWeights(trainer->source(), std::to_string(step)));
     const DeltaSyncReport& rep = engine->last_report();
@@ -101,13 +126,14 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
     r.fetch_s = rep.fetch_seconds;
     r.fetch_gbps = p.model_bytes / rep.fetch_seconds / 1e9;
     // CPU time of the server processes during the fetch: decompress + XOR + verify.
-    double fetch_cpu = 0, apply_cpu = 0;
+    double fetch_cpu = 0, apply_cpu = 0, remapped_gb = 0;
     for (const auto& reply : rep.fetch_replies) {
       fetch_cpu += reply["stats"].value("cpu_s", 0.0);
       apply_cpu += reply["stats"].value("apply_cpu_s", 0.0);
+      remapped_gb += reply["stats"].value("remapped_bytes", uint64_t{0}) / 1e9;
     }
-    WSYNC_LOG_INFO("bench delta: step {}: servers' CPU during the fetch {:.3f} s, {:.3f} s of it in the apply threads",
-                   step, fetch_cpu, apply_cpu);
+    WSYNC_LOG_INFO("bench delta: step {}: servers' CPU during the fetch {:.3f} s, {:.3f} s of it in the apply threads; "
+                   "{:.3f} GB re-mapped after a write-back", step, fetch_cpu, apply_cpu, remapped_gb);
     r.apply_core_gbps = fetch_cpu > 0 ? p.model_bytes / fetch_cpu / 1e9 : 0;
     r.reload_s = rep.update_seconds;
     r.sync_s = sync_stats.seconds;

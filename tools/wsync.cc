@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
   b->add_option("--iters", bench.iters, "timed syncs (after one warm-up)")->capture_default_str();
   b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
   b->add_option("--steps", bench.steps, "delta: synthetic steps to publish and apply")->capture_default_str();
+  b->add_flag("--write-back", bench.write_back,
+              "delta: write the servers' local checkpoint back to disk before each step, as the kernel does when "
+              "steps are more than ~30 s apart (otherwise steps follow each other within seconds)");
   b->add_option("--device", bench.device, "ipc: cpu, or cuda:N (trainer and one TP=1 server on that GPU)")
       ->capture_default_str();
   b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp")->capture_default_str();

@@ -252,6 +252,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
   }
   struct Job {
     size_t record;
+    WritableMapping* mapping;
     std::span<std::byte> region;
   };
   if (!applier_) {
@@ -287,7 +288,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
       WSYNC_ASSIGN_OR_RETURN(WritableMapping wm, WritableMapping::Open(loc.path));
       mit = maps.emplace(loc.path, std::move(wm)).first;
     }
-    jobs.push_back(Job{i, mit->second.bytes().subspan(loc.offset, loc.nbytes)});
+    jobs.push_back(Job{i, &mit->second, mit->second.bytes().subspan(loc.offset, loc.nbytes)});
   }
   if (!skipped.empty()) {
     WSYNC_LOG_WARN("delta: version {}: {} tensor(s) absent from the local checkpoint skipped: {}", v, skipped.size(),
@@ -295,6 +296,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
   }
   report->skipped += skipped.size();
 
+  for (auto& [path, mapping] : maps) mapping.BeginVersion();
   auto ta = Clock::now();
   // Largest first, so that one big tensor does not start last.
   std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.region.size() > b.region.size(); });
@@ -313,11 +315,13 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
         double c0 = ThreadCpuSeconds();
         // A patch of at least one byte per 256 tensor bytes (an RL step's is ~1 per 33)
         // changes nearly every page: map them all writable in one go.
-        if (frames[job.record].size() * 256 >= job.region.size()) WritableMapping::PrepareForWrite(job.region);
+        bool remapped = frames[job.record].size() * 256 >= job.region.size() &&
+                        job.mapping->PrepareForWrite(job.region) == WritableMapping::Prepared::kRemapped;
         Status s = applier_->codecs[thread]->Apply(frames[job.record], job.region, r.checksum_algorithm, r.checksum, what);
         {
           std::lock_guard lock(mu);
           apply_cpu += ThreadCpuSeconds() - c0;
+          if (remapped) report->remapped_bytes += job.region.size();
         }
         if (!s.ok()) {
           std::lock_guard lock(mu);

@@ -72,6 +72,9 @@ struct FetchReport {
   double apply_seconds = 0;   // decompress + XOR + verify
   double apply_cpu_seconds = 0;  // CPU time of the apply threads (all of them)
   size_t libzstd_frames = 0;  // patches SparseApplier declined, applied through libzstd
+  // Bytes of tensors whose pages were mapped again before the apply because the kernel
+  // had written them back (see WritableMapping::PrepareForWrite).
+  uint64_t remapped_bytes = 0;
   double seconds = 0;
 };
 

@@ -1,6 +1,10 @@
 #include "backends/delta/local_checkpoint.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +26,106 @@ namespace {
 
 using testing::CheckpointHolds;
 using testing::TempDir;
+
+// Whether this kernel has cachestat(2) (Linux 6.5+) and `dir` lies on a file system that
+// writes pages back (not tmpfs): then a write-back is visible to WritableMapping.
+bool WriteBackIsVisible(const std::string& dir) {
+  errno = 0;
+  bool cachestat = ::syscall(451, -1, nullptr, nullptr, 0) != 0 && errno != ENOSYS;
+  struct statfs fs {};
+  return cachestat && ::statfs(dir.c_str(), &fs) == 0 && fs.f_type != TMPFS_MAGIC;
+}
+
+// Writes every file under `dir` back to disk: what the kernel's flusher does to pages
+// dirty for 30 s, leaving every mapping's entries write-protected.
+void WriteBack(const std::string& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << e.path();
+    EXPECT_EQ(::fdatasync(fd), 0) << e.path();
+    ::close(fd);
+  }
+}
+
+// PrepareForWrite on a real file: writable entries are kept, entries a write-back
+// protected are dropped and mapped again, and no byte changes on the way.
+TEST(WritableMappingTest, KeepsWarmEntriesAndRemapsPagesWrittenBack) {
+  TempDir dir("mapping");
+  const std::string path = dir / "f.bin";
+  constexpr size_t kBytes = 4 << 20;
+  std::vector<uint8_t> expect(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) expect[i] = static_cast<uint8_t>(i * 131 + 7);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(expect.data()), kBytes);
+  }
+  auto m = WritableMapping::Open(path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  // Two tensors' regions, the second not page-aligned at either end.
+  std::span<std::byte> a = m->bytes().subspan(0, 1 << 20), b = m->bytes().subspan((1 << 20) + 100, (2 << 20) + 50);
+  auto write_version = [&](uint8_t x) {
+    for (std::span<std::byte> r : {a, b}) {
+      for (std::byte& v : r) v ^= std::byte{x};
+      size_t off = static_cast<size_t>(r.data() - m->bytes().data());
+      for (size_t i = 0; i < r.size(); ++i) expect[off + i] ^= x;
+    }
+  };
+  auto file_holds_expect = [&] {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> got(kBytes);
+    in.read(reinterpret_cast<char*>(got.data()), kBytes);
+    return got == expect;
+  };
+  using P = WritableMapping::Prepared;
+  m->BeginVersion();
+  EXPECT_EQ(m->PrepareForWrite(a), P::kMapped);
+  EXPECT_EQ(m->PrepareForWrite(b), P::kMapped);
+  write_version(0x5a);
+  EXPECT_TRUE(file_holds_expect());
+
+  const bool visible = WriteBackIsVisible(dir.path());
+  if (visible) {
+    // Still dirty and writable: kept. The probe times a few hundred page touches, so a
+    // preempted one may find them slow and re-map; a second try finds them writable.
+    bool warm = false;
+    for (int attempt = 0; attempt < 3 && !warm; ++attempt) {
+      m->BeginVersion();
+      warm = m->PrepareForWrite(a) == P::kWarm;
+    }
+    EXPECT_TRUE(warm);
+  }
+  write_version(0x11);
+  EXPECT_TRUE(file_holds_expect());
+
+  WriteBack(dir.path());
+  m->BeginVersion();
+  P pa = m->PrepareForWrite(a), pb = m->PrepareForWrite(b);
+  if (visible) {
+    EXPECT_EQ(pa, P::kRemapped);
+    EXPECT_EQ(pb, P::kRemapped);
+  }
+  write_version(0xc3);
+  EXPECT_TRUE(file_holds_expect());
+
+  // A second mapping of the file re-dirties the pages after a write-back: the first
+  // mapping's entries stay write-protected although every page is dirty. Whatever it
+  // decides, the bytes must come out right.
+  auto other = WritableMapping::Open(path);
+  ASSERT_TRUE(other.ok());
+  WriteBack(dir.path());
+  other->BeginVersion();
+  EXPECT_EQ(other->PrepareForWrite(other->bytes()), P::kMapped);
+  for (size_t i = 0; i < kBytes; ++i) {
+    other->bytes()[i] ^= std::byte{0x3c};
+    expect[i] ^= 0x3c;
+  }
+  m->BeginVersion();
+  (void)m->PrepareForWrite(a);
+  (void)m->PrepareForWrite(b);
+  write_version(0x96);
+  EXPECT_TRUE(file_holds_expect());
+}
 
 // A base checkpoint of qwen3-tiny, a trainer starting from it, and a publisher.
 class LocalCheckpointTest : public ::testing::Test {
@@ -252,6 +356,25 @@ TEST_F(LocalCheckpointTest, ANewSyncDirStartsANewChainFromTheBase) {
   EXPECT_FALSE(ro->reset);
   EXPECT_EQ(ro->versions, 1);
   EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), two.trainer->tensors()));
+}
+
+// Steps further apart than the kernel keeps pages dirty: the files are written back
+// between versions, and the next apply maps their pages again (and stays bit-exact).
+TEST_F(LocalCheckpointTest, AVersionAfterAWriteBackRemapsThePagesAndStaysBitExact) {
+  PublishSteps(3);
+  auto local = Open();
+  auto r1 = local->Fetch(1, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(r1->remapped_bytes, 0u);  // a fresh mapping has nothing to re-map
+  WriteBack(root() + "/weights");
+  auto r2 = local->Fetch(2, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  if (WriteBackIsVisible(root())) {
+    EXPECT_GT(r2->remapped_bytes, r2->tensor_bytes / 2);
+  }
+  auto r3 = local->Fetch(3, sync(), Deadline::InSeconds(30));
+  ASSERT_TRUE(r3.ok()) << r3.status().ToString();
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
 }
 
 TEST_F(LocalCheckpointTest, TheWriterLockWaitHasADeadline) {

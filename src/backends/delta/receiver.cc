@@ -102,7 +102,7 @@ class DeltaReceiver final : public ReceiverBackend {
       }));
     }
     WSYNC_RETURN_IF_ERROR(JoinAll(futures));
-    json stats = {{"fetch_s", 0.0}, {"apply_s", 0.0}, {"apply_cpu_s", 0.0}, {"libzstd_frames", 0},
+    json stats = {{"fetch_s", 0.0}, {"apply_s", 0.0}, {"apply_cpu_s", 0.0}, {"libzstd_frames", 0}, {"remapped_bytes", 0},
                   {"reset_s", 0.0}, {"lock_wait_s", 0.0},
                   {"versions", 0}, {"tensors", 0}, {"payload_bytes", 0}, {"tensor_bytes", 0}};
     int applied = 0;
@@ -118,6 +118,7 @@ class DeltaReceiver final : public ReceiverBackend {
       stats["apply_s"] = stats["apply_s"].get<double>() + r->apply_seconds;
       stats["apply_cpu_s"] = stats["apply_cpu_s"].get<double>() + r->apply_cpu_seconds;
       stats["libzstd_frames"] = stats["libzstd_frames"].get<size_t>() + r->libzstd_frames;
+      stats["remapped_bytes"] = stats["remapped_bytes"].get<uint64_t>() + r->remapped_bytes;
       stats["reset_s"] = stats["reset_s"].get<double>() + r->reset_seconds;
       stats["lock_wait_s"] = std::max(stats["lock_wait_s"].get<double>(), r->lock_wait_seconds);
       stats["versions"] = stats["versions"].get<int>() + r->versions;
@@ -128,11 +129,13 @@ class DeltaReceiver final : public ReceiverBackend {
     stats["total_s"] = Since(t0);
     stats["cpu_s"] = delta::ProcessCpuSeconds() - cpu0;  // this server process, all threads
     WSYNC_LOG_INFO("delta: fetched version {} from {} (from version {}{}): {} version(s), {} tensors, fetch {:.3f} s, "
-                   "apply {:.3f} s ({:.3f} CPU s in the apply threads, {} patch(es) through libzstd), reset {:.3f} s, "
+                   "apply {:.3f} s ({:.3f} CPU s in the apply threads, {} patch(es) through libzstd, {:.3f} GB re-mapped after a "
+                   "write-back), reset {:.3f} s, "
                    "total {:.3f} s", target, sync_dir, reports[0]->from_version,
                    reset ? ", after a reset: " + reset_reason : "", stats["versions"].get<int>(),
                    stats["tensors"].get<size_t>(), stats["fetch_s"].get<double>(), stats["apply_s"].get<double>(),
                    stats["apply_cpu_s"].get<double>(), stats["libzstd_frames"].get<size_t>(),
+                   stats["remapped_bytes"].get<uint64_t>() / 1e9,
                    stats["reset_s"].get<double>(), stats["total_s"].get<double>());
     return json{{"status", "ok"}, {"target_version", target}, {"version", target}, {"stats", stats},
                 {"applied_by_workers", applied}, {"workers", stores_.size()}, {"reset", reset}};
