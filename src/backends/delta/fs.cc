@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -191,6 +193,8 @@ Result<WritableMapping> WritableMapping::Open(const std::string& path) {
   if (p == MAP_FAILED) return ErrnoStatus(fmt::format("mapping {} read-write", path), errno);
   m.data_ = static_cast<std::byte*>(p);
   m.fd_ = std::exchange(f.fd, -1);
+  struct statfs fs {};
+  m.written_back_ = !(::fstatfs(m.fd_, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC));
   return m;
 }
 
@@ -274,7 +278,8 @@ WritableMapping::Prepared WritableMapping::PrepareForWrite(std::span<std::byte> 
     std::lock_guard lock(*prepared_mu_);
     seen = !prepared_.insert(static_cast<size_t>(region.data() - data_)).second;
   }
-  if (seen && !stale_ && AllPagesDirty(region)) {
+  // tmpfs never writes pages back: entries stay writable until this mapping goes.
+  if (seen && (!written_back_ || (!stale_ && AllPagesDirty(region)))) {
     uintptr_t probe_end = std::min(end, begin + kProbeBytes);
     auto t0 = std::chrono::steady_clock::now();
     TouchForWrite(begin, probe_end);
@@ -296,6 +301,7 @@ WritableMapping::WritableMapping(WritableMapping&& o) noexcept
       stale_(o.stale_),
       last_version_(o.last_version_),
       wrote_(o.wrote_),
+      written_back_(o.written_back_),
       prepared_mu_(std::move(o.prepared_mu_)),
       prepared_(std::move(o.prepared_)),
       dev_(o.dev_),
@@ -311,6 +317,7 @@ WritableMapping& WritableMapping::operator=(WritableMapping&& o) noexcept {
     stale_ = o.stale_;
     last_version_ = o.last_version_;
     wrote_ = o.wrote_;
+    written_back_ = o.written_back_;
     prepared_mu_ = std::move(o.prepared_mu_);
     prepared_ = std::move(o.prepared_);
     dev_ = o.dev_;

@@ -124,6 +124,8 @@ class WritableMapping {
   // find the mapping stale, every page of it is still dirty (cachestat, Linux 6.5+) and
   // touching its first 256 KiB is fast (slow means another mapping re-dirtied the pages
   // after a write-back); re-touching it would cost ~0.01 CPU s per GB, a populate 0.05.
+  // On tmpfs and ramfs, which never write back (and whose pages cachestat never counts
+  // dirty), the probe alone decides.
   Prepared PrepareForWrite(std::span<std::byte> region);
 
  private:
@@ -139,6 +141,7 @@ class WritableMapping {
   bool stale_ = true;  // set by BeginVersion
   std::chrono::steady_clock::time_point last_version_{};
   bool wrote_ = false;
+  bool written_back_ = true;  // false on tmpfs and ramfs, which keep pages in memory only
   // Offsets of the regions PrepareForWrite mapped writable (kept while they stay so).
   std::unique_ptr<std::mutex> prepared_mu_ = std::make_unique<std::mutex>();
   std::unordered_set<size_t> prepared_;  // GUARDED_BY(*prepared_mu_)
