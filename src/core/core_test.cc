@@ -1,9 +1,13 @@
+#include <sched.h>
+
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "core/digest.h"
+#include "core/parallel.h"
 #include "wsync/device_runtime.h"
 #include "wsync/dtype.h"
 #include "wsync/source.h"
@@ -34,6 +38,22 @@ TEST(Device, Parse) {
   EXPECT_EQ(Device::Parse("cuda:3")->ToString(), "cuda:3");
   EXPECT_FALSE(Device::Parse("cuda:x").ok());
   EXPECT_FALSE(Device::Parse("tpu").ok());
+}
+
+// Pinned to one CPU (as taskset or a cpuset would), the default is one thread. Run in a
+// thread of its own so that the test process keeps its mask.
+TEST(DefaultThreads, FollowsTheAffinityMask) {
+  size_t pinned = 0, all = DefaultThreads();
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() < 0 ? 0 : sched_getcpu(), &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) pinned = DefaultThreads();
+  });
+  t.join();
+  EXPECT_EQ(pinned, 1u);
+  EXPECT_GE(all, 1u);
+  EXPECT_EQ(DefaultThreads(), all);
 }
 
 TEST(Digest, KnownVectors) {

@@ -3,6 +3,10 @@
 // The body must be thread-safe for disjoint ranges; blocks until every range is done.
 #pragma once
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <algorithm>
 #include <cstddef>
 #include <functional>
@@ -11,7 +15,14 @@
 
 namespace wsync {
 
+// The CPUs this process may run on (its affinity mask: taskset, a cgroup cpuset), else
+// every CPU of the machine. A server pinned to 8 of 64 cores gets 8 threads, not 64.
 inline size_t DefaultThreads() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<size_t>(CPU_COUNT(&set));
+#endif
   return std::max<size_t>(1, std::thread::hardware_concurrency());
 }
 
