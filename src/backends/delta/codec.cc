@@ -257,48 +257,90 @@ Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, s
                                               DigestAlgorithm algorithm) {
   EncodedDelta out;
   auto hasher = Hasher::Create(algorithm);
+  size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), /*part=*/false, /*ends_frame=*/true,
+                            &out.changed_bytes);
+  out.changed = out.changed_bytes > 0;
+  if (out.changed) out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
+  out.checksum = hasher->FinishHex();
+  return out;
+}
+
+EncodedPart DeltaCodec::EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last) {
+  EncodedPart out;
+  // libzstd writes whole frames only: with Encoder::kLibzstd, parts come from a FrameWriter too.
+  if (writer_ == nullptr && part_writer_ == nullptr) part_writer_ = std::make_unique<zstd::FrameWriter>();
+  zstd::FrameWriter& writer = writer_ != nullptr ? *writer_ : *part_writer_;
+  size_t used = WriteBlocks(writer, next, snapshot, nullptr, /*part=*/true, last, &out.changed_bytes);
+  out.blocks.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
+  return out;
+}
+
+std::vector<uint8_t> DeltaCodec::JoinParts(uint64_t content_size, std::span<const EncodedPart> parts) {
+  uint64_t changed = 0;
+  size_t bytes = zstd::FrameWriter::kMaxFrameHeader;
+  for (const EncodedPart& p : parts) {
+    changed += p.changed_bytes;
+    bytes += p.blocks.size();
+  }
+  if (changed == 0) return {};
+  std::vector<uint8_t> frame(bytes);
+  size_t used = zstd::FrameWriter::WriteFrameHeader(content_size, frame.data());
+  for (const EncodedPart& p : parts) {
+    std::memcpy(frame.data() + used, p.blocks.data(), p.blocks.size());
+    used += p.blocks.size();
+  }
+  frame.resize(used);
+  return frame;
+}
+
+size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next,
+                               std::span<std::byte> snapshot, Hasher* hasher, bool part, bool ends_frame,
+                               uint64_t* changed_bytes) {
   size_t used = 0;
+  bool begun = false;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet written
   const auto* patch = reinterpret_cast<const uint8_t*>(block_.data());
   uint64_t* masks = nullptr;
 #if defined(__x86_64__)
   if (zstd::Avx2Enabled()) masks = masks_.data();
 #endif
+  if (part) {  // a part is written whole (its unchanged blocks as RLE blocks): JoinParts needs every byte
+    writer.BeginPart(&frame_, &used);
+    begun = true;
+  }
   for (size_t off = 0; off < next.size(); off += block_bytes_) {
     size_t n = std::min(block_bytes_, next.size() - off);
-    bool last = off + n == next.size();
-    hasher->Update(next.subspan(off, n));
+    bool last = ends_frame && off + n == next.size();
+    if (hasher != nullptr) hasher->Update(next.subspan(off, n));
 #if defined(__x86_64__)
     uint64_t nz = masks != nullptr ? XorUpdateAvx2(next.data() + off, snapshot.data() + off, block_.data(), n, masks)
                                    : XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #else
     uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #endif
-    if (!out.changed) {
+    if (!begun) {
       if (nz == 0) {
         leading_zeros += n;
         continue;
       }
-      out.changed = true;
+      begun = true;
       // The frame goes to this codec's own buffer, which stays mapped between tensors,
       // and is copied out once at its final size: a fresh vector per tensor would be
       // zero-filled and faulted in at a guessed size, then shrunk by another copy.
-      writer_->Begin(next.size(), &frame_, &used);
-      if (leading_zeros > 0) writer_->AddZeros(leading_zeros, false);
+      writer.Begin(next.size(), &frame_, &used);
+      if (leading_zeros > 0) writer.AddZeros(leading_zeros, false);
     }
-    out.changed_bytes += nz;
+    *changed_bytes += nz;
     if (nz == 0) {
-      writer_->AddZeros(n, last);
+      writer.AddZeros(n, last);
     } else {
       // The next block's source and snapshot lines are fetched while this one is coded.
       size_t ahead = std::min(block_bytes_, next.size() - off - n);
-      writer_->AddBlock(patch, n, last, masks,
+      writer.AddBlock(patch, n, last, masks,
                         Prefetch{next.data() + off + n, ahead, snapshot.data() + off + n, ahead});
     }
   }
-  out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
-  out.checksum = hasher->FinishHex();
-  return out;
+  return used;
 }
 
 Status DeltaCodec::Apply(std::span<const uint8_t> frame, std::span<std::byte> region,

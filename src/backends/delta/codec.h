@@ -62,6 +62,12 @@ struct EncodedDelta {
   std::string checksum;             // lowercase hex digest of the new bytes
 };
 
+// One part of a tensor's frame (DeltaCodec::EncodePart): its zstd blocks, no header.
+struct EncodedPart {
+  uint64_t changed_bytes = 0;   // nonzero bytes of the part's patch
+  std::vector<uint8_t> blocks;  // every byte of the part, unchanged runs as RLE blocks
+};
+
 class DeltaCodec {
  public:
   // `sparse_apply` false makes Apply() use libzstd for every frame (tests, benchmarks).
@@ -79,6 +85,16 @@ class DeltaCodec {
   Result<EncodedDelta> Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
                               DigestAlgorithm algorithm);
 
+  // A large tensor on several threads: Encode() of bytes [a, b) of it as a run of zstd
+  // blocks with fresh tables (zstd::FrameWriter::BeginPart), no header and no checksum
+  // (the caller hashes the whole tensor). `last`: the part ends the tensor. Parts of
+  // fixed boundaries give the same frame whichever threads encode them. On return the
+  // part's snapshot equals `next`.
+  EncodedPart EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last);
+  // One frame of `content_size` bytes from a tensor's parts, in order; empty when no
+  // part changed (the tensor is unchanged and has no frame, as with Encode()).
+  static std::vector<uint8_t> JoinParts(uint64_t content_size, std::span<const EncodedPart> parts);
+
   // region ^= decompress(frame), then checks the digest of the result against
   // `expected_hex` (an empty one skips the check: the publisher's rollback). DataLoss for
   // a corrupt or truncated frame, a frame whose size is not region.size(), or a digest
@@ -95,9 +111,14 @@ class DeltaCodec {
   DeltaCodec() = default;
   Result<EncodedDelta> EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
                                     DigestAlgorithm algorithm);
+  // The block loop of Encode() (and of EncodePart() when `part`): XOR, snapshot update,
+  // `hasher` when given, and blocks into frame_; returns the bytes written there.
+  size_t WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next, std::span<std::byte> snapshot,
+                     Hasher* hasher, bool part, bool ends_frame, uint64_t* changed_bytes);
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
   std::unique_ptr<zstd::FrameWriter> writer_;  // null: libzstd writes the frames
+  std::unique_ptr<zstd::FrameWriter> part_writer_;  // EncodePart() when writer_ is null
   std::vector<uint8_t> frame_;                 // the frame being written (kept between tensors)
   std::vector<uint64_t> masks_;                // nonzero bytes of block_, one word per 64 bytes
   int level_ = kDefaultZstdLevel;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <random>
 
 namespace wsync::delta {
@@ -60,6 +61,51 @@ TEST_P(DeltaCodecTest, FrameIsOneStandardZstdFrameOfTheXorWithItsContentSize) {
   ASSERT_EQ(ZSTD_decompress(patch.data(), n, enc->compressed.data(), enc->compressed.size()), n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(patch[i], old[i] ^ next[i]) << i;
   EXPECT_LT(enc->compressed.size(), n / 10);
+}
+
+// A large tensor's parts, encoded apart (by two codecs, as two threads would) and joined,
+// make one standard frame that libzstd and SparseApplier both read bit-exactly, about as
+// small as the frame of the whole tensor. Part boundaries need not fall on blocks.
+TEST_P(DeltaCodecTest, PartsEncodedApartJoinIntoOneFrameThatEveryDecoderReads) {
+  const size_t n = (size_t{1} << 20) + 4099;
+  std::vector<std::byte> old = RandomBytes(n, 9), next = Changed(old, 3, 29);
+  std::copy(old.begin() + 300'000, old.begin() + 520'000, next.begin() + 300'000);  // unchanged parts too
+  std::vector<std::byte> whole_snap = old;
+  auto whole = NewCodec()->Encode(next, whole_snap, DigestAlgorithm::kXxh3_128);
+  ASSERT_TRUE(whole.ok());
+  std::unique_ptr<DeltaCodec> codecs[2] = {NewCodec(), NewCodec()};
+  for (size_t part : {size_t{65536}, size_t{200'000}, size_t{1} << 20}) {
+    std::vector<std::byte> snap = old;
+    std::vector<EncodedPart> parts;
+    uint64_t changed = 0;
+    for (size_t off = 0; off < n; off += part) {
+      size_t len = std::min(part, n - off);
+      parts.push_back(codecs[parts.size() % 2]->EncodePart(std::span(next).subspan(off, len),
+                                                          std::span(snap).subspan(off, len), off + len == n));
+      changed += parts.back().changed_bytes;
+    }
+    EXPECT_EQ(snap, next) << part;
+    EXPECT_EQ(changed, whole->changed_bytes) << part;
+    std::vector<uint8_t> frame = DeltaCodec::JoinParts(n, parts);
+    EXPECT_EQ(ZSTD_findFrameCompressedSize(frame.data(), frame.size()), frame.size()) << part;
+    std::vector<std::byte> patch(n);
+    ASSERT_EQ(ZSTD_decompress(patch.data(), n, frame.data(), frame.size()), n) << part;
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(patch[i], old[i] ^ next[i]) << part << " byte " << i;
+    std::vector<std::byte> region = old;
+    Status s = codecs[0]->Apply(frame, region, DigestAlgorithm::kXxh3_128, whole->checksum, "t");
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(region, next) << part;
+    if (GetParam()) {
+      EXPECT_EQ(codecs[0]->libzstd_frames(), 0u) << "SparseApplier declined a joined frame";
+    }
+    // Each part writes its own tables: a few hundred bytes per part.
+    EXPECT_LT(frame.size(), whole->compressed.size() + 600 * parts.size()) << part;
+  }
+  // Every part unchanged: no frame, as for a whole unchanged tensor.
+  std::vector<std::byte> snap = next;
+  std::vector<EncodedPart> parts = {codecs[0]->EncodePart(std::span(next).first(n / 2), std::span(snap).first(n / 2), false),
+                                    codecs[1]->EncodePart(std::span(next).subspan(n / 2), std::span(snap).subspan(n / 2), true)};
+  EXPECT_TRUE(DeltaCodec::JoinParts(n, parts).empty());
 }
 
 TEST_P(DeltaCodecTest, UnchangedTensorHasNoFrameButStillAChecksum) {

@@ -245,18 +245,23 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
             next = buf;
           }
           pass.slots[i].submitted = true;
-          group.Submit([this, &pass, i, next, staged](size_t thread) {
-            auto tt = Clock::now();
-            Pass::Slot& slot = pass.slots[i];
-            Result<EncodedDelta> r = plan_->codecs[thread]->Encode(next, plan_->Snap(i), DigestAlgorithm::kXxh3_128);
-            if (r.ok()) {
-              slot.enc = std::move(*r);
-            } else {
-              slot.status = r.status().WithContext(plan_->entries[i].disk.name);
-            }
-            if (staged) plan_->ReleaseStaging(*staged);
-            slot.cpu_seconds = Since(tt);
-          });
+          const size_t part = options_.part_bytes;
+          if (part > 0 && next.size() > 2 * part) {
+            SubmitParts(group, pass, i, next, staged);
+          } else {
+            group.Submit([this, &pass, i, next, staged](size_t thread) {
+              auto tt = Clock::now();
+              Pass::Slot& slot = pass.slots[i];
+              Result<EncodedDelta> r = plan_->codecs[thread]->Encode(next, plan_->Snap(i), DigestAlgorithm::kXxh3_128);
+              if (r.ok()) {
+                slot.enc = std::move(*r);
+              } else {
+                slot.status = r.status().WithContext(plan_->entries[i].disk.name);
+              }
+              if (staged) plan_->ReleaseStaging(*staged);
+              slot.cpu_seconds = Since(tt);
+            });
+          }
           stats.tensors++;
           stats.model_bytes += e.disk.nbytes();
           progress.bytes_done += e.disk.nbytes();
@@ -282,6 +287,52 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
   stats.seconds = Since(t0);
   stats.cpu_seconds = ProcessCpuSeconds() - cpu0;
   return stats;
+}
+
+// One task per part of options_.part_bytes and one that hashes the whole tensor; the
+// last of them to finish joins the parts into the slot's frame and frees the staging.
+void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::span<const std::byte> next,
+                                 std::optional<size_t> staged) {
+  struct Split {
+    std::vector<EncodedPart> parts;
+    std::vector<double> seconds;  // per task, the hash's last
+    std::string checksum;
+    std::atomic<size_t> left{0};
+  };
+  const size_t part = options_.part_bytes;
+  const size_t count = (next.size() + part - 1) / part;
+  auto split = std::make_shared<Split>();
+  split->parts.resize(count);
+  split->seconds.resize(count + 1);
+  split->left = count + 1;
+  std::span<std::byte> snap = plan_->Snap(i);
+  // Whoever finishes last fills the slot; acq_rel orders every task's writes before it.
+  auto finish = [this, &pass, i, next, staged, split] {
+    if (split->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    Pass::Slot& slot = pass.slots[i];
+    for (const EncodedPart& p : split->parts) slot.enc.changed_bytes += p.changed_bytes;
+    slot.enc.compressed = DeltaCodec::JoinParts(next.size(), split->parts);
+    slot.enc.changed = !slot.enc.compressed.empty();
+    slot.enc.checksum = std::move(split->checksum);
+    for (double t : split->seconds) slot.cpu_seconds += t;
+    split->parts.clear();
+    if (staged) plan_->ReleaseStaging(*staged);
+  };
+  group.Submit([next, split, finish](size_t) {  // reads only the new bytes, which no task writes
+    auto tt = Clock::now();
+    split->checksum = HexDigest(DigestAlgorithm::kXxh3_128, next);
+    split->seconds.back() = Since(tt);
+    finish();
+  });
+  for (size_t k = 0; k < count; ++k) {
+    group.Submit([this, next, snap, part, count, k, split, finish](size_t thread) {
+      auto tt = Clock::now();
+      size_t off = k * part, len = std::min(part, next.size() - off);
+      split->parts[k] = plan_->codecs[thread]->EncodePart(next.subspan(off, len), snap.subspan(off, len), k + 1 == count);
+      split->seconds[k] = Since(tt);
+      finish();
+    });
+  }
 }
 
 Status DeltaPublisher::WritePayloads(Pass& pass, const std::string& dir, DeltaManifest* manifest,

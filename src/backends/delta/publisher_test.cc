@@ -88,6 +88,76 @@ TEST(DeltaPublisherTest, FirstPassIsVersionZeroThenEachStepIsAVerifiableDelta) {
   EXPECT_EQ(checked, m2->tensors.size());
 }
 
+// One record's payload: the zstd frame as stored.
+std::vector<uint8_t> FrameOf(const std::string& sync_dir, const DeltaManifest& m, const DeltaTensorRecord& r) {
+  auto file = SafetensorsFile::Open(VersionDir(sync_dir, m.version) + "/" + r.payload_file);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  if (!file.ok()) return {};
+  auto frame = file->Bytes(r.payload_key);
+  EXPECT_TRUE(frame.ok());
+  if (!frame.ok()) return {};
+  const auto* p = reinterpret_cast<const uint8_t*>(frame->data());
+  return {p, p + frame->size()};
+}
+
+// Tensors larger than twice part_bytes are encoded in parts on any pool thread and joined
+// into one frame: the payload is the same bytes on one thread or three, and each record
+// has the checksum and decodes to the patch of a publisher that never splits.
+TEST(DeltaPublisherTest, LargeTensorsEncodedInPartsGiveTheSameFramesOnAnyThreadCount) {
+  TempDir dir("pub");
+  auto trainer = Tiny();
+  struct Run {
+    std::string sync;
+    size_t threads, part_bytes;
+    std::unique_ptr<DeltaPublisher> pub;
+  };
+  std::vector<Run> runs;
+  runs.push_back({dir / "one-thread", 1, 16 << 10, nullptr});
+  runs.push_back({dir / "three-threads", 3, 16 << 10, nullptr});
+  runs.push_back({dir / "unsplit", 2, 0, nullptr});
+  for (Run& r : runs) {
+    DeltaPublisherOptions o;
+    o.sync_dir = r.sync;
+    o.threads = r.threads;
+    o.part_bytes = r.part_bytes;
+    auto p = DeltaPublisher::Create(o, trainer->metadata());
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    r.pub = std::move(*p);
+    ASSERT_TRUE(r.pub->Publish(trainer->source()).ok());
+  }
+  size_t split = 0;
+  for (uint64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(trainer->Step(step).ok());
+    for (Run& r : runs) ASSERT_TRUE(r.pub->Publish(trainer->source()).ok()) << r.sync;
+    std::vector<DeltaManifest> m;
+    for (Run& r : runs) {
+      auto read = ReadManifest(r.sync, static_cast<int64_t>(step) + 1);
+      ASSERT_TRUE(read.ok()) << read.status().ToString();
+      m.push_back(std::move(*read));
+    }
+    ASSERT_EQ(m[0].tensors.size(), m[2].tensors.size());
+    ASSERT_EQ(m[1].tensors.size(), m[2].tensors.size());
+    for (size_t i = 0; i < m[2].tensors.size(); ++i) {
+      const DeltaTensorRecord &a = m[0].tensors[i], &b = m[1].tensors[i], &c = m[2].tensors[i];
+      ASSERT_EQ(a.name, c.name);
+      EXPECT_EQ(a.checksum, c.checksum) << a.name;
+      EXPECT_EQ(b.checksum, c.checksum) << a.name;
+      std::vector<uint8_t> fa = FrameOf(runs[0].sync, m[0], a), fb = FrameOf(runs[1].sync, m[1], b),
+                           fc = FrameOf(runs[2].sync, m[2], c);
+      EXPECT_EQ(fa, fb) << a.name << ": the frame depends on the thread count";
+      std::vector<std::byte> pa(a.uncompressed_num_bytes), pc(c.uncompressed_num_bytes);
+      ASSERT_EQ(ZSTD_decompress(pa.data(), pa.size(), fa.data(), fa.size()), pa.size()) << a.name;
+      ASSERT_EQ(ZSTD_decompress(pc.data(), pc.size(), fc.data(), fc.size()), pc.size()) << a.name;
+      EXPECT_EQ(pa, pc) << a.name;
+      if (a.uncompressed_num_bytes > 2 * (16 << 10)) {
+        ++split;
+        EXPECT_NE(fa, fc) << a.name << ": encoded in parts, yet the same frame as unsplit";
+      }
+    }
+  }
+  EXPECT_GT(split, 0u) << "no tensor of qwen3-tiny was large enough to be split";
+}
+
 TEST(DeltaPublisherTest, UnchangedTensorsAreOmittedAndPayloadFilesRollOver) {
   TempDir dir("pub");
   std::vector<HostTensor> tensors;

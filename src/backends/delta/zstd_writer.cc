@@ -333,19 +333,26 @@ void FrameWriter::PutBlockHeader(uint8_t* p, bool last, unsigned type, size_t si
   p[2] = static_cast<uint8_t>(h >> 16);
 }
 
-void FrameWriter::Begin(uint64_t content_size, std::vector<uint8_t>* out, size_t* used) {
-  out_ = out;
-  used_ = used;
-  huf_valid_ = huf_failed_ = seq_valid_ = false;
-  huf_from_ = seq_from_ = 0;
-  uint8_t* p = Reserve(18);
+size_t FrameWriter::WriteFrameHeader(uint64_t content_size, uint8_t* p) {
   const uint32_t magic = 0xFD2FB528u;
   std::memcpy(p, &magic, 4);
   bool big = content_size > 0xFFFFFFFFull;
   p[4] = big ? 0xC0 : 0x80;           // Frame_Header_Descriptor: FCS 8 or 4 bytes, no checksum
   p[5] = (17 - 10) << 3;              // Window_Descriptor: 128 KiB, one block
   for (int i = 0; i < (big ? 8 : 4); ++i) p[6 + i] = static_cast<uint8_t>(content_size >> (8 * i));
-  *used_ += big ? 14 : 10;
+  return big ? 14 : 10;
+}
+
+void FrameWriter::BeginPart(std::vector<uint8_t>* out, size_t* used) {
+  out_ = out;
+  used_ = used;
+  huf_valid_ = huf_failed_ = seq_valid_ = false;
+  huf_from_ = seq_from_ = 0;
+}
+
+void FrameWriter::Begin(uint64_t content_size, std::vector<uint8_t>* out, size_t* used) {
+  BeginPart(out, used);
+  *used_ += WriteFrameHeader(content_size, Reserve(kMaxFrameHeader + 4));
 }
 
 void FrameWriter::AddZeros(uint64_t n, bool last) {

@@ -130,6 +130,17 @@ class FrameWriter {
   // Starts a frame of `content_size` bytes, appended to `out` from `*used` on (`out` is
   // grown as needed; `*used` advances).
   void Begin(uint64_t content_size, std::vector<uint8_t>* out, size_t* used);
+  // Starts a run of blocks that continues a frame begun elsewhere: no header, and fresh
+  // tables (the first block that needs a code writes its own, as the first block of a
+  // frame does). Runs written this way, on several threads, concatenated after one
+  // WriteFrameHeader() make one standard frame: the only state a decoder carries from
+  // block to block is the last tables and the repeat offsets, and these blocks never
+  // change repeat offset 1 (see above).
+  void BeginPart(std::vector<uint8_t>* out, size_t* used);
+  // The header Begin() writes for a frame of `content_size` bytes into `out` (room for
+  // kMaxFrameHeader bytes); returns its size.
+  static size_t WriteFrameHeader(uint64_t content_size, uint8_t* out);
+  static constexpr size_t kMaxFrameHeader = 14;
   // Appends `n` (<= kMaxBlock) bytes of the patch as one block. `patch` must be
   // readable for 32 bytes past n (the scan reads whole words). `last` ends the frame.
   // `masks`, when given, has bit i of word k set iff patch[64k + i] != 0 (for every
