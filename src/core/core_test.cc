@@ -1,11 +1,15 @@
 #include <sched.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "core/cpu_limit.h"
 #include "core/digest.h"
 #include "core/parallel.h"
 #include "wsync/device_runtime.h"
@@ -54,6 +58,62 @@ TEST(DefaultThreads, FollowsTheAffinityMask) {
   EXPECT_EQ(pinned, 1u);
   EXPECT_GE(all, 1u);
   EXPECT_EQ(DefaultThreads(), all);
+}
+
+// A fake /sys/fs/cgroup and /proc/self/cgroup in a temporary directory.
+class CgroupCpuLimitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char templ[] = "/tmp/wsync-cgroup-XXXXXX";
+    ASSERT_NE(::mkdtemp(templ), nullptr);
+    root_ = templ;
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void Write(const std::string& rel, const std::string& text) {
+    std::filesystem::path p = std::filesystem::path(root_) / rel;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text << "\n";
+  }
+  size_t Limit() { return CgroupCpuLimit(root_ + "/proc-self-cgroup", root_ + "/sys"); }
+  std::string root_;
+};
+
+TEST_F(CgroupCpuLimitTest, CgroupV2TakesTheSmallestQuotaOfTheCgroupAndItsAncestorsRoundedUp) {
+  Write("proc-self-cgroup", "0::/kubepods/pod1/c1");
+  Write("sys/cpu.max", "max 100000");
+  Write("sys/kubepods/cpu.max", "max 100000");
+  Write("sys/kubepods/pod1/cpu.max", "250000 100000");  // 2.5 CPUs
+  Write("sys/kubepods/pod1/c1/cpu.max", "400000 100000");
+  EXPECT_EQ(Limit(), 3u);
+  Write("sys/kubepods/pod1/cpu.max", "max 100000");
+  EXPECT_EQ(Limit(), 4u);
+  Write("sys/kubepods/pod1/c1/cpu.max", "max 100000");
+  EXPECT_EQ(Limit(), 0u);  // no quota anywhere
+  Write("sys/kubepods/pod1/c1/cpu.max", "5000 100000");
+  EXPECT_EQ(Limit(), 1u);  // a twentieth of a CPU still gets one thread
+}
+
+TEST_F(CgroupCpuLimitTest, CgroupV1ReadsCfsQuotaUnderEitherMountName) {
+  Write("proc-self-cgroup", "4:memory:/x\n3:cpu,cpuacct:/docker/abc\n0::/");
+  Write("sys/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "150000");
+  Write("sys/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000");
+  Write("sys/cpu,cpuacct/cpu.cfs_quota_us", "-1");
+  Write("sys/cpu,cpuacct/cpu.cfs_period_us", "100000");
+  EXPECT_EQ(Limit(), 2u);
+  std::filesystem::rename(root_ + "/sys/cpu,cpuacct", root_ + "/sys/cpu");
+  EXPECT_EQ(Limit(), 2u);
+  Write("sys/cpu/docker/abc/cpu.cfs_quota_us", "-1");
+  EXPECT_EQ(Limit(), 0u);
+}
+
+TEST_F(CgroupCpuLimitTest, MissingOrGarbledFilesMeanNoLimit) {
+  EXPECT_EQ(Limit(), 0u);  // no /proc/self/cgroup
+  Write("proc-self-cgroup", "garbage\n0::/a");
+  EXPECT_EQ(Limit(), 0u);  // no cpu.max
+  Write("sys/a/cpu.max", "lots of cpus");
+  EXPECT_EQ(Limit(), 0u);
+  // This machine's own cgroup parses (whatever it says).
+  EXPECT_LE(CgroupCpuLimit(), 1u << 20);
 }
 
 TEST(Digest, KnownVectors) {

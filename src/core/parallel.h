@@ -13,17 +13,23 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu_limit.h"
+
 namespace wsync {
 
 // The CPUs this process may run on (its affinity mask: taskset, a cgroup cpuset), else
-// every CPU of the machine. A server pinned to 8 of 64 cores gets 8 threads, not 64.
+// every CPU of the machine, capped by its cgroup's CPU quota (a container's CPU limit,
+// read once): a server pinned to 8 of 64 cores, or limited to 8 CPUs, gets 8 threads.
 inline size_t DefaultThreads() {
+  size_t n = std::max<size_t>(1, std::thread::hardware_concurrency());
 #if defined(__linux__)
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<size_t>(CPU_COUNT(&set));
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) n = static_cast<size_t>(CPU_COUNT(&set));
+  static const size_t quota = CgroupCpuLimit();
+  if (quota > 0) n = std::min(n, quota);
 #endif
-  return std::max<size_t>(1, std::thread::hardware_concurrency());
+  return n;
 }
 
 // body(begin, end) is called once per non-empty range.
