@@ -407,6 +407,28 @@ TEST_F(LocalCheckpointTest, AVersionAfterAWriteBackRemapsThePagesAndStaysBitExac
   EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
 }
 
+// Frames whose large tensors were encoded in parts (fresh tables mid-frame) apply and
+// verify bit-exactly through the receiver's SparseApplier, never through libzstd.
+TEST_F(LocalCheckpointTest, AChainPublishedInPartsAppliesBitExact) {
+  DeltaPublisherOptions o;
+  o.sync_dir = sync2();
+  o.base_checkpoint = base();
+  o.threads = kMinThreadsForParts;
+  o.part_bytes = 16 << 10;
+  auto pub = DeltaPublisher::Create(o, trainer_->metadata());
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(trainer_->Step(++step_).ok());
+    ASSERT_TRUE((*pub)->Publish(trainer_->source()).ok());
+  }
+  auto local = Open();
+  auto r = local->Fetch(2, sync2(), Deadline::InSeconds(30));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->versions, 2);
+  EXPECT_EQ(r->libzstd_frames, 0u);
+  EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
+}
+
 TEST_F(LocalCheckpointTest, TheWriterLockWaitHasADeadline) {
   auto local = Open();
   auto held = FileLock::Acquire(root() + "/.skyrl_weight_sync/writer.lock", FileLock::Mode::kExclusive,

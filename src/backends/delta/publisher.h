@@ -46,6 +46,8 @@ namespace wsync::delta {
 
 class TaskGroup;
 
+inline constexpr size_t kMinThreadsForParts = 4;
+
 struct DeltaPublisherOptions {
   std::string sync_dir;             // required; created if missing
   std::string base_checkpoint;      // "" : version 0 is the first pass (see above)
@@ -55,10 +57,11 @@ struct DeltaPublisherOptions {
   size_t staging_buffers = 0;       // reusable staging buffers of the largest tensor; 0: threads + 1
   int zstd_level = 1;               // SkyRL's level; any level makes a standard frame
   int rank = 0;                     // trainer rank in payload file names
-  // Tensors of more than twice this many bytes are encoded in parts of this size, each
-  // on any pool thread, and joined into one frame (DeltaCodec::EncodePart): the largest
-  // tensor (an embedding: a quarter of qwen3-0.6b) no longer holds the publish on one
-  // thread. The frame depends on this size only, not on the threads. 0: never split.
+  // With at least kMinThreadsForParts threads, tensors of more than twice this many
+  // bytes are encoded in parts of this size, each on any pool thread, and joined into
+  // one frame (DeltaCodec::EncodePart): the largest tensor (an embedding: a quarter of
+  // qwen3-0.6b) no longer holds the publish on one thread. The frame depends on this
+  // size only, not on how many threads (4 or more) there are. 0: never split.
   size_t part_bytes = size_t{16} << 20;
   // Called from the calling thread after each tensor is handed to the pool.
   std::function<void(const SyncProgress&)> progress;

@@ -101,8 +101,9 @@ std::vector<uint8_t> FrameOf(const std::string& sync_dir, const DeltaManifest& m
 }
 
 // Tensors larger than twice part_bytes are encoded in parts on any pool thread and joined
-// into one frame: the payload is the same bytes on one thread or three, and each record
-// has the checksum and decodes to the patch of a publisher that never splits.
+// into one frame: the payload is the same bytes on four threads or seven, and each record
+// has the checksum and decodes to the patch of a publisher that never splits. A pool of
+// fewer than four threads never splits either.
 TEST(DeltaPublisherTest, LargeTensorsEncodedInPartsGiveTheSameFramesOnAnyThreadCount) {
   TempDir dir("pub");
   auto trainer = Tiny();
@@ -112,9 +113,10 @@ TEST(DeltaPublisherTest, LargeTensorsEncodedInPartsGiveTheSameFramesOnAnyThreadC
     std::unique_ptr<DeltaPublisher> pub;
   };
   std::vector<Run> runs;
-  runs.push_back({dir / "one-thread", 1, 16 << 10, nullptr});
-  runs.push_back({dir / "three-threads", 3, 16 << 10, nullptr});
+  runs.push_back({dir / "four-threads", 4, 16 << 10, nullptr});
+  runs.push_back({dir / "seven-threads", 7, 16 << 10, nullptr});
   runs.push_back({dir / "unsplit", 2, 0, nullptr});
+  runs.push_back({dir / "three-threads", 3, 16 << 10, nullptr});  // too few threads to split
   for (Run& r : runs) {
     DeltaPublisherOptions o;
     o.sync_dir = r.sync;
@@ -137,14 +139,16 @@ TEST(DeltaPublisherTest, LargeTensorsEncodedInPartsGiveTheSameFramesOnAnyThreadC
     }
     ASSERT_EQ(m[0].tensors.size(), m[2].tensors.size());
     ASSERT_EQ(m[1].tensors.size(), m[2].tensors.size());
+    ASSERT_EQ(m[3].tensors.size(), m[2].tensors.size());
     for (size_t i = 0; i < m[2].tensors.size(); ++i) {
-      const DeltaTensorRecord &a = m[0].tensors[i], &b = m[1].tensors[i], &c = m[2].tensors[i];
+      const DeltaTensorRecord &a = m[0].tensors[i], &b = m[1].tensors[i], &c = m[2].tensors[i], &d = m[3].tensors[i];
       ASSERT_EQ(a.name, c.name);
       EXPECT_EQ(a.checksum, c.checksum) << a.name;
       EXPECT_EQ(b.checksum, c.checksum) << a.name;
       std::vector<uint8_t> fa = FrameOf(runs[0].sync, m[0], a), fb = FrameOf(runs[1].sync, m[1], b),
                            fc = FrameOf(runs[2].sync, m[2], c);
       EXPECT_EQ(fa, fb) << a.name << ": the frame depends on the thread count";
+      EXPECT_EQ(FrameOf(runs[3].sync, m[3], d), fc) << a.name << ": three threads split";
       std::vector<std::byte> pa(a.uncompressed_num_bytes), pc(c.uncompressed_num_bytes);
       ASSERT_EQ(ZSTD_decompress(pa.data(), pa.size(), fa.data(), fa.size()), pa.size()) << a.name;
       ASSERT_EQ(ZSTD_decompress(pc.data(), pc.size(), fc.data(), fc.size()), pc.size()) << a.name;
