@@ -14,7 +14,8 @@
 //
 // The tables are rebuilt (and written again) when a later block has many more
 // sequences or literals than the one they were built from, so a tensor whose first
-// changed block is nearly empty still gets tables that fit the rest.
+// changed block is nearly empty still gets tables that fit the rest. A frame may also be
+// written in parts by several writers (BeginPart), each part with tables of its own.
 //
 // Not thread-safe: one per thread; it keeps scratch buffers between frames.
 #pragma once
