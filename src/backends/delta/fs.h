@@ -69,8 +69,11 @@ Status WriteFileAtomic(const std::string& path, std::string_view data);
 Result<std::string> ReadFile(const std::string& path);
 
 // Copies `src` to `dst` (created or truncated): a reflink (FICLONE) where the file
-// system shares extents, else copy_file_range, else read/write. The copy is writable by
-// its owner whatever the source's mode. Sets *reflinked when extents are shared.
+// system shares extents, else reads and writes of 2 MiB (page-cache folios that large
+// make every later apply after a write-back cheaper: `wsync bench delta --write-back`,
+// apply per core 2.3-2.6 -> 2.9-3.3 GB/s against copy_file_range's 64 KiB folios on
+// ext4). The copy is writable by its owner whatever the source's mode. Sets *reflinked
+// when extents are shared.
 Status CloneFile(const std::string& src, const std::string& dst, bool* reflinked = nullptr);
 
 // A whole file mapped read-write and shared: stores reach the file (and every other
