@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -296,7 +297,9 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
   }
   report->skipped += skipped.size();
 
-  for (auto& [path, mapping] : maps) mapping.BeginVersion();
+  std::set<WritableMapping*> writing;  // the files this version writes
+  for (const Job& job : jobs) writing.insert(job.mapping);
+  for (WritableMapping* mapping : writing) mapping->BeginVersion();
   auto ta = Clock::now();
   // Largest first, so that one big tensor does not start last.
   std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.region.size() > b.region.size(); });
