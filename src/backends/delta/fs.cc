@@ -220,8 +220,8 @@ uintptr_t PageSize() {
   return page;
 }
 
-// Adds 0 to one byte of every page in [from, to) with a locked add, a write access: a
-// page with no entry takes a write fault that maps its whole folio writable.
+// Adds 0 to one byte of every page in [from, to) with a locked add: a write access, so a
+// page with no entry takes one write fault (not a read fault and then a write fault).
 void TouchForWrite(uintptr_t from, uintptr_t to) {
   const uintptr_t page = PageSize();
   for (uintptr_t p = from; p < to; p += page) {
