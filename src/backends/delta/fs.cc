@@ -238,7 +238,14 @@ void WritableMapping::BeginVersion() {
   wrote_ = true;
 }
 
-bool WritableMapping::AllPagesDirty(std::span<const std::byte> region) const {
+namespace {
+bool cachestat_disabled_for_testing = false;
+}  // namespace
+
+void WritableMapping::DisableCachestatForTesting(bool disable) { cachestat_disabled_for_testing = disable; }
+
+std::optional<bool> WritableMapping::AllPagesDirty(std::span<const std::byte> region) const {
+  if (cachestat_disabled_for_testing) return std::nullopt;
 #if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
   // cachestat(2), Linux 6.5+, absent from older headers: one number on both ABIs.
   constexpr long kCachestat = 451;
@@ -250,12 +257,12 @@ bool WritableMapping::AllPagesDirty(std::span<const std::byte> region) const {
   struct {
     uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
   } stat{};
-  if (::syscall(kCachestat, fd_, &range, &stat, 0) != 0) return false;
+  if (::syscall(kCachestat, fd_, &range, &stat, 0) != 0) return std::nullopt;
   uint64_t pages = (end - off + PageSize() - 1) / PageSize();
   return stat.nr_cache == pages && stat.nr_dirty == pages;
 #else
   (void)region;
-  return false;
+  return std::nullopt;
 #endif
 }
 
@@ -272,7 +279,7 @@ WritableMapping::Prepared WritableMapping::PrepareForWrite(std::span<std::byte> 
     seen = !prepared_.insert(static_cast<size_t>(region.data() - data_)).second;
   }
   // tmpfs never writes pages back: entries stay writable until this mapping goes.
-  if (seen && (!written_back_ || (!stale_ && AllPagesDirty(region)))) {
+  if (seen && (!written_back_ || (!stale_ && AllPagesDirty(region).value_or(true)))) {
     uintptr_t probe_end = std::min(end, begin + kProbeBytes);
     auto t0 = std::chrono::steady_clock::now();
     TouchForWrite(begin, probe_end);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -128,15 +129,19 @@ class WritableMapping {
   // touching its first 256 KiB is fast (slow means another mapping re-dirtied the pages
   // after a write-back); re-touching it would cost ~0.01 CPU s per GB, a populate 0.05.
   // On tmpfs and ramfs, which never write back (and whose pages cachestat never counts
-  // dirty), the probe alone decides.
+  // dirty), and where cachestat is refused or missing, the probe alone decides.
   Prepared PrepareForWrite(std::span<std::byte> region);
+  // Makes AllPagesDirty answer "cannot tell", as on a kernel without cachestat (tests;
+  // not thread-safe against running applies).
+  static void DisableCachestatForTesting(bool disable);
 
  private:
   WritableMapping() = default;
   void Release();
-  // Whether every page of the file range under `region` is in the page cache and dirty.
-  // False when some are not, or when the kernel cannot tell (no cachestat).
-  bool AllPagesDirty(std::span<const std::byte> region) const;
+  // Whether every page of the file range under `region` is in the page cache and dirty;
+  // nullopt when the kernel cannot tell (no cachestat before Linux 6.5, or a seccomp
+  // filter that refuses it), and then the probe alone decides.
+  std::optional<bool> AllPagesDirty(std::span<const std::byte> region) const;
   std::string path_;
   int fd_ = -1;  // kept open for cachestat
   std::byte* data_ = nullptr;

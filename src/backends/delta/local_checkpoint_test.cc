@@ -359,6 +359,44 @@ TEST_F(LocalCheckpointTest, ANewSyncDirStartsANewChainFromTheBase) {
   EXPECT_TRUE(CheckpointHolds(local->CurrentDir(), two.trainer->tensors()));
 }
 
+// Without cachestat (Linux before 6.5, or a seccomp filter that refuses it) the timed
+// probe alone finds the entries a write-back protected, and leaves writable ones be.
+TEST(WritableMappingTest, WithoutCachestatTheProbeFindsPagesWrittenBack) {
+  TempDir dir("mapping");
+  struct statfs fs {};
+  if (::statfs(dir.path().c_str(), &fs) != 0 || fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << "needs a disk file system";
+  const std::string path = dir / "f.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::vector<char> bytes(1 << 20, 'y');
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  WritableMapping::DisableCachestatForTesting(true);
+  struct Restore {
+    ~Restore() { WritableMapping::DisableCachestatForTesting(false); }
+  } restore;
+  auto m = WritableMapping::Open(path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  using P = WritableMapping::Prepared;
+  m->BeginVersion();
+  EXPECT_EQ(m->PrepareForWrite(m->bytes()), P::kMapped);
+  for (std::byte& b : m->bytes()) b ^= std::byte{2};
+  bool warm = false;
+  for (int attempt = 0; attempt < 3 && !warm; ++attempt) {  // see KeepsWarmEntriesAndRemapsPagesWrittenBack
+    m->BeginVersion();
+    warm = m->PrepareForWrite(m->bytes()) == P::kWarm;
+  }
+  EXPECT_TRUE(warm);
+  WriteBack(dir.path());
+  m->BeginVersion();
+  EXPECT_EQ(m->PrepareForWrite(m->bytes()), P::kRemapped);
+  for (std::byte& b : m->bytes()) b ^= std::byte{2};
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> got(1 << 20);
+  in.read(got.data(), static_cast<std::streamsize>(got.size()));
+  EXPECT_EQ(got, std::vector<char>(1 << 20, 'y'));
+}
+
 // tmpfs never writes back, and cachestat never counts its pages dirty: the entries a
 // mapping made writable stay so, and must not be dropped and faulted in again for every
 // version (on tmpfs that costs ~0.4 CPU s per GB, one fault per 4 KiB page).
