@@ -13,9 +13,6 @@
 #include <chrono>
 #include <filesystem>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include "backends/delta/fs.h"
@@ -38,25 +35,6 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Writes every file under `dir` back to disk and waits, as the kernel's flusher does by
-// itself to pages dirty for longer than vm.dirty_expire_centisecs (30 s by default): it
-// leaves the pages clean and every process's mapping of them write-protected again.
-Status WriteBack(const std::string& dir) {
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file()) continue;
-    int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return delta::ErrnoStatus(fmt::format("opening {} to write it back", it->path().string()), errno);
-    int rc = ::fdatasync(fd);
-    int err = errno;
-    ::close(fd);
-    if (rc != 0) return delta::ErrnoStatus(fmt::format("writing {} back", it->path().string()), err);
-  }
-  if (ec) return Internal(fmt::format("listing {}: {}", dir, ec.message()));
-  return Status::Ok();
 }
 
 struct Row {
@@ -109,7 +87,7 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
              "reload", "sync");
   std::vector<Row> rows;
   for (int step = 1; step <= a.steps; ++step) {
-    if (a.write_back && step > 1) WSYNC_RETURN_IF_ERROR(WriteBack(dir + "/local/weights"));
+    if (a.write_back && step > 1) WSYNC_RETURN_IF_ERROR(delta::WriteBackTree(dir + "/local/weights"));
     WSYNC_ASSIGN_OR_RETURN(StepStats st, trainer->Step(static_cast<uint64_t>(step)));
     WSYNC_ASSIGN_OR_RETURN(SyncStats sync_stats, engine->SendWeights(trainer->source(), std::to_string(step)));
     const DeltaSyncReport& rep = engine->last_report();

@@ -386,4 +386,17 @@ Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& pat
   return out;
 }
 
+Status WriteBackTree(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    Fd f{::open(it->path().c_str(), O_RDONLY | O_CLOEXEC)};
+    WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {} to write it back", it->path().string()));
+    WSYNC_DELTA_SYSCALL(::fdatasync(f.fd), fmt::format("writing {} back", it->path().string()));
+  }
+  if (ec) return Internal(fmt::format("listing {}: {}", dir, ec.message()));
+  return Status::Ok();
+}
+
 }  // namespace wsync::delta

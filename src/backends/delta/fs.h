@@ -172,4 +172,10 @@ Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& pat
 // every file. Sets *reflinked when every file shared extents.
 Status CloneTree(const std::string& src, const std::string& dst, bool* reflinked = nullptr);
 
+// Writes every file under `dir` back to disk (fdatasync) and waits: what the kernel's
+// flusher does by itself to pages dirty for longer than vm.dirty_expire_centisecs. It
+// leaves the pages clean and every process's mapping of them write-protected again
+// (benchmarks and tests of the apply after a write-back).
+Status WriteBackTree(const std::string& dir);
+
 }  // namespace wsync::delta

@@ -1,6 +1,5 @@
 #include "backends/delta/local_checkpoint.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/magic.h>
 #include <sys/statfs.h>
@@ -35,18 +34,6 @@ bool WriteBackIsVisible(const std::string& dir) {
   bool cachestat = ::syscall(451, -1, nullptr, nullptr, 0) != 0 && errno != ENOSYS;
   struct statfs fs {};
   return cachestat && ::statfs(dir.c_str(), &fs) == 0 && fs.f_type != TMPFS_MAGIC;
-}
-
-// Writes every file under `dir` back to disk: what the kernel's flusher does to pages
-// dirty for 30 s, leaving every mapping's entries write-protected.
-void WriteBack(const std::string& dir) {
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(fd, 0) << e.path();
-    EXPECT_EQ(::fdatasync(fd), 0) << e.path();
-    ::close(fd);
-  }
 }
 
 // PrepareForWrite on a real file: writable entries are kept, entries a write-back
@@ -99,7 +86,7 @@ TEST(WritableMappingTest, KeepsWarmEntriesAndRemapsPagesWrittenBack) {
   write_version(0x11);
   EXPECT_TRUE(file_holds_expect());
 
-  WriteBack(dir.path());
+  ASSERT_TRUE(WriteBackTree(dir.path()).ok());
   m->BeginVersion();
   P pa = m->PrepareForWrite(a), pb = m->PrepareForWrite(b);
   if (visible) {
@@ -114,7 +101,7 @@ TEST(WritableMappingTest, KeepsWarmEntriesAndRemapsPagesWrittenBack) {
   // decides, the bytes must come out right.
   auto other = WritableMapping::Open(path);
   ASSERT_TRUE(other.ok());
-  WriteBack(dir.path());
+  ASSERT_TRUE(WriteBackTree(dir.path()).ok());
   other->BeginVersion();
   EXPECT_EQ(other->PrepareForWrite(other->bytes()), P::kMapped);
   for (size_t i = 0; i < kBytes; ++i) {
@@ -387,7 +374,7 @@ TEST(WritableMappingTest, WithoutCachestatTheProbeFindsPagesWrittenBack) {
     warm = m->PrepareForWrite(m->bytes()) == P::kWarm;
   }
   EXPECT_TRUE(warm);
-  WriteBack(dir.path());
+  ASSERT_TRUE(WriteBackTree(dir.path()).ok());
   m->BeginVersion();
   EXPECT_EQ(m->PrepareForWrite(m->bytes()), P::kRemapped);
   for (std::byte& b : m->bytes()) b ^= std::byte{2};
@@ -434,7 +421,7 @@ TEST_F(LocalCheckpointTest, AVersionAfterAWriteBackRemapsThePagesAndStaysBitExac
   auto r1 = local->Fetch(1, sync(), Deadline::InSeconds(30));
   ASSERT_TRUE(r1.ok()) << r1.status().ToString();
   EXPECT_EQ(r1->remapped_bytes, 0u);  // a fresh mapping has nothing to re-map
-  WriteBack(root() + "/weights");
+  ASSERT_TRUE(WriteBackTree(root() + "/weights").ok());
   auto r2 = local->Fetch(2, sync(), Deadline::InSeconds(30));
   ASSERT_TRUE(r2.ok()) << r2.status().ToString();
   if (WriteBackIsVisible(root())) {
