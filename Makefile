@@ -5,12 +5,22 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# ccache, where installed, shares compiled objects between build trees and checkouts.
+LAUNCHER := $(shell command -v ccache >/dev/null 2>&1 && echo \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 
 DEB_PACKAGES := build-essential cmake pkg-config libgloo-dev libcpp-httplib-dev \
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev libzstd-dev \
-  libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libmicrohttpd-dev \
+  clang libclang-rt-dev
 
-.PHONY: all deps build test demo bench clean
+# The sanitizer build (clang, ASan+UBSan, libFuzzer coverage) serves `test-asan` and `fuzz`.
+ASAN_BUILD ?= build-asan
+ASAN_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DWSYNC_SANITIZE=ON -DWSYNC_FUZZ=ON -DWSYNC_WITH_CUDA=OFF
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build test demo bench clean build-asan test-asan fuzz
 
 all: build
 
@@ -22,11 +32,26 @@ deps:
 	fi
 
 build: deps
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(LAUNCHER)
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+build-asan: deps
+	cmake -S . -B $(ASAN_BUILD) $(ASAN_FLAGS) $(LAUNCHER)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+# Unit, fuzz-seed and CPU end-to-end tests under ASan+UBSan (the real-size "slow" runs and
+# GPU tests are left to the normal build).
+test-asan: build-asan
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 1800 -LE "slow|gpu"
+
+# Every fuzz target for FUZZ_SECONDS each, from its checked-in seeds.
+fuzz: build-asan
+	fuzz/run.sh $(ASAN_BUILD) $(FUZZ_SECONDS)
 
 demo: build
 	$(BUILD)/tools/wsync demo
@@ -35,4 +60,4 @@ bench: build
 	$(BUILD)/tools/wsync bench broadcast --model qwen3-0.6b --servers 2
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -40,3 +40,29 @@ function(wsync_cc_test)
        "endforeach()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${file}")
 endfunction()
+
+# wsync_fuzz_target(NAME name SRCS ... DEPS ...): a fuzz target for a parser of untrusted
+# bytes, defining LLVMFuzzerTestOneInput. Its checked-in seeds live in fuzz/corpus/<name>/
+# (every crash found becomes a seed there and a unit test beside the code). With
+# WSYNC_FUZZ (clang) it links libFuzzer and `make fuzz` runs it; otherwise it links
+# fuzz/driver.cc, which runs each seed once. Either way CTest runs every seed once
+# (test fuzz_seeds.<name>, label "fuzz"), so a fixed crash stays fixed in every build.
+function(wsync_fuzz_target)
+  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS" ${ARGN})
+  if(WSYNC_FUZZ)
+    add_executable(${A_NAME} ${A_SRCS})
+    target_link_options(${A_NAME} PRIVATE -fsanitize=fuzzer)
+  else()
+    add_executable(${A_NAME} ${A_SRCS} ${PROJECT_SOURCE_DIR}/fuzz/driver.cc)
+  endif()
+  target_include_directories(${A_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS})
+  target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  set(corpus ${PROJECT_SOURCE_DIR}/fuzz/corpus/${A_NAME})
+  if(NOT IS_DIRECTORY ${corpus})
+    message(FATAL_ERROR "fuzz target ${A_NAME} has no seed corpus at ${corpus}")
+  endif()
+  add_test(NAME fuzz_seeds.${A_NAME} COMMAND ${A_NAME} -runs=0 ${corpus})
+  set_tests_properties(fuzz_seeds.${A_NAME} PROPERTIES LABELS fuzz TIMEOUT 300)
+  set_property(GLOBAL APPEND PROPERTY WSYNC_FUZZ_TARGETS ${A_NAME})
+endfunction()
