@@ -54,6 +54,10 @@ int RunServe(const ServeArgs& a) {
   h.port = a.port;
   h.api_key = a.api_key;
   h.max_body_bytes = static_cast<size_t>(a.max_body_mb * (1 << 20));
+  h.header_timeout_seconds = a.http_header_timeout;
+  h.body_timeout_seconds = a.http_body_timeout;
+  h.max_connections = a.http_max_connections;
+  h.worker_threads = a.http_threads;
   auto http = HttpControlServer::Start(h, server->get());
   if (!http.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", http.status().message());

@@ -16,6 +16,10 @@ struct ServeArgs {
   std::string api_key;
   double timeout = 300;
   double max_body_mb = 256;
+  double http_header_timeout = 10;  // see HttpServerOptions
+  double http_body_timeout = 30;
+  int http_max_connections = 1024;
+  int http_threads = 32;
   std::string ready_file;
   std::string fault;
   std::string base_checkpoint;       // delta: the checkpoint version 0 is

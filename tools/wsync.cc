@@ -60,7 +60,22 @@ int main(int argc, char** argv) {
   s->add_option("--backend", serve.backend, "weight-transfer backend: nccl, ipc or delta")->capture_default_str();
   s->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on every route but /health")->envname("WSYNC_API_KEY");
   s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
-  s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")->capture_default_str();
+  s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1048576.0));
+  s->add_option("--http-header-timeout", serve.http_header_timeout,
+                "seconds for a request's headers to arrive, and for an idle kept-alive connection to send its next "
+                "request; the connection is cut after that, however slowly bytes trickle in")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--http-body-timeout", serve.http_body_timeout,
+                "seconds for a request's body to arrive once its headers have; the connection is cut after that")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--http-max-connections", serve.http_max_connections,
+                "open HTTP connections at most; more are closed as they are accepted")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  s->add_option("--http-threads", serve.http_threads,
+                "threads for the routes that may block (init, update, ...); read-only routes such as /health never "
+                "wait for them")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
   s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
   s->add_option("--base-checkpoint", serve.base_checkpoint, "delta: the base checkpoint directory (version 0)");
   s->add_option("--local-checkpoint-dir", serve.local_checkpoint_dir,

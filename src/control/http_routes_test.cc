@@ -1,15 +1,22 @@
-// Route handling over real HTTP on loopback: a recording ControlService stands in for
-// the receiver so that these tests pin the HTTP contract (bodies, codes, auth) alone.
+// Route handling, through HttpRouter alone and over real HTTP on loopback: a recording
+// ControlService stands in for the receiver so that these tests pin the HTTP contract
+// (bodies, codes, auth, limits, the guard) alone.
 #include <httplib.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
 #include "control/client.h"
+#include "control/http_routes.h"
 #include "control/http_server.h"
 
 namespace wsync {
@@ -29,6 +36,7 @@ class RecordingService : public ControlService {
     return Status::Ok();
   }
   Status UpdateWeights(std::shared_ptr<const json> body) override {
+    last_update_ptr = body;
     const json& info = *body;
     last_update = info;
     if (!active) return FailedPrecondition("start_weight_update must be called before update_weights");
@@ -62,6 +70,7 @@ class RecordingService : public ControlService {
 
   json last_init;
   json last_update;
+  std::shared_ptr<const json> last_update_ptr;
   bool active = false;
   bool paused = false;
   std::string version = "default";
@@ -189,6 +198,273 @@ TEST_F(HttpRoutes, FanOutClientCarriesServerMessages) {
   std::vector<json> bodies = {json{{"init_info", {{"rank_offset", 1}}}}, json{{"init_info", {{"rank_offset", 5}}}}};
   ASSERT_TRUE(client.PostEach("/init_weight_transfer_engine", bodies, Deadline::InSeconds(10)).ok());
   EXPECT_EQ(other.last_init["rank_offset"], 5);
+}
+
+
+// ---- HttpRouter without sockets -------------------------------------------------------
+
+HttpRequest Req(std::string method, std::string path, std::string body = "",
+                std::map<std::string, std::string> headers = {},
+                std::map<std::string, std::string> params = {}) {
+  HttpRequest r;
+  r.method = std::move(method);
+  r.path = std::move(path);
+  r.body = std::move(body);
+  r.headers = std::move(headers);
+  r.params = std::move(params);
+  r.remote_addr = "127.0.0.1";
+  return r;
+}
+
+// The reply's JSON; fails the test when it is not JSON.
+json Body(const HttpResponse& r) {
+  json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << r.body;
+  return j;
+}
+
+std::string Message(const HttpResponse& r) {
+  json j = Body(r);
+  if (!j.is_object() || !j.contains("error")) return "";
+  EXPECT_EQ(j["error"]["code"], r.status) << r.body;
+  return j["error"].value("message", "");
+}
+
+class ThrowingService : public RecordingService {
+ public:
+  Status StartWeightUpdate() override { throw std::runtime_error("start exploded \xFF"); }
+  Status ResetPrefixCache() override { throw 42; }
+  Status Pause(std::string_view mode, bool) override {
+    return InvalidArgument("unknown pause mode '" + std::string(mode) + "'");
+  }
+  json Health() const override { return {{"status", "ok"}, {"note", "\xC3\x28"}}; }
+};
+
+TEST(HttpRouter, AnyExceptionFromAServiceIsA500JsonReply) {
+  ThrowingService svc;
+  HttpRouter router({}, &svc);
+  HttpResponse r = router.Handle(Req("POST", "/start_weight_update"));
+  EXPECT_EQ(r.status, 500);
+  EXPECT_NE(Message(r).find("start exploded"), std::string::npos) << r.body;
+  r = router.Handle(Req("POST", "/reset_prefix_cache"));
+  EXPECT_EQ(r.status, 500);
+  EXPECT_FALSE(Message(r).empty());
+}
+
+TEST(HttpRouter, InvalidUtf8InPathQueryAndMessagesStillGivesValidJson) {
+  for (const char* key : {"", "k"}) {
+    SCOPED_TRACE(key);
+    ThrowingService svc;
+    HttpRouter router({key, 1 << 20}, &svc);
+    const std::map<std::string, std::string> auth = {{"authorization", std::string("Bearer ") + key}};
+    HttpResponse r = router.Handle(Req("GET", "/\xFF\xFE"));
+    EXPECT_EQ(r.status, *key ? 401 : 404);
+    EXPECT_NE(Message(r).find("\xEF\xBF\xBD"), std::string::npos) << r.body;  // U+FFFD
+    r = router.Handle(Req("GET", "/\xFF", "", auth));
+    EXPECT_EQ(r.status, 404);
+    EXPECT_FALSE(Message(r).empty());
+    r = router.Handle(Req("POST", "/pause", "", auth, {{"mode", "\xFF\xC3\x28"}}));
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(Message(r).find("unknown pause mode"), std::string::npos) << r.body;
+    r = router.Handle(Req("GET", "/get_world_size", "", auth, {{"include_dp", "\xED\xA0\x80"}}));
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(Message(r).find("include_dp"), std::string::npos);
+    r = router.Handle(Req("GET", "/health", "", {{"x-junk", "\xFF"}}));
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(Body(r)["status"], "ok");
+    for (const char* body : {"{\"new_version\": \"\xFF\"}", "{\"new_version\": \"\\udc80\"}", "{\"\xC0\xAF\": 1}"}) {
+      r = router.Handle(Req("POST", "/update_weight_version", body, auth));
+      EXPECT_EQ(r.status, 400) << body;
+      EXPECT_NE(Message(r).find("malformed JSON"), std::string::npos) << r.body;
+    }
+    // Exception text with invalid UTF-8, through the guard.
+    r = router.Handle(Req("POST", "/start_weight_update", "", auth));
+    EXPECT_EQ(r.status, 500);
+    EXPECT_FALSE(Message(r).empty());
+  }
+}
+
+TEST(HttpRouter, WeightCheckerFieldsOfTheWrongTypeAre400NamingTheField) {
+  RecordingService svc;
+  HttpRouter router({}, &svc);
+  struct Case {
+    const char* body;
+    const char* field;
+  };
+  for (const Case& c : {Case{R"({"action":1})", "action"}, Case{R"({"action":["checksum"]})", "action"},
+                        Case{R"({"action":"sum"})", "action"}, Case{R"({"algorithm":[1]})", "algorithm"},
+                        Case{R"({"algorithm":"md5"})", "algorithm"}, Case{R"({"algorithm":null})", "algorithm"},
+                        Case{R"({"action":"compare"})", "baseline"},
+                        Case{R"({"action":"compare","baseline":"x"})", "baseline"}}) {
+    HttpResponse r = router.Handle(Req("POST", "/weight_checker", c.body));
+    EXPECT_EQ(r.status, 400) << c.body << " -> " << r.body;
+    EXPECT_NE(Message(r).find(c.field), std::string::npos) << c.body << " -> " << r.body;
+  }
+  HttpResponse ok = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"w":"sha256"}})"));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Body(ok)["match"], true);
+}
+
+TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {
+  RecordingService svc;
+  HttpRouter router({"k", 1000}, &svc);
+  const std::map<std::string, std::string> auth = {{"authorization", "Bearer k"}};
+  EXPECT_EQ(router.Admit(Req("POST", "/update_weights"), 10)->status, 401);
+  EXPECT_EQ(router.Admit(Req("GET", "/health"), std::nullopt), std::nullopt);
+  EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), 1000), std::nullopt);
+  EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), std::nullopt), std::nullopt);
+  EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), 1001)->status, 413);
+  EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), UINT64_MAX)->status, 413);
+  EXPECT_EQ(router.Admit(Req("GET", "/update_weights", "", auth), 0)->status, 404);
+  EXPECT_EQ(router.Admit(Req("DELETE", "/health"), 0)->status, 404);
+  auto gz = auth;
+  gz["content-encoding"] = "gzip";
+  std::optional<HttpResponse> r = router.Admit(Req("POST", "/update_weights", "", gz), 10);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 415);
+  EXPECT_NE(Message(*r).find("gzip"), std::string::npos);
+  gz["content-encoding"] = "identity";
+  EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", gz), 10), std::nullopt);
+  EXPECT_EQ(router.TooLarge(Req("POST", "/update_weights")).status, 413);
+  EXPECT_NE(Message(router.TooLarge(Req("POST", "/update_weights"))).find("1000 bytes"), std::string::npos);
+}
+
+TEST(HttpRouter, TheKeyMatchesOnlyWhole) {
+  RecordingService svc;
+  HttpRouter router({"s3cret", 1 << 20}, &svc);
+  auto status = [&](std::optional<std::string> header) {
+    std::map<std::string, std::string> h;
+    if (header) h["authorization"] = *header;
+    return router.Handle(Req("GET", "/weight_info", "", h)).status;
+  };
+  EXPECT_EQ(status("Bearer s3cret"), 200);
+  EXPECT_EQ(status(std::nullopt), 401);
+  EXPECT_EQ(status(""), 401);
+  EXPECT_EQ(status("Bearer s3cre"), 401);
+  EXPECT_EQ(status("Bearer s3cret "), 401);
+  EXPECT_EQ(status("Bearer s3creT"), 401);
+  EXPECT_EQ(status("bearer s3cret"), 401);
+  EXPECT_EQ(status(std::string("Bearer s3cret\0", 14)), 401);
+  EXPECT_EQ(status("Bearer " + std::string(1 << 20, 's')), 401);
+  // /health needs no key.
+  EXPECT_EQ(router.Handle(Req("GET", "/health")).status, 200);
+}
+
+TEST(HttpRouter, OnlyAcceptedLargeBodiesAreKeptForReuse) {
+  RecordingService svc;
+  HttpRouter router({}, &svc);
+  json names = json::array();
+  for (int i = 0; i < 300; ++i) names.push_back("model.layers." + std::to_string(i) + ".mlp.up_proj.weight");
+  std::string good = json{{"update_info", {{"names", names}}}}.dump();
+  std::string refused = json{{"update_info", {{"nothing", names}}}}.dump();
+  ASSERT_GE(refused.size(), 4096u);
+  auto update = [&](const std::string& body) {
+    EXPECT_EQ(router.Handle(Req("POST", "/start_weight_update")).status, 200);
+    int status = router.Handle(Req("POST", "/update_weights", body)).status;
+    router.Handle(Req("POST", "/finish_weight_update"));
+    return status;
+  };
+  ASSERT_EQ(update(refused), 400);
+  std::shared_ptr<const json> first = svc.last_update_ptr;
+  ASSERT_EQ(update(refused), 400);
+  EXPECT_NE(svc.last_update_ptr.get(), nullptr);
+  EXPECT_NE(svc.last_update_ptr, first) << "a refused body must not be kept and handed out again";
+  ASSERT_EQ(update(good), 200);
+  first = svc.last_update_ptr;
+  ASSERT_EQ(update(good), 200);
+  EXPECT_EQ(svc.last_update_ptr, first) << "an accepted body is parsed once and reused while byte-identical";
+}
+
+// ---- the server: limits and threads -----------------------------------------------
+
+TEST_F(HttpRoutes, ChunkedBodyOverTheLimitIs413) {
+  auto cli = Cli();
+  std::string piece(64 << 10, 'x');
+  size_t sent = 0;
+  auto r = cli.Post(
+      "/update_weights",
+      [&](size_t, httplib::DataSink& sink) {
+        if (sent >= (3u << 19)) {
+          sink.done();
+        } else {
+          sink.write(piece.data(), piece.size());
+          sent += piece.size();
+        }
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_EQ(cli.Get("/health")->status, 200);
+}
+
+// A service whose init blocks until released, as a rendezvous waiting for its peers does.
+class BlockingInitService : public RecordingService {
+ public:
+  Status InitWeightTransfer(const json& info) override {
+    std::unique_lock lock(mu_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return released_; });
+    return Status::Ok();
+  }
+  void WaitForWaiting(int n) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return waiting_ >= n; });
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  bool released_ = false;
+};
+
+TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
+  BlockingInitService svc;
+  HttpServerOptions o;
+  o.worker_threads = 4;
+  auto server = std::move(*HttpControlServer::Start(o, &svc));
+  std::vector<std::future<int>> inits;
+  for (int i = 0; i < 3; ++i) {
+    inits.push_back(std::async(std::launch::async, [&] {
+      httplib::Client c("127.0.0.1", server->port());
+      c.set_read_timeout(30, 0);
+      auto r = c.Post("/init_weight_transfer_engine", R"({"init_info":{}})", "application/json");
+      return r ? r->status : 0;
+    }));
+  }
+  svc.WaitForWaiting(3);
+  httplib::Client cli("127.0.0.1", server->port());
+  auto t = std::chrono::steady_clock::now();
+  EXPECT_EQ(cli.Get("/health")->status, 200);
+  EXPECT_EQ(cli.Get("/get_world_size")->status, 200);
+  EXPECT_EQ(cli.Post("/start_weight_update")->status, 200);  // the fourth worker
+  EXPECT_EQ(cli.Post("/finish_weight_update")->status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 2.0);
+  svc.Release();
+  for (auto& f : inits) EXPECT_EQ(f.get(), 200);
+}
+
+TEST(HttpServer, StopWaitsForCallsInFlight) {
+  BlockingInitService svc;
+  auto server = std::move(*HttpControlServer::Start(HttpServerOptions{}, &svc));
+  auto init = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", server->port());
+    auto r = c.Post("/init_weight_transfer_engine", R"({"init_info":{}})", "application/json");
+    return r ? r->status : 0;
+  });
+  svc.WaitForWaiting(1);
+  auto stopped = std::async(std::launch::async, [&] { server->Stop(); });
+  EXPECT_EQ(stopped.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  svc.Release();
+  stopped.get();
+  EXPECT_EQ(init.get(), 200);
 }
 
 // A plain HTTP server that answers every POST with the port the request came from, so a

@@ -1,152 +1,359 @@
 #include "control/http_server.h"
 
-#include <httplib.h>
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
-#include <memory>
 #include <mutex>
-#include <type_traits>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
-#include "core/deadline.h"
 #include "core/log.h"
 
 namespace wsync {
 namespace {
 
-using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kNoDeadline = INT64_MAX;
 
-void Reply(httplib::Response& res, int code, const json& body) {
-  res.status = code;
-  res.set_content(body.dump(), "application/json");
+int64_t NowNs() { return Clock::now().time_since_epoch().count(); }
+int64_t InNs(double seconds) {
+  return NowNs() + static_cast<int64_t>(seconds * 1e9);
 }
 
-void ReplyError(httplib::Response& res, const Status& s) {
-  Reply(res, HttpStatusFor(s.code()),
-        json{{"error",
-              {{"message", s.message()},
-               {"type", std::string(StatusCodeName(s.code()))},
-               {"code", HttpStatusFor(s.code())}}}});
-}
-
-// The last large body parsed on each path, kept so that a trainer sending the same
-// update_info every sync (the same tensor list, step after step) pays for parsing it once:
-// a 400-tensor list is ~30 KB of JSON, ~0.5 ms to parse, on the critical path of a sync.
-// Only byte-identical bodies hit; the parsed value is shared read-only.
-class BodyCache {
+// A fixed set of threads running queued tasks. Shutdown() runs what is queued, then joins.
+class WorkerPool {
  public:
-  static constexpr size_t kMinBytes = 4096;
-  std::shared_ptr<const json> Find(const std::string& path, const std::string& body) {
-    std::lock_guard lock(mu_);
-    auto it = entries_.find(path);
-    if (it == entries_.end() || it->second.first != body) return nullptr;
-    return it->second.second;
+  explicit WorkerPool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
   }
-  void Put(const std::string& path, const std::string& body, std::shared_ptr<const json> parsed) {
+  ~WorkerPool() { Shutdown(); }
+
+  // Runs `before` and queues `task` under the pool's lock, or returns false once shut down
+  // (neither is run then).
+  bool Submit(const std::function<void()>& before, std::function<void()> task) {
     std::lock_guard lock(mu_);
-    entries_[path] = {body, std::move(parsed)};
+    if (stopped_) return false;
+    before();
+    tasks_.push_back(std::move(task));
+    cv_.notify_one();
+    return true;
+  }
+  void Shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+      cv_.notify_all();
+    }
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
 
  private:
+  void Loop() {
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopped_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stopped and drained
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
   std::mutex mu_;
-  std::map<std::string, std::pair<std::string, std::shared_ptr<const json>>> entries_;  // GUARDED_BY(mu_)
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  bool stopped_ = false;                     // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
 };
 
-// Parses the body as a JSON object; an empty body is `{}` when allowed.
-Result<std::shared_ptr<const json>> ParseBody(const httplib::Request& req, bool allow_empty, BodyCache& cache) {
-  if (req.body.empty()) {
-    if (allow_empty) return std::make_shared<const json>(json::object());
-    return InvalidArgument(fmt::format("{} needs a JSON body", req.path));
-  }
-  const bool cacheable = req.body.size() >= BodyCache::kMinBytes;
-  if (cacheable) {
-    if (auto hit = cache.Find(req.path, req.body)) return hit;
-  }
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    return InvalidArgument(fmt::format("malformed JSON body for {}", req.path));
-  }
-  if (!body.is_object()) {
-    return InvalidArgument(fmt::format("body of {} must be a JSON object", req.path));
-  }
-  auto parsed = std::make_shared<const json>(std::move(body));
-  if (cacheable) cache.Put(req.path, req.body, parsed);
-  return parsed;
+// One TCP connection. `deadline` (steady clock, ns) is when the reaper cuts it.
+struct ConnState {
+  int fd = -1;
+  std::atomic<int64_t> deadline{kNoDeadline};
+};
+
+// One request, from its headers to its reply (MHD's per-request context).
+struct RequestState {
+  HttpRequest req;
+  ConnState* conn = nullptr;
+  uint64_t received = 0;  // body bytes, counted as they arrive
+  bool too_large = false;
+  std::optional<HttpResponse> response;  // set by a worker before it resumes the connection
+};
+
+MHD_Result Queue(MHD_Connection* c, const HttpResponse& r) {
+  MHD_Response* resp = MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()),
+                                                       MHD_RESPMEM_MUST_COPY);
+  if (!resp) return MHD_NO;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  MHD_Result ok = MHD_queue_response(c, static_cast<unsigned int>(r.status), resp);
+  MHD_destroy_response(resp);
+  return ok;
 }
 
-// The object under `field`, which must exist and be a JSON object; borrowed from `body`.
-Result<const json*> ObjectField(const json& body, const char* field) {
-  auto it = body.find(field);
-  if (it == body.end()) return InvalidArgument(fmt::format("missing field '{}'", field));
-  if (!it->is_object()) return InvalidArgument(fmt::format("field '{}' must be an object", field));
-  return &*it;
+MHD_Result CollectInto(void* cls, MHD_ValueKind, const char* key, const char* value) {
+  auto* m = static_cast<std::map<std::string, std::string>*>(cls);
+  m->emplace(key ? key : "", value ? value : "");
+  return MHD_YES;
 }
 
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+MHD_Result CollectHeader(void* cls, MHD_ValueKind, const char* key, const char* value) {
+  auto* m = static_cast<std::map<std::string, std::string>*>(cls);
+  std::string k = key ? key : "";
+  std::transform(k.begin(), k.end(), k.begin(), [](unsigned char c) { return std::tolower(c); });
+  m->emplace(std::move(k), value ? value : "");
+  return MHD_YES;
 }
 
-Result<bool> BoolParam(const httplib::Request& req, const char* name, bool fallback) {
-  if (!req.has_param(name)) return fallback;
-  std::string v = req.get_param_value(name);
-  if (v == "true" || v == "True" || v == "1") return true;
-  if (v == "false" || v == "False" || v == "0") return false;
-  return InvalidArgument(fmt::format("query parameter {}={} is not a boolean", name, v));
+std::string PeerAddress(MHD_Connection* c) {
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  if (!info || !info->client_addr) return "";
+  char buf[INET6_ADDRSTRLEN] = {};
+  const sockaddr* sa = info->client_addr;
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof(buf));
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
+
+// The announced Content-Length, when there is one (MHD has checked its syntax).
+std::optional<uint64_t> ContentLength(const HttpRequest& req) {
+  const std::string* v = req.header("content-length");
+  if (!v) return std::nullopt;
+  uint64_t n = 0;
+  for (char ch : *v) {
+    if (ch < '0' || ch > '9') continue;
+    if (n > (UINT64_MAX - 9) / 10) return UINT64_MAX;
+    n = n * 10 + static_cast<uint64_t>(ch - '0');
+  }
+  return n;
 }
 
 }  // namespace
 
-int HttpStatusFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk: return 200;
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kFailedPrecondition: return 409;
-    case StatusCode::kPayloadTooLarge: return 413;
-    case StatusCode::kUnimplemented: return 501;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kDeadlineExceeded: return 504;
-    case StatusCode::kDataLoss:
-    case StatusCode::kAborted:
-    case StatusCode::kInternal: return 500;
-  }
-  return 500;
-}
+struct HttpControlServer::Impl {
+  Impl(const HttpServerOptions& o, ControlService* service)
+      : options(o),
+        router(HttpRouterOptions{o.api_key, o.max_body_bytes}, service),
+        pool(std::max(1, o.worker_threads)) {}
 
-Result<std::unique_ptr<HttpControlServer>> HttpControlServer::Start(
-    const HttpServerOptions& options, ControlService* service) {
+  HttpServerOptions options;
+  HttpRouter router;
+  WorkerPool pool;
+  MHD_Daemon* daemon = nullptr;
+  std::atomic<bool> stopping{false};
+
+  // The reaper: cuts connections past their deadline (shutdown(2) of the socket; the
+  // I/O thread then sees the end of the stream and closes it).
+  std::mutex conns_mu;
+  std::condition_variable reaper_cv;
+  std::set<ConnState*> conns;  // GUARDED_BY(conns_mu): open connections
+  bool reaper_stop = false;    // GUARDED_BY(conns_mu)
+  std::thread reaper;
+
+  void ReaperLoop() {
+    std::unique_lock lock(conns_mu);
+    while (!reaper_stop) {
+      reaper_cv.wait_for(lock, std::chrono::milliseconds(100));
+      int64_t now = NowNs();
+      for (ConnState* c : conns) {
+        if (c->deadline.load(std::memory_order_relaxed) < now) {
+          c->deadline.store(kNoDeadline, std::memory_order_relaxed);
+          shutdown(c->fd, SHUT_RDWR);
+        }
+      }
+    }
+  }
+
+  static void OnConnection(void* cls, MHD_Connection* c, void** socket_context,
+                           MHD_ConnectionNotificationCode code) {
+    auto* self = static_cast<Impl*>(cls);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+      auto* st = new (std::nothrow) ConnState;
+      if (!st) return;
+      const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+      st->fd = info ? info->connect_fd : -1;
+      st->deadline = InNs(self->options.header_timeout_seconds);
+      std::lock_guard lock(self->conns_mu);
+      if (st->fd >= 0) self->conns.insert(st);
+      *socket_context = st;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+      auto* st = static_cast<ConnState*>(*socket_context);
+      if (!st) return;
+      {
+        // MHD closes the socket after this returns; the reaper never touches it again.
+        std::lock_guard lock(self->conns_mu);
+        self->conns.erase(st);
+      }
+      delete st;
+      *socket_context = nullptr;
+    }
+  }
+
+  static void OnCompleted(void* cls, MHD_Connection*, void** req_cls, MHD_RequestTerminationCode) {
+    auto* self = static_cast<Impl*>(cls);
+    auto* st = static_cast<RequestState*>(*req_cls);
+    if (!st) return;
+    // The next request on this connection (or its idle time) has the header deadline.
+    if (st->conn) st->conn->deadline = InNs(self->options.header_timeout_seconds);
+    delete st;
+    *req_cls = nullptr;
+  }
+
+  static void Log(void*, const char* fmt, va_list ap) {
+    char buf[512];
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    std::string line(buf);
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    WSYNC_LOG_DEBUG("http: {}", line);
+  }
+
+  static MHD_Result OnRequest(void* cls, MHD_Connection* c, const char* url, const char* method,
+                              const char*, const char* upload_data, size_t* upload_data_size,
+                              void** req_cls) {
+    auto* self = static_cast<Impl*>(cls);
+    try {
+      return self->Request(c, url, method, upload_data, upload_data_size, req_cls);
+    } catch (...) {
+      return MHD_NO;  // out of memory: drop the connection, keep serving
+    }
+  }
+
+  MHD_Result Request(MHD_Connection* c, const char* url, const char* method, const char* upload_data,
+                     size_t* upload_data_size, void** req_cls) {
+    auto* st = static_cast<RequestState*>(*req_cls);
+    if (!st) {
+      // The head is complete; nothing of the body has been read.
+      auto owned = std::make_unique<RequestState>();
+      st = owned.get();
+      st->req.method = method ? method : "";
+      st->req.path = url ? url : "";
+      MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectInto, &st->req.params);
+      MHD_get_connection_values(c, MHD_HEADER_KIND, CollectHeader, &st->req.headers);
+      st->req.remote_addr = PeerAddress(c);
+      if (const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT)) {
+        st->conn = static_cast<ConnState*>(info->socket_context);
+      }
+      *req_cls = owned.release();
+      if (st->conn) st->conn->deadline = InNs(options.body_timeout_seconds);
+      std::optional<uint64_t> length = ContentLength(st->req);
+      // A body a little over the limit is read and dropped, so that a client that writes
+      // all of it before reading (most do) still gets its 413; a larger one is refused now
+      // and the connection closed without reading it.
+      const uint64_t limit = options.max_body_bytes;
+      bool drain = length && *length > limit && *length - limit <= options.discard_bytes;
+      if (std::optional<HttpResponse> refused = router.Admit(st->req, drain ? std::nullopt : length)) {
+        return Queue(c, *refused);
+      }
+      if (drain) {
+        st->too_large = true;
+      } else if (length) {
+        st->req.body.reserve(*length);
+      }
+      return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+      size_t n = *upload_data_size;
+      *upload_data_size = 0;
+      st->received += n;
+      if (st->too_large || st->received > options.max_body_bytes) {
+        if (!st->req.body.empty()) std::string().swap(st->req.body);
+        st->too_large = true;
+        // Past the limit, bytes are only counted; a body that goes on is cut off.
+        uint64_t over = st->received > options.max_body_bytes ? st->received - options.max_body_bytes : 0;
+        return over > options.discard_bytes ? MHD_NO : MHD_YES;
+      }
+      st->req.body.append(upload_data, n);
+      return MHD_YES;
+    }
+    // The body is complete, or a worker has resumed the connection with the reply.
+    if (st->response) return Queue(c, *st->response);
+    if (st->conn) st->conn->deadline = kNoDeadline;  // the route runs; the service bounds it
+    if (st->too_large) return Queue(c, router.TooLarge(st->req));
+    if (HttpRouter::RunsInline(st->req)) return Queue(c, router.Handle(st->req));
+    bool queued = !stopping.load() && pool.Submit([c] { MHD_suspend_connection(c); },
+                                                  [this, c, st] {
+                                                    st->response = router.Handle(st->req);
+                                                    // `st` belongs to the I/O thread from here on.
+                                                    MHD_resume_connection(c);
+                                                  });
+    if (!queued) return Queue(c, HttpRouter::Error(Unavailable("the server is shutting down")));
+    return MHD_YES;
+  }
+};
+
+Result<std::unique_ptr<HttpControlServer>> HttpControlServer::Start(const HttpServerOptions& options,
+                                                                    ControlService* service) {
   std::unique_ptr<HttpControlServer> s(new HttpControlServer());
   s->options_ = options;
-  s->service_ = service;
-  s->server_ = std::make_unique<httplib::Server>();
-  // Long calls (init, update) each hold a thread for their whole duration.
-  s->server_->new_task_queue = [] { return new httplib::ThreadPool(32); };
-  s->server_->set_payload_max_length(options.max_body_bytes);
-  s->server_->set_read_timeout(30, 0);
-  // Trainers keep their connections alive across the calls of a sync (see client.h) and
-  // close them when idle; small replies go out at once.
-  s->server_->set_tcp_nodelay(true);
-  s->server_->set_keep_alive_max_count(1 << 20);
-  s->Routes();
-  int port = options.port == 0 ? s->server_->bind_to_any_port(options.host)
-                               : (s->server_->bind_to_port(options.host, options.port)
-                                      ? options.port
-                                      : -1);
-  if (port <= 0) {
+  s->impl_ = std::make_unique<Impl>(options, service);
+  Impl& impl = *s->impl_;
+
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(options.host.c_str(), nullptr, &hints, &res); rc != 0 || !res) {
+    return Unavailable(fmt::format("cannot listen on {}:{}: {}", options.host, options.port, gai_strerror(rc)));
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, res->ai_addr, std::min<size_t>(res->ai_addrlen, sizeof(addr)));
+  freeaddrinfo(res);
+  unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                       MHD_USE_ERROR_LOG;
+  auto port = static_cast<uint16_t>(options.port);
+  if (addr.ss_family == AF_INET6) {
+    flags |= MHD_USE_IPv6;
+    reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(port);
+  } else {
+    reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(port);
+  }
+  auto idle = static_cast<unsigned int>(
+      std::ceil(std::max({1.0, options.header_timeout_seconds, options.body_timeout_seconds})));
+  impl.daemon = MHD_start_daemon(
+      flags, port, nullptr, nullptr, &Impl::OnRequest, &impl,
+      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&addr),
+      MHD_OPTION_CONNECTION_TIMEOUT, idle,
+      MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned int>(std::max(1, options.max_connections)),
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(128 << 10),
+      MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+      MHD_OPTION_NOTIFY_COMPLETED, &Impl::OnCompleted, &impl,
+      MHD_OPTION_NOTIFY_CONNECTION, &Impl::OnConnection, &impl,
+      MHD_OPTION_EXTERNAL_LOGGER, &Impl::Log, &impl,
+      MHD_OPTION_END);
+  if (!impl.daemon) {
     return Unavailable(fmt::format("cannot listen on {}:{}", options.host, options.port));
   }
-  s->port_ = port;
-  s->listener_ = std::thread([srv = s->server_.get()] { srv->listen_after_bind(); });
-  // stop() before the accept loop runs would be lost; return only once it is running.
-  Deadline ready = Deadline::InSeconds(10);
-  while (!s->server_->is_running() && !ready.expired()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(impl.daemon, MHD_DAEMON_INFO_BIND_PORT);
+  s->port_ = info && info->port ? info->port : options.port;
+  impl.reaper = std::thread([&impl] { impl.ReaperLoop(); });
   return s;
 }
 
@@ -157,157 +364,23 @@ std::string HttpControlServer::url() const {
 }
 
 void HttpControlServer::Stop() {
-  if (server_) server_->stop();
-  if (listener_.joinable()) listener_.join();
-}
-
-void HttpControlServer::Routes() {
-  httplib::Server& srv = *server_;
-  ControlService* svc = service_;
-
-  srv.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path == "/health") {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    std::string auth = req.get_header_value("Authorization");
-    if (!ConstantTimeEquals(auth, "Bearer " + options_.api_key)) {
-      ReplyError(res, Unauthenticated(fmt::format(
-                          "{} needs 'Authorization: Bearer <api key>'", req.path)));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  srv.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      ReplyError(res, PayloadTooLarge(fmt::format("body of {} exceeds {} bytes", req.path,
-                                                  options_.max_body_bytes)));
-    } else if (res.status == 404) {
-      ReplyError(res, NotFound(fmt::format("no route {} {}", req.method, req.path)));
-    } else {
-      Reply(res, res.status, json{{"error", {{"message", "request failed"}, {"code", res.status}}}});
-    }
-  });
-  srv.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
-                               std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    WSYNC_LOG_ERROR("{} {}: {}", req.method, req.path, what);
-    ReplyError(res, Internal(fmt::format("{} failed: {}", req.path, what)));
-  });
-
-  // Runs `fn(req, body)` for a POST route and answers its JSON on success; `fn` takes the
-  // body as `const json&`, or as the shared parsed object when it keeps it.
-  auto cache = std::make_shared<BodyCache>();
-  auto post = [&srv, cache](const char* path, bool allow_empty, auto fn) {
-    srv.Post(path, [allow_empty, fn, cache](const httplib::Request& req, httplib::Response& res) {
-      Result<std::shared_ptr<const json>> body = ParseBody(req, allow_empty, *cache);
-      if (!body.ok()) return ReplyError(res, body.status());
-      Result<json> out = [&] {
-        if constexpr (std::is_invocable_v<decltype(fn), const httplib::Request&, std::shared_ptr<const json>>) {
-          return fn(req, *body);
-        } else {
-          return fn(req, **body);
-        }
-      }();
-      if (!out.ok()) return ReplyError(res, out.status());
-      Reply(res, 200, *out);
-    });
-  };
-
-  post("/init_weight_transfer_engine", false, [svc](const httplib::Request&, const json& b) -> Result<json> {
-    WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "init_info"));
-    WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info));
-    return json{{"message", "Weight transfer initialized"}};
-  });
-  post("/start_weight_update", true, [svc](const httplib::Request&, const json&) -> Result<json> {
-    WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());
-    return json{{"message", "Weight update started"}};
-  });
-  post("/start_draft_weight_update", true, [](const httplib::Request&, const json&) -> Result<json> {
-    return InvalidArgument("this server has no draft model");
-  });
-  post("/update_weights", false, [svc](const httplib::Request&, std::shared_ptr<const json> b) -> Result<json> {
-    WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(*b, "update_info"));
-    // The field shares the body's lifetime, and its identity: the same body, the same info.
-    WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(std::shared_ptr<const json>(std::move(b), info)));
-    return json{{"message", "Weights updated"}};
-  });
-  post("/finish_weight_update", true, [svc](const httplib::Request&, const json& b) -> Result<json> {
-    std::optional<std::string> version;
-    if (auto it = b.find("weight_version"); it != b.end() && !it->is_null()) {
-      if (!it->is_string()) return InvalidArgument("field 'weight_version' must be a string");
-      version = it->get<std::string>();
-    }
-    WSYNC_RETURN_IF_ERROR(svc->FinishWeightUpdate(version));
-    return json{{"message", "Weight update finished"}};
-  });
-  post("/update_weight_version", false, [svc](const httplib::Request&, const json& b) -> Result<json> {
-    auto it = b.find("new_version");
-    if (it == b.end() || !it->is_string()) {
-      return InvalidArgument("field 'new_version' must be a string");
-    }
-    svc->SetWeightVersion(it->get<std::string>());
-    return json{{"success", true}, {"new_version", *it}};
-  });
-  post("/fetch_weights", false, [svc](const httplib::Request&, const json& b) -> Result<json> {
-    return svc->FetchWeights(b);
-  });
-  post("/pause", true, [svc](const httplib::Request& req, const json&) -> Result<json> {
-    std::string mode = req.has_param("mode") ? req.get_param_value("mode") : "abort";
-    WSYNC_ASSIGN_OR_RETURN(bool clear_cache, BoolParam(req, "clear_cache", false));
-    WSYNC_RETURN_IF_ERROR(svc->Pause(mode, clear_cache));
-    return json{{"message", "Generation paused"}, {"mode", mode}};
-  });
-  post("/resume", true, [svc](const httplib::Request&, const json&) -> Result<json> {
-    WSYNC_RETURN_IF_ERROR(svc->Resume());
-    return json{{"message", "Generation resumed"}};
-  });
-  post("/reset_prefix_cache", true, [svc](const httplib::Request&, const json&) -> Result<json> {
-    WSYNC_RETURN_IF_ERROR(svc->ResetPrefixCache());
-    return json{{"message", "Prefix cache reset"}};
-  });
-  post("/weight_checker", false, [svc](const httplib::Request&, const json& b) -> Result<json> {
-    std::string action = b.value("action", std::string("checksum"));
-    if (action != "checksum" && action != "compare") {
-      return InvalidArgument(fmt::format("unknown weight_checker action '{}'", action));
-    }
-    WSYNC_ASSIGN_OR_RETURN(DigestAlgorithm alg,
-                           ParseDigestAlgorithm(b.value("algorithm", std::string("sha256"))));
-    WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(alg));
-    if (action == "checksum") return json{{"checksums", sums}};
-    WSYNC_ASSIGN_OR_RETURN(const json* baseline_field, ObjectField(b, "baseline"));
-    const json& baseline = *baseline_field;
-    json mismatches = json::array();
-    for (const auto& [name, hex] : sums) {
-      auto it = baseline.find(name);
-      if (it == baseline.end() || *it != hex) mismatches.push_back(name);
-    }
-    for (const auto& [name, _] : baseline.items()) {
-      if (!sums.contains(name)) mismatches.push_back(name);
-    }
-    return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
-  });
-
-  srv.Get("/get_world_size", [svc](const httplib::Request& req, httplib::Response& res) {
-    Result<bool> include_dp = BoolParam(req, "include_dp", true);
-    if (!include_dp.ok()) return ReplyError(res, include_dp.status());
-    Reply(res, 200, json{{"world_size", svc->WorldSize(*include_dp)}});
-  });
-  srv.Get("/weight_info", [svc](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, json{{"weight_version", svc->WeightVersion()}});
-  });
-  srv.Get("/is_paused", [svc](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, json{{"is_paused", svc->IsPaused()}});
-  });
-  srv.Get("/health", [svc](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, svc->Health());
-  });
+  if (!impl_) return;
+  Impl& impl = *impl_;
+  impl.stopping = true;
+  MHD_socket listen_fd = MHD_INVALID_SOCKET;
+  if (impl.daemon) listen_fd = MHD_quiesce_daemon(impl.daemon);
+  // In-flight calls finish and resume their connections before the daemon goes.
+  impl.pool.Shutdown();
+  if (impl.daemon) MHD_stop_daemon(impl.daemon);
+  impl.daemon = nullptr;
+  if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+  {
+    std::lock_guard lock(impl.conns_mu);
+    impl.reaper_stop = true;
+    impl.reaper_cv.notify_all();
+  }
+  if (impl.reaper.joinable()) impl.reaper.join();
+  impl_.reset();
 }
 
 }  // namespace wsync

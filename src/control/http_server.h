@@ -1,23 +1,36 @@
-// HttpControlServer: serves a ControlService over HTTP/1.1 JSON (cpp-httplib).
+// HttpControlServer: serves a ControlService over HTTP/1.1 JSON (libmicrohttpd).
 //
-// Binds 127.0.0.1 unless told otherwise. With an API key, every route but /health needs
-// `Authorization: Bearer KEY` (401 otherwise). Bodies over max_body_bytes get 413.
-// Errors are `{"error": {"message", "type", "code"}}` with the status code from
-// HttpStatusFor(). Start() returns once the socket is listening; the server runs on its
-// own threads until Stop() or destruction. Nothing on the wire is deserialized beyond
-// plain JSON.
+// Binds 127.0.0.1 unless told otherwise. The routes, the API key check and the error JSON
+// are HttpRouter's (http_routes.h); this class moves bytes. One epoll thread reads every
+// connection, so a connection that stalls costs a socket, never a thread: /health and the
+// next sync are served while any number of connections (up to max_connections) dawdle.
+// What the thread enforces, per request:
+//  - the head: 401 / 404 / 415 (Content-Encoding other than identity) and 413 (announced
+//    Content-Length more than discard_bytes over max_body_bytes) go out before any body
+//    byte is read, and the connection is closed after them;
+//  - the size: a body is counted as it arrives, whether announced or chunked, and dropped
+//    once past max_body_bytes; it is answered 413 when it ends (so a client that writes
+//    its whole body before reading sees the 413), or the connection is cut once it runs
+//    discard_bytes past the limit;
+//  - the time: headers must be complete within header_timeout_seconds of the connection's
+//    start or of its previous reply (an idle keep-alive connection is closed then too);
+//    a body within body_timeout_seconds of its headers; either way the connection is cut,
+//    however slowly bytes trickle in.
+// Routes that read state only (GET /health, /weight_info, /is_paused, /get_world_size)
+// answer on the I/O thread; every other route runs on one of worker_threads threads while
+// its connection is suspended, so a call that blocks for minutes (an init rendezvous, an
+// update) holds one worker and nothing else. Start() returns once the socket is
+// listening; Stop() stops accepting, lets in-flight calls finish, and joins every thread.
+// Protocol errors found by the library itself (a malformed request line, headers over
+// its memory limit) get the library's own small non-JSON replies.
 #pragma once
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "control/control_service.h"
+#include "control/http_routes.h"
 #include "wsync/status.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace wsync {
 
@@ -26,10 +39,21 @@ struct HttpServerOptions {
   int port = 0;                 // 0: pick a free port (see port())
   std::string api_key;          // empty: no authentication
   size_t max_body_bytes = size_t{256} << 20;  // 256 MiB: room for MoE update_info lists
+  // Seconds for a request's headers to arrive (from the connection's start, or from its
+  // previous reply on a kept-alive connection). Clients reuse idle connections for
+  // kReuseIdleSeconds (client.h), well under this.
+  double header_timeout_seconds = 10;
+  // Seconds for a request's body to arrive once its headers have: 256 MiB at 10 MB/s.
+  double body_timeout_seconds = 30;
+  // Open connections at most; more are closed as they are accepted.
+  int max_connections = 1024;
+  // Threads that run the routes that may block (init, update, ...): that many such calls
+  // at once, the rest queue.
+  int worker_threads = 32;
+  // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
+  // the connection is cut instead.
+  size_t discard_bytes = size_t{16} << 20;
 };
-
-// The HTTP status code for a Status code; the one place this mapping lives.
-int HttpStatusFor(StatusCode code);
 
 class HttpControlServer {
  public:
@@ -39,17 +63,16 @@ class HttpControlServer {
 
   int port() const { return port_; }
   std::string url() const;
-  // Stops accepting, finishes in-flight requests, joins the listener thread.
+  // Stops accepting, finishes in-flight requests, joins every thread. Idempotent.
   void Stop();
+
+  struct Impl;  // http_server.cc
 
  private:
   HttpControlServer() = default;
-  void Routes();
 
   HttpServerOptions options_;
-  ControlService* service_ = nullptr;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread listener_;
+  std::unique_ptr<Impl> impl_;
   int port_ = 0;
 };
 

@@ -1,0 +1,347 @@
+#include "control/http_routes.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <exception>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+// JSON text that never throws: bytes that are not UTF-8 (a path, a query value, a
+// message quoting either) come out as U+FFFD.
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+HttpResponse Reply(int status, const json& body) { return HttpResponse{status, Dump(body)}; }
+
+std::string Sha256(std::string_view s) {
+  std::string out(SHA256_DIGEST_LENGTH, '\0');
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(),
+         reinterpret_cast<unsigned char*>(out.data()));
+  return out;
+}
+
+// The object under `field`, which must exist and be a JSON object; borrowed from `body`.
+Result<const json*> ObjectField(const json& body, const char* field) {
+  auto it = body.find(field);
+  if (it == body.end()) return InvalidArgument(fmt::format("missing field '{}'", field));
+  if (!it->is_object()) return InvalidArgument(fmt::format("field '{}' must be an object", field));
+  return &*it;
+}
+
+// The string under `field`, or `fallback` when the field is absent.
+Result<std::string> StringField(const json& body, const char* field, const char* fallback) {
+  auto it = body.find(field);
+  if (it == body.end()) return std::string(fallback);
+  if (!it->is_string()) {
+    return InvalidArgument(fmt::format("field '{}' must be a string, not {}", field, it->type_name()));
+  }
+  return it->get<std::string>();
+}
+
+Result<bool> BoolParam(const HttpRequest& req, const char* name, bool fallback) {
+  auto it = req.params.find(name);
+  if (it == req.params.end()) return fallback;
+  const std::string& v = it->second;
+  if (v == "true" || v == "True" || v == "1") return true;
+  if (v == "false" || v == "False" || v == "0") return false;
+  return InvalidArgument(fmt::format("query parameter {}={} is not a boolean", name, v));
+}
+
+enum class Method { kGet, kPost };
+
+struct Route {
+  const char* path;
+  Method method;
+  bool inline_ok;  // reads state only; never blocks
+};
+
+constexpr Route kRoutes[] = {
+    {"/init_weight_transfer_engine", Method::kPost, false},
+    {"/start_weight_update", Method::kPost, false},
+    {"/start_draft_weight_update", Method::kPost, false},
+    {"/update_weights", Method::kPost, false},
+    {"/finish_weight_update", Method::kPost, false},
+    {"/update_weight_version", Method::kPost, false},
+    {"/fetch_weights", Method::kPost, false},
+    {"/pause", Method::kPost, false},
+    {"/resume", Method::kPost, false},
+    {"/reset_prefix_cache", Method::kPost, false},
+    {"/weight_checker", Method::kPost, false},
+    {"/get_world_size", Method::kGet, true},
+    {"/weight_info", Method::kGet, true},
+    {"/is_paused", Method::kGet, true},
+    {"/health", Method::kGet, true},
+};
+
+const Route* FindRoute(const HttpRequest& req) {
+  Method m;
+  if (req.method == "GET") {
+    m = Method::kGet;
+  } else if (req.method == "POST") {
+    m = Method::kPost;
+  } else {
+    return nullptr;
+  }
+  for (const Route& r : kRoutes) {
+    if (r.method == m && req.path == r.path) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int HttpStatusFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kPayloadTooLarge: return 413;
+    case StatusCode::kUnimplemented: return 501;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kDataLoss:
+    case StatusCode::kAborted:
+    case StatusCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+const std::string* HttpRequest::header(std::string_view lower_name) const {
+  auto it = headers.find(std::string(lower_name));
+  return it == headers.end() ? nullptr : &it->second;
+}
+
+// The last large body parsed on each path, kept so that a trainer sending the same
+// update_info every sync (the same tensor list, step after step) pays for parsing it once:
+// a 400-tensor list is ~30 KB of JSON, on the critical path of a sync. Only bodies the
+// route accepted are kept, and only up to kMaxBytes; only byte-identical bodies hit; the
+// parsed value is shared read-only.
+class HttpRouter::BodyCache {
+ public:
+  static constexpr size_t kMinBytes = 4096;
+  static constexpr size_t kMaxBytes = size_t{64} << 20;
+  std::shared_ptr<const json> Find(const std::string& path, const std::string& body) {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(path);
+    if (it == entries_.end() || it->second.first != body) return nullptr;
+    return it->second.second;
+  }
+  void Put(const std::string& path, const std::string& body, std::shared_ptr<const json> parsed) {
+    std::lock_guard lock(mu_);
+    entries_[path] = {body, std::move(parsed)};
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::pair<std::string, std::shared_ptr<const json>>> entries_;  // GUARDED_BY(mu_)
+};
+
+HttpRouter::HttpRouter(HttpRouterOptions options, ControlService* service)
+    : options_(std::move(options)),
+      service_(service),
+      key_digest_(Sha256("Bearer " + options_.api_key)),
+      cache_(std::make_shared<BodyCache>()) {}
+
+HttpResponse HttpRouter::Error(const Status& s) {
+  int code = HttpStatusFor(s.code());
+  return Reply(code, json{{"error",
+                           {{"message", s.message()},
+                            {"type", std::string(StatusCodeName(s.code()))},
+                            {"code", code}}}});
+}
+
+bool HttpRouter::RunsInline(const HttpRequest& head) {
+  const Route* r = FindRoute(head);
+  return r && r->inline_ok;
+}
+
+// Both sides are hashed to fixed-size digests first, so the comparison takes the same
+// time whatever the header's length or content.
+bool HttpRouter::Authorized(const HttpRequest& head) const {
+  if (options_.api_key.empty() || head.path == "/health") return true;
+  const std::string* auth = head.header("authorization");
+  std::string digest = Sha256(auth ? *auth : std::string_view());
+  return CRYPTO_memcmp(digest.data(), key_digest_.data(), SHA256_DIGEST_LENGTH) == 0;
+}
+
+std::optional<HttpResponse> HttpRouter::Admit(const HttpRequest& head,
+                                              std::optional<uint64_t> content_length) const noexcept {
+  try {
+    if (!Authorized(head)) {
+      return Error(Unauthenticated(fmt::format("{} needs 'Authorization: Bearer <api key>'", head.path)));
+    }
+    if (!FindRoute(head)) return Error(NotFound(fmt::format("no route {} {}", head.method, head.path)));
+    if (content_length && *content_length > options_.max_body_bytes) return TooLarge(head);
+    if (const std::string* enc = head.header("content-encoding"); enc && *enc != "identity" && !enc->empty()) {
+      HttpResponse r = Reply(415, json{{"error",
+                                        {{"message", fmt::format("{}: Content-Encoding '{}' is not accepted; "
+                                                                 "send the body unencoded",
+                                                                 head.path, *enc)},
+                                         {"type", "UNSUPPORTED_MEDIA_TYPE"},
+                                         {"code", 415}}}});
+      return r;
+    }
+    return std::nullopt;
+  } catch (...) {
+    return Error(Internal("request head could not be checked"));
+  }
+}
+
+HttpResponse HttpRouter::TooLarge(const HttpRequest& head) const noexcept {
+  try {
+    return Error(PayloadTooLarge(fmt::format("body of {} exceeds {} bytes", head.path, options_.max_body_bytes)));
+  } catch (...) {
+    return HttpResponse{413, R"({"error":{"message":"body too large","type":"PAYLOAD_TOO_LARGE","code":413}})"};
+  }
+}
+
+HttpResponse HttpRouter::Handle(const HttpRequest& req) noexcept {
+  try {
+    std::optional<uint64_t> length = req.body.size();
+    if (std::optional<HttpResponse> refused = Admit(req, length)) return std::move(*refused);
+    return Dispatch(req);
+  } catch (const std::exception& e) {
+    try {
+      WSYNC_LOG_ERROR("{} {}: {}", req.method, req.path, e.what());
+      return Error(Internal(fmt::format("{} failed: {}", req.path, e.what())));
+    } catch (...) {
+    }
+  } catch (...) {
+  }
+  return HttpResponse{500, R"({"error":{"message":"internal error","type":"INTERNAL","code":500}})"};
+}
+
+HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
+  ControlService* svc = service_;
+  const std::string& path = req.path;
+
+  if (req.method == "GET") {
+    if (path == "/get_world_size") {
+      Result<bool> include_dp = BoolParam(req, "include_dp", true);
+      if (!include_dp.ok()) return Error(include_dp.status());
+      return Reply(200, json{{"world_size", svc->WorldSize(*include_dp)}});
+    }
+    if (path == "/weight_info") return Reply(200, json{{"weight_version", svc->WeightVersion()}});
+    if (path == "/is_paused") return Reply(200, json{{"is_paused", svc->IsPaused()}});
+    if (path == "/health") return Reply(200, svc->Health());
+    return Error(NotFound(fmt::format("no route {} {}", req.method, path)));
+  }
+
+  // POST: the body is a JSON object; an empty body is `{}` where the route allows it.
+  static constexpr const char* kEmptyOk[] = {"/start_weight_update", "/start_draft_weight_update",
+                                             "/finish_weight_update", "/pause", "/resume",
+                                             "/reset_prefix_cache"};
+  bool allow_empty = false;
+  for (const char* p : kEmptyOk) allow_empty |= path == p;
+  std::shared_ptr<const json> body;
+  bool cacheable = req.body.size() >= BodyCache::kMinBytes && req.body.size() <= BodyCache::kMaxBytes;
+  bool from_cache = false;
+  if (req.body.empty()) {
+    if (!allow_empty) return Error(InvalidArgument(fmt::format("{} needs a JSON body", path)));
+    body = std::make_shared<const json>(json::object());
+  } else {
+    if (cacheable) from_cache = (body = cache_->Find(path, req.body)) != nullptr;
+    if (!body) {
+      json parsed = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) return Error(InvalidArgument(fmt::format("malformed JSON body for {}", path)));
+      if (!parsed.is_object()) return Error(InvalidArgument(fmt::format("body of {} must be a JSON object", path)));
+      body = std::make_shared<const json>(std::move(parsed));
+    }
+  }
+  const json& b = *body;
+
+  Result<json> out = [&]() -> Result<json> {
+    if (path == "/init_weight_transfer_engine") {
+      WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "init_info"));
+      WSYNC_LOG_DEBUG("init_weight_transfer_engine from {}", req.remote_addr);
+      WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info));
+      return json{{"message", "Weight transfer initialized"}};
+    }
+    if (path == "/start_weight_update") {
+      WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());
+      return json{{"message", "Weight update started"}};
+    }
+    if (path == "/start_draft_weight_update") return InvalidArgument("this server has no draft model");
+    if (path == "/update_weights") {
+      WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "update_info"));
+      // The field shares the body's lifetime, and its identity: the same body, the same info.
+      WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(std::shared_ptr<const json>(body, info)));
+      return json{{"message", "Weights updated"}};
+    }
+    if (path == "/finish_weight_update") {
+      std::optional<std::string> version;
+      if (auto it = b.find("weight_version"); it != b.end() && !it->is_null()) {
+        if (!it->is_string()) return InvalidArgument("field 'weight_version' must be a string");
+        version = it->get<std::string>();
+      }
+      WSYNC_RETURN_IF_ERROR(svc->FinishWeightUpdate(version));
+      return json{{"message", "Weight update finished"}};
+    }
+    if (path == "/update_weight_version") {
+      auto it = b.find("new_version");
+      if (it == b.end() || !it->is_string()) return InvalidArgument("field 'new_version' must be a string");
+      svc->SetWeightVersion(it->get<std::string>());
+      return json{{"success", true}, {"new_version", *it}};
+    }
+    if (path == "/fetch_weights") return svc->FetchWeights(b);
+    if (path == "/pause") {
+      auto it = req.params.find("mode");
+      std::string mode = it == req.params.end() ? "abort" : it->second;
+      WSYNC_ASSIGN_OR_RETURN(bool clear_cache, BoolParam(req, "clear_cache", false));
+      WSYNC_RETURN_IF_ERROR(svc->Pause(mode, clear_cache));
+      return json{{"message", "Generation paused"}, {"mode", mode}};
+    }
+    if (path == "/resume") {
+      WSYNC_RETURN_IF_ERROR(svc->Resume());
+      return json{{"message", "Generation resumed"}};
+    }
+    if (path == "/reset_prefix_cache") {
+      WSYNC_RETURN_IF_ERROR(svc->ResetPrefixCache());
+      return json{{"message", "Prefix cache reset"}};
+    }
+    if (path == "/weight_checker") {
+      WSYNC_ASSIGN_OR_RETURN(std::string action, StringField(b, "action", "checksum"));
+      if (action != "checksum" && action != "compare") {
+        return InvalidArgument(fmt::format("unknown weight_checker action '{}' (field 'action')", action));
+      }
+      WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "sha256"));
+      Result<DigestAlgorithm> alg = ParseDigestAlgorithm(alg_name);
+      if (!alg.ok()) return InvalidArgument(fmt::format("field 'algorithm': {}", alg.status().message()));
+      const json* baseline = nullptr;
+      if (action == "compare") {
+        WSYNC_ASSIGN_OR_RETURN(baseline, ObjectField(b, "baseline"));
+      }
+      WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
+      if (action == "checksum") return json{{"checksums", sums}};
+      json mismatches = json::array();
+      for (const auto& [name, hex] : sums) {
+        auto it = baseline->find(name);
+        if (it == baseline->end() || *it != hex) mismatches.push_back(name);
+      }
+      for (const auto& [name, _] : baseline->items()) {
+        if (!sums.contains(name)) mismatches.push_back(name);
+      }
+      return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
+    }
+    return NotFound(fmt::format("no route {} {}", req.method, path));
+  }();
+
+  // Only a body its route accepted stays cached: a refused one, however large, is let go.
+  if (cacheable && !from_cache && out.ok()) cache_->Put(path, req.body, body);
+  if (!out.ok()) return Error(out.status());
+  return Reply(200, *out);
+}
+
+}  // namespace wsync

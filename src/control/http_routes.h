@@ -1,0 +1,97 @@
+// HttpRouter: the control plane's request -> response logic, without sockets.
+//
+// The HTTP server (http_server.h) turns bytes into an HttpRequest and sends back the
+// HttpResponse; everything between (the API key check, body admission, JSON parsing, route
+// dispatch into a ControlService, the error JSON) lives here, so that unit tests and the
+// fuzz target (http_routes_fuzz.cc) drive exactly what the server runs.
+//
+// A request goes through two steps. Admit() looks at the head alone (method, path,
+// headers, announced body size) and refuses what needs no body to refuse: 401 without the
+// key, 404 for no route, 413 for a Content-Length over the limit, 415 for a
+// Content-Encoding other than identity. The server calls it before reading any body, and
+// TooLarge() when a body of unannounced size (chunked) passes the limit. Handle() runs the
+// whole request, Admit() included. Neither ever throws: any exception, from parsing or from
+// the service, becomes a 500 JSON reply, and every reply is valid UTF-8 JSON whatever bytes
+// the request held (invalid sequences become U+FFFD).
+//
+// Errors are `{"error": {"message", "type", "code"}}`, the status from HttpStatusFor().
+// Thread-safe: Handle() may run on many threads at once (the service must be thread-safe,
+// see control_service.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "control/control_service.h"
+#include "wsync/status.h"
+
+namespace wsync {
+
+// The HTTP status code for a Status code; the one place this mapping lives.
+int HttpStatusFor(StatusCode code);
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string path;    // percent-decoded, without the query; arbitrary bytes
+  // Query parameters, percent-decoded; the first of repeated names wins.
+  std::map<std::string, std::string> params;
+  // Header names lower-cased; the first of repeated names wins.
+  std::map<std::string, std::string> headers;
+  std::string body;
+  std::string remote_addr;  // the TCP peer's IP address, "127.0.0.1" or "::1"; may be empty
+
+  // The value of a header (name in lower case), or nullptr.
+  const std::string* header(std::string_view lower_name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string body;  // JSON, valid UTF-8
+};
+
+struct HttpRouterOptions {
+  std::string api_key;                        // empty: no authentication
+  size_t max_body_bytes = size_t{256} << 20;  // bodies over this are 413
+};
+
+class HttpRouter {
+ public:
+  HttpRouter(HttpRouterOptions options, ControlService* service);
+
+  // A refusal decided from the head alone, or nullopt to read the body. `content_length`
+  // is the announced size, nullopt when none was given (chunked, or no body).
+  std::optional<HttpResponse> Admit(const HttpRequest& head,
+                                    std::optional<uint64_t> content_length) const noexcept;
+  // The 413 for a body that passed max_body_bytes while it arrived.
+  HttpResponse TooLarge(const HttpRequest& head) const noexcept;
+  // The reply to a whole request. May block for as long as the service call does (an init
+  // rendezvous, an update), unless RunsInline() says the route never blocks.
+  HttpResponse Handle(const HttpRequest& req) noexcept;
+  // True for the routes that only read state (GET /health, /weight_info, /is_paused,
+  // /get_world_size): cheap enough for a server's I/O thread.
+  static bool RunsInline(const HttpRequest& head);
+
+  // A JSON error reply; `message` may hold any bytes.
+  static HttpResponse Error(const Status& status);
+
+  const HttpRouterOptions& options() const { return options_; }
+
+ private:
+  class BodyCache;
+  HttpResponse Dispatch(const HttpRequest& req);
+  bool Authorized(const HttpRequest& head) const;
+
+  HttpRouterOptions options_;
+  ControlService* service_;
+  std::string key_digest_;  // SHA-256 of "Bearer " + api_key
+  std::shared_ptr<BodyCache> cache_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,176 @@
+// Fuzz target: the control plane's request handling (HttpRouter), fed whole requests
+// without sockets, in front of a fake ControlService (it holds no weights, accepts or
+// refuses by simple rules, never blocks). Input:
+//   byte 0        bit 0: the router requires an API key ("k")
+//   then          "METHOD TARGET\n", header lines "Name: value\n", "\n", the body
+// TARGET is split at the first '?' and its query percent-decoded into parameters, as the
+// server's HTTP library does. Every reply must be a JSON object; every non-200 reply must
+// be `{"error": {"message": <string>, "code": <status>, ...}}`.
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "control/http_routes.h"
+
+namespace {
+
+using nlohmann::json;
+using wsync::HttpRequest;
+using wsync::HttpResponse;
+
+class FakeControlService : public wsync::ControlService {
+ public:
+  wsync::Status InitWeightTransfer(const json& info) override {
+    auto it = info.find("rank_offset");
+    if (it == info.end() || !it->is_number_integer()) return wsync::InvalidArgument("rank_offset");
+    return wsync::Status::Ok();
+  }
+  wsync::Status StartWeightUpdate() override {
+    if (active_) return wsync::FailedPrecondition("already active");
+    active_ = true;
+    return wsync::Status::Ok();
+  }
+  wsync::Status UpdateWeights(std::shared_ptr<const json> info) override {
+    if (!active_) return wsync::FailedPrecondition("no session");
+    auto it = info->find("names");
+    if (it == info->end() || !it->is_array()) {
+      active_ = false;
+      return wsync::InvalidArgument("update_info is missing 'names'");
+    }
+    for (const json& n : *it) {
+      if (!n.is_string()) return wsync::InvalidArgument("names must be strings");
+      if (n.get<std::string>() != "w") {
+        active_ = false;
+        return wsync::InvalidArgument("no tensor " + n.get<std::string>());
+      }
+    }
+    return wsync::Status::Ok();
+  }
+  wsync::Status FinishWeightUpdate(const std::optional<std::string>& v) override {
+    if (!active_) return wsync::FailedPrecondition("no session");
+    active_ = false;
+    if (v) version_ = *v;
+    return wsync::Status::Ok();
+  }
+  wsync::Result<json> FetchWeights(const json& body) override {
+    auto it = body.find("version");
+    if (it == body.end()) return wsync::InvalidArgument("missing version");
+    return json{{"fetched", *it}};
+  }
+  int WorldSize(bool include_dp) const override { return include_dp ? 2 : 1; }
+  std::string WeightVersion() const override { return version_; }
+  void SetWeightVersion(std::string v) override { version_ = std::move(v); }
+  wsync::Status Pause(std::string_view mode, bool) override {
+    if (mode != "abort" && mode != "wait" && mode != "keep") {
+      return wsync::InvalidArgument("unknown pause mode '" + std::string(mode) + "'");
+    }
+    paused_ = true;
+    return wsync::Status::Ok();
+  }
+  wsync::Status Resume() override {
+    paused_ = false;
+    return wsync::Status::Ok();
+  }
+  bool IsPaused() const override { return paused_; }
+  wsync::Status ResetPrefixCache() override { return wsync::Status::Ok(); }
+  wsync::Result<std::map<std::string, std::string>> Checksums(wsync::DigestAlgorithm a) override {
+    return std::map<std::string, std::string>{{"w", std::string(wsync::DigestAlgorithmName(a))}};
+  }
+  json Health() const override { return {{"status", "ok"}, {"weight_version", version_}}; }
+
+ private:
+  bool active_ = false;
+  bool paused_ = false;
+  std::string version_ = "default";
+};
+
+int Hex(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string PercentDecode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && Hex(s[i + 1]) >= 0 && Hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(Hex(s[i + 1]) * 16 + Hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+// Splits `text` at the first `sep`: the part before, and `text` is left with the rest.
+std::string_view Take(std::string_view& text, char sep) {
+  size_t at = text.find(sep);
+  std::string_view head = text.substr(0, at);
+  text = at == std::string_view::npos ? std::string_view() : text.substr(at + 1);
+  return head;
+}
+
+HttpRequest Parse(std::string_view in) {
+  HttpRequest req;
+  std::string_view line = Take(in, '\n');
+  req.method = std::string(Take(line, ' '));
+  std::string_view target = line;
+  std::string_view path = Take(target, '?');
+  req.path = PercentDecode(path);
+  while (!target.empty()) {
+    std::string_view pair = Take(target, '&');
+    std::string_view key = Take(pair, '=');
+    req.params.emplace(PercentDecode(key), PercentDecode(pair));
+  }
+  while (!in.empty()) {
+    std::string_view h = Take(in, '\n');
+    if (h.empty()) break;
+    std::string_view name = Take(h, ':');
+    if (!h.empty() && h.front() == ' ') h.remove_prefix(1);
+    std::string lower(name);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    req.headers.emplace(std::move(lower), std::string(h));
+  }
+  req.body = std::string(in);
+  req.remote_addr = "127.0.0.1";
+  return req;
+}
+
+void CheckReply(const HttpResponse& r) {
+  if (r.status < 200 || r.status > 599) std::abort();
+  json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) std::abort();
+  if (r.status == 200) return;
+  auto e = j.find("error");
+  if (e == j.end() || !e->is_object()) std::abort();
+  auto m = e->find("message");
+  auto c = e->find("code");
+  if (m == e->end() || !m->is_string() || c == e->end() || *c != r.status) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  static FakeControlService service;
+  static wsync::HttpRouter open_router({"", 1 << 16}, &service);
+  static wsync::HttpRouter keyed_router({"k", 1 << 16}, &service);
+  wsync::HttpRouter& router = (data[0] & 1) ? keyed_router : open_router;
+  HttpRequest req = Parse(std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+
+  std::optional<uint64_t> length;
+  if (const std::string* cl = req.header("content-length")) length = std::strtoull(cl->c_str(), nullptr, 10);
+  if (std::optional<HttpResponse> refused = router.Admit(req, length)) {
+    if (refused->status < 400) std::abort();
+    CheckReply(*refused);
+  }
+  CheckReply(router.TooLarge(req));
+  CheckReply(router.Handle(req));
+  return 0;
+}
