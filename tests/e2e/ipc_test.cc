@@ -148,7 +148,7 @@ TEST_F(IpcTest, BadInputGetsClearErrorsAndTheServerKeepsServing) {
   std::getline(boot, boot_id);
   here["buffers"]["host-" + boot_id] = init["buffers"]["host-unknown"];
   EXPECT_TRUE(IsError(HttpPostJson(u, "/init_weight_transfer_engine", json{{"init_info", here}}), 400,
-                      {"cannot open the ipc control region", "/dev/shm/wsync-ipc-no-such-region"}));
+                      {"is not a wsync ipc region this server may open", "/dev/shm/wsync-ipc-no-such-region"}));
   here["control_path"] = (dir() / "serve.stderr").string();  // a plain file of garbage
   EXPECT_TRUE(IsError(HttpPostJson(u, "/init_weight_transfer_engine", json{{"init_info", here}}), 400, {}));
   here["control_path"] = "not/absolute";
