@@ -58,6 +58,19 @@ std::atomic_ref<T> A(T* p) {
   return std::atomic_ref<T>(*p);
 }
 
+// Text another process wrote in shared memory, for a message: up to its NUL within
+// `max` bytes, every byte outside printable ASCII as '?' (it may change while it is
+// read, and must not make a message that is not UTF-8).
+std::string SharedText(const char* p, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < max; ++i) {
+    char c = A(const_cast<char*>(p + i)).load(std::memory_order_relaxed);
+    if (c == '\0') break;
+    out.push_back(c >= ' ' && c < 127 ? c : '?');
+  }
+  return out;
+}
+
 }  // namespace
 
 struct IpcRegion::Header {
@@ -582,7 +595,7 @@ bool IpcRegion::HasReaders() const {
 std::optional<std::string> IpcRegion::AbortedReason(uint64_t sync) const {
   const Header* h = header();
   if (A(const_cast<uint64_t*>(&h->aborted_sync)).load(std::memory_order_acquire) != sync) return std::nullopt;
-  return std::string(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)));
+  return SharedText(h->abort_reason, sizeof(h->abort_reason));
 }
 
 bool IpcRegion::PublisherAlive(int p) {
@@ -648,7 +661,7 @@ Status IpcRegion::WaitPublished(uint64_t seq, uint64_t sync, Deadline deadline, 
     }
     if (A(&h->aborted_sync).load(std::memory_order_acquire) == sync) {
       return Aborted(fmt::format("{}: the trainer abandoned sync {}: {}", what, sync,
-                                 std::string(h->abort_reason, strnlen(h->abort_reason, sizeof(h->abort_reason)))));
+                                 SharedText(h->abort_reason, sizeof(h->abort_reason))));
     }
     auto now = Deadline::Clock::now();
     if (now - last_probe >= kMaxSleep) {

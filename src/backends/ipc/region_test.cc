@@ -461,6 +461,17 @@ TEST(IpcRegion, AnUnsealedShmFileShrunkUnderTheMappingIsDataLossNotSigbus) {
   EXPECT_NE(s.message().find("chunk 2"), std::string::npos) << s.message();
 }
 
+TEST(IpcRegion, AnAbortReasonInSharedMemoryReachesMessagesAsPrintableAscii) {
+  auto trainer = IpcRegion::Create(Options(1));
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok());
+  (*trainer)->Abort(2, "tensor \xff\xfe\x01 failed");  // not UTF-8: a message must stay serializable
+  Status s = (*reader)->WaitPublished(1, 2, Deadline::InSeconds(5), "chunk 1/1 of sync 2");
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("tensor ??? failed"), std::string::npos) << s.message();
+  EXPECT_EQ((*reader)->AbortedReason(2), "tensor ??? failed");
+}
+
 // Every refusal of a path the server may not open reads the same, whatever is there.
 TEST(IpcRegion, ControlPathsOutsideWhatTheFlagsAllowAreRefusedWithoutSayingWhatIsThere) {
   auto trainer = IpcRegion::Create(Options(1));
