@@ -38,6 +38,7 @@ int RunServe(const ServeArgs& a) {
   if (a.fault == "die-mid-update") o.backend_config["fault"] = "die-mid-update";
   if (!a.base_checkpoint.empty()) o.backend_config["base_checkpoint"] = a.base_checkpoint;
   if (!a.local_checkpoint_dir.empty()) o.backend_config["local_checkpoint_dir"] = a.local_checkpoint_dir;
+  if (!a.ipc_shm_dir.empty()) o.backend_config["ipc_shm_dir"] = a.ipc_shm_dir;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

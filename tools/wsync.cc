@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
                 "delta: this host's mutable copy of the checkpoint, shared by its servers (default: under $TMPDIR). "
                 "On tmpfs (e.g. /dev/shm/wsync) the apply stays fastest when steps are more than 30 s apart: a disk "
                 "file system writes the pages back in between and the next apply re-maps them (docs/benchmarks.md)");
+  s->add_option("--ipc-shm-dir", serve.ipc_shm_dir,
+                "ipc: a directory (e.g. /dev/shm) whose wsync-ipc-* files of this user a trainer may name as its "
+                "region; default: only the trainer's sealed memfd (/proc/PID/fd/N) is opened (docs/security.md)");
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;

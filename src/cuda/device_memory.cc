@@ -6,9 +6,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "core/checked_math.h"
 #include "cuda/cuda_check.h"
 
 namespace wsync::cuda {
@@ -138,7 +141,12 @@ Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::Allocate(int
   CUmemAllocationProp prop = FdProp(device);
   size_t granularity = 0;
   WSYNC_CU_CHECK(d->granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-  m->size_ = (bytes + granularity - 1) / granularity * granularity;
+  std::optional<size_t> rounded = CheckedAdd<size_t>(bytes, granularity - 1);
+  if (granularity == 0 || !rounded) {
+    return InvalidArgument(fmt::format("{} bytes of cuda_fd memory (granularity {}) do not fit in 64 bits", bytes,
+                                       granularity));
+  }
+  m->size_ = *rounded / granularity * granularity;
   CUmemGenericAllocationHandle handle = 0;
   WSYNC_CU_CHECK(d->create(&handle, m->size_, &prop, 0));
   m->mem_handle_ = handle;
@@ -240,16 +248,40 @@ Result<std::unique_ptr<ImportedDeviceMemory>> ImportedDeviceMemory::Open(int dev
     cudaIpcMemHandle_t h;
     WSYNC_RETURN_IF_ERROR(Unbase64(it->get<std::string>(), reinterpret_cast<unsigned char*>(&h), sizeof(h)));
     WSYNC_CUDA_CHECK(cudaIpcOpenMemHandle(&m->ptr_, h, cudaIpcMemLazyEnablePeerAccess));
-    m->size_ = bytes;  // cudaIpc tells no size; the protocol's slot layout bounds every access
+    // The handle carries no size, and the importer's `bytes` come from the exporter's
+    // payload: the allocation the handle opened must hold them, or a copy would read past
+    // its end on the device.
+    WSYNC_ASSIGN_OR_RETURN(const Driver* d, GetDriver());
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    WSYNC_CU_CHECK(d->address_range(&base, &size, reinterpret_cast<CUdeviceptr>(m->ptr_)));
+    size_t from_ptr = size - (reinterpret_cast<CUdeviceptr>(m->ptr_) - base);
+    if (from_ptr < bytes) {
+      return InvalidArgument(fmt::format("cuda_ipc handle opens an allocation of {} bytes, {} are needed", from_ptr,
+                                         bytes));
+    }
+    m->size_ = bytes;
     return m;
   }
-  for (const char* f : {"pid", "fd", "bytes"}) {
-    if (!handle.contains(f) || !handle[f].is_number_integer() || handle[f].get<int64_t>() < 0) {
-      return InvalidArgument(fmt::format("cuda_fd handle needs a non-negative integer '{}'", f));
+  // Exact integers: a pid of 4294967297 must not become pid 1.
+  auto field = [&](const char* f, auto max) -> Result<uint64_t> {
+    auto it = handle.find(f);
+    std::optional<uint64_t> v;
+    if (it != handle.end() && it->is_number_unsigned()) v = it->template get<uint64_t>();
+    if (it != handle.end() && it->is_number_integer() && !it->is_number_unsigned()) {
+      v = CheckedCast<uint64_t>(it->template get<int64_t>());
     }
-  }
-  int pid = handle["pid"].get<int>(), remote_fd = handle["fd"].get<int>();
-  size_t size = handle["bytes"].get<size_t>();
+    if (!v || *v > static_cast<uint64_t>(max)) {
+      return InvalidArgument(fmt::format("cuda_fd handle needs an integer '{}' within 0..{}", f, max));
+    }
+    return *v;
+  };
+  WSYNC_ASSIGN_OR_RETURN(uint64_t pid64, field("pid", std::numeric_limits<pid_t>::max()));
+  WSYNC_ASSIGN_OR_RETURN(uint64_t fd64, field("fd", std::numeric_limits<int>::max()));
+  WSYNC_ASSIGN_OR_RETURN(uint64_t size64, field("bytes", std::numeric_limits<size_t>::max()));
+  if (pid64 == 0) return InvalidArgument("cuda_fd handle pid must be positive");
+  int pid = static_cast<int>(pid64), remote_fd = static_cast<int>(fd64);
+  size_t size = size64;
   if (size < bytes) {
     return InvalidArgument(fmt::format("cuda_fd handle exports {} bytes, {} are needed", size, bytes));
   }

@@ -233,6 +233,11 @@ TEST_P(DeviceMemory, BadHandlesAreClearErrors) {
     EXPECT_NE(r.status().message().find("pidfd_open"), std::string::npos) << r.status().ToString();
     r = ImportedDeviceMemory::Open(0, GetParam(), json{{"pid", getpid()}, {"fd", 3}, {"bytes", 8}}, 16);
     EXPECT_NE(r.status().message().find("exports 8 bytes, 16 are needed"), std::string::npos) << r.status().ToString();
+    // Integers at their exact width: 4294967297 is not pid 1, -1 is no fd.
+    r = ImportedDeviceMemory::Open(0, GetParam(), json{{"pid", uint64_t{4294967297}}, {"fd", 3}, {"bytes", 16}}, 16);
+    EXPECT_NE(r.status().message().find("integer 'pid' within"), std::string::npos) << r.status().ToString();
+    r = ImportedDeviceMemory::Open(0, GetParam(), json{{"pid", getpid()}, {"fd", -1}, {"bytes", 16}}, 16);
+    EXPECT_NE(r.status().message().find("integer 'fd' within"), std::string::npos) << r.status().ToString();
   }
 }
 

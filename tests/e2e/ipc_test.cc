@@ -3,8 +3,11 @@
 // shared-memory staging region. Every sync is checked bit for bit against digests the
 // test computes itself; bad input gets 400/409 and leaves the server serving; a trainer
 // SIGKILLed in the middle of a sync leaves the server able to take the next session, and
-// releases its staging memory.
+// releases its staging memory; a hostile region header or a region shrunk under the
+// server's mapping is an error answer, never the server's death.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -12,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/ipc/region.h"
 #include "e2e_test_base.h"
 
 namespace wsync::e2e {
@@ -148,7 +152,7 @@ TEST_F(IpcTest, BadInputGetsClearErrorsAndTheServerKeepsServing) {
   std::getline(boot, boot_id);
   here["buffers"]["host-" + boot_id] = init["buffers"]["host-unknown"];
   EXPECT_TRUE(IsError(HttpPostJson(u, "/init_weight_transfer_engine", json{{"init_info", here}}), 400,
-                      {"cannot open the ipc control region", "/dev/shm/wsync-ipc-no-such-region"}));
+                      {"is not a wsync ipc region this server may open", "/dev/shm/wsync-ipc-no-such-region"}));
   here["control_path"] = (dir() / "serve.stderr").string();  // a plain file of garbage
   EXPECT_TRUE(IsError(HttpPostJson(u, "/init_weight_transfer_engine", json{{"init_info", here}}), 400, {}));
   here["control_path"] = "not/absolute";
@@ -176,6 +180,80 @@ TEST_F(IpcTest, BadInputGetsClearErrorsAndTheServerKeepsServing) {
                                          "--timeout", "60"});
   ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 3, 1, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  ExpectCleanShutdown(s);
+}
+
+// Offsets of IpcRegion::Header a hostile trainer rewrites (a trainer of this tree never
+// writes them after Create).
+template <typename T>
+void Poke(const std::string& path, off_t at, T value) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(pwrite(fd, &value, sizeof(value), at), static_cast<ssize_t>(sizeof(value)));
+  close(fd);
+}
+
+json InitFor(const IpcRegion& region) {
+  IpcInitInfo info;
+  info.session = region.session();
+  info.control_path = region.path();
+  info.control_bytes = region.bytes();
+  info.num_slots = region.num_slots();
+  info.slot_bytes = region.slot_bytes();
+  info.reader_count = region.reader_count();
+  info.buffers[HostDeviceKey()] = region.ShmBuffer();
+  return json{{"init_info", info.ToJson()}};
+}
+
+TEST_F(IpcTest, HostileRegionsGet4xxOr5xxAndTheServerProcessKeepsServing) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartIpcServer("serve", "qwen3-tiny", 1, {"--ipc-shm-dir", "/dev/shm"}));
+  IpcRegionOptions o;
+  o.session = NewSessionId();
+  o.slot_bytes = 1 << 20;
+  // 4 slots of stride 2^62: the slots' end wraps around 64 bits to inside the file.
+  auto wrap = IpcRegion::Create(o);
+  ASSERT_TRUE(wrap.ok()) << wrap.status().ToString();
+  Poke<uint32_t>((*wrap)->path(), 12, 4);
+  Poke<uint64_t>((*wrap)->path(), 24, uint64_t{1} << 62);
+  json init = InitFor(**wrap);
+  init["init_info"]["num_slots"] = 4;
+  init["init_info"]["buffers"][HostDeviceKey()]["stride"] = uint64_t{1} << 62;
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", init), 400,
+                      {"header slot_stride 4611686018427387904 x num_slots 4"}));
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200) << s.process->Describe();
+
+  // A POSIX shm region shrunk after init.
+  o.session = NewSessionId();
+  o.backing = ShmBacking::kPosixShm;
+  auto shrunk = IpcRegion::Create(o);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status().ToString();
+  (*shrunk)->Announce(1, 1);
+  HttpReply r = HttpPostJson(s.url, "/init_weight_transfer_engine", InitFor(**shrunk));
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  ASSERT_EQ(truncate((*shrunk)->path().c_str(), 4096), 0);
+  ASSERT_EQ(HttpPostJson(s.url, "/start_weight_update", json::object()).status, 200);
+  json update = {{"names", {"model.norm.weight"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{256}}},
+                 {"tensor_sizes", {512}}, {"tensor_offsets", {0}}, {"chunk_ends", {1}},
+                 {"wsync_ipc_protocol", 3}, {"session", (*shrunk)->session()}};
+  EXPECT_TRUE(IsError(HttpPostJson(s.url, "/update_weights", json{{"update_info", update}}), 500,
+                      {"shrank to 4096 bytes"}));
+  EXPECT_EQ(HttpGet(s.url, "/health").status, 200) << s.process->Describe();
+
+  // Paths outside what the flags allow: one answer, whatever is there.
+  for (const char* path : {"/etc/passwd", "/etc/no-such-file", "/dev/zero"}) {
+    json bad = InitFor(**shrunk);
+    bad["init_info"]["control_path"] = path;
+    HttpReply reply = HttpPostJson(s.url, "/init_weight_transfer_engine", bad);
+    EXPECT_TRUE(IsError(reply, 400, {"is not a wsync ipc region this server may open"}));
+    EXPECT_EQ(reply.ErrorMessage().find("bytes"), std::string::npos) << reply.Describe();
+  }
+
+  // The same process takes the next real sessions, bit-exact.
+  RunResult push = PushIpc("push", {s}, {"--model", "qwen3-tiny", "--seed", "5", "--steps", "1", "--verify",
+                                         "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 5, 1, DigestAlgorithm::kXxh3_128));
   ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
   ExpectCleanShutdown(s);
 }

@@ -2,7 +2,9 @@
 // shared-memory regions (each side maps its own view, as separate processes do), a
 // trainer engine, and checksums read back from the servers' shards. A hand-made region
 // plays the trainer where a test needs to misbehave on purpose.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -30,8 +32,10 @@ struct Server {
   std::string url() const { return http->url(); }
 };
 
-Server StartServer(const std::string& model, int tp, int dp = 1, int dp_rank = -1) {
+// `shm_dir`: the directory `wsync serve --ipc-shm-dir` would allow POSIX shm regions in.
+Server StartServer(const std::string& model, int tp, int dp = 1, int dp_rank = -1, const std::string& shm_dir = "") {
   InferenceServerOptions o;
+  if (!shm_dir.empty()) o.backend_config["ipc_shm_dir"] = shm_dir;
   o.model = model;
   o.tp = tp;
   o.dp = dp;
@@ -90,8 +94,9 @@ TEST_F(IpcBackend, Tp1AndTp2ServersMatchTheTrainerOverSeveralStepsWithManyChunks
     for (const char* model : {"qwen3-tiny", "qwen3-moe-tiny"}) {
       SCOPED_TRACE(model);
       auto trainer = Trainer(model, 5);
-      Server a = StartServer(model, 1);
-      Server b = StartServer(model, 2);
+      std::string shm_dir = backing == ShmBacking::kPosixShm ? "/dev/shm" : "";
+      Server a = StartServer(model, 1, 1, -1, shm_dir);
+      Server b = StartServer(model, 2, 1, -1, shm_dir);
       TrainerOptions o = Options({&a, &b});
       o.bucket_gb = 1.0 / 1024;  // 1 MiB: many chunks through a 2-slot ring
       IpcTrainerOptions ipc;
@@ -195,9 +200,10 @@ struct FakeTrainer {
   std::unique_ptr<IpcRegion> region;
   IpcInitInfo info;
 
-  static FakeTrainer Make(int readers, uint64_t slot_bytes) {
+  static FakeTrainer Make(int readers, uint64_t slot_bytes, ShmBacking backing = ShmBacking::kMemfd) {
     FakeTrainer f;
     IpcRegionOptions o;
+    o.backing = backing;
     o.session = NewSessionId();
     o.reader_count = readers;
     o.slot_bytes = slot_bytes;
@@ -247,7 +253,7 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
   bad.control_path = "/dev/shm/wsync-ipc-does-not-exist";
   st = s.InitWeightTransfer(bad.ToJson());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  EXPECT_NE(st.message().find("cannot open the ipc control region"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("is not a wsync ipc region this server may open"), std::string::npos) << st.message();
   bad = fake.info;
   bad.control_path = "/etc/hostname";
   EXPECT_EQ(s.InitWeightTransfer(bad.ToJson()).code(), StatusCode::kInvalidArgument);
@@ -319,6 +325,72 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
   ASSERT_TRUE(engine->Init(meta).ok());
   ASSERT_TRUE(engine->SendWeights(trainer->source(), std::nullopt).ok());
   ExpectServerHolds(s, trainer->source());
+  EXPECT_EQ(s.Health()["weights_consistent"], true);
+}
+
+// Writes `value` at `at` of the region's file, as a hostile trainer may rewrite its header
+// (offsets of IpcRegion::Header: num_slots 12, slot_stride 24).
+template <typename T>
+void Poke(const IpcRegion& region, off_t at, T value) {
+  int fd = open(region.path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << region.path();
+  ASSERT_EQ(pwrite(fd, &value, sizeof(value), at), static_cast<ssize_t>(sizeof(value)));
+  close(fd);
+}
+
+TEST_F(IpcBackend, HostileRegionsAreRefusedAndTheServerKeepsServingBitExact) {
+  auto trainer = Trainer("qwen3-tiny", 9);
+  Server a = StartServer("qwen3-tiny", 2, 1, -1, "/dev/shm");
+  InferenceServer& s = *a.service;
+  const auto& meta = trainer->metadata();
+
+  // 4 slots of stride 2^62: the slots' end wraps around 64 bits to inside the file.
+  FakeTrainer wrap = FakeTrainer::Make(2, 4 << 20);
+  Poke<uint32_t>(*wrap.region, 12, 4);
+  Poke<uint64_t>(*wrap.region, 24, uint64_t{1} << 62);
+  wrap.info.num_slots = 4;
+  wrap.info.buffers[HostDeviceKey()].stride = uint64_t{1} << 62;
+  Status st = s.InitWeightTransfer(wrap.info.ToJson());
+  if (st.ok()) {  // what a server that believed the header did next: read slot 1, 2^62 bytes away
+    ASSERT_TRUE(s.StartWeightUpdate().ok());
+    (void)s.UpdateWeights(wrap.Update(meta, 4 << 20));
+  }
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("header slot_stride 4611686018427387904 x num_slots 4"), std::string::npos)
+      << st.message();
+
+  // A POSIX shm region (allowed by the server's flags; such a file cannot be sealed)
+  // shrunk between init and the update.
+  FakeTrainer shrunk = FakeTrainer::Make(2, 4 << 20, ShmBacking::kPosixShm);
+  ASSERT_TRUE(s.InitWeightTransfer(shrunk.info.ToJson()).ok());
+  ASSERT_EQ(truncate(shrunk.region->path().c_str(), 4096), 0);
+  ASSERT_TRUE(s.StartWeightUpdate().ok());
+  st = s.UpdateWeights(shrunk.Update(meta, 4 << 20));
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_NE(st.message().find("shrank to 4096 bytes"), std::string::npos) << st.message();
+  ASSERT_TRUE(s.StartWeightUpdate().ok());  // the session was released: init first
+  st = s.UpdateWeights(shrunk.Update(meta, 4 << 20));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+
+  // A path outside what the flags allow says nothing about what is there.
+  for (const char* path : {"/etc/passwd", "/etc/no-such-file", "/proc/self/environ", "/dev/zero"}) {
+    IpcInitInfo bad = shrunk.info;
+    bad.control_path = path;
+    st = s.InitWeightTransfer(bad.ToJson());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("is not a wsync ipc region this server may open"), std::string::npos) << st.message();
+  }
+
+  // The server still serves: a real trainer's syncs verify bit-exact.
+  EXPECT_EQ(s.Health()["status"], "ok");
+  auto engine = *CreateIpcTrainer(Options({&a}));
+  ASSERT_TRUE(engine->Init(meta).ok());
+  for (int step = 0; step < 2; ++step) {
+    if (step > 0) ASSERT_TRUE(trainer->Step(step).ok());
+    auto stats = engine->SendWeights(trainer->source(), std::nullopt);
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    ExpectServerHolds(s, trainer->source());
+  }
   EXPECT_EQ(s.Health()["weights_consistent"], true);
 }
 

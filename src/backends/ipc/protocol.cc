@@ -1,7 +1,9 @@
 #include "backends/ipc/protocol.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -9,6 +11,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "core/checked_math.h"
 
 namespace wsync {
 
@@ -33,13 +37,29 @@ Status Read(const json& j, const char* where, const char* field, bool required, 
     return Status::Ok();
   }
   bool ok = false;
-  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  else if constexpr (std::is_unsigned_v<T>) ok = IsNonNegativeInteger(*it);
-  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer();
-  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
-  else if constexpr (std::is_same_v<T, json>) ok = it->is_object();
-  else ok = it->is_string();
-  if (!ok) return InvalidArgument(fmt::format("{} '{}' has the wrong type: {}", where, field, it->dump().substr(0, 200)));
+  if constexpr (std::is_same_v<T, bool>) {
+    ok = it->is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    // Exactly representable in T, never narrowed: 4294967297 is not an int 1, -7 no size.
+    if (!it->is_number_integer()) {
+      return InvalidArgument(fmt::format("{} '{}' must be an integer, got {}", where, field, IpcClip(it->dump(), 200)));
+    }
+    std::optional<T> v = it->is_number_unsigned() ? CheckedCast<T>(it->get<uint64_t>())
+                                                  : CheckedCast<T>(it->get<int64_t>());
+    if (!v) {
+      return InvalidArgument(fmt::format("{} '{}' = {} is outside {}..{}", where, field, it->dump(),
+                                         std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+    }
+    *out = *v;
+    return Status::Ok();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    ok = it->is_number() && std::isfinite(it->get<double>());
+  } else if constexpr (std::is_same_v<T, json>) {
+    ok = it->is_object();
+  } else {
+    ok = it->is_string();
+  }
+  if (!ok) return InvalidArgument(fmt::format("{} '{}' has the wrong type: {}", where, field, IpcClip(it->dump(), 200)));
   *out = it->get<T>();
   return Status::Ok();
 }
@@ -87,7 +107,9 @@ Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key
   std::optional<int> publisher;
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "kind", true, &kind));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "publisher", false, &publisher));
-  if (publisher && *publisher < 0) return InvalidArgument(fmt::format("{} publisher {} must be >= 0", where, *publisher));
+  if (publisher && (*publisher < 0 || *publisher >= kIpcMaxPublishers)) {
+    return InvalidArgument(fmt::format("{} publisher {} must be within 0..{}", where, *publisher, kIpcMaxPublishers - 1));
+  }
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "offset", true, &offset));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "stride", true, &stride));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "handle", false, &handle));
@@ -161,20 +183,27 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
         "exported allocation, announced per update (update_info zero_copy)");
   }
   if (!IsSessionId(*session)) {
-    return InvalidArgument(fmt::format("init_info session '{}' is not 32 lowercase hex digits", session->substr(0, 64)));
+    return InvalidArgument(fmt::format("init_info session '{}' is not 32 lowercase hex digits", IpcClip(*session, 64)));
   }
-  if (control_path->empty() || control_path->front() != '/') {
-    return InvalidArgument(fmt::format("init_info control_path '{}' must be an absolute path", control_path->substr(0, 256)));
+  if (control_path->empty() || control_path->front() != '/' || control_path->size() > 4096 ||
+      !std::all_of(control_path->begin(), control_path->end(), [](char c) { return c > ' ' && c < 127; })) {
+    return InvalidArgument(fmt::format("init_info control_path '{}' must be an absolute path of at most 4096 "
+                                       "printable ASCII characters", IpcClip(*control_path, 256)));
   }
   if (*num_slots < 1 || *num_slots > kIpcMaxSlots) {
     return InvalidArgument(fmt::format("init_info num_slots {} must be within 1..{}", *num_slots, kIpcMaxSlots));
   }
   if (*slot_bytes == 0) return InvalidArgument("init_info slot_bytes must be positive");
-  if (*reader_count < 1) return InvalidArgument(fmt::format("init_info reader_count {} must be >= 1", *reader_count));
+  if (*reader_count < 1 || *reader_count > kIpcMaxReaders) {
+    return InvalidArgument(fmt::format("init_info reader_count {} must be within 1..{}", *reader_count, kIpcMaxReaders));
+  }
   if (*reader_offset < 0 || *reader_offset >= *reader_count) {
     return InvalidArgument(fmt::format("init_info reader_offset {} must be within 0..{}", *reader_offset, *reader_count - 1));
   }
-  if (timeout && *timeout <= 0) return InvalidArgument("init_info timeout_seconds must be positive");
+  if (timeout && (*timeout <= 0 || *timeout > kIpcMaxTimeoutSeconds)) {
+    return InvalidArgument(fmt::format("init_info timeout_seconds {} must be within (0, {}]", *timeout,
+                                       kIpcMaxTimeoutSeconds));
+  }
   info.session = *session;
   info.control_path = *control_path;
   info.control_bytes = *control_bytes;
@@ -394,6 +423,13 @@ Result<int> IpcReaderOffsets(const std::vector<int>& world_sizes, int dp, std::v
     total += world_sizes[first];
   }
   return total;
+}
+
+std::string IpcClip(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return std::string(s);
+  size_t n = max_bytes;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // s[n] continues a sequence
+  return std::string(s.substr(0, n)) + "...";
 }
 
 std::string HostDeviceKey() {

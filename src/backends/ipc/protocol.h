@@ -83,6 +83,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -96,6 +97,11 @@ inline constexpr int kIpcProtocolVersion = 3;
 inline constexpr size_t kIpcAlignment = 256;  // offset of every tensor inside a slot
 inline constexpr int kIpcMaxSlots = 4;
 inline constexpr int kIpcDefaultSlots = 2;
+// Bounds on what an init_info or a control region may say (both are untrusted).
+inline constexpr int kIpcMaxReaders = 1 << 16;     // receiving workers of one session
+inline constexpr int kIpcMaxPublishers = 1024;     // trainer ranks with slots of their own
+inline constexpr double kIpcMaxTimeoutSeconds = 86400;
+inline constexpr uint64_t kIpcMaxRegionBytes = uint64_t{1} << 40;  // a control region with its slots
 
 // One device's view of the staging slots: slot k is at `offset + k * stride` of the
 // exported memory. `handle` is what the kind needs to open it: {} for "shm" (the control
@@ -202,6 +208,10 @@ Result<int> IpcReaderOffsets(const std::vector<int>& world_sizes, int data_paral
 // The device key of host memory on this machine: "host-" + the kernel's boot id, so that
 // a server on another machine finds no entry instead of opening a wrong file.
 std::string HostDeviceKey();
+
+// At most `max_bytes` of `s` for a message, never cutting a UTF-8 sequence ("..." marks
+// a cut).
+std::string IpcClip(std::string_view s, size_t max_bytes);
 
 // 32 random lowercase hex digits.
 std::string NewSessionId();

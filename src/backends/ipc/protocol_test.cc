@@ -95,6 +95,80 @@ TEST(IpcProtocol, InitInfoErrorsNameTheField) {
   expect(j, "slot_bytes");
 }
 
+TEST(IpcProtocol, IntegersAreReadAtTheirExactWidthAndRangeNeverNarrowed) {
+  auto refused = [](const json& j, const std::string& needle) {
+    auto r = IpcInitInfo::Parse(j);
+    ASSERT_FALSE(r.ok()) << j.dump();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  };
+  json good = ValidInit().ToJson();
+  json j = good;
+  j["num_slots"] = uint64_t{4294967297};  // an int read of it is 1
+  refused(j, "'num_slots' = 4294967297 is outside");
+  j = good;
+  j["reader_count"] = uint64_t{4294967300};  // 4 as an int
+  refused(j, "'reader_count' = 4294967300 is outside");
+  j = good;
+  j["reader_count"] = kIpcMaxReaders + 1;
+  refused(j, "reader_count 65537 must be within 1..65536");
+  j = good;
+  j["reader_offset"] = -1;
+  refused(j, "reader_offset -1");
+  j = good;
+  j["wsync_ipc_protocol"] = uint64_t{4294967299};  // 3 as an int
+  refused(j, "'wsync_ipc_protocol' = 4294967299 is outside");
+  j = good;
+  j["control_bytes"] = -4096;
+  refused(j, "'control_bytes' = -4096 is outside 0..18446744073709551615");
+  j = good;
+  j["slot_bytes"] = 1.5;
+  refused(j, "'slot_bytes' must be an integer");
+  j = good;
+  j["slot_bytes"] = 1e30;  // beyond uint64: parsed as a float
+  refused(j, "'slot_bytes' must be an integer");
+  j = good;
+  j["buffers"]["host-x"]["publisher"] = uint64_t{4294967296};  // 0 as an int
+  refused(j, "'publisher' = 4294967296 is outside");
+  j = good;
+  j["buffers"]["host-x"]["publisher"] = kIpcMaxPublishers;
+  refused(j, "publisher 1024 must be within 0..1023");
+  j = good;
+  j["buffers"]["host-x"]["offset"] = -1;
+  refused(j, "'offset' = -1 is outside");
+  j = good;
+  j["timeout_seconds"] = 1e300;
+  refused(j, "timeout_seconds");
+  j = good;
+  j["control_path"] = "/proc/1/fd/3\n\x01";
+  refused(j, "printable ASCII");
+  j = good;
+  j["control_path"] = "/" + std::string(254, 'a') + "\xc3\xa9";  // a cut at 256 bytes would split the e-acute
+  auto r = IpcInitInfo::Parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NO_THROW((void)json(r.status().message()).dump()) << "a message must stay valid UTF-8";
+
+  // The update's lists and zero-copy numbers are unsigned 64-bit, never negative.
+  json u = {{"wsync_ipc_protocol", kIpcProtocolVersion}, {"session", std::string(32, 'a')},
+            {"tensor_sizes", {1}}, {"tensor_offsets", {0}}, {"chunk_ends", {1}}};
+  ASSERT_TRUE(IpcUpdateInfo::Parse(u).ok());
+  json bad = u;
+  bad["tensor_sizes"] = {-1};
+  EXPECT_FALSE(IpcUpdateInfo::Parse(bad).ok());
+  bad = u;
+  bad["tensor_offsets"] = {1e19};
+  EXPECT_FALSE(IpcUpdateInfo::Parse(bad).ok());
+  bad = u;
+  bad["wsync_ipc_protocol"] = uint64_t{4294967299};
+  EXPECT_FALSE(IpcUpdateInfo::Parse(bad).ok());
+  bad = u;
+  bad["zero_copy"] = {{"generation", -1}, {"bytes", 1}};
+  EXPECT_FALSE(IpcUpdateInfo::Parse(bad).ok());
+  bad = u;
+  bad["zero_copy"] = {{"generation", 1}, {"bytes", -1}};
+  EXPECT_FALSE(IpcUpdateInfo::Parse(bad).ok());
+}
+
 TEST(IpcProtocol, CutIsBeforeTheOverflowingTensorAndOffsetsAreAligned) {
   // 100 bytes each (bf16 x 50): with 256-byte alignment two fit in 356 <= 400, a third
   // would end at 612.
@@ -220,7 +294,7 @@ TEST(IpcProtocol, ZeroCopyUpdatesRoundTripAndAreOneChunkBoundedByTheExport) {
   EXPECT_FALSE(j["zero_copy"].contains("buffers"));
   ASSERT_TRUE(IpcUpdateInfo::Parse(j).ok());
   for (auto [field, value, needle] : {std::tuple{"generation", json(0), "generation must be >= 1"},
-                                      std::tuple{"bytes", json("x"), "'bytes' has the wrong type"},
+                                      std::tuple{"bytes", json("x"), "'bytes' must be an integer"},
                                       std::tuple{"extra", json(1), "unknown field 'extra'"},
                                       std::tuple{"buffers", json{{"GPU-x", {{"kind", "shm"}, {"offset", 0},
                                                                            {"stride", 0}}}},

@@ -16,6 +16,7 @@
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/protocol.h"
 #include "backends/ipc/region.h"
+#include "core/checked_math.h"
 #include "core/log.h"
 #include "model/worker_store.h"
 #include "receiver/worker_thread.h"
@@ -74,7 +75,7 @@ Status OnWorker(const ReceiverWorker& w, std::function<Status()> fn) { return w.
 
 class IpcReceiver final : public ReceiverBackend {
  public:
-  explicit IpcReceiver(ReceiverContext* ctx) : ctx_(ctx) {
+  IpcReceiver(ReceiverContext* ctx, IpcOpenPolicy policy) : ctx_(ctx), policy_(std::move(policy)) {
     watcher_ = std::thread([this] { Watch(); });
   }
   ~IpcReceiver() override {
@@ -107,7 +108,7 @@ class IpcReceiver final : public ReceiverBackend {
       WSYNC_ASSIGN_OR_RETURN(const IpcBufferDesc* b, PickBuffer(w, info, *session->planes.back()));
       buffers.push_back(b);
     }
-    WSYNC_ASSIGN_OR_RETURN(session->region, IpcRegion::Open(info));
+    WSYNC_ASSIGN_OR_RETURN(session->region, IpcRegion::Open(info, policy_));
     if (!session->region->TrainerAlive()) {
       return InvalidArgument(fmt::format("the trainer that created ipc region {} (pid {}) has exited",
                                          info.control_path, session->region->trainer_pid()));
@@ -145,6 +146,10 @@ class IpcReceiver final : public ReceiverBackend {
           "when its trainer exits)");
     }
     IpcRegion& region = *session->region;
+    if (Status s = region.CheckStillMapped(); !s.ok()) {
+      Release(session);
+      return s;
+    }
     WSYNC_ASSIGN_OR_RETURN(IpcUpdateInfo u, ParseAndValidate(req, session));
     IpcRegion::Announcement a = region.Announced();
     if (a.sync == 0 || a.first_seq == 0) {
@@ -192,7 +197,7 @@ class IpcReceiver final : public ReceiverBackend {
       if (first.ok() && !s.ok()) first = s;
     }
     if (first.ok()) return first;
-    if (!region.TrainerAlive()) Release(session);
+    if (!region.TrainerAlive() || !region.CheckStillMapped().ok()) Release(session);
     if (first.code() == StatusCode::kAborted && landed.load() > 0) {
       // Some shards already hold the new sync's bytes: not a clean refusal.
       return Unavailable(fmt::format("{} ({} chunk load(s) had landed; weights are mixed until the next sync)",
@@ -241,6 +246,7 @@ class IpcReceiver final : public ReceiverBackend {
         WSYNC_RETURN_IF_ERROR(w.store->Load(ref).WithContext(w.label));
       }
       landed.fetch_add(1);
+      WSYNC_RETURN_IF_ERROR(region.CheckStillMapped().WithContext(what));  // what it read was the file's
       region.Ack(reader, seq);
     }
     return Status::Ok();
@@ -304,7 +310,12 @@ class IpcReceiver final : public ReceiverBackend {
     plane.stride = buffer.stride;
     std::shared_ptr<DeviceImport>& staging = opened[w.device.index];
     if (!staging) {
-      uint64_t bytes = buffer.offset + buffer.stride * static_cast<uint64_t>(info.num_slots);
+      std::optional<uint64_t> end = CheckedMulAdd(buffer.stride, info.num_slots, buffer.offset);
+      if (!end) {
+        return InvalidArgument(fmt::format("init_info buffers['{}'] offset {} + stride {} x num_slots {} overflows 64 bits",
+                                           plane.key, buffer.offset, buffer.stride, info.num_slots));
+      }
+      uint64_t bytes = *end;
       std::unique_ptr<DeviceImport> m;
       Status s = OnWorker(w, [&]() -> Status {
         WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle, bytes));
@@ -377,10 +388,14 @@ class IpcReceiver final : public ReceiverBackend {
       const IpcBufferDesc& buffer = u.zero_copy->buffers.at(plane.key);  // CheckPlanes made sure
       std::shared_ptr<DeviceImport>& mapping = opened[w.device.index];
       if (!mapping) {
+        std::optional<uint64_t> end = CheckedAdd(buffer.offset, u.zero_copy->bytes);
+        if (!end) {
+          return InvalidArgument(fmt::format("update_info zero_copy buffers['{}'] offset {} + bytes {} overflows 64 bits",
+                                             plane.key, buffer.offset, u.zero_copy->bytes));
+        }
         std::unique_ptr<DeviceImport> m;
         Status s = OnWorker(w, [&]() -> Status {
-          WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle,
-                                                       buffer.offset + u.zero_copy->bytes));
+          WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle, *end));
           return Status::Ok();
         });
         if (!s.ok()) {
@@ -495,6 +510,7 @@ class IpcReceiver final : public ReceiverBackend {
   }
 
   ReceiverContext* ctx_;
+  const IpcOpenPolicy policy_;
   // The last update that passed ParseAndValidate (used by Update only, which the server
   // never runs twice at once).
   struct Checked {
@@ -513,7 +529,15 @@ class IpcReceiver final : public ReceiverBackend {
 }  // namespace
 
 Result<std::unique_ptr<ReceiverBackend>> CreateIpcReceiver(ReceiverContext* context) {
-  return std::unique_ptr<ReceiverBackend>(std::make_unique<IpcReceiver>(context));
+  IpcOpenPolicy policy;
+  auto it = context->backend_config.find("ipc_shm_dir");
+  if (it != context->backend_config.end()) {
+    if (!it->is_string() || it->get<std::string>().empty() || it->get<std::string>().front() != '/') {
+      return InvalidArgument(fmt::format("ipc_shm_dir must be an absolute directory, got {}", it->dump()));
+    }
+    policy.shm_dir = it->get<std::string>();
+  }
+  return std::unique_ptr<ReceiverBackend>(std::make_unique<IpcReceiver>(context, std::move(policy)));
 }
 
 }  // namespace wsync

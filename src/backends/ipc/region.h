@@ -49,8 +49,13 @@
 // death of the rank on its GPU ends its wait as fast as the trainer's does.
 //
 // Backing: a memfd (no name to leak when the trainer is SIGKILLed; receivers open
-// /proc/PID/fd/N), or POSIX shm_open (receivers open /dev/shm/NAME; the trainer unlinks
-// the name once every server has mapped it, so a killed trainer leaks nothing after init).
+// /proc/PID/fd/N), sealed against shrinking and growing (F_SEAL_SHRINK|F_SEAL_GROW, then
+// F_SEAL_SEAL) so that no receiver's mapping can turn into SIGBUS; or POSIX shm_open
+// (receivers open /dev/shm/NAME, only where their IpcOpenPolicy allows that directory;
+// the trainer unlinks the name once every server has mapped it, so a killed trainer leaks
+// nothing after init). A receiver trusts nothing in the header beyond what Open checked
+// and copied: the geometry lives in its members; the words read later (sequence numbers,
+// the announcement, the abort reason) are only compared or bounded.
 //
 // Thread-safety: the hand-off calls are safe from any thread and process; Create/Open and
 // destruction are not concurrent with anything else.
@@ -73,6 +78,17 @@ namespace wsync {
 
 enum class ShmBacking { kMemfd, kPosixShm };
 
+// Where a receiver may open a control region from: the server's own flags decide, never
+// the init_info (whose control_path is untrusted). A sealed memfd named
+// /proc/<pid>/fd/<n> is always allowed; a POSIX shm file only directly inside `shm_dir`,
+// named wsync-ipc-*, owned by this process's user. Such a file cannot be sealed: its
+// mapping is guarded (sigbus_guard.h) and its size re-checked before every sync.
+struct IpcOpenPolicy {
+  std::string shm_dir;  // `wsync serve --ipc-shm-dir`, e.g. /dev/shm; empty: POSIX shm refused
+};
+
+class SigbusGuard;
+
 struct IpcRegionOptions {
   std::string session;           // NewSessionId()
   int num_slots = kIpcDefaultSlots;
@@ -87,10 +103,13 @@ class IpcRegion {
  public:
   // Trainer: creates and sizes the file, writes the header, takes the liveness lock.
   static Result<std::unique_ptr<IpcRegion>> Create(const IpcRegionOptions& options);
-  // Receiver: opens `info.control_path`, maps it and checks that it is the region the
-  // init_info describes (magic, layout, session, slots, readers, size). InvalidArgument
-  // naming the path and what differs: "not a wsync ipc region", "belongs to session X".
-  static Result<std::unique_ptr<IpcRegion>> Open(const IpcInitInfo& info);
+  // Receiver: opens `info.control_path` as `policy` allows (see IpcOpenPolicy), maps it
+  // and checks that it is the region the init_info describes (magic, layout, session,
+  // slots, readers, size), every size sum overflow-checked. InvalidArgument naming the
+  // path and what differs: "not a wsync ipc region", "header slot_stride ... overflows";
+  // until the file proves to be a wsync region, one message for every refusal (it does
+  // not tell whether a path exists, or its size).
+  static Result<std::unique_ptr<IpcRegion>> Open(const IpcInitInfo& info, const IpcOpenPolicy& policy = {});
   // Trainer rank that is publisher `publisher` (>= 1) of the region `path` that rank 0
   // created on this host for `session`: opens and checks it as Open does, records this
   // process's pid in the publisher's line and takes its liveness lock. Publish and
@@ -168,6 +187,12 @@ class IpcRegion {
   void Ack(int reader, uint64_t seq);
   // False once the process that created the region has exited.
   bool TrainerAlive();
+  // DataLoss when the mapped file shrank below the mapping (possible only for an unsealed
+  // POSIX shm file, IpcOpenPolicy): a receiver calls it before each sync and after
+  // reading a chunk, and drops the region on error. Ok for sealed regions and the trainer.
+  Status CheckStillMapped() const;
+  // Whether the region's size is pinned by seals (F_SEAL_SHRINK|F_SEAL_GROW).
+  bool sealed() const { return sealed_; }
   uint32_t trainer_pid() const;
 
  private:
@@ -180,7 +205,13 @@ class IpcRegion {
   uint64_t publisher_lock_byte(int publisher) const;
   uint64_t* reader_acked(int r) const;
   uint64_t readers_begin() const;
-  static Result<std::unique_ptr<IpcRegion>> Map(const std::string& path, const std::string& session);
+  struct Opened {
+    int fd = -1;
+    bool sealed = false;
+  };
+  static Result<Opened> OpenControl(const std::string& path, const IpcOpenPolicy& policy);
+  static Result<std::unique_ptr<IpcRegion>> Map(const std::string& path, const std::string& session,
+                                                const IpcOpenPolicy& policy);
   // Sleeps until *word != seen, a wake-up, or at most `max_wait`.
   static void FutexWait(uint32_t* word, uint32_t seen, std::chrono::microseconds max_wait);
   static void FutexBump(uint32_t* word);
@@ -198,6 +229,8 @@ class IpcRegion {
   int publisher_ = 0;
   bool owner_ = false;
   bool slots_in_region_ = true;
+  bool sealed_ = true;                  // false: an unsealed file, mapped under guard_
+  std::unique_ptr<SigbusGuard> guard_;
 };
 
 }  // namespace wsync

@@ -1,7 +1,10 @@
 #include "backends/ipc/region.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+
+#include "core/checked_math.h"
 
 namespace wsync {
 namespace {
@@ -82,22 +87,24 @@ TEST(IpcRegion, OpenRejectsMissingGarbageAndForeignRegions) {
   ASSERT_TRUE(IpcRegion::Open(good).ok());
 
   IpcInitInfo i = good;
-  i.control_path = "/dev/shm/wsync-no-such-region";
-  auto r = IpcRegion::Open(i);
+  i.control_path = "/dev/shm/wsync-ipc-no-such-region";
+  auto r = IpcRegion::Open(i, IpcOpenPolicy{"/dev/shm"});
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("cannot open"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("is not a wsync ipc region this server may open"), std::string::npos)
+      << r.status().message();
 
-  auto garbage = std::filesystem::temp_directory_path() / ("wsync-garbage-" + NewSessionId());
-  {
-    std::ofstream f(garbage);
-    f << std::string(1 << 20, 'x');
-  }
-  i.control_path = garbage.string();
+  // Garbage in a memfd (sealed, as the trainer's is) that the reader may open.
+  int garbage = memfd_create("wsync-garbage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(garbage, 0);
+  ASSERT_EQ(ftruncate(garbage, 1 << 20), 0);
+  ASSERT_EQ(pwrite(garbage, std::string(4096, 'x').data(), 4096, 0), 4096);
+  ASSERT_EQ(fcntl(garbage, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  i.control_path = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(garbage);
   i.control_bytes = 4096;
   r = IpcRegion::Open(i);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("not a wsync ipc region"), std::string::npos) << r.status().message();
-  std::filesystem::remove(garbage);
+  EXPECT_NE(r.status().message().find("not a wsync ipc region (bad magic)"), std::string::npos) << r.status().message();
+  close(garbage);
 
   i = good;
   i.control_path = "/proc/self/status";  // exists, not a shared-memory file
@@ -106,7 +113,8 @@ TEST(IpcRegion, OpenRejectsMissingGarbageAndForeignRegions) {
   i = good;
   i.session = NewSessionId();
   r = IpcRegion::Open(i);
-  EXPECT_NE(r.status().message().find("belongs to session " + good.session), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("belongs to another session"), std::string::npos) << r.status().message();
+  EXPECT_EQ(r.status().message().find(good.session), std::string::npos) << "the region's own session must not leak";
 
   i = good;
   i.reader_count = 3;
@@ -133,11 +141,13 @@ TEST(IpcRegion, PosixShmNameIsGoneAfterUnlinkButMappingsStay) {
   auto trainer = IpcRegion::Create(Options(1, 4096, ShmBacking::kPosixShm));
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   EXPECT_EQ((*trainer)->path().rfind("/dev/shm/wsync-ipc-", 0), 0u) << (*trainer)->path();
-  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  EXPECT_FALSE(IpcRegion::Open(InfoFor(**trainer)).ok());  // POSIX shm only where the server's flags allow
+  auto reader = IpcRegion::Open(InfoFor(**trainer), IpcOpenPolicy{"/dev/shm"});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_FALSE((*reader)->sealed());
   (*trainer)->UnlinkName();
   EXPECT_FALSE(std::filesystem::exists((*trainer)->path()));
-  EXPECT_FALSE(IpcRegion::Open(InfoFor(**trainer)).ok());
+  EXPECT_FALSE(IpcRegion::Open(InfoFor(**trainer), IpcOpenPolicy{"/dev/shm"}).ok());
   (*trainer)->slot(1)[7] = std::byte{42};
   (*trainer)->Publish(1, 8);
   ASSERT_TRUE((*reader)->WaitPublished(1, 1, Deadline::InSeconds(5), "test").ok());
@@ -342,6 +352,197 @@ TEST(IpcRegion, APublisherThatDiesIsSeenByItsReadersWithinMilliseconds) {
   EXPECT_TRUE((*reader)->PublisherAlive(0));  // the trainer itself is alive
   close(pipefd[0]);
   close(pipefd[1]);
+}
+
+// The header as a hostile or broken trainer may rewrite it in shared memory (offsets of
+// IpcRegion::Header; a real trainer never writes these words after Create).
+constexpr off_t kNumSlotsAt = 12, kSlotStrideAt = 24, kHeaderBytesAt = 32, kTotalBytesAt = 40;
+
+template <typename T>
+void Poke(const IpcRegion& region, off_t at, T value) {
+  int fd = open(region.path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << region.path();
+  ASSERT_EQ(pwrite(fd, &value, sizeof(value), at), static_cast<ssize_t>(sizeof(value)));
+  close(fd);
+}
+
+TEST(IpcRegion, AHeaderWhoseSlotsOverflow64BitsIsRefusedNamingTheField) {
+  auto trainer = IpcRegion::Create(Options(1));
+  ASSERT_TRUE(trainer.ok());
+  // 4 slots of stride 2^62: header_bytes + stride * num_slots wraps to header_bytes.
+  Poke<uint32_t>(**trainer, kNumSlotsAt, 4);
+  Poke<uint64_t>(**trainer, kSlotStrideAt, uint64_t{1} << 62);
+  IpcInitInfo info = InfoFor(**trainer);
+  info.num_slots = 4;
+  auto reader = IpcRegion::Open(info);
+  if (reader.ok()) (*reader)->slot(1)[0] = std::byte{1};  // 2^62 bytes past the mapping
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), StatusCode::kInvalidArgument) << reader.status().ToString();
+  EXPECT_NE(reader.status().message().find("slot_stride 4611686018427387904 x num_slots 4"), std::string::npos)
+      << reader.status().message();
+
+  for (auto [at, value, field] : {std::tuple{kHeaderBytesAt, uint64_t{1} << 63, "header_bytes"},
+                                  std::tuple{kTotalBytesAt, uint64_t{1} << 40, "total_bytes"},
+                                  std::tuple{kSlotStrideAt, uint64_t{1}, "slot_stride 1 is below slot_bytes"}}) {
+    auto fresh = IpcRegion::Create(Options(1));
+    Poke<uint64_t>(**fresh, at, value);
+    auto r = IpcRegion::Open(InfoFor(**fresh));
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(IpcRegion, AHeaderRewrittenAfterOpenChangesNothingTheReaderUses) {
+  auto trainer = IpcRegion::Create(Options(1));
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok());
+  std::span<std::byte> before = (*reader)->slot(1);
+  Poke<uint32_t>(**trainer, kNumSlotsAt, 4);
+  Poke<uint64_t>(**trainer, kSlotStrideAt, uint64_t{1} << 62);
+  Poke<uint64_t>(**trainer, kHeaderBytesAt, ~uint64_t{0});
+  EXPECT_EQ((*reader)->slot(1).data(), before.data());
+  EXPECT_EQ((*reader)->slot(1).size(), before.size());
+  EXPECT_TRUE((*reader)->slot(3).empty());
+  (*trainer)->slot(1)[5] = std::byte{9};
+  (*trainer)->Publish(1, 8);
+  ASSERT_TRUE((*reader)->WaitPublished(1, 1, Deadline::InSeconds(5), "x").ok());
+  EXPECT_EQ((*reader)->slot(1)[5], std::byte{9});
+  EXPECT_TRUE((*reader)->CheckStillMapped().ok());
+}
+
+TEST(IpcRegion, TheTrainersMemfdIsSealedAndAnUnsealedOneIsRefused) {
+  auto trainer = IpcRegion::Create(Options(1));
+  ASSERT_TRUE(trainer.ok());
+  int fd = open((*trainer)->path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  int seals = fcntl(fd, F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  EXPECT_NE(ftruncate(fd, 4096), 0);  // nobody can shrink it under a receiver's mapping
+  EXPECT_EQ(errno, EPERM);
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_TRUE((*reader)->sealed());
+
+  // A trainer that does not seal (an older or hostile one; a trainer of this tree cannot
+  // make one, so the test copies a valid region into an unsealed memfd).
+  std::string bytes((*trainer)->bytes(), '\0');
+  ASSERT_EQ(pread(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  close(fd);
+  int unsealed = memfd_create("wsync-ipc-unsealed", MFD_CLOEXEC);
+  ASSERT_EQ(pwrite(unsealed, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  IpcInitInfo info = InfoFor(**trainer);
+  info.control_path = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(unsealed);
+  auto r = IpcRegion::Open(info);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("is not sealed (it needs F_SEAL_SHRINK|F_SEAL_GROW"), std::string::npos)
+      << r.status().message();
+  close(unsealed);
+}
+
+TEST(IpcRegion, AnUnsealedShmFileShrunkUnderTheMappingIsDataLossNotSigbus) {
+  auto trainer = IpcRegion::Create(Options(1, 4096, ShmBacking::kPosixShm));
+  ASSERT_TRUE(trainer.ok());
+  auto reader = IpcRegion::Open(InfoFor(**trainer), IpcOpenPolicy{"/dev/shm"});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  (*trainer)->slot(1)[7] = std::byte{42};
+  (*trainer)->Publish(1, 8);
+  ASSERT_TRUE((*reader)->WaitPublished(1, 1, Deadline::InSeconds(5), "chunk 1").ok());
+  ASSERT_EQ((*reader)->slot(1)[7], std::byte{42});
+
+  ASSERT_EQ(truncate((*trainer)->path().c_str(), 4096), 0);  // anyone who may write the file can
+  Status s = (*reader)->CheckStillMapped();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("shrank to 4096 bytes"), std::string::npos) << s.message();
+  // A read already under way lands on zero pages instead of killing the process.
+  EXPECT_EQ((*reader)->slot(1)[7], std::byte{0});
+  s = (*reader)->WaitPublished(2, 1, Deadline::InSeconds(5), "chunk 2");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("chunk 2"), std::string::npos) << s.message();
+}
+
+TEST(IpcRegion, AnAbortReasonInSharedMemoryReachesMessagesAsPrintableAscii) {
+  auto trainer = IpcRegion::Create(Options(1));
+  auto reader = IpcRegion::Open(InfoFor(**trainer));
+  ASSERT_TRUE(reader.ok());
+  (*trainer)->Abort(2, "tensor \xff\xfe\x01 failed");  // not UTF-8: a message must stay serializable
+  Status s = (*reader)->WaitPublished(1, 2, Deadline::InSeconds(5), "chunk 1/1 of sync 2");
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("tensor ??? failed"), std::string::npos) << s.message();
+  EXPECT_EQ((*reader)->AbortedReason(2), "tensor ??? failed");
+}
+
+// Every refusal of a path the server may not open reads the same, whatever is there.
+TEST(IpcRegion, ControlPathsOutsideWhatTheFlagsAllowAreRefusedWithoutSayingWhatIsThere) {
+  auto trainer = IpcRegion::Create(Options(1));
+  IpcInitInfo good = InfoFor(**trainer);
+  auto dir = std::filesystem::temp_directory_path() / ("wsync-ipc-root-" + NewSessionId());
+  std::filesystem::create_directories(dir);
+  IpcOpenPolicy policy{dir.string()};
+  auto message = [&](const std::string& path) {
+    IpcInitInfo i = good;
+    i.control_path = path;
+    auto r = IpcRegion::Open(i, policy);
+    EXPECT_FALSE(r.ok()) << path;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << path;
+    std::string m = r.status().message();
+    size_t at = m.find(path);
+    if (at != std::string::npos) m.replace(at, path.size(), "PATH");
+    return m;
+  };
+  const std::string uniform = message("/etc/no-such-file-" + NewSessionId());
+  EXPECT_NE(uniform.find("is not a wsync ipc region this server may open"), std::string::npos) << uniform;
+
+  auto big = dir / "wsync-ipc-big";
+  std::ofstream(big) << std::string(1 << 20, 'x');
+  int devzero = open("/dev/zero", O_RDWR | O_CLOEXEC);
+  int regular = open(big.c_str(), O_RDWR | O_CLOEXEC);
+  int pipes[2];
+  ASSERT_EQ(pipe(pipes), 0);
+  std::filesystem::create_symlink(good.control_path, dir / "wsync-ipc-link");
+  ASSERT_EQ(mkfifo((dir / "wsync-ipc-fifo").c_str(), 0600), 0);
+  std::filesystem::create_directories(dir / "sub");
+  std::ofstream(dir / "sub" / "wsync-ipc-x") << std::string(8192, 'x');
+  std::ofstream(dir / "not-wsync") << std::string(8192, 'x');
+  std::vector<std::string> refused = {
+      "/etc/passwd",
+      "/etc/hostname",
+      "/dev/zero",
+      "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(devzero),
+      "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(regular),  // a regular file, 1 MiB, not shared memory
+      "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(pipes[0]),
+      "/proc/self/fd/999999",
+      "/proc/" + std::to_string(getpid()) + "/fd/999999",
+      "/proc/self/status",
+      "/proc/999999999/fd/3",
+      "/proc/01/fd/3",
+      (dir / "wsync-ipc-link").string(),           // a symlink to a real region
+      (dir / "wsync-ipc-fifo").string(),           // must neither hang nor open
+      (dir / "sub" / "wsync-ipc-x").string(),      // not directly in the directory
+      (dir / "sub" / ".." / "wsync-ipc-big").string(),
+      (dir / "not-wsync").string(),
+      "/dev/shm/" + std::filesystem::path(good.control_path).filename().string(),
+  };
+  auto t0 = Clock::now();
+  for (const std::string& path : refused) {
+    SCOPED_TRACE(path);
+    std::string m = message(path);
+    EXPECT_EQ(m, uniform);
+    EXPECT_EQ(m.find("1048576"), std::string::npos);
+    EXPECT_EQ(m.find("No such file"), std::string::npos);
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5);
+  // Inside the allowed directory the server may say more: it is not a region.
+  IpcInitInfo i = good;
+  i.control_path = big.string();
+  EXPECT_NE(IpcRegion::Open(i, policy).status().message().find("bad magic"), std::string::npos);
+  // The real region through the same policy still opens.
+  ASSERT_TRUE(IpcRegion::Open(good, policy).ok());
+  close(devzero);
+  close(regular);
+  close(pipes[0]);
+  close(pipes[1]);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
