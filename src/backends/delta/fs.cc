@@ -358,7 +358,8 @@ Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& pat
   std::vector<TensorLocation> out;
   for (const auto& [name, v] : j.items()) {
     if (name == "__metadata__") continue;
-    auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("{}: tensor {}: {}", path, name, why)); };
+    const std::string& tensor = name;  // clang 14 cannot capture a structured binding
+    auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("{}: tensor {}: {}", path, tensor, why)); };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
       return bad("entry needs dtype, shape and data_offsets");
     }
