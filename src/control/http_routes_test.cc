@@ -1,7 +1,11 @@
 // Route handling, through HttpRouter alone and over real HTTP on loopback: a recording
 // ControlService stands in for the receiver so that these tests pin the HTTP contract
 // (bodies, codes, auth, limits, the guard) alone.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -465,6 +469,56 @@ TEST(HttpServer, StopWaitsForCallsInFlight) {
   svc.Release();
   stopped.get();
   EXPECT_EQ(init.get(), 200);
+}
+
+TEST(HttpServer, ACallLongerThanTheReadTimeoutsIsNotCut) {
+  BlockingInitService svc;
+  HttpServerOptions o;
+  o.header_timeout_seconds = 0.5;
+  o.body_timeout_seconds = 0.5;
+  auto server = std::move(*HttpControlServer::Start(o, &svc));
+  auto init = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", server->port());
+    c.set_read_timeout(30, 0);
+    auto r = c.Post("/init_weight_transfer_engine", R"({"init_info":{}})", "application/json");
+    return r ? r->status : 0;
+  });
+  svc.WaitForWaiting(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past both, and the idle timeout
+  svc.Release();
+  EXPECT_EQ(init.get(), 200);
+}
+
+// Two requests, then a third after a pause, on one kept-alive connection.
+TEST(HttpServer, KeptAliveConnectionsServeRequestAfterRequest) {
+  RecordingService svc;
+  auto server = std::move(*HttpControlServer::Start(HttpServerOptions{}, &svc));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(server->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  auto exchange = [&](const std::string& request) {
+    EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n\r\n") == std::string::npos || got.find('}') == std::string::npos) {
+      ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  };
+  EXPECT_EQ(exchange("GET /health HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(exchange("POST /start_weight_update HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+                .rfind("HTTP/1.1 200", 0),
+            0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(exchange("POST /finish_weight_update HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                .rfind("HTTP/1.1 200", 0),
+            0u);
+  close(fd);
 }
 
 // A plain HTTP server that answers every POST with the port the request came from, so a
