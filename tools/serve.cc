@@ -2,7 +2,9 @@
 #include "serve.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -59,6 +61,14 @@ int RunServe(const ServeArgs& a) {
   h.body_timeout_seconds = a.http_body_timeout;
   h.max_connections = a.http_max_connections;
   h.worker_threads = a.http_threads;
+  // Every HTTP connection holds a descriptor: raise the soft limit (within the hard one)
+  // so that --http-max-connections, not EMFILE, is what bounds them.
+  rlimit nofile{};
+  rlim_t want = static_cast<rlim_t>(a.http_max_connections) + 1024;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < want) {
+    nofile.rlim_cur = std::min(want, nofile.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   auto http = HttpControlServer::Start(h, server->get());
   if (!http.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", http.status().message());

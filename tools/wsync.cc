@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
                 "seconds for a request's body to arrive once its headers have; the connection is cut after that")
       ->capture_default_str()->check(CLI::PositiveNumber);
   s->add_option("--http-max-connections", serve.http_max_connections,
-                "open HTTP connections at most; more are closed as they are accepted")
+                "open HTTP connections at most; beyond it new connections wait in the listen queue until one closes")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   s->add_option("--http-threads", serve.http_threads,
                 "threads for the routes that may block (init, update, ...); read-only routes such as /health never "

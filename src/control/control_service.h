@@ -4,8 +4,9 @@
 // codes to HTTP status codes; everything else is here, behind an interface that knows
 // nothing about HTTP. Routes follow vLLM's dev-mode RLHF routes
 // (reference/vllm_weight_transfer.md §2). Implementations must be thread-safe: the HTTP
-// server calls them from its thread pool, and long calls (init, update) block one
-// request thread until their own deadline.
+// server calls them from its worker threads, and long calls (init, update) block one
+// worker until their own deadline. The read-only calls (WorldSize, WeightVersion,
+// IsPaused, Health) run on the server's I/O thread and must never block.
 #pragma once
 
 #include <map>

@@ -1,7 +1,13 @@
 // Route handling, through HttpRouter alone and over real HTTP on loopback: a recording
 // ControlService stands in for the receiver so that these tests pin the HTTP contract
 // (bodies, codes, auth, limits, the guard) alone.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <errno.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -75,6 +81,12 @@ class RecordingService : public ControlService {
   bool paused = false;
   std::string version = "default";
 };
+
+httplib::Client Cli1(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(10, 0);
+  return c;
+}
 
 class HttpRoutes : public ::testing::Test {
  protected:
@@ -465,6 +477,194 @@ TEST(HttpServer, StopWaitsForCallsInFlight) {
   svc.Release();
   stopped.get();
   EXPECT_EQ(init.get(), 200);
+}
+
+TEST(HttpServer, ACallLongerThanTheReadTimeoutsIsNotCut) {
+  BlockingInitService svc;
+  HttpServerOptions o;
+  o.header_timeout_seconds = 0.5;
+  o.body_timeout_seconds = 0.5;
+  auto server = std::move(*HttpControlServer::Start(o, &svc));
+  auto init = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", server->port());
+    c.set_read_timeout(30, 0);
+    auto r = c.Post("/init_weight_transfer_engine", R"({"init_info":{}})", "application/json");
+    return r ? r->status : 0;
+  });
+  svc.WaitForWaiting(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past both, and the idle timeout
+  svc.Release();
+  EXPECT_EQ(init.get(), 200);
+}
+
+// Two requests, then a third after a pause, on one kept-alive connection.
+TEST(HttpServer, KeptAliveConnectionsServeRequestAfterRequest) {
+  RecordingService svc;
+  auto server = std::move(*HttpControlServer::Start(HttpServerOptions{}, &svc));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(server->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  auto exchange = [&](const std::string& request) {
+    EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n\r\n") == std::string::npos || got.find('}') == std::string::npos) {
+      ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  };
+  EXPECT_EQ(exchange("GET /health HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(exchange("POST /start_weight_update HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+                .rfind("HTTP/1.1 200", 0),
+            0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(exchange("POST /finish_weight_update HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                .rfind("HTTP/1.1 200", 0),
+            0u);
+  close(fd);
+}
+
+// One raw loopback connection, for what no client library sends.
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~RawConn() { close(fd_); }
+  bool ok() const { return ok_; }
+  bool Send(std::string_view b) {
+    while (!b.empty()) {
+      ssize_t n = send(fd_, b.data(), b.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      b.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+  // The status of the reply that arrives within `seconds` (0: none, or closed first).
+  int Status(double seconds) {
+    std::string got;
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (got.size() < 12 && std::chrono::steady_clock::now() < end) {
+      timeval tv{0, 50000};
+      setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      char buf[4096];
+      ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+      if (n > 0) got.append(buf, static_cast<size_t>(n));
+    }
+    return got.rfind("HTTP/1.", 0) == 0 && got.size() >= 12 ? std::atoi(got.c_str() + 9) : 0;
+  }
+  // True once the server has closed the connection, within `seconds`.
+  bool Closed(double seconds) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      char c[4096];
+      ssize_t n = recv(fd_, c, sizeof(c), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+TEST(HttpServer, DeadlinesCutTricklingHeadersAndStalledBodies) {
+  RecordingService svc;
+  HttpServerOptions o;
+  o.header_timeout_seconds = 0.5;
+  o.body_timeout_seconds = 0.5;
+  auto server = std::move(*HttpControlServer::Start(o, &svc));
+  RawConn trickle(server->port());
+  ASSERT_TRUE(trickle.Send("GET /health HTTP/1.1\r\n"));
+  auto t = std::chrono::steady_clock::now();
+  bool open = true;
+  while (open && std::chrono::steady_clock::now() - t < std::chrono::seconds(5)) {
+    open = trickle.Send("X") && !trickle.Closed(0.1);
+  }
+  EXPECT_FALSE(open);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 2.0);
+  RawConn stalled(server->port());
+  ASSERT_TRUE(stalled.Send("POST /update_weights HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"));
+  EXPECT_TRUE(stalled.Closed(2.0));
+  RawConn idle(server->port());  // opens and sends nothing
+  EXPECT_TRUE(idle.Closed(2.0));
+  EXPECT_EQ(Cli1(server->port()).Get("/health")->status, 200);
+}
+
+TEST(HttpServer, BodiesArePolicedAsTheyArriveAndEncodingsRefused) {
+  RecordingService svc;
+  HttpServerOptions o;
+  o.max_body_bytes = 64 << 10;
+  o.discard_bytes = 256 << 10;
+  auto server = std::move(*HttpControlServer::Start(o, &svc));
+  const int port = server->port();
+  {
+    RawConn c(port);
+    auto t = std::chrono::steady_clock::now();
+    ASSERT_TRUE(c.Send("POST /update_weights HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n{"));
+    EXPECT_EQ(c.Status(5), 413);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 1.0);
+    EXPECT_TRUE(c.Closed(2));
+  }
+  {
+    RawConn c(port);  // a little over: read, dropped, answered
+    std::string body(100 << 10, 'x');
+    ASSERT_TRUE(c.Send(fmt::format("POST /update_weights HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{}",
+                                   body.size(), body)));
+    EXPECT_EQ(c.Status(5), 413);
+  }
+  {
+    RawConn c(port);  // chunked, a little over
+    std::string piece(16 << 10, 'y');
+    std::string req = "POST /update_weights HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (int i = 0; i < 10; ++i) req += fmt::format("{:x}\r\n{}\r\n", piece.size(), piece);
+    ASSERT_TRUE(c.Send(req + "0\r\n\r\n"));
+    EXPECT_EQ(c.Status(5), 413);
+  }
+  {
+    RawConn c(port);  // chunked, without end: cut
+    ASSERT_TRUE(c.Send("POST /update_weights HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"));
+    std::string piece(64 << 10, 'z');
+    size_t sent = 0;
+    while (sent < (size_t{256} << 20) && c.Send(fmt::format("{:x}\r\n{}\r\n", piece.size(), piece))) {
+      sent += piece.size();
+    }
+    EXPECT_LT(sent, size_t{32} << 20);
+  }
+  {
+    RawConn c(port);
+    ASSERT_TRUE(c.Send("POST /update_weights HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                       "Content-Length: 4\r\n\r\n\x1f\x8b\x08\x00"));
+    EXPECT_EQ(c.Status(5), 415);
+  }
+  EXPECT_EQ(Cli1(port).Post("/start_weight_update")->status, 200);
+  EXPECT_EQ(Cli1(port).Post("/update_weights", R"({"update_info":{"names":[]}})", "application/json")->status, 200);
+}
+
+TEST(HttpServer, HundredsOfIdleConnectionsDoNotDelayHealth) {
+  RecordingService svc;
+  auto server = std::move(*HttpControlServer::Start(HttpServerOptions{}, &svc));
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 300; ++i) {
+    idle.push_back(std::make_unique<RawConn>(server->port()));
+    if (i % 2) idle.back()->Send("GET /health HTTP/1.1\r\nHo");
+  }
+  auto t = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(Cli1(server->port()).Get("/health")->status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 1.0);
 }
 
 // A plain HTTP server that answers every POST with the port the request came from, so a

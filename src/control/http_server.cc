@@ -33,6 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kNoDeadline = INT64_MAX;
+constexpr uint64_t kReserveBytes = uint64_t{4} << 20;
 
 int64_t NowNs() { return Clock::now().time_since_epoch().count(); }
 int64_t InNs(double seconds) {
@@ -274,7 +275,8 @@ struct HttpControlServer::Impl {
       if (drain) {
         st->too_large = true;
       } else if (length) {
-        st->req.body.reserve(*length);
+        // What was announced, up to a bound: a stalled client must not pin a large buffer.
+        st->req.body.reserve(std::min<uint64_t>(*length, kReserveBytes));
       }
       return MHD_YES;
     }

@@ -45,7 +45,8 @@ struct HttpServerOptions {
   double header_timeout_seconds = 10;
   // Seconds for a request's body to arrive once its headers have: 256 MiB at 10 MB/s.
   double body_timeout_seconds = 30;
-  // Open connections at most; more are closed as they are accepted.
+  // Open connections at most; beyond it the server stops accepting and new connections
+  // wait in the kernel's listen queue until one closes.
   int max_connections = 1024;
   // Threads that run the routes that may block (init, update, ...): that many such calls
   // at once, the rest queue.
