@@ -2,7 +2,9 @@
 // and lands every chunk in the workers' shards straight from the shared slots.
 //
 // Init: parses the init_info (protocol.h), opens and checks the control region (a
-// missing, foreign or garbage path is a 400), picks each worker's buffer entry (this
+// missing, foreign or garbage path is a 400; only what IpcOpenPolicy allows is opened: a
+// sealed memfd, or a POSIX shm file in the directory ReceiverContext::backend_config
+// "ipc_shm_dir" names, `wsync serve --ipc-shm-dir`), picks each worker's buffer entry (this
 // host's key for CPU workers; a CUDA worker's own "GPU-<uuid>", or the host's slots when
 // the trainer stages on this host's CPU; a missing key is a 400 naming the keys offered),
 // opens a GPU's slots once on the thread of its first worker (a handle that does not open
@@ -12,7 +14,8 @@
 // the trainer's own tensors once per generation and land the whole model in one batched
 // copy after the trainer's go (protocol.h). Update: checks
 // the update against the mapping (session, sizes, a chunk larger than the slots: 400;
-// another session or an already consumed sequence: 409), then every worker, on its own
+// another session or an already consumed sequence: 409; an unsealed region that shrank
+// since init: 500, and the session is released), then every worker, on its own
 // thread, waits for chunk after chunk (region.h), loads its shards from the slot and
 // acknowledges it. A trainer that exits or abandons the sync ends the wait at once; a
 // mapping whose trainer has exited is released (by the next call, or within a second by a

@@ -523,12 +523,15 @@ Result<uint64_t> IpcRegion::WaitAnnounced(uint64_t sync, Deadline deadline) {
 
 IpcRegion::Announcement IpcRegion::Announced() const {
   Header* h = header();
-  for (;;) {
+  // A trainer announces once per sync; one that rewrites the words without end gets
+  // "nothing announced" rather than a reader spinning here.
+  for (int attempt = 0; attempt < 4096; ++attempt) {
     Announcement a;
     a.sync = A(&h->announced_sync).load(std::memory_order_acquire);
     a.first_seq = A(&h->announced_first_seq).load(std::memory_order_acquire);
     if (A(&h->announced_sync).load(std::memory_order_acquire) == a.sync) return a;
   }
+  return Announcement{};
 }
 
 void IpcRegion::Publish(uint64_t seq, uint64_t bytes) {

@@ -172,7 +172,8 @@ class IpcRegion {
     uint64_t sync = 0;       // 0: nothing announced yet
     uint64_t first_seq = 0;
   };
-  // What the trainer last announced (a consistent pair).
+  // What the trainer last announced (a consistent pair; {0, 0} when the words keep
+  // changing while read).
   Announcement Announced() const;
   // Records `pid` and the publisher whose slots it reads in the reader's line (for the
   // publisher's WaitAcked and the trainer's messages).
