@@ -38,6 +38,7 @@ int RunServe(const ServeArgs& a) {
   if (a.fault == "die-mid-update") o.backend_config["fault"] = "die-mid-update";
   if (!a.base_checkpoint.empty()) o.backend_config["base_checkpoint"] = a.base_checkpoint;
   if (!a.local_checkpoint_dir.empty()) o.backend_config["local_checkpoint_dir"] = a.local_checkpoint_dir;
+  if (!a.sync_root.empty()) o.backend_config["sync_root"] = a.sync_root;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

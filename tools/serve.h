@@ -20,6 +20,7 @@ struct ServeArgs {
   std::string fault;
   std::string base_checkpoint;       // delta: the checkpoint version 0 is
   std::string local_checkpoint_dir;  // delta: this host's mutable copy
+  std::string sync_root;             // delta: the directory request-named sync dirs lie below
 };
 
 int RunServe(const ServeArgs& args);
