@@ -61,7 +61,8 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
 
   for (int i = 0; i < a.servers; ++i) {
     WSYNC_ASSIGN_OR_RETURN(Child c, StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", "delta",
-                                                 "--base-checkpoint", base, "--local-checkpoint-dir", dir + "/local"},
+                                                 "--base-checkpoint", base, "--local-checkpoint-dir", dir + "/local",
+                                                 "--sync-root", dir},
                                                 fmt::format("{}/server{}.log", dir, i), Deadline::InSeconds(120)));
     servers.push_back(c);
   }

@@ -25,6 +25,7 @@ struct ServeArgs {
   std::string base_checkpoint;       // delta: the checkpoint version 0 is
   std::string local_checkpoint_dir;  // delta: this host's mutable copy
   std::string ipc_shm_dir;           // ipc: where POSIX shm regions may be opened (empty: sealed memfds only)
+  std::string sync_root;             // delta: the directory request-named sync dirs lie below
 };
 
 int RunServe(const ServeArgs& args);

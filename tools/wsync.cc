@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
                 "wait for them")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
-  s->add_option("--base-checkpoint", serve.base_checkpoint, "delta: the base checkpoint directory (version 0)");
+  s->add_option("--base-checkpoint", serve.base_checkpoint,
+                "delta: the base checkpoint directory (version 0); init_info's base_model_path is never opened");
   s->add_option("--local-checkpoint-dir", serve.local_checkpoint_dir,
                 "delta: this host's mutable copy of the checkpoint, shared by its servers (default: under $TMPDIR). "
                 "On tmpfs (e.g. /dev/shm/wsync) the apply stays fastest when steps are more than 30 s apart: a disk "
@@ -85,6 +86,10 @@ int main(int argc, char** argv) {
   s->add_option("--ipc-shm-dir", serve.ipc_shm_dir,
                 "ipc: a directory (e.g. /dev/shm) whose wsync-ipc-* files of this user a trainer may name as its "
                 "region; default: only the trainer's sealed memfd (/proc/PID/fd/N) is opened (docs/security.md)");
+  s->add_option("--sync-root", serve.sync_root,
+                "delta: the directory every sync dir a request names (init_info / fetch_weights 'sync_dir') must lie "
+                "below, also after symlinks; without it no request may name one. Requests never choose the base or "
+                "local checkpoint: only the two flags above do (docs/security.md)");
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;

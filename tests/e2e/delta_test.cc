@@ -3,6 +3,10 @@
 // servers' /weight_checker compared with digests the test computes itself. Late joiners,
 // corruption, a crashed apply, a broken chain, empty deltas and two servers sharing one
 // local checkpoint are driven through the HTTP routes directly.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -55,17 +59,24 @@ class DeltaTest : public E2eTest {
       refs.push_back(r);
     }
     fs::create_directories(base());
+    fs::create_directories(root());
     Status s = WriteSafetensors((fs::path(base()) / "model.safetensors").string(), refs);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
   std::string base() const { return (dir() / "base").string(); }
-  std::string sync() const { return (dir() / "sync").string(); }
+  // The servers' --sync-root; the trainer's sync dir lies below it.
+  std::string root() const { return (dir() / "shared").string(); }
+  std::string sync() const { return (dir() / "shared" / "sync").string(); }
   std::string local(const std::string& name) const { return (dir() / ("local-" + name)).string(); }
 
   Result<Server> StartDelta(const std::string& name, const std::string& local_dir, std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"--model", model_, "--backend", "delta", "--base-checkpoint", base(),
-                                     "--local-checkpoint-dir", local_dir};
+                                     "--sync-root", root()};
+    if (!local_dir.empty()) {
+      args.push_back("--local-checkpoint-dir");
+      args.push_back(local_dir);
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     return StartServer(name, args);
   }
@@ -84,8 +95,10 @@ class DeltaTest : public E2eTest {
   }
 
   // What the trainer does for one server: fetch (answer returned), then start/update/finish.
-  HttpReply Fetch(const Server& s, int version) {
-    return HttpPostJson(s.url, "/fetch_weights", json{{"target_version", version}, {"sync_dir", sync()}});
+  HttpReply Fetch(const Server& s, int version, const std::string& sync_dir = "") {
+    return HttpPost(s.url, "/fetch_weights",
+                    json{{"target_version", version}, {"sync_dir", sync_dir.empty() ? sync() : sync_dir}}.dump(), "",
+                    30);
   }
   void Reload(const Server& s, int version) {
     for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{
@@ -103,6 +116,14 @@ class DeltaTest : public E2eTest {
   std::string model_ = "qwen3-tiny";
   uint64_t seed_ = 0;
 };
+
+// No error message carries bytes of `secret` (nor its first 8 bytes read as a number).
+void ExpectNoLeak(const HttpReply& r, const std::string& secret) {
+  EXPECT_EQ(r.body.find(secret.substr(0, 8)), std::string::npos) << r.Describe();
+  uint64_t le = 0;
+  for (int i = 7; i >= 0; --i) le = (le << 8) | static_cast<uint8_t>(secret[i]);
+  EXPECT_EQ(r.body.find(std::to_string(le)), std::string::npos) << r.Describe();
+}
 
 TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
   WriteBase("qwen3-tiny", 3);
@@ -308,6 +329,147 @@ TEST_F(DeltaTest, ConcurrentFetchesFromTheWorkersOfOneHostApplyOnce) {
   Reload(r0, 3);
   Reload(r1, 3);
   ExpectServersHold({r0, r1}, Want(2), DigestAlgorithm::kXxh3_128);
+}
+
+// The trust boundary (docs/security.md): a request names a sync dir only below the
+// server's --sync-root, and never its local checkpoint or base (SkyRL's init keys are
+// compared, never opened). Here the server runs without --local-checkpoint-dir, the case
+// where init_info's local_checkpoint_dir used to become the directory a new chain resets.
+TEST_F(DeltaTest, PathsInRequestsStayBelowTheFlagRootsAndNothingOutsideIsDeleted) {
+  WriteBase("qwen3-tiny", 11);
+  fs::path victim = dir() / "victim";
+  fs::create_directories(victim / "weights");
+  WriteAll(victim / "weights" / "keep.txt", "keep");
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", ""));
+  ASSERT_TRUE(PushDelta("push", {a}, 1).success());  // versions 1 and 2 in sync()
+  HttpReply init = HttpPostJson(a.url, "/init_weight_transfer_engine",
+                                json{{"init_info", {{"sync_dir", sync()}, {"local_checkpoint_dir", victim.string()},
+                                                    {"base_model_path", victim.string()}}}});
+  EXPECT_EQ(init.status, 200) << init.Describe();  // SkyRL sends both keys: accepted, never opened
+  ASSERT_EQ(Fetch(a, 2).status, 200);
+  // A second chain below the root: a new chain resets the server's own local checkpoint.
+  fs::copy(sync(), fs::path(root()) / "sync2", fs::copy_options::recursive);
+  HttpReply other = Fetch(a, 2, (fs::path(root()) / "sync2").string());
+  ASSERT_EQ(other.status, 200) << other.Describe();
+  EXPECT_TRUE(other.json["reset"].get<bool>()) << other.body;
+  EXPECT_TRUE(fs::exists(victim / "weights" / "keep.txt"));
+  EXPECT_FALSE(fs::exists(victim / ".skyrl_weight_sync"));
+  // Sync dirs outside the root: absolute, climbing with "..", and through a symlink.
+  fs::copy(sync(), dir() / "outside", fs::copy_options::recursive);
+  fs::create_directory_symlink(dir() / "outside", fs::path(root()) / "escape");
+  for (const std::string& bad : {(dir() / "outside").string(), root() + "/../outside", root() + "/escape",
+                                 std::string("../outside"), victim.string()}) {
+    SCOPED_TRACE(bad);
+    HttpReply f = Fetch(a, 2, bad);
+    EXPECT_EQ(f.status, 400) << f.Describe();
+    EXPECT_TRUE(f.ErrorMessage().find("sync root") != std::string::npos ||
+                f.ErrorMessage().find("leads outside") != std::string::npos) << f.Describe();
+    if (bad.ends_with("/escape")) continue;  // init checks the path; the fetch resolves its symlinks
+    HttpReply i = HttpPostJson(a.url, "/init_weight_transfer_engine", json{{"init_info", {{"sync_dir", bad}}}});
+    EXPECT_EQ(i.status, 400) << i.Describe();
+  }
+  EXPECT_TRUE(fs::exists(victim / "weights" / "keep.txt"));
+  // A relative sync dir is taken below the root; the server still syncs bit-exact.
+  HttpReply rel = Fetch(a, 2, "sync");
+  ASSERT_EQ(rel.status, 200) << rel.Describe();
+  Reload(a, 2);
+  ExpectServersHold({a}, Want(1), DigestAlgorithm::kXxh3_128);
+}
+
+// What a sync dir holds is untrusted too: payload files confined to their version
+// directory, regular files only (a FIFO or a device is refused at once, never read), a
+// manifest of bounded size, and no file bytes in any error.
+TEST_F(DeltaTest, HostileFilesInTheSyncDirAreRefusedQuicklyWithoutLeakingBytes) {
+  WriteBase("qwen3-tiny", 12);
+  E2E_ASSERT_OK_AND_ASSIGN(Server pusher, StartDelta("pusher", local("pusher")));
+  ASSERT_TRUE(PushDelta("push", {pusher}, 2).success());  // versions 1..3
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  const std::string secret = "TOPSECRET-do-not-leak-0123456789";
+  WriteAll(dir() / "secret.txt", secret);
+  ASSERT_EQ(Fetch(a, 2).status, 200);
+  fs::path v3 = fs::path(sync()) / "delta-00000003";
+  fs::path saved = dir() / "v3-saved";
+  fs::copy(v3, saved, fs::copy_options::recursive);
+  json good = json::parse(ReadAll(saved / "manifest.json"));
+  auto reset_v3 = [&] {
+    fs::remove_all(v3);
+    fs::copy(saved, v3, fs::copy_options::recursive);
+  };
+  auto timed_fetch = [&](const char* what) {
+    auto t0 = std::chrono::steady_clock::now();
+    HttpReply f = Fetch(a, 3);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 10) << what;
+    EXPECT_TRUE(f.status >= 400 && f.status < 600) << what << " " << f.Describe();
+    ExpectNoLeak(f, secret);
+    return f;
+  };
+  {  // payload_files naming a file outside the version directory
+    json m = good;
+    m["payload_files"].push_back("../../../secret.txt");
+    WriteAll(v3 / "manifest.json", m.dump());
+    HttpReply f = timed_fetch("payload_files ../../../secret.txt");
+    EXPECT_EQ(f.status, 400) << f.Describe();
+    EXPECT_NE(f.ErrorMessage().find("plain file name"), std::string::npos) << f.Describe();
+  }
+  {  // a payload file that is a symlink out of the sync root
+    reset_v3();
+    std::string name = good["payload_files"][0].get<std::string>();
+    fs::remove(v3 / name);
+    fs::create_symlink(dir() / "secret.txt", v3 / name);
+    timed_fetch("payload symlink out of the root");
+  }
+  {  // a FIFO as manifest.json: refused at once, not a hang past --timeout
+    reset_v3();
+    fs::remove(v3 / "manifest.json");
+    ASSERT_EQ(::mkfifo((v3 / "manifest.json").c_str(), 0644), 0);
+    HttpReply f = timed_fetch("FIFO manifest");
+    EXPECT_NE(f.ErrorMessage().find("not a regular file"), std::string::npos) << f.Describe();
+  }
+  {  // manifest.json -> /dev/zero, and -> the secret
+    for (const fs::path& target : {fs::path("/dev/zero"), dir() / "secret.txt"}) {
+      reset_v3();
+      fs::remove(v3 / "manifest.json");
+      fs::create_symlink(target, v3 / "manifest.json");
+      timed_fetch(target.c_str());
+    }
+  }
+  {  // a manifest over the size limit (a sparse file: no disk, and never read)
+    reset_v3();
+    ::truncate((v3 / "manifest.json").c_str(), off_t{300} << 20);
+    HttpReply f = timed_fetch("oversized manifest");
+    EXPECT_NE(f.ErrorMessage().find("limit"), std::string::npos) << f.Describe();
+  }
+  // None of it touched the local checkpoint: version 3, once whole again, syncs bit-exact.
+  reset_v3();
+  HttpReply f = Fetch(a, 3);
+  ASSERT_EQ(f.status, 200) << f.Describe();
+  Reload(a, 3);
+  ExpectServersHold({a}, Want(2), DigestAlgorithm::kXxh3_128);
+}
+
+// A malformed state.json (wrong types) fails the reload with an error, not an exception
+// that leaves the server wedged; the next fetch rebuilds from the base and syncs bit-exact.
+TEST_F(DeltaTest, AMalformedStateFileFailsCleanlyAndTheNextFetchSyncsBitExact) {
+  WriteBase("qwen3-tiny", 13);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 1).success());
+  fs::path state = fs::path(local("a")) / ".skyrl_weight_sync" / "state.json";
+  for (const std::string& bad : {std::string(R"({"version": "two", "write_in_progress": 1, "sync_dir": 7})"),
+                                 std::string(R"({"version": 18446744073709551615, "target_version": [1]})"),
+                                 std::string("[1, 2]"), std::string("{\"version\": 2")}) {
+    SCOPED_TRACE(bad);
+    WriteAll(state, bad);
+    ASSERT_EQ(HttpPostJson(a.url, "/start_weight_update", json::object()).status, 200);
+    HttpReply u = HttpPostJson(a.url, "/update_weights", json{{"update_info", {{"target_version", 2}}}});
+    EXPECT_TRUE(u.status >= 400 && u.status < 600) << u.Describe();
+    (void)HttpPostJson(a.url, "/finish_weight_update", json::object());
+    HttpReply f = Fetch(a, 2);
+    ASSERT_EQ(f.status, 200) << f.Describe();
+    EXPECT_TRUE(f.json["reset"].get<bool>()) << f.body;
+    Reload(a, 2);
+    ExpectServersHold({a}, Want(1), DigestAlgorithm::kXxh3_128);
+  }
 }
 
 TEST_F(DeltaTest, Qwen3_0_6bStepsSyncBitExact) {

@@ -17,7 +17,7 @@
 #include <thread>
 #include <utility>
 
-#include <nlohmann/json.hpp>
+#include "backends/delta/payload_file.h"
 
 namespace wsync::delta {
 namespace {
@@ -46,12 +46,6 @@ Status FsyncDir(const std::string& path) {
   WSYNC_DELTA_SYSCALL(d.fd, fmt::format("opening directory {}", dir));
   WSYNC_DELTA_SYSCALL(::fsync(d.fd), fmt::format("fsync of directory {}", dir));
   return Status::Ok();
-}
-
-uint64_t LoadLe64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
 }
 
 }  // namespace
@@ -337,54 +331,12 @@ void WritableMapping::Release() {
 }
 
 Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
   WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {}", path));
   struct stat st {};
   WSYNC_DELTA_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
-  unsigned char len_bytes[8];
-  if (::pread(f.fd, len_bytes, 8, 0) != 8) return DataLoss(fmt::format("{}: shorter than 8 bytes", path));
-  uint64_t header_len = LoadLe64(len_bytes);
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (header_len > size - 8 || header_len > 100'000'000) {
-    return DataLoss(fmt::format("{}: header length {} does not fit the file ({} bytes)", path, header_len, size));
-  }
-  std::string header(header_len, '\0');
-  if (::pread(f.fd, header.data(), header_len, 8) != static_cast<ssize_t>(header_len)) {
-    return DataLoss(fmt::format("{}: short read of the header", path));
-  }
-  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return InvalidArgument(fmt::format("{}: header is not a JSON object", path));
-  uint64_t data_start = 8 + header_len;
-  std::vector<TensorLocation> out;
-  for (const auto& [name, v] : j.items()) {
-    if (name == "__metadata__") continue;
-    const std::string& tensor = name;  // clang 14 cannot capture a structured binding
-    auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("{}: tensor {}: {}", path, tensor, why)); };
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
-      return bad("entry needs dtype, shape and data_offsets");
-    }
-    const auto& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return bad("data_offsets must be two non-negative integers");
-    }
-    TensorLocation loc;
-    loc.meta.name = name;
-    if (!v["dtype"].is_string()) return bad("dtype is not a string");
-    WSYNC_ASSIGN_OR_RETURN(loc.meta.dtype, DTypeFromSafetensorsName(v["dtype"].get<std::string>()));
-    if (!v["shape"].is_array()) return bad("shape is not an array");
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned()) return bad("shape has a negative or non-integer dimension");
-      loc.meta.shape.push_back(d.get<int64_t>());
-    }
-    uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    if (end < begin || end > size - data_start) return DataLoss(fmt::format("{}: tensor {} lies past the end of the file", path, name));
-    if (end - begin != loc.meta.nbytes()) return bad(fmt::format("data_offsets span {} bytes, shape and dtype need {}", end - begin, loc.meta.nbytes()));
-    loc.path = path;
-    loc.offset = data_start + begin;
-    loc.nbytes = end - begin;
-    out.push_back(std::move(loc));
-  }
-  return out;
+  if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("{} is not a regular file", path));
+  return ReadSafetensorsLayout(f.fd, static_cast<uint64_t>(st.st_size), path);
 }
 
 Status WriteBackTree(const std::string& dir) {

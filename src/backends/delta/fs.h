@@ -165,7 +165,8 @@ struct TensorLocation {
 };
 
 // Reads only the header of a safetensors file (8-byte length + JSON) and returns every
-// tensor's location, checked to lie inside the file. Errors name the file and tensor.
+// tensor's location, checked to lie inside the file (payload_file.h's parser: sizes
+// overflow-checked, no overlaps). Errors name the file and tensor, never its bytes.
 Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& path);
 
 // Copies the directory tree `src` to `dst` (which must not exist) with CloneFile for

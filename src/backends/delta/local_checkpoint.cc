@@ -12,9 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/delta/codec.h"
+#include "backends/delta/confined_dir.h"
 #include "backends/delta/fs.h"
 #include "backends/delta/manifest.h"
+#include "backends/delta/payload_file.h"
 #include "backends/delta/task_pool.h"
+#include "core/checked_math.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "format/safetensors.h"
@@ -27,7 +30,49 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// A non-negative integer that fits int64, or nullopt.
+std::optional<int64_t> NonNegative(const json& v) {
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    return u <= static_cast<uint64_t>(INT64_MAX) ? std::optional<int64_t>(static_cast<int64_t>(u)) : std::nullopt;
+  }
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<int64_t>();
+  return std::nullopt;
+}
+
 }  // namespace
+
+struct LocalCheckpoint::SyncDir {
+  ConfinedDir dir;
+  std::string name;  // recorded in the state: the chain the local version belongs to
+};
+
+Result<CheckpointState> ParseCheckpointState(std::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return DataLoss("the state is not a JSON object");
+  CheckpointState s;
+  if (auto it = j.find("version"); it != j.end()) {
+    std::optional<int64_t> v = NonNegative(*it);
+    if (!v) return DataLoss("the state's 'version' is not a non-negative integer");
+    s.version = *v;
+  }
+  if (auto it = j.find("write_in_progress"); it != j.end()) {
+    if (!it->is_boolean()) return DataLoss("the state's 'write_in_progress' is not a boolean");
+    s.write_in_progress = it->get<bool>();
+  }
+  if (auto it = j.find("target_version"); it != j.end() && !it->is_null()) {
+    std::optional<int64_t> v = NonNegative(*it);
+    if (!v) return DataLoss("the state's 'target_version' is not a non-negative integer");
+    s.target_version = *v;
+  }
+  for (auto [key, out] : {std::pair{"base_model_path", &s.base_model_path}, std::pair{"sync_dir", &s.sync_dir}}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string()) return DataLoss(fmt::format("the state's '{}' is not a string", key));
+    *out = it->get<std::string>();
+  }
+  return s;
+}
 
 struct LocalCheckpoint::Applier {
   explicit Applier(size_t threads) : pool(threads) {}
@@ -55,6 +100,7 @@ Result<std::unique_ptr<LocalCheckpoint>> LocalCheckpoint::Open(LocalCheckpointOp
   Result<CheckpointDir> base = CheckpointDir::Open(options.base_checkpoint);
   if (!base.ok()) return base.status().WithContext("delta: base checkpoint");
   std::unique_ptr<LocalCheckpoint> c(new LocalCheckpoint(std::move(options)));
+  for (const TensorMeta& t : base->tensors()) c->base_bytes_ += t.nbytes();
   std::error_code ec;
   fs::create_directories(c->state_dir_, ec);
   if (ec) return Internal(fmt::format("creating {}: {}", c->state_dir_, ec.message()));
@@ -68,16 +114,25 @@ Result<std::unique_ptr<LocalCheckpoint>> LocalCheckpoint::Open(LocalCheckpointOp
 }
 
 Result<CheckpointState> LocalCheckpoint::ReadState() const {
-  WSYNC_ASSIGN_OR_RETURN(std::string text, ReadFile(state_path_));
-  json j = json::parse(text, nullptr, false);
-  if (!j.is_object()) return DataLoss(fmt::format("{} is not a JSON object", state_path_));
-  CheckpointState s;
-  s.version = j.value("version", int64_t{0});
-  s.write_in_progress = j.value("write_in_progress", false);
-  if (auto it = j.find("target_version"); it != j.end() && it->is_number_integer()) s.target_version = it->get<int64_t>();
-  s.base_model_path = j.value("base_model_path", std::string());
-  s.sync_dir = j.value("sync_dir", std::string());
+  WSYNC_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(state_path_, kMaxStateBytes));
+  Result<CheckpointState> s = ParseCheckpointState(text);
+  if (!s.ok()) return s.status().WithContext(state_path_);
   return s;
+}
+
+Result<LocalCheckpoint::SyncDir> LocalCheckpoint::OpenSyncDir(const std::string& sync_dir) const {
+  if (options_.sync_root.empty()) {
+    WSYNC_ASSIGN_OR_RETURN(ConfinedDir dir, ConfinedDir::Open(sync_dir));
+    return SyncDir{std::move(dir), sync_dir};
+  }
+  WSYNC_ASSIGN_OR_RETURN(std::string rel, PathBelow(options_.sync_root, sync_dir));
+  Result<ConfinedDir> root = ConfinedDir::Open(options_.sync_root);
+  if (!root.ok()) return root.status().WithContext("the sync root (--sync-root)");
+  WSYNC_ASSIGN_OR_RETURN(ConfinedDir dir, root->OpenDir(rel));
+  std::error_code ec;
+  fs::path name = (fs::absolute(options_.sync_root, ec) / rel).lexically_normal();
+  if (!name.has_filename() && name.has_relative_path()) name = name.parent_path();
+  return SyncDir{std::move(dir), name.string()};
 }
 
 Status LocalCheckpoint::WriteState(const CheckpointState& s) const {
@@ -132,6 +187,8 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   if (target < 0) return InvalidArgument(fmt::format("target_version {} is negative", target));
   if (sync_dir.empty()) return InvalidArgument("fetch_weights needs a sync_dir");
   auto t0 = Clock::now();
+  // Refused before anything is touched: a sync dir outside the root resets nothing.
+  WSYNC_ASSIGN_OR_RETURN(SyncDir sync, OpenSyncDir(sync_dir));
   FetchReport report;
   report.to_version = target;
   WSYNC_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path_, FileLock::Mode::kExclusive, deadline));
@@ -142,8 +199,8 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   } else if (read->write_in_progress) {
     report.reset_reason = fmt::format("an apply toward version {} did not finish (crash or checksum failure)",
                                       read->target_version.value_or(-1));
-  } else if (!read->sync_dir.empty() && read->sync_dir != sync_dir) {
-    report.reset_reason = fmt::format("a new chain: sync dir {} replaces {}", sync_dir, read->sync_dir);
+  } else if (!read->sync_dir.empty() && read->sync_dir != sync.name) {
+    report.reset_reason = fmt::format("a new chain: sync dir {} replaces {}", sync.name, read->sync_dir);
   } else if (!read->base_model_path.empty() && read->base_model_path != options_.base_checkpoint) {
     report.reset_reason = fmt::format("the base checkpoint changed from {}", read->base_model_path);
   }
@@ -151,19 +208,19 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   if (!report.reset_reason.empty()) {
     auto tr = Clock::now();
     WSYNC_LOG_INFO("delta: {}: resetting from base {}: {}", options_.root, options_.base_checkpoint, report.reset_reason);
-    WSYNC_RETURN_IF_ERROR(ResetFromBase(sync_dir));
+    WSYNC_RETURN_IF_ERROR(ResetFromBase(sync.name));
     report.reset = true;
     report.reset_seconds += Since(tr);
-    state = CheckpointState{0, false, std::nullopt, options_.base_checkpoint, sync_dir};
+    state = CheckpointState{0, false, std::nullopt, options_.base_checkpoint, sync.name};
   }
   report.from_version = state.version;
   if (state.version > target) {
     return FailedPrecondition(fmt::format("local checkpoint {} is at version {}, ahead of target_version {} in {}",
-                                          options_.root, state.version, target, sync_dir));
+                                          options_.root, state.version, target, sync.name));
   }
   if (state.version == target) {
-    if (state.sync_dir != sync_dir) {
-      state.sync_dir = sync_dir;
+    if (state.sync_dir != sync.name) {
+      state.sync_dir = sync.name;
       WSYNC_RETURN_IF_ERROR(WriteState(state));
     }
     report.seconds = Since(t0);
@@ -171,33 +228,40 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   }
   state.write_in_progress = true;
   state.target_version = target;
-  state.sync_dir = sync_dir;
+  state.sync_dir = sync.name;
   state.base_model_path = options_.base_checkpoint;
   WSYNC_RETURN_IF_ERROR(WriteState(state));
   for (int64_t v = state.version + 1; v <= target; ++v) {
-    Status s = ApplyVersion(v, sync_dir, &report);
+    Status s = ApplyVersion(v, sync, &report);
     if (!s.ok()) {
       if (s.code() != StatusCode::kDataLoss && !report.applied) {
         // Nothing of version v touched the files: they are still exactly version v - 1.
-        CheckpointState clean{v - 1, false, std::nullopt, options_.base_checkpoint, sync_dir};
+        CheckpointState clean{v - 1, false, std::nullopt, options_.base_checkpoint, sync.name};
         (void)WriteState(clean);
       }
-      return s.WithContext(fmt::format("fetching version {} of {} into {}", v, sync_dir, options_.root));
+      return s.WithContext(fmt::format("fetching version {} of {} into {}", v, sync.name, options_.root));
     }
     report.applied = false;  // per version: set again when the next one touches the files
     report.versions++;
     state.version = v;
   }
   report.applied = report.versions > 0;
-  WSYNC_RETURN_IF_ERROR(WriteState(CheckpointState{target, false, std::nullopt, options_.base_checkpoint, sync_dir}));
+  WSYNC_RETURN_IF_ERROR(WriteState(CheckpointState{target, false, std::nullopt, options_.base_checkpoint, sync.name}));
   report.seconds = Since(t0);
   return report;
 }
 
-Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, FetchReport* report) {
+Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport* report) {
   auto tf = Clock::now();
-  std::string dir = VersionDir(sync_dir, v);
-  WSYNC_ASSIGN_OR_RETURN(DeltaManifest m, ReadManifest(sync_dir, v));
+  std::string dir = VersionDir(sync.name, v);
+  Result<ConfinedDir> vdir = sync.dir.OpenDir(VersionDirName(v));
+  if (!vdir.ok()) {
+    if (vdir.status().code() == StatusCode::kNotFound) {
+      return NotFound(fmt::format("version {} is not published in {} ({} does not exist)", v, sync.name, dir));
+    }
+    return vdir.status();
+  }
+  WSYNC_ASSIGN_OR_RETURN(DeltaManifest m, ReadManifest(*vdir));
   if (m.version != v) {
     return FailedPrecondition(fmt::format("{}/manifest.json says version {}, expected {}", dir, m.version, v));
   }
@@ -206,18 +270,34 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
                                           "version {}: refusing a delta against another base", dir, m.base_version, v - 1));
   }
   if (m.tensors.empty()) return Status::Ok();
-  std::map<std::string, SafetensorsFile> payloads;
-  for (const std::string& f : m.payload_files) {
-    Result<SafetensorsFile> file = SafetensorsFile::Open((fs::path(dir) / f).string());
-    if (!file.ok()) return file.status().WithContext(fmt::format("payload file of version {}", v));
-    payloads.emplace(f, std::move(*file));
+  // What the version may make this server read: the compressed bytes its records claim
+  // (at most twice the base's tensor bytes), per file plus its header.
+  std::map<std::string, uint64_t, std::less<>> claimed;
+  uint64_t total = 0;
+  const uint64_t budget = 2 * base_bytes_ + (uint64_t{64} << 20);
+  for (const DeltaTensorRecord& r : m.tensors) {
+    std::optional<uint64_t> t = CheckedAdd(total, r.compressed_num_bytes);
+    if (!t || *t > budget) {
+      return InvalidArgument(fmt::format("{}/manifest.json claims more compressed bytes than a delta of this "
+                                         "checkpoint ({} tensor bytes) can hold", dir, base_bytes_));
+    }
+    total = *t;
+    claimed[r.payload_file] += r.compressed_num_bytes;
   }
-  // Payload bytes of every record, read once here (the "download" of a shared mount).
+  std::map<std::string, PayloadFile> payloads;
+  for (const std::string& f : m.payload_files) {
+    if (payloads.count(f) != 0 || claimed.count(f) == 0) continue;  // listed twice, or holds no record
+    Result<RegularFile> file = vdir->OpenFile(f);
+    if (!file.ok()) return file.status().WithContext(fmt::format("payload file of version {}", v));
+    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxLayoutHeaderBytes + claimed[f]);
+    if (!payload.ok()) return payload.status().WithContext(fmt::format("payload file of version {}", v));
+    payloads.emplace(f, std::move(*payload));
+  }
+  // Payload bytes of every record (read into memory above: the "download" of a shared mount).
   std::vector<std::span<const uint8_t>> frames(m.tensors.size());
-  uint64_t touch = 0;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const DeltaTensorRecord& r = m.tensors[i];
-    const SafetensorsFile& file = payloads.at(r.payload_file);
+    const PayloadFile& file = payloads.at(r.payload_file);
     Result<std::span<const std::byte>> bytes = file.Bytes(r.payload_key);
     if (!bytes.ok()) return DataLoss(fmt::format("{}: {}", r.name, bytes.status().message()));
     if (bytes->size() != r.compressed_num_bytes) {
@@ -225,13 +305,12 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
                                   r.payload_key, bytes->size(), r.compressed_num_bytes));
     }
     frames[i] = {reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()};
-    for (size_t o = 0; o < frames[i].size(); o += 4096) touch += frames[i][o];
     report->payload_bytes += bytes->size();
   }
-  (void)touch;
   report->fetch_seconds += Since(tf);
 
-  if (!fs::exists(weights_dir_)) {
+  std::error_code exists_ec;
+  if (!fs::exists(weights_dir_, exists_ec)) {
     auto tr = Clock::now();
     std::string tmp = weights_dir_ + ".tmp";
     std::error_code ec;
@@ -246,11 +325,13 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const std::string& sync_dir, Fet
   }
   // Where every tensor sits in the local files; each record is checked before any write.
   std::map<std::string, TensorLocation, std::less<>> where;
-  for (const auto& e : fs::directory_iterator(weights_dir_)) {
-    if (e.path().extension() != ".safetensors") continue;
-    WSYNC_ASSIGN_OR_RETURN(auto layout, ReadSafetensorsLayout(e.path().string()));
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(weights_dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (it->path().extension() != ".safetensors") continue;
+    WSYNC_ASSIGN_OR_RETURN(auto layout, ReadSafetensorsLayout(it->path().string()));
     for (TensorLocation& loc : layout) where.emplace(loc.meta.name, std::move(loc));
   }
+  if (ec) return Internal(fmt::format("listing {}: {}", weights_dir_, ec.message()));
   struct Job {
     size_t record;
     WritableMapping* mapping;

@@ -9,6 +9,12 @@
 //                                             "sync_dir" (wsync)}
 //   <root>/.skyrl_weight_sync/writer.lock    flock: writers exclusive, reloads shared
 //
+// Where files come from: `base_checkpoint` and `root` are the server's own (its flags);
+// the sync directory a fetch names is confined below `sync_root` when one is set (the
+// receiver always sets it: requests name sync dirs), and everything read from a sync
+// directory is opened beneath it (ConfinedDir: no symlink out, regular files only, size
+// limits). Nothing outside `root` is ever written or deleted.
+//
 // Fetch(target) runs under the exclusive lock, so of all the workers and processes of a
 // host that share `root`, the first applies and the rest find the work done. It resets
 // from the base when the state is missing, says write_in_progress (a crash or a checksum
@@ -41,6 +47,9 @@ namespace wsync::delta {
 struct LocalCheckpointOptions {
   std::string base_checkpoint;  // version 0 (read-only; never modified)
   std::string root;             // the local checkpoint directory
+  // Where sync dirs may lie: Fetch() refuses one that is not below it (after symlinks
+  // are resolved). Empty: the caller vouches for the sync dir (library use, tests, bench).
+  std::string sync_root;
   size_t threads = 0;           // apply threads; 0: every core
   // Test seam: called on an apply thread after each tensor is patched and verified
   // (crash-recovery tests end the process here).
@@ -78,6 +87,11 @@ struct FetchReport {
   double seconds = 0;
 };
 
+// Parses state.json. Every field is type- and range-checked (a version is a
+// non-negative integer, write_in_progress a boolean, paths strings); anything else is
+// DataLoss, never an exception. Missing fields take CheckpointState's defaults.
+Result<CheckpointState> ParseCheckpointState(std::string_view text);
+
 class LocalCheckpoint {
  public:
   // Creates `root` and its state (version 0) if missing. InvalidArgument when the base
@@ -90,9 +104,12 @@ class LocalCheckpoint {
   // FailedPrecondition for a target behind the local version or a manifest whose
   // version / base_version break the chain, DataLoss for a corrupt payload or a checksum
   // mismatch (the state keeps write_in_progress: the next fetch starts from the base).
+  // A sync_dir outside options().sync_root is InvalidArgument, refused before anything
+  // is touched.
   Result<FetchReport> Fetch(int64_t target, const std::string& sync_dir, Deadline deadline);
 
-  // The state as on disk (no lock: the file is replaced atomically).
+  // The state as on disk (no lock: the file is replaced atomically); DataLoss when it is
+  // not a well-formed state (ParseCheckpointState), and then the next Fetch() resets.
   Result<CheckpointState> ReadState() const;
   // OK when the state is `target` and complete; FailedPrecondition otherwise, saying
   // what to call.
@@ -108,9 +125,14 @@ class LocalCheckpoint {
   explicit LocalCheckpoint(LocalCheckpointOptions options);
   Status WriteState(const CheckpointState& state) const;
   Status ResetFromBase(const std::string& sync_dir);
-  Status ApplyVersion(int64_t version, const std::string& sync_dir, FetchReport* report);
+  // The sync dir a fetch names, opened (below options_.sync_root when set), and the
+  // name the state records for it.
+  struct SyncDir;
+  Result<SyncDir> OpenSyncDir(const std::string& sync_dir) const;
+  Status ApplyVersion(int64_t version, const SyncDir& sync, FetchReport* report);
 
   LocalCheckpointOptions options_;
+  uint64_t base_bytes_ = 0;  // tensor bytes of the base: bounds what a version may make us read
   std::string weights_dir_, state_dir_, state_path_, lock_path_;
   struct Applier;
   std::unique_ptr<Applier> applier_;  // threads and codecs, made at the first apply

@@ -466,5 +466,20 @@ TEST_F(LocalCheckpointTest, TheWriterLockWaitHasADeadline) {
   EXPECT_EQ(local->LockForReading(Deadline::InSeconds(0.1)).status().code(), StatusCode::kDeadlineExceeded);
 }
 
+TEST(ParseCheckpointStateTest, WrongTypesAreDataLossNeverAnException) {
+  auto ok = ParseCheckpointState(R"({"version": 3, "write_in_progress": false, "target_version": null,
+                                     "base_model_path": "/b", "sync_dir": "/s"})");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->version, 3);
+  EXPECT_EQ(ok->sync_dir, "/s");
+  for (const char* bad : {R"({"version": "two"})", R"({"version": -1})", R"({"version": 18446744073709551615})",
+                          R"({"write_in_progress": 1})", R"({"target_version": [1]})", R"({"sync_dir": 7})",
+                          R"({"base_model_path": {}})", "[1, 2]", "{", ""}) {
+    auto r = ParseCheckpointState(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace wsync::delta

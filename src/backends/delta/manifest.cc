@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/delta/confined_dir.h"
 #include "backends/delta/fs.h"
+#include "core/checked_math.h"
 
 namespace wsync::delta {
 namespace {
@@ -23,7 +28,17 @@ Result<uint64_t> U64Field(const json& j, const char* key, const std::string& whe
   if (it == j.end() || !(it->is_number_unsigned() || (it->is_number_integer() && it->get<int64_t>() >= 0))) {
     return InvalidArgument(fmt::format("{}: field '{}' must be a non-negative integer", where, key));
   }
-  return it->get<uint64_t>();
+  return it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+}
+
+// A non-negative integer that fits int64 (versions), or InvalidArgument naming the field.
+Result<int64_t> VersionField(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer() ||
+      (it->is_number_unsigned() ? it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) : it->get<int64_t>() < 0)) {
+    return InvalidArgument(fmt::format("field '{}' must be a non-negative integer", key));
+  }
+  return it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
 }
 
 Result<std::string> StringField(const json& j, const char* key, const std::string& where) {
@@ -47,9 +62,17 @@ Result<DeltaTensorRecord> ParseRecord(const json& r, size_t index) {
   rec.dtype = *dt;
   auto shape = r.find("shape");
   if (shape == r.end() || !shape->is_array()) return InvalidArgument(where + ": field 'shape' must be a list");
+  uint64_t bytes = ItemSize(rec.dtype);
   for (const auto& d : *shape) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) return InvalidArgument(where + ": shape has a bad dimension");
-    rec.shape.push_back(d.get<int64_t>());
+    if (!d.is_number_integer() ||
+        (d.is_number_unsigned() ? d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) : d.get<int64_t>() < 0)) {
+      return InvalidArgument(where + ": shape has a bad dimension");
+    }
+    int64_t dim = d.is_number_unsigned() ? static_cast<int64_t>(d.get<uint64_t>()) : d.get<int64_t>();
+    std::optional<uint64_t> b = CheckedMul(bytes, static_cast<uint64_t>(dim));
+    if (!b) return InvalidArgument(where + ": shape's byte size overflows 64 bits");
+    bytes = *b;
+    rec.shape.push_back(dim);
   }
   WSYNC_ASSIGN_OR_RETURN(rec.uncompressed_num_bytes, U64Field(r, "uncompressed_num_bytes", where));
   WSYNC_ASSIGN_OR_RETURN(rec.compressed_num_bytes, U64Field(r, "compressed_num_bytes", where));
@@ -69,7 +92,7 @@ Result<DeltaTensorRecord> ParseRecord(const json& r, size_t index) {
   Result<DigestAlgorithm> alg = ParseDigestAlgorithm(algorithm);
   if (!alg.ok()) return InvalidArgument(fmt::format("{}: {}", where, alg.status().message()));
   rec.checksum_algorithm = *alg;
-  if (rec.payload_file.find('/') != std::string::npos || rec.payload_file.starts_with(".")) {
+  if (!IsPlainFileName(rec.payload_file)) {
     return InvalidArgument(fmt::format("{}: payload_file '{}' must be a plain file name", where, rec.payload_file));
   }
   return rec;
@@ -117,20 +140,16 @@ Result<DeltaManifest> DeltaManifest::Parse(const std::string& text) {
   m.format_version = 1;
   if (auto it = j.find("format_version"); it != j.end()) {
     if (!it->is_number_integer()) return InvalidArgument("field 'format_version' must be an integer");
-    m.format_version = it->get<int>();
-    if (m.format_version > kManifestFormatVersion || m.format_version < 1) {
+    bool known = it->is_number_unsigned() ? it->get<uint64_t>() >= 1 && it->get<uint64_t>() <= kManifestFormatVersion
+                                          : it->get<int64_t>() >= 1 && it->get<int64_t>() <= kManifestFormatVersion;
+    if (!known) {
       return FailedPrecondition(fmt::format("manifest format_version {} is not one this wsync reads (1..{})",
-                                            m.format_version, kManifestFormatVersion));
+                                            it->dump(), kManifestFormatVersion));
     }
+    m.format_version = static_cast<int>(it->get<int64_t>());
   }
-  for (const char* key : {"version", "base_version"}) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0) {
-      return InvalidArgument(fmt::format("field '{}' must be a non-negative integer", key));
-    }
-  }
-  m.version = j["version"].get<int64_t>();
-  m.base_version = j["base_version"].get<int64_t>();
+  WSYNC_ASSIGN_OR_RETURN(m.version, VersionField(j, "version"));
+  WSYNC_ASSIGN_OR_RETURN(m.base_version, VersionField(j, "base_version"));
   if (auto it = j.find("tensors"); it != j.end()) {
     if (!it->is_array()) return InvalidArgument("field 'tensors' must be a list");
     for (size_t i = 0; i < it->size(); ++i) {
@@ -146,9 +165,22 @@ Result<DeltaManifest> DeltaManifest::Parse(const std::string& text) {
   }
   if (auto it = j.find("payload_files"); it != j.end()) {
     if (!it->is_array()) return InvalidArgument("field 'payload_files' must be a list");
-    for (const auto& f : *it) {
-      if (!f.is_string()) return InvalidArgument("payload_files holds a non-string");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& f = (*it)[i];
+      if (!f.is_string()) return InvalidArgument(fmt::format("payload_files[{}] is not a string", i));
+      // One component of the version directory: never a path out of it.
+      if (!IsPlainFileName(f.get_ref<const std::string&>())) {
+        return InvalidArgument(fmt::format("payload_files[{}] must be a plain file name of the version directory",
+                                           i));
+      }
       m.payload_files.push_back(f.get<std::string>());
+    }
+  }
+  std::set<std::string_view> names;
+  for (const DeltaTensorRecord& r : m.tensors) {
+    if (!names.insert(r.name).second) {
+      return InvalidArgument(
+          fmt::format("tensor {} has two records (each tensor is patched once per version)", r.name));
     }
   }
   for (const DeltaTensorRecord& r : m.tensors) {
@@ -160,18 +192,31 @@ Result<DeltaManifest> DeltaManifest::Parse(const std::string& text) {
   return m;
 }
 
-Result<DeltaManifest> ReadManifest(const std::string& sync_dir, int64_t version) {
-  std::string path = (std::filesystem::path(VersionDir(sync_dir, version)) / kManifestName).string();
-  Result<std::string> text = ReadFile(path);
+Result<DeltaManifest> ReadManifest(const ConfinedDir& version_dir) {
+  Result<std::string> text = version_dir.ReadFile(kManifestName, kMaxManifestBytes);
+  std::string path = (std::filesystem::path(version_dir.path()) / kManifestName).string();
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound) {
-      return NotFound(fmt::format("version {} is not published in {} ({} does not exist)", version, sync_dir, path));
+      return NotFound(fmt::format("{} does not exist: the version is not published (yet)", path));
     }
     return text.status();
   }
   Result<DeltaManifest> m = DeltaManifest::Parse(*text);
   if (!m.ok()) return m.status().WithContext(path);
   return m;
+}
+
+Result<DeltaManifest> ReadManifest(const std::string& sync_dir, int64_t version) {
+  WSYNC_ASSIGN_OR_RETURN(ConfinedDir sync, ConfinedDir::Open(sync_dir));
+  Result<ConfinedDir> dir = sync.OpenDir(VersionDirName(version));
+  if (!dir.ok()) {
+    if (dir.status().code() == StatusCode::kNotFound) {
+      return NotFound(fmt::format("version {} is not published in {} (no {})", version, sync_dir,
+                                  VersionDirName(version)));
+    }
+    return dir.status();
+  }
+  return ReadManifest(*dir);
 }
 
 Result<std::vector<int64_t>> PublishedVersions(const std::string& sync_dir) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/delta/confined_dir.h"
 #include "core/digest.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
@@ -61,14 +62,19 @@ struct DeltaManifest {
 
   // Keys in SkyRL's order (dataclass field order), plus "format_version" last.
   std::string ToJson() const;
-  // Checks every field's type; errors name the field and record. A format_version newer
-  // than this build reads is FailedPrecondition; a record's unknown checksum algorithm or
-  // dtype is InvalidArgument naming the tensor.
+  // Checks every field's type and range (never throws); errors name the field and record.
+  // A format_version newer than this build reads is FailedPrecondition; a record's
+  // unknown checksum algorithm or dtype, a shape whose byte size overflows, a tensor
+  // with two records, and a payload file that is not a plain file name of the version
+  // directory (IsPlainFileName) are InvalidArgument.
   static Result<DeltaManifest> Parse(const std::string& text);
 };
 
-// Reads <sync_dir>/delta-<version>/manifest.json. NotFound when the version is not
-// published (no manifest yet); errors name the file.
+// Reads manifest.json of a version directory opened beneath its sync dir: a regular file
+// (no FIFO, device or symlink out of the directory) of at most kMaxManifestBytes.
+// NotFound when the version is not published (no manifest yet); errors name the file.
+Result<DeltaManifest> ReadManifest(const ConfinedDir& version_dir);
+// The same for <sync_dir>/delta-<version>/manifest.json.
 Result<DeltaManifest> ReadManifest(const std::string& sync_dir, int64_t version);
 
 // Versions published in `sync_dir` (directories with a manifest), ascending.

@@ -100,5 +100,46 @@ TEST(DeltaManifestTest, BadManifestsNameTheField) {
   EXPECT_FALSE(DeltaManifest::Parse("not json").ok());
 }
 
+// Hostile manifests (issue 13): payload_files may only name plain files of the version
+// directory; numbers are range-checked, never truncated; no field of a wrong type throws.
+TEST(DeltaManifestTest, HostileManifestsAreRefused) {
+  nlohmann::json j = nlohmann::json::parse(Sample().ToJson());
+  for (const char* bad : {"../../etc/passwd", "/etc/passwd", "..", ".", "", "a/b", ".hidden"}) {
+    nlohmann::json m = j;
+    m["payload_files"].push_back(bad);
+    auto r = DeltaManifest::Parse(m.dump());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  nlohmann::json m = j;
+  m["format_version"] = 4294967297ULL;  // 2^32 + 1: not version 1
+  EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kFailedPrecondition);
+  m = j;
+  m["version"] = 18446744073709551615ULL;
+  EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kInvalidArgument);
+  m = j;
+  m["tensors"].push_back(m["tensors"][0]);  // the same tensor twice: two threads would patch it at once
+  EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kInvalidArgument);
+  m = j;
+  m["tensors"][0]["shape"] = {uint64_t{1} << 62, 8};  // byte size past 2^64
+  EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kInvalidArgument);
+  for (const char* key : {"name", "dtype", "shape", "uncompressed_num_bytes", "payload_file", "checksum"}) {
+    for (const nlohmann::json& v : {nlohmann::json(nullptr), nlohmann::json(1.5), nlohmann::json::array(),
+                                    nlohmann::json::object(), nlohmann::json(-1), nlohmann::json("x")}) {
+      nlohmann::json t = j;
+      t["tensors"][0][key] = v;
+      (void)DeltaManifest::Parse(t.dump());  // an error or a manifest, never an exception
+    }
+  }
+  for (const char* key : {"version", "base_version", "tensors", "payload_files", "total_compressed_num_bytes"}) {
+    for (const nlohmann::json& v : {nlohmann::json(nullptr), nlohmann::json(1.5), nlohmann::json::array({1}),
+                                    nlohmann::json::object(), nlohmann::json(-1), nlohmann::json("x")}) {
+      nlohmann::json t = j;
+      t[key] = v;
+      (void)DeltaManifest::Parse(t.dump());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace wsync::delta

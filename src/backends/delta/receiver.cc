@@ -5,12 +5,15 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "backends/delta/convert.h"
 #include "backends/delta/local_checkpoint.h"
+#include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
+#include "backends/delta/receiver_request.h"
 #include "backends/delta/task_pool.h"
 #include "core/digest.h"
 #include "core/log.h"
@@ -37,23 +40,20 @@ Status JoinAll(std::vector<std::future<Status>>& futures) {
   return first;
 }
 
-// A string setting from the serve flags, else from init_info under SkyRL's key.
-std::string Setting(const json& config, const char* flag_key, const json& init, const char* init_key) {
-  if (auto it = config.find(flag_key); it != config.end() && it->is_string() && !it->get<std::string>().empty()) {
-    return it->get<std::string>();
-  }
-  if (auto it = init.find(init_key); it != init.end() && it->is_string()) return it->get<std::string>();
-  return "";
+// A string setting from the serve flags ("" when absent).
+std::string Flag(const json& config, const char* key) {
+  auto it = config.find(key);
+  return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-Result<int64_t> TargetVersion(const json& body, const char* what) {
-  for (const char* key : {"target_version", "version"}) {
-    auto it = body.find(key);
-    if (it == body.end() || it->is_null()) continue;
-    if (!it->is_number_integer()) return InvalidArgument(fmt::format("{}: field '{}' must be an integer", what, key));
-    return it->get<int64_t>();
-  }
-  return InvalidArgument(fmt::format("{} needs an integer 'target_version'", what));
+// Whether two paths are spelled the same once "." and ".." are folded (SkyRL's init keys
+// against the flags: a request's path is compared, never looked up on disk).
+bool SamePath(const std::string& a, const std::string& b) {
+  auto norm = [](const std::string& p) {
+    std::filesystem::path n = std::filesystem::path(p).lexically_normal();
+    return !n.has_filename() && n.has_relative_path() ? n.parent_path() : n;
+  };
+  return norm(a) == norm(b);
 }
 
 class DeltaReceiver final : public ReceiverBackend {
@@ -64,32 +64,39 @@ class DeltaReceiver final : public ReceiverBackend {
   bool ParsesOwnUpdateInfo() const override { return true; }
 
   Status Init(const json& init_info) override {
-    if (!init_info.is_object()) return InvalidArgument("init_info must be an object");
-    if (auto it = init_info.find("format_version"); it != init_info.end()) {
-      if (!it->is_number_integer() || it->get<int>() > delta::kManifestFormatVersion) {
-        return FailedPrecondition(fmt::format("init_info format_version {} is newer than this server reads ({})",
-                                              it->dump(), delta::kManifestFormatVersion));
+    WSYNC_ASSIGN_OR_RETURN(delta::DeltaInitRequest init, delta::ParseDeltaInit(init_info));
+    if (init.sync_dir) WSYNC_RETURN_IF_ERROR(CheckSyncDir(*init.sync_dir));
+    // SkyRL's init keys name directories; a server takes its directories from its flags
+    // only (docs/security.md). Keys naming other directories are noted, never opened.
+    const json& flags = ctx_->backend_config;
+    for (const auto& [key, given, flag] :
+         {std::tuple{"base_model_path", init.base_model_path, Flag(flags, "base_checkpoint")},
+          std::tuple{"local_checkpoint_dir", init.local_checkpoint_dir, Flag(flags, "local_checkpoint_dir")}}) {
+      if (given && !given->empty() && (flag.empty() || !SamePath(*given, flag))) {
+        WSYNC_LOG_WARN("delta: init_info {} {} is not this server's ({}): ignored; a server's directories come "
+                       "from its flags (--base-checkpoint, --local-checkpoint-dir)", key, *given,
+                       flag.empty() ? "default" : flag);
       }
     }
-    if (auto it = init_info.find("sync_dir"); it != init_info.end() && it->is_string()) {
-      sync_dir_ = it->get<std::string>();
-    }
-    return Open(init_info);
+    WSYNC_RETURN_IF_ERROR(Open());
+    if (init.sync_dir) sync_dir_ = *init.sync_dir;
+    return Status::Ok();
   }
 
   Result<json> Fetch(const json& body) override {
+    WSYNC_ASSIGN_OR_RETURN(delta::DeltaFetchRequest req, delta::ParseDeltaFetch(body));
     WSYNC_RETURN_IF_ERROR(EnsureOpen());
-    WSYNC_ASSIGN_OR_RETURN(int64_t target, TargetVersion(body, "fetch_weights"));
-    std::string sync_dir = sync_dir_;
-    if (auto it = body.find("sync_dir"); it != body.end() && it->is_string()) sync_dir = it->get<std::string>();
-    if (auto it = body.find("uri"); it != body.end() && it->is_string()) {
-      std::string uri = it->get<std::string>();
+    const int64_t target = req.target_version;
+    std::string sync_dir = req.sync_dir.value_or(sync_dir_);
+    if (req.uri) {
+      const std::string& uri = *req.uri;
       if (uri.starts_with("gs://") || uri.starts_with("s3://")) {
         return Unimplemented(fmt::format("fetch_weights from {}: object stores are not supported; share the sync "
                                          "directory through a local or NFS path", uri));
       }
     }
     if (sync_dir.empty()) return InvalidArgument("fetch_weights needs a 'sync_dir' (none was given at init either)");
+    WSYNC_RETURN_IF_ERROR(CheckSyncDir(sync_dir));
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     auto t0 = Clock::now();
     double cpu0 = delta::ProcessCpuSeconds();
@@ -145,7 +152,7 @@ class DeltaReceiver final : public ReceiverBackend {
     if (!req.reject.ok()) return req.reject;
     WSYNC_RETURN_IF_ERROR(EnsureOpen());
     if (req.update_info == nullptr || !req.update_info->is_object()) return InvalidArgument("update_info must be an object");
-    WSYNC_ASSIGN_OR_RETURN(int64_t target, TargetVersion(*req.update_info, "update_weights"));
+    WSYNC_ASSIGN_OR_RETURN(int64_t target, delta::ParseTargetVersion(*req.update_info, "update_weights"));
     WSYNC_RETURN_IF_ERROR(stores_.front()->ValidateReady(target));
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     auto t0 = Clock::now();
@@ -166,11 +173,25 @@ class DeltaReceiver final : public ReceiverBackend {
   void Shutdown() override { stores_.clear(); }
 
  private:
-  Status EnsureOpen() { return stores_.empty() ? Open(json::object()) : Status::Ok(); }
+  Status EnsureOpen() { return stores_.empty() ? Open() : Status::Ok(); }
 
-  Status Open(const json& init_info) {
-    std::string base = Setting(ctx_->backend_config, "base_checkpoint", init_info, "base_model_path");
-    std::string root = Setting(ctx_->backend_config, "local_checkpoint_dir", init_info, "local_checkpoint_dir");
+  // A sync dir a request names must lie below the --sync-root flag (LocalCheckpoint
+  // opens it beneath the root, so a symlink cannot lead out either).
+  Status CheckSyncDir(const std::string& sync_dir) const {
+    std::string root = Flag(ctx_->backend_config, "sync_root");
+    if (root.empty()) {
+      return InvalidArgument(fmt::format("sync_dir {}: this server takes no sync dir from requests; start it with "
+                                         "--sync-root DIR (a directory the sync dirs lie below)", sync_dir));
+    }
+    return delta::PathBelow(root, sync_dir).status();
+  }
+
+  // The local checkpoint from the serve flags alone: the base (--base-checkpoint), the
+  // local directory (--local-checkpoint-dir, else one under $TMPDIR named after the base)
+  // and the sync root (--sync-root).
+  Status Open() {
+    std::string base = Flag(ctx_->backend_config, "base_checkpoint");
+    std::string root = Flag(ctx_->backend_config, "local_checkpoint_dir");
     if (base.empty()) return InvalidArgument("delta: this server needs its base checkpoint (wsync serve --base-checkpoint DIR)");
     if (root.empty()) {
       const char* tmp = std::getenv("TMPDIR");
@@ -184,6 +205,7 @@ class DeltaReceiver final : public ReceiverBackend {
       delta::LocalCheckpointOptions o;
       o.base_checkpoint = base;
       o.root = root;
+      o.sync_root = Flag(ctx_->backend_config, "sync_root");
       WSYNC_ASSIGN_OR_RETURN(auto s, LocalCheckpoint::Open(std::move(o), deadline));
       stores.push_back(std::move(s));
     }

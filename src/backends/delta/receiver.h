@@ -2,8 +2,10 @@
 // (LocalCheckpoint) and a sync is "fetch, then reload".
 //
 //   POST /init_weight_transfer_engine {"init_info": {"sync_dir"?, "format_version"?,
-//        "base_model_path"?, "local_checkpoint_dir"?}}: opens the local checkpoint. The
-//        serve flags --base-checkpoint / --local-checkpoint-dir win over SkyRL's init keys.
+//        "base_model_path"?, "local_checkpoint_dir"?}}: opens the local checkpoint from
+//        the serve flags alone (--base-checkpoint, --local-checkpoint-dir); SkyRL's two
+//        path keys are accepted and never opened (a differing one is logged). sync_dir
+//        becomes the fetches' default.
 //   POST /fetch_weights {"target_version": N, "sync_dir": DIR}: runs while the server keeps
 //        generating. Every worker fetches at once, each through its own LocalCheckpoint;
 //        the host's writer lock lets one apply and the rest find it done. Answers SkyRL's
@@ -14,8 +16,10 @@
 //        worker reloads it into its shards (casting f32/bf16/f16 checkpoint dtypes to the
 //        model's) under the shared lock, so no fetch rewrites files mid-reload.
 //
-// Without an init call, the first fetch or update opens the local checkpoint from the
-// serve flags. Called by the server one call at a time; work fans out to the workers'
+// A sync_dir (init or fetch) must lie below the serve flag --sync-root, also after
+// symlinks are resolved; without the flag no request may name one (400). See
+// docs/security.md. Without an init call, the first fetch or update opens the local
+// checkpoint from the serve flags. Called by the server one call at a time; work fans out to the workers'
 // threads, and each wait (the host lock) is bounded by the server's timeout.
 #pragma once
 

@@ -240,6 +240,9 @@ struct SparseApplier::State {
   zstd::HuffmanTable huf;      // empty before the first Huffman-coded literals block
   std::vector<uint8_t> literals;
   uint32_t reps[3] = {1, 4, 8};
+  // "Window_Size" and "Block_Maximum_Size" (min(Window_Size, 128 KiB)) of the frame.
+  uint64_t window = 0;
+  size_t block_max = kBlockMax;
 
   State() {
     FseTable f;
@@ -261,7 +264,7 @@ struct SparseApplier::State {
       if (n < h) return 0;
       size_t regen = h == 1 ? p[0] >> 3 : h == 2 ? (p[0] >> 4) + (size_t{p[1]} << 4)
                                                  : (p[0] >> 4) + (size_t{p[1]} << 4) + (size_t{p[2]} << 12);
-      if (regen > kBlockMax) return 0;
+      if (regen > block_max) return 0;
       *count = regen;
       if (type == 0) {
         if (h + regen > n) return 0;
@@ -287,7 +290,9 @@ struct SparseApplier::State {
       regen = (v >> 4) & 0x3FFFF;
       csize = (v >> 22) & 0x3FFFF;
     }
-    if (regen > kBlockMax || h + csize > n) return 0;
+    // libzstd wants 6 literals or more in the "4 streams" layout, and some in any
+    // Huffman-coded section.
+    if (regen > block_max || h + csize > n || regen == 0 || (sf != 0 && regen < 6)) return 0;
     const uint8_t* q = p + h;
     size_t qn = csize;
     if (type == 2) {
@@ -478,7 +483,7 @@ struct SparseApplier::State {
         PutLiterals(out, lit + lp, llen);
       }
       lp += llen;
-      if (offset > out.tz) {  // may copy nonzero bytes
+      if (offset > out.tz || offset > window) {  // may copy nonzero bytes, or reaches past the window
         ok = false;
         break;
       }
@@ -513,18 +518,30 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
     size_t n = frame.size();
     if (n < 6 || Le(p, 4) != 0xFD2FB528u) return false;
     unsigned fhd = p[4];
-    if (fhd & 0x08 || (fhd & 3) != 0) return false;  // reserved bit, dictionary
-    bool single = fhd & 0x20, checksum = fhd & 0x04;
+    // Reserved bit, dictionary; and a content checksum, which this decoder does not
+    // compute (it never holds the decompressed bytes): libzstd verifies those frames.
+    if (fhd & 0x08 || (fhd & 3) != 0 || (fhd & 0x04) != 0) return false;
+    bool single = fhd & 0x20;
     unsigned fcs_flag = fhd >> 6;
     size_t fcs_bytes = fcs_flag == 0 ? (single ? 1 : 0) : size_t{1} << fcs_flag;
     size_t at = 5 + (single ? 0 : 1);
     if (at + fcs_bytes > n) return false;
+    if (!single) {  // "Window_Descriptor"
+      unsigned exponent = p[5] >> 3, mantissa = p[5] & 7;
+      // Over 2^27 bytes libzstd's streaming decoder refuses the frame (its default
+      // limit), and so does this decoder; 2^31 is the format's largest on 64 bits.
+      if (exponent + 10 > 27) return false;
+      uint64_t base = uint64_t{1} << (exponent + 10);
+      st.window = base + (base / 8) * mantissa;
+    }
     if (fcs_bytes > 0) {
       uint64_t fcs = 0;
       for (size_t i = 0; i < fcs_bytes; ++i) fcs |= uint64_t{p[at + i]} << (8 * i);
       if (fcs_bytes == 2) fcs += 256;
       if (fcs != region.size()) return false;
+      if (single) st.window = fcs;
     }
+    st.block_max = static_cast<size_t>(std::min<uint64_t>(st.window, kBlockMax));
     at += fcs_bytes;
     Output out{region.data(), region.size()};
     size_t hashed = 0;
@@ -535,6 +552,9 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
       bool last = bh & 1;
       unsigned type = (bh >> 1) & 3;
       size_t size = bh >> 3;
+      // Every block, raw and RLE too, holds at most Block_Maximum_Size bytes; a
+      // compressed one is also smaller than 128 KiB on the wire (libzstd's limit).
+      if (size > st.block_max || (type == 2 && size >= kBlockMax)) return false;
       if (type == 0) {  // "Raw_Block"
         if (at + size > n || size > out.size - out.pos) return false;
         PutLiterals(out, p + at, size);
@@ -548,9 +568,9 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
         out.pos += size;
         at += 1;
       } else if (type == 2) {  // "Compressed_Block"
-        if (at + size > n || size > kBlockMax) return false;
+        if (at + size > n) return false;
         size_t nlit = 0, lsize = st.ReadLiterals(p + at, size, &nlit);
-        size_t block_end = out.pos + std::min(kBlockMax, out.size - out.pos);
+        size_t block_end = out.pos + std::min(st.block_max, out.size - out.pos);
         if (lsize == 0 || !st.ExecuteSequences(p + at + lsize, size - lsize, nlit, out, block_end)) return false;
         at += size;
       } else {
@@ -562,7 +582,6 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
       }
       if (last) break;
     }
-    if (checksum) at += 4;
     return at == n && out.pos == out.size;
   };
   if (run(hasher)) return true;

@@ -10,9 +10,12 @@
 // ends at the current position. The caller then hashes the tensor to verify it.
 //
 // Anything outside that shape (a match that may copy nonzero bytes, a dictionary, a
-// malformed or truncated frame, a size that disagrees with the tensor) makes Apply()
-// return false with the tensor exactly as it was, and the caller falls back to libzstd,
-// which decodes every valid frame and reports every invalid one. (Decoding never reads
+// content checksum, a window over 2^27 bytes, a malformed or truncated frame, one that
+// breaks a limit of the format such as a block over Block_Maximum_Size, a size that
+// disagrees with the tensor) makes Apply() return false with the tensor exactly as it
+// was, and the caller falls back to libzstd, which decodes every valid frame and reports
+// every invalid one. So it accepts no frame libzstd refuses (delta_sparse_apply_fuzz
+// checks this against libzstd, differentially). (Decoding never reads
 // the tensor, so running a failed frame a second time XORs the same bytes back.)
 // Not thread-safe: one per thread (it keeps scratch buffers).
 #pragma once

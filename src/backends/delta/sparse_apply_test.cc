@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <zstd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "backends/delta/codec.h"
@@ -137,9 +139,8 @@ TEST(SparseApplierTest, CorruptOrMisSizedFramesNeverCrashAndDeclineUntouchedOrDi
       // Accepted: then libzstd, where it accepts the frame too, decodes the same patch.
       std::vector<std::byte> patch(n);
       size_t r = ZSTD_decompress(patch.data(), n, bad.data(), bad.size());
-      if (!ZSTD_isError(r) && r == n) {
-        ASSERT_EQ(region, Xor(old, patch)) << trial;
-      }
+      ASSERT_TRUE(!ZSTD_isError(r) && r == n) << trial << ": accepted a frame libzstd rejects";
+      ASSERT_EQ(region, Xor(old, patch)) << trial;
     }
   }
   std::vector<std::byte> small(n - 1);
@@ -147,6 +148,130 @@ TEST(SparseApplierTest, CorruptOrMisSizedFramesNeverCrashAndDeclineUntouchedOrDi
   std::vector<std::byte> region = old;
   ASSERT_TRUE(applier.Apply(frame, region));  // and it still works afterwards
   EXPECT_EQ(region, want);
+}
+
+// Frames RFC 8878 forbids, which libzstd rejects: SparseApplier declines each (region
+// untouched) and DeltaCodec::Apply, whose fallback is libzstd, refuses it. Each is also a
+// seed of delta_sparse_apply_fuzz (the differential target against libzstd).
+// Whether libzstd's streaming decoder, fed output room in 64 KiB pieces as DeltaCodec's
+// fallback does, decodes `frame` whole to exactly `size` bytes. (Its one-shot
+// ZSTD_decompress(), and streaming into room for the whole content, take some frames the
+// format forbids, e.g. a raw block over 128 KiB, that this way of decoding refuses.)
+bool LibzstdStreamingAccepts(const std::vector<uint8_t>& frame, size_t size) {
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  std::vector<uint8_t> out(64 << 10);
+  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+  size_t r = 1, total = 0;
+  while (r != 0) {
+    ZSTD_outBuffer o{out.data(), out.size(), 0};
+    size_t before_in = in.pos;
+    r = ZSTD_decompressStream(d, &o, &in);
+    total += o.pos;
+    if (ZSTD_isError(r) || (in.pos == before_in && o.pos == 0)) break;
+  }
+  ZSTD_freeDCtx(d);
+  return r == 0 && in.pos == in.size && total == size;
+}
+
+struct ForbiddenFrame {
+  const char* what;
+  std::vector<uint8_t> bytes;
+  size_t region;
+};
+
+void Le(std::vector<uint8_t>& f, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) f.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void BlockHeader(std::vector<uint8_t>& f, bool last, unsigned type, uint32_t size) {
+  Le(f, (size << 3) | (type << 1) | (last ? 1 : 0), 3);
+}
+// Magic, then a single-segment header with a 4-byte content size.
+std::vector<uint8_t> SingleSegment(uint32_t content, uint8_t extra_fhd = 0) {
+  std::vector<uint8_t> f;
+  Le(f, 0xFD2FB528u, 4);
+  f.push_back(static_cast<uint8_t>(0xA0 | extra_fhd));  // FCS 4 bytes, single segment
+  Le(f, content, 4);
+  return f;
+}
+
+std::vector<ForbiddenFrame> ForbiddenFrames() {
+  std::vector<ForbiddenFrame> out;
+  {  // a raw block over Block_Maximum_Size (128 KiB)
+    const uint32_t n = (128 << 10) + 1;
+    std::vector<uint8_t> f = SingleSegment(n);
+    BlockHeader(f, true, 0, n);
+    f.insert(f.end(), n, 0x5a);
+    out.push_back({"raw block over 128 KiB", f, n});
+  }
+  {  // an RLE block over Block_Maximum_Size
+    const uint32_t n = (128 << 10) + 1;
+    std::vector<uint8_t> f = SingleSegment(n);
+    BlockHeader(f, true, 1, n);
+    f.push_back(0x5a);
+    out.push_back({"RLE block over 128 KiB", f, n});
+  }
+  {  // a content checksum that does not match (the sparse decoder never holds the content)
+    std::vector<uint8_t> f = SingleSegment(16, 0x04);
+    BlockHeader(f, true, 0, 16);
+    f.insert(f.end(), 16, 0x11);
+    Le(f, 0xdeadbeef, 4);
+    out.push_back({"wrong content checksum", f, 16});
+  }
+  {  // a window over 2^31 bytes (Window_Descriptor exponent 30: 2^40)
+    std::vector<uint8_t> f;
+    Le(f, 0xFD2FB528u, 4);
+    f.push_back(0x80);       // FCS 4 bytes, not single segment
+    f.push_back(30u << 3);   // Window_Descriptor
+    Le(f, 16, 4);
+    BlockHeader(f, true, 0, 16);
+    f.insert(f.end(), 16, 0x11);
+    out.push_back({"window over 2^31", f, 16});
+  }
+  {  // the reserved bit of Frame_Header_Descriptor
+    std::vector<uint8_t> f = SingleSegment(16, 0x08);
+    BlockHeader(f, true, 0, 16);
+    f.insert(f.end(), 16, 0x11);
+    out.push_back({"reserved bit", f, 16});
+  }
+  return out;
+}
+
+TEST(SparseApplierTest, FramesTheFormatForbidsAreRefusedLikeLibzstdDoes) {
+  SparseApplier applier;
+  auto codec = DeltaCodec::Create();
+  ASSERT_TRUE(codec.ok());
+  for (const ForbiddenFrame& f : ForbiddenFrames()) {
+    SCOPED_TRACE(f.what);
+    ASSERT_FALSE(LibzstdStreamingAccepts(f.bytes, f.region)) << "libzstd accepts it: not a forbidden frame";
+    std::vector<std::byte> region(f.region, std::byte{0x33});
+    EXPECT_FALSE(applier.Apply(f.bytes, region));
+    EXPECT_TRUE(std::all_of(region.begin(), region.end(), [](std::byte b) { return b == std::byte{0x33}; }));
+    Status s = (*codec)->Apply(f.bytes, region, DigestAlgorithm::kXxh3_128, "", f.what);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  }
+}
+
+// Writes the forbidden frames and real DeltaCodec frames as seeds of the differential
+// fuzz target when WSYNC_WRITE_FUZZ_SEEDS names a directory (fuzz/corpus/delta_sparse_apply_fuzz).
+TEST(SparseApplierTest, WritesFuzzSeedsOnRequest) {
+  const char* dir = std::getenv("WSYNC_WRITE_FUZZ_SEEDS");
+  if (dir == nullptr) GTEST_SKIP() << "set WSYNC_WRITE_FUZZ_SEEDS=DIR to write seeds";
+  auto write = [&](const std::string& name, const std::vector<uint8_t>& bytes) {
+    FILE* f = std::fopen((std::string(dir) + "/" + name).c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  int i = 0;
+  for (const ForbiddenFrame& f : ForbiddenFrames()) write("forbidden-" + std::to_string(i++), f.bytes);
+  std::mt19937 rng(5);
+  for (size_t n : {size_t{64}, size_t{4097}, size_t{70'000}, size_t{300'001}}) {
+    std::vector<std::byte> old = Random(n, rng), patch = SparsePatch(n, 0.04, rng);
+    write("ours-" + std::to_string(n), Ours(old, patch));
+    write("stock-" + std::to_string(n), Stock(patch, 1, false));
+    write("stock-checksum-" + std::to_string(n), Stock(patch, 3, true));
+  }
 }
 
 }  // namespace

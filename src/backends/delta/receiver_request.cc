@@ -1,0 +1,78 @@
+#include "backends/delta/receiver_request.h"
+
+#include <fmt/format.h>
+
+#include "backends/delta/manifest.h"
+
+namespace wsync::delta {
+namespace {
+
+using nlohmann::json;
+
+// A string field: absent or null gives nullopt; anything but a string of at most
+// kMaxRequestPathBytes (without NUL) is InvalidArgument.
+Result<std::optional<std::string>> OptionalPath(const json& j, const char* key, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::optional<std::string>();
+  if (!it->is_string()) return InvalidArgument(fmt::format("{}: field '{}' must be a string", what, key));
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.size() > kMaxRequestPathBytes) {
+    return InvalidArgument(fmt::format("{}: field '{}' is longer than {} bytes", what, key, kMaxRequestPathBytes));
+  }
+  if (s.find('\0') != std::string::npos) {
+    return InvalidArgument(fmt::format("{}: field '{}' holds a NUL byte", what, key));
+  }
+  return std::optional<std::string>(s);
+}
+
+}  // namespace
+
+Result<int64_t> ParseTargetVersion(const json& body, const char* what) {
+  if (!body.is_object()) return InvalidArgument(fmt::format("{}: the body must be an object", what));
+  for (const char* key : {"target_version", "version"}) {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) continue;
+    if (it->is_number_unsigned()) {
+      if (it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return InvalidArgument(fmt::format("{}: field '{}' is out of range", what, key));
+      }
+      return static_cast<int64_t>(it->get<uint64_t>());
+    }
+    if (!it->is_number_integer()) return InvalidArgument(fmt::format("{}: field '{}' must be an integer", what, key));
+    int64_t v = it->get<int64_t>();
+    if (v < 0) return InvalidArgument(fmt::format("{}: field '{}' is negative ({})", what, key, v));
+    return v;
+  }
+  return InvalidArgument(fmt::format("{} needs an integer 'target_version'", what));
+}
+
+Result<DeltaInitRequest> ParseDeltaInit(const json& init_info) {
+  if (!init_info.is_object()) return InvalidArgument("init_info must be an object");
+  DeltaInitRequest r;
+  if (auto it = init_info.find("format_version"); it != init_info.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return InvalidArgument("init_info: field 'format_version' must be an integer");
+    if (it->is_number_unsigned() ? it->get<uint64_t>() > static_cast<uint64_t>(kManifestFormatVersion)
+                                 : it->get<int64_t>() > kManifestFormatVersion) {
+      return FailedPrecondition(fmt::format("init_info format_version {} is newer than this server reads ({})",
+                                            it->dump(), kManifestFormatVersion));
+    }
+    r.format_version = it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
+    if (r.format_version < 1) {
+      return InvalidArgument(fmt::format("init_info format_version {} is not >= 1", r.format_version));
+    }
+  }
+  WSYNC_ASSIGN_OR_RETURN(r.sync_dir, OptionalPath(init_info, "sync_dir", "init_info"));
+  WSYNC_ASSIGN_OR_RETURN(r.base_model_path, OptionalPath(init_info, "base_model_path", "init_info"));
+  WSYNC_ASSIGN_OR_RETURN(r.local_checkpoint_dir, OptionalPath(init_info, "local_checkpoint_dir", "init_info"));
+  return r;
+}
+
+Result<DeltaFetchRequest> ParseDeltaFetch(const json& body) {
+  DeltaFetchRequest r;
+  WSYNC_ASSIGN_OR_RETURN(r.target_version, ParseTargetVersion(body, "fetch_weights"));
+  WSYNC_ASSIGN_OR_RETURN(r.sync_dir, OptionalPath(body, "sync_dir", "fetch_weights"));
+  WSYNC_ASSIGN_OR_RETURN(r.uri, OptionalPath(body, "uri", "fetch_weights"));
+  return r;
+}
+
+}  // namespace wsync::delta

@@ -1,0 +1,43 @@
+// Fuzz target: the JSON bodies the delta receiver takes (init_info, /fetch_weights,
+// update_info's target version), and the sync_dir they name placed below a sync root.
+// Nothing throws or crashes; a target version that parses is non-negative; a path that
+// PathBelow accepts is relative and never climbs ("..") out of the root.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/delta/confined_dir.h"
+#include "backends/delta/receiver_request.h"
+
+namespace {
+
+void CheckBelow(const std::string& requested) {
+  wsync::Result<std::string> rel = wsync::delta::PathBelow("/srv/wsync/sync", requested);
+  if (!rel.ok()) return;
+  if (rel->starts_with('/') || *rel == ".." || rel->starts_with("../") || rel->find("/../") != std::string::npos ||
+      rel->ends_with("/..")) {
+    std::abort();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    CheckBelow(std::string(reinterpret_cast<const char*>(data), size));
+    return 0;
+  }
+  auto init = wsync::delta::ParseDeltaInit(j);
+  if (init.ok() && init->sync_dir) CheckBelow(*init->sync_dir);
+  auto fetch = wsync::delta::ParseDeltaFetch(j);
+  if (fetch.ok()) {
+    if (fetch->target_version < 0) std::abort();
+    if (fetch->sync_dir) CheckBelow(*fetch->sync_dir);
+  }
+  auto v = wsync::delta::ParseTargetVersion(j, "update_weights");
+  if (v.ok() && *v < 0) std::abort();
+  return 0;
+}
