@@ -60,6 +60,12 @@ int main(int argc, char** argv) {
   s->add_option("--backend", serve.backend, "weight-transfer backend: nccl, ipc or delta")->capture_default_str();
   s->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on every route but /health")->envname("WSYNC_API_KEY");
   s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
+  s->add_option("--session-lease", serve.session_lease,
+                "seconds a weight-update session may go without a call before it expires, so that the next "
+                "trainer's start succeeds after one vanished mid-session (default: --timeout; 0: never)");
+  s->add_option("--allow-store-host", serve.allowed_store_hosts,
+                "nccl: a rendezvous store host the server may dial besides the init request's own peer "
+                "(repeatable; '*' admits any host)");
   s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")->capture_default_str();
   s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
   s->add_option("--base-checkpoint", serve.base_checkpoint, "delta: the base checkpoint directory (version 0)");

@@ -220,9 +220,9 @@ void HttpControlServer::Routes() {
     });
   };
 
-  post("/init_weight_transfer_engine", false, [svc](const httplib::Request&, const json& b) -> Result<json> {
+  post("/init_weight_transfer_engine", false, [svc](const httplib::Request& req, const json& b) -> Result<json> {
     WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "init_info"));
-    WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info));
+    WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info, req.remote_addr));
     return json{{"message", "Weight transfer initialized"}};
   });
   post("/start_weight_update", true, [svc](const httplib::Request&, const json&) -> Result<json> {
