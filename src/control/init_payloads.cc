@@ -27,11 +27,21 @@ Result<int> BroadcastWorldSize(const std::vector<int>& sizes, int dp) {
     }
   }
   if (sizes[0] < 1) return InvalidArgument(fmt::format("server reports world size {}", sizes[0]));
-  return 1 + sizes[0] * static_cast<int>(sizes.size()) / dp;
+  // In int64: sizes[0] * servers overflows int for sizes that a server may report.
+  const int64_t world = 1 + int64_t{sizes[0]} * static_cast<int64_t>(sizes.size()) / dp;
+  if (world > kMaxBroadcastWorldSize) {
+    return InvalidArgument(fmt::format("{} servers of world size {} (dp {}) make a broadcast world of {}, over {}",
+                                       sizes.size(), sizes[0], dp, world, kMaxBroadcastWorldSize));
+  }
+  return static_cast<int>(world);
 }
 
 Result<std::vector<int>> NcclRankOffsets(int world_size, int num_servers, int dp, int base) {
   WSYNC_RETURN_IF_ERROR(CheckDpDividesServers(num_servers, dp));
+  if (world_size > kMaxBroadcastWorldSize || base < 1) {
+    return InvalidArgument(fmt::format("world_size {} with rank_offset {}: need rank_offset >= 1 and world_size <= {}",
+                                       world_size, base, kMaxBroadcastWorldSize));
+  }
   int workers_total = world_size - base;
   int deployments = num_servers / dp;
   if (workers_total <= 0) {
