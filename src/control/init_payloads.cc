@@ -42,7 +42,7 @@ Result<std::vector<int>> NcclRankOffsets(int world_size, int num_servers, int dp
     return InvalidArgument(fmt::format("world_size {} with rank_offset {}: need rank_offset >= 1 and world_size <= {}",
                                        world_size, base, kMaxBroadcastWorldSize));
   }
-  int workers_total = world_size - base;
+  const int64_t workers_total = int64_t{world_size} - base;  // any ints: no overflow
   int deployments = num_servers / dp;
   if (workers_total <= 0) {
     return InvalidArgument(fmt::format(
@@ -53,7 +53,7 @@ Result<std::vector<int>> NcclRankOffsets(int world_size, int num_servers, int dp
         "{} deployments ({} servers / dp {}) does not divide the {} inference workers of world {}",
         deployments, num_servers, dp, workers_total, world_size));
   }
-  int per_deployment = workers_total / deployments;
+  const int per_deployment = static_cast<int>(workers_total / deployments);
   std::vector<int> offsets;
   int offset = base;
   for (int i = 0; i < num_servers; ++i) {

@@ -52,6 +52,10 @@ TEST(BroadcastWorldSize, HugeServerSizesAreRefusedNotOverflowed) {
   EXPECT_EQ(*BroadcastWorldSize({65535}, 1), 65536);
   EXPECT_FALSE(NcclRankOffsets(big, 1, 1).ok());
   EXPECT_FALSE(NcclRankOffsets(9, 2, 1, -2147483647).ok());
+  // Found by init_payloads_fuzz: world - rank_offset overflowed int (UBSan).
+  auto none = NcclRankOffsets(-469762049, 1, 1, 2147483647);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no inference workers"), std::string::npos) << none.status().ToString();
 }
 
 }  // namespace
