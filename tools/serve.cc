@@ -33,6 +33,8 @@ int RunServe(const ServeArgs& a) {
   o.dp_rank = a.dp_rank;
   o.backend = a.backend;
   o.timeout_seconds = a.timeout;
+  if (a.session_lease >= 0) o.session_lease_seconds = a.session_lease;
+  if (!a.allowed_store_hosts.empty()) o.backend_config["allowed_store_hosts"] = a.allowed_store_hosts;
   o.fault_never_join = a.fault == "never-join";
   // A real process death in the data phase: the nccl receiver SIGKILLs this process once
   // its first worker has loaded one chunk of an update (what an OOM kill or a crashed

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace wsync::cli {
 
@@ -15,6 +16,8 @@ struct ServeArgs {
   std::string backend = "nccl";
   std::string api_key;
   double timeout = 300;
+  double session_lease = -1;                    // < 0: --timeout; 0: sessions never expire
+  std::vector<std::string> allowed_store_hosts;  // nccl: stores besides the peer's own
   double max_body_mb = 256;
   double http_header_timeout = 10;  // see HttpServerOptions
   double http_body_timeout = 30;

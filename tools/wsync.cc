@@ -76,6 +76,12 @@ int main(int argc, char** argv) {
                 "threads for the routes that may block (init, update, ...); read-only routes such as /health never "
                 "wait for them")
       ->capture_default_str()->check(CLI::Range(1, 4096));
+  s->add_option("--session-lease", serve.session_lease,
+                "seconds a weight-update session may go without a call before it expires, so that the next "
+                "trainer's start succeeds after one vanished mid-session (default: --timeout; 0: never)");
+  s->add_option("--allow-store-host", serve.allowed_store_hosts,
+                "nccl: a rendezvous store host the server may dial besides the init request's own peer "
+                "(repeatable; '*' admits any host)");
   s->add_option("--ready-file", serve.ready_file, "write the server's URL here once it listens");
   s->add_option("--base-checkpoint", serve.base_checkpoint,
                 "delta: the base checkpoint directory (version 0); init_info's base_model_path is never opened");

@@ -42,7 +42,8 @@ struct ReceiverContext {
   std::string server_url;
   double timeout_seconds = 300;  // the server's bound on any wait
   // Backend-specific settings from `wsync serve` flags, e.g. for `delta`:
-  // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR}. Unused keys are ignored.
+  // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR}; for `nccl`:
+  // {"allowed_store_hosts": [HOST, ...]} (`--allow-store-host`). Unused keys are ignored.
   nlohmann::json backend_config = nlohmann::json::object();
 };
 
@@ -66,6 +67,13 @@ class ReceiverBackend {
   virtual ~ReceiverBackend() = default;
   virtual std::string_view name() const = 0;
   virtual Status Init(const nlohmann::json& init_info) = 0;
+  // Init as sent by the control-plane peer at `peer_address` (its IP address as text;
+  // empty when unknown). A backend that dials an address named in init_info overrides
+  // this and admits only the peer's own address, or hosts the server's flags allow
+  // (backend_config "allowed_store_hosts"); the default ignores the peer.
+  virtual Status InitFromPeer(const nlohmann::json& init_info, const std::string& peer_address) {
+    return Init(init_info);
+  }
   virtual Status Start() { return Status::Ok(); }
   virtual Status Update(const UpdateRequest& request) = 0;
   virtual Status Finish() { return Status::Ok(); }

@@ -7,6 +7,8 @@
 // server calls them from its worker threads, and long calls (init, update) block one
 // worker until their own deadline. The read-only calls (WorldSize, WeightVersion,
 // IsPaused, Health) run on the server's I/O thread and must never block.
+// Implementations answer every failure as a Status; an exception escaping one is a bug
+// (the HTTP layer still answers it with 500).
 #pragma once
 
 #include <map>
@@ -27,7 +29,12 @@ class ControlService {
   virtual ~ControlService() = default;
 
   // POST /init_weight_transfer_engine {"init_info": {...}}. May block in a rendezvous.
-  virtual Status InitWeightTransfer(const nlohmann::json& init_info) = 0;
+  // `peer_address` is the IP address (as text, e.g. "10.0.0.7" or "::1") of the HTTP peer
+  // that sent the request, empty when the call does not come from the network. A backend
+  // that dials an address named in init_info (the nccl backend's Gloo store) dials only
+  // the peer's own address, or hosts the server's flags admit.
+  virtual Status InitWeightTransfer(const nlohmann::json& init_info,
+                                    const std::string& peer_address) = 0;
   // POST /start_weight_update; FailedPrecondition if a session is already active.
   virtual Status StartWeightUpdate() = 0;
   // POST /update_weights {"update_info": {...}}; returns after the data has landed. A

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "control/init_payloads.h"
+#include "core/json_int.h"
+
 namespace wsync {
 
 using nlohmann::json;
@@ -10,10 +13,16 @@ Result<std::vector<int>> ServerWorldSizes(const FanOutClient& client, Deadline d
   WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes, client.Get("/get_world_size?include_dp=true", deadline));
   std::vector<int> per_server;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (!sizes[i].contains("world_size") || !sizes[i]["world_size"].is_number_integer()) {
-      return Internal(fmt::format("{}: /get_world_size answered {}", client.urls()[i], sizes[i].dump()));
+    if (!sizes[i].is_object() || !sizes[i].contains("world_size")) {
+      return Internal(fmt::format("{}: /get_world_size answered {}", client.urls()[i],
+                                  sizes[i].dump(-1, ' ', true, json::error_handler_t::replace).substr(0, 200)));
     }
-    per_server.push_back(sizes[i]["world_size"].get<int>());
+    // Exact: a reply of 4294967298 is not 2.
+    Result<int64_t> size = JsonIntInRange(sizes[i]["world_size"], fmt::format("{}: /get_world_size world_size",
+                                                                                client.urls()[i]),
+                                          1, kMaxBroadcastWorldSize);
+    if (!size.ok()) return Internal(size.status().message());
+    per_server.push_back(static_cast<int>(*size));
   }
   return per_server;
 }

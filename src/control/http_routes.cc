@@ -266,7 +266,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == "/init_weight_transfer_engine") {
       WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "init_info"));
       WSYNC_LOG_DEBUG("init_weight_transfer_engine from {}", req.remote_addr);
-      WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info));
+      WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info, req.remote_addr));
       return json{{"message", "Weight transfer initialized"}};
     }
     if (path == "/start_weight_update") {

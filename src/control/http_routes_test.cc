@@ -32,8 +32,9 @@ using nlohmann::json;
 
 class RecordingService : public ControlService {
  public:
-  Status InitWeightTransfer(const json& info) override {
+  Status InitWeightTransfer(const json& info, const std::string& peer) override {
     last_init = info;
+    last_peer = peer;
     return Status::Ok();
   }
   Status StartWeightUpdate() override {
@@ -75,6 +76,7 @@ class RecordingService : public ControlService {
   json Health() const override { return {{"status", "ok"}}; }
 
   json last_init;
+  std::string last_peer;
   json last_update;
   std::shared_ptr<const json> last_update_ptr;
   bool active = false;
@@ -110,6 +112,7 @@ TEST_F(HttpRoutes, LifecycleAndCodes) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(svc_.last_init["rank_offset"], 1);
+  EXPECT_EQ(svc_.last_peer, "127.0.0.1");  // the TCP peer's address reaches the service
   EXPECT_EQ(cli.Post("/update_weights", R"({"update_info":{"names":[]}})", "application/json")->status, 409);
   EXPECT_EQ(cli.Post("/start_weight_update")->status, 200);
   EXPECT_EQ(cli.Post("/start_weight_update")->status, 409);

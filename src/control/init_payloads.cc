@@ -27,12 +27,22 @@ Result<int> BroadcastWorldSize(const std::vector<int>& sizes, int dp) {
     }
   }
   if (sizes[0] < 1) return InvalidArgument(fmt::format("server reports world size {}", sizes[0]));
-  return 1 + sizes[0] * static_cast<int>(sizes.size()) / dp;
+  // In int64: sizes[0] * servers overflows int for sizes that a server may report.
+  const int64_t world = 1 + int64_t{sizes[0]} * static_cast<int64_t>(sizes.size()) / dp;
+  if (world > kMaxBroadcastWorldSize) {
+    return InvalidArgument(fmt::format("{} servers of world size {} (dp {}) make a broadcast world of {}, over {}",
+                                       sizes.size(), sizes[0], dp, world, kMaxBroadcastWorldSize));
+  }
+  return static_cast<int>(world);
 }
 
 Result<std::vector<int>> NcclRankOffsets(int world_size, int num_servers, int dp, int base) {
   WSYNC_RETURN_IF_ERROR(CheckDpDividesServers(num_servers, dp));
-  int workers_total = world_size - base;
+  if (world_size > kMaxBroadcastWorldSize || base < 1) {
+    return InvalidArgument(fmt::format("world_size {} with rank_offset {}: need rank_offset >= 1 and world_size <= {}",
+                                       world_size, base, kMaxBroadcastWorldSize));
+  }
+  const int64_t workers_total = int64_t{world_size} - base;  // any ints: no overflow
   int deployments = num_servers / dp;
   if (workers_total <= 0) {
     return InvalidArgument(fmt::format(
@@ -43,7 +53,7 @@ Result<std::vector<int>> NcclRankOffsets(int world_size, int num_servers, int dp
         "{} deployments ({} servers / dp {}) does not divide the {} inference workers of world {}",
         deployments, num_servers, dp, workers_total, world_size));
   }
-  int per_deployment = workers_total / deployments;
+  const int per_deployment = static_cast<int>(workers_total / deployments);
   std::vector<int> offsets;
   int offset = base;
   for (int i = 0; i < num_servers; ++i) {

@@ -12,8 +12,15 @@
 
 namespace wsync {
 
+// The largest broadcast group (trainer rank 0 and every server worker) a trainer builds
+// or a server joins; world sizes are checked against it before anything is allocated
+// per rank. Far above any deployment.
+inline constexpr int kMaxBroadcastWorldSize = 1 << 16;
+
 // The broadcast world: 1 (the trainer) + per_server * num_servers / data_parallel_size.
-// All servers must report the same world size and num_servers must divide by dp.
+// All servers must report the same world size and num_servers must divide by dp; the
+// world must not exceed kMaxBroadcastWorldSize (the sizes come from the servers'
+// replies: the arithmetic is checked).
 Result<int> BroadcastWorldSize(const std::vector<int>& per_server_world_sizes,
                                int data_parallel_size);
 

@@ -41,5 +41,22 @@ TEST(BroadcastWorldSize, FromServerSizes) {
   EXPECT_FALSE(BroadcastWorldSize({2, 2, 2}, 2).ok());
 }
 
+// World sizes come from the servers' replies: the arithmetic does not overflow, and a
+// world over the cap is refused before anything is allocated per rank.
+TEST(BroadcastWorldSize, HugeServerSizesAreRefusedNotOverflowed) {
+  const int big = 2147483647;
+  auto r = BroadcastWorldSize({big, big}, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("over 65536"), std::string::npos) << r.status().ToString();
+  EXPECT_FALSE(BroadcastWorldSize({65536}, 1).ok());        // 65537 with the trainer
+  EXPECT_EQ(*BroadcastWorldSize({65535}, 1), 65536);
+  EXPECT_FALSE(NcclRankOffsets(big, 1, 1).ok());
+  EXPECT_FALSE(NcclRankOffsets(9, 2, 1, -2147483647).ok());
+  // Found by init_payloads_fuzz: world - rank_offset overflowed int (UBSan).
+  auto none = NcclRankOffsets(-469762049, 1, 1, 2147483647);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no inference workers"), std::string::npos) << none.status().ToString();
+}
+
 }  // namespace
 }  // namespace wsync

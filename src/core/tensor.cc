@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/shape_math.h"
+
 namespace wsync {
 
 std::string Device::ToString() const {
@@ -34,11 +36,9 @@ Result<Device> Device::Parse(std::string_view text) {
   return InvalidArgument(fmt::format("bad device '{}': expected 'cpu' or 'cuda:N'", text));
 }
 
-int64_t NumElements(std::span<const int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+// A shape with a negative dimension or an int64 overflow (checked by callers that take
+// shapes from the wire: core/shape_math.h) counts -1 elements instead of overflowing.
+int64_t NumElements(std::span<const int64_t> shape) { return CheckedNumElements(shape).value_or(-1); }
 
 std::string ShapeString(std::span<const int64_t> shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));

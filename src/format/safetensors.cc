@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/shape_math.h"
+
 namespace wsync {
 namespace {
 
@@ -71,13 +73,15 @@ Result<Entry> ParseEntry(const std::string& name, const json& v, uint64_t data_s
   auto dtype = DTypeFromSafetensorsName(dtype_it->get<std::string>());
   if (!dtype.ok()) return bad(dtype.status().message());
   e.meta.dtype = *dtype;
-  uint64_t numel = 1;
   for (const json& d : *shape_it) {
     auto dim = AsU64(d);
     if (!dim || *dim > static_cast<uint64_t>(INT64_MAX)) return bad("shape has a non-integer or negative dimension");
     e.meta.shape.push_back(static_cast<int64_t>(*dim));
-    if (__builtin_mul_overflow(numel, *dim, &numel)) return bad("shape overflows 64 bits");
   }
+  // Every partial product must fit int64 (a zero dimension after huge ones too), so that
+  // numel() and nbytes() of the tensor are defined wherever they are used.
+  std::optional<int64_t> numel = CheckedNumElements(e.meta.shape);
+  if (!numel) return bad(fmt::format("shape {} overflows int64", ShapeString(e.meta.shape)));
   auto begin = AsU64((*offs_it)[0]);
   auto end = AsU64((*offs_it)[1]);
   if (!begin || !end || *begin > *end) {
@@ -90,7 +94,8 @@ Result<Entry> ParseEntry(const std::string& name, const json& v, uint64_t data_s
                                 "file (truncated?)", name, e.begin, e.end, data_size));
   }
   uint64_t want = 0;
-  if (__builtin_mul_overflow(numel, ItemSize(e.meta.dtype), &want) || want != e.end - e.begin) {
+  if (__builtin_mul_overflow(static_cast<uint64_t>(*numel), ItemSize(e.meta.dtype), &want) ||
+      want != e.end - e.begin) {
     return bad(fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", e.begin, e.end,
                            e.end - e.begin, SafetensorsName(e.meta.dtype),
                            ShapeString(e.meta.shape), want));
@@ -248,7 +253,12 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tens
       return InvalidArgument(fmt::format("writing {}: tensor {} has a negative dimension in {}", path,
                                          t.name, ShapeString(t.shape)));
     }
-    const size_t want = static_cast<size_t>(NumElements(t.shape)) * ItemSize(t.dtype);
+    std::optional<int64_t> bytes = CheckedNumBytes(t.shape, t.dtype);
+    if (!bytes) {
+      return InvalidArgument(fmt::format("writing {}: tensor {} of shape {} has more bytes than int64 counts",
+                                         path, t.name, ShapeString(t.shape)));
+    }
+    const size_t want = static_cast<size_t>(*bytes);
     if (t.bytes.size() != want) {
       return InvalidArgument(fmt::format("writing {}: tensor {} has {} bytes, {} {} needs {}", path,
                                          t.name, t.bytes.size(), SafetensorsName(t.dtype),

@@ -286,6 +286,36 @@ TEST_F(SafetensorsTest, CorruptHeadersNameFileAndTensor) {
   ExpectOpenError(Path("absent.safetensors"), StatusCode::kNotFound, {"absent.safetensors"});
 }
 
+// Shapes whose element count overflows int64, even partially (a zero dimension after
+// huge ones), are refused: numel() and nbytes() of every tensor read are then defined.
+TEST_F(SafetensorsTest, ShapesThatOverflowInt64AreRefused) {
+  const std::string p = Path("huge.safetensors");
+  WriteRaw(p, R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0);
+  ExpectOpenError(p, StatusCode::kInvalidArgument, {p, "tensor w", "overflows int64"});
+  WriteRaw(p, R"({"w":{"dtype":"BF16","shape":[4611686018427387904,2,0],"data_offsets":[0,0]}})", 0);
+  ExpectOpenError(p, StatusCode::kInvalidArgument, {p, "tensor w", "[4611686018427387904, 2, 0]", "overflows int64"});
+  WriteRaw(p, R"({"w":{"dtype":"F32","shape":[2147483648,4294967296,0],"data_offsets":[0,0]}})", 0);
+  ExpectOpenError(p, StatusCode::kInvalidArgument, {p, "tensor w", "overflows int64"});
+  WriteRaw(p, R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,0]}})", 0);
+  ExpectOpenError(p, StatusCode::kInvalidArgument, {p, "tensor w"});
+  // numel fits int64 but its bytes do not: refused by the byte count.
+  WriteRaw(p, R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", 8);
+  ExpectOpenError(p, StatusCode::kInvalidArgument, {p, "tensor w"});
+  // A zero dimension with small ones is an ordinary empty tensor.
+  WriteRaw(p, R"({"w":{"dtype":"F32","shape":[3,0,5],"data_offsets":[0,0]}})", 0);
+  auto f = SafetensorsFile::Open(p);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->tensors()[0].nbytes(), 0u);
+}
+
+TEST_F(SafetensorsTest, WriterRefusesShapesThatOverflowInt64) {
+  const Shape shape = {int64_t{1} << 62, 4};  // 2^64 elements
+  TensorRef t{"w", DType::kBF16, shape, {}, Device{}};
+  Status s = WriteSafetensors(Path("w.safetensors"), std::span<const TensorRef>(&t, 1));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("more bytes than int64 counts"), std::string::npos) << s.ToString();
+}
+
 TEST_F(SafetensorsTest, EmptyAndGappyFilesAreAccepted) {
   const std::string p = Path("empty.safetensors");
   ASSERT_TRUE(WriteSafetensors(p, {}).ok());

@@ -60,6 +60,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->context_.tp_size = o.tp;
   s->context_.timeout_seconds = o.timeout_seconds;
   s->context_.backend_config = o.backend_config;
+  s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds));
   s->set_url("");
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
   return s;
@@ -84,31 +85,29 @@ void InferenceServer::set_url(const std::string& url) {
   }
 }
 
-Status InferenceServer::Acquire(const char* what) {
-  std::lock_guard lock(mu_);
-  if (busy_) {
-    return FailedPrecondition(fmt::format("{} refused: {} is in progress", what, busy_with_));
+namespace {
+
+// Runs one backend call: an exception it throws (a bug, or an allocation that failed)
+// becomes Internal naming the route, so that it reaches the trainer as a 500 and the
+// call's ReceiverSession::Call still frees the server.
+template <typename F>
+auto CatchAll(const char* route, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    WSYNC_LOG_ERROR("{} threw: {}", route, e.what());
+    return Internal(fmt::format("{} failed: {}", route, e.what()));
+  } catch (...) {
+    WSYNC_LOG_ERROR("{} threw a non-standard exception", route);
+    return Internal(fmt::format("{} failed: unknown exception", route));
   }
-  busy_ = true;
-  busy_with_ = what;
-  return Status::Ok();
 }
 
-void InferenceServer::Release() {
-  std::lock_guard lock(mu_);
-  busy_ = false;
-  busy_with_ = "";
-}
+}  // namespace
 
-Status InferenceServer::InitWeightTransfer(const json& init_info) {
-  {
-    std::lock_guard lock(mu_);
-    if (active_) {
-      return FailedPrecondition(
-          "init_weight_transfer_engine called during an active weight update; finish it first");
-    }
-  }
-  WSYNC_RETURN_IF_ERROR(Acquire("init_weight_transfer_engine"));
+Status InferenceServer::InitWeightTransfer(const json& init_info, const std::string& peer_address) {
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call,
+                         session_->BeginExclusive("init_weight_transfer_engine", /*refuse_in_session=*/true));
   if (options_.fault_never_join) {
     double timeout = options_.timeout_seconds;
     if (auto it = init_info.find("timeout_seconds"); it != init_info.end() && it->is_number()) {
@@ -116,94 +115,76 @@ Status InferenceServer::InitWeightTransfer(const json& init_info) {
     }
     std::unique_lock lock(mu_);
     shutdown_cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return shutting_down_; });
-    busy_ = false;
-    busy_with_ = "";
-    return DeadlineExceeded(fmt::format(
+    Status s = DeadlineExceeded(fmt::format(
         "fault injection (--fault never-join): this server's workers never joined the data plane "
         "and gave up after {} s", timeout));
+    call.Done(s);
+    return s;
   }
-  Status s = backend_->Init(init_info);
-  Release();
+  Status s = CatchAll("init_weight_transfer_engine",
+                      [&] { return backend_->InitFromPeer(init_info, peer_address); });
+  call.Done(s);
   if (!s.ok()) WSYNC_LOG_WARN("init_weight_transfer_engine failed: {}", s.ToString());
   return s;
 }
 
 Status InferenceServer::StartWeightUpdate() {
-  std::lock_guard lock(mu_);
-  if (active_) {
-    return FailedPrecondition(
-        "start_weight_update called while a weight update is already active");
-  }
-  WSYNC_RETURN_IF_ERROR(backend_->Start());
-  active_ = true;
-  return Status::Ok();
+  return session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
 }
 
 Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
   if (update_info == nullptr) return InvalidArgument("update_info is missing");
-  WSYNC_RETURN_IF_ERROR(Acquire("update_weights"));
   static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
   UpdateRequest req;
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginUpdate(&req.reject));
   req.update_info = update_info;
   req.tensors = kNoTensors;
-  {
-    std::lock_guard lock(mu_);
-    if (!active_) req.reject = FailedPrecondition("start_weight_update must be called before update_weights");
-  }
-  if (req.reject.ok() && !backend_->ParsesOwnUpdateInfo()) {
-    if (update_info == checked_info_) {
-      req.tensors = checked_tensors_;  // the same body as an update already checked
-    } else {
-      Result<std::vector<TensorMeta>> parsed = ParseTensorList(*update_info);
-      if (!parsed.ok()) {
-        req.reject = parsed.status();
+  Status s = CatchAll("update_weights", [&]() -> Status {
+    if (req.reject.ok() && !backend_->ParsesOwnUpdateInfo()) {
+      if (update_info == checked_info_) {
+        req.tensors = checked_tensors_;  // the same body as an update already checked
       } else {
-        auto tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
-        req.reject = CheckTensorsAgainstModel(*tensors, *workers_.front()->store);
-        if (req.reject.ok()) {
-          checked_info_ = update_info;
-          checked_tensors_ = tensors;
+        Result<std::vector<TensorMeta>> parsed = ParseTensorList(*update_info);
+        if (!parsed.ok()) {
+          req.reject = parsed.status();
+        } else {
+          auto tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
+          req.reject = CheckTensorsAgainstModel(*tensors, *workers_.front()->store);
+          if (req.reject.ok()) {
+            checked_info_ = update_info;
+            checked_tensors_ = tensors;
+          }
+          req.tensors = std::move(tensors);
         }
-        req.tensors = std::move(tensors);
       }
     }
-  }
-  Status s = backend_->Update(req);
-  {
-    std::lock_guard lock(mu_);
-    if (!s.ok()) active_ = false;  // a failed update ends the session
-    // Bytes may have landed before a data-phase failure: say so until a sync completes.
-    // Refusals (bad payload, wrong state, a peer's refusal) land nothing.
-    bool refused = s.code() == StatusCode::kInvalidArgument ||
-                   s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kAborted;
-    if (!s.ok() && req.reject.ok() && !refused) dirty_ = true;
-    busy_ = false;
-    busy_with_ = "";
-  }
+    return backend_->Update(req);
+  });
+  // Bytes may have landed before a data-phase failure: say so until a sync completes.
+  // Refusals (bad payload, wrong state, a peer's refusal) land nothing.
+  bool refused = s.code() == StatusCode::kInvalidArgument ||
+                 s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kAborted;
+  call.Done(s, req.reject.ok() && !refused);
   if (!s.ok()) WSYNC_LOG_WARN("update_weights failed: {}", s.ToString());
   return s;
 }
 
 Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& weight_version) {
-  std::lock_guard lock(mu_);
-  if (!active_) {
-    return FailedPrecondition(
-        "finish_weight_update called without an active weight update; call start_weight_update first");
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginFinish());
+  Status s = CatchAll("finish_weight_update", [&] { return backend_->Finish(); });
+  if (s.ok()) {
+    std::lock_guard lock(mu_);
+    if (weight_version) weight_version_ = *weight_version;
+    ++syncs_;
   }
-  if (busy_) return FailedPrecondition(fmt::format("finish_weight_update refused: {} is in progress", busy_with_));
-  Status s = backend_->Finish();
-  active_ = false;
-  if (!s.ok()) return s;
-  if (weight_version) weight_version_ = *weight_version;
-  ++syncs_;
-  dirty_ = false;
-  return Status::Ok();
+  call.Done(s);
+  return s;
 }
 
 Result<json> InferenceServer::FetchWeights(const json& body) {
-  WSYNC_RETURN_IF_ERROR(Acquire("fetch_weights"));
-  Result<json> r = backend_->Fetch(body);
-  Release();
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("fetch_weights"));
+  Result<json> r = CatchAll("fetch_weights", [&] { return backend_->Fetch(body); });
+  call.Done(r.status());
   return r;
 }
 
@@ -245,11 +226,13 @@ bool InferenceServer::IsPaused() const {
 Status InferenceServer::ResetPrefixCache() { return Status::Ok(); }
 
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
-  WSYNC_RETURN_IF_ERROR(Acquire("weight_checker"));
-  struct ReleaseOnExit {
-    InferenceServer* s;
-    ~ReleaseOnExit() { s->Release(); }
-  } release{this};
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
+  call.Done(r.status(), false);
+  return r;
+}
+
+Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(DigestAlgorithm algorithm) {
   size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
   std::map<std::string, std::string> first;
   int first_dp = -1;
@@ -285,6 +268,7 @@ Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgo
 }
 
 json InferenceServer::Health() const {
+  ReceiverSession::Snapshot session = session_->Look();
   std::lock_guard lock(mu_);
   return json{{"status", "ok"},          {"server", "wsync"},
               {"model", model_.name},    {"backend", options_.backend},
@@ -293,7 +277,9 @@ json InferenceServer::Health() const {
               {"device", options_.device.ToString()},
               {"weight_version", weight_version_},
               {"syncs", syncs_},
-              {"weights_consistent", !dirty_}};
+              {"weights_consistent", session.consistent},
+              {"session_active", session.active},
+              {"expired_sessions", session.expired_sessions}};
 }
 
 }  // namespace wsync

@@ -2,23 +2,27 @@
 //
 // One process, one worker per TP x DP rank, each holding ITS shards of the model (a
 // WorkerStore laid out by the sharding table) and running on its own WorkerThread. It
-// implements the control-plane session state every backend shares: start -> update* ->
-// finish, 409 on a second start or an update outside a session, a failed update ending
-// the session, the weight version, pause/resume, and HF-level checksums read back from
-// the shards. The data plane belongs to its ReceiverBackend. Thread-safe: HTTP threads
-// call it concurrently; state is guarded by mu_, and the backend is called by one
-// thread at a time.
+// implements the control-plane session state every backend shares (ReceiverSession,
+// session.h: start -> update* -> finish, 409 on a second start or an update outside a
+// session, a failed update ending the session, a lease that expires the session of a
+// trainer that vanished), the weight version, pause/resume, and HF-level checksums read
+// back from the shards. The data plane belongs to its ReceiverBackend. Every call
+// answers a Status: an exception from a backend becomes Internal naming the route, and
+// never leaves the server held. Thread-safe: HTTP threads call it concurrently; the
+// backend is called by one thread at a time.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "control/control_service.h"
 #include "model/config.h"
+#include "receiver/session.h"
 #include "wsync/receiver.h"
 
 namespace wsync {
@@ -34,6 +38,11 @@ struct InferenceServerOptions {
   Device device;
   std::string backend = "nccl";
   double timeout_seconds = 300;  // bound on every wait the server makes
+  // A session (start_weight_update .. finish_weight_update) with no call for this many
+  // seconds expires, so that the next trainer's start succeeds when the last trainer
+  // vanished mid-session (session.h). Unset: timeout_seconds, the longest any call of a
+  // live trainer waits. <= 0: sessions never expire. (`wsync serve --session-lease`)
+  std::optional<double> session_lease_seconds;
   size_t digest_threads = 0;     // 0: hardware concurrency
   // Fault injection for tests (`--fault never-join`), honest about what it fakes: the
   // control plane answers as usual, but init never joins the data plane and fails only
@@ -57,7 +66,7 @@ class InferenceServer : public ControlService {
   const ModelConfig& model() const { return model_; }
   size_t num_workers() const { return workers_.size(); }
 
-  Status InitWeightTransfer(const nlohmann::json& init_info) override;
+  Status InitWeightTransfer(const nlohmann::json& init_info, const std::string& peer_address) override;
   Status StartWeightUpdate() override;
   Status UpdateWeights(std::shared_ptr<const nlohmann::json> update_info) override;
   Status UpdateWeights(const nlohmann::json& update_info) {  // a copy; for tests
@@ -78,29 +87,25 @@ class InferenceServer : public ControlService {
  private:
   struct Worker;
   InferenceServer() = default;
-  // Marks the backend busy; FailedPrecondition naming `what` when another call holds it.
-  Status Acquire(const char* what);
-  void Release();
+  Result<std::map<std::string, std::string>> ChecksumsHeld(DigestAlgorithm algorithm);
 
   InferenceServerOptions options_;
   ModelConfig model_;
   std::vector<std::unique_ptr<Worker>> workers_;
   ReceiverContext context_;
   std::unique_ptr<ReceiverBackend> backend_;
+  std::unique_ptr<ReceiverSession> session_;
   // The last update_info whose tensor list parsed and matched the model, and that list:
-  // a trainer sending the same body every sync is checked once. Used under Acquire().
+  // a trainer sending the same body every sync is checked once. Used by the update call
+  // that holds the session (ReceiverSession::BeginUpdate).
   std::shared_ptr<const nlohmann::json> checked_info_;
   std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
 
   mutable std::mutex mu_;
-  bool active_ = false;       // GUARDED_BY(mu_): between start and finish
-  bool busy_ = false;         // GUARDED_BY(mu_): init/update/fetch/checksum running
-  const char* busy_with_ = "";  // GUARDED_BY(mu_)
   bool paused_ = false;       // GUARDED_BY(mu_)
   std::string pause_mode_;    // GUARDED_BY(mu_)
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
-  bool dirty_ = false;        // GUARDED_BY(mu_): a data phase failed after bytes may have landed
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
   std::condition_variable shutdown_cv_;
 };

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/shape_math.h"
 #include "model/worker_store.h"
 
 namespace wsync {
@@ -22,6 +23,7 @@ Result<const json*> ListField(const json& info, const char* field) {
 }  // namespace
 
 Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
+  if (!info.is_object()) return InvalidArgument("update_info must be an object");
   WSYNC_ASSIGN_OR_RETURN(const json* names, ListField(info, "names"));
   WSYNC_ASSIGN_OR_RETURN(const json* dtypes, ListField(info, "dtype_names"));
   WSYNC_ASSIGN_OR_RETURN(const json* shapes, ListField(info, "shapes"));
@@ -55,6 +57,10 @@ Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
             s.dump()));
       }
       out[i].shape.push_back(dim.get<int64_t>());
+    }
+    if (!CheckedNumBytes(out[i].shape, out[i].dtype)) {
+      return InvalidArgument(fmt::format("shapes[{}] ({}) {} has more bytes than int64 counts", i,
+                                         out[i].name, ShapeString(out[i].shape)));
     }
   }
   return out;

@@ -281,14 +281,25 @@ Status LayOutMegatronInto(const MegatronLayout& layout, int rank, const std::vec
     return InvalidArgument(fmt::format("lay out: {} HF tensors given, model {} has {}", hf.size(),
                                        layout.config().name, want.size()));
   }
-  for (size_t i = 0; i < hf.size(); ++i) WSYNC_RETURN_IF_ERROR(CheckSameMeta(want[i], hf[i].meta));
+  // `hf` may come in any order (a checkpoint's file order, often sorted by name): match
+  // by name. source_of[i] is the position in `hf` of the layout's tensor i.
+  std::vector<int> source_of(want.size(), -1);
+  for (size_t j = 0; j < hf.size(); ++j) {
+    int i = layout.FindHf(hf[j].meta.name);
+    if (i < 0) {
+      return InvalidArgument(fmt::format("lay out: model {} has no tensor {}", layout.config().name, hf[j].meta.name));
+    }
+    if (source_of[i] >= 0) return InvalidArgument(fmt::format("lay out: tensor {} is given twice", hf[j].meta.name));
+    source_of[i] = static_cast<int>(j);
+    WSYNC_RETURN_IF_ERROR(CheckSameMeta(want[i], hf[j].meta));
+  }
   const auto& table = layout.params(rank);
   if (params.size() != table.size()) return InvalidArgument("lay out: parameter count differs from the table");
   for (size_t p = 0; p < table.size(); ++p) {
     WSYNC_RETURN_IF_ERROR(CheckSameMeta(table[p].meta, params[p].meta));
     std::byte* dst = params[p].storage.data();
     for (size_t k = 0; k < table[p].pieces.size(); ++k) {
-      const std::byte* src = hf[layout.FindHf(table[p].pieces[k].hf_name)].storage.data();
+      const std::byte* src = hf[source_of[layout.FindHf(table[p].pieces[k].hf_name)]].storage.data();
       PieceRuns run = layout.Runs(rank, static_cast<int>(p), static_cast<int>(k));
       for (int64_t j = 0; j < run.count; ++j) {
         std::memcpy(dst + run.dst_offset + j * run.dst_stride, src + run.hf_offset + j * run.hf_stride,

@@ -119,8 +119,9 @@ class MegatronLayout {
   std::vector<std::vector<ExportPiece>> export_;  // by HF index
 };
 
-// Lays the HF model `hf` (tensors in hf_tensors() order) out into rank `rank`'s
-// parameters: every piece, primary or replica, is copied; padding stays zero.
+// Lays the HF model `hf` out into rank `rank`'s parameters: every piece, primary or
+// replica, is copied; padding stays zero. `hf` holds every tensor of hf_tensors() once,
+// in any order (a checkpoint's file order need not be the model's): tensors match by name.
 Result<std::vector<HostTensor>> LayOutMegatron(const MegatronLayout& layout, int rank,
                                                const std::vector<HostTensor>& hf);
 // The same into existing parameters (a trainer step rewrites them in place).

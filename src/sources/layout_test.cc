@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <set>
 
 #include "sources/groups.h"
@@ -285,6 +287,65 @@ TEST(MegatronLayout, TiedReplicaBytesEqualTheEmbeddingShard) {
     std::vector<std::byte> zeros((2048 - real) * row);
     EXPECT_EQ(0, std::memcmp(out.storage.data() + real * row, zeros.data(), zeros.size()));
   }
+}
+
+// A checkpoint need not store its tensors in the model's order (Hugging Face files are
+// sorted by name): laying out matches tensors by name, and every rank's parameters are
+// bit-exact whatever the order of the HF tensors given.
+TEST(MegatronLayout, LayOutIgnoresTheOrderOfTheHfTensors) {
+  const std::pair<const char*, const char*> cases[] = {{"qwen3-tiny", "tp2pp2ep1"},
+                                                       {"qwen3-moe-tiny", "tp2pp1ep2"}};
+  for (const auto& [name, grid] : cases) {
+    ModelConfig c = Config(name);
+    auto layout = *ParallelLayout::Parse(grid, 4);
+    auto l = MegatronLayout::Build(c, layout);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    auto model = Model(c);
+    for (const char* order : {"by name", "shuffled"}) {
+      auto copy = Model(c);  // same seed: the same bytes, in the model's order
+      std::vector<size_t> perm(copy->tensors().size());
+      std::iota(perm.begin(), perm.end(), 0);
+      if (std::string(order) == "by name") {
+        std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+          return copy->tensors()[a].meta.name < copy->tensors()[b].meta.name;
+        });
+      } else {
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+      }
+      ASSERT_FALSE(std::is_sorted(perm.begin(), perm.end())) << name << " " << order;
+      std::vector<HostTensor> reordered;
+      for (size_t i : perm) reordered.push_back(std::move(copy->tensors()[i]));
+      for (int rank = 0; rank < layout.world; ++rank) {
+        auto want = LayOutMegatron(*l, rank, model->tensors());
+        auto got = LayOutMegatron(*l, rank, reordered);
+        ASSERT_TRUE(want.ok()) << want.status().ToString();
+        ASSERT_TRUE(got.ok()) << name << " " << order << " rank " << rank << ": " << got.status().ToString();
+        ASSERT_EQ(want->size(), got->size());
+        for (size_t p = 0; p < want->size(); ++p) {
+          const size_t n = (*want)[p].meta.nbytes();
+          ASSERT_EQ(n, (*got)[p].meta.nbytes());
+          EXPECT_EQ(0, std::memcmp((*want)[p].storage.data(), (*got)[p].storage.data(), n))
+              << name << " " << order << " rank " << rank << ": " << (*want)[p].meta.name;
+        }
+      }
+    }
+  }
+}
+
+TEST(MegatronLayout, LayOutNamesAMissingOrRepeatedTensor) {
+  ModelConfig c = Config("qwen3-tiny");
+  auto l = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep1", 2));
+  ASSERT_TRUE(l.ok());
+  auto model = Model(c);
+  auto twice = Model(c);
+  // The norm in place of the embedding: one tensor twice, one missing.
+  std::vector<HostTensor>& t = twice->tensors();
+  size_t norm = l->FindHf("model.norm.weight");
+  size_t embed = l->FindHf("model.embed_tokens.weight");
+  t[embed] = std::move(model->tensors()[norm]);
+  auto r = LayOutMegatron(*l, 0, t);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("model.norm.weight is given twice"), std::string::npos) << r.status().message();
 }
 
 }  // namespace

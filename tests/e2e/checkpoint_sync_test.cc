@@ -1,5 +1,6 @@
 // `wsync push --checkpoint DIR`: a sharded Hugging Face checkpoint (two safetensors files
 // and model.safetensors.index.json) is synced as is, then trained one step on top.
+#include <algorithm>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -19,13 +20,19 @@ using nlohmann::json;
 class CheckpointSyncTest : public E2eTest {
  protected:
   // Writes a bf16 qwen3-tiny checkpoint whose weights come from seed `seed`, split over
-  // two files in model order, with an index and a config.json.
-  Status WriteTinyCheckpoint(const std::filesystem::path& dir, uint64_t seed) {
+  // two files in model order (or, `by_name`, sorted by name as Hugging Face's writers
+  // store them), with an index and a config.json.
+  Status WriteTinyCheckpoint(const std::filesystem::path& dir, uint64_t seed, bool by_name = false) {
     std::filesystem::create_directories(dir);
     WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel("qwen3-tiny"));
     WSYNC_ASSIGN_OR_RETURN(auto trainer,
                            SyntheticTrainer::FromMetadata(HfTensors(config), seed, DefaultThreads()));
-    const auto& tensors = trainer->tensors();
+    std::vector<const HostTensor*> tensors;
+    for (const HostTensor& t : trainer->tensors()) tensors.push_back(&t);
+    if (by_name) {
+      std::sort(tensors.begin(), tensors.end(),
+                [](const HostTensor* a, const HostTensor* b) { return a->meta.name < b->meta.name; });
+    }
     const std::string files[2] = {"model-00001-of-00002.safetensors",
                                   "model-00002-of-00002.safetensors"};
     std::vector<TensorRef> part[2];
@@ -33,12 +40,12 @@ class CheckpointSyncTest : public E2eTest {
     size_t total = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       int f = i < tensors.size() / 2 ? 0 : 1;
-      if (tensors[i].meta.dtype != DType::kBF16) {
-        return Internal(fmt::format("{} is not bf16", tensors[i].meta.name));
+      if (tensors[i]->meta.dtype != DType::kBF16) {
+        return Internal(fmt::format("{} is not bf16", tensors[i]->meta.name));
       }
-      part[f].push_back(tensors[i].ref());
-      weight_map[tensors[i].meta.name] = files[f];
-      total += tensors[i].meta.nbytes();
+      part[f].push_back(tensors[i]->ref());
+      weight_map[tensors[i]->meta.name] = files[f];
+      total += tensors[i]->meta.nbytes();
     }
     for (int f = 0; f < 2; ++f) {
       WSYNC_RETURN_IF_ERROR(WriteSafetensors((dir / files[f]).string(), part[f], {{"format", "pt"}}));
@@ -99,6 +106,32 @@ TEST_F(CheckpointSyncTest, ShardedCheckpointSyncsAsIsThenOneStepMatchesFromCheck
   ASSERT_TRUE(trained.success()) << trained.description;
   EXPECT_TRUE(HasVerifiedTable(trained.out, 2));
   ExpectServersHold({s}, want1, DigestAlgorithm::kXxh3_128);
+}
+
+// Hugging Face checkpoints store tensors sorted by name, not in the model's order: Megatron
+// trainer ranks lay them out by name, and every sync lands bit-exact.
+TEST_F(CheckpointSyncTest, NameSortedCheckpointSyncsFromMegatronRanks) {
+  std::filesystem::path ckpt_dir = dir() / "ckpt";
+  Status written = WriteTinyCheckpoint(ckpt_dir, /*seed=*/78, /*by_name=*/true);
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  Result<CheckpointDir> ckpt = CheckpointDir::Open(ckpt_dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel("qwen3-tiny"));
+  std::vector<std::string> file_order, model_order;
+  for (const TensorMeta& t : ckpt->tensors()) file_order.push_back(t.name);
+  for (const TensorMeta& t : HfTensors(config)) model_order.push_back(t.name);
+  ASSERT_TRUE(std::is_sorted(file_order.begin(), file_order.end()));
+  ASSERT_NE(file_order, model_order);
+
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("a", {"--model", "qwen3-tiny", "--tp", "2"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartServer("b", {"--model", "qwen3-tiny", "--tp", "2"}));
+  for (const char* layout : {"tp2pp2ep1", "tp1pp2ep1"}) {
+    RunResult push = Push(std::string("push_") + layout, {a, b},
+                          {"--checkpoint", ckpt_dir.string(), "--trainer-ranks", "4", "--trainer-layout",
+                           layout, "--steps", "1", "--verify", "--timeout", "60"});
+    ASSERT_TRUE(push.success()) << push.description;
+    EXPECT_TRUE(HasVerifiedTable(push.out, 2)) << push.out;
+  }
 }
 
 }  // namespace

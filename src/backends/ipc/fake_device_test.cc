@@ -394,7 +394,7 @@ TEST_F(IpcFakeGpu, AWorkerOnAGpuWithoutAnEntryAndBadHandlesAre400s) {
   info.slot_bytes = region->slot_bytes();
   info.reader_count = 1;
   info.buffers["GPU-fake-0"] = IpcBufferDesc{"cuda_ipc", 0, region->slot_stride(), json{{"fake", 123456}}};
-  s = a.service->InitWeightTransfer(info.ToJson());
+  s = a.service->InitWeightTransfer(info.ToJson(), "");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("cannot open the cuda_ipc handle"), std::string::npos) << s.message();
   region.reset();

@@ -251,25 +251,25 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
 
   IpcInitInfo bad = fake.info;
   bad.control_path = "/dev/shm/wsync-ipc-does-not-exist";
-  st = s.InitWeightTransfer(bad.ToJson());
+  st = s.InitWeightTransfer(bad.ToJson(), "");
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("is not a wsync ipc region this server may open"), std::string::npos) << st.message();
   bad = fake.info;
   bad.control_path = "/etc/hostname";
-  EXPECT_EQ(s.InitWeightTransfer(bad.ToJson()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.InitWeightTransfer(bad.ToJson(), "").code(), StatusCode::kInvalidArgument);
   bad = fake.info;
   bad.buffers.clear();
   bad.buffers["GPU-00000000-1111-2222-3333-444444444444"] = fake.region->ShmBuffer();
-  st = s.InitWeightTransfer(bad.ToJson());
+  st = s.InitWeightTransfer(bad.ToJson(), "");
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("no entry for this server's device " + HostDeviceKey()), std::string::npos) << st.message();
   bad = fake.info;
   bad.reader_count = 1;  // TP=2 needs two readers
-  EXPECT_EQ(s.InitWeightTransfer(bad.ToJson()).code(), StatusCode::kInvalidArgument);
-  st = s.InitWeightTransfer(json{{"packed", true}});  // vLLM's own ipc init_info
+  EXPECT_EQ(s.InitWeightTransfer(bad.ToJson(), "").code(), StatusCode::kInvalidArgument);
+  st = s.InitWeightTransfer(json{{"packed", true}}, "");  // vLLM's own ipc init_info
   EXPECT_NE(st.message().find("wsync_ipc_protocol"), std::string::npos) << st.message();
 
-  ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson()).ok());
+  ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson(), "").ok());
   ASSERT_TRUE(s.StartWeightUpdate().ok());
   // A chunk larger than the mapped region: planned for 16 MiB slots, mapped 4 MiB.
   st = s.UpdateWeights(fake.Update(meta, 16 << 20));
@@ -286,7 +286,7 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
   {
     FakeTrainer silent = FakeTrainer::Make(2, 4 << 20);
     silent.region->Announce(0, 0);
-    ASSERT_TRUE(s.InitWeightTransfer(silent.info.ToJson()).ok());
+    ASSERT_TRUE(s.InitWeightTransfer(silent.info.ToJson(), "").ok());
     ASSERT_TRUE(s.StartWeightUpdate().ok());
     st = s.UpdateWeights(silent.Update(meta, 4 << 20));
     EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
@@ -298,7 +298,7 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     EXPECT_NE(st.message().find("wsync_ipc_protocol 1 is not supported (this server speaks 3)"), std::string::npos)
         << st.message();
-    ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson()).ok());
+    ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson(), "").ok());
   }
   // vLLM's pickled handles.
   ASSERT_TRUE(s.StartWeightUpdate().ok());
@@ -400,7 +400,7 @@ TEST_F(IpcBackend, ATrainerThatDiesMidSyncEndsTheUpdateAtOnceAndTheNextSessionWo
   InferenceServer& s = *a.service;
   const auto& meta = trainer->metadata();
   FakeTrainer fake = FakeTrainer::Make(2, 4 << 20);
-  ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson()).ok());
+  ASSERT_TRUE(s.InitWeightTransfer(fake.info.ToJson(), "").ok());
   ASSERT_TRUE(s.StartWeightUpdate().ok());
   json update = fake.Update(meta, 4 << 20);
   auto pending = std::async(std::launch::async, [&] { return s.UpdateWeights(update); });

@@ -1,8 +1,11 @@
 #include "backends/nccl/init_info.h"
 
+#include <cmath>
 #include <set>
 
 #include <fmt/format.h>
+
+#include "core/json_int.h"
 
 namespace wsync {
 
@@ -27,6 +30,7 @@ json NcclInitInfo::ToJson() const {
 
 namespace {
 
+// A bool, string or double field; integers go through JsonIntInRange.
 template <typename T>
 Status Read(const json& j, const char* field, bool required, std::optional<T>* out) {
   auto it = j.find(field);
@@ -36,11 +40,37 @@ Status Read(const json& j, const char* field, bool required, std::optional<T>* o
   }
   bool ok = false;
   if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer();
   else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
   else ok = it->is_string();
-  if (!ok) return InvalidArgument(fmt::format("init_info '{}' has the wrong type: {}", field, it->dump()));
+  if (!ok) {
+    std::string shown = it->dump(-1, ' ', true, json::error_handler_t::replace);
+    if (shown.size() > 64) shown = shown.substr(0, 64) + "...";
+    return InvalidArgument(fmt::format("init_info '{}' has the wrong type: {}", field, shown));
+  }
   *out = it->get<T>();
+  return Status::Ok();
+}
+
+// An integer field in [min, max] (exact: 4294967297 is not 1).
+Result<std::optional<int64_t>> ReadInt(const json& j, const char* field, bool required, int64_t min,
+                                       int64_t max) {
+  if (required && (!j.contains(field) || j[field].is_null())) {
+    return InvalidArgument(fmt::format("init_info is missing '{}'", field));
+  }
+  return OptionalJsonIntField(j, field, "init_info", min, max);
+}
+
+// A string field that ends up in messages and requests: bounded, printable ASCII.
+Status CheckText(const char* field, const std::optional<std::string>& v, size_t max_bytes) {
+  if (!v) return Status::Ok();
+  if (v->empty() || v->size() > max_bytes) {
+    return InvalidArgument(fmt::format("init_info '{}' must have 1 to {} characters, got {}", field, max_bytes, v->size()));
+  }
+  for (char c : *v) {
+    if (c < 0x21 || c > 0x7e) {
+      return InvalidArgument(fmt::format("init_info '{}' must be printable ASCII without spaces", field));
+    }
+  }
   return Status::Ok();
 }
 
@@ -51,8 +81,13 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
       "rank_offset", "world_size", "packed", "packed_buffer_size_bytes", "packed_num_buffers",
       "nccl_unique_id_b64", "master_address", "master_port", "gloo_store_host", "gloo_store_port",
       "gloo_prefix", "gloo_rank_labels", "wsync_protocol", "timeout_seconds", "wsync_broadcast_piece_bytes"};
+  if (!j.is_object()) return InvalidArgument("init_info must be an object");
   for (const auto& [key, _] : j.items()) {
-    if (!kKnown.contains(key)) return InvalidArgument(fmt::format("init_info has unknown field '{}'", key));
+    if (!kKnown.contains(key)) {
+      std::string shown;  // the key as sent may be anything: printable ASCII, cut short
+      for (char c : key.substr(0, 64)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
+      return InvalidArgument(fmt::format("init_info has unknown field '{}'{}", shown, key.size() > 64 ? "..." : ""));
+    }
   }
   if (j.contains("master_address") || j.contains("master_port")) {
     return InvalidArgument(
@@ -60,49 +95,58 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
         "not speak: send nccl_unique_id_b64 (GPU) or gloo_store_host/gloo_store_port (CPU)");
   }
   NcclInitInfo info;
-  std::optional<int> rank_offset, world_size, num_buffers, port, protocol;
   std::optional<bool> packed;
-  std::optional<int64_t> buffer_bytes;
   std::optional<double> timeout;
-  WSYNC_RETURN_IF_ERROR(Read(j, "rank_offset", true, &rank_offset));
-  WSYNC_RETURN_IF_ERROR(Read(j, "world_size", true, &world_size));
+  WSYNC_ASSIGN_OR_RETURN(auto world_size, ReadInt(j, "world_size", true, 2, kMaxNcclWorldSize));
+  WSYNC_ASSIGN_OR_RETURN(auto rank_offset, ReadInt(j, "rank_offset", true, 1, kMaxNcclWorldSize - 1));
+  WSYNC_ASSIGN_OR_RETURN(auto buffer_bytes,
+                         ReadInt(j, "packed_buffer_size_bytes", false, 1, kMaxNcclBufferBytes));
+  WSYNC_ASSIGN_OR_RETURN(auto num_buffers, ReadInt(j, "packed_num_buffers", false, 1, kMaxNcclNumBuffers));
+  WSYNC_ASSIGN_OR_RETURN(auto port, ReadInt(j, "gloo_store_port", false, 1, 65535));
+  WSYNC_ASSIGN_OR_RETURN(auto protocol, ReadInt(j, "wsync_protocol", false, 0, INT32_MAX));
+  WSYNC_ASSIGN_OR_RETURN(auto piece_bytes,
+                         ReadInt(j, "wsync_broadcast_piece_bytes", false, 1, kMaxNcclBufferBytes));
   WSYNC_RETURN_IF_ERROR(Read(j, "packed", false, &packed));
-  WSYNC_RETURN_IF_ERROR(Read(j, "packed_buffer_size_bytes", false, &buffer_bytes));
-  WSYNC_RETURN_IF_ERROR(Read(j, "packed_num_buffers", false, &num_buffers));
   WSYNC_RETURN_IF_ERROR(Read(j, "nccl_unique_id_b64", false, &info.nccl_unique_id_b64));
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_store_host", false, &info.gloo_store_host));
-  WSYNC_RETURN_IF_ERROR(Read(j, "gloo_store_port", false, &port));
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_prefix", false, &info.gloo_prefix));
-  WSYNC_RETURN_IF_ERROR(Read(j, "wsync_protocol", false, &protocol));
   WSYNC_RETURN_IF_ERROR(Read(j, "timeout_seconds", false, &timeout));
-  WSYNC_RETURN_IF_ERROR(Read(j, "wsync_broadcast_piece_bytes", false, &info.wsync_broadcast_piece_bytes));
-  info.rank_offset = *rank_offset;
-  info.world_size = *world_size;
+  WSYNC_RETURN_IF_ERROR(CheckText("gloo_store_host", info.gloo_store_host, 253));
+  WSYNC_RETURN_IF_ERROR(CheckText("gloo_prefix", info.gloo_prefix, 256));
+  info.world_size = static_cast<int>(*world_size);
+  info.rank_offset = static_cast<int>(*rank_offset);
   if (packed) info.packed = *packed;
   if (buffer_bytes) info.packed_buffer_size_bytes = *buffer_bytes;
-  if (num_buffers) info.packed_num_buffers = *num_buffers;
-  info.gloo_store_port = port;
-  info.wsync_protocol = protocol;
+  if (num_buffers) info.packed_num_buffers = static_cast<int>(*num_buffers);
+  if (port) info.gloo_store_port = static_cast<int>(*port);
+  if (protocol) info.wsync_protocol = static_cast<int>(*protocol);
+  if (piece_bytes) info.wsync_broadcast_piece_bytes = *piece_bytes;
   info.timeout_seconds = timeout;
   if (auto it = j.find("gloo_rank_labels"); it != j.end()) {
     if (!it->is_array()) return InvalidArgument("init_info 'gloo_rank_labels' must be a list of strings");
+    // Checked before any per-rank allocation.
+    if (it->size() != static_cast<size_t>(info.world_size)) {
+      return InvalidArgument(fmt::format("init_info gloo_rank_labels has {} entries for world_size {}",
+                                         it->size(), info.world_size));
+    }
     for (const json& l : *it) {
-      if (!l.is_string()) return InvalidArgument("init_info 'gloo_rank_labels' must be a list of strings");
+      if (!l.is_string() || l.get_ref<const std::string&>().size() > 256) {
+        return InvalidArgument("init_info 'gloo_rank_labels' must be a list of strings of at most 256 bytes");
+      }
       info.gloo_rank_labels.push_back(l.get<std::string>());
     }
   }
 
-  if (info.rank_offset < 1) return InvalidArgument(fmt::format("init_info rank_offset {} must be >= 1 (rank 0 is the trainer)", info.rank_offset));
-  if (info.world_size < 2) return InvalidArgument(fmt::format("init_info world_size {} must be >= 2", info.world_size));
-  if (info.packed_buffer_size_bytes <= 0) return InvalidArgument("init_info packed_buffer_size_bytes must be positive");
-  if (info.packed_num_buffers < 1) return InvalidArgument("init_info packed_num_buffers must be >= 1");
+  if (info.rank_offset >= info.world_size) {
+    return InvalidArgument(fmt::format("init_info rank_offset {} must be below world_size {} (rank 0 is the trainer)",
+                                       info.rank_offset, info.world_size));
+  }
   if (info.wsync_protocol && *info.wsync_protocol != kWsyncProtocolVersion) {
     return InvalidArgument(fmt::format("init_info wsync_protocol {} is not supported (this server speaks {})",
                                        *info.wsync_protocol, kWsyncProtocolVersion));
   }
-  if (info.timeout_seconds && *info.timeout_seconds <= 0) return InvalidArgument("init_info timeout_seconds must be positive");
-  if (info.wsync_broadcast_piece_bytes && *info.wsync_broadcast_piece_bytes <= 0) {
-    return InvalidArgument("init_info wsync_broadcast_piece_bytes must be positive");
+  if (info.timeout_seconds && !(*info.timeout_seconds > 0 && std::isfinite(*info.timeout_seconds))) {
+    return InvalidArgument("init_info timeout_seconds must be a positive finite number");
   }
   bool gloo = info.gloo_store_host || info.gloo_store_port || info.gloo_prefix;
   if (gloo && (!info.gloo_store_host || !info.gloo_store_port || !info.gloo_prefix)) {
@@ -110,10 +154,6 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   }
   if (gloo == info.nccl_unique_id_b64.has_value()) {
     return InvalidArgument("init_info needs exactly one rendezvous: nccl_unique_id_b64 (GPU) or gloo_store_host (CPU)");
-  }
-  if (!info.gloo_rank_labels.empty() && static_cast<int>(info.gloo_rank_labels.size()) != info.world_size) {
-    return InvalidArgument(fmt::format("init_info gloo_rank_labels has {} entries for world_size {}",
-                                       info.gloo_rank_labels.size(), info.world_size));
   }
   return info;
 }

@@ -20,12 +20,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "control/init_payloads.h"
 #include "plan/packing.h"
 #include "wsync/status.h"
 
 namespace wsync {
 
 inline constexpr int kWsyncProtocolVersion = 1;
+// Largest broadcast group a server joins (trainer rank 0 and every server worker): the
+// cap comes before anything is allocated per rank.
+inline constexpr int64_t kMaxNcclWorldSize = kMaxBroadcastWorldSize;
+// Bounds on the packing fields, far above any real setting.
+inline constexpr int64_t kMaxNcclBufferBytes = int64_t{1} << 40;
+inline constexpr int64_t kMaxNcclNumBuffers = 1024;
 // The piece size a wsync trainer asks of wsync servers: large enough for NCCL's full
 // bandwidth, small enough that packing and unpacking overlap the wire inside a chunk.
 inline constexpr int64_t kWsyncBroadcastPieceBytes = int64_t{256} << 20;
@@ -50,6 +57,8 @@ struct NcclInitInfo {
   bool uses_gloo() const { return gloo_store_host.has_value(); }
   nlohmann::json ToJson() const;
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one.
+  // Integers are exact and range-checked (core/json_int.h): world_size in
+  // [2, kMaxNcclWorldSize], rank_offset in [1, world_size), gloo_store_port in [1, 65535].
   static Result<NcclInitInfo> Parse(const nlohmann::json& j);
 };
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace wsync {
 namespace {
 
@@ -32,7 +34,7 @@ TEST(NcclInitInfo, BroadcastPieceBytesIsAWsyncFieldThatMustBePositive) {
   EXPECT_EQ(info->wsync_broadcast_piece_bytes, int64_t{256} << 20);
   EXPECT_EQ(NcclInitInfo::Parse(info->ToJson())->ToJson(), info->ToJson());
   j["wsync_broadcast_piece_bytes"] = 0;
-  EXPECT_EQ(ErrorOf(j), "init_info wsync_broadcast_piece_bytes must be positive");
+  EXPECT_EQ(ErrorOf(j), "init_info 'wsync_broadcast_piece_bytes' is 0, outside [1, 1099511627776]");
   // vLLM's payload has no such field: one broadcast per chunk.
   j.erase("wsync_broadcast_piece_bytes");
   EXPECT_FALSE(NcclInitInfo::Parse(j)->wsync_broadcast_piece_bytes.has_value());
@@ -60,7 +62,7 @@ TEST(NcclInitInfo, ErrorsNameTheField) {
   EXPECT_EQ(ErrorOf(j), "init_info has unknown field 'bogus'");
   j = GlooInit();
   j["rank_offset"] = 0;
-  EXPECT_NE(ErrorOf(j).find("rank_offset 0 must be >= 1"), std::string::npos);
+  EXPECT_EQ(ErrorOf(j), "init_info 'rank_offset' is 0, outside [1, 65535]");
   j = GlooInit();
   j["nccl_unique_id_b64"] = "AAAA";
   EXPECT_NE(ErrorOf(j).find("exactly one rendezvous"), std::string::npos);
@@ -76,6 +78,73 @@ TEST(NcclInitInfo, ErrorsNameTheField) {
   j = GlooInit();
   j["gloo_rank_labels"] = {"trainer"};
   EXPECT_NE(ErrorOf(j).find("1 entries for world_size 3"), std::string::npos);
+}
+
+// Integers are read exactly, then range-checked, before anything is sized by them.
+TEST(NcclInitInfo, IntegersAreExactAndRangeChecked) {
+  struct Case {
+    const char* field;
+    json value;
+    std::string error;
+  };
+  const Case cases[] = {
+      // 2^32 + 1 used to be read as int: 1.
+      {"rank_offset", int64_t{4294967297}, "init_info 'rank_offset' is 4294967297, outside [1, 65535]"},
+      {"world_size", int64_t{4294967298}, "init_info 'world_size' is 4294967298, outside [2, 65536]"},
+      {"world_size", 2147483647, "init_info 'world_size' is 2147483647, outside [2, 65536]"},
+      {"world_size", 20000000, "init_info 'world_size' is 20000000, outside [2, 65536]"},
+      {"world_size", uint64_t{18446744073709551615u},
+       "init_info 'world_size' is 18446744073709551615, outside [2, 65536]"},
+      {"world_size", 3.0, "init_info 'world_size' must be an integer in [2, 65536], got 3.0"},
+      {"world_size", "3", "init_info 'world_size' must be an integer in [2, 65536], got \"3\""},
+      {"gloo_store_port", -7, "init_info 'gloo_store_port' is -7, outside [1, 65535]"},
+      {"gloo_store_port", 0, "init_info 'gloo_store_port' is 0, outside [1, 65535]"},
+      {"gloo_store_port", 65536, "init_info 'gloo_store_port' is 65536, outside [1, 65535]"},
+      {"gloo_store_port", int64_t{4294971296}, "init_info 'gloo_store_port' is 4294971296, outside [1, 65535]"},
+      {"packed_num_buffers", int64_t{4294967297}, "init_info 'packed_num_buffers' is 4294967297, outside [1, 1024]"},
+      {"packed_buffer_size_bytes", -1, "init_info 'packed_buffer_size_bytes' is -1, outside [1, 1099511627776]"},
+      {"wsync_protocol", int64_t{4294967297}, "init_info 'wsync_protocol' is 4294967297"},  // not silently 1
+  };
+  for (const Case& c : cases) {
+    json j = GlooInit();
+    j[c.field] = c.value;
+    EXPECT_EQ(ErrorOf(j).substr(0, c.error.size()), c.error) << c.field << " = " << c.value.dump();
+  }
+  json j = GlooInit();
+  j["rank_offset"] = 3;  // world_size 3: ranks 0..2
+  EXPECT_EQ(ErrorOf(j), "init_info rank_offset 3 must be below world_size 3 (rank 0 is the trainer)");
+  j = GlooInit();
+  j["world_size"] = 65536;
+  j["gloo_store_port"] = 65535;
+  EXPECT_TRUE(NcclInitInfo::Parse(j).ok()) << ErrorOf(j);
+}
+
+TEST(NcclInitInfo, RankLabelsAreCheckedBeforeTheyAreCopied) {
+  json j = GlooInit();
+  j["gloo_rank_labels"] = json::array({"a", "b", "c", "d"});
+  EXPECT_EQ(ErrorOf(j), "init_info gloo_rank_labels has 4 entries for world_size 3");
+  j["gloo_rank_labels"] = json::array({"a", "b", 3});
+  EXPECT_NE(ErrorOf(j).find("list of strings"), std::string::npos);
+}
+
+TEST(NcclInitInfo, TextFieldsAndTimeoutAreBounded) {
+  json j = GlooInit();
+  j["gloo_store_host"] = "";
+  EXPECT_NE(ErrorOf(j).find("gloo_store_host"), std::string::npos);
+  j["gloo_store_host"] = std::string(300, 'a');
+  EXPECT_NE(ErrorOf(j).find("gloo_store_host"), std::string::npos);
+  j = GlooInit();
+  j["gloo_prefix"] = "a b";
+  EXPECT_NE(ErrorOf(j).find("gloo_prefix"), std::string::npos);
+  j = GlooInit();
+  j["timeout_seconds"] = -1;
+  EXPECT_NE(ErrorOf(j).find("timeout_seconds"), std::string::npos);
+  j["timeout_seconds"] = std::numeric_limits<double>::infinity();
+  EXPECT_NE(ErrorOf(j).find("timeout_seconds"), std::string::npos);
+  j = GlooInit();
+  j[std::string("\xff\xfe")] = 1;  // invalid UTF-8 in a key: named, not thrown
+  EXPECT_EQ(ErrorOf(j), "init_info has unknown field '?" "?'");
+  EXPECT_EQ(ErrorOf(json::array()), "init_info must be an object");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backends/nccl/staging.h"
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
+#include "comm/store_address.h"
 #ifdef WSYNC_WITH_NCCL
 #include "comm/nccl_communicator.h"
 #include "comm/nccl_unique_id.h"
@@ -45,15 +46,23 @@ class NcclReceiver final : public ReceiverBackend {
 
   std::string_view name() const override { return "nccl"; }
 
-  Status Init(const json& init_info) override {
+  // Without a peer address only --allow-store-host admits a Gloo store.
+  Status Init(const json& init_info) override { return InitFromPeer(init_info, ""); }
+
+  Status InitFromPeer(const json& init_info, const std::string& peer_address) override {
     WSYNC_ASSIGN_OR_RETURN(NcclInitInfo info, NcclInitInfo::Parse(init_info));
     for (const ReceiverWorker& w : ctx_->workers) {
-      int rank = Rank(info, w);
+      int64_t rank = Rank(info, w);
       if (rank >= info.world_size) {
         return InvalidArgument(fmt::format(
             "{} would be rank {} (rank_offset {} + dp {} * tp {} + tp rank {}), outside world_size {}",
             w.label, rank, info.rank_offset, w.dp_index, ctx_->tp_size, w.tp_rank, info.world_size));
       }
+    }
+    if (info.uses_gloo()) {
+      // The store this server dials: the peer's own address (store_address.h).
+      WSYNC_ASSIGN_OR_RETURN(info.gloo_store_host,
+                             AdmitStoreHost(*info.gloo_store_host, peer_address, AllowedStoreHosts()));
     }
     if (!info.uses_gloo()) {
       for (const ReceiverWorker& w : ctx_->workers) {
@@ -91,7 +100,7 @@ class NcclReceiver final : public ReceiverBackend {
         o.store_host = *info.gloo_store_host;
         o.store_port = *info.gloo_store_port;
         o.prefix = *info.gloo_prefix;
-        o.rank = Rank(info, w);
+        o.rank = static_cast<int>(Rank(info, w));
         o.size = info.world_size;
         o.connect_deadline = deadline;
         o.op_timeout = op_timeout;
@@ -101,7 +110,7 @@ class NcclReceiver final : public ReceiverBackend {
 #ifdef WSYNC_WITH_NCCL
         NcclOptions o;
         o.unique_id = unique_id;
-        o.rank = Rank(info, w);
+        o.rank = static_cast<int>(Rank(info, w));
         o.size = info.world_size;
         o.device = w.device.index;
         o.connect_deadline = deadline;
@@ -196,8 +205,20 @@ class NcclReceiver final : public ReceiverBackend {
     std::vector<StagingBuffer> buffers;  // receive buffers, reused across syncs
   };
 
-  int Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
-    return info.rank_offset + w.dp_index * ctx_->tp_size + w.tp_rank;
+  // In int64: rank_offset and world_size are bounded (init_info.h), the sum is not.
+  int64_t Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
+    return int64_t{info.rank_offset} + int64_t{w.dp_index} * ctx_->tp_size + w.tp_rank;
+  }
+
+  std::vector<std::string> AllowedStoreHosts() const {
+    std::vector<std::string> out;
+    auto it = ctx_->backend_config.find("allowed_store_hosts");
+    if (it != ctx_->backend_config.end() && it->is_array()) {
+      for (const json& h : *it) {
+        if (h.is_string()) out.push_back(h.get<std::string>());
+      }
+    }
+    return out;
   }
 
   // Receives every chunk and loads it; runs on the worker's thread. Loading chunk k

@@ -1,0 +1,158 @@
+#include "receiver/session.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace wsync {
+
+ReceiverSession::ReceiverSession(double lease_seconds, NowFn now)
+    : lease_seconds_(lease_seconds), now_(std::move(now)) {}
+
+ReceiverSession::Call::Call(Call&& other) noexcept
+    : owner_(other.owner_), kind_(other.kind_), session_(other.session_), done_(other.done_) {
+  other.owner_ = nullptr;
+}
+
+ReceiverSession::Call::~Call() {
+  if (owner_ != nullptr) owner_->Release(*this);
+}
+
+void ReceiverSession::Call::Done(const Status& outcome, bool may_have_landed) {
+  if (owner_ == nullptr || done_) return;
+  std::lock_guard lock(owner_->mu_);
+  owner_->OutcomeLocked(*this, outcome, may_have_landed);
+  done_ = true;
+}
+
+void ReceiverSession::Release(const Call& call) {
+  std::lock_guard lock(mu_);
+  if (!call.done_) {
+    // The call ended without an outcome (an exception went through it): whatever it was
+    // doing may have landed bytes.
+    OutcomeLocked(call, Internal("the call ended without an outcome"), true);
+  }
+  busy_with_ = nullptr;
+  if (call.session_ != 0 && call.session_ == session_) last_call_ = now_();
+}
+
+void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, bool may_have_landed) {
+  // A call outside any session, or for a session that has since ended, changes nothing.
+  const bool mine = call.session_ != 0 && call.session_ == session_ && active_;
+  if (call.kind_ == Call::Kind::kUpdate) {
+    if (!mine) return;
+    if (outcome.ok()) {
+      session_touched_ = true;
+    } else {
+      active_ = false;  // a failed update ends the session
+      if (may_have_landed) dirty_ = true;
+      expiry_note_.clear();
+    }
+  } else if (call.kind_ == Call::Kind::kFinish) {
+    if (!mine) return;
+    active_ = false;
+    expiry_note_.clear();
+    if (outcome.ok()) {
+      dirty_ = false;
+    } else if (session_touched_ && may_have_landed) {
+      dirty_ = true;
+    }
+  }
+}
+
+bool ReceiverSession::ExpiredLocked(Clock::time_point now) const {
+  if (!active_ || busy_with_ != nullptr || lease_seconds_ <= 0) return false;
+  return std::chrono::duration<double>(now - last_call_).count() > lease_seconds_;
+}
+
+void ReceiverSession::ExpireIfIdleLocked() {
+  if (!ExpiredLocked(now_())) return;
+  active_ = false;
+  ++expired_;
+  if (session_touched_) dirty_ = true;
+  expiry_note_ = fmt::format(
+      "the last session expired after {:g} s without a call (its trainer vanished between "
+      "start_weight_update and finish_weight_update){}",
+      lease_seconds_, session_touched_ ? "; its updates left the weights inconsistent" : "");
+  WSYNC_LOG_WARN("weight-update session {} expired: {}", session_, expiry_note_);
+}
+
+Result<ReceiverSession::Call> ReceiverSession::BeginExclusive(const char* what, bool refuse_in_session) {
+  std::lock_guard lock(mu_);
+  ExpireIfIdleLocked();
+  if (refuse_in_session && active_) {
+    return FailedPrecondition(fmt::format("{} called during an active weight update; finish it first", what));
+  }
+  if (busy_with_ != nullptr) {
+    return FailedPrecondition(fmt::format("{} refused: {} is in progress", what, busy_with_));
+  }
+  busy_with_ = what;
+  return Call(this, Call::Kind::kExclusive, 0);
+}
+
+Status ReceiverSession::Start(const std::function<Status()>& open) {
+  std::lock_guard lock(mu_);
+  ExpireIfIdleLocked();
+  if (active_) {
+    double idle = std::chrono::duration<double>(now_() - last_call_).count();
+    std::string why =
+        busy_with_ != nullptr
+            ? fmt::format("{} is in progress", busy_with_)
+            : fmt::format("its last call was {:.1f} s ago{}", idle,
+                          lease_seconds_ > 0 ? fmt::format("; it expires after {:g} s without a call", lease_seconds_)
+                                             : std::string());
+    return FailedPrecondition(
+        fmt::format("start_weight_update called while a weight update is already active ({})", why));
+  }
+  if (open) WSYNC_RETURN_IF_ERROR(open());
+  active_ = true;
+  ++session_;
+  session_touched_ = false;
+  expiry_note_.clear();
+  last_call_ = now_();
+  return Status::Ok();
+}
+
+Result<ReceiverSession::Call> ReceiverSession::BeginUpdate(Status* outside) {
+  std::lock_guard lock(mu_);
+  if (busy_with_ != nullptr) {
+    return FailedPrecondition(fmt::format("update_weights refused: {} is in progress", busy_with_));
+  }
+  ExpireIfIdleLocked();
+  *outside = Status::Ok();
+  if (!active_) {
+    *outside = FailedPrecondition(
+        expiry_note_.empty() ? std::string("start_weight_update must be called before update_weights")
+                             : fmt::format("start_weight_update must be called before update_weights: {}", expiry_note_));
+  }
+  busy_with_ = "update_weights";
+  return Call(this, Call::Kind::kUpdate, active_ ? session_ : 0);
+}
+
+Result<ReceiverSession::Call> ReceiverSession::BeginFinish() {
+  std::lock_guard lock(mu_);
+  if (busy_with_ != nullptr) {
+    return FailedPrecondition(fmt::format("finish_weight_update refused: {} is in progress", busy_with_));
+  }
+  ExpireIfIdleLocked();
+  if (!active_) {
+    std::string msg = "finish_weight_update called without an active weight update; call start_weight_update first";
+    if (!expiry_note_.empty()) msg += ": " + expiry_note_;
+    return FailedPrecondition(std::move(msg));
+  }
+  busy_with_ = "finish_weight_update";
+  return Call(this, Call::Kind::kFinish, session_);
+}
+
+ReceiverSession::Snapshot ReceiverSession::Look() const {
+  std::lock_guard lock(mu_);
+  bool expired = ExpiredLocked(now_());
+  Snapshot s;
+  s.active = active_ && !expired;
+  s.consistent = !dirty_ && !(expired && session_touched_);
+  s.busy_with = busy_with_ != nullptr ? busy_with_ : "";
+  s.expired_sessions = expired_ + (expired ? 1 : 0);
+  return s;
+}
+
+}  // namespace wsync

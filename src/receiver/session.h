@@ -1,0 +1,116 @@
+// ReceiverSession: the control-plane state machine of one inference server.
+//
+// It decides which calls may run, and what the weights are worth afterwards:
+//
+//   busy    one backend call at a time (init, update, finish, fetch, checksum). A call
+//           holds a Call object; its destructor frees the server however the call ends
+//           (a Status, an exception), so no failure can leave the server refusing
+//           every later call with "... is in progress".
+//   active  a session, from start_weight_update to finish_weight_update. A second
+//           start, init during a session, and update/finish outside one are refused
+//           (FailedPrecondition, HTTP 409). A failed update ends the session.
+//   lease   a session whose trainer vanished (killed between start and finish) must not
+//           block the next trainer: a session with no call in flight for longer than
+//           `lease_seconds` since its last call expires, and the next start succeeds.
+//           A call in flight (an update receiving for minutes) is never expired: the
+//           lease counts from the end of the session's last call. Expiry is decided when
+//           a call or /health looks at the session; an expired session's late update or
+//           finish gets 409 naming the expiry.
+//   dirty   weights_consistent is false from the moment bytes may have landed in a
+//           session that did not finish (a data-phase failure, an update that threw, an
+//           expired session that had an update) until the next finished session. A
+//           refused update (bad payload, wrong state, a peer's veto) lands nothing.
+//
+// Thread-safe: every method locks the object's own mutex; none blocks otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "wsync/status.h"
+
+namespace wsync {
+
+class ReceiverSession {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using NowFn = std::function<Clock::time_point()>;
+
+  // lease_seconds <= 0: sessions never expire. `now` is the clock (tests pass a fake).
+  explicit ReceiverSession(double lease_seconds, NowFn now = [] { return Clock::now(); });
+  ReceiverSession(const ReceiverSession&) = delete;
+  ReceiverSession& operator=(const ReceiverSession&) = delete;
+
+  // One backend call holding the server. Move-only; frees the server when destroyed.
+  // An update or finish that never reports its outcome (Done) counts as failed after
+  // bytes may have landed: the session ends and the weights are marked inconsistent.
+  class Call {
+   public:
+    Call(Call&& other) noexcept;
+    Call& operator=(Call&&) = delete;
+    ~Call();
+    // The outcome of the call. For an update, `may_have_landed` says whether a failure
+    // came after bytes may have reached the shards (false for refusals). Idempotent
+    // after the first call; the server stays held until destruction.
+    void Done(const Status& outcome, bool may_have_landed = true);
+
+   private:
+    friend class ReceiverSession;
+    enum class Kind { kExclusive, kUpdate, kFinish };
+    Call(ReceiverSession* owner, Kind kind, uint64_t session) : owner_(owner), kind_(kind), session_(session) {}
+    ReceiverSession* owner_;
+    Kind kind_;
+    uint64_t session_;  // the session the call belongs to; 0: none
+    bool done_ = false;
+  };
+
+  // init, fetch, checksum: FailedPrecondition naming `what` while another call runs; init
+  // (`refuse_in_session`) also while a session is active.
+  Result<Call> BeginExclusive(const char* what, bool refuse_in_session = false);
+  // start_weight_update: FailedPrecondition while a session is active (an expired one is
+  // closed first). Does not wait for a call in flight outside the session (init).
+  // `open` (the backend's Start, which must not block) runs under the object's lock once
+  // the session may open; its failure leaves the session closed.
+  Status Start(const std::function<Status()>& open = nullptr);
+  // update_weights: holds the server even outside a session, so that a backend whose
+  // data plane is a collective can tell the trainer "no"; `*outside` is then set to the
+  // FailedPrecondition the update must answer, otherwise to OK.
+  Result<Call> BeginUpdate(Status* outside);
+  // finish_weight_update: FailedPrecondition outside a session or while a call runs.
+  // Done(OK) ends the session cleanly (weights consistent); Done(error) ends it too.
+  Result<Call> BeginFinish();
+
+  struct Snapshot {
+    bool active = false;
+    bool consistent = true;   // weights_consistent
+    std::string busy_with;    // the call in flight; empty when idle
+    int expired_sessions = 0;
+  };
+  // What /health reports, expiry applied as of now (without changing the state).
+  Snapshot Look() const;
+
+ private:
+  // Closes an active session whose lease ran out. Needs mu_.
+  void ExpireIfIdleLocked();
+  bool ExpiredLocked(Clock::time_point now) const;
+  // Applies a call's outcome to the session it belongs to. Needs mu_.
+  void OutcomeLocked(const Call& call, const Status& outcome, bool may_have_landed);
+  void Release(const Call& call);
+
+  const double lease_seconds_;
+  const NowFn now_;
+  mutable std::mutex mu_;
+  bool active_ = false;                 // GUARDED_BY(mu_)
+  uint64_t session_ = 0;                // GUARDED_BY(mu_): id of the current or last session
+  const char* busy_with_ = nullptr;     // GUARDED_BY(mu_): the call in flight
+  bool dirty_ = false;                  // GUARDED_BY(mu_)
+  bool session_touched_ = false;        // GUARDED_BY(mu_): an update ran in this session
+  Clock::time_point last_call_;         // GUARDED_BY(mu_): end of the session's last call
+  int expired_ = 0;                     // GUARDED_BY(mu_)
+  std::string expiry_note_;             // GUARDED_BY(mu_): why the last session ended
+};
+
+}  // namespace wsync
