@@ -24,7 +24,7 @@ using wsync::HttpResponse;
 
 class FakeControlService : public wsync::ControlService {
  public:
-  wsync::Status InitWeightTransfer(const json& info) override {
+  wsync::Status InitWeightTransfer(const json& info, const std::string&) override {
     auto it = info.find("rank_offset");
     if (it == info.end() || !it->is_number_integer()) return wsync::InvalidArgument("rank_offset");
     return wsync::Status::Ok();

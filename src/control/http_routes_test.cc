@@ -416,7 +416,7 @@ TEST_F(HttpRoutes, ChunkedBodyOverTheLimitIs413) {
 // A service whose init blocks until released, as a rendezvous waiting for its peers does.
 class BlockingInitService : public RecordingService {
  public:
-  Status InitWeightTransfer(const json& info) override {
+  Status InitWeightTransfer(const json& info, const std::string&) override {
     std::unique_lock lock(mu_);
     ++waiting_;
     cv_.notify_all();

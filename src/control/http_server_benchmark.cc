@@ -23,7 +23,7 @@ using nlohmann::json;
 // A ControlService that accepts everything at once: what is left is the HTTP layer.
 class NullService : public ControlService {
  public:
-  Status InitWeightTransfer(const json&) override { return Status::Ok(); }
+  Status InitWeightTransfer(const json&, const std::string&) override { return Status::Ok(); }
   Status StartWeightUpdate() override { return Status::Ok(); }
   Status UpdateWeights(std::shared_ptr<const json>) override { return Status::Ok(); }
   Status FinishWeightUpdate(const std::optional<std::string>&) override { return Status::Ok(); }
