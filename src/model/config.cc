@@ -82,7 +82,7 @@ std::vector<std::string> RegisteredModelNames() {
 // Bounds on a config's sizes and counts, and on its number of HF tensors: far above any
 // real model, low enough that no shape product or per-layer allocation can run away.
 constexpr int64_t kMaxConfigDim = int64_t{1} << 24;
-constexpr int64_t kMaxConfigTensors = int64_t{1} << 22;
+constexpr int64_t kMaxConfigTensors = int64_t{1} << 18;
 
 Status ValidateConfig(const ModelConfig& c) {
   if (c.architecture != kQwen3Dense && c.architecture != kQwen3Moe) {
