@@ -10,6 +10,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/shape_math.h"
+
 namespace wsync {
 namespace {
 
@@ -77,6 +79,11 @@ std::vector<std::string> RegisteredModelNames() {
   return names;
 }
 
+// Bounds on a config's sizes and counts, and on its number of HF tensors: far above any
+// real model, low enough that no shape product or per-layer allocation can run away.
+constexpr int64_t kMaxConfigDim = int64_t{1} << 24;
+constexpr int64_t kMaxConfigTensors = int64_t{1} << 18;
+
 Status ValidateConfig(const ModelConfig& c) {
   if (c.architecture != kQwen3Dense && c.architecture != kQwen3Moe) {
     return InvalidArgument(fmt::format("model {}: unknown architecture '{}' (supported: {}, {})",
@@ -108,6 +115,37 @@ Status ValidateConfig(const ModelConfig& c) {
   } else if (c.num_experts != 0) {
     return InvalidArgument(
         fmt::format("model {}: dense model has num_experts {}", c.name, c.num_experts));
+  }
+  // A config.json comes with a checkpoint: bound its numbers, far above any real model,
+  // before HfTensors allocates per layer and per expert and before any shape product.
+  const std::pair<const char*, int64_t> bounded[] = {
+      {"vocab_size", c.vocab_size},         {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size}, {"head_dim", c.head_dim},
+      {"moe_intermediate_size", c.moe_intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads},
+      {"num_experts", c.num_experts},
+  };
+  for (const auto& [field, value] : bounded) {
+    if (value > kMaxConfigDim) {
+      return InvalidArgument(fmt::format("model {}: {} is {}, over {}", c.name, field, value, kMaxConfigDim));
+    }
+  }
+  // Tensors per layer: 6 attention, 2 norms, and 3 MLP ones (MoE: a router and 3 per expert).
+  const int64_t per_layer = 8 + (c.is_moe() ? 1 + 3 * c.num_experts : 3);
+  if (c.num_hidden_layers * per_layer > kMaxConfigTensors) {
+    return InvalidArgument(fmt::format("model {}: {} layers of {} tensors are over {} tensors", c.name,
+                                       c.num_hidden_layers, per_layer, kMaxConfigTensors));
+  }
+  // Every tensor's byte count, and the model's, must fit int64 (core/shape_math.h).
+  int64_t total = 0;
+  for (const TensorMeta& t : HfTensors(c)) {
+    std::optional<int64_t> bytes = CheckedNumBytes(t.shape, t.dtype);
+    std::optional<int64_t> sum = bytes ? CheckedAdd(total, *bytes) : std::nullopt;
+    if (!sum) {
+      return InvalidArgument(fmt::format("model {}: {} of shape {} makes the model's byte count overflow int64",
+                                         c.name, t.name, ShapeString(t.shape)));
+    }
+    total = *sum;
   }
   return Status::Ok();
 }

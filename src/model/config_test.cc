@@ -165,6 +165,38 @@ TEST(ConfigJson, BadValues) {
   EXPECT_TRUE(Contains(bad_dtype.status().message(), "torch_dtype")) << bad_dtype.status().message();
 }
 
+// A config.json comes with a checkpoint: sizes whose tensors' byte counts overflow int64,
+// or that would make HfTensors allocate without bound, are refused before any product.
+TEST(ConfigJson, SizesThatOverflowOrRunAwayAreRefused) {
+  auto with = [](const std::string& field, const std::string& value) {
+    std::string text = kDenseJson;
+    size_t at = text.find("\"" + field + "\":");
+    size_t end = text.find_first_of(",}", at);
+    text.replace(at, end - at, "\"" + field + "\": " + value);
+    return ParseHfConfig(text, "c.json");
+  };
+  ASSERT_TRUE(with("hidden_size", "1024").ok()) << with("hidden_size", "1024").status().ToString();
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"vocab_size", "4294967296"},
+           {"hidden_size", "4294967296"},
+           {"num_hidden_layers", "1099511627776"},
+           {"intermediate_size", "9223372036854775807"}}) {
+    auto c = with(field, value);
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_TRUE(Contains(c.status().message(), field)) << c.status().message();
+  }
+  // Every size within its bound, yet tensors too large for int64 byte counts.
+  std::string text = kDenseJson;
+  for (const char* field : {"hidden_size", "num_attention_heads", "head_dim"}) {  // q_proj: 2^72
+    size_t at = text.find(std::string("\"") + field + "\":");
+    size_t end = text.find_first_of(",}", at);
+    text.replace(at, end - at, std::string("\"") + field + "\": 16777216");
+  }
+  auto huge = ParseHfConfig(text, "c.json");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_TRUE(Contains(huge.status().message(), "overflow int64")) << huge.status().message();
+}
+
 TEST(ConfigJson, DirectoryWithoutConfig) {
   fs::path dir = fs::temp_directory_path() / ("wsync_model_empty_" + std::to_string(::getpid()));
   fs::create_directories(dir);
