@@ -350,7 +350,7 @@ TEST_F(IpcBackend, HostileRegionsAreRefusedAndTheServerKeepsServingBitExact) {
   Poke<uint64_t>(*wrap.region, 24, uint64_t{1} << 62);
   wrap.info.num_slots = 4;
   wrap.info.buffers[HostDeviceKey()].stride = uint64_t{1} << 62;
-  Status st = s.InitWeightTransfer(wrap.info.ToJson());
+  Status st = s.InitWeightTransfer(wrap.info.ToJson(), "");
   if (st.ok()) {  // what a server that believed the header did next: read slot 1, 2^62 bytes away
     ASSERT_TRUE(s.StartWeightUpdate().ok());
     (void)s.UpdateWeights(wrap.Update(meta, 4 << 20));
@@ -362,7 +362,7 @@ TEST_F(IpcBackend, HostileRegionsAreRefusedAndTheServerKeepsServingBitExact) {
   // A POSIX shm region (allowed by the server's flags; such a file cannot be sealed)
   // shrunk between init and the update.
   FakeTrainer shrunk = FakeTrainer::Make(2, 4 << 20, ShmBacking::kPosixShm);
-  ASSERT_TRUE(s.InitWeightTransfer(shrunk.info.ToJson()).ok());
+  ASSERT_TRUE(s.InitWeightTransfer(shrunk.info.ToJson(), "").ok());
   ASSERT_EQ(truncate(shrunk.region->path().c_str(), 4096), 0);
   ASSERT_TRUE(s.StartWeightUpdate().ok());
   st = s.UpdateWeights(shrunk.Update(meta, 4 << 20));
@@ -376,7 +376,7 @@ TEST_F(IpcBackend, HostileRegionsAreRefusedAndTheServerKeepsServingBitExact) {
   for (const char* path : {"/etc/passwd", "/etc/no-such-file", "/proc/self/environ", "/dev/zero"}) {
     IpcInitInfo bad = shrunk.info;
     bad.control_path = path;
-    st = s.InitWeightTransfer(bad.ToJson());
+    st = s.InitWeightTransfer(bad.ToJson(), "");
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     EXPECT_NE(st.message().find("is not a wsync ipc region this server may open"), std::string::npos) << st.message();
   }
