@@ -16,10 +16,12 @@
 //    start or of its previous reply (an idle keep-alive connection is closed then too);
 //    a body within body_timeout_seconds of its headers; either way the connection is cut,
 //    however slowly bytes trickle in.
-// Routes that read state only (GET /health, /weight_info, /is_paused, /get_world_size)
-// answer on the I/O thread; every other route runs on one of worker_threads threads while
-// its connection is suspended, so a call that blocks for minutes (an init rendezvous, an
-// update) holds one worker and nothing else. Start() returns once the socket is
+// No route runs on the I/O thread: each runs on a worker while its connection is
+// suspended, so a call that blocks for minutes (an init rendezvous, an update) holds one
+// worker and nothing else. Routes that only read state (GET /health, /weight_info,
+// /is_paused, /get_world_size) have workers of their own (kReadWorkers), so they answer
+// while every one of the worker_threads is taken by a long call, and a service call that
+// blocks where it should not (a lock held across a slow call) stalls only them. Start() returns once the socket is
 // listening; Stop() stops accepting, lets in-flight calls finish, and joins every thread.
 // Protocol errors found by the library itself (a malformed request line, headers over
 // its memory limit) get the library's own small non-JSON replies.
@@ -33,6 +35,9 @@
 #include "wsync/status.h"
 
 namespace wsync {
+
+// Threads for the read-only routes (GET /health, ...), apart from worker_threads.
+inline constexpr int kReadWorkers = 2;
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
@@ -49,7 +54,7 @@ struct HttpServerOptions {
   // wait in the kernel's listen queue until one closes.
   int max_connections = 1024;
   // Threads that run the routes that may block (init, update, ...): that many such calls
-  // at once, the rest queue.
+  // at once, the rest queue. The read-only routes have kReadWorkers threads apart.
   int worker_threads = 32;
   // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
   // the connection is cut instead.
