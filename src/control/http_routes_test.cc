@@ -716,9 +716,13 @@ TEST(HttpServer, HundredsOfIdleConnectionsDoNotDelayHealth) {
     idle.push_back(std::make_unique<RawConn>(server->port()));
     if (i % 2) idle.back()->Send("GET /health HTTP/1.1\r\nHo");
   }
-  auto t = std::chrono::steady_clock::now();
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(Cli1(server->port()).Get("/health")->status, 200);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 1.0);
+  double worst = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    EXPECT_EQ(Cli1(server->port()).Get("/health")->status, 200);
+    worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+  }
+  EXPECT_LT(worst, 1.0);
 }
 
 // A plain HTTP server that answers every POST with the port the request came from, so a
