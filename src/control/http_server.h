@@ -4,7 +4,7 @@
 // are HttpRouter's (http_routes.h); this class moves bytes. One epoll thread reads every
 // connection, so a connection that stalls costs a socket, never a thread: /health and the
 // next sync are served while any number of connections (up to max_connections) dawdle.
-// What the thread enforces, per request:
+// What the server enforces, per request:
 //  - the head: 401 / 404 / 415 (Content-Encoding other than identity) and 413 (announced
 //    Content-Length more than discard_bytes over max_body_bytes) go out before any body
 //    byte is read, and the connection is closed after them;
@@ -21,8 +21,10 @@
 // worker and nothing else. Routes that only read state (GET /health, /weight_info,
 // /is_paused, /get_world_size) have workers of their own (kReadWorkers), so they answer
 // while every one of the worker_threads is taken by a long call, and a service call that
-// blocks where it should not (a lock held across a slow call) stalls only them. Start() returns once the socket is
-// listening; Stop() stops accepting, lets in-flight calls finish, and joins every thread.
+// blocks where it should not (a lock held across a slow call) stalls only them. A reaper
+// thread enforces the deadlines (shutdown(2) of a late connection's socket). Start()
+// returns once the socket is listening; Stop() stops accepting, lets in-flight calls
+// finish, and joins every thread.
 // Protocol errors found by the library itself (a malformed request line, headers over
 // its memory limit) get the library's own small non-JSON replies.
 #pragma once
@@ -48,7 +50,8 @@ struct HttpServerOptions {
   // previous reply on a kept-alive connection). Clients reuse idle connections for
   // kReuseIdleSeconds (client.h), well under this.
   double header_timeout_seconds = 10;
-  // Seconds for a request's body to arrive once its headers have: 256 MiB at 10 MB/s.
+  // Seconds for a request's body to arrive once its headers have (the default
+  // max_body_bytes in this time needs 9 MB/s).
   double body_timeout_seconds = 30;
   // Open connections at most; beyond it the server stops accepting and new connections
   // wait in the kernel's listen queue until one closes.
