@@ -6,7 +6,8 @@
 // (reference/vllm_weight_transfer.md §2). Implementations must be thread-safe: the HTTP
 // server calls them from its worker threads, and long calls (init, update) block one
 // worker until their own deadline. The read-only calls (WorldSize, WeightVersion,
-// IsPaused, Health) run on the server's I/O thread and must never block.
+// IsPaused, Health) run on a few threads of their own so that /health answers during
+// long calls: they must not wait for those calls (no lock held across a slow call).
 // Implementations answer every failure as a Status; an exception escaping one is a bug
 // (the HTTP layer still answers it with 500).
 #pragma once

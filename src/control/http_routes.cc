@@ -62,7 +62,7 @@ enum class Method { kGet, kPost };
 struct Route {
   const char* path;
   Method method;
-  bool inline_ok;  // reads state only; never blocks
+  bool reads_only;  // reads state only
 };
 
 constexpr Route kRoutes[] = {
@@ -162,9 +162,9 @@ HttpResponse HttpRouter::Error(const Status& s) {
                             {"code", code}}}});
 }
 
-bool HttpRouter::RunsInline(const HttpRequest& head) {
+bool HttpRouter::ReadsOnly(const HttpRequest& head) {
   const Route* r = FindRoute(head);
-  return r && r->inline_ok;
+  return r && r->reads_only;
 }
 
 // Both sides are hashed to fixed-size digests first, so the comparison takes the same

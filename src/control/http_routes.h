@@ -72,11 +72,11 @@ class HttpRouter {
   // The 413 for a body that passed max_body_bytes while it arrived.
   HttpResponse TooLarge(const HttpRequest& head) const noexcept;
   // The reply to a whole request. May block for as long as the service call does (an init
-  // rendezvous, an update), unless RunsInline() says the route never blocks.
+  // rendezvous, an update), unless ReadsOnly() says the route only reads state.
   HttpResponse Handle(const HttpRequest& req) noexcept;
   // True for the routes that only read state (GET /health, /weight_info, /is_paused,
-  // /get_world_size): cheap enough for a server's I/O thread.
-  static bool RunsInline(const HttpRequest& head);
+  // /get_world_size): quick, so a server may keep them apart from calls that block.
+  static bool ReadsOnly(const HttpRequest& head);
 
   // A JSON error reply; `message` may hold any bytes.
   static HttpResponse Error(const Status& status);

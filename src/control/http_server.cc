@@ -162,11 +162,13 @@ struct HttpControlServer::Impl {
   Impl(const HttpServerOptions& o, ControlService* service)
       : options(o),
         router(HttpRouterOptions{o.api_key, o.max_body_bytes}, service),
-        pool(std::max(1, o.worker_threads)) {}
+        pool(std::max(1, o.worker_threads)),
+        read_pool(kReadWorkers) {}
 
   HttpServerOptions options;
   HttpRouter router;
-  WorkerPool pool;
+  WorkerPool pool;       // routes that may block
+  WorkerPool read_pool;  // routes that only read state
   MHD_Daemon* daemon = nullptr;
   std::atomic<bool> stopping{false};
 
@@ -298,8 +300,8 @@ struct HttpControlServer::Impl {
     if (st->response) return Queue(c, *st->response);
     if (st->conn) st->conn->deadline = kNoDeadline;  // the route runs; the service bounds it
     if (st->too_large) return Queue(c, router.TooLarge(st->req));
-    if (HttpRouter::RunsInline(st->req)) return Queue(c, router.Handle(st->req));
-    bool queued = !stopping.load() && pool.Submit([c] { MHD_suspend_connection(c); },
+    WorkerPool& workers = HttpRouter::ReadsOnly(st->req) ? read_pool : pool;
+    bool queued = !stopping.load() && workers.Submit([c] { MHD_suspend_connection(c); },
                                                   [this, c, st] {
                                                     st->response = router.Handle(st->req);
                                                     // `st` belongs to the I/O thread from here on.
@@ -373,6 +375,7 @@ void HttpControlServer::Stop() {
   if (impl.daemon) listen_fd = MHD_quiesce_daemon(impl.daemon);
   // In-flight calls finish and resume their connections before the daemon goes.
   impl.pool.Shutdown();
+  impl.read_pool.Shutdown();
   if (impl.daemon) MHD_stop_daemon(impl.daemon);
   impl.daemon = nullptr;
   if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);

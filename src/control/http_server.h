@@ -4,7 +4,7 @@
 // are HttpRouter's (http_routes.h); this class moves bytes. One epoll thread reads every
 // connection, so a connection that stalls costs a socket, never a thread: /health and the
 // next sync are served while any number of connections (up to max_connections) dawdle.
-// What the thread enforces, per request:
+// What the server enforces, per request:
 //  - the head: 401 / 404 / 415 (Content-Encoding other than identity) and 413 (announced
 //    Content-Length more than discard_bytes over max_body_bytes) go out before any body
 //    byte is read, and the connection is closed after them;
@@ -16,11 +16,15 @@
 //    start or of its previous reply (an idle keep-alive connection is closed then too);
 //    a body within body_timeout_seconds of its headers; either way the connection is cut,
 //    however slowly bytes trickle in.
-// Routes that read state only (GET /health, /weight_info, /is_paused, /get_world_size)
-// answer on the I/O thread; every other route runs on one of worker_threads threads while
-// its connection is suspended, so a call that blocks for minutes (an init rendezvous, an
-// update) holds one worker and nothing else. Start() returns once the socket is
-// listening; Stop() stops accepting, lets in-flight calls finish, and joins every thread.
+// No route runs on the I/O thread: each runs on a worker while its connection is
+// suspended, so a call that blocks for minutes (an init rendezvous, an update) holds one
+// worker and nothing else. Routes that only read state (GET /health, /weight_info,
+// /is_paused, /get_world_size) have workers of their own (kReadWorkers), so they answer
+// while every one of the worker_threads is taken by a long call, and a service call that
+// blocks where it should not (a lock held across a slow call) stalls only them. A reaper
+// thread enforces the deadlines (shutdown(2) of a late connection's socket). Start()
+// returns once the socket is listening; Stop() stops accepting, lets in-flight calls
+// finish, and joins every thread.
 // Protocol errors found by the library itself (a malformed request line, headers over
 // its memory limit) get the library's own small non-JSON replies.
 #pragma once
@@ -34,6 +38,9 @@
 
 namespace wsync {
 
+// Threads for the read-only routes (GET /health, ...), apart from worker_threads.
+inline constexpr int kReadWorkers = 2;
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                 // 0: pick a free port (see port())
@@ -43,13 +50,14 @@ struct HttpServerOptions {
   // previous reply on a kept-alive connection). Clients reuse idle connections for
   // kReuseIdleSeconds (client.h), well under this.
   double header_timeout_seconds = 10;
-  // Seconds for a request's body to arrive once its headers have: 256 MiB at 10 MB/s.
+  // Seconds for a request's body to arrive once its headers have (the default
+  // max_body_bytes in this time needs 9 MB/s).
   double body_timeout_seconds = 30;
   // Open connections at most; beyond it the server stops accepting and new connections
   // wait in the kernel's listen queue until one closes.
   int max_connections = 1024;
   // Threads that run the routes that may block (init, update, ...): that many such calls
-  // at once, the rest queue.
+  // at once, the rest queue. The read-only routes have kReadWorkers threads apart.
   int worker_threads = 32;
   // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
   // the connection is cut instead.
