@@ -1,4 +1,6 @@
 // The `wsync` command: serve, push, demo, bench. `wsync <command> --help` for each.
+#include <signal.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -44,6 +46,9 @@ std::vector<std::string> SplitCommas(const std::vector<std::string>& in) {
 
 int main(int argc, char** argv) {
   using namespace wsync::cli;
+  // A closed peer socket is an error where it is written (HTTP clients, Gloo pairs, the
+  // rendezvous store), never a SIGPIPE that ends the process.
+  ::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"wsync: moves freshly trained weights from RL trainers into running inference servers"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "wsync 0.1.0");

@@ -4,6 +4,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -314,6 +315,9 @@ struct HttpControlServer::Impl {
 
 Result<std::unique_ptr<HttpControlServer>> HttpControlServer::Start(const HttpServerOptions& options,
                                                                     ControlService* service) {
+  // A peer that closes its socket must cost a write error, never the process: the data
+  // planes (Gloo's pairs among them) write to sockets without MSG_NOSIGNAL.
+  ::signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<HttpControlServer> s(new HttpControlServer());
   s->options_ = options;
   s->impl_ = std::make_unique<Impl>(options, service);
