@@ -65,7 +65,21 @@ Status Watched(std::function<Status()> op, Communicator& comm, FanOutClient::Pen
   std::unique_lock lock(state->mu);
   for (;;) {
     if (state->cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return state->done; })) {
-      return state->status;
+      if (state->status.ok() || http == nullptr) return state->status;
+      // A server that dies breaks every rank's connections at once, and the collective
+      // may report a surviving rank first; the dead server's own HTTP call fails within
+      // moments, and its error is the one that names the culprit.
+      Status op_status = state->status;
+      lock.unlock();
+      Deadline grace = Deadline::InSeconds(std::min(2.0, std::max(0.0, deadline.remaining_seconds())));
+      while (!http->AnyFailed() && !http->Done() && !grace.expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (!http->AnyFailed()) return op_status;
+      Result<std::vector<json>> r = http->Wait(Deadline::InSeconds(1));
+      if (r.ok()) return op_status;
+      return Status(r.status().code(),
+                    fmt::format("{} (the {} failed with: {})", r.status().message(), what, op_status.message()));
     }
     if (http != nullptr && http->AnyFailed()) {
       comm.Abort();
