@@ -226,7 +226,7 @@ TEST_F(SessionsTest, AFailingBackendCallNeverLeavesTheServerInProgress) {
   std::ofstream(state) << R"({"version": "not a number", "write_in_progress": 7})";
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("s", {"--model", "qwen3-tiny", "--backend", "delta",
                                                        "--base-checkpoint", base.string(), "--local-checkpoint-dir",
-                                                       local.string(), "--timeout", "30"}));
+                                                       local.string(), "--sync-root", dir().string(), "--timeout", "30"}));
   auto not_in_progress = [](const HttpReply& r) {
     return r.status != 409 || r.ErrorMessage().find("in progress") == std::string::npos;
   };

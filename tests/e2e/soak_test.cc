@@ -120,7 +120,8 @@ TEST_F(SoakTest, Delta) {
   ASSERT_TRUE(w.ok()) << w.ToString();
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny", "--tp", "2", "--backend", "delta",
                                                            "--base-checkpoint", (dir() / "base").string(),
-                                                           "--local-checkpoint-dir", (dir() / "local").string()}));
+                                                           "--local-checkpoint-dir", (dir() / "local").string(),
+                                                           "--sync-root", dir().string()}));
   // A chain never rewrites a version: each trainer run publishes into a sync dir of its own.
   Soak(s, [&](const std::string& tag) {
     return std::vector<std::string>{"push", "--servers", s.url, "--backend", "delta", "--sync-dir",
