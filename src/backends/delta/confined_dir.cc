@@ -85,6 +85,8 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool ConfinedDir::UseWalkForTesting(bool walk) { return no_openat2.exchange(walk); }
+
 Result<ConfinedDir> ConfinedDir::Open(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) {

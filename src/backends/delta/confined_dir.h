@@ -75,6 +75,10 @@ class ConfinedDir {
   const std::string& path() const { return path_; }
   int fd() const { return fd_.get(); }
 
+  // Makes every later open take the O_NOFOLLOW walk, as where openat2 is missing (tests;
+  // not thread-safe against running opens). Returns the previous setting.
+  static bool UseWalkForTesting(bool walk);
+
  private:
   ConfinedDir(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
   // openat2 beneath fd_ (or the O_NOFOLLOW walk); returns the descriptor or a Status.

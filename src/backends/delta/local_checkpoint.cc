@@ -289,7 +289,9 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
     if (payloads.count(f) != 0 || claimed.count(f) == 0) continue;  // listed twice, or holds no record
     Result<RegularFile> file = vdir->OpenFile(f);
     if (!file.ok()) return file.status().WithContext(fmt::format("payload file of version {}", v));
-    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxLayoutHeaderBytes + claimed[f]);
+    if (payload_buffers_.size() <= payloads.size()) payload_buffers_.emplace_back();
+    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxLayoutHeaderBytes + claimed[f],
+                                                    &payload_buffers_[payloads.size()]);
     if (!payload.ok()) return payload.status().WithContext(fmt::format("payload file of version {}", v));
     payloads.emplace(f, std::move(*payload));
   }
