@@ -208,7 +208,7 @@ Result<std::string> PathBelow(const std::string& root, const std::string& reques
 }
 
 bool IsPlainFileName(std::string_view name) {
-  return !name.empty() && name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos &&
+  return !name.empty() && name.size() <= 255 && name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos &&
          !name.starts_with('.');
 }
 

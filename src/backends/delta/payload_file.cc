@@ -43,6 +43,9 @@ Result<std::vector<TensorLocation>> ParseSafetensorsHeader(std::string_view head
     const std::string& name = item.key();
     const json& v = item.value();
     if (name == "__metadata__") continue;
+    if (name.size() > kMaxTensorNameBytes) {
+      return InvalidArgument(fmt::format("{}: a tensor name is longer than {} bytes", path, kMaxTensorNameBytes));
+    }
     auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("{}: tensor {}: {}", path, name, why)); };
     if (!v.is_object()) return bad("entry is not an object");
     auto dtype = v.find("dtype"), shape = v.find("shape"), off = v.find("data_offsets");

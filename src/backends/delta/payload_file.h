@@ -30,6 +30,8 @@ namespace wsync::delta {
 
 // The reference implementation refuses headers over 100 MB; so does this reader.
 inline constexpr uint64_t kMaxLayoutHeaderBytes = 100'000'000;
+// Longer tensor names are refused (errors name the tensor).
+inline constexpr size_t kMaxTensorNameBytes = 1024;
 
 // Parses a safetensors header: `header` is the JSON after the 8-byte length, of a file of
 // `file_size` bytes (so the data starts at 8 + header.size()). Every entry needs a known
