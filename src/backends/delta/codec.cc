@@ -142,6 +142,30 @@ size_t ProduceSparseSequences(void*, ZSTD_Sequence* out, size_t capacity, const 
   return count;
 }
 
+// What libzstd's streaming decoder lets through and its one-shot decoder (and RFC 8878)
+// refuses: a Compressed_Block of 0 bytes, which streaming takes for an empty block. The
+// block headers of a zstd frame are walked (not the blocks); a frame too short for its
+// headers is left to libzstd, which reports it.
+Status CheckBlockHeaders(std::span<const uint8_t> frame, std::string_view what) {
+  if (frame.size() < 4 || frame[0] != 0x28 || frame[1] != 0xB5 || frame[2] != 0x2F || frame[3] != 0xFD) {
+    return Status::Ok();
+  }
+  size_t at = ZSTD_frameHeaderSize(frame.data(), frame.size());
+  if (ZSTD_isError(at)) return Status::Ok();
+  while (at + 3 <= frame.size()) {
+    uint32_t h = uint32_t{frame[at]} | uint32_t{frame[at + 1]} << 8 | uint32_t{frame[at + 2]} << 16;
+    at += 3;
+    unsigned type = (h >> 1) & 3;
+    size_t size = h >> 3;
+    if (type == 2 && size == 0) {
+      return DataLoss(fmt::format("{}: corrupt patch: a compressed block of 0 bytes", what));
+    }
+    at += type == 1 ? 1 : size;
+    if (h & 1) break;
+  }
+  return Status::Ok();
+}
+
 // A page of zeros for the leading unchanged blocks of a frame.
 const std::byte* ZeroBlock(size_t n) {
   static const std::vector<std::byte> zeros(kMaxBlockBytes);
@@ -364,6 +388,7 @@ Status DeltaCodec::Apply(std::span<const uint8_t> frame, std::span<std::byte> re
     return Status::Ok();
   }
   ++libzstd_frames_;
+  WSYNC_RETURN_IF_ERROR(CheckBlockHeaders(frame, what));
   if (hasher) hasher = Hasher::Create(algorithm);  // the sparse attempt fed it
   ZSTD_DCtx* dctx = zstd_->dctx;
   WSYNC_ZSTD_CHECK(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");

@@ -85,6 +85,8 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool ConfinedDir::UseWalkForTesting(bool walk) { return no_openat2.exchange(walk); }
+
 Result<ConfinedDir> ConfinedDir::Open(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) {
@@ -206,7 +208,7 @@ Result<std::string> PathBelow(const std::string& root, const std::string& reques
 }
 
 bool IsPlainFileName(std::string_view name) {
-  return !name.empty() && name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos &&
+  return !name.empty() && name.size() <= 255 && name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos &&
          !name.starts_with('.');
 }
 

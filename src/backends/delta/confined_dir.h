@@ -75,6 +75,10 @@ class ConfinedDir {
   const std::string& path() const { return path_; }
   int fd() const { return fd_.get(); }
 
+  // Makes every later open take the O_NOFOLLOW walk, as where openat2 is missing (tests;
+  // not thread-safe against running opens). Returns the previous setting.
+  static bool UseWalkForTesting(bool walk);
+
  private:
   ConfinedDir(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
   // openat2 beneath fd_ (or the O_NOFOLLOW walk); returns the descriptor or a Status.
@@ -97,8 +101,8 @@ Result<std::string> ReadRegularFile(const std::string& path, size_t max_bytes);
 // Reads an open regular file whole, at most `max_bytes`; `path` names it in errors.
 Result<std::string> ReadWhole(const RegularFile& file, size_t max_bytes);
 
-// Whether `name` is a single path component a version directory may hold: non-empty,
-// no '/', no NUL, not "." or "..", and not hidden (a leading '.').
+// Whether `name` is a single path component a version directory may hold: 1 to 255
+// bytes (NAME_MAX), no '/', no NUL, not "." or "..", and not hidden (a leading '.').
 bool IsPlainFileName(std::string_view name);
 
 }  // namespace wsync::delta

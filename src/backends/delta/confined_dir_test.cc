@@ -62,6 +62,27 @@ TEST_F(ConfinedDirTest, RefusesEveryWayOutWithoutQuotingBytes) {
   EXPECT_FALSE(d->OpenDir("..").ok());
 }
 
+// Where openat2 is missing: the O_NOFOLLOW walk refuses every symlink, even one that
+// stays inside, and every way out.
+TEST_F(ConfinedDirTest, TheWalkWithoutOpenat2RefusesEverySymlink) {
+  bool was = ConfinedDir::UseWalkForTesting(true);
+  auto d = ConfinedDir::Open(root());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d->ReadFile("sub/file", 100), "inside");
+  EXPECT_EQ(*d->OpenDir("sub")->ReadFile("file", 100), "inside");
+  fs::create_symlink("sub/file", fs::path(root()) / "link");
+  fs::create_symlink(tmp_ / "secret", fs::path(root()) / "abs");
+  fs::create_directory_symlink(tmp_.path(), fs::path(root()) / "up");
+  for (const char* rel : {"link", "abs", "../secret", "sub/../../secret", "up/secret"}) {
+    SCOPED_TRACE(rel);
+    auto r = d->ReadFile(rel, 1 << 20);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  }
+  EXPECT_FALSE(d->OpenDir("up").ok());
+  ConfinedDir::UseWalkForTesting(was);
+}
+
 TEST_F(ConfinedDirTest, AFifoOrADeviceIsRefusedAtOnce) {
   ASSERT_EQ(::mkfifo((fs::path(root()) / "fifo").c_str(), 0644), 0);
   auto d = ConfinedDir::Open(root());

@@ -149,12 +149,14 @@ Status CloneTree(const std::string& src, const std::string& dst, bool* reflinked
   bool all = true;
   for (auto it = fs::recursive_directory_iterator(src, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
-    fs::path rel = fs::relative(it->path(), src);
+    // Error-code forms only: a throwing one would escape into the server's request thread.
+    fs::path rel = it->path().lexically_relative(src);
     fs::path to = fs::path(dst) / rel;
-    if (it->is_directory()) {
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) {
       fs::create_directories(to, ec);
       if (ec) return Internal(fmt::format("creating {}: {}", to.string(), ec.message()));
-    } else if (it->is_regular_file()) {
+    } else if (it->is_regular_file(type_ec)) {
       bool one = false;
       WSYNC_RETURN_IF_ERROR(CloneFile(it->path().string(), to.string(), &one));
       all = all && one;
@@ -343,7 +345,8 @@ Status WriteBackTree(const std::string& dir) {
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file()) continue;
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec)) continue;
     Fd f{::open(it->path().c_str(), O_RDONLY | O_CLOEXEC)};
     WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {} to write it back", it->path().string()));
     WSYNC_DELTA_SYSCALL(::fdatasync(f.fd), fmt::format("writing {} back", it->path().string()));

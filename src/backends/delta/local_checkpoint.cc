@@ -289,7 +289,9 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
     if (payloads.count(f) != 0 || claimed.count(f) == 0) continue;  // listed twice, or holds no record
     Result<RegularFile> file = vdir->OpenFile(f);
     if (!file.ok()) return file.status().WithContext(fmt::format("payload file of version {}", v));
-    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxLayoutHeaderBytes + claimed[f]);
+    if (payload_buffers_.size() <= payloads.size()) payload_buffers_.emplace_back();
+    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxLayoutHeaderBytes + claimed[f],
+                                                    &payload_buffers_[payloads.size()]);
     if (!payload.ok()) return payload.status().WithContext(fmt::format("payload file of version {}", v));
     payloads.emplace(f, std::move(*payload));
   }
@@ -297,7 +299,9 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
   std::vector<std::span<const uint8_t>> frames(m.tensors.size());
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const DeltaTensorRecord& r = m.tensors[i];
-    const PayloadFile& file = payloads.at(r.payload_file);
+    auto payload = payloads.find(r.payload_file);
+    if (payload == payloads.end()) return Internal(fmt::format("{}: payload file {} was not read", r.name, r.payload_file));
+    const PayloadFile& file = payload->second;
     Result<std::span<const std::byte>> bytes = file.Bytes(r.payload_key);
     if (!bytes.ok()) return DataLoss(fmt::format("{}: {}", r.name, bytes.status().message()));
     if (bytes->size() != r.compressed_num_bytes) {

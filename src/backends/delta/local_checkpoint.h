@@ -38,7 +38,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "backends/delta/payload_file.h"
 #include "core/deadline.h"
 #include "wsync/status.h"
 
@@ -133,6 +135,8 @@ class LocalCheckpoint {
 
   LocalCheckpointOptions options_;
   uint64_t base_bytes_ = 0;  // tensor bytes of the base: bounds what a version may make us read
+  // What a version's payload files are read into, kept from one version to the next.
+  std::vector<PayloadBuffer> payload_buffers_;
   std::string weights_dir_, state_dir_, state_path_, lock_path_;
   struct Applier;
   std::unique_ptr<Applier> applier_;  // threads and codecs, made at the first apply

@@ -41,10 +41,17 @@ Result<int64_t> VersionField(const json& j, const char* key) {
   return it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
 }
 
+// A string field of a record: at most kMaxManifestStringBytes, so that messages which
+// name a tensor, a key or a dtype stay short.
+constexpr size_t kMaxManifestStringBytes = 1024;
+
 Result<std::string> StringField(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) {
     return InvalidArgument(fmt::format("{}: field '{}' must be a string", where, key));
+  }
+  if (it->get_ref<const std::string&>().size() > kMaxManifestStringBytes) {
+    return InvalidArgument(fmt::format("{}: field '{}' is longer than {} bytes", where, key, kMaxManifestStringBytes));
   }
   return it->get<std::string>();
 }

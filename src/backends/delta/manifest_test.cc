@@ -112,6 +112,12 @@ TEST(DeltaManifestTest, HostileManifestsAreRefused) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
   }
   nlohmann::json m = j;
+  m["tensors"][0]["name"] = std::string(2000, 'x');  // would make every message about it 2 KB
+  EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kInvalidArgument);
+  m = j;
+  m["payload_files"].push_back(std::string(300, 'f'));  // over NAME_MAX
+  EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kInvalidArgument);
+  m = j;
   m["format_version"] = 4294967297ULL;  // 2^32 + 1: not version 1
   EXPECT_EQ(DeltaManifest::Parse(m.dump()).status().code(), StatusCode::kFailedPrecondition);
   m = j;

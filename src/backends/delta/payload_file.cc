@@ -43,6 +43,9 @@ Result<std::vector<TensorLocation>> ParseSafetensorsHeader(std::string_view head
     const std::string& name = item.key();
     const json& v = item.value();
     if (name == "__metadata__") continue;
+    if (name.size() > kMaxTensorNameBytes) {
+      return InvalidArgument(fmt::format("{}: a tensor name is longer than {} bytes", path, kMaxTensorNameBytes));
+    }
     auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("{}: tensor {}: {}", path, name, why)); };
     if (!v.is_object()) return bad("entry is not an object");
     auto dtype = v.find("dtype"), shape = v.find("shape"), off = v.find("data_offsets");
@@ -109,7 +112,7 @@ Result<std::vector<TensorLocation>> ReadSafetensorsLayout(int fd, uint64_t size,
   return ParseSafetensorsHeader(header, size, path);
 }
 
-Result<PayloadFile> PayloadFile::Read(const RegularFile& file, uint64_t max_bytes) {
+Result<PayloadFile> PayloadFile::Read(const RegularFile& file, uint64_t max_bytes, PayloadBuffer* buffer) {
   if (file.size > max_bytes) {
     return InvalidArgument(fmt::format("{} is {} bytes, more than this version's payload may hold ({} bytes)",
                                        file.path, file.size, max_bytes));
@@ -118,11 +121,17 @@ Result<PayloadFile> PayloadFile::Read(const RegularFile& file, uint64_t max_byte
   p.path_ = file.path;
   WSYNC_ASSIGN_OR_RETURN(std::vector<TensorLocation> layout,
                          ReadSafetensorsLayout(file.fd.get(), file.size, file.path));
-  p.size_ = static_cast<size_t>(file.size);
-  p.data_.reset(new std::byte[std::max<size_t>(p.size_, 1)]);
+  const size_t size = static_cast<size_t>(file.size);
+  if (buffer->capacity < size) {
+    size_t grown = size + size / 4;  // room for the next versions' slightly larger files
+    buffer->data.reset(new std::byte[grown]);
+    buffer->capacity = grown;
+  }
+  std::byte* data = buffer->data.get();
+  p.data_ = data;
   size_t done = 0;
-  while (done < p.size_) {
-    ssize_t r = ::pread(file.fd.get(), p.data_.get() + done, p.size_ - done, static_cast<off_t>(done));
+  while (done < size) {
+    ssize_t r = ::pread(file.fd.get(), data + done, size - done, static_cast<off_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return ErrnoStatus(fmt::format("reading {}", file.path), errno);
     if (r == 0) return DataLoss(fmt::format("{} shrank while it was read", file.path));
@@ -135,7 +144,7 @@ Result<PayloadFile> PayloadFile::Read(const RegularFile& file, uint64_t max_byte
 Result<std::span<const std::byte>> PayloadFile::Bytes(std::string_view key) const {
   auto it = entries_.find(key);
   if (it == entries_.end()) return NotFound(fmt::format("{} holds no entry {}", path_, key));
-  return std::span<const std::byte>(data_.get() + it->second.first, it->second.second);
+  return std::span<const std::byte>(data_ + it->second.first, it->second.second);
 }
 
 }  // namespace wsync::delta
