@@ -285,7 +285,9 @@ TEST(MegatronLayout, TiedReplicaBytesEqualTheEmbeddingShard) {
     EXPECT_EQ(0, std::memcmp(out.storage.data(), model->tensors()[0].storage.data() + tp * 2048 * row,
                              real * row));
     std::vector<std::byte> zeros((2048 - real) * row);
-    EXPECT_EQ(0, std::memcmp(out.storage.data() + real * row, zeros.data(), zeros.size()));
+    if (!zeros.empty()) {  // memcmp with a null pointer is undefined even for 0 bytes
+      EXPECT_EQ(0, std::memcmp(out.storage.data() + real * row, zeros.data(), zeros.size()));
+    }
   }
 }
 
