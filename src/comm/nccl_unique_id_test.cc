@@ -40,5 +40,21 @@ TEST(NcclUniqueId, RejectsWhatVllmRejects) {
   EXPECT_FALSE(DecodeNcclUniqueId(unpadded).ok());
 }
 
+// Found by nccl_unique_id_fuzz (seed noncanonical-trailing-bits): the last character
+// before the padding carries 2 unused bits; text with them set decodes (as Python's
+// decoder, vLLM's, takes it) to the same bytes as the canonical spelling.
+TEST(NcclUniqueId, UnusedTrailingBitsDecodeToTheCanonicalBytes) {
+  std::string good = EncodeNcclUniqueId(Pattern());
+  std::string odd = good;
+  const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t v = alphabet.find(odd[170]);
+  ASSERT_NE(v, std::string::npos);
+  odd[170] = alphabet[v | 0x3];  // the 2 unused low bits set
+  ASSERT_NE(odd, good);
+  Result<NcclUniqueIdBytes> decoded = DecodeNcclUniqueId(odd);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, Pattern());
+}
+
 }  // namespace
 }  // namespace wsync
