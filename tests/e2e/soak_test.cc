@@ -54,8 +54,10 @@ ProcessUsage Usage(pid_t pid) {
 class SoakTest : public E2eTest {
  protected:
   // Runs `push ARGS --steps STEPS --verify` to completion while sampling the server's
-  // peak resident set; returns the server's usage once the push has exited.
-  ProcessUsage PushAndMeasure(const Server& s, std::vector<std::string> args, int steps, int64_t* peak_rss_kib) {
+  // peak resident set; returns the server's usage once the push has exited and settled
+  // (see Settled).
+  ProcessUsage PushAndMeasure(const Server& s, std::vector<std::string> args, int steps, int64_t* peak_rss_kib,
+                              const ProcessUsage& settle_below) {
     std::atomic<bool> done{false};
     std::atomic<int64_t> peak{0};
     std::thread sampler([&] {
@@ -72,19 +74,32 @@ class SoakTest : public E2eTest {
     EXPECT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
     EXPECT_TRUE(HasVerifiedTable(push.out, steps + 1)) << push.description;
     if (peak_rss_kib) *peak_rss_kib = peak;
-    // Connections the trainer left may take a moment to close on the server's side.
+    return Settled(s.process->pid(), settle_below);
+  }
+
+  // The usage once what the trainer's exit releases (its connections, the ipc region's
+  // mapping) is gone on the server's side: polled until descriptors and threads are at
+  // most `bound`'s, for up to 10 s.
+  static ProcessUsage Settled(pid_t pid, const ProcessUsage& bound) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    return Usage(s.process->pid());
+    ProcessUsage u = Usage(pid);
+    while ((u.fds > bound.fds || u.threads > bound.threads) && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      u = Usage(pid);
+    }
+    return u;
   }
 
   // Warm-up, then kSyncs consecutive verified syncs; no growth in descriptors or threads,
   // resident memory within allocator slack; the server then holds the trainer's weights.
   // `push_args(tag)` is the push command line of one trainer run ("warmup", "soak").
   void Soak(const Server& s, const std::function<std::vector<std::string>(const std::string&)>& push_args) {
-    ProcessUsage warm = PushAndMeasure(s, push_args("warmup"), kWarmupSyncs - 1, nullptr);
+    ProcessUsage before = Usage(s.process->pid());
+    ProcessUsage warm = PushAndMeasure(s, push_args("warmup"), kWarmupSyncs - 1, nullptr, before);
     int64_t peak = 0;
     auto t0 = std::chrono::steady_clock::now();
-    ProcessUsage after = PushAndMeasure(s, push_args("soak"), kSyncs - 1, &peak);
+    ProcessUsage after = PushAndMeasure(s, push_args("soak"), kSyncs - 1, &peak, warm);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("soak %s: %d verified syncs in %.1f s; after warm-up: %s; after the soak: %s; peak rss %lld KiB\n",
                 ::testing::UnitTest::GetInstance()->current_test_info()->name(), kSyncs, seconds,
