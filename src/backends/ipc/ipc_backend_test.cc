@@ -12,6 +12,7 @@
 
 #include "backends/ipc/receiver.h"
 #include "backends/ipc/region.h"
+#include "backends/ipc/region_testing.h"
 #include "backends/ipc/trainer.h"
 #include "control/client.h"
 #include "control/http_server.h"
@@ -328,15 +329,7 @@ TEST_F(IpcBackend, BadInputIsAClearErrorAndTheServerKeepsServing) {
   EXPECT_EQ(s.Health()["weights_consistent"], true);
 }
 
-// Writes `value` at `at` of the region's file, as a hostile trainer may rewrite its header
-// (offsets of IpcRegion::Header: num_slots 12, slot_stride 24).
-template <typename T>
-void Poke(const IpcRegion& region, off_t at, T value) {
-  int fd = open(region.path().c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << region.path();
-  ASSERT_EQ(pwrite(fd, &value, sizeof(value), at), static_cast<ssize_t>(sizeof(value)));
-  close(fd);
-}
+using ipc_testing::Poke;
 
 TEST_F(IpcBackend, HostileRegionsAreRefusedAndTheServerKeepsServingBitExact) {
   auto trainer = Trainer("qwen3-tiny", 9);
@@ -346,8 +339,8 @@ TEST_F(IpcBackend, HostileRegionsAreRefusedAndTheServerKeepsServingBitExact) {
 
   // 4 slots of stride 2^62: the slots' end wraps around 64 bits to inside the file.
   FakeTrainer wrap = FakeTrainer::Make(2, 4 << 20);
-  Poke<uint32_t>(*wrap.region, 12, 4);
-  Poke<uint64_t>(*wrap.region, 24, uint64_t{1} << 62);
+  Poke<uint32_t>(*wrap.region, ipc_testing::kNumSlotsAt, 4);
+  Poke<uint64_t>(*wrap.region, ipc_testing::kSlotStrideAt, uint64_t{1} << 62);
   wrap.info.num_slots = 4;
   wrap.info.buffers[HostDeviceKey()].stride = uint64_t{1} << 62;
   Status st = s.InitWeightTransfer(wrap.info.ToJson(), "");

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include "backends/ipc/region_testing.h"
 #include "core/checked_math.h"
 
 namespace wsync {
@@ -354,17 +355,11 @@ TEST(IpcRegion, APublisherThatDiesIsSeenByItsReadersWithinMilliseconds) {
   close(pipefd[1]);
 }
 
-// The header as a hostile or broken trainer may rewrite it in shared memory (offsets of
-// IpcRegion::Header; a real trainer never writes these words after Create).
-constexpr off_t kNumSlotsAt = 12, kSlotStrideAt = 24, kHeaderBytesAt = 32, kTotalBytesAt = 40;
-
-template <typename T>
-void Poke(const IpcRegion& region, off_t at, T value) {
-  int fd = open(region.path().c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << region.path();
-  ASSERT_EQ(pwrite(fd, &value, sizeof(value), at), static_cast<ssize_t>(sizeof(value)));
-  close(fd);
-}
+using ipc_testing::kHeaderBytesAt;
+using ipc_testing::kNumSlotsAt;
+using ipc_testing::kSlotStrideAt;
+using ipc_testing::kTotalBytesAt;
+using ipc_testing::Poke;
 
 TEST(IpcRegion, AHeaderWhoseSlotsOverflow64BitsIsRefusedNamingTheField) {
   auto trainer = IpcRegion::Create(Options(1));
