@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "control/routes.h"
 #include "core/log.h"
 
 namespace wsync {
@@ -60,27 +61,27 @@ Result<bool> BoolParam(const HttpRequest& req, const char* name, bool fallback) 
 enum class Method { kGet, kPost };
 
 struct Route {
-  const char* path;
+  std::string_view path;
   Method method;
   bool reads_only;  // reads state only
 };
 
 constexpr Route kRoutes[] = {
-    {"/init_weight_transfer_engine", Method::kPost, false},
-    {"/start_weight_update", Method::kPost, false},
-    {"/start_draft_weight_update", Method::kPost, false},
-    {"/update_weights", Method::kPost, false},
-    {"/finish_weight_update", Method::kPost, false},
-    {"/update_weight_version", Method::kPost, false},
-    {"/fetch_weights", Method::kPost, false},
-    {"/pause", Method::kPost, false},
-    {"/resume", Method::kPost, false},
-    {"/reset_prefix_cache", Method::kPost, false},
-    {"/weight_checker", Method::kPost, false},
-    {"/get_world_size", Method::kGet, true},
-    {"/weight_info", Method::kGet, true},
-    {"/is_paused", Method::kGet, true},
-    {"/health", Method::kGet, true},
+    {route::kInitWeightTransfer, Method::kPost, false},
+    {route::kStartWeightUpdate, Method::kPost, false},
+    {route::kStartDraftWeightUpdate, Method::kPost, false},
+    {route::kUpdateWeights, Method::kPost, false},
+    {route::kFinishWeightUpdate, Method::kPost, false},
+    {route::kUpdateWeightVersion, Method::kPost, false},
+    {route::kFetchWeights, Method::kPost, false},
+    {route::kPause, Method::kPost, false},
+    {route::kResume, Method::kPost, false},
+    {route::kResetPrefixCache, Method::kPost, false},
+    {route::kWeightChecker, Method::kPost, false},
+    {route::kGetWorldSize, Method::kGet, true},
+    {route::kWeightInfo, Method::kGet, true},
+    {route::kIsPaused, Method::kGet, true},
+    {route::kHealth, Method::kGet, true},
 };
 
 const Route* FindRoute(const HttpRequest& req) {
@@ -170,7 +171,7 @@ bool HttpRouter::ReadsOnly(const HttpRequest& head) {
 // Both sides are hashed to fixed-size digests first, so the comparison takes the same
 // time whatever the header's length or content.
 bool HttpRouter::Authorized(const HttpRequest& head) const {
-  if (options_.api_key.empty() || head.path == "/health") return true;
+  if (options_.api_key.empty() || head.path == route::kHealth) return true;
   const std::string* auth = head.header("authorization");
   std::string digest = Sha256(auth ? *auth : std::string_view());
   return CRYPTO_memcmp(digest.data(), key_digest_.data(), SHA256_DIGEST_LENGTH) == 0;
@@ -228,23 +229,23 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   const std::string& path = req.path;
 
   if (req.method == "GET") {
-    if (path == "/get_world_size") {
+    if (path == route::kGetWorldSize) {
       Result<bool> include_dp = BoolParam(req, "include_dp", true);
       if (!include_dp.ok()) return Error(include_dp.status());
       return Reply(200, json{{"world_size", svc->WorldSize(*include_dp)}});
     }
-    if (path == "/weight_info") return Reply(200, json{{"weight_version", svc->WeightVersion()}});
-    if (path == "/is_paused") return Reply(200, json{{"is_paused", svc->IsPaused()}});
-    if (path == "/health") return Reply(200, svc->Health());
+    if (path == route::kWeightInfo) return Reply(200, json{{"weight_version", svc->WeightVersion()}});
+    if (path == route::kIsPaused) return Reply(200, json{{"is_paused", svc->IsPaused()}});
+    if (path == route::kHealth) return Reply(200, svc->Health());
     return Error(NotFound(fmt::format("no route {} {}", req.method, path)));
   }
 
   // POST: the body is a JSON object; an empty body is `{}` where the route allows it.
-  static constexpr const char* kEmptyOk[] = {"/start_weight_update", "/start_draft_weight_update",
-                                             "/finish_weight_update", "/pause", "/resume",
-                                             "/reset_prefix_cache"};
+  static constexpr std::string_view kEmptyOk[] = {route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
+                                                  route::kFinishWeightUpdate, route::kPause, route::kResume,
+                                                  route::kResetPrefixCache};
   bool allow_empty = false;
-  for (const char* p : kEmptyOk) allow_empty |= path == p;
+  for (std::string_view p : kEmptyOk) allow_empty |= path == p;
   std::shared_ptr<const json> body;
   bool cacheable = req.body.size() >= BodyCache::kMinBytes && req.body.size() <= BodyCache::kMaxBytes;
   bool from_cache = false;
@@ -263,24 +264,24 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   const json& b = *body;
 
   Result<json> out = [&]() -> Result<json> {
-    if (path == "/init_weight_transfer_engine") {
+    if (path == route::kInitWeightTransfer) {
       WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "init_info"));
       WSYNC_LOG_DEBUG("init_weight_transfer_engine from {}", req.remote_addr);
       WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info, req.remote_addr));
       return json{{"message", "Weight transfer initialized"}};
     }
-    if (path == "/start_weight_update") {
+    if (path == route::kStartWeightUpdate) {
       WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());
       return json{{"message", "Weight update started"}};
     }
-    if (path == "/start_draft_weight_update") return InvalidArgument("this server has no draft model");
-    if (path == "/update_weights") {
+    if (path == route::kStartDraftWeightUpdate) return InvalidArgument("this server has no draft model");
+    if (path == route::kUpdateWeights) {
       WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "update_info"));
       // The field shares the body's lifetime, and its identity: the same body, the same info.
       WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(std::shared_ptr<const json>(body, info)));
       return json{{"message", "Weights updated"}};
     }
-    if (path == "/finish_weight_update") {
+    if (path == route::kFinishWeightUpdate) {
       std::optional<std::string> version;
       if (auto it = b.find("weight_version"); it != b.end() && !it->is_null()) {
         if (!it->is_string()) return InvalidArgument("field 'weight_version' must be a string");
@@ -289,29 +290,29 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       WSYNC_RETURN_IF_ERROR(svc->FinishWeightUpdate(version));
       return json{{"message", "Weight update finished"}};
     }
-    if (path == "/update_weight_version") {
+    if (path == route::kUpdateWeightVersion) {
       auto it = b.find("new_version");
       if (it == b.end() || !it->is_string()) return InvalidArgument("field 'new_version' must be a string");
       svc->SetWeightVersion(it->get<std::string>());
       return json{{"success", true}, {"new_version", *it}};
     }
-    if (path == "/fetch_weights") return svc->FetchWeights(b);
-    if (path == "/pause") {
+    if (path == route::kFetchWeights) return svc->FetchWeights(b);
+    if (path == route::kPause) {
       auto it = req.params.find("mode");
       std::string mode = it == req.params.end() ? "abort" : it->second;
       WSYNC_ASSIGN_OR_RETURN(bool clear_cache, BoolParam(req, "clear_cache", false));
       WSYNC_RETURN_IF_ERROR(svc->Pause(mode, clear_cache));
       return json{{"message", "Generation paused"}, {"mode", mode}};
     }
-    if (path == "/resume") {
+    if (path == route::kResume) {
       WSYNC_RETURN_IF_ERROR(svc->Resume());
       return json{{"message", "Generation resumed"}};
     }
-    if (path == "/reset_prefix_cache") {
+    if (path == route::kResetPrefixCache) {
       WSYNC_RETURN_IF_ERROR(svc->ResetPrefixCache());
       return json{{"message", "Prefix cache reset"}};
     }
-    if (path == "/weight_checker") {
+    if (path == route::kWeightChecker) {
       WSYNC_ASSIGN_OR_RETURN(std::string action, StringField(b, "action", "checksum"));
       if (action != "checksum" && action != "compare") {
         return InvalidArgument(fmt::format("unknown weight_checker action '{}' (field 'action')", action));

@@ -1,0 +1,29 @@
+// The control-plane routes, by name: the one place their paths are spelled.
+//
+// vLLM's dev-mode RLHF routes (reference/vllm_weight_transfer.md §2) plus wsync's
+// /fetch_weights (delta) and /health. The server's router (http_routes.cc) and the
+// trainer's session driver both name routes through these constants; no other code
+// spells a route.
+#pragma once
+
+#include <string_view>
+
+namespace wsync::route {
+
+inline constexpr std::string_view kInitWeightTransfer = "/init_weight_transfer_engine";
+inline constexpr std::string_view kStartWeightUpdate = "/start_weight_update";
+inline constexpr std::string_view kStartDraftWeightUpdate = "/start_draft_weight_update";
+inline constexpr std::string_view kUpdateWeights = "/update_weights";
+inline constexpr std::string_view kFinishWeightUpdate = "/finish_weight_update";
+inline constexpr std::string_view kUpdateWeightVersion = "/update_weight_version";
+inline constexpr std::string_view kFetchWeights = "/fetch_weights";
+inline constexpr std::string_view kPause = "/pause";
+inline constexpr std::string_view kResume = "/resume";
+inline constexpr std::string_view kResetPrefixCache = "/reset_prefix_cache";
+inline constexpr std::string_view kWeightChecker = "/weight_checker";
+inline constexpr std::string_view kGetWorldSize = "/get_world_size";
+inline constexpr std::string_view kWeightInfo = "/weight_info";
+inline constexpr std::string_view kIsPaused = "/is_paused";
+inline constexpr std::string_view kHealth = "/health";
+
+}  // namespace wsync::route
