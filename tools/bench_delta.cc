@@ -69,9 +69,12 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   TrainerOptions o;
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.backend = "delta";
-  o.sync_dir = sync;
   o.timeout_seconds = 600;
-  WSYNC_ASSIGN_OR_RETURN(auto engine, NewDeltaTrainer(o, DeltaTrainerOptions{base, /*borrow_source_bytes=*/true}));
+  DeltaTrainerOptions d;
+  d.sync_dir = sync;
+  d.base_checkpoint = base;
+  d.borrow_source_bytes = true;
+  WSYNC_ASSIGN_OR_RETURN(auto engine, NewDeltaTrainer(o, d));
   WSYNC_RETURN_IF_ERROR(engine->Init(meta));
   delta::DeltaPublisherOptions one;
   one.sync_dir = sync1;

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "control/client.h"
+#include "control/session_driver.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "format/safetensors.h"
@@ -64,12 +64,8 @@ void PrintRow(const SyncRow& r) {
 }  // namespace
 
 Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm alg) {
-  FanOutClient client(trainer.servers, ClientOptions{trainer.api_key, 10});
-  auto pending = client.PostAsync(
-      "/weight_checker",
-      std::vector<json>(trainer.servers.size(),
-                        json{{"action", "checksum"}, {"algorithm", DigestAlgorithmName(alg)}}),
-      Deadline::InSeconds(trainer.timeout_seconds));
+  SessionDriver driver(trainer.servers, trainer.api_key, trainer.timeout_seconds);
+  auto pending = driver.ChecksumsAsync(DigestAlgorithmName(alg));
   // The trainer's digests, computed while the servers compute theirs.
   const auto& meta = source.metadata();
   std::vector<TensorRef> refs;

@@ -3,7 +3,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -124,10 +127,25 @@ int main(int argc, char** argv) {
   p->add_option("--device", push_device, "where the trainer's tensors live: cpu or cuda:N")->capture_default_str();
   p->add_option("--store-host", push.trainer.store_host, "address the servers use to reach the trainer's rendezvous")->capture_default_str();
   p->add_option("--threads", push.threads, "worker threads for weights and digests (0: all cores)")->capture_default_str();
-  p->add_option("--sync-dir", push.trainer.sync_dir, "delta: directory shared with the servers");
-  p->add_option("--max-file-gb", push.trainer.max_file_gb, "delta: payload files roll over at this size")->capture_default_str();
-  p->add_option("--base-checkpoint", push.trainer.base_checkpoint,
-                "delta: the servers' base checkpoint (version 0) when it is not the first sync's weights");
+  // Each backend's own settings (TrainerOptions::backend_options): the generic flag, and
+  // named flags for the common ones.
+  std::vector<std::string> backend_flags;
+  p->add_option("--backend-option", backend_flags,
+                "KEY=VALUE setting of the backend (repeatable): nccl piece_mb; ipc mode=auto|packed|zero_copy, "
+                "export_kind=cuda_ipc|cuda_fd, backing=memfd|posix_shm, stall_after_chunks=N (tests); delta "
+                "sync_dir, max_file_gb, publish_threads, base_checkpoint");
+  std::map<std::string, std::string> named_backend_flags;
+  for (const auto& [flag, key, help] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--sync-dir", "sync_dir", "delta: directory shared with the servers"},
+           {"--max-file-gb", "max_file_gb", "delta: payload files roll over at this size (default 1)"},
+           {"--publish-threads", "publish_threads", "delta: publishing threads (default 0: all cores)"},
+           {"--base-checkpoint", "base_checkpoint",
+            "delta: the servers' base checkpoint (version 0) when it is not the first sync's weights"},
+           {"--ipc-mode", "mode", "ipc: auto, packed or zero_copy (default auto)"},
+           {"--ipc-export-kind", "export_kind", "ipc on a GPU: cuda_ipc or cuda_fd (default cuda_ipc)"},
+           {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"}}) {
+    p->add_option(flag, named_backend_flags[key], help);
+  }
   bool unpacked = false;
   p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
   p->add_option("--trainer-ranks", push.trainer_ranks, "trainer ranks, run as threads; rank 0 sends")->capture_default_str();
@@ -184,6 +202,17 @@ int main(int argc, char** argv) {
     wsync::log::Init("push");
     push.trainer.servers = SplitCommas(servers);
     push.trainer.packed = !unpacked;
+    for (const auto& [key, value] : named_backend_flags) {
+      if (!value.empty()) push.trainer.backend_options[key] = value;
+    }
+    for (const std::string& kv : backend_flags) {
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        fmt::print(stderr, "wsync push: error: --backend-option {}: expected KEY=VALUE\n", kv);
+        Exit(2);
+      }
+      push.trainer.backend_options[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
     auto device = wsync::Device::Parse(push_device);
     if (!device.ok()) {
       fmt::print(stderr, "wsync push: error: {}\n", device.status().message());

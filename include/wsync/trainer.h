@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,14 +51,11 @@ struct TrainerOptions {
   // group of one: rank 0 alone exports, the others only drain their sources. Other
   // backends ignore it.
   std::shared_ptr<Communicator> comm;
-  // `delta`: the directory both sides share (local or NFS), payload files roll over at
-  // this size, and publishing uses this many threads (0: all cores).
-  std::string sync_dir;
-  double max_file_gb = 1.0;
-  size_t publish_threads = 0;
-  // `delta`: the checkpoint the servers start from (version 0), when it is not the
-  // source's first pass (a trainer resuming from a base the servers already hold).
-  std::string base_checkpoint;
+  // The chosen backend's own settings as KEY=VALUE text (`wsync push --backend-option
+  // KEY=VALUE`); each backend documents its keys with its options struct and refuses keys
+  // it does not know. `nccl`: piece_mb. `ipc`: mode, export_kind, backing,
+  // stall_after_chunks. `delta`: sync_dir, max_file_gb, publish_threads, base_checkpoint.
+  std::map<std::string, std::string> backend_options;
   // Called from the sending thread after every chunk.
   std::function<void(const SyncProgress&)> progress;
 };

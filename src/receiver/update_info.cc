@@ -4,77 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "core/shape_math.h"
 #include "model/worker_store.h"
 
 namespace wsync {
-
-using nlohmann::json;
-
-namespace {
-
-Result<const json*> ListField(const json& info, const char* field) {
-  auto it = info.find(field);
-  if (it == info.end()) return InvalidArgument(fmt::format("update_info is missing '{}'", field));
-  if (!it->is_array()) return InvalidArgument(fmt::format("update_info '{}' must be a list", field));
-  return &*it;
-}
-
-}  // namespace
-
-Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
-  if (!info.is_object()) return InvalidArgument("update_info must be an object");
-  WSYNC_ASSIGN_OR_RETURN(const json* names, ListField(info, "names"));
-  WSYNC_ASSIGN_OR_RETURN(const json* dtypes, ListField(info, "dtype_names"));
-  WSYNC_ASSIGN_OR_RETURN(const json* shapes, ListField(info, "shapes"));
-  if (names->size() != dtypes->size() || names->size() != shapes->size()) {
-    return InvalidArgument(fmt::format(
-        "update_info lists must have equal lengths: names {}, dtype_names {}, shapes {}",
-        names->size(), dtypes->size(), shapes->size()));
-  }
-  std::vector<TensorMeta> out(names->size());
-  for (size_t i = 0; i < out.size(); ++i) {
-    const json& n = (*names)[i];
-    if (!n.is_string()) return InvalidArgument(fmt::format("names[{}] must be a string", i));
-    out[i].name = n.get<std::string>();
-    const json& d = (*dtypes)[i];
-    if (!d.is_string()) {
-      return InvalidArgument(fmt::format("dtype_names[{}] ({}) must be a string", i, out[i].name));
-    }
-    Result<DType> dtype = DTypeFromTorchName(d.get<std::string>());
-    if (!dtype.ok()) {
-      return dtype.status().WithContext(fmt::format("dtype_names[{}] ({})", i, out[i].name));
-    }
-    out[i].dtype = *dtype;
-    const json& s = (*shapes)[i];
-    if (!s.is_array()) {
-      return InvalidArgument(fmt::format("shapes[{}] ({}) must be a list of integers", i, out[i].name));
-    }
-    for (const json& dim : s) {
-      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
-        return InvalidArgument(fmt::format(
-            "shapes[{}] ({}) must be a list of non-negative integers, got {}", i, out[i].name,
-            s.dump()));
-      }
-      out[i].shape.push_back(dim.get<int64_t>());
-    }
-    if (!CheckedNumBytes(out[i].shape, out[i].dtype)) {
-      return InvalidArgument(fmt::format("shapes[{}] ({}) {} has more bytes than int64 counts", i,
-                                         out[i].name, ShapeString(out[i].shape)));
-    }
-  }
-  return out;
-}
-
-json TensorListJson(const std::vector<TensorMeta>& tensors) {
-  json j = {{"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
-  for (const TensorMeta& m : tensors) {
-    j["names"].push_back(m.name);
-    j["dtype_names"].push_back(TorchName(m.dtype));
-    j["shapes"].push_back(m.shape);
-  }
-  return j;
-}
 
 Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const WorkerStore& store) {
   std::unordered_set<std::string_view> seen;

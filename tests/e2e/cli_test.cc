@@ -28,7 +28,8 @@ TEST_F(CliTest, PushHelpListsItsFlags) {
   ASSERT_TRUE(r.success()) << r.description;
   EXPECT_TRUE(MentionsAll(r.out, {"--servers", "--backend", "--checkpoint", "--model", "--seed",
                                   "--steps", "--data-parallel-size", "--bucket-gb", "--timeout",
-                                  "--verify", "--weight-version", "--api-key"}));
+                                  "--verify", "--weight-version", "--api-key", "--backend-option",
+                                  "--sync-dir", "--ipc-mode", "--nccl-piece-mb"}));
 }
 
 TEST_F(CliTest, ServeHelpListsItsFlags) {
@@ -71,6 +72,30 @@ TEST_F(CliTest, PushToAnUnreachableServerExitsNonZeroNamingIt) {
   EXPECT_FALSE(r.timed_out) << r.description;
   EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
   EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.description;
+}
+
+// `wsync serve` (default --backend nccl) driven by `push --backend ipc`: the trainer
+// names the server, the backend it runs and the one asked for, before any init is sent.
+TEST_F(CliTest, PushToAServerOfAnotherBackendNamesBoth) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny"}));
+  RunResult r = RunWsync("push", {"push", "--servers", s.url, "--backend", "ipc", "--model", "qwen3-tiny",
+                                  "--seed", "1", "--timeout", "20"}, 60);
+  EXPECT_FALSE(r.timed_out) << r.description;
+  EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
+  EXPECT_NE(r.err.find("the trainer asked for backend 'ipc', but " + s.url + " runs backend 'nccl'"),
+            std::string::npos) << r.description;
+  EXPECT_EQ(r.err.find("unknown field"), std::string::npos) << r.description;
+  // Nothing reached the server: it still takes an nccl trainer.
+  RunResult ok = Push("push_nccl", {s}, {"--model", "qwen3-tiny", "--seed", "1", "--verify", "--timeout", "20"});
+  EXPECT_TRUE(ok.success()) << ok.description;
+}
+
+TEST_F(CliTest, PushRefusesABackendOptionTheBackendDoesNotKnow) {
+  Server nobody{"nobody", "http://127.0.0.1:1", nullptr};
+  RunResult r = Push("push", {nobody}, {"--model", "qwen3-tiny", "--backend-option", "no_such=1"}, 60);
+  EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
+  EXPECT_NE(r.err.find("backend 'nccl' has no option 'no_such' (its options: piece_mb)"), std::string::npos)
+      << r.description;
 }
 
 }  // namespace

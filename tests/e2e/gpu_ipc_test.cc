@@ -77,11 +77,16 @@ class GpuIpcTest : public E2eTest {
     return StartServer(name, {"--model", "qwen3-tiny", "--tp", std::to_string(tp), "--device", "cuda:0",
                               "--backend", "ipc", "--timeout", "60"});
   }
+  // `options`: the ipc backend's settings (push --backend-option KEY=VALUE).
   RunResult PushIpc(const std::string& name, const Server& s, std::vector<std::string> args,
-                    std::map<std::string, std::string> env = {}) {
+                    std::map<std::string, std::string> options = {}) {
     std::vector<std::string> full = {"push", "--servers", s.url, "--backend", "ipc"};
     full.insert(full.end(), args.begin(), args.end());
-    return RunWsync(name, std::move(full), 120, std::move(env));
+    for (const auto& [key, value] : options) {
+      full.push_back("--backend-option");
+      full.push_back(key + "=" + value);
+    }
+    return RunWsync(name, std::move(full), 120);
   }
   int gpus_ = 0;
 };
@@ -94,12 +99,12 @@ TEST_F(GpuIpcTest, ColocatedSyncsAreBitExactInEveryMode) {
   struct Case {
     const char* name;
     const char* device;
-    std::map<std::string, std::string> env;
+    std::map<std::string, std::string> options;  // push --backend-option
   };
   std::vector<Case> cases = {
-      {"packed_cuda_ipc", "cuda:0", {{"WSYNC_IPC_MODE", "packed"}}},
-      {"packed_cuda_fd", "cuda:0", {{"WSYNC_IPC_MODE", "packed"}, {"WSYNC_IPC_EXPORT_KIND", "cuda_fd"}}},
-      {"zero_copy", "cuda:0", {{"WSYNC_IPC_MODE", "zero_copy"}}},
+      {"packed_cuda_ipc", "cuda:0", {{"mode", "packed"}}},
+      {"packed_cuda_fd", "cuda:0", {{"mode", "packed"}, {"export_kind", "cuda_fd"}}},
+      {"zero_copy", "cuda:0", {{"mode", "zero_copy"}}},
       {"auto", "cuda:0", {}},
       {"cpu_trainer", "cpu", {}},
   };
@@ -111,7 +116,7 @@ TEST_F(GpuIpcTest, ColocatedSyncsAreBitExactInEveryMode) {
     RunResult push = PushIpc(fmt::format("push_{}", c.name), s,
                              {"--model", "qwen3-tiny", "--seed", std::to_string(seed), "--steps", "2", "--device",
                               c.device, "--bucket-gb", "0.001", "--verify", "--timeout", "60"},
-                             c.env);
+                             c.options);
     ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
     EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
     E2E_ASSERT_OK_AND_ASSIGN(Digests want,
@@ -203,8 +208,8 @@ TEST_F(GpuIpcTest, ATrainerKilledMidSyncLeavesTheServerReadyForTheNextSession) {
       Subprocess * trainer,
       SpawnWsync("stalled_push",
                  {"push", "--servers", s.url, "--backend", "ipc", "--model", "qwen3-tiny", "--seed", "1", "--steps",
-                  "2", "--bucket-gb", "0.001", "--device", "cuda:0", "--timeout", "60"},
-                 {{"WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS", "3"}, {"WSYNC_IPC_MODE", "packed"}}));
+                  "2", "--bucket-gb", "0.001", "--device", "cuda:0", "--timeout", "60", "--backend-option",
+                  "stall_after_chunks=3", "--backend-option", "mode=packed"}));
   auto stalled = [&] { return trainer->Stderr().find("stalled after 3 chunk(s)") != std::string::npos; };
   for (int i = 0; i < 600 && !stalled(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_TRUE(stalled()) << trainer->Describe();
@@ -223,7 +228,7 @@ TEST_F(GpuIpcTest, ATrainerKilledMidSyncLeavesTheServerReadyForTheNextSession) {
     RunResult push = PushIpc(fmt::format("push_{}", mode), s,
                              {"--model", "qwen3-tiny", "--seed", "6", "--steps", "2", "--verify", "--bucket-gb",
                               "0.001", "--device", "cuda:0", "--timeout", "60"},
-                             {{"WSYNC_IPC_MODE", mode}});
+                             {{"mode", mode}});
     ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
     EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
   }
@@ -334,7 +339,7 @@ TEST_F(GpuIpcTest, AWorkerOnAGpuTheTrainerDidNotExportForIsA400NamingItsUuid) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartGpuServer("tp2", 2));
   E2E_ASSERT_OK_AND_ASSIGN(std::string uuid1, cuda::GpuUuid(1));
   RunResult push = PushIpc("push", s, {"--model", "qwen3-tiny", "--seed", "62", "--device", "cuda:0",
-                                       "--timeout", "60"}, {{"WSYNC_IPC_MODE", "packed"}});
+                                       "--timeout", "60"}, {{"mode", "packed"}});
   EXPECT_FALSE(push.success()) << push.description;
   EXPECT_NE(push.err.find(uuid1), std::string::npos) << push.description;
   EXPECT_NE(push.err.find("no entry for this server's device"), std::string::npos) << push.description;

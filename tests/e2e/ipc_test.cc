@@ -265,8 +265,8 @@ TEST_F(IpcTest, ATrainerKilledMidSyncLeavesTheServerReadyForTheNextSession) {
       Subprocess * trainer,
       SpawnWsync("stalled_push",
                  {"push", "--servers", s.url, "--backend", "ipc", "--model", "qwen3-tiny", "--seed", "1",
-                  "--steps", "2", "--bucket-gb", "0.001", "--timeout", "60"},
-                 {{"WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS", "3"}}));
+                  "--steps", "2", "--bucket-gb", "0.001", "--timeout", "60", "--backend-option",
+                  "stall_after_chunks=3"}));
   ASSERT_TRUE(Eventually([&] { return trainer->Stderr().find("stalled after 3 chunk(s)") != std::string::npos; }, 60))
       << trainer->Describe();
   EXPECT_GE(IpcMappings(s.process->pid()), 1);

@@ -1,7 +1,7 @@
-// The `delta` backend's sending half (trainer rank 0; CreateDeltaTrainer gives every other
-// rank a NonSenderTrainer that drains its source's one pass per sync): publishes each sync as the next
-// version of an XOR-delta chain in a sync directory the servers share (DeltaPublisher),
-// then drives the servers through SkyRL's fetch-before-pause flow
+// The `delta` backend's data plane, trainer side (rank 0; the engine skeleton in src/engine
+// runs the session, and every other rank drains its source's one pass per sync): publishes
+// each sync as the next version of an XOR-delta chain in a sync directory the servers
+// share (DeltaPublisher), then drives the servers through SkyRL's fetch-before-pause flow
 // (reference/skyrl_weight_sync.md §5.3):
 //
 //   publish -> POST /fetch_weights (servers keep generating while they download and
@@ -9,7 +9,9 @@
 //   {"target_version", "version", "sync_dir", "uri"} (the servers reload their local
 //   checkpoint) -> /finish_weight_update -> POST /resume (always, once paused).
 //
-// Every phase is timed (DeltaSyncReport; also logged per sync). SyncStats maps them as:
+// publish, fetch and pause are the plane's BeforeStart, resume its AfterSession; start,
+// update and finish are the engine's session. Every phase is timed (DeltaSyncReport; also
+// logged per sync). SyncStats maps them as:
 // bytes = model bytes published, chunks = payload files, transfer = publish + fetch +
 // update, start = pause + start, finish = finish + resume, seconds = all of it.
 //
@@ -20,6 +22,7 @@
 // the chain). Every HTTP wait is bounded by timeout_seconds. Not thread-safe.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +34,15 @@
 
 namespace wsync {
 
-// Settings of the delta trainer that TrainerOptions does not carry.
+// Settings of the delta trainer that TrainerOptions does not carry; the option keys of
+// TrainerOptions::backend_options are the field names (all but borrow_source_bytes).
 struct DeltaTrainerOptions {
+  // The directory both sides share (local or NFS). Required.
+  std::string sync_dir;
+  // Payload files roll over at this size (GiB).
+  double max_file_gb = 1.0;
+  // Publishing threads (0: all cores).
+  size_t publish_threads = 0;
   // Version 0 and the on-disk dtypes. Empty: version 0 is the source's first pass (see
   // publisher.h), which is what `wsync push --checkpoint BASE` needs.
   std::string base_checkpoint;
@@ -59,6 +69,8 @@ class DeltaTrainer : public TrainerEngine {
   virtual const DeltaSyncReport& last_report() const = 0;
   virtual int64_t version() const = 0;
 };
+
+Result<DeltaTrainerOptions> ParseDeltaTrainerOptions(const std::map<std::string, std::string>& values);
 
 // The registry's factory (TrainerOptions only).
 Result<std::unique_ptr<TrainerEngine>> CreateDeltaTrainer(const TrainerOptions& options);

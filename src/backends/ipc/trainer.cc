@@ -17,12 +17,13 @@
 #include "backends/ipc/protocol.h"
 #include "backends/ipc/rank_exchange.h"
 #include "comm/communicator.h"
-#include "control/client.h"
-#include "control/fleet.h"
-#include "receiver/update_info.h"
+#include "control/session_driver.h"
 #include "core/digest.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/stopwatch.h"
+#include "engine/backend_options.h"
+#include "engine/engine.h"
 #include "wsync/source.h"
 
 namespace wsync {
@@ -30,8 +31,7 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using Pending = SessionDriver::Pending;
 
 // Copies one tensor into the slot, on several threads when it is large.
 void CopyInto(std::byte* dst, std::span<const std::byte> src, size_t threads) {
@@ -47,37 +47,88 @@ void CopyInto(std::byte* dst, std::span<const std::byte> src, size_t threads) {
   });
 }
 
-class IpcTrainer final : public TrainerEngine {
- public:
-  IpcTrainer(const TrainerOptions& o, const IpcTrainerOptions& ipc)
-      : options_(o), ipc_(ipc), client_(o.servers, ClientOptions{o.api_key, 10}) {}
-  ~IpcTrainer() override { Shutdown(); }
+class IpcPlane final : public DataPlane {
+  // What the ranks of a group agree on before each sync.
+  struct GroupSync {
+    bool zero_copy = false;
+    std::map<std::string, IpcBufferDesc> buffers;  // zero-copy: every publisher's tensors
+  };
 
-  Status Init(const std::vector<TensorMeta>& metadata) override {
+ public:
+  IpcPlane(const TrainerOptions& o, const IpcTrainerOptions& ipc) : options_(o), ipc_(ipc) {}
+  ~IpcPlane() override { Shutdown(); }
+
+  bool AllRanks() const override { return options_.comm && options_.comm->size() > 1; }
+
+  Status Init(const PlaneInit& init) override {
     Shutdown();
+    driver_ = init.driver;
     group_ = zero_copy_group_ = false;
     publisher_ = options_.rank == 0 ? 0 : -1;
-    if (options_.comm && options_.comm->size() > 1) return InitGroup(metadata);
-    if (options_.rank != 0) return Status::Ok();  // not the sender: nothing to export
-    WSYNC_ASSIGN_OR_RETURN(Offer offer, CreateSession(metadata, 1));
+    if (AllRanks()) return InitGroup(init);
+    WSYNC_ASSIGN_OR_RETURN(Offer offer, CreateSession(init, 1));
     return OfferSession(std::move(offer));
   }
 
-  Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>& weight_version) override {
-    if (publisher_ > 0) return SendAsPublisher(source);
-    if (publisher_ < 0) return Drain(source);
-    if (!region_ || region_->publisher_count() == 1) return Send(source, weight_version);
-    // Several publishers: whatever fails this sync on rank 0 once it has begun stops the
-    // other ranks too (they wait for its announcement, then for their readers'
-    // acknowledgements). What fails before (the ranks' exchange) fails every rank alike.
-    const uint64_t sync = sync_ + 1;
-    Result<SyncStats> r = Send(source, weight_version);
-    if (!r.ok() && region_ && sync_ == sync) {
-      region_->Abort(sync, fmt::format("trainer rank 0: {}", r.status().message()));
-      CloseSessions();
-      Shutdown();
+  // A group's ranks re-initialize together only through Init on every rank: one rank
+  // alone cannot join the others' collective, so a group answers live and a sync without
+  // a session fails on every rank (ExchangeSyncState).
+  bool live() const override { return AllRanks() || region_ != nullptr; }
+
+  // Rank 0: the ranks' exchange, the plan and the update body; the sync is announced to
+  // the other publishers. Nothing reaches the servers.
+  Status Prepare(SyncContext& sync) override {
+    sync_begun_ = false;
+    Status mine = region_ ? Status::Ok() : FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
+    GroupSync group;
+    if (group_) {
+      WSYNC_ASSIGN_OR_RETURN(group, ExchangeSyncState(sync.pass, mine));
+    } else {
+      WSYNC_RETURN_IF_ERROR(mine);
     }
-    return r;
+    // From here on the sync has begun: with several publishers, a failure aborts it for
+    // the other ranks (Abort), which are already waiting for its announcement.
+    sync_begun_ = true;
+    return Plan(sync, group);
+  }
+
+  Status Transfer(SyncContext& sync, Pending& update) override {
+    auto check = SenderCheck(update, update_.sync);
+    Status s = zero_copy_ ? Go(update_, plan_.payload_bytes, check, sync.deadline)
+                          : Transfer(sync.pass, sync.pass.metadata(), plan_, update_, check, sync.deadline);
+    if (s.ok()) s = update.Wait(driver_->deadlines().Http()).status();
+    if (!s.ok()) return s;
+    next_seq_ += plan_.chunk_ends.size();
+    if (update_.zero_copy) zero_copy_sent_ = true;  // every server has mapped this generation
+    return Status::Ok();
+  }
+
+  // Once the update is posted, the readers are stopped and the session ends (Init again);
+  // before, only a sync several publishers await is aborted.
+  Status Abort(const Status& cause, Pending* update) override {
+    if (!region_ || !sync_begun_) return cause;
+    if (update == nullptr) {
+      if (region_->publisher_count() > 1) {
+        region_->Abort(update_.sync, fmt::format("trainer rank 0: {}", cause.message()));
+        Shutdown();
+      }
+      return cause;
+    }
+    Status s = cause;
+    region_->Abort(update_.sync, s.message());
+    // A server's own account explains more than "it stopped acknowledging".
+    if (s.code() == StatusCode::kAborted || s.code() == StatusCode::kDeadlineExceeded) {
+      Result<std::vector<json>> r = update->Wait(Deadline::InSeconds(2));
+      if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) s = r.status();
+    }
+    Quiesce(update);
+    Shutdown();
+    return s;
+  }
+
+  Result<SyncStats> SyncOtherRank(SyncContext& sync) override {
+    if (publisher_ > 0) return SendAsPublisher(sync.pass);
+    return Drain(sync.pass);
   }
 
  private:
@@ -91,7 +142,9 @@ class IpcTrainer final : public TrainerEngine {
     std::vector<int> offsets;
   };
 
-  Result<Offer> CreateSession(const std::vector<TensorMeta>& metadata, int publishers) {
+  Result<Offer> CreateSession(const PlaneInit& init, int publishers) {
+    const std::vector<TensorMeta>& metadata = init.metadata;
+    const SessionDriver& driver = *init.driver;
     const bool gpu = !options_.device.is_cpu();
     Offer o;
     o.device_key = HostDeviceKey();
@@ -99,10 +152,10 @@ class IpcTrainer final : public TrainerEngine {
       WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
       WSYNC_ASSIGN_OR_RETURN(o.device_key, IpcDeviceKey(options_.device));
     }
-    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<int> per_server, ServerWorldSizes(client_, deadline));
-    WSYNC_ASSIGN_OR_RETURN(int readers, IpcReaderOffsets(per_server, options_.data_parallel_size, &o.offsets));
-    reader_labels_ = ReaderLabels(readers, o.offsets, deadline);
+    Fleet fleet = *init.fleet;
+    WSYNC_RETURN_IF_ERROR(driver.WorldSizes(&fleet));
+    WSYNC_ASSIGN_OR_RETURN(int readers, IpcReaderOffsets(fleet.world_sizes, options_.data_parallel_size, &o.offsets));
+    reader_labels_ = driver.WorkerLabels(fleet, readers, o.offsets);
 
     IpcRegionOptions r;
     r.session = NewSessionId();
@@ -131,27 +184,25 @@ class IpcTrainer final : public TrainerEngine {
     info.reader_count = o.region->reader_count();
     info.buffers[o.device_key] = buffer;
     // Servers give up a little before the trainer does, so that their account of a
-    // failure arrives before the trainer's own wait ends (as the nccl backend does).
-    info.timeout_seconds = ServerTimeout(options_.timeout_seconds);
+    // failure arrives before the trainer's own wait ends.
+    info.timeout_seconds = driver.deadlines().server_timeout();
     return o;
   }
 
   // Sends `o.info` to every server; the session is this engine's once all attached.
   Status OfferSession(Offer o) {
-    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
     IpcInitInfo& info = o.info;
-    std::vector<json> bodies;
+    std::vector<json> infos;
     for (int offset : o.offsets) {
       info.reader_offset = offset;
-      bodies.push_back(json{{"init_info", info.ToJson()}});
+      infos.push_back(info.ToJson());
     }
     std::vector<std::string> keys;
     for (const auto& [key, b] : info.buffers) keys.push_back(fmt::format("{} ({}, publisher {})", key, b.kind, b.publisher));
     WSYNC_LOG_INFO("init: {} servers, {} readers, reader offsets [{}], {} slot(s) of {} bytes, control {}, "
                    "buffers {}", o.offsets.size(), info.reader_count, fmt::join(o.offsets, ", "), info.num_slots,
                    info.slot_bytes, info.control_path, fmt::join(keys, ", "));
-    auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), http_deadline);
-    WSYNC_RETURN_IF_ERROR(pending->Wait(http_deadline).status());
+    WSYNC_RETURN_IF_ERROR(driver_->Init(std::move(infos)));
     o.region->UnlinkName();  // every server has it open now
     for (int reader = 0; reader < info.reader_count; ++reader) {
       if (o.region->reader_pid(reader) == 0) {
@@ -179,7 +230,7 @@ class IpcTrainer final : public TrainerEngine {
   //   3. every other publisher opens the region by path, allocates and exports its slots
   //      on its GPU (same count and stride); all-gather of the descriptors;
   //   4. rank 0 sends the merged `buffers` to the servers and broadcasts the outcome.
-  Status InitGroup(const std::vector<TensorMeta>& metadata) {
+  Status InitGroup(const PlaneInit& init) {
     Communicator& comm = *options_.comm;
     const int rank = comm.rank(), ranks = comm.size();
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
@@ -222,7 +273,7 @@ class IpcTrainer final : public TrainerEngine {
     std::optional<Offer> offer;
     std::string created;
     if (rank == 0) {
-      Result<Offer> o = CreateSession(metadata, publishers);
+      Result<Offer> o = CreateSession(init, publishers);
       if (o.ok()) {
         created = json{{"path", o->region->path()}, {"session", o->region->session()}}.dump();
         offer = std::move(*o);
@@ -308,42 +359,43 @@ class IpcTrainer final : public TrainerEngine {
     return Status(code, who.empty() ? message : fmt::format("{}: {}", who, message));
   }
 
-  // A rank that packs nothing: drains the same two passes the sender makes (every pass
-  // of a multi-rank source is a collective among the trainer ranks).
-  Result<SyncStats> Drain(WeightSource& source) {
-    auto t0 = Clock::now();
-    Status checked = DrainChecked(source);
-    if (!checked.ok()) checked = checked.WithContext(fmt::format("trainer rank {} (check pass of the sync)", options_.rank));
-    if (group_) {
-      WSYNC_RETURN_IF_ERROR(ExchangeSyncState(source, checked).status());
-    } else {
-      WSYNC_RETURN_IF_ERROR(checked);
+  // One pass of the sync, read and checked, the tensors discarded.
+  static Status DrainPass(SyncPass& pass) {
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
+    TensorRef t;
+    for (;;) {
+      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+      if (!more) return Status::Ok();
     }
-    Status s = DrainChecked(source);
-    if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} (transfer pass of the sync)", options_.rank));
+  }
+
+  // A rank of a group that packs nothing: the ranks' exchange, then its source's pass
+  // (every pass of a multi-rank source is a collective among the trainer ranks).
+  Result<SyncStats> Drain(SyncPass& pass) {
+    Stopwatch total;
+    WSYNC_RETURN_IF_ERROR(ExchangeSyncState(pass, Status::Ok()).status());
+    Status s = DrainPass(pass);
+    if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} (its pass of the sync)", options_.rank));
     SyncStats stats;
-    stats.tensors = source.metadata().size();
-    stats.seconds = stats.transfer_seconds = Since(t0);
+    stats.tensors = pass.metadata().size();
+    stats.seconds = stats.transfer_seconds = total.seconds();
     return stats;
   }
 
-  // A publisher p > 0: the check pass, then the sync rank 0 announces, packed into this
-  // rank's own slots chunk by chunk for the readers on its GPU; returns once they have
-  // acknowledged the last chunk. Any failure aborts the sync for every rank and reader
-  // and ends this rank's session (Init again, with the others).
-  Result<SyncStats> SendAsPublisher(WeightSource& source) {
-    const std::vector<TensorMeta>& meta = source.metadata();
-    auto t0 = Clock::now();
-    Status checked = DrainChecked(source);
-    if (!checked.ok()) {
-      checked = checked.WithContext(fmt::format("trainer rank {} ({}), check pass", options_.rank, device_key_));
-    } else if (!region_) {
-      checked = FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a "
-                                               "failed sync ends the session)", options_.rank));
+  // A publisher p > 0: the ranks' exchange, then the sync rank 0 announces, packed into
+  // this rank's own slots chunk by chunk for the readers on its GPU as its pass streams;
+  // returns once they have acknowledged the last chunk. Any failure aborts the sync for
+  // every rank and reader and ends this rank's session (Init again, with the others).
+  Result<SyncStats> SendAsPublisher(SyncPass& pass) {
+    const std::vector<TensorMeta>& meta = pass.metadata();
+    Stopwatch total;
+    Status mine = Status::Ok();
+    if (!region_) {
+      mine = FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a "
+                                            "failed sync ends the session)", options_.rank));
     }
-    // Nothing has moved yet: a rank whose check failed fails the sync on every rank here,
-    // and the session stays.
-    WSYNC_ASSIGN_OR_RETURN(GroupSync group, ExchangeSyncState(source, checked));
+    // Nothing has moved yet: a rank without a session fails the sync on every rank here.
+    WSYNC_ASSIGN_OR_RETURN(GroupSync group, ExchangeSyncState(pass, mine));
     const uint64_t sync = ++sync_;
     auto fail = [&](Status s) -> Status {
       s = s.WithContext(fmt::format("trainer rank {} ({}), sync {}", options_.rank, device_key_, sync));
@@ -353,11 +405,11 @@ class IpcTrainer final : public TrainerEngine {
       return s;
     };
     if (!has_readers_) {  // no worker reads this GPU's slots or tensors: nothing to send
-      Status s = DrainChecked(source);
-      if (!s.ok()) return fail(s.WithContext("transfer pass"));
+      Status s = DrainPass(pass);
+      if (!s.ok()) return fail(s.WithContext("its pass"));
       SyncStats stats;
       stats.tensors = meta.size();
-      stats.seconds = stats.transfer_seconds = Since(t0);
+      stats.seconds = stats.transfer_seconds = total.seconds();
       return stats;
     }
     if (!options_.device.is_cpu()) {
@@ -365,10 +417,9 @@ class IpcTrainer final : public TrainerEngine {
       if (!s.ok()) return fail(s);
     }
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    // Zero-copy: the transfer pass only checks that the tensors are where the exchanged
-    // layout says, before the go.
-    Result<IpcPlan> plan = group.zero_copy ? ZeroCopyLayout(static_cast<DeviceTensorSource&>(source))
-                                           : PlanIpcChunks(meta, region_->slot_bytes());
+    // Zero-copy: the pass only checks that the tensors are where the exchanged layout
+    // says, before the go.
+    Result<IpcPlan> plan = group.zero_copy ? ZeroCopyLayout(pass) : PlanIpcChunks(meta, region_->slot_bytes());
     if (!plan.ok()) return fail(plan.status());
     Result<uint64_t> first = region_->WaitAnnounced(sync, deadline);
     if (!first.ok()) return fail(first.status());
@@ -377,9 +428,9 @@ class IpcTrainer final : public TrainerEngine {
     u.first_seq = *first;
     u.chunk_ends = plan->chunk_ends;
     auto check = PeerCheck(sync);
-    auto t1 = Clock::now();
+    Stopwatch transfer;
     Status s = group.zero_copy ? Go(u, plan->payload_bytes, check, deadline)
-                               : Transfer(source, meta, *plan, u, check, deadline);
+                               : Transfer(pass, meta, *plan, u, check, deadline);
     // Its readers have landed every chunk (or the sync failed somewhere).
     if (s.ok() && !u.chunk_ends.empty()) {
       s = region_->WaitAcked(u.first_seq + u.chunk_ends.size() - 1, deadline, check, ReaderDescriber());
@@ -389,8 +440,8 @@ class IpcTrainer final : public TrainerEngine {
     stats.bytes = plan->payload_bytes;
     stats.tensors = meta.size();
     stats.chunks = plan->chunk_ends.size();
-    stats.transfer_seconds = Since(t1);
-    stats.seconds = Since(t0);
+    stats.transfer_seconds = transfer.seconds();
+    stats.seconds = total.seconds();
     return stats;
   }
 
@@ -410,90 +461,42 @@ class IpcTrainer final : public TrainerEngine {
     };
   }
 
-  // Rank 0's sync: the check pass, start, the update and the data plane, finish.
-  Result<SyncStats> Send(WeightSource& source, const std::optional<std::string>& weight_version) {
-    const std::vector<TensorMeta>& meta = source.metadata();
-    // The whole iteration is checked before anything is sent.
-    Status checked = DrainChecked(source);
-    if (checked.ok() && !region_) checked = FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
-    GroupSync group;
-    if (group_) {
-      WSYNC_ASSIGN_OR_RETURN(group, ExchangeSyncState(source, checked));
-    } else {
-      WSYNC_RETURN_IF_ERROR(checked);
-    }
-    // From here on the sync has begun: with several publishers, a failure aborts it for
-    // the other ranks (SendWeights), which are already waiting for its announcement.
-    const uint64_t sync = ++sync_;
+  // Rank 0's plan of one sync (after the ranks' exchange): zero-copy or packed, its
+  // chunks, the update body; then the announcement.
+  Status Plan(SyncContext& sync, const GroupSync& group) {
+    const std::vector<TensorMeta>& meta = sync.pass.metadata();
+    const uint64_t id = ++sync_;
     if (!options_.device.is_cpu()) WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
-    auto* device_source = dynamic_cast<DeviceTensorSource*>(&source);
+    auto* device_source = dynamic_cast<DeviceTensorSource*>(&sync.pass.source());
     // With several publishers the ranks decided together (each sends its own GPU's go).
-    const bool zero_copy = zero_copy_group_
-                               ? group.zero_copy
-                               : !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
-                                     device_source != nullptr && device_source->device() == options_.device &&
-                                     region_->publisher_count() == 1;
-    if (!options_.device.is_cpu() && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy && !zero_copy) {
+    zero_copy_ = zero_copy_group_
+                     ? group.zero_copy
+                     : !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
+                           device_source != nullptr && device_source->device() == options_.device &&
+                           region_->publisher_count() == 1;
+    if (!options_.device.is_cpu() && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy && !zero_copy_) {
       return FailedPrecondition(fmt::format(
           "the ipc trainer exports no staging slots (mode zero_copy), so it needs a DeviceTensorSource on {}",
           options_.device.ToString()));
     }
-    IpcPlan plan;
     IpcUpdateInfo u;
     u.session = region_->session();
     u.first_seq = next_seq_;
-    if (zero_copy) {
-      WSYNC_ASSIGN_OR_RETURN(plan, ZeroCopyPlan(*device_source, zero_copy_group_ ? &group.buffers : nullptr, &u));
+    if (zero_copy_) {
+      WSYNC_ASSIGN_OR_RETURN(plan_, ZeroCopyPlan(sync.pass, zero_copy_group_ ? &group.buffers : nullptr, &u));
     } else {
-      WSYNC_ASSIGN_OR_RETURN(plan, PlanIpcChunks(meta, region_->slot_bytes()));
-      u.tensor_offsets = plan.tensor_offsets;
+      WSYNC_ASSIGN_OR_RETURN(plan_, PlanIpcChunks(meta, region_->slot_bytes()));
+      u.tensor_offsets = plan_.tensor_offsets;
     }
-    u.chunk_ends = plan.chunk_ends;
+    u.chunk_ends = plan_.chunk_ends;
     for (const TensorMeta& m : meta) u.tensor_sizes.push_back(m.nbytes());
-    std::shared_ptr<const std::string> update = UpdateBody(meta, u);
-    u.sync = sync;
-
-    SyncStats stats;
-    stats.bytes = plan.payload_bytes;
-    stats.tensors = meta.size();
-    stats.chunks = plan.chunk_ends.size();
-    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
-    auto t0 = Clock::now();
-    Status started = client_.Post("/start_weight_update", json::object(), deadline).status();
-    if (!started.ok()) {
-      CloseSessions();
-      return started;
-    }
-    stats.start_seconds = Since(t0);
-    auto t1 = Clock::now();
-    region_->Announce(u.sync, u.first_seq);
-    auto pending = client_.PostAsync("/update_weights", update, http_deadline);
-    auto check = SenderCheck(*pending, u.sync);
-    Status s = zero_copy ? Go(u, plan.payload_bytes, check, deadline) : Transfer(source, meta, plan, u, check, deadline);
-    if (s.ok()) s = pending->Wait(http_deadline).status();
-    if (!s.ok()) {
-      region_->Abort(u.sync, s.message());
-      // A server's own account explains more than "it stopped acknowledging".
-      if (s.code() == StatusCode::kAborted || s.code() == StatusCode::kDeadlineExceeded) {
-        Result<std::vector<json>> r = pending->Wait(Deadline::InSeconds(2));
-        if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) s = r.status();
-      }
-      Quiesce(pending.get());
-      CloseSessions();
-      Shutdown();
-      return s;
-    }
-    next_seq_ += plan.chunk_ends.size();
-    if (u.zero_copy) zero_copy_sent_ = true;  // every server has mapped this generation
-    stats.transfer_seconds = Since(t1);
-    auto t2 = Clock::now();
-    json finish = json::object();
-    if (weight_version) finish["weight_version"] = *weight_version;
-    WSYNC_RETURN_IF_ERROR(client_.Post("/finish_weight_update", finish, deadline).status());
-    stats.finish_seconds = Since(t2);
-    stats.seconds = Since(t0);
-    return stats;
+    sync.update_body = UpdateBody(meta, u);
+    u.sync = id;
+    update_ = std::move(u);
+    sync.stats.bytes = plan_.payload_bytes;
+    sync.stats.chunks = plan_.chunk_ends.size();
+    region_->Announce(update_.sync, update_.first_seq);
+    return Status::Ok();
   }
 
  public:
@@ -515,9 +518,9 @@ class IpcTrainer final : public TrainerEngine {
     IpcUpdateInfo layout = u;
     layout.sync = layout.first_seq = 0;
     if (body_.bytes == nullptr || !(body_.update == layout) || body_.meta != meta) {
-      json info = TensorListJson(meta);
-      layout.AddTo(&info);
-      body_ = CachedBody{meta, std::move(layout), std::make_shared<const std::string>(json{{"update_info", info}}.dump())};
+      json extra = json::object();
+      layout.AddTo(&extra);
+      body_ = CachedBody{meta, std::move(layout), wsync::UpdateBody(meta, extra)};
     }
     return body_.bytes;
   }
@@ -547,8 +550,9 @@ class IpcTrainer final : public TrainerEngine {
   // The update of a zero-copy sync: the source's tensors where they are, one chunk, and
   // the exports of their allocations when they are new to this session or have changed:
   // this rank's own, or with several publishers every publisher's (`group`, exchanged).
-  Result<IpcPlan> ZeroCopyPlan(DeviceTensorSource& source, const std::map<std::string, IpcBufferDesc>* group,
+  Result<IpcPlan> ZeroCopyPlan(SyncPass& pass, const std::map<std::string, IpcBufferDesc>* group,
                                IpcUpdateInfo* u) {
+    auto& source = static_cast<DeviceTensorSource&>(pass.source());
     if (group == nullptr) {
       WSYNC_ASSIGN_OR_RETURN(bool changed, ExportSource(source));
       if (changed) {
@@ -564,18 +568,18 @@ class IpcTrainer final : public TrainerEngine {
       else z.buffers[device_key_] = exported_;
     }
     u->zero_copy = std::move(z);
-    WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, ZeroCopyLayout(source));
+    WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, ZeroCopyLayout(pass));
     u->tensor_offsets = plan.tensor_offsets;
     return plan;
   }
 
-  // The transfer pass of a zero-copy sync: every tensor must be where the offsets say.
-  Result<IpcPlan> ZeroCopyLayout(DeviceTensorSource& source) {
+  // The pass of a zero-copy sync: every tensor must be where the offsets say.
+  Result<IpcPlan> ZeroCopyLayout(SyncPass& pass) {
+    auto& source = static_cast<DeviceTensorSource&>(pass.source());
     const std::vector<TensorMeta>& meta = source.metadata();
     const std::byte* base = source.storage().data();
     IpcPlan plan;
-    WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
-    auto stream = CheckedStream(std::move(inner), meta);
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
     TensorRef t;
     for (size_t i = 0; i < meta.size(); ++i) {
       WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
@@ -587,6 +591,8 @@ class IpcTrainer final : public TrainerEngine {
       plan.tensor_offsets.push_back(source.offset(i));
       plan.payload_bytes += meta[i].nbytes();
     }
+    WSYNC_ASSIGN_OR_RETURN(bool extra, stream->Next(&t));  // the end of the pass (checked)
+    if (extra) return Internal("the source yielded more tensors than its metadata lists");
     if (!meta.empty()) {
       plan.chunk_ends = {meta.size()};
       plan.chunk_bytes = {0};
@@ -602,12 +608,6 @@ class IpcTrainer final : public TrainerEngine {
     return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(words)));
   }
 
-  // What the ranks of a group agree on before each sync.
-  struct GroupSync {
-    bool zero_copy = false;
-    std::map<std::string, IpcBufferDesc> buffers;  // zero-copy: every publisher's tensors
-  };
-
   // The exchange that starts every sync of a group, after the check pass and before
   // anything reaches the servers (an all-gather of one small message per rank; every
   // rank calls it, whatever failed). `mine` is this rank's state: an error on any rank
@@ -617,7 +617,8 @@ class IpcTrainer final : public TrainerEngine {
   // offers its tensors' export and layout; the sync is zero-copy when every one offers
   // the same layout, and every rank bumps the generation when any export changed, so all
   // derive the same decision from the same messages.
-  Result<GroupSync> ExchangeSyncState(WeightSource& source, Status mine) {
+  Result<GroupSync> ExchangeSyncState(SyncPass& pass, Status mine) {
+    WeightSource& source = pass.source();
     json j = json::object();
     if (mine.ok() && zero_copy_group_ && publisher_ >= 0 && has_readers_) {
       auto* device = dynamic_cast<DeviceTensorSource*>(&source);
@@ -674,7 +675,7 @@ class IpcTrainer final : public TrainerEngine {
     }
     if (zero_copy_group_ && !g.zero_copy) {
       if (ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy) {
-        return FailedPrecondition(fmt::format("WSYNC_IPC_MODE=zero_copy, but {}", why));
+        return FailedPrecondition(fmt::format("ipc mode zero_copy, but {}", why));
       }
       WSYNC_LOG_DEBUG("sync packs: {}", why);
     }
@@ -699,7 +700,7 @@ class IpcTrainer final : public TrainerEngine {
     return Status::Ok();
   }
 
-  static std::function<Status()> HttpCheck(FanOutClient::Pending& http) {
+  static std::function<Status()> HttpCheck(Pending& http) {
     return [&http]() -> Status {
       if (!http.AnyFailed()) return Status::Ok();
       Result<std::vector<json>> r = http.Wait(Deadline::InSeconds(1));
@@ -712,7 +713,7 @@ class IpcTrainer final : public TrainerEngine {
   // other publishers wait until their readers acknowledged every chunk published (after
   // an abort a reader still lands, and acknowledges, every chunk already published, then
   // stops); a reader that died or stopped for its own reason ends this only at the bound.
-  void Quiesce(FanOutClient::Pending* http) {
+  void Quiesce(Pending* http) {
     Deadline bound = Deadline::InSeconds(2);
     if (http != nullptr) {
       while (!http->Done() && !bound.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -723,7 +724,7 @@ class IpcTrainer final : public TrainerEngine {
 
   // Rank 0's exits while it waits for acknowledgements: a server that answered early, and
   // with several publishers another rank that abandoned the sync.
-  std::function<Status()> SenderCheck(FanOutClient::Pending& http, uint64_t sync) {
+  std::function<Status()> SenderCheck(Pending& http, uint64_t sync) {
     if (region_->publisher_count() == 1) return HttpCheck(http);
     return [this, &http, sync]() -> Status {
       WSYNC_RETURN_IF_ERROR(HttpCheck(http)());
@@ -768,13 +769,12 @@ class IpcTrainer final : public TrainerEngine {
 
   // Packs and publishes every chunk; chunk k goes into slot (first_seq + k) % num_slots
   // once every reader is done with what that slot held before.
-  Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
+  Status Transfer(SyncPass& pass, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
                   const IpcUpdateInfo& u, const std::function<Status()>& check, Deadline deadline) {
-    WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
-    auto stream = CheckedStream(std::move(inner), meta);
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
     auto describe = ReaderDescriber();
     const bool gpu = staging_ != nullptr;
-    const bool stable = dynamic_cast<DeviceTensorSource*>(&source) != nullptr;
+    const bool stable = dynamic_cast<DeviceTensorSource*>(&pass.source()) != nullptr;
     size_t threads = DefaultThreads();
     size_t n = plan.chunk_ends.size();
     SyncProgress p{0, plan.payload_bytes, 0, n};
@@ -820,20 +820,9 @@ class IpcTrainer final : public TrainerEngine {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 
-  // Ends any session still open on a server after a failed sync (409s are expected from
-  // servers whose failed update already ended theirs).
-  void CloseSessions() {
-    (void)client_.Post("/finish_weight_update", json::object(), Deadline::InSeconds(10));
-  }
-
-  // Names every reader from the servers' /health when they are wsync servers.
-  std::vector<std::string> ReaderLabels(int readers, const std::vector<int>& offsets, Deadline deadline) {
-    return WorkerLabels(client_, readers, offsets, deadline);
-  }
-
   TrainerOptions options_;
   IpcTrainerOptions ipc_;
-  FanOutClient client_;
+  const SessionDriver* driver_ = nullptr;  // rank 0: the engine's, for its lifetime
   std::unique_ptr<IpcRegion> region_;
   std::unique_ptr<DeviceExport> staging_;  // GPU: the session's slots (packed modes)
   std::string device_key_;                 // where the trainer's buffers live
@@ -862,14 +851,36 @@ class IpcTrainer final : public TrainerEngine {
   uint64_t published_seq_ = 0;  // the last chunk this rank published in its session
   uint64_t sync_ = 0;
   size_t chunks_published_ = 0;
+  // Rank 0's sync under way (Prepare): its plan, its update, whether it packs.
+  IpcPlan plan_;
+  IpcUpdateInfo update_;
+  bool zero_copy_ = false;
+  bool sync_begun_ = false;
 };
 
 }  // namespace
 
+Result<IpcTrainerOptions> ParseIpcTrainerOptions(const std::map<std::string, std::string>& values) {
+  IpcTrainerOptions o;
+  BackendOptions read("ipc", values);
+  int mode = static_cast<int>(o.mode);
+  WSYNC_RETURN_IF_ERROR(read.ReadChoice("mode", {"auto", "packed", "zero_copy"}, &mode));
+  o.mode = static_cast<IpcTrainerOptions::Mode>(mode);
+  int kind = o.export_kind == "cuda_fd" ? 1 : 0;
+  WSYNC_RETURN_IF_ERROR(read.ReadChoice("export_kind", {"cuda_ipc", "cuda_fd"}, &kind));
+  o.export_kind = kind == 1 ? "cuda_fd" : "cuda_ipc";
+  int backing = o.backing == ShmBacking::kPosixShm ? 1 : 0;
+  WSYNC_RETURN_IF_ERROR(read.ReadChoice("backing", {"memfd", "posix_shm"}, &backing));
+  o.backing = backing == 1 ? ShmBacking::kPosixShm : ShmBacking::kMemfd;
+  size_t stall = 0;
+  WSYNC_RETURN_IF_ERROR(read.Read("stall_after_chunks", &stall));
+  if (values.count("stall_after_chunks")) o.stall_after_chunks = stall;
+  WSYNC_RETURN_IF_ERROR(read.Finish());
+  return o;
+}
+
 Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainerWith(const TrainerOptions& options, const IpcTrainerOptions& ipc) {
-  if (options.servers.empty() && options.rank == 0) return InvalidArgument("no servers given (--servers)");
-  if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
-  if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
+  WSYNC_RETURN_IF_ERROR(CheckTrainerOptions(options));
   if (ipc.export_kind != "cuda_ipc" && ipc.export_kind != "cuda_fd") {
     return InvalidArgument(fmt::format("ipc export kind '{}' is not cuda_ipc or cuda_fd", ipc.export_kind));
   }
@@ -877,23 +888,11 @@ Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainerWith(const TrainerOptions
     return Unimplemented("the ipc backend sends packed chunks only (--unpacked is not supported: "
                          "one handle per tensor keeps the whole model resident on the trainer)");
   }
-  return std::unique_ptr<TrainerEngine>(std::make_unique<IpcTrainer>(options, ipc));
+  return NewTrainerEngine(options, std::make_unique<IpcPlane>(options, ipc));
 }
 
 Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainer(const TrainerOptions& options) {
-  IpcTrainerOptions ipc;
-  // The one environment knob of this backend: test-only fault injection (see trainer.h).
-  if (const char* v = std::getenv("WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS"); v != nullptr && *v != '\0') {
-    ipc.stall_after_chunks = std::strtoull(v, nullptr, 10);
-  }
-  if (const char* v = std::getenv("WSYNC_IPC_EXPORT_KIND"); v != nullptr && *v != '\0') ipc.export_kind = v;
-  if (const char* v = std::getenv("WSYNC_IPC_MODE"); v != nullptr && *v != '\0') {
-    std::string mode = v;
-    if (mode == "auto") ipc.mode = IpcTrainerOptions::Mode::kAuto;
-    else if (mode == "packed") ipc.mode = IpcTrainerOptions::Mode::kPacked;
-    else if (mode == "zero_copy") ipc.mode = IpcTrainerOptions::Mode::kZeroCopy;
-    else return InvalidArgument(fmt::format("WSYNC_IPC_MODE '{}' is not auto, packed or zero_copy", mode));
-  }
+  WSYNC_ASSIGN_OR_RETURN(IpcTrainerOptions ipc, ParseIpcTrainerOptions(options.backend_options));
   return CreateIpcTrainerWith(options, ipc);
 }
 

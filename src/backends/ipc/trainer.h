@@ -1,15 +1,18 @@
-// The `ipc` backend's sending half (trainer rank 0), for trainers colocated with their
-// servers (same host on CPU; same GPUs on CUDA).
+// The `ipc` backend's data plane, trainer side, for trainers colocated with their servers
+// (same host on CPU; same GPUs on CUDA). The engine skeleton (src/engine) runs the
+// session (start -> update -> finish, closing sessions on failure) and the sync's one
+// pass over the source; this plane exports the staging and packs.
 //
 // Init() sizes ONE staging region from the metadata (num_buffers slots of max(bucket,
 // largest tensor), capped at what the whole model needs), exports it once (protocol.h)
 // and hands every server its reader numbers; the servers map it and keep it mapped.
-// SendWeights() then runs start -> ONE update_weights carrying the whole tensor list ->
-// finish, and meanwhile packs chunk after chunk into the slots, publishing each through
+// Each sync is ONE update_weights carrying the whole tensor list, while the plane packs
+// chunk after chunk of the pass into the slots, publishing each through
 // the region (region.h): the receivers copy chunk k out while chunk k+1 is packed. Every
 // wait is bounded by timeout_seconds and watches the servers' HTTP replies, so a server
 // that refuses or dies ends it at once with that server's message; a failed sync aborts
-// the readers, closes the servers' sessions and ends the engine's session (Init again).
+// the readers and ends the plane's session (the engine initializes it again for the next
+// sync).
 // Shutdown() (and destruction) releases the region: its staging pages are freed at once,
 // even while a server still maps it. The only staging memory is the slots: no copy of the
 // model stays resident.
@@ -34,18 +37,19 @@
 // every publisher packs every chunk into its own slots for the workers on its GPU
 // (waiting for rank 0's announcement of the sync, then for its own readers'
 // acknowledgements), with no collective and no HTTP per chunk. A rank that fails a sync
-// aborts it for every rank and reader; all ranks then need Init again. Each sync starts
-// with one small all-gather: a rank whose check pass failed fails the sync on every rank
-// before anything moves (the session stays), and with several publishers each offers its
+// aborts it for every rank and reader; all ranks then need Init again (together: one rank
+// cannot rejoin the others' collectives alone). Each sync starts with one small
+// all-gather before the pass: a rank without a session fails the sync on every rank
+// before anything moves, and with several publishers each offers its
 // DeviceTensorSource's export: the sync is zero-copy (each publisher sends the go for its
 // GPU's workers, who copy from that rank's tensors) when all offered the same layout,
 // otherwise kAuto packs and kZeroCopy fails it on every rank. Without `comm` (or a group of one),
 // and for ranks that publish nothing (a GPU a lower rank serves; every rank but 0 of a CPU
-// trainer, whose shm slots serve the host), ranks other than 0 only drain the same two
-// passes of their source the sender makes (the check pass and the transfer pass; each
-// may be a collective) and return.
+// trainer, whose shm slots serve the host), ranks other than 0 only drain their source's
+// one pass per sync (it may be a collective) and return.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,24 +59,27 @@
 
 namespace wsync {
 
-// Knobs of the ipc trainer that TrainerOptions does not carry.
+// Knobs of the ipc trainer that TrainerOptions does not carry; TrainerOptions::
+// backend_options sets them as mode=auto|packed|zero_copy, export_kind=cuda_ipc|cuda_fd,
+// backing=memfd|posix_shm and stall_after_chunks=N.
 struct IpcTrainerOptions {
   ShmBacking backing = ShmBacking::kMemfd;
   // GPU trainers: how the staging slots are exported, "cuda_ipc" (cudaMalloc + CUDA IPC
   // handle) or "cuda_fd" (cuMem* with a POSIX fd; receivers need ptrace rights over the
-  // trainer to take it). Environment: WSYNC_IPC_EXPORT_KIND.
+  // trainer to take it).
   std::string export_kind = "cuda_ipc";
   // GPU trainers: kAuto sends zero-copy when the source is a DeviceTensorSource on the
   // trainer's device and packs otherwise (it exports staging slots either way); kPacked
   // always packs; kZeroCopy exports no slots (no staging memory at all) and refuses
-  // other sources. Environment: WSYNC_IPC_MODE=auto|packed|zero_copy.
+  // other sources.
   enum class Mode { kAuto, kPacked, kZeroCopy };
   Mode mode = Mode::kAuto;
   // Fault injection for tests: after publishing this many chunks (counted over the
-  // engine's life), stop and sleep until killed, as a trainer wedged mid-sync. Set from
-  // the environment by CreateIpcTrainer (WSYNC_IPC_FAULT_STALL_AFTER_CHUNKS=N).
+  // engine's life), stop and sleep until killed, as a trainer wedged mid-sync.
   std::optional<size_t> stall_after_chunks;
 };
+
+Result<IpcTrainerOptions> ParseIpcTrainerOptions(const std::map<std::string, std::string>& values);
 
 Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainer(const TrainerOptions& options);
 Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainerWith(const TrainerOptions& options,

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "control/client.h"
+#include "control/session_driver.h"
 #include "control/http_server.h"
 #include "core/digest.h"
 #include "model/config.h"
@@ -136,9 +136,9 @@ TEST_F(NcclBackend, RejectedUpdateStopsEveryoneAndTheGroupSurvives) {
   EXPECT_NE(r.status().message().find("qwen3-moe-tiny has no tensor"), std::string::npos) << r.status().message();
   EXPECT_EQ(a.service->Health()["weights_consistent"], true);
   // Both sessions are closed: a raw start on each succeeds.
-  FanOutClient client({a.http->url(), b.http->url()}, {});
-  EXPECT_TRUE(client.Post("/start_weight_update", json::object(), Deadline::InSeconds(5)).ok());
-  EXPECT_TRUE(client.Post("/finish_weight_update", json::object(), Deadline::InSeconds(5)).ok());
+  SessionDriver driver({a.http->url(), b.http->url()}, "", 5);
+  EXPECT_TRUE(driver.Start().ok());
+  EXPECT_TRUE(driver.Finish(std::nullopt).ok());
 }
 
 TEST_F(NcclBackend, SendWithoutInitIsAClearError) {
@@ -150,17 +150,17 @@ TEST_F(NcclBackend, SendWithoutInitIsAClearError) {
 
 TEST_F(NcclBackend, ServerRejectsBadInitNamingTheField) {
   Server a = StartServer("qwen3-tiny", 2);
-  FanOutClient client({a.http->url()}, {});
+  SessionDriver driver({a.http->url()}, "", 5);
   json init = {{"rank_offset", 1}, {"world_size", 2}, {"gloo_store_host", "127.0.0.1"},
                {"gloo_store_port", 1}, {"gloo_prefix", "x"}};
-  auto r = client.Post("/init_weight_transfer_engine", json{{"init_info", init}}, Deadline::InSeconds(5));
+  Status r = driver.InitAll(init);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("outside world_size 2"), std::string::npos) << r.status().message();
+  EXPECT_EQ(r.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.message().find("outside world_size 2"), std::string::npos) << r.message();
   init["world_size"] = 3;
   init["nccl_unique_id_b64"] = "AAAA";
-  r = client.Post("/init_weight_transfer_engine", json{{"init_info", init}}, Deadline::InSeconds(5));
-  EXPECT_NE(r.status().message().find("exactly one rendezvous"), std::string::npos);
+  r = driver.InitAll(init);
+  EXPECT_NE(r.message().find("exactly one rendezvous"), std::string::npos);
 }
 
 // A server that is not wsync (here: an HTTP server answering /health and

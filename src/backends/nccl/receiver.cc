@@ -11,12 +11,8 @@
 #include "backends/nccl/init_info.h"
 #include "backends/nccl/staging.h"
 #include "comm/communicator.h"
-#include "comm/gloo_communicator.h"
+#include "comm/connect.h"
 #include "comm/store_address.h"
-#ifdef WSYNC_WITH_NCCL
-#include "comm/nccl_communicator.h"
-#include "comm/nccl_unique_id.h"
-#endif
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "model/worker_store.h"
@@ -72,9 +68,9 @@ class NcclReceiver final : public ReceiverBackend {
               "devices (wsync serve --device cuda:N); use the Gloo rendezvous fields for CPU servers", w.label));
         }
       }
-#ifndef WSYNC_WITH_NCCL
-      return Unimplemented("init_info carries nccl_unique_id_b64, but this server was built without NCCL");
-#endif
+      if (!HasNccl()) {
+        return Unimplemented("init_info carries nccl_unique_id_b64, but this server was built without NCCL");
+      }
     }
     Shutdown();
     double timeout = std::min(ctx_->timeout_seconds, info.timeout_seconds.value_or(ctx_->timeout_seconds));
@@ -85,42 +81,24 @@ class NcclReceiver final : public ReceiverBackend {
       return r == 0 ? std::string("rank 0 (trainer)") : fmt::format("rank {}", r);
     };
     auto op_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
-#ifdef WSYNC_WITH_NCCL
-    NcclUniqueIdBytes unique_id{};
-    if (!info.uses_gloo()) {
-      WSYNC_ASSIGN_OR_RETURN(unique_id, DecodeNcclUniqueId(*info.nccl_unique_id_b64));
-    }
-#endif
     std::vector<std::future<Status>> futures;
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       const ReceiverWorker& w = ctx_->workers[i];
-      std::function<Result<std::unique_ptr<Communicator>>()> connect;
+      CommSpec spec;
       if (info.uses_gloo()) {
-        GlooOptions o;
-        o.store_host = *info.gloo_store_host;
-        o.store_port = *info.gloo_store_port;
-        o.prefix = *info.gloo_prefix;
-        o.rank = static_cast<int>(Rank(info, w));
-        o.size = info.world_size;
-        o.connect_deadline = deadline;
-        o.op_timeout = op_timeout;
-        o.describe_rank = describe;
-        connect = [o] { return ConnectGloo(o); };
+        spec.store = CommSpec::Store{*info.gloo_store_host, *info.gloo_store_port, *info.gloo_prefix};
       } else {
-#ifdef WSYNC_WITH_NCCL
-        NcclOptions o;
-        o.unique_id = unique_id;
-        o.rank = static_cast<int>(Rank(info, w));
-        o.size = info.world_size;
-        o.device = w.device.index;
-        o.connect_deadline = deadline;
-        o.op_timeout = op_timeout;
-        o.describe_rank = describe;
+        spec.nccl_unique_id_b64 = *info.nccl_unique_id_b64;
+        spec.device = w.device.index;
         // wsync trainers say how they cut each chunk; vLLM's send one call per chunk.
-        o.piece_bytes = static_cast<size_t>(info.wsync_broadcast_piece_bytes.value_or(0));
-        connect = [o] { return ConnectNccl(o); };
-#endif
+        spec.piece_bytes = static_cast<size_t>(info.wsync_broadcast_piece_bytes.value_or(0));
       }
+      spec.rank = static_cast<int>(Rank(info, w));
+      spec.size = info.world_size;
+      spec.connect_deadline = deadline;
+      spec.op_timeout = op_timeout;
+      spec.describe_rank = describe;
+      auto connect = [spec] { return Connect(spec); };
       futures.push_back(w.thread->Post([this, i, connect, deadline]() -> Status {
         WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, connect());
         float warmup = 0.0f;  // vLLM's one-element float32 SUM warm-up

@@ -13,27 +13,22 @@
 #include "backends/nccl/init_info.h"
 #include "backends/nccl/staging.h"
 #include "comm/communicator.h"
-#include "comm/gloo_communicator.h"
-#ifdef WSYNC_WITH_NCCL
-#include "comm/nccl_communicator.h"
-#endif
+#include "comm/connect.h"
 #include "comm/store.h"
-#include "control/client.h"
 #include "control/init_payloads.h"
-#include "control/fleet.h"
+#include "control/session_driver.h"
 #include "core/log.h"
-#include "core/non_sender_trainer.h"
 #include "core/progress_gate.h"
+#include "core/stopwatch.h"
+#include "engine/backend_options.h"
+#include "engine/engine.h"
 #include "plan/packing.h"
-#include "receiver/update_info.h"
 
 namespace wsync {
 namespace {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using Pending = SessionDriver::Pending;
 
 std::string RandomHex(int bytes) {
   std::random_device rd;
@@ -46,7 +41,7 @@ std::string RandomHex(int bytes) {
 // HTTP replies, or for the deadline, whichever comes first. On an HTTP failure or the
 // deadline it aborts `comm` (which wakes a blocked broadcast) and returns that error; the
 // op keeps only shared state, so it may finish after this returns.
-Status Watched(std::function<Status()> op, Communicator& comm, FanOutClient::Pending* http,
+Status Watched(std::function<Status()> op, Communicator& comm, Pending* http,
                Deadline deadline, const char* what) {
   struct State {
     std::mutex mu;
@@ -95,63 +90,49 @@ Status Watched(std::function<Status()> op, Communicator& comm, FanOutClient::Pen
   }
 }
 
-// The NCCL piece size asked of wsync servers: kWsyncBroadcastPieceBytes, or
-// WSYNC_NCCL_PIECE_MB (a tuning knob; the servers follow what init_info says).
-int64_t BroadcastPieceBytes() {
-  const char* env = std::getenv("WSYNC_NCCL_PIECE_MB");
-  int64_t mb = env ? std::strtoll(env, nullptr, 10) : 0;
-  return mb > 0 ? mb << 20 : kWsyncBroadcastPieceBytes;
-}
-
-class NcclTrainer final : public TrainerEngine {
+class NcclPlane final : public DataPlane {
  public:
-  explicit NcclTrainer(const TrainerOptions& o)
-      : options_(o), client_(o.servers, ClientOptions{o.api_key, 10}) {}
+  NcclPlane(const TrainerOptions& o, const NcclTrainerOptions& nccl) : options_(o), nccl_(nccl) {}
+  ~NcclPlane() override { Shutdown(); }
 
-  ~NcclTrainer() override { Shutdown(); }
-
-  Status Init(const std::vector<TensorMeta>& metadata) override {
+  Status Init(const PlaneInit& init) override {
     const bool gpu = !options_.device.is_cpu();
     if (gpu) {
-#ifndef WSYNC_WITH_NCCL
-      return Unimplemented(fmt::format("trainer device {}: this build has no NCCL (the GPU data plane); use --device cpu",
-                                       options_.device.ToString()));
-#endif
+      if (!HasNccl()) {
+        return Unimplemented(fmt::format("trainer device {}: this build has no NCCL (the GPU data plane); use "
+                                         "--device cpu", options_.device.ToString()));
+      }
       WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
     }
     Shutdown();
-    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    // Servers give up a little before the trainer does, so that a server left waiting
-    // for a peer answers with ITS account (which rank never came) before the trainer's
-    // own wait ends; the trainer's HTTP wait allows a short grace past its deadline.
-    double server_timeout = ServerTimeout(options_.timeout_seconds);
-    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
+    const SessionDriver& driver = *init.driver;
+    Deadline deadline = driver.deadlines().Call();
+    Fleet fleet = *init.fleet;
     // wsync's extensions (preflight vote, labels, timeouts, broadcast pieces) go to wsync
     // servers only; any other fleet gets vLLM's payload and vLLM's data plane.
-    std::string other_server;
-    WSYNC_ASSIGN_OR_RETURN(std::vector<json> health, FleetHealth(client_, deadline));
-    wsync_servers_ = WsyncServers(client_, health, &other_server);
+    wsync_servers_ = fleet.wsync;
     if (!wsync_servers_ && !gpu) {
       return FailedPrecondition(fmt::format(
           "{} is not a wsync server (its /health does not say \"server\": \"wsync\"): the CPU data plane "
-          "(Gloo) needs wsync servers; vLLM servers take the GPU path (push --device cuda:N)", other_server));
+          "(Gloo) needs wsync servers; vLLM servers take the GPU path (push --device cuda:N)", fleet.other));
     }
     if (!wsync_servers_) {
       WSYNC_LOG_INFO("{} is not a wsync server: speaking plain vLLM (no preflight vote, one broadcast per chunk)",
-                     other_server);
+                     fleet.other);
     }
-    WSYNC_ASSIGN_OR_RETURN(std::vector<int> per_server, ServerWorldSizes(client_, deadline));
-    WSYNC_ASSIGN_OR_RETURN(int world, BroadcastWorldSize(per_server, options_.data_parallel_size));
+    WSYNC_RETURN_IF_ERROR(driver.WorldSizes(&fleet));
+    WSYNC_ASSIGN_OR_RETURN(int world, BroadcastWorldSize(fleet.world_sizes, options_.data_parallel_size));
     WSYNC_ASSIGN_OR_RETURN(std::vector<int> offsets,
-                           NcclRankOffsets(world, static_cast<int>(per_server.size()),
+                           NcclRankOffsets(world, static_cast<int>(fleet.world_sizes.size()),
                                            options_.data_parallel_size));
-    labels_ = RankLabels(health, world, offsets);
+    labels_ = driver.WorkerLabels(fleet, world, offsets);
+    labels_[0] = "trainer";  // rank 0 is the trainer; the others are the servers' workers
 
     if (!store_ && !gpu) {
       WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
     }
     prefix_ = fmt::format("wsync-{}/{}", RandomHex(8), ++attempt_);
-    buffer_bytes_ = PackedBufferSize(metadata, static_cast<size_t>(options_.bucket_gb * (1u << 30)));
+    buffer_bytes_ = PackedBufferSize(init.metadata, static_cast<size_t>(options_.bucket_gb * (1u << 30)));
 
     NcclInitInfo info;
     info.world_size = world;
@@ -161,67 +142,43 @@ class NcclTrainer final : public TrainerEngine {
     if (wsync_servers_) {
       info.gloo_rank_labels = labels_;
       info.wsync_protocol = kWsyncProtocolVersion;
-      info.timeout_seconds = server_timeout;
-      if (gpu) info.wsync_broadcast_piece_bytes = BroadcastPieceBytes();
+      info.timeout_seconds = driver.deadlines().server_timeout();
+      if (gpu) info.wsync_broadcast_piece_bytes = nccl_.broadcast_piece_bytes;
     }
-#ifdef WSYNC_WITH_NCCL
-    NcclUniqueIdBytes unique_id{};
+    CommSpec spec;
     if (gpu) {
       // vLLM's UID rendezvous: no store; every rank enters ncclCommInitRank at once.
-      WSYNC_ASSIGN_OR_RETURN(unique_id, NewNcclUniqueId());
-      info.nccl_unique_id_b64 = EncodeNcclUniqueId(unique_id);
-    }
-#endif
-    if (!gpu) {
+      WSYNC_ASSIGN_OR_RETURN(info.nccl_unique_id_b64, NewNcclGroupId());
+      spec.nccl_unique_id_b64 = info.nccl_unique_id_b64;
+      spec.device = options_.device.index;
+      spec.piece_bytes = static_cast<size_t>(info.wsync_broadcast_piece_bytes.value_or(0));
+    } else {
       info.gloo_store_host = options_.store_host;
       info.gloo_store_port = store_->port();
       info.gloo_prefix = prefix_;
+      spec.store = CommSpec::Store{options_.store_host, store_->port(), prefix_, options_.store_host};
     }
-    std::vector<json> bodies;
+    std::vector<json> infos;
     for (int offset : offsets) {
       info.rank_offset = offset;
-      bodies.push_back(json{{"init_info", info.ToJson()}});
+      infos.push_back(info.ToJson());
     }
     WSYNC_LOG_INFO("init: {} servers, world {}, rank offsets [{}], packed buffer {} bytes",
                    offsets.size(), world, fmt::join(offsets, ", "), buffer_bytes_);
-    auto pending = client_.PostAsync("/init_weight_transfer_engine", std::move(bodies), http_deadline);
+    auto pending = driver.InitAsync(std::move(infos));
 
-    auto describe = [labels = labels_](int r) {
+    spec.rank = 0;
+    spec.size = world;
+    spec.connect_deadline = deadline;
+    spec.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
+    spec.describe_rank = [labels = labels_](int r) {
       return r < static_cast<int>(labels.size()) ? fmt::format("rank {} ({})", r, labels[r])
                                                  : fmt::format("rank {}", r);
     };
-    auto op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
-    std::function<Result<std::unique_ptr<Communicator>>()> connect;
-    if (gpu) {
-#ifdef WSYNC_WITH_NCCL
-      NcclOptions n;
-      n.unique_id = unique_id;
-      n.rank = 0;
-      n.size = world;
-      n.device = options_.device.index;
-      n.connect_deadline = deadline;
-      n.op_timeout = op_timeout;
-      n.describe_rank = describe;
-      n.piece_bytes = static_cast<size_t>(info.wsync_broadcast_piece_bytes.value_or(0));
-      connect = [n] { return ConnectNccl(n); };
-#endif
-    } else {
-      GlooOptions g;
-      g.store_host = options_.store_host;
-      g.store_port = store_->port();
-      g.prefix = prefix_;
-      g.rank = 0;
-      g.size = world;
-      g.bind_host = options_.store_host;
-      g.connect_deadline = deadline;
-      g.op_timeout = op_timeout;
-      g.describe_rank = describe;
-      connect = [g] { return ConnectGloo(g); };
-    }
     // Connect on a side thread so that a server refusing init ends the wait at once.
     auto connected = std::make_shared<std::promise<Result<std::unique_ptr<Communicator>>>>();
     auto connect_future = connected->get_future();
-    std::thread([connected, connect] { connected->set_value(connect()); }).detach();
+    std::thread([connected, spec] { connected->set_value(Connect(spec)); }).detach();
     while (connect_future.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
       if (pending->AnyFailed()) return pending->Wait(Deadline::InSeconds(1)).status();
     }
@@ -241,65 +198,34 @@ class NcclTrainer final : public TrainerEngine {
                                     return c->AllReduceSum(std::span<float>(warmup.get(), 1), deadline);
                                   },
                                   *comm_, pending.get(), deadline, "broadcast group warm-up"));
-    WSYNC_RETURN_IF_ERROR(pending->Wait(http_deadline).status());
+    WSYNC_RETURN_IF_ERROR(pending->Wait(driver.deadlines().Http()).status());
     if (store_) store_->ErasePrefix(prefix_);
     WSYNC_LOG_INFO("broadcast group of {} ranks is up ({}, trainer on {})", world, comm_->kind(),
                    options_.device.ToString());
     return Status::Ok();
   }
 
-  Result<SyncStats> SendWeights(WeightSource& source,
-                                const std::optional<std::string>& weight_version) override {
-    if (!comm_ || comm_->aborted()) {
-      return FailedPrecondition("no live broadcast group: call Init() (a failed sync tears it down)");
-    }
-    const std::vector<TensorMeta>& meta = source.metadata();
-    // The whole iteration is checked before anything is sent.
-    WSYNC_RETURN_IF_ERROR(DrainChecked(source));
-    WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(meta, options_.packed ? buffer_bytes_ : 1));
-    // The update_info of an unchanged tensor list is serialized once and sent as is (the
-    // servers, in turn, parse a byte-identical body once).
-    if (!update_body_ || meta != update_meta_) {
-      update_meta_ = meta;
-      update_body_ = std::make_shared<const std::string>(json{{"update_info", TensorListJson(meta)}}.dump());
-    }
+  bool live() const override { return comm_ && !comm_->aborted(); }
 
-    SyncStats stats;
-    stats.bytes = plan.total_bytes;
-    stats.tensors = meta.size();
-    stats.chunks = plan.chunks.size();
-    Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
-    auto t0 = Clock::now();
-    Status started = client_.Post("/start_weight_update", json::object(), deadline).status();
-    if (!started.ok()) {
-      CloseSessions();
-      return started;
-    }
-    stats.start_seconds = Since(t0);
-    auto t1 = Clock::now();
-    // As in Init: the servers' waits end first, so their account arrives in time.
-    Deadline http_deadline = Deadline::InSeconds(options_.timeout_seconds + 5);
-    auto pending = client_.PostAsync("/update_weights", update_body_, http_deadline);
-    Status s = Transfer(source, meta, plan, pending.get(), deadline);
-    auto t_wire_done = Clock::now();
-    if (s.ok()) s = pending->Wait(http_deadline).status();
-    WSYNC_LOG_DEBUG("update_weights answered {:.2f} ms after the wire", Since(t_wire_done) * 1e3);
-    if (!s.ok()) {
-      comm_->Abort();
-      CloseSessions();
-      return s;
-    }
-    stats.transfer_seconds = Since(t1);
-    auto t2 = Clock::now();
-    json finish = json::object();
-    if (weight_version) finish["weight_version"] = *weight_version;
-    WSYNC_RETURN_IF_ERROR(client_.Post("/finish_weight_update", finish, deadline).status());
-    stats.finish_seconds = Since(t2);
-    stats.seconds = Since(t0);
-    WSYNC_LOG_DEBUG("sync of {} bytes in {} chunks: start {:.2f} ms, data {:.2f} ms, finish {:.2f} ms, total {:.2f} ms",
-                    stats.bytes, stats.chunks, stats.start_seconds * 1e3, stats.transfer_seconds * 1e3,
-                    stats.finish_seconds * 1e3, stats.seconds * 1e3);
-    return stats;
+  Status Prepare(SyncContext& sync) override {
+    WSYNC_ASSIGN_OR_RETURN(plan_, PlanChunks(sync.pass.metadata(), options_.packed ? buffer_bytes_ : 1));
+    sync.update_body = update_body_.Get(sync.pass.metadata());
+    sync.stats.bytes = plan_.total_bytes;
+    sync.stats.chunks = plan_.chunks.size();
+    return Status::Ok();
+  }
+
+  Status Transfer(SyncContext& sync, Pending& update) override {
+    Stopwatch wire;
+    Status s = Send(sync, update);
+    WSYNC_LOG_DEBUG("data plane done in {:.2f} ms", wire.milliseconds());
+    return s;
+  }
+
+  // After start failed the group is intact; after the update began it may be mid-chunk.
+  Status Abort(const Status& cause, Pending* update) override {
+    if (update != nullptr && comm_) comm_->Abort();
+    return cause;
   }
 
   void Shutdown() override {
@@ -310,11 +236,14 @@ class NcclTrainer final : public TrainerEngine {
  private:
   // Preflight vote, then every chunk: pack chunk k+1 (on a helper thread) while chunk k
   // is broadcast.
-  Status Transfer(WeightSource& source, const std::vector<TensorMeta>& meta_in,
-                  const ChunkPlan& plan_in, FanOutClient::Pending* http, Deadline deadline) {
+  Status Send(SyncContext& sync, Pending& update) {
+    Pending* http = &update;
+    const Deadline deadline = sync.deadline;
+    const std::vector<TensorMeta>& meta_in = sync.pass.metadata();
+    const ChunkPlan& plan_in = plan_;
     std::shared_ptr<Communicator> comm = comm_;
     const Device device = options_.device;
-    auto t_vote = Clock::now();
+    Stopwatch vote_watch;
     auto vote = std::make_shared<int64_t>(0);
     if (wsync_servers_) {  // vLLM servers take no vote
       WSYNC_RETURN_IF_ERROR(Watched([comm, vote, deadline, device] {
@@ -337,10 +266,9 @@ class NcclTrainer final : public TrainerEngine {
     // The op owns copies of what it reads, so it may outlive this call after an abort.
     auto meta_owned = std::make_shared<const std::vector<TensorMeta>>(meta_in);
     auto plan_owned = std::make_shared<const ChunkPlan>(plan_in);
-    WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
-    std::shared_ptr<TensorStream> stream = CheckedStream(std::move(inner), *meta_owned);
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
     auto buffers = buffers_;
-    auto progress = options_.progress;
+    auto progress = sync.progress;
     DeviceRuntime* rt = nullptr;
     if (!device.is_cpu()) {
       WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(device));
@@ -437,34 +365,21 @@ class NcclTrainer final : public TrainerEngine {
       packer.join();
       return result;
     };
-    auto t_wire = Clock::now();
+    const double vote_ms = vote_watch.milliseconds();
+    Stopwatch wire;
     Status s = Watched(op, *comm_, http, deadline, "weight broadcast");
-    WSYNC_LOG_DEBUG("preflight {:.2f} ms, chunks on the wire {:.2f} ms", std::chrono::duration<double>(t_wire - t_vote).count() * 1e3,
-                    Since(t_wire) * 1e3);
+    WSYNC_LOG_DEBUG("preflight {:.2f} ms, chunks on the wire {:.2f} ms", vote_ms, wire.milliseconds());
     return s;
   }
 
-  // Ends any session still open on a server after a failed sync (409s are expected
-  // from servers whose failed update already ended theirs).
-  void CloseSessions() {
-    (void)client_.Post("/finish_weight_update", json::object(), Deadline::InSeconds(10));
-  }
-
-  // Rank 0 is the trainer; the others are the servers' workers.
-  std::vector<std::string> RankLabels(const std::vector<json>& health, int world, const std::vector<int>& offsets) {
-    std::vector<std::string> labels = WorkerLabels(client_, health, world, offsets);
-    labels[0] = "trainer";
-    return labels;
-  }
-
   TrainerOptions options_;
-  FanOutClient client_;
+  NcclTrainerOptions nccl_;
   std::unique_ptr<StoreServer> store_;
   std::shared_ptr<Communicator> comm_;
   std::vector<std::shared_ptr<StagingBuffer>> buffers_;
   bool wsync_servers_ = true;  // every server is a wsync server (else: plain vLLM)
-  std::vector<TensorMeta> update_meta_;               // the tensor list update_body_ carries
-  std::shared_ptr<const std::string> update_body_;    // {"update_info": ...}, serialized
+  UpdateBodyCache update_body_;
+  ChunkPlan plan_;  // this sync's chunks (Prepare)
   std::vector<std::string> labels_;
   std::string prefix_;
   size_t buffer_bytes_ = kDefaultPackedBufferBytes;
@@ -473,15 +388,29 @@ class NcclTrainer final : public TrainerEngine {
 
 }  // namespace
 
+Result<NcclTrainerOptions> ParseNcclTrainerOptions(const std::map<std::string, std::string>& values) {
+  NcclTrainerOptions o;
+  BackendOptions read("nccl", values);
+  int64_t mb = o.broadcast_piece_bytes >> 20;
+  WSYNC_RETURN_IF_ERROR(read.Read("piece_mb", &mb));
+  WSYNC_RETURN_IF_ERROR(read.Finish());
+  if (mb <= 0 || mb > (int64_t{1} << 20)) return InvalidArgument(fmt::format("nccl option piece_mb={}: out of range", mb));
+  o.broadcast_piece_bytes = mb << 20;
+  return o;
+}
+
+Result<std::unique_ptr<TrainerEngine>> CreateNcclTrainerWith(const TrainerOptions& options,
+                                                             const NcclTrainerOptions& nccl) {
+  WSYNC_RETURN_IF_ERROR(CheckTrainerOptions(options));
+  if (nccl.broadcast_piece_bytes <= 0) {
+    return InvalidArgument(fmt::format("nccl broadcast piece of {} bytes: must be positive", nccl.broadcast_piece_bytes));
+  }
+  return NewTrainerEngine(options, std::make_unique<NcclPlane>(options, nccl));
+}
+
 Result<std::unique_ptr<TrainerEngine>> CreateNcclTrainer(const TrainerOptions& options) {
-  if (options.rank < 0) return InvalidArgument(fmt::format("trainer rank {} is negative", options.rank));
-  // Not a member of the broadcast group and never on the control plane: it drains the
-  // sender's two passes (the check pass, then the transfer pass).
-  if (options.rank != 0) return NewNonSenderTrainer(options.rank, 2);
-  if (options.servers.empty()) return InvalidArgument("no servers given (--servers)");
-  if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
-  if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
-  return std::unique_ptr<TrainerEngine>(std::make_unique<NcclTrainer>(options));
+  WSYNC_ASSIGN_OR_RETURN(NcclTrainerOptions nccl, ParseNcclTrainerOptions(options.backend_options));
+  return CreateNcclTrainerWith(options, nccl);
 }
 
 }  // namespace wsync

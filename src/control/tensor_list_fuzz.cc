@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/shape_math.h"
-#include "receiver/update_info.h"
+#include "control/tensor_list.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);

@@ -1,6 +1,6 @@
 // The update_info tensor-list parser: every malformed list is InvalidArgument naming the
 // field and index, and no shape reaches the model check with a byte count that overflows.
-#include "receiver/update_info.h"
+#include "control/tensor_list.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@ using nlohmann::json;
 
 std::string ErrorOf(const json& info) { return ParseTensorList(info).status().message(); }
 
-TEST(UpdateInfo, ParsesVllmLists) {
+TEST(TensorList, ParsesVllmLists) {
   json info = {{"names", {"a", "b"}}, {"dtype_names", {"bfloat16", "float32"}}, {"shapes", {{2, 3}, json::array()}}};
   auto t = ParseTensorList(info);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -21,7 +21,7 @@ TEST(UpdateInfo, ParsesVllmLists) {
   EXPECT_EQ(ParseTensorList(TensorListJson(*t))->at(0), (*t)[0]);
 }
 
-TEST(UpdateInfo, ShapesWhoseBytesOverflowAreRefused) {
+TEST(TensorList, ShapesWhoseBytesOverflowAreRefused) {
   json info = {{"names", {"w"}}, {"dtype_names", {"bfloat16"}},
                {"shapes", {{int64_t{4294967296}, int64_t{4294967296}}}}};
   EXPECT_EQ(ErrorOf(info), "shapes[0] (w) [4294967296, 4294967296] has more bytes than int64 counts");
@@ -37,7 +37,7 @@ TEST(UpdateInfo, ShapesWhoseBytesOverflowAreRefused) {
   EXPECT_NE(ErrorOf(info).find("non-negative integers"), std::string::npos);
 }
 
-TEST(UpdateInfo, MalformedListsNameTheField) {
+TEST(TensorList, MalformedListsNameTheField) {
   EXPECT_EQ(ErrorOf(json::object()), "update_info is missing 'names'");
   EXPECT_EQ(ErrorOf(json::array()), "update_info must be an object");
   EXPECT_EQ(ErrorOf(json{{"names", 1}, {"dtype_names", json::array()}, {"shapes", json::array()}}),

@@ -1,0 +1,180 @@
+#include "control/session_driver.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "control/init_payloads.h"
+#include "control/routes.h"
+#include "control/tensor_list.h"
+#include "core/json_int.h"
+
+namespace wsync {
+
+using nlohmann::json;
+
+namespace {
+
+std::string Path(std::string_view route) { return std::string(route); }
+
+json WrapInit(json init_info) { return json{{"init_info", std::move(init_info)}}; }
+
+}  // namespace
+
+double DeadlinePolicy::server_timeout() const { return std::max(0.5, timeout_seconds * 0.9 - 0.25); }
+
+SessionDriver::SessionDriver(std::vector<std::string> servers, std::string api_key, double timeout_seconds)
+    : client_(std::move(servers), ClientOptions{std::move(api_key), 10}) {
+  policy_.timeout_seconds = timeout_seconds;
+}
+
+Result<Fleet> SessionDriver::Discover() const {
+  Fleet fleet;
+  WSYNC_ASSIGN_OR_RETURN(fleet.health, client_.Get(Path(route::kHealth), policy_.Call()));
+  for (size_t i = 0; i < fleet.health.size(); ++i) {
+    const json& h = fleet.health[i];
+    if (!h.is_object() || h.value("server", "") != "wsync") {
+      fleet.wsync = false;
+      fleet.other = urls()[i];
+      break;
+    }
+  }
+  return fleet;
+}
+
+Status SessionDriver::WorldSizes(Fleet* fleet) const {
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> sizes,
+                         client_.Get(Path(route::kGetWorldSize) + "?include_dp=true", policy_.Call()));
+  fleet->world_sizes.clear();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!sizes[i].is_object() || !sizes[i].contains("world_size")) {
+      return Internal(fmt::format("{}: {} answered {}", urls()[i], route::kGetWorldSize,
+                                  sizes[i].dump(-1, ' ', true, json::error_handler_t::replace).substr(0, 200)));
+    }
+    // Exact: a reply of 4294967298 is not 2.
+    Result<int64_t> size = JsonIntInRange(sizes[i]["world_size"],
+                                          fmt::format("{}: {} world_size", urls()[i], route::kGetWorldSize), 1,
+                                          kMaxBroadcastWorldSize);
+    if (!size.ok()) return Internal(size.status().message());
+    fleet->world_sizes.push_back(static_cast<int>(*size));
+  }
+  return Status::Ok();
+}
+
+Status SessionDriver::CheckBackend(const Fleet& fleet, std::string_view wanted) const {
+  std::vector<std::string> wrong;
+  for (size_t i = 0; i < fleet.health.size() && i < urls().size(); ++i) {
+    const json& h = fleet.health[i];
+    if (!h.is_object()) continue;
+    auto it = h.find("backend");
+    if (it == h.end() || !it->is_string()) continue;  // a server that does not say: no check
+    if (it->get<std::string>() != wanted) {
+      wrong.push_back(fmt::format("{} runs backend '{}'", urls()[i], it->get<std::string>()));
+    }
+  }
+  if (wrong.empty()) return Status::Ok();
+  return FailedPrecondition(fmt::format("the trainer asked for backend '{}', but {}: start the servers with "
+                                        "--backend {} or push with the servers' backend",
+                                        wanted, fmt::join(wrong, ", "), wanted));
+}
+
+std::vector<std::string> SessionDriver::WorkerLabels(const Fleet& fleet, int count,
+                                                     const std::vector<int>& offsets) const {
+  std::vector<std::string> labels(count);
+  for (size_t i = 0; i < offsets.size() && i < urls().size(); ++i) {
+    const std::string& url = urls()[i];
+    json h = i < fleet.health.size() && fleet.health[i].is_object() ? fleet.health[i] : json::object();
+    int tp = h.value("tp", 0), dp = h.value("dp", 0), dp_rank = h.value("dp_rank", -1);
+    if (tp <= 0 || dp <= 0) {
+      for (int r = offsets[i]; r < count; ++r) {
+        if (labels[r].empty()) labels[r] = fmt::format("a worker of {} or a later server", url);
+      }
+      continue;
+    }
+    int first = dp_rank < 0 ? 0 : dp_rank, end = dp_rank < 0 ? dp : dp_rank + 1;
+    for (int d = first; d < end; ++d) {
+      for (int t = 0; t < tp; ++t) {
+        int r = offsets[i] + d * tp + t;
+        if (r >= 0 && r < count) labels[r] = fmt::format("{} worker dp{}/tp{}", url, d, t);
+      }
+    }
+  }
+  return labels;
+}
+
+std::shared_ptr<SessionDriver::Pending> SessionDriver::InitAsync(std::vector<json> init_infos) const {
+  for (json& info : init_infos) info = WrapInit(std::move(info));
+  return client_.PostAsync(Path(route::kInitWeightTransfer), std::move(init_infos), policy_.Http());
+}
+
+Status SessionDriver::Init(std::vector<json> init_infos) const {
+  if (init_infos.size() != size()) {
+    return Internal(fmt::format("{} init payloads for {} servers", init_infos.size(), size()));
+  }
+  Deadline deadline = policy_.Http();
+  return InitAsync(std::move(init_infos))->Wait(deadline).status();
+}
+
+Status SessionDriver::InitAll(const json& init_info) const {
+  return client_.Post(Path(route::kInitWeightTransfer), WrapInit(init_info), policy_.Http()).status();
+}
+
+Status SessionDriver::Start() const {
+  return client_.Post(Path(route::kStartWeightUpdate), json::object(), policy_.Call()).status();
+}
+
+std::shared_ptr<SessionDriver::Pending> SessionDriver::UpdateAsync(std::shared_ptr<const std::string> body) const {
+  return client_.PostAsync(Path(route::kUpdateWeights), std::move(body), policy_.Http());
+}
+
+Status SessionDriver::Update(const json& update_info) const {
+  return client_.Post(Path(route::kUpdateWeights), json{{"update_info", update_info}}, policy_.Call()).status();
+}
+
+Status SessionDriver::Finish(const std::optional<std::string>& weight_version) const {
+  json body = json::object();
+  if (weight_version) body["weight_version"] = *weight_version;
+  return client_.Post(Path(route::kFinishWeightUpdate), body, policy_.Call()).status();
+}
+
+void SessionDriver::Close() const {
+  (void)client_.Post(Path(route::kFinishWeightUpdate), json::object(), policy_.Close());
+}
+
+Result<std::vector<json>> SessionDriver::Fetch(const json& body) const {
+  return client_.Post(Path(route::kFetchWeights), body, policy_.Call());
+}
+
+Status SessionDriver::Pause(std::string_view mode, bool clear_cache) const {
+  return client_
+      .Post(fmt::format("{}?mode={}&clear_cache={}", route::kPause, mode, clear_cache ? "true" : "false"),
+            json::object(), policy_.Call())
+      .status();
+}
+
+Status SessionDriver::Resume() const {
+  return client_.Post(Path(route::kResume), json::object(), policy_.Call()).status();
+}
+
+std::shared_ptr<SessionDriver::Pending> SessionDriver::ChecksumsAsync(std::string_view algorithm) const {
+  return client_.PostAsync(Path(route::kWeightChecker),
+                           std::vector<json>(size(), json{{"action", "checksum"}, {"algorithm", algorithm}}),
+                           policy_.Call());
+}
+
+std::shared_ptr<const std::string> UpdateBody(const std::vector<TensorMeta>& tensors, const json& extra) {
+  json info = TensorListJson(tensors);
+  for (const auto& [k, v] : extra.items()) info[k] = v;
+  return std::make_shared<const std::string>(json{{"update_info", std::move(info)}}.dump());
+}
+
+std::shared_ptr<const std::string> UpdateBodyCache::Get(const std::vector<TensorMeta>& tensors) {
+  if (!bytes_ || tensors != tensors_) {
+    tensors_ = tensors;
+    bytes_ = UpdateBody(tensors);
+  }
+  return bytes_;
+}
+
+}  // namespace wsync

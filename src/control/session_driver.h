@@ -1,0 +1,139 @@
+// SessionDriver: the trainer's typed calls to its fleet of servers.
+//
+// One driver per trainer engine (rank 0) talks to every server with one FanOutClient: each
+// call fans out to all servers concurrently, waits for all, and fails with the first
+// server's error carrying the server's own message (client.h). The driver spells every
+// route through control/routes.h and builds every body, so no other trainer code knows
+// about HTTP. Stateful calls are never retried.
+//
+// Deadlines follow one policy (DeadlinePolicy): a call the trainer waits on is bounded by
+// the trainer's timeout; the servers are handed a slightly shorter one (server_timeout()),
+// so that a server left waiting answers with its account before the trainer's own wait
+// ends; calls that wait on the data plane (init of a group, the update in flight) allow
+// kHttpGraceSeconds past the trainer's deadline for that answer; the best-effort close
+// after a failure waits at most kCloseTimeoutSeconds.
+//
+// Thread-safe (the client is); a Pending may be waited on from any thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "control/client.h"
+#include "core/deadline.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+struct DeadlinePolicy {
+  // Past the trainer's deadline, for the servers' answer to a call that waits on the data
+  // plane (their own waits end at server_timeout(), earlier).
+  static constexpr double kHttpGraceSeconds = 5;
+  // The best-effort finish that closes sessions after a failed sync.
+  static constexpr double kCloseTimeoutSeconds = 10;
+
+  double timeout_seconds = 300;  // the trainer's bound on every wait
+
+  Deadline Call() const { return Deadline::InSeconds(timeout_seconds); }
+  Deadline Http() const { return Deadline::InSeconds(timeout_seconds + kHttpGraceSeconds); }
+  Deadline Close() const { return Deadline::InSeconds(kCloseTimeoutSeconds); }
+  // The bound a trainer hands the servers in init_info: a little under its own.
+  double server_timeout() const;
+};
+
+// What GET /health and /get_world_size tell a trainer about its fleet, in server order.
+struct Fleet {
+  std::vector<nlohmann::json> health;  // each server's /health body
+  // Every server says "server": "wsync" (else: a plain vLLM fleet, and `other` names the
+  // first server that does not).
+  bool wsync = true;
+  std::string other;
+  // Worker counts from /get_world_size?include_dp=true (filled by WorldSizes()).
+  std::vector<int> world_sizes;
+};
+
+class SessionDriver {
+ public:
+  // A fan-out call in flight: Wait() returns every server's reply or the first error.
+  using Pending = FanOutClient::Pending;
+
+  SessionDriver(std::vector<std::string> servers, std::string api_key, double timeout_seconds);
+
+  const std::vector<std::string>& urls() const { return client_.urls(); }
+  size_t size() const { return client_.urls().size(); }
+  const DeadlinePolicy& deadlines() const { return policy_; }
+
+  // --- fleet discovery (GET /health, GET /get_world_size) ---
+  // /health of every server and whether all are wsync servers.
+  Result<Fleet> Discover() const;
+  // Fills fleet->world_sizes (each a positive int within kMaxBroadcastWorldSize).
+  Status WorldSizes(Fleet* fleet) const;
+  // FailedPrecondition naming each server whose /health reports a backend other than
+  // `wanted` and the backend it runs; servers that do not report one pass.
+  Status CheckBackend(const Fleet& fleet, std::string_view wanted) const;
+  // "URL worker dpD/tpT" for the worker of global index offsets[server] + D * TP + T.
+  std::vector<std::string> WorkerLabels(const Fleet& fleet, int count, const std::vector<int>& offsets) const;
+
+  // --- init (POST /init_weight_transfer_engine {"init_info": ...}) ---
+  // One init_info per server, in server order; waits for every answer (bounded by Http()).
+  Status Init(std::vector<nlohmann::json> init_infos) const;
+  // The same for every server.
+  Status InitAll(const nlohmann::json& init_info) const;
+  // Starts the init and returns at once (a data plane that joins its group meanwhile).
+  std::shared_ptr<Pending> InitAsync(std::vector<nlohmann::json> init_infos) const;
+
+  // --- one sync ---
+  Status Start() const;  // POST /start_weight_update
+  // POST /update_weights with a body already serialized ({"update_info": ...}; see
+  // UpdateBodyCache), in the background: the data plane runs while it is in flight.
+  std::shared_ptr<Pending> UpdateAsync(std::shared_ptr<const std::string> body) const;
+  // POST /update_weights {"update_info": ...}, waited for (bounded by Call()).
+  Status Update(const nlohmann::json& update_info) const;
+  // POST /finish_weight_update, with "weight_version" when given.
+  Status Finish(const std::optional<std::string>& weight_version) const;
+  // After a failed sync: a best-effort finish that ends any session still open (servers
+  // whose failed update already ended theirs answer 409, which is expected), bounded by
+  // Close().
+  void Close() const;
+
+  // --- delta's flow ---
+  // POST /fetch_weights with `body`; every server's reply.
+  Result<std::vector<nlohmann::json>> Fetch(const nlohmann::json& body) const;
+  // POST /pause?mode=MODE&clear_cache=..., POST /resume.
+  Status Pause(std::string_view mode, bool clear_cache) const;
+  Status Resume() const;
+
+  // --- weight checks (POST /weight_checker {"action": "checksum"}) ---
+  // Starts every server's checksum of every tensor with `algorithm` (xxh3_128, sha256);
+  // each reply holds {"checksums": {name: hex}}.
+  std::shared_ptr<Pending> ChecksumsAsync(std::string_view algorithm) const;
+
+ private:
+  FanOutClient client_;
+  DeadlinePolicy policy_;
+};
+
+// {"update_info": TensorListJson(tensors) + `extra`'s fields}, serialized.
+std::shared_ptr<const std::string> UpdateBody(const std::vector<TensorMeta>& tensors,
+                                              const nlohmann::json& extra = nlohmann::json::object());
+
+// The serialized update body of a tensor list, kept across syncs: while the list is
+// unchanged the same bytes go out again (no dump, no copy), and the servers find them in
+// their cache of parsed bodies. Not thread-safe.
+class UpdateBodyCache {
+ public:
+  std::shared_ptr<const std::string> Get(const std::vector<TensorMeta>& tensors);
+  void Clear() { bytes_.reset(); }
+
+ private:
+  std::vector<TensorMeta> tensors_;
+  std::shared_ptr<const std::string> bytes_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,161 @@
+// The session driver over real HTTP on loopback: every typed call reaches its route with
+// the body it promises, errors carry the server's URL and message, and the backend check
+// names each mismatched server.
+#include "control/session_driver.h"
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <gtest/gtest.h>
+
+#include "control/http_server.h"
+#include "control/tensor_list.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+class Service : public ControlService {
+ public:
+  explicit Service(std::string backend) : backend_(std::move(backend)) {}
+  Status InitWeightTransfer(const json& info, const std::string&) override {
+    std::lock_guard lock(mu);
+    init = info;
+    return Status::Ok();
+  }
+  Status StartWeightUpdate() override {
+    std::lock_guard lock(mu);
+    if (active) return FailedPrecondition("a session is active");
+    active = true;
+    return Status::Ok();
+  }
+  Status UpdateWeights(std::shared_ptr<const json> body) override {
+    std::lock_guard lock(mu);
+    update = *body;
+    if (!active) return FailedPrecondition("no session");
+    return Status::Ok();
+  }
+  Status FinishWeightUpdate(const std::optional<std::string>& v) override {
+    std::lock_guard lock(mu);
+    if (!active) return FailedPrecondition("finish outside a session");
+    active = false;
+    if (v) version = *v;
+    return Status::Ok();
+  }
+  Result<json> FetchWeights(const json& body) override { return json{{"fetched", body["target_version"]}}; }
+  int WorldSize(bool include_dp) const override { return include_dp ? 4 : 2; }
+  std::string WeightVersion() const override { return version; }
+  void SetWeightVersion(std::string v) override { version = std::move(v); }
+  Status Pause(std::string_view mode, bool clear_cache) override {
+    std::lock_guard lock(mu);
+    pause = fmt::format("{}/{}", mode, clear_cache);
+    return Status::Ok();
+  }
+  Status Resume() override {
+    std::lock_guard lock(mu);
+    pause = "resumed";
+    return Status::Ok();
+  }
+  bool IsPaused() const override { return false; }
+  Status ResetPrefixCache() override { return Status::Ok(); }
+  Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm a) override {
+    return std::map<std::string, std::string>{{"w", std::string(DigestAlgorithmName(a))}};
+  }
+  json Health() const override {
+    json h = {{"status", "ok"}, {"server", "wsync"}, {"tp", 2}, {"dp", 1}};
+    if (!backend_.empty()) h["backend"] = backend_;
+    return h;
+  }
+
+  std::mutex mu;
+  json init, update;
+  bool active = false;
+  std::string version, pause;
+
+ private:
+  std::string backend_;
+};
+
+struct Fixture {
+  explicit Fixture(std::vector<std::string> backends) {
+    for (const std::string& b : backends) {
+      services.push_back(std::make_unique<Service>(b));
+      servers.push_back(std::move(*HttpControlServer::Start(HttpServerOptions{}, services.back().get())));
+      urls.push_back(servers.back()->url());
+    }
+  }
+  std::vector<std::unique_ptr<Service>> services;
+  std::vector<std::unique_ptr<HttpControlServer>> servers;
+  std::vector<std::string> urls;
+};
+
+TEST(SessionDriver, DiscoversTheFleet) {
+  Fixture f({"nccl", ""});
+  SessionDriver driver(f.urls, "", 10);
+  Result<Fleet> fleet = driver.Discover();
+  ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
+  EXPECT_TRUE(fleet->wsync);
+  ASSERT_TRUE(driver.WorldSizes(&*fleet).ok());
+  EXPECT_EQ(fleet->world_sizes, (std::vector<int>{4, 4}));
+  EXPECT_TRUE(driver.CheckBackend(*fleet, "nccl").ok());  // the second does not say
+  std::vector<std::string> labels = driver.WorkerLabels(*fleet, 5, {1, 3});
+  EXPECT_EQ(labels[1], f.urls[0] + " worker dp0/tp0");
+  EXPECT_EQ(labels[4], f.urls[1] + " worker dp0/tp1");
+}
+
+TEST(SessionDriver, BackendMismatchNamesServerAndBothBackends) {
+  Fixture f({"nccl", "ipc"});
+  SessionDriver driver(f.urls, "", 10);
+  Result<Fleet> fleet = driver.Discover();
+  ASSERT_TRUE(fleet.ok());
+  Status s = driver.CheckBackend(*fleet, "ipc");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("asked for backend 'ipc'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(f.urls[0] + " runs backend 'nccl'"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find(f.urls[1] + " runs"), std::string::npos) << s.message();
+}
+
+TEST(SessionDriver, OneSyncReachesEveryRoute) {
+  Fixture f({"delta", "delta"});
+  SessionDriver driver(f.urls, "", 10);
+  ASSERT_TRUE(driver.Init({json{{"rank_offset", 1}}, json{{"rank_offset", 3}}}).ok());
+  EXPECT_EQ(f.services[1]->init["rank_offset"], 3);
+  ASSERT_TRUE(driver.Pause("keep", false).ok());
+  EXPECT_EQ(f.services[0]->pause, "keep/false");
+  ASSERT_TRUE(driver.Start().ok());
+  std::vector<TensorMeta> meta = {{"w", DType::kBF16, {2, 3}}};
+  UpdateBodyCache cache;
+  auto body = cache.Get(meta);
+  EXPECT_EQ(cache.Get(meta), body);  // the same bytes while the list is unchanged
+  ASSERT_TRUE(driver.UpdateAsync(body)->Wait(driver.deadlines().Http()).ok());
+  EXPECT_EQ(*ParseTensorList(f.services[0]->update), meta);
+  ASSERT_TRUE(driver.Finish("v7").ok());
+  EXPECT_EQ(f.services[1]->version, "v7");
+  ASSERT_TRUE(driver.Resume().ok());
+  EXPECT_EQ(f.services[1]->pause, "resumed");
+  Result<std::vector<json>> fetched = driver.Fetch(json{{"target_version", 4}});
+  ASSERT_TRUE(fetched.ok());
+  EXPECT_EQ((*fetched)[1]["fetched"], 4);
+  auto sums = driver.ChecksumsAsync("sha256")->Wait(driver.deadlines().Call());
+  ASSERT_TRUE(sums.ok());
+  EXPECT_EQ((*sums)[0]["checksums"]["w"], "sha256");
+}
+
+TEST(SessionDriver, ErrorsNameTheServerAndCloseEndsSessions) {
+  Fixture f({"nccl", "nccl"});
+  SessionDriver driver(f.urls, "", 10);
+  ASSERT_TRUE(driver.Start().ok());
+  Status again = driver.Start();
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find(f.urls[0]), std::string::npos) << again.message();
+  EXPECT_NE(again.message().find("a session is active"), std::string::npos) << again.message();
+  driver.Close();
+  EXPECT_FALSE(f.services[0]->active);
+  EXPECT_FALSE(f.services[1]->active);
+  EXPECT_NEAR(driver.deadlines().server_timeout(), 8.75, 1e-9);
+}
+
+}  // namespace
+}  // namespace wsync

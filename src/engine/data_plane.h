@@ -1,0 +1,85 @@
+// DataPlane: what a backend implements; the trainer engine (engine.h) does the rest.
+//
+// The engine owns the session with the servers (start -> update_weights in the
+// background -> data plane -> finish, closing sessions on failure), the source checks,
+// the one pass per sync (SyncPass), the timings, the weight version and the ranks that
+// send nothing. A backend supplies only how bytes move:
+//
+//   Init       build the plane for the fleet (its group, its shared memory, its sync
+//              directory) and send every server its init_info through the driver;
+//   Prepare    before the session: plan this sync (bytes, chunks) and the update_weights
+//              body; nothing reaches the servers;
+//   BeforeStart  optional: work between planning and start_weight_update (delta
+//              publishes, fetches and pauses here);
+//   Transfer   move the sync's one checked pass while update_weights is in flight;
+//   Abort      the sync failed after Prepare: stop the plane's side of it;
+//   AfterSession optional: always after BeforeStart ran (delta resumes here);
+//   Shutdown   release everything.
+//
+// The engine calls a plane from one thread at a time. A plane that cannot run another
+// sync after a failure says so with live() == false; the engine then runs Init again
+// (with the last metadata) at the start of the next sync.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "control/session_driver.h"
+#include "engine/sync_pass.h"
+#include "wsync/status.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+
+// What Init gives a plane. On rank 0 `driver` talks to the fleet and `fleet` is what
+// discovery found (backend already checked); on other ranks of an all-ranks plane both
+// are null.
+struct PlaneInit {
+  const TrainerOptions& options;
+  const std::vector<TensorMeta>& metadata;
+  const SessionDriver* driver = nullptr;
+  const Fleet* fleet = nullptr;
+};
+
+// One sync, as the engine runs it.
+struct SyncContext {
+  SyncPass& pass;
+  const SessionDriver* driver = nullptr;  // null on ranks other than 0
+  const std::optional<std::string>& weight_version;
+  Deadline deadline;  // the trainer's bound for this sync
+  // Prepare fills bytes and chunks; the engine fills tensors and the phase timings.
+  SyncStats stats;
+  // Prepare sets the serialized {"update_info": ...} the engine posts (UpdateBody()).
+  std::shared_ptr<const std::string> update_body;
+  // Reports progress to TrainerOptions::progress (when set).
+  std::function<void(const SyncProgress&)> progress;
+};
+
+class DataPlane {
+ public:
+  virtual ~DataPlane() = default;
+
+  // Whether every trainer rank runs this plane: Init and each sync are then collectives
+  // of the ranks' group (ranks other than 0 run SyncOtherRank). Otherwise only rank 0
+  // does, and each other rank drains its source's one pass per sync.
+  virtual bool AllRanks() const { return false; }
+  virtual Status Init(const PlaneInit& init) = 0;
+  virtual bool live() const = 0;
+  virtual Status Prepare(SyncContext& sync) = 0;
+  virtual Status BeforeStart(SyncContext&) { return Status::Ok(); }
+  virtual Status Transfer(SyncContext& sync, SessionDriver::Pending& update) = 0;
+  // Returns the status to report: `cause`, or a server's own account of it. `update` is
+  // null when the failure came before update_weights was posted.
+  virtual Status Abort(const Status& cause, SessionDriver::Pending*) { return cause; }
+  virtual Status AfterSession(SyncContext&, Status outcome) { return outcome; }
+  // Phase timings a plane keeps of its own (delta), folded into the sync's stats.
+  virtual void Account(SyncStats*) {}
+  // Ranks other than 0 of an AllRanks() plane: this rank's part of one sync.
+  virtual Result<SyncStats> SyncOtherRank(SyncContext&) { return Unimplemented("no part for this rank"); }
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace wsync

@@ -1,0 +1,183 @@
+#include "engine/engine.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/stopwatch.h"
+
+namespace wsync {
+namespace {
+
+// The source's metadata against the one Init planned for, tensor by tensor.
+Status CheckMetadata(const std::vector<TensorMeta>& planned, const std::vector<TensorMeta>& got) {
+  for (size_t i = 0; i < planned.size() && i < got.size(); ++i) {
+    Status s = CheckSameMeta(planned[i], got[i]);
+    if (!s.ok()) return s.WithContext(fmt::format("the source's metadata (tensor #{}) differs from Init's", i));
+  }
+  if (planned.size() != got.size()) {
+    return InvalidArgument(fmt::format("the source's metadata lists {} tensors, Init's {}; first unmatched: {}",
+                                       got.size(), planned.size(),
+                                       got.size() > planned.size() ? got[planned.size()].name
+                                                                   : planned[got.size()].name));
+  }
+  return Status::Ok();
+}
+
+class Engine final : public TrainerEngine {
+ public:
+  Engine(const TrainerOptions& options, std::unique_ptr<DataPlane> plane)
+      : options_(options), plane_(std::move(plane)) {
+    if (options_.rank == 0 && !options_.servers.empty()) {
+      driver_ = std::make_unique<SessionDriver>(options_.servers, options_.api_key, options_.timeout_seconds);
+    }
+  }
+  ~Engine() override { Shutdown(); }
+
+  Status Init(const std::vector<TensorMeta>& metadata) override {
+    metadata_ = metadata;
+    initialized_ = true;
+    if (!Runs()) return Status::Ok();
+    return InitPlane();
+  }
+
+  Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>& weight_version) override {
+    Stopwatch total;
+    SyncPass pass(source);
+    SyncContext sync{pass, driver_.get(), weight_version, driver_ ? driver_->deadlines().Call()
+                                                                   : Deadline::InSeconds(options_.timeout_seconds)};
+    sync.progress = options_.progress;
+    sync.stats.tensors = source.metadata().size();
+    if (!Runs()) return Drain(sync, total);
+    if (!initialized_) return FailedPrecondition("call Init() before SendWeights()");
+    WSYNC_RETURN_IF_ERROR(CheckMetadata(metadata_, source.metadata()));
+    if (!plane_->live()) {
+      WSYNC_LOG_INFO("trainer rank {}: the data plane is down after a failed sync; initializing it again",
+                     options_.rank);
+      WSYNC_RETURN_IF_ERROR(InitPlane().WithContext("initializing the data plane again after a failed sync"));
+    }
+    if (options_.rank != 0) return plane_->SyncOtherRank(sync);
+    Result<SyncStats> r = Sync(sync, total);
+    if (!r.ok()) {
+      Status drained = pass.DrainRest();
+      if (!drained.ok()) WSYNC_LOG_DEBUG("draining the failed sync's pass: {}", drained.ToString());
+    }
+    return r;
+  }
+
+  void Shutdown() override {
+    if (plane_) plane_->Shutdown();
+  }
+
+ private:
+  // Whether this rank runs the plane (else it only drains its source).
+  bool Runs() const { return options_.rank == 0 || plane_->AllRanks(); }
+
+  Status InitPlane() {
+    PlaneInit init{options_, metadata_};
+    Fleet fleet;
+    if (driver_) {
+      WSYNC_ASSIGN_OR_RETURN(fleet, driver_->Discover());
+      WSYNC_RETURN_IF_ERROR(driver_->CheckBackend(fleet, options_.backend));
+      init.driver = driver_.get();
+      init.fleet = &fleet;
+    }
+    return plane_->Init(init);
+  }
+
+  // A rank that sends nothing (its stats count no bytes): its source's one pass, checked.
+  Result<SyncStats> Drain(SyncContext& sync, const Stopwatch& total) {
+    Status s = [&]() -> Status {
+      WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
+      TensorRef t;
+      for (;;) {
+        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+        if (!more) return Status::Ok();
+      }
+    }();
+    if (!s.ok()) {
+      (void)sync.pass.DrainRest();
+      return s.WithContext(fmt::format("trainer rank {} (its pass of the sync)", options_.rank));
+    }
+    sync.stats.seconds = sync.stats.transfer_seconds = total.seconds();
+    return sync.stats;
+  }
+
+  // Rank 0's sync.
+  Result<SyncStats> Sync(SyncContext& sync, const Stopwatch& total) {
+    WSYNC_RETURN_IF_ERROR(plane_->Prepare(sync));
+    Status before = plane_->BeforeStart(sync);
+    Status s = before.ok() ? Session(sync) : plane_->Abort(before, nullptr);
+    s = plane_->AfterSession(sync, s);
+    if (!s.ok()) return s;
+    sync.stats.seconds = total.seconds();
+    plane_->Account(&sync.stats);
+    WSYNC_LOG_DEBUG("sync of {} bytes in {} chunks: start {:.2f} ms, data {:.2f} ms, finish {:.2f} ms, "
+                    "total {:.2f} ms", sync.stats.bytes, sync.stats.chunks, sync.stats.start_seconds * 1e3,
+                    sync.stats.transfer_seconds * 1e3, sync.stats.finish_seconds * 1e3, sync.stats.seconds * 1e3);
+    return sync.stats;
+  }
+
+  // start -> update in the background + the data plane -> finish; closes every server's
+  // session on failure.
+  Status Session(SyncContext& sync) {
+    if (!driver_) {  // no servers (delta publishing alone): nothing to drive
+      return plane_->Transfer(sync, *NoServers());
+    }
+    Stopwatch phase;
+    Status started = driver_->Start();
+    if (!started.ok()) {
+      Status s = plane_->Abort(started, nullptr);
+      driver_->Close();
+      return s;
+    }
+    sync.stats.start_seconds = phase.Lap();
+    std::shared_ptr<SessionDriver::Pending> update = driver_->UpdateAsync(sync.update_body);
+    Status s = plane_->Transfer(sync, *update);
+    if (s.ok()) s = update->Wait(driver_->deadlines().Http()).status();
+    if (!s.ok()) {
+      s = plane_->Abort(s, update.get());
+      driver_->Close();
+      return s;
+    }
+    sync.stats.transfer_seconds = phase.Lap();
+    WSYNC_RETURN_IF_ERROR(driver_->Finish(sync.weight_version));
+    sync.stats.finish_seconds = phase.Lap();
+    return Status::Ok();
+  }
+
+  // An update "in flight" to no server: answered at once.
+  static std::shared_ptr<SessionDriver::Pending> NoServers() {
+    class Answered final : public SessionDriver::Pending {
+     public:
+      Result<std::vector<nlohmann::json>> Wait(Deadline) override { return std::vector<nlohmann::json>{}; }
+      bool Done() const override { return true; }
+      bool AnyFailed() const override { return false; }
+    };
+    return std::make_shared<Answered>();
+  }
+
+  TrainerOptions options_;
+  std::unique_ptr<DataPlane> plane_;
+  std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
+  std::vector<TensorMeta> metadata_;       // what Init planned for
+  bool initialized_ = false;
+};
+
+}  // namespace
+
+Status CheckTrainerOptions(const TrainerOptions& options, bool servers_required) {
+  if (options.rank < 0) return InvalidArgument(fmt::format("trainer rank {} is negative", options.rank));
+  if (servers_required && options.rank == 0 && options.servers.empty()) {
+    return InvalidArgument("no servers given (--servers)");
+  }
+  if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
+  if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<TrainerEngine>> NewTrainerEngine(const TrainerOptions& options,
+                                                        std::unique_ptr<DataPlane> plane) {
+  return std::unique_ptr<TrainerEngine>(std::make_unique<Engine>(options, std::move(plane)));
+}
+
+}  // namespace wsync

@@ -1,0 +1,29 @@
+// The trainer engine every backend shares: one skeleton around a backend's DataPlane.
+//
+// Rank 0 (or every rank of an all-ranks plane) runs:
+//   Init:  discover the fleet (GET /health; the backend each server runs must be the one
+//          asked for), then DataPlane::Init; the metadata is kept for re-inits.
+//   SendWeights: the source's metadata must equal Init's (a mismatch names the first
+//          differing tensor; nothing reaches the servers), re-init when a failure tore the
+//          plane down, Prepare, BeforeStart, start, update in the background + Transfer,
+//          wait, finish (with weight_version), AfterSession. On a failure after start the
+//          plane aborts, the servers' sessions are closed (best effort) and the rest of the
+//          pass is drained so that other ranks' collectives complete.
+// Other ranks of a rank-0-only plane drain their source's one pass per sync.
+// Not thread-safe: one call at a time.
+#pragma once
+
+#include <memory>
+
+#include "engine/data_plane.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+
+// Checks what every backend's options need (rank, servers on rank 0, timeout, bucket).
+Status CheckTrainerOptions(const TrainerOptions& options, bool servers_required = true);
+
+Result<std::unique_ptr<TrainerEngine>> NewTrainerEngine(const TrainerOptions& options,
+                                                        std::unique_ptr<DataPlane> plane);
+
+}  // namespace wsync

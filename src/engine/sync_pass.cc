@@ -1,0 +1,99 @@
+#include "engine/sync_pass.h"
+
+#include <fmt/format.h>
+
+namespace wsync {
+
+// The source's own stream, read through the check, or directly by DrainRest().
+class SyncPass::Raw final : public TensorStream {
+ public:
+  explicit Raw(std::unique_ptr<TensorStream> inner) : inner_(std::move(inner)) {}
+  Result<bool> Next(TensorRef* out) override {
+    if (ended_) return false;
+    Result<bool> more = inner_->Next(out);
+    if (!more.ok() || !*more) ended_ = true;
+    return more;
+  }
+  bool ended() const { return ended_; }
+
+ private:
+  std::unique_ptr<TensorStream> inner_;
+  bool ended_ = false;
+};
+
+class SyncPass::Outer final : public TensorStream {
+ public:
+  explicit Outer(std::unique_ptr<TensorStream> checked) : checked_(std::move(checked)) {}
+  Result<bool> Next(TensorRef* out) override {
+    if (failed_) return FailedPrecondition("the sync's pass already failed");
+    Result<bool> more = checked_->Next(out);
+    if (!more.ok()) failed_ = true;
+    if (more.ok() && !*more) complete_ = true;
+    return more;
+  }
+  bool complete() const { return complete_; }
+
+ private:
+  std::unique_ptr<TensorStream> checked_;
+  bool failed_ = false;
+  bool complete_ = false;
+};
+
+class SyncPass::View final : public WeightSource {
+ public:
+  explicit View(SyncPass& pass) : pass_(pass) {}
+  const std::vector<TensorMeta>& metadata() const override { return pass_.metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override {
+    if (handed_out_) return FailedPrecondition("a sync makes one pass over its source");
+    handed_out_ = true;
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> s, pass_.Stream());
+    // Borrowed: the pass owns the stream and outlives this view's callers.
+    class Borrowed final : public TensorStream {
+     public:
+      explicit Borrowed(std::shared_ptr<TensorStream> s) : s_(std::move(s)) {}
+      Result<bool> Next(TensorRef* out) override { return s_->Next(out); }
+
+     private:
+      std::shared_ptr<TensorStream> s_;
+    };
+    return std::unique_ptr<TensorStream>(std::make_unique<Borrowed>(std::move(s)));
+  }
+  std::optional<std::vector<std::string>> HeldNames() const override { return pass_.source_.HeldNames(); }
+
+ private:
+  SyncPass& pass_;
+  bool handed_out_ = false;
+};
+
+SyncPass::SyncPass(WeightSource& source) : source_(source) {}
+SyncPass::~SyncPass() = default;
+
+Result<std::shared_ptr<TensorStream>> SyncPass::Stream() {
+  if (stream_) return stream_;
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
+  auto raw = std::make_unique<Raw>(std::move(inner));
+  raw_ = raw.get();
+  outer_ = std::make_shared<Outer>(CheckedStream(std::move(raw), source_.metadata()));
+  stream_ = outer_;
+  return stream_;
+}
+
+WeightSource& SyncPass::AsSource() {
+  if (!view_) view_ = std::make_unique<View>(*this);
+  return *view_;
+}
+
+bool SyncPass::complete() const { return outer_ && outer_->complete(); }
+
+Status SyncPass::DrainRest() {
+  if (complete()) return Status::Ok();
+  if (!stream_) WSYNC_RETURN_IF_ERROR(Stream().status());
+  // A stream another thread still holds (a data plane's abandoned sender) is not ours to
+  // read: two readers of one pass would race.
+  if (stream_.use_count() > 2) return Status::Ok();
+  TensorRef t;
+  while (!raw_->ended()) WSYNC_RETURN_IF_ERROR(raw_->Next(&t).status());
+  return Status::Ok();
+}
+
+}  // namespace wsync
