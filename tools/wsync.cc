@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "bench.h"
+#include "core/env_knobs.h"
 #include "core/log.h"
 #ifdef WSYNC_WITH_CUDA
 #include "cuda/runtime.h"
@@ -177,6 +178,7 @@ int main(int argc, char** argv) {
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
   BenchRankArgs rank;
+  auto* env = app.add_subcommand("env", "list the WSYNC_* environment variables wsync reads, and their values");
   auto* br = app.add_subcommand("bench-rank", "")->group("");  // hidden: a rank of `bench`
   br->add_option("--store-host", rank.store_host);
   br->add_option("--store-port", rank.store_port)->required();
@@ -193,6 +195,15 @@ int main(int argc, char** argv) {
 #endif
 
   if (br->parsed()) Exit(RunBenchRank(rank));
+  if (env->parsed()) {
+    for (const wsync::EnvKnob& k : wsync::kEnvKnobs) {
+      const char* v = std::getenv(std::string(k.name).c_str());
+      if (v != nullptr && k.name == "WSYNC_API_KEY") v = "(set)";  // a secret: never printed
+      fmt::print("{:<24} {:<10} {}{}\n", k.name, v ? v : (k.fallback.empty() ? "-" : std::string(k.fallback)),
+                 k.help, v ? "" : " (unset)");
+    }
+    Exit(0);
+  }
 
   if (s->parsed()) {
     wsync::log::Init("serve");

@@ -1,12 +1,16 @@
 // TrainerEngine: the trainer side of one weight-transfer backend.
 //
-// Built once per trainer rank from TrainerOptions; Init() discovers the servers and
-// builds the data plane (for `nccl`: the broadcast group, with every server joining
-// concurrently); SendWeights() runs one whole sync: start -> update (concurrently with
-// the data plane) -> finish, on every server, and returns its timings. Only rank 0 talks
-// to servers. Every wait is bounded by `timeout_seconds`; a failed sync leaves the
-// engine needing Init() again, never a half-open session it would silently reuse.
-// Not thread-safe: one call at a time.
+// Built once per trainer rank from TrainerOptions; Init() discovers the servers (each
+// must run the backend asked for: a server whose /health names another is refused,
+// naming both) and builds the data plane (for `nccl`: the broadcast group, with every
+// server joining concurrently); SendWeights() runs one whole sync: start -> update
+// (concurrently with the data plane) -> finish, on every server, and returns its timings.
+// Only rank 0 talks to servers; every other rank drains its source. Each sync makes ONE
+// pass over the source on every rank (a pass may be a collective among the ranks).
+// Every wait is bounded by `timeout_seconds`. A failed sync closes every server's session
+// and never leaves a half-open one; when the failure tore the data plane down, the next
+// SendWeights() builds it again by itself (no Init() needed). Not thread-safe: one call
+// at a time.
 #pragma once
 
 #include <functional>
@@ -22,7 +26,16 @@
 
 namespace wsync {
 
-class Communicator;  // src/comm/communicator.h
+// The trainer ranks' own group: one rank's membership in the group of every rank of
+// the trainer, as the trainer's parallel setup built it (for example through the
+// rendezvous helpers wsync's tools use). The engine sees only this handle; backends that
+// need collectives among the ranks use the group behind it. Thread-safe.
+class RankGroup {
+ public:
+  virtual ~RankGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+};
 
 struct SyncProgress {
   size_t bytes_done = 0;
@@ -50,7 +63,7 @@ struct TrainerOptions {
   // collective on `comm` in flight); no collective runs per sync. Empty (the default), or a
   // group of one: rank 0 alone exports, the others only drain their sources. Other
   // backends ignore it.
-  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<RankGroup> comm;
   // The chosen backend's own settings as KEY=VALUE text (`wsync push --backend-option
   // KEY=VALUE`); each backend documents its keys with its options struct and refuses keys
   // it does not know. `nccl`: piece_mb. `ipc`: mode, export_kind, backing,
@@ -75,8 +88,13 @@ class TrainerEngine {
   virtual ~TrainerEngine() = default;
   // `metadata` is the model the source will send; it sizes the packed buffers.
   virtual Status Init(const std::vector<TensorMeta>& metadata) = 0;
-  // Checks the source's iteration against its metadata BEFORE anything is sent (an
-  // in-memory pass; a mismatch names the tensor), then syncs it to every server.
+  // Syncs `source` to every server in one pass over it. Its metadata must equal the one
+  // Init() saw (else InvalidArgument naming the first differing tensor, before anything
+  // reaches the servers). Each tensor is checked against the metadata as it streams: a
+  // mismatch (name, dtype, shape or byte count) fails the sync with InvalidArgument
+  // naming the tensor, aborts it on every server (their /health says
+  // weights_consistent: false until a sync completes) and reads the rest of the pass so
+  // that other ranks' collectives complete.
   virtual Result<SyncStats> SendWeights(WeightSource& source,
                                         const std::optional<std::string>& weight_version) = 0;
   virtual void Shutdown() {}

@@ -33,6 +33,7 @@
 
 #include "core/deadline.h"
 #include "wsync/status.h"
+#include "wsync/trainer.h"
 
 namespace wsync {
 
@@ -43,12 +44,13 @@ using DescribeRank = std::function<std::string(int rank)>;
 // "rank N" when `describe` is empty, otherwise describe(rank).
 std::string DescribeRankOrDefault(const DescribeRank& describe, int rank);
 
-class Communicator {
+// A RankGroup (wsync/trainer.h) whose collectives a backend may run.
+class Communicator : public RankGroup {
  public:
-  virtual ~Communicator() = default;
+  ~Communicator() override = default;
 
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  int rank() const override = 0;
+  int size() const override = 0;
   // "gloo" or "nccl".
   virtual std::string_view kind() const = 0;
 

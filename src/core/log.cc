@@ -7,12 +7,14 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include "core/env_knobs.h"
+
 namespace wsync::log {
 
 void Init(std::string_view role) {
   auto logger = spdlog::stderr_color_mt("wsync");
   logger->set_pattern(fmt::format("[%H:%M:%S.%e] [%^%l%$] [{} pid {}] %v", role, getpid()));
-  const char* level = std::getenv("WSYNC_LOG_LEVEL");
+  const char* level = WSYNC_ENV("WSYNC_LOG_LEVEL");
   logger->set_level(level ? spdlog::level::from_str(level) : spdlog::level::info);
   spdlog::set_default_logger(logger);
 }

@@ -17,8 +17,8 @@
 //   Shutdown   release everything.
 //
 // The engine calls a plane from one thread at a time. A plane that cannot run another
-// sync after a failure says so with live() == false; the engine then runs Init again
-// (with the last metadata) at the start of the next sync.
+// sync after a failure says so in Ready(); the engine then runs Init again (with the
+// last metadata) before the sync.
 #pragma once
 
 #include <functional>
@@ -67,7 +67,13 @@ class DataPlane {
   // does, and each other rank drains its source's one pass per sync.
   virtual bool AllRanks() const { return false; }
   virtual Status Init(const PlaneInit& init) = 0;
-  virtual bool live() const = 0;
+  // At the start of each sync, before its pass: whether the plane can run it (false: the
+  // engine runs Init again first). `mine` is this rank's own verdict on the sync (the
+  // source's metadata against Init's); an error fails the sync. On an AllRanks() plane
+  // this is a collective of every rank, and every rank gets the same answer: an error on
+  // any rank fails the sync on all of them, naming that rank, and any rank's plane being
+  // down re-initializes all of them.
+  virtual Result<bool> Ready(const Status& mine) = 0;
   virtual Status Prepare(SyncContext& sync) = 0;
   virtual Status BeforeStart(SyncContext&) { return Status::Ok(); }
   virtual Status Transfer(SyncContext& sync, SessionDriver::Pending& update) = 0;

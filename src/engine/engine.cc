@@ -49,14 +49,13 @@ class Engine final : public TrainerEngine {
     sync.stats.tensors = source.metadata().size();
     if (!Runs()) return Drain(sync, total);
     if (!initialized_) return FailedPrecondition("call Init() before SendWeights()");
-    WSYNC_RETURN_IF_ERROR(CheckMetadata(metadata_, source.metadata()));
-    if (!plane_->live()) {
+    WSYNC_ASSIGN_OR_RETURN(bool ready, plane_->Ready(CheckMetadata(metadata_, source.metadata())));
+    if (!ready) {
       WSYNC_LOG_INFO("trainer rank {}: the data plane is down after a failed sync; initializing it again",
                      options_.rank);
       WSYNC_RETURN_IF_ERROR(InitPlane().WithContext("initializing the data plane again after a failed sync"));
     }
-    if (options_.rank != 0) return plane_->SyncOtherRank(sync);
-    Result<SyncStats> r = Sync(sync, total);
+    Result<SyncStats> r = options_.rank != 0 ? plane_->SyncOtherRank(sync) : Sync(sync, total);
     if (!r.ok()) {
       Status drained = pass.DrainRest();
       if (!drained.ok()) WSYNC_LOG_DEBUG("draining the failed sync's pass: {}", drained.ToString());
@@ -86,14 +85,7 @@ class Engine final : public TrainerEngine {
 
   // A rank that sends nothing (its stats count no bytes): its source's one pass, checked.
   Result<SyncStats> Drain(SyncContext& sync, const Stopwatch& total) {
-    Status s = [&]() -> Status {
-      WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
-      TensorRef t;
-      for (;;) {
-        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-        if (!more) return Status::Ok();
-      }
-    }();
+    Status s = sync.pass.ReadAll();
     if (!s.ok()) {
       (void)sync.pass.DrainRest();
       return s.WithContext(fmt::format("trainer rank {} (its pass of the sync)", options_.rank));

@@ -83,6 +83,15 @@ WeightSource& SyncPass::AsSource() {
   return *view_;
 }
 
+Status SyncPass::ReadAll() {
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, Stream());
+  TensorRef t;
+  for (;;) {
+    WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+    if (!more) return Status::Ok();
+  }
+}
+
 bool SyncPass::complete() const { return outer_ && outer_->complete(); }
 
 Status SyncPass::DrainRest() {

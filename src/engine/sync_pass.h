@@ -37,6 +37,9 @@ class SyncPass {
   // stream once), for code that takes a source.
   WeightSource& AsSource();
 
+  // Reads the whole pass, checked, discarding the tensors (a rank that sends nothing).
+  Status ReadAll();
+
   bool started() const { return stream_ != nullptr; }
   // Whether the pass has yielded every tensor of the metadata.
   bool complete() const;

@@ -45,7 +45,10 @@ class DeltaPlane final : public DataPlane {
     return Status::Ok();
   }
 
-  bool live() const override { return publisher_ != nullptr; }
+  Result<bool> Ready(const Status& mine) override {
+    WSYNC_RETURN_IF_ERROR(mine);
+    return publisher_ != nullptr;
+  }
 
   Status Prepare(SyncContext&) override {
     report_ = DeltaSyncReport{};
@@ -150,7 +153,8 @@ class DeltaTrainerImpl final : public DeltaTrainer {
 
 Status CheckDeltaOptions(const TrainerOptions& options, const DeltaTrainerOptions& delta) {
   WSYNC_RETURN_IF_ERROR(CheckTrainerOptions(options, /*servers_required=*/false));
-  if (delta.sync_dir.empty()) return InvalidArgument("the delta backend needs --sync-dir");
+  // Only rank 0 publishes; the others drain their source.
+  if (options.rank == 0 && delta.sync_dir.empty()) return InvalidArgument("the delta backend needs --sync-dir");
   if (delta.max_file_gb <= 0) return InvalidArgument("--max-file-gb must be positive");
   return Status::Ok();
 }

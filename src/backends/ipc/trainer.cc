@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -70,10 +69,27 @@ class IpcPlane final : public DataPlane {
     return OfferSession(std::move(offer));
   }
 
-  // A group's ranks re-initialize together only through Init on every rank: one rank
-  // alone cannot join the others' collective, so a group answers live and a sync without
-  // a session fails on every rank (ExchangeSyncState).
-  bool live() const override { return AllRanks() || region_ != nullptr; }
+  // A group's ranks answer together (one small all-gather): a failed sync ends the
+  // session of the ranks it reached, and every rank initializes again when any lacks one.
+  Result<bool> Ready(const Status& mine) override {
+    if (!AllRanks()) {
+      WSYNC_RETURN_IF_ERROR(mine);
+      return region_ != nullptr;
+    }
+    WSYNC_ASSIGN_OR_RETURN(Communicator * comm, RankComm());
+    json j = mine.ok() ? json{{"down", !session_}} : ErrorJson(mine);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                           AllGatherStrings(*comm, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
+    bool down = false;
+    for (size_t r = 0; r < all.size(); ++r) {
+      json e = json::parse(all[r]);
+      if (e.contains("error")) {
+        return StatusFromJson(e, static_cast<int>(r) == options_.rank ? "" : fmt::format("trainer rank {}", r));
+      }
+      down = down || e["down"].get<bool>();
+    }
+    return !down;
+  }
 
   // Rank 0: the ranks' exchange, the plan and the update body; the sync is announced to
   // the other publishers. Nothing reaches the servers.
@@ -230,8 +246,19 @@ class IpcPlane final : public DataPlane {
   //   3. every other publisher opens the region by path, allocates and exports its slots
   //      on its GPU (same count and stride); all-gather of the descriptors;
   //   4. rank 0 sends the merged `buffers` to the servers and broadcasts the outcome.
+  // The ranks' group as a communicator (every group wsync builds is one).
+  Result<Communicator*> RankComm() const {
+    auto* comm = dynamic_cast<Communicator*>(options_.comm.get());
+    if (comm == nullptr) {
+      return InvalidArgument("TrainerOptions::comm is not a wsync communicator: the ipc backend runs collectives "
+                             "among the trainer ranks");
+    }
+    return comm;
+  }
+
   Status InitGroup(const PlaneInit& init) {
-    Communicator& comm = *options_.comm;
+    WSYNC_ASSIGN_OR_RETURN(Communicator * group, RankComm());
+    Communicator& comm = *group;
     const int rank = comm.rank(), ranks = comm.size();
     Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
     // 1. device keys (a rank that cannot name its device, or is misnumbered, fails all).
@@ -332,10 +359,12 @@ class IpcPlane final : public DataPlane {
     zero_copy_group_ = publishers > 1 && !host && ipc_.mode != IpcTrainerOptions::Mode::kPacked;
     if (rank == 0) {
       if (!mine_status.ok()) Shutdown();
+      session_ = mine_status.ok();
       return mine_status;
     }
     json result = json::parse(got);
     if (result.contains("error")) return StatusFromJson(result, "trainer rank 0 (ipc init)");
+    session_ = true;
     publisher_ = publisher_of[rank];
     if (region) {
       has_readers_ = region->HasReaders();
@@ -359,22 +388,12 @@ class IpcPlane final : public DataPlane {
     return Status(code, who.empty() ? message : fmt::format("{}: {}", who, message));
   }
 
-  // One pass of the sync, read and checked, the tensors discarded.
-  static Status DrainPass(SyncPass& pass) {
-    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
-    TensorRef t;
-    for (;;) {
-      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-      if (!more) return Status::Ok();
-    }
-  }
-
   // A rank of a group that packs nothing: the ranks' exchange, then its source's pass
   // (every pass of a multi-rank source is a collective among the trainer ranks).
   Result<SyncStats> Drain(SyncPass& pass) {
     Stopwatch total;
     WSYNC_RETURN_IF_ERROR(ExchangeSyncState(pass, Status::Ok()).status());
-    Status s = DrainPass(pass);
+    Status s = pass.ReadAll();
     if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} (its pass of the sync)", options_.rank));
     SyncStats stats;
     stats.tensors = pass.metadata().size();
@@ -405,7 +424,7 @@ class IpcPlane final : public DataPlane {
       return s;
     };
     if (!has_readers_) {  // no worker reads this GPU's slots or tensors: nothing to send
-      Status s = DrainPass(pass);
+      Status s = pass.ReadAll();
       if (!s.ok()) return fail(s.WithContext("its pass"));
       SyncStats stats;
       stats.tensors = meta.size();
@@ -501,6 +520,7 @@ class IpcPlane final : public DataPlane {
 
  public:
   void Shutdown() override {
+    session_ = false;
     has_readers_ = true;
     published_seq_ = 0;
     body_ = CachedBody{};
@@ -640,7 +660,8 @@ class IpcPlane final : public DataPlane {
     }
     if (!mine.ok()) j = ErrorJson(mine);
     WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                           AllGatherStrings(*options_.comm, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
+                           AllGatherStrings(*static_cast<Communicator*>(options_.comm.get()), j.dump(),
+                                            Deadline::InSeconds(options_.timeout_seconds)));
     if (!mine.ok()) return mine;
     GroupSync g;
     g.zero_copy = zero_copy_group_;
@@ -856,6 +877,7 @@ class IpcPlane final : public DataPlane {
   IpcUpdateInfo update_;
   bool zero_copy_ = false;
   bool sync_begun_ = false;
+  bool session_ = false;  // a group's rank: Init succeeded and no failed sync ended it since
 };
 
 }  // namespace

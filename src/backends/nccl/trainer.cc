@@ -1,7 +1,6 @@
 #include "backends/nccl/trainer.h"
 
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -205,7 +204,10 @@ class NcclPlane final : public DataPlane {
     return Status::Ok();
   }
 
-  bool live() const override { return comm_ && !comm_->aborted(); }
+  Result<bool> Ready(const Status& mine) override {
+    WSYNC_RETURN_IF_ERROR(mine);
+    return comm_ && !comm_->aborted();
+  }
 
   Status Prepare(SyncContext& sync) override {
     WSYNC_ASSIGN_OR_RETURN(plan_, PlanChunks(sync.pass.metadata(), options_.packed ? buffer_bytes_ : 1));
