@@ -628,10 +628,10 @@ class IpcPlane final : public DataPlane {
     return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(words)));
   }
 
-  // The exchange that starts every sync of a group, after the check pass and before
+  // The exchange that starts every sync of a group, before the pass and before
   // anything reaches the servers (an all-gather of one small message per rank; every
   // rank calls it, whatever failed). `mine` is this rank's state: an error on any rank
-  // (a failed check pass, no session) fails the sync on every rank at once, naming that
+  // (no session) fails the sync on every rank at once, naming that
   // rank, where the others would otherwise wait for a sync that never comes. With several
   // publishers that may send zero-copy (zero_copy_group_), each publisher with readers
   // offers its tensors' export and layout; the sync is zero-copy when every one offers
