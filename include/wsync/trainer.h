@@ -88,13 +88,13 @@ class TrainerEngine {
   virtual ~TrainerEngine() = default;
   // `metadata` is the model the source will send; it sizes the packed buffers.
   virtual Status Init(const std::vector<TensorMeta>& metadata) = 0;
-  // Syncs `source` to every server in one pass over it. Its metadata must equal the one
-  // Init() saw (else InvalidArgument naming the first differing tensor, before anything
-  // reaches the servers). Each tensor is checked against the metadata as it streams: a
+  // Syncs `source` to every server in one pass over it. Its metadata must list the
+  // tensors Init() saw, in any order (else InvalidArgument naming a differing tensor,
+  // before anything reaches the servers). Each tensor is checked against the metadata as it streams: a
   // mismatch (name, dtype, shape or byte count) fails the sync with InvalidArgument
   // naming the tensor, aborts it on every server (their /health says
-  // weights_consistent: false until a sync completes) and reads the rest of the pass so
-  // that other ranks' collectives complete.
+  // weights_consistent: false until a sync completes); other ranks' passes then fail at
+  // their sources' own deadlines, or at once when the trainer stops its ranks' group.
   virtual Result<SyncStats> SendWeights(WeightSource& source,
                                         const std::optional<std::string>& weight_version) = 0;
   virtual void Shutdown() {}

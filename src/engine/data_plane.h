@@ -12,7 +12,7 @@
 //   BeforeStart  optional: work between planning and start_weight_update (delta
 //              publishes, fetches and pauses here);
 //   Transfer   move the sync's one checked pass while update_weights is in flight;
-//   Abort      the sync failed after Prepare: stop the plane's side of it;
+//   Abort      the sync failed (in Prepare or later): stop the plane's side of it;
 //   AfterSession optional: always after BeforeStart ran (delta resumes here);
 //   Shutdown   release everything.
 //

@@ -1,5 +1,8 @@
 #include "engine/engine.h"
 
+#include <string_view>
+#include <unordered_map>
+
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -8,17 +11,22 @@
 namespace wsync {
 namespace {
 
-// The source's metadata against the one Init planned for, tensor by tensor.
-Status CheckMetadata(const std::vector<TensorMeta>& planned, const std::vector<TensorMeta>& got) {
-  for (size_t i = 0; i < planned.size() && i < got.size(); ++i) {
-    Status s = CheckSameMeta(planned[i], got[i]);
-    if (!s.ok()) return s.WithContext(fmt::format("the source's metadata (tensor #{}) differs from Init's", i));
+// The source's metadata against the one Init planned for: the same tensors (name, dtype,
+// shape), in any order (the order is the source's, and each sync's update says it).
+Status CheckMetadata(const std::vector<TensorMeta>& planned,
+                     const std::unordered_map<std::string_view, const TensorMeta*>& by_name,
+                     const std::vector<TensorMeta>& got) {
+  if (got == planned) return Status::Ok();
+  for (const TensorMeta& m : got) {
+    auto it = by_name.find(m.name);
+    if (it == by_name.end()) {
+      return InvalidArgument(fmt::format("the source's tensor {} is not in the metadata Init planned for", m.name));
+    }
+    WSYNC_RETURN_IF_ERROR(CheckSameMeta(*it->second, m).WithContext("the source's metadata differs from Init's"));
   }
-  if (planned.size() != got.size()) {
-    return InvalidArgument(fmt::format("the source's metadata lists {} tensors, Init's {}; first unmatched: {}",
-                                       got.size(), planned.size(),
-                                       got.size() > planned.size() ? got[planned.size()].name
-                                                                   : planned[got.size()].name));
+  if (got.size() != planned.size()) {
+    return InvalidArgument(fmt::format("the source's metadata lists {} tensors, Init's {}", got.size(),
+                                       planned.size()));
   }
   return Status::Ok();
 }
@@ -35,6 +43,8 @@ class Engine final : public TrainerEngine {
 
   Status Init(const std::vector<TensorMeta>& metadata) override {
     metadata_ = metadata;
+    by_name_.clear();
+    for (const TensorMeta& m : metadata_) by_name_.emplace(m.name, &m);
     initialized_ = true;
     if (!Runs()) return Status::Ok();
     return InitPlane();
@@ -49,18 +59,13 @@ class Engine final : public TrainerEngine {
     sync.stats.tensors = source.metadata().size();
     if (!Runs()) return Drain(sync, total);
     if (!initialized_) return FailedPrecondition("call Init() before SendWeights()");
-    WSYNC_ASSIGN_OR_RETURN(bool ready, plane_->Ready(CheckMetadata(metadata_, source.metadata())));
+    WSYNC_ASSIGN_OR_RETURN(bool ready, plane_->Ready(CheckMetadata(metadata_, by_name_, source.metadata())));
     if (!ready) {
       WSYNC_LOG_INFO("trainer rank {}: the data plane is down after a failed sync; initializing it again",
                      options_.rank);
       WSYNC_RETURN_IF_ERROR(InitPlane().WithContext("initializing the data plane again after a failed sync"));
     }
-    Result<SyncStats> r = options_.rank != 0 ? plane_->SyncOtherRank(sync) : Sync(sync, total);
-    if (!r.ok()) {
-      Status drained = pass.DrainRest();
-      if (!drained.ok()) WSYNC_LOG_DEBUG("draining the failed sync's pass: {}", drained.ToString());
-    }
-    return r;
+    return options_.rank != 0 ? plane_->SyncOtherRank(sync) : Sync(sync, total);
   }
 
   void Shutdown() override {
@@ -87,7 +92,6 @@ class Engine final : public TrainerEngine {
   Result<SyncStats> Drain(SyncContext& sync, const Stopwatch& total) {
     Status s = sync.pass.ReadAll();
     if (!s.ok()) {
-      (void)sync.pass.DrainRest();
       return s.WithContext(fmt::format("trainer rank {} (its pass of the sync)", options_.rank));
     }
     sync.stats.seconds = sync.stats.transfer_seconds = total.seconds();
@@ -96,7 +100,8 @@ class Engine final : public TrainerEngine {
 
   // Rank 0's sync.
   Result<SyncStats> Sync(SyncContext& sync, const Stopwatch& total) {
-    WSYNC_RETURN_IF_ERROR(plane_->Prepare(sync));
+    Status prepared = plane_->Prepare(sync);
+    if (!prepared.ok()) return plane_->Abort(prepared, nullptr);
     Status before = plane_->BeforeStart(sync);
     Status s = before.ok() ? Session(sync) : plane_->Abort(before, nullptr);
     s = plane_->AfterSession(sync, s);
@@ -152,6 +157,7 @@ class Engine final : public TrainerEngine {
   std::unique_ptr<DataPlane> plane_;
   std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
   std::vector<TensorMeta> metadata_;       // what Init planned for
+  std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into metadata_
   bool initialized_ = false;
 };
 

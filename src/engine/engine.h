@@ -3,12 +3,14 @@
 // Rank 0 (or every rank of an all-ranks plane) runs:
 //   Init:  discover the fleet (GET /health; the backend each server runs must be the one
 //          asked for), then DataPlane::Init; the metadata is kept for re-inits.
-//   SendWeights: the source's metadata must equal Init's (a mismatch names the first
-//          differing tensor; nothing reaches the servers), re-init when a failure tore the
+//   SendWeights: the source's metadata must list Init's tensors, in any order (a mismatch
+//          names the tensor; nothing reaches the servers), re-init when a failure tore the
 //          plane down, Prepare, BeforeStart, start, update in the background + Transfer,
 //          wait, finish (with weight_version), AfterSession. On a failure after start the
-//          plane aborts, the servers' sessions are closed (best effort) and the rest of the
-//          pass is drained so that other ranks' collectives complete.
+//          plane aborts and the servers' sessions are closed (best effort). The sync fails
+//          on this rank without finishing its pass: the other ranks' passes (collectives)
+//          fail at their own deadlines, or at once when the trainer stops its group
+//          (sources/trainer_ranks.h).
 // Other ranks of a rank-0-only plane drain their source's one pass per sync.
 // Not thread-safe: one call at a time.
 #pragma once

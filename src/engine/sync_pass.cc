@@ -4,23 +4,6 @@
 
 namespace wsync {
 
-// The source's own stream, read through the check, or directly by DrainRest().
-class SyncPass::Raw final : public TensorStream {
- public:
-  explicit Raw(std::unique_ptr<TensorStream> inner) : inner_(std::move(inner)) {}
-  Result<bool> Next(TensorRef* out) override {
-    if (ended_) return false;
-    Result<bool> more = inner_->Next(out);
-    if (!more.ok() || !*more) ended_ = true;
-    return more;
-  }
-  bool ended() const { return ended_; }
-
- private:
-  std::unique_ptr<TensorStream> inner_;
-  bool ended_ = false;
-};
-
 class SyncPass::Outer final : public TensorStream {
  public:
   explicit Outer(std::unique_ptr<TensorStream> checked) : checked_(std::move(checked)) {}
@@ -71,9 +54,7 @@ SyncPass::~SyncPass() = default;
 Result<std::shared_ptr<TensorStream>> SyncPass::Stream() {
   if (stream_) return stream_;
   WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
-  auto raw = std::make_unique<Raw>(std::move(inner));
-  raw_ = raw.get();
-  outer_ = std::make_shared<Outer>(CheckedStream(std::move(raw), source_.metadata()));
+  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()));
   stream_ = outer_;
   return stream_;
 }
@@ -93,16 +74,5 @@ Status SyncPass::ReadAll() {
 }
 
 bool SyncPass::complete() const { return outer_ && outer_->complete(); }
-
-Status SyncPass::DrainRest() {
-  if (complete()) return Status::Ok();
-  if (!stream_) WSYNC_RETURN_IF_ERROR(Stream().status());
-  // A stream another thread still holds (a data plane's abandoned sender) is not ours to
-  // read: two readers of one pass would race.
-  if (stream_.use_count() > 2) return Status::Ok();
-  TensorRef t;
-  while (!raw_->ended()) WSYNC_RETURN_IF_ERROR(raw_->Next(&t).status());
-  return Status::Ok();
-}
 
 }  // namespace wsync

@@ -4,9 +4,8 @@
 // (an FSDP all-gather, a Megatron export), and the most expensive step of a trainer's
 // sync. The pass is checked tensor by tensor against the metadata as it streams
 // (CheckedStream): an extra, missing or mismatched tensor ends it with InvalidArgument
-// naming the tensor. After a failure, DrainRest() reads what is left of the pass without
-// checking it, so that the other ranks' collectives complete instead of waiting for this
-// rank until their deadline. Not thread-safe: the stream is read by one thread at a time.
+// naming the tensor, and the pass stays over (later reads fail). Not thread-safe: the
+// stream is read by one thread at a time.
 #pragma once
 
 #include <memory>
@@ -31,7 +30,7 @@ class SyncPass {
 
   // The checked stream of the pass; it starts the pass on the first call and returns the
   // same stream on later ones. A caller may keep it past the sync (a data plane whose
-  // thread outlives an abort); DrainRest() then leaves it alone.
+  // thread outlives an abort).
   Result<std::shared_ptr<TensorStream>> Stream();
   // A WeightSource over the same pass (the source's metadata; Iterate() hands out the
   // stream once), for code that takes a source.
@@ -43,17 +42,11 @@ class SyncPass {
   bool started() const { return stream_ != nullptr; }
   // Whether the pass has yielded every tensor of the metadata.
   bool complete() const;
-  // Reads the rest of the pass (starting it when nothing did), discarding the tensors,
-  // unless it is complete or someone else still holds the stream. Returns the source's
-  // own error, if any.
-  Status DrainRest();
 
  private:
-  class Raw;
   class Outer;
   class View;
   WeightSource& source_;
-  Raw* raw_ = nullptr;                    // owned by the checked stream inside stream_
   std::shared_ptr<Outer> outer_;
   std::shared_ptr<TensorStream> stream_;  // outer_, as handed out
   std::unique_ptr<View> view_;

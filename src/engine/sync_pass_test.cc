@@ -1,4 +1,4 @@
-// SyncPass: one pass per sync, checked as it streams, drained after a failure.
+// SyncPass: one pass per sync, checked as it streams, over after a failure.
 #include "engine/sync_pass.h"
 
 #include <gtest/gtest.h>
@@ -63,12 +63,11 @@ TEST(SyncPass, OnePassSharedByStreamAndView) {
   while (*(*view)->Next(&t)) {
   }
   EXPECT_TRUE(pass.complete());
-  EXPECT_TRUE(pass.DrainRest().ok());
   EXPECT_EQ(source.passes, 1);
   EXPECT_EQ(source.read, 3);
 }
 
-TEST(SyncPass, AMismatchNamesTheTensorAndDrainReadsTheRest) {
+TEST(SyncPass, AMismatchNamesTheTensorAndEndsThePass) {
   HostTensorSource host = Source(4);
   Counting source(host, true);
   SyncPass pass(source);
@@ -79,24 +78,24 @@ TEST(SyncPass, AMismatchNamesTheTensorAndDrainReadsTheRest) {
   ASSERT_FALSE(more.ok());
   EXPECT_NE(more.status().message().find("missing"), std::string::npos) << more.status().message();
   EXPECT_EQ(s->Next(&t).status().code(), StatusCode::kFailedPrecondition);  // the pass is over
-  EXPECT_TRUE(pass.DrainRest().ok());
+  EXPECT_FALSE(pass.complete());
   EXPECT_EQ(source.passes, 1);
   EXPECT_EQ(source.read, 4);
 }
 
-TEST(SyncPass, DrainStartsAPassNobodyStartedAndLeavesAHeldStreamAlone) {
+TEST(SyncPass, ReadAllReadsOnePassChecked) {
   HostTensorSource host = Source(2);
-  Counting idle(host, false);
-  SyncPass unused(idle);
-  EXPECT_TRUE(unused.DrainRest().ok());
-  EXPECT_EQ(idle.passes, 1);
-  EXPECT_EQ(idle.read, 2);
-
-  Counting held(host, false);
-  SyncPass pass(held);
-  std::shared_ptr<TensorStream> elsewhere = *pass.Stream();  // e.g. a data plane's thread
-  EXPECT_TRUE(pass.DrainRest().ok());
-  EXPECT_EQ(held.read, 0);
+  Counting source(host, false);
+  SyncPass pass(source);
+  EXPECT_TRUE(pass.ReadAll().ok());
+  EXPECT_TRUE(pass.complete());
+  EXPECT_EQ(source.passes, 1);
+  EXPECT_EQ(source.read, 2);
+  Counting short_one(host, true);
+  SyncPass broken(short_one);
+  Status s = broken.ReadAll();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("missing"), std::string::npos) << s.message();
 }
 
 }  // namespace

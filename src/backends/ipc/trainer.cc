@@ -125,7 +125,7 @@ class IpcPlane final : public DataPlane {
     if (!region_ || !sync_begun_) return cause;
     if (update == nullptr) {
       if (region_->publisher_count() > 1) {
-        region_->Abort(update_.sync, fmt::format("trainer rank 0: {}", cause.message()));
+        region_->Abort(sync_, fmt::format("trainer rank 0: {}", cause.message()));
         Shutdown();
       }
       return cause;
