@@ -29,24 +29,6 @@ class ControlErrorsTest : public E2eTest {
   }
 };
 
-// Expects `r` to be `status` with an error message containing every one of `needles`.
-::testing::AssertionResult IsError(const HttpReply& r, int status,
-                                   std::vector<std::string> needles) {
-  if (r.status != status) {
-    return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
-  }
-  std::string msg = r.ErrorMessage();
-  if (msg.empty()) {
-    return ::testing::AssertionFailure() << "no {\"error\":{\"message\":...}} in " << r.Describe();
-  }
-  for (const std::string& n : needles) {
-    if (msg.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << msg;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 TEST_F(ControlErrorsTest, BadRequestsGetExactCodesAndNamedMessagesThenAValidSyncSucceeds) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny", "--tp", "2",
                                                            "--max-body-mb", "1"}));

@@ -49,6 +49,10 @@ struct HttpReply {
   std::string Describe() const;
 };
 
+// `r` is HTTP `status` with a JSON error ({"error": {"message": ...}}) whose message
+// contains every one of `needles`.
+::testing::AssertionResult IsError(const HttpReply& r, int status, const std::vector<std::string>& needles);
+
 // One request on a fresh connection. `api_key` non-empty adds `Authorization: Bearer KEY`.
 HttpReply HttpGet(const std::string& url, const std::string& path, const std::string& api_key = "",
                   double timeout_seconds = 60);
