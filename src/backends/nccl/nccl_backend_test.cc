@@ -15,7 +15,7 @@
 #include "testing/faulty_source.h"
 #include "testing/test_server.h"
 #include "trainer/synthetic.h"
-#include "wsync/receiver.h"
+#include "receiver/backend.h"
 #include "wsync/trainer.h"
 
 namespace wsync {
