@@ -278,7 +278,7 @@ json InferenceServer::Health() const {
   ReceiverSession::Snapshot session = session_->Look();
   std::lock_guard lock(mu_);
   return json{{"status", "ok"},          {"server", "wsync"},
-              {"model", model_.name},    {"backend", options_.backend},
+              {"model", model_.name},    {"backend", std::string(backend_->name())},
               {"tp", options_.tp},       {"dp", options_.dp},
               {"dp_rank", options_.dp_rank},
               {"device", options_.device.ToString()},
