@@ -11,10 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "control/http_server.h"
 #include "core/log.h"
-#include "receiver/inference_server.h"
-#include "wsync/receiver.h"
+#include "wsync/server.h"
 
 namespace wsync::cli {
 
@@ -26,7 +24,8 @@ int RunServe(const ServeArgs& a) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  InferenceServerOptions o;
+  ServerOptions options;
+  InferenceServerOptions& o = options.inference;
   o.model = a.model;
   o.tp = a.tp;
   o.dp = a.dp;
@@ -50,12 +49,7 @@ int RunServe(const ServeArgs& a) {
     return 2;
   }
   o.device = *device;
-  auto server = InferenceServer::Create(o, CreateReceiverBackend);
-  if (!server.ok()) {
-    fmt::print(stderr, "wsync serve: error: {}\n", server.status().message());
-    return 1;
-  }
-  HttpServerOptions h;
+  HttpServerOptions& h = options.http;
   h.host = a.host;
   h.port = a.port;
   h.api_key = a.api_key;
@@ -72,16 +66,16 @@ int RunServe(const ServeArgs& a) {
     nofile.rlim_cur = std::min(want, nofile.rlim_max);
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
-  auto http = HttpControlServer::Start(h, server->get());
-  if (!http.ok()) {
-    fmt::print(stderr, "wsync serve: error: {}\n", http.status().message());
+  Result<std::unique_ptr<Server>> server = Server::Start(options);
+  if (!server.ok()) {
+    fmt::print(stderr, "wsync serve: error: {}\n", server.status().message());
     return 1;
   }
-  std::string url = (*http)->url();
-  (*server)->set_url(url);
-  WSYNC_LOG_INFO("serving {} (tp {}, dp {}{}, {} worker(s), backend {}) on {}", (*server)->model().name,
-                 a.tp, a.dp, a.dp_rank >= 0 ? fmt::format(", dp rank {}", a.dp_rank) : "",
-                 (*server)->num_workers(), a.backend, url);
+  const std::string& url = (*server)->url();
+  WSYNC_LOG_INFO("serving {} (tp {}, dp {}{}, {} worker(s), backend {}) on {}",
+                 (*server)->Health()["model"].get<std::string>(), a.tp, a.dp,
+                 a.dp_rank >= 0 ? fmt::format(", dp rank {}", a.dp_rank) : "", (*server)->num_workers(), a.backend,
+                 url);
   fmt::print("listening on {}\n", url);
   std::fflush(stdout);
   if (!a.ready_file.empty()) {
@@ -92,7 +86,7 @@ int RunServe(const ServeArgs& a) {
   int sig = 0;
   sigwait(&signals, &sig);
   WSYNC_LOG_INFO("signal {}: shutting down", sig);
-  (*http)->Stop();
+  (*server)->Stop();
   return 0;
 }
 

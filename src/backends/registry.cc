@@ -11,7 +11,7 @@
 #include "backends/ipc/trainer.h"
 #include "backends/nccl/receiver.h"
 #include "backends/nccl/trainer.h"
-#include "wsync/receiver.h"
+#include "receiver/backend.h"
 #include "wsync/trainer.h"
 
 namespace wsync {

@@ -413,17 +413,17 @@ TEST_F(HttpRoutes, ChunkedBodyOverTheLimitIs413) {
   EXPECT_EQ(cli.Get("/health")->status, 200);
 }
 
-// A service whose init blocks until released, as a rendezvous waiting for its peers does.
-class BlockingInitService : public RecordingService {
+// Holds every caller of Enter() until Release(); counts them as they arrive.
+class Gate {
  public:
-  Status InitWeightTransfer(const json& info, const std::string&) override {
+  void Enter() const {
     std::unique_lock lock(mu_);
     ++waiting_;
     cv_.notify_all();
     cv_.wait(lock, [&] { return released_; });
-    return Status::Ok();
   }
-  void WaitForWaiting(int n) {
+  // Waits (up to 10 s) until `n` callers are held.
+  void WaitForWaiting(int n) const {
     std::unique_lock lock(mu_);
     cv_.wait_for(lock, std::chrono::seconds(10), [&] { return waiting_ >= n; });
   }
@@ -434,10 +434,20 @@ class BlockingInitService : public RecordingService {
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int waiting_ = 0;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable int waiting_ = 0;
   bool released_ = false;
+};
+
+// A service whose init blocks until released, as a rendezvous waiting for its peers does.
+class BlockingInitService : public RecordingService {
+ public:
+  Status InitWeightTransfer(const json& info, const std::string&) override {
+    gate.Enter();
+    return Status::Ok();
+  }
+  Gate gate;
 };
 
 TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
@@ -455,7 +465,7 @@ TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
   };
   std::vector<std::future<int>> inits;
   for (int i = 0; i < 3; ++i) inits.push_back(post("/init_weight_transfer_engine", R"({"init_info":{}})"));
-  svc.WaitForWaiting(3);
+  svc.gate.WaitForWaiting(3);
   // Every worker is taken: the read-only routes still answer, a fourth POST waits.
   httplib::Client cli("127.0.0.1", server->port());
   auto t = std::chrono::steady_clock::now();
@@ -465,7 +475,7 @@ TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 2.0);
   std::future<int> start = post("/start_weight_update", "{}");
   EXPECT_EQ(start.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
-  svc.Release();
+  svc.gate.Release();
   for (auto& f : inits) EXPECT_EQ(f.get(), 200);
   EXPECT_EQ(start.get(), 200);
 }
@@ -474,27 +484,10 @@ TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
 class BlockingHealthService : public RecordingService {
  public:
   json Health() const override {
-    std::unique_lock lock(mu_);
-    ++waiting_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return released_; });
+    gate.Enter();
     return {{"status", "ok"}};
   }
-  void WaitForWaiting(int n) {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return waiting_ >= n; });
-  }
-  void Release() {
-    std::lock_guard lock(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  mutable int waiting_ = 0;
-  bool released_ = false;
+  Gate gate;
 };
 
 TEST(HttpServer, AReadOnlyCallThatBlocksStallsNoOtherRoute) {
@@ -509,14 +502,14 @@ TEST(HttpServer, AReadOnlyCallThatBlocksStallsNoOtherRoute) {
       return r ? r->status : 0;
     }));
   }
-  svc.WaitForWaiting(kReadWorkers);
+  svc.gate.WaitForWaiting(kReadWorkers);
   httplib::Client cli("127.0.0.1", server->port());
   auto t = std::chrono::steady_clock::now();
   EXPECT_EQ(cli.Post("/start_weight_update")->status, 200);
   EXPECT_EQ(cli.Post("/update_weights", R"({"update_info":{"names":[]}})", "application/json")->status, 200);
   EXPECT_EQ(cli.Post("/finish_weight_update")->status, 200);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 2.0);
-  svc.Release();
+  svc.gate.Release();
   for (auto& f : healths) EXPECT_EQ(f.get(), 200);
 }
 
@@ -528,10 +521,10 @@ TEST(HttpServer, StopWaitsForCallsInFlight) {
     auto r = c.Post("/init_weight_transfer_engine", R"({"init_info":{}})", "application/json");
     return r ? r->status : 0;
   });
-  svc.WaitForWaiting(1);
+  svc.gate.WaitForWaiting(1);
   auto stopped = std::async(std::launch::async, [&] { server->Stop(); });
   EXPECT_EQ(stopped.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
-  svc.Release();
+  svc.gate.Release();
   stopped.get();
   EXPECT_EQ(init.get(), 200);
 }
@@ -548,9 +541,9 @@ TEST(HttpServer, ACallLongerThanTheReadTimeoutsIsNotCut) {
     auto r = c.Post("/init_weight_transfer_engine", R"({"init_info":{}})", "application/json");
     return r ? r->status : 0;
   });
-  svc.WaitForWaiting(1);
+  svc.gate.WaitForWaiting(1);
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past both, and the idle timeout
-  svc.Release();
+  svc.gate.Release();
   EXPECT_EQ(init.get(), 200);
 }
 

@@ -34,6 +34,7 @@
 
 #include "control/control_service.h"
 #include "control/http_routes.h"
+#include "wsync/server.h"
 #include "wsync/status.h"
 
 namespace wsync {
@@ -41,28 +42,7 @@ namespace wsync {
 // Threads for the read-only routes (GET /health, ...), apart from worker_threads.
 inline constexpr int kReadWorkers = 2;
 
-struct HttpServerOptions {
-  std::string host = "127.0.0.1";
-  int port = 0;                 // 0: pick a free port (see port())
-  std::string api_key;          // empty: no authentication
-  size_t max_body_bytes = size_t{256} << 20;  // 256 MiB: room for MoE update_info lists
-  // Seconds for a request's headers to arrive (from the connection's start, or from its
-  // previous reply on a kept-alive connection). Clients reuse idle connections for
-  // kReuseIdleSeconds (client.h), well under this.
-  double header_timeout_seconds = 10;
-  // Seconds for a request's body to arrive once its headers have (the default
-  // max_body_bytes in this time needs 9 MB/s).
-  double body_timeout_seconds = 30;
-  // Open connections at most; beyond it the server stops accepting and new connections
-  // wait in the kernel's listen queue until one closes.
-  int max_connections = 1024;
-  // Threads that run the routes that may block (init, update, ...): that many such calls
-  // at once, the rest queue. The read-only routes have kReadWorkers threads apart.
-  int worker_threads = 32;
-  // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
-  // the connection is cut instead.
-  size_t discard_bytes = size_t{16} << 20;
-};
+// HttpServerOptions (the listening address, limits and deadlines) is public: wsync/server.h.
 
 class HttpControlServer {
  public:

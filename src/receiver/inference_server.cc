@@ -6,6 +6,7 @@
 #include "core/parallel.h"
 #include "wsync/device_runtime.h"
 #include "model/worker_store.h"
+#include "receiver/backend_mismatch.h"
 #include "receiver/update_info.h"
 #include "receiver/worker_thread.h"
 
@@ -108,6 +109,12 @@ auto CatchAll(const char* route, F&& f) -> decltype(f()) {
 Status InferenceServer::InitWeightTransfer(const json& init_info, const std::string& peer_address) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call,
                          session_->BeginExclusive("init_weight_transfer_engine", /*refuse_in_session=*/true));
+  // Another backend's init_info is named as such before this backend's parser sees it.
+  if (Status mismatch = CheckInitInfoBackend(backend_->name(), init_info); !mismatch.ok()) {
+    WSYNC_LOG_WARN("init_weight_transfer_engine refused: {}", mismatch.message());
+    call.Done(mismatch, false);
+    return mismatch;
+  }
   if (options_.fault_never_join) {
     double timeout = options_.timeout_seconds;
     if (auto it = init_info.find("timeout_seconds"); it != init_info.end() && it->is_number()) {
@@ -271,7 +278,7 @@ json InferenceServer::Health() const {
   ReceiverSession::Snapshot session = session_->Look();
   std::lock_guard lock(mu_);
   return json{{"status", "ok"},          {"server", "wsync"},
-              {"model", model_.name},    {"backend", options_.backend},
+              {"model", model_.name},    {"backend", std::string(backend_->name())},
               {"tp", options_.tp},       {"dp", options_.dp},
               {"dp_rank", options_.dp_rank},
               {"device", options_.device.ToString()},

@@ -23,34 +23,10 @@
 #include "control/control_service.h"
 #include "model/config.h"
 #include "receiver/session.h"
-#include "wsync/receiver.h"
+#include "receiver/backend.h"
+#include "wsync/server.h"
 
 namespace wsync {
-
-struct InferenceServerOptions {
-  std::string model = "qwen3-tiny";  // registered name or a directory with config.json
-  int tp = 1;
-  int dp = 1;                  // data-parallel size of the deployment
-  int dp_rank = -1;            // -1: host every DP rank; k: host only DP rank k (external LB)
-  // Where the shards live: cpu, or cuda:N for the first worker and the next devices for
-  // the others (worker i of this process, dp-major, on cuda:N+i), as vLLM gives each
-  // worker its own GPU.
-  Device device;
-  std::string backend = "nccl";
-  double timeout_seconds = 300;  // bound on every wait the server makes
-  // A session (start_weight_update .. finish_weight_update) with no call for this many
-  // seconds expires, so that the next trainer's start succeeds when the last trainer
-  // vanished mid-session (session.h). Unset: timeout_seconds, the longest any call of a
-  // live trainer waits. <= 0: sessions never expire. (`wsync serve --session-lease`)
-  std::optional<double> session_lease_seconds;
-  size_t digest_threads = 0;     // 0: hardware concurrency
-  // Fault injection for tests (`--fault never-join`), honest about what it fakes: the
-  // control plane answers as usual, but init never joins the data plane and fails only
-  // at the server's own deadline, like a server whose workers are wedged.
-  bool fault_never_join = false;
-  // Handed to the backend as ReceiverContext::backend_config.
-  nlohmann::json backend_config = nlohmann::json::object();
-};
 
 class InferenceServer : public ControlService {
  public:

@@ -91,5 +91,18 @@ TEST_F(InferenceServerTest, AFetchThatThrowsIsInternalAndFreesTheServer) {
   EXPECT_TRUE(server_->Checksums(DigestAlgorithm::kXxh3_128).ok());
 }
 
+TEST_F(InferenceServerTest, AnotherBackendsInitInfoIsRefusedBeforeTheBackendSeesIt) {
+  throwing_ = false;
+  Status s = server_->InitWeightTransfer(json{{"buffers", json::object()}, {"control_path", "/dev/shm/x"}}, "10.0.0.7");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "this server runs backend 'throwing'; the init_info is for backend 'ipc' (field 'buffers'): start the "
+            "server with --backend ipc or push with --backend throwing");
+  EXPECT_EQ(peer_, "");  // the backend was never called
+  EXPECT_EQ(server_->Health()["backend"], "throwing");  // /health and the refusal name the same backend
+  EXPECT_TRUE(server_->InitWeightTransfer(json::object(), "::1").ok());  // the server is free
+  EXPECT_EQ(peer_, "::1");
+}
+
 }  // namespace
 }  // namespace wsync

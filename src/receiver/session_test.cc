@@ -1,5 +1,7 @@
-// The receiver's session state machine with a fake clock: busy flags freed however a call
-// ends, and the lease that expires the session of a trainer that vanished.
+// The receiver's session state machine with a fake clock, transition by transition: start,
+// update, finish and the exclusive calls in and out of a session, the refusals and what
+// they name, busy flags freed however a call ends, weights_consistent after every kind of
+// ending, and the lease that expires the session of a trainer that vanished.
 #include "receiver/session.h"
 
 #include <gtest/gtest.h>
@@ -187,6 +189,128 @@ TEST_F(SessionTest, ALateUpdateOfAnExpiredSessionIsRefused) {
   }
   ASSERT_TRUE(session_.Start().ok());
   EXPECT_TRUE(session_.Look().active);
+}
+
+// A finish that fails after updates leaves the weights inconsistent; one that fails with
+// nothing landed (no update ran, or the failure came before any byte) does not.
+TEST_F(SessionTest, AFailedFinishIsInconsistentOnlyWhenUpdatesLanded) {
+  auto fail_finish = [&](bool may_have_landed) {
+    auto finish = session_.BeginFinish();
+    ASSERT_TRUE(finish.ok()) << finish.status().ToString();
+    finish->Done(Internal("backend finish failed"), may_have_landed);
+  };
+  ASSERT_TRUE(session_.Start().ok());
+  fail_finish(true);
+  EXPECT_FALSE(session_.Look().active);
+  EXPECT_TRUE(session_.Look().consistent);  // no update ran in that session
+  ASSERT_TRUE(session_.Start().ok());
+  {
+    Status outside;
+    auto update = session_.BeginUpdate(&outside);
+    update->Done(Status::Ok());
+  }
+  fail_finish(false);
+  EXPECT_TRUE(session_.Look().consistent);
+  ASSERT_TRUE(session_.Start().ok());
+  {
+    Status outside;
+    auto update = session_.BeginUpdate(&outside);
+    update->Done(Status::Ok());
+  }
+  fail_finish(true);
+  EXPECT_FALSE(session_.Look().active);
+  EXPECT_FALSE(session_.Look().consistent);
+}
+
+// Which calls wait for which: start does not wait for an init in flight outside a
+// session; finish and update refuse while a call runs, naming it; fetch and checksum may
+// run during a session (init may not).
+TEST_F(SessionTest, CallsInFlightRefuseOthersNamingThemselves) {
+  {
+    auto init = session_.BeginExclusive("init_weight_transfer_engine", true);
+    ASSERT_TRUE(init.ok());
+    EXPECT_EQ(session_.Look().busy_with, "init_weight_transfer_engine");
+    ASSERT_TRUE(session_.Start().ok());
+    auto finish = session_.BeginFinish();
+    EXPECT_EQ(finish.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(finish.status().message(), "finish_weight_update refused: init_weight_transfer_engine is in progress");
+    Status outside;
+    EXPECT_EQ(session_.BeginUpdate(&outside).status().message(),
+              "update_weights refused: init_weight_transfer_engine is in progress");
+    init->Done(Status::Ok());
+  }
+  EXPECT_TRUE(session_.Look().busy_with.empty());
+  {
+    auto checksum = session_.BeginExclusive("weight_checker");
+    ASSERT_TRUE(checksum.ok()) << checksum.status().ToString();
+    Status refused = session_.Start();
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.message().find("weight_checker is in progress"), std::string::npos) << refused.message();
+    checksum->Done(Status::Ok(), false);
+  }
+  auto init = session_.BeginExclusive("init_weight_transfer_engine", true);
+  EXPECT_EQ(init.status().message(),
+            "init_weight_transfer_engine called during an active weight update; finish it first");
+  auto finish = session_.BeginFinish();
+  ASSERT_TRUE(finish.ok());
+  finish->Done(Status::Ok());
+  EXPECT_TRUE(session_.Look().consistent);
+}
+
+// Done reports once: a second outcome is ignored, and a moved-from call frees nothing.
+TEST_F(SessionTest, DoneIsIdempotentAndAMovedCallFreesTheServerOnce) {
+  ASSERT_TRUE(session_.Start().ok());
+  {
+    Status outside;
+    auto update = session_.BeginUpdate(&outside);
+    ASSERT_TRUE(update.ok());
+    ReceiverSession::Call moved(std::move(*update));
+    moved.Done(Status::Ok());
+    moved.Done(Internal("too late"));  // ignored: the update succeeded
+    EXPECT_EQ(session_.Look().busy_with, "update_weights");  // held until destruction
+  }
+  EXPECT_TRUE(session_.Look().active);
+  EXPECT_TRUE(session_.Look().consistent);
+  EXPECT_TRUE(session_.Look().busy_with.empty());
+}
+
+// An update refused outside a session changes nothing, whatever it reports; the next
+// session starts clean.
+TEST_F(SessionTest, AnUpdateOutsideASessionChangesNothing) {
+  {
+    Status outside;
+    auto update = session_.BeginUpdate(&outside);
+    ASSERT_TRUE(update.ok());
+    EXPECT_EQ(outside.message(), "start_weight_update must be called before update_weights");
+    update->Done(Internal("landed anyway?"), true);
+  }
+  ReceiverSession::Snapshot s = session_.Look();
+  EXPECT_FALSE(s.active);
+  EXPECT_TRUE(s.consistent);
+  EXPECT_EQ(s.expired_sessions, 0);
+  ASSERT_TRUE(session_.Start().ok());
+}
+
+// After an expiry, the note explains a refused update until the next start clears it.
+TEST_F(SessionTest, TheExpiryNoteExplainsRefusalsUntilTheNextStart) {
+  ASSERT_TRUE(session_.Start().ok());
+  Advance(11);
+  EXPECT_EQ(session_.Look().expired_sessions, 1);  // Look applies expiry as of now
+  auto finish = session_.BeginFinish();
+  EXPECT_NE(finish.status().message().find("expired after 10 s"), std::string::npos) << finish.status().message();
+  ASSERT_TRUE(session_.Start().ok());
+  EXPECT_EQ(session_.Look().expired_sessions, 1);
+  {
+    auto f = session_.BeginFinish();
+    ASSERT_TRUE(f.ok());
+    f->Done(Status::Ok());
+  }
+  Status outside;
+  {
+    auto update = session_.BeginUpdate(&outside);
+    update->Done(outside, false);
+  }
+  EXPECT_EQ(outside.message(), "start_weight_update must be called before update_weights");
 }
 
 TEST(Session, ALeaseOfZeroNeverExpires) {

@@ -1,6 +1,7 @@
 // Bad control-plane input against a live `wsync serve`, over raw HTTP: every refusal has
 // the right status code and a message naming the field or tensor, the server stays up,
-// and a full trainer sync afterwards still lands bit-exact.
+// and a full trainer sync afterwards still lands bit-exact. A trainer of another backend
+// is told which backend the server runs.
 #include <string>
 #include <vector>
 
@@ -27,24 +28,6 @@ class ControlErrorsTest : public E2eTest {
     return u;
   }
 };
-
-// Expects `r` to be `status` with an error message containing every one of `needles`.
-::testing::AssertionResult IsError(const HttpReply& r, int status,
-                                   std::vector<std::string> needles) {
-  if (r.status != status) {
-    return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
-  }
-  std::string msg = r.ErrorMessage();
-  if (msg.empty()) {
-    return ::testing::AssertionFailure() << "no {\"error\":{\"message\":...}} in " << r.Describe();
-  }
-  for (const std::string& n : needles) {
-    if (msg.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << msg;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 TEST_F(ControlErrorsTest, BadRequestsGetExactCodesAndNamedMessagesThenAValidSyncSucceeds) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", {"--model", "qwen3-tiny", "--tp", "2",
@@ -137,6 +120,51 @@ TEST_F(ControlErrorsTest, PushOfAnotherModelFailsNamingServerAndTensorThenTheRig
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 8, 0,
                                                                   DigestAlgorithm::kXxh3_128));
   ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+}
+
+// A trainer of one backend against a server of another: /health names the server's
+// backend, and an init_info of another backend is refused with 409 naming both backends,
+// the field that gave it away and the way out, whichever pair it is. The server stays up
+// and syncs with the right trainer afterwards.
+TEST_F(ControlErrorsTest, ABackendMismatchIsNamedWithBothBackendsThenTheRightBackendSyncs) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server nccl, StartServer("serve_nccl", {"--model", "qwen3-tiny"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server delta, StartServer("serve_delta", {"--model", "qwen3-tiny", "--backend", "delta"}));
+  HttpReply health = HttpGet(nccl.url, "/health");
+  ASSERT_EQ(health.status, 200) << health.Describe();
+  EXPECT_EQ(health.json.value("backend", ""), "nccl") << health.Describe();
+  EXPECT_EQ(HttpGet(delta.url, "/health").json.value("backend", ""), "delta");
+
+  const std::string expected =
+      "this server runs backend 'nccl'; the init_info is for backend 'ipc' (field 'buffers'): "
+      "start the server with --backend ipc or push with --backend nccl";
+  RunResult ipc_push = RunWsync("push_ipc", {"push", "--servers", nccl.url, "--backend", "ipc", "--model",
+                                             "qwen3-tiny", "--seed", "1", "--timeout", "30"},
+                                /*timeout_seconds=*/60);
+  EXPECT_FALSE(ipc_push.timed_out) << ipc_push.description;
+  EXPECT_TRUE(ipc_push.exit.exited && ipc_push.exit.code != 0) << ipc_push.description;
+  EXPECT_LT(ipc_push.seconds, 20) << "a refused init must not wait for the timeout\n" << ipc_push.description;
+  EXPECT_NE(ipc_push.err.find(nccl.url), std::string::npos) << ipc_push.description;
+  EXPECT_NE(ipc_push.err.find(expected), std::string::npos) << ipc_push.description;
+
+  // Raw init_infos of each other backend.
+  const json delta_init = {{"sync_dir", (dir() / "sync").string()}, {"format_version", 1}};
+  EXPECT_TRUE(IsError(HttpPostJson(nccl.url, "/init_weight_transfer_engine", json{{"init_info", delta_init}}), 409,
+                      {"this server runs backend 'nccl'; the init_info is for backend 'delta' (field "
+                       "'format_version'): start the server with --backend delta or push with --backend nccl"}));
+  const json nccl_init = {{"world_size", 2}, {"rank_offset", 1}, {"gloo_store_host", "127.0.0.1"},
+                          {"gloo_store_port", 1}};
+  EXPECT_TRUE(IsError(HttpPostJson(delta.url, "/init_weight_transfer_engine", json{{"init_info", nccl_init}}), 409,
+                      {"this server runs backend 'delta'; the init_info is for backend 'nccl' (field "
+                       "'gloo_store_host'): start the server with --backend nccl or push with --backend delta"}));
+  // An unknown field no backend claims still gets the backend's own parser's answer.
+  EXPECT_TRUE(IsError(HttpPostJson(nccl.url, "/init_weight_transfer_engine",
+                                   json{{"init_info", {{"world_size", 2}, {"rank_offset", 1}, {"bogus", 1}}}}),
+                      400, {"init_info has unknown field 'bogus'"}));
+
+  RunResult right = Push("push_nccl", {nccl}, {"--model", "qwen3-tiny", "--seed", "3", "--verify", "--timeout", "60"});
+  ASSERT_TRUE(right.success()) << right.description << "\n--- server ---\n" << nccl.process->Describe();
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 3, 0, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({nccl}, want, DigestAlgorithm::kXxh3_128);
 }
 
 TEST_F(ControlErrorsTest, PauseResumeAndPrefixCacheRoutesAnswerLikeVllm) {

@@ -24,6 +24,22 @@ using nlohmann::json;
 
 // ---- HTTP -----------------------------------------------------------------------------
 
+::testing::AssertionResult IsError(const HttpReply& r, int status, const std::vector<std::string>& needles) {
+  if (r.status != status) {
+    return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
+  }
+  std::string msg = r.ErrorMessage();
+  if (msg.empty()) {
+    return ::testing::AssertionFailure() << "no {\"error\":{\"message\":...}} in " << r.Describe();
+  }
+  for (const std::string& n : needles) {
+    if (msg.find(n) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << msg;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 std::string HttpReply::ErrorMessage() const {
   if (!json.is_object()) return "";
   auto e = json.find("error");

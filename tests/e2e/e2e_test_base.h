@@ -27,6 +27,7 @@
 
 #include "core/digest.h"
 #include "subprocess.h"
+#include "testing/status_matchers.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -48,6 +49,10 @@ struct HttpReply {
   // "-> 400: {...}" (body cut to 2000 bytes), for assertion messages.
   std::string Describe() const;
 };
+
+// `r` is HTTP `status` with a JSON error ({"error": {"message": ...}}) whose message
+// contains every one of `needles`.
+::testing::AssertionResult IsError(const HttpReply& r, int status, const std::vector<std::string>& needles);
 
 // One request on a fresh connection. `api_key` non-empty adds `Authorization: Bearer KEY`.
 HttpReply HttpGet(const std::string& url, const std::string& path, const std::string& api_key = "",
@@ -146,12 +151,8 @@ class E2eTest : public ::testing::Test {
   std::vector<std::unique_ptr<Subprocess>> procs_;
 };
 
-// ASSERTs that a Result is OK (printing its Status) and moves its value into `lhs`.
-#define E2E_ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  E2E_ASSERT_OK_AND_ASSIGN_IMPL_(WSYNC_CONCAT_(e2e_result_, __LINE__), lhs, expr)
-#define E2E_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)   \
-  auto tmp = (expr);                                     \
-  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();      \
-  lhs = std::move(tmp).value()
+// ASSERTs that a Result is OK (printing its Status) and moves its value into `lhs`
+// (testing/status_matchers.h's ASSERT_OK_AND_ASSIGN).
+#define E2E_ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN(lhs, expr)
 
 }  // namespace wsync::e2e

@@ -29,7 +29,7 @@
 #include "cuda/runtime.h"
 #include "e2e_test_base.h"
 #include "model/config.h"
-#include "sources/failing_source.h"
+#include "testing/faulty_source.h"
 #include "trainer/synthetic.h"
 #include "wsync/source.h"
 
@@ -53,17 +53,6 @@ int OpenFds(pid_t pid) {
     closedir(d);
   }
   return n;
-}
-
-::testing::AssertionResult IsError(const HttpReply& r, int status, std::vector<std::string> needles) {
-  if (r.status != status) return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
-  std::string msg = r.ErrorMessage();
-  for (const std::string& n : needles) {
-    if (msg.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << r.Describe();
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 class GpuIpcTest : public E2eTest {
@@ -420,7 +409,7 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
   auto trainer = SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 71, 2);
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
   E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<TwoGpuRanks> g, TwoGpuRanks::Start(s.url, (*trainer)->metadata(), {}));
-  FailingSource rank1(g->sources[1].get());  // no DeviceTensorSource: the ranks pack
+  testing::FaultySource rank1(g->sources[1].get());  // no DeviceTensorSource: the ranks pack
   auto sync = [&](uint64_t step) {
     EXPECT_TRUE((*trainer)->Step(step).ok());
     for (auto& src : g->sources) EXPECT_TRUE(src->Upload((*trainer)->tensors()).ok());
@@ -442,8 +431,8 @@ TEST_F(GpuIpcTest, TwoTrainerRanksEachExportTheirGpusSlotsToATp2Server) {
   }
   // Sync 6: rank 1's transfer pass (its 12th pass) breaks at tensor 7, after it has
   // published some chunks on cuda:1.
-  rank1.fail_pass = 12;
-  rank1.fail_at = 7;
+  rank1.options().fail_pass = 12;
+  rank1.options().fail_at = 7;
   auto t0 = std::chrono::steady_clock::now();
   std::vector<Status> failed = sync(6);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);

@@ -58,17 +58,6 @@ class IpcTest : public E2eTest {
   }
 };
 
-::testing::AssertionResult IsError(const HttpReply& r, int status, std::vector<std::string> needles) {
-  if (r.status != status) return ::testing::AssertionFailure() << "want " << status << ", got " << r.Describe();
-  std::string msg = r.ErrorMessage();
-  for (const std::string& n : needles) {
-    if (msg.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message does not name '" << n << "': " << r.Describe();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 TEST_F(IpcTest, Tp1AndTp2ServersMatchTheTrainerOverSeveralStepsAndReleaseTheRegionAfter) {
   E2E_ASSERT_OK_AND_ASSIGN(Server tp1, StartIpcServer("tp1", "qwen3-tiny", 1));
   E2E_ASSERT_OK_AND_ASSIGN(Server tp2, StartIpcServer("tp2", "qwen3-tiny", 2));

@@ -9,6 +9,7 @@
 #include "backends/delta/testing.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "testing/faulty_source.h"
 #include "trainer/synthetic.h"
 
 namespace wsync::delta {
@@ -224,31 +225,6 @@ TEST(DeltaPublisherTest, XorsInTheBaseCheckpointsOnDiskDtypeAndSkipsNamesItLacks
   EXPECT_NE(refused.status().message().find("[64, 64]"), std::string::npos) << refused.status().message();
 }
 
-// Yields its inner source's tensors but fails at tensor `fail_at` while `armed`.
-class FlakySource : public WeightSource {
- public:
-  FlakySource(WeightSource& inner, size_t fail_at) : inner_(inner), fail_at_(fail_at) {}
-  const std::vector<TensorMeta>& metadata() const override { return inner_.metadata(); }
-  Result<std::unique_ptr<TensorStream>> Iterate() override {
-    WSYNC_ASSIGN_OR_RETURN(auto s, inner_.Iterate());
-    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(s), armed ? fail_at_ : SIZE_MAX));
-  }
-  bool armed = true;
-
- private:
-  struct Stream : TensorStream {
-    Stream(std::unique_ptr<TensorStream> s, size_t fail_at) : inner(std::move(s)), fail_at(fail_at) {}
-    Result<bool> Next(TensorRef* out) override {
-      if (n++ == fail_at) return Unavailable("gather of a shard failed");
-      return inner->Next(out);
-    }
-    std::unique_ptr<TensorStream> inner;
-    size_t fail_at, n = 0;
-  };
-  WeightSource& inner_;
-  size_t fail_at_;
-};
-
 TEST(DeltaPublisherTest, AFailedPassRestoresTheSnapshotAndRepublishesTheSameVersion) {
   TempDir dir("pub");
   auto trainer = Tiny();
@@ -262,7 +238,10 @@ TEST(DeltaPublisherTest, AFailedPassRestoresTheSnapshotAndRepublishesTheSameVers
     EXPECT_TRUE(pub->Publish(t->source()).ok());
     EXPECT_TRUE(t->Step(1).ok());
     if (flaky) {
-      FlakySource f(t->source(), t->metadata().size() / 2);
+      wsync::testing::FaultySource f(&t->source(), {.fail_pass = -1,
+                                                    .fail_at = t->metadata().size() / 2,
+                                                    .fail_code = StatusCode::kUnavailable,
+                                                    .fail_message = "gather of a shard failed"});
       auto failed = pub->Publish(f);
       EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
       EXPECT_EQ(pub->version(), 1);

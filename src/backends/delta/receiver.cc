@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <future>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -18,9 +17,10 @@
 #include "core/digest.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/stopwatch.h"
 #include "format/safetensors.h"
 #include "model/worker_store.h"
-#include "receiver/worker_thread.h"
+#include "receiver/worker_fanout.h"
 
 namespace wsync {
 namespace {
@@ -28,17 +28,6 @@ namespace {
 using nlohmann::json;
 using delta::FetchReport;
 using delta::LocalCheckpoint;
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-Status JoinAll(std::vector<std::future<Status>>& futures) {
-  Status first;
-  for (auto& f : futures) {
-    Status s = f.get();
-    if (first.ok() && !s.ok()) first = s;
-  }
-  return first;
-}
 
 // A string setting from the serve flags ("" when absent).
 std::string Flag(const json& config, const char* key) {
@@ -98,17 +87,13 @@ class DeltaReceiver final : public ReceiverBackend {
     if (sync_dir.empty()) return InvalidArgument("fetch_weights needs a 'sync_dir' (none was given at init either)");
     WSYNC_RETURN_IF_ERROR(CheckSyncDir(sync_dir));
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
-    auto t0 = Clock::now();
+    Stopwatch elapsed;
     double cpu0 = delta::ProcessCpuSeconds();
     std::vector<Result<FetchReport>> reports(stores_.size(), Internal("not run"));
-    std::vector<std::future<Status>> futures;
-    for (size_t i = 0; i < stores_.size(); ++i) {
-      futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
-        reports[i] = stores_[i]->Fetch(target, sync_dir, deadline);
-        return reports[i].ok() ? Status::Ok() : reports[i].status().WithContext(ctx_->workers[i].label);
-      }));
-    }
-    WSYNC_RETURN_IF_ERROR(JoinAll(futures));
+    WSYNC_RETURN_IF_ERROR(RunOnEveryWorker(ctx_->workers, "fetch_weights", deadline, [&](size_t i, const ReceiverWorker&) {
+      reports[i] = stores_[i]->Fetch(target, sync_dir, deadline);
+      return reports[i].status();
+    }));
     json stats = {{"fetch_s", 0.0}, {"apply_s", 0.0}, {"apply_cpu_s", 0.0}, {"libzstd_frames", 0}, {"remapped_bytes", 0},
                   {"reset_s", 0.0}, {"lock_wait_s", 0.0},
                   {"versions", 0}, {"tensors", 0}, {"payload_bytes", 0}, {"tensor_bytes", 0}};
@@ -133,7 +118,7 @@ class DeltaReceiver final : public ReceiverBackend {
       stats["payload_bytes"] = stats["payload_bytes"].get<uint64_t>() + r->payload_bytes;
       stats["tensor_bytes"] = stats["tensor_bytes"].get<uint64_t>() + r->tensor_bytes;
     }
-    stats["total_s"] = Since(t0);
+    stats["total_s"] = elapsed.seconds();
     stats["cpu_s"] = delta::ProcessCpuSeconds() - cpu0;  // this server process, all threads
     WSYNC_LOG_INFO("delta: fetched version {} from {} (from version {}{}): {} version(s), {} tensors, fetch {:.3f} s, "
                    "apply {:.3f} s ({:.3f} CPU s in the apply threads, {} patch(es) through libzstd, {:.3f} GB re-mapped after a "
@@ -155,18 +140,15 @@ class DeltaReceiver final : public ReceiverBackend {
     WSYNC_ASSIGN_OR_RETURN(int64_t target, delta::ParseTargetVersion(*req.update_info, "update_weights"));
     WSYNC_RETURN_IF_ERROR(stores_.front()->ValidateReady(target));
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
-    auto t0 = Clock::now();
-    std::vector<std::future<Status>> futures;
+    Stopwatch elapsed;
     // The servers are paused: a CPU worker's copies may take its share of every core.
     const size_t threads = std::max<size_t>(1, DefaultThreads() / stores_.size());
-    for (size_t i = 0; i < stores_.size(); ++i) {
-      futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
-        return Reload(ctx_->workers[i], *stores_[i], target, deadline, threads).WithContext(ctx_->workers[i].label);
-      }));
-    }
-    WSYNC_RETURN_IF_ERROR(JoinAll(futures));
+    WSYNC_RETURN_IF_ERROR(RunOnEveryWorker(ctx_->workers, "update_weights", deadline,
+                                           [&](size_t i, const ReceiverWorker& w) {
+                                             return Reload(w, *stores_[i], target, deadline, threads);
+                                           }));
     WSYNC_LOG_INFO("delta: reloaded version {} from {} into {} worker(s) in {:.3f} s", target,
-                   stores_.front()->CurrentDir(), stores_.size(), Since(t0));
+                   stores_.front()->CurrentDir(), stores_.size(), elapsed.seconds());
     return Status::Ok();
   }
 
@@ -216,7 +198,7 @@ class DeltaReceiver final : public ReceiverBackend {
 
   // Loads every HF tensor of the model from the local checkpoint into one worker's shards.
   // A CPU worker plans every copy first and runs them on `threads` threads in pieces of
-  // at most kReloadPieceBytes (one thread copied ~5 GB/s, and the pause waits for it); a
+  // at most kReloadPieceBytes (one copy thread alone would bound the pause); a
   // CUDA worker loads tensor by tensor.
   static Status Reload(const ReceiverWorker& w, const LocalCheckpoint& store, int64_t target, Deadline deadline,
                        size_t threads) {

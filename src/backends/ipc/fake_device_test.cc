@@ -26,8 +26,9 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
-#include "sources/failing_source.h"
 #include "sources/trainer_ranks.h"
+#include "testing/faulty_source.h"
+#include "testing/test_server.h"
 #include "trainer/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
@@ -219,11 +220,8 @@ class FakePlane final : public IpcDevicePlane {
   FakeRuntime* rt_;
 };
 
-struct Server {
-  std::unique_ptr<InferenceServer> service;
-  std::unique_ptr<HttpControlServer> http;
-  std::string url() const { return http->url(); }
-};
+using Server = testing::TestServer;
+using testing::FaultySource;
 
 template <typename Pred>
 bool Eventually(Pred pred, double seconds) {
@@ -253,13 +251,9 @@ class IpcFakeGpu : public ::testing::Test {
     o.device = device;
     o.backend = "ipc";
     o.timeout_seconds = 20;
-    auto made = InferenceServer::Create(o, [](std::string_view, ReceiverContext* c) { return CreateIpcReceiver(c); });
+    auto made = Server::Start(o, [](std::string_view, ReceiverContext* c) { return CreateIpcReceiver(c); });
     EXPECT_TRUE(made.ok()) << made.status().ToString();
-    Server s;
-    s.service = std::move(*made);
-    s.http = std::move(*HttpControlServer::Start(HttpServerOptions{}, s.service.get()));
-    s.service->set_url(s.http->url());
-    servers_.push_back(std::make_unique<Server>(std::move(s)));
+    servers_.push_back(std::make_unique<Server>(std::move(*made)));
     return *servers_.back();
   }
   TrainerOptions Options(const std::vector<Server*>& servers, Device device = kCuda0) {
@@ -272,12 +266,7 @@ class IpcFakeGpu : public ::testing::Test {
     return o;
   }
   static void ExpectHolds(InferenceServer& server, const SyntheticTrainer& trainer) {
-    auto sums = server.Checksums(DigestAlgorithm::kXxh3_128);
-    ASSERT_TRUE(sums.ok()) << sums.status().ToString();
-    for (const HostTensor& t : trainer.tensors()) {
-      EXPECT_EQ((*sums)[t.meta.name], HexDigest(DigestAlgorithm::kXxh3_128, t.storage.span().first(t.meta.nbytes())))
-          << t.meta.name;
-    }
+    testing::ExpectServerHolds(server, trainer.tensors());
   }
 
   static constexpr Device kCuda0{Device::Kind::kCuda, 0};
@@ -557,7 +546,7 @@ TEST_F(IpcFakeGpu, TwoRanksEachOfferTheirOwnTensorsZeroCopyAndFallBackToPackingT
 
   // One rank's source is not a DeviceTensorSource: both ranks pack that sync (auto), into
   // their slots, and go back to zero-copy after it without mapping anything again.
-  FailingSource other(device[1].get());
+  FaultySource other(device[1].get());
   sources[1] = &other;
   std::vector<SyncStats> stats;
   for (const Status& s : sync(engines, &stats)) ASSERT_TRUE(s.ok()) << s.ToString();
@@ -574,9 +563,9 @@ TEST_F(IpcFakeGpu, TwoRanksEachOfferTheirOwnTensorsZeroCopyAndFallBackToPackingT
 
   // A rank whose pass breaks mid-stream fails the sync on both ranks at once, naming it;
   // the next sync initializes a new session on both ranks by itself and lands.
-  FailingSource broken(device[1].get());
-  broken.fail_pass = 1;
-  broken.fail_at = 3;
+  FaultySource broken(device[1].get());
+  broken.options().fail_pass = 1;
+  broken.options().fail_at = 3;
   sources[1] = &broken;
   auto t0 = std::chrono::steady_clock::now();
   auto failed = sync(engines);
@@ -595,7 +584,7 @@ TEST_F(IpcFakeGpu, TwoRanksEachOfferTheirOwnTensorsZeroCopyAndFallBackToPackingT
   // zero_copy mode exports no slots: a rank that cannot offer its tensors fails the sync
   // on both ranks with the reason, and the session stays.
   engines = make(IpcTrainerOptions::Mode::kZeroCopy);
-  FailingSource wrapped(device[1].get());  // the same tensors, but not a DeviceTensorSource
+  FaultySource wrapped(device[1].get());  // the same tensors, but not a DeviceTensorSource
   sources[1] = &wrapped;
   auto refused = sync(engines);
   for (const Status& s : refused) {
@@ -623,7 +612,7 @@ TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
   for (int r = 0; r < 2; ++r) {
     device[r] = std::move(*DeviceTensorSource::Create(Device{Device::Kind::kCuda, r}, trainer->metadata()));
   }
-  FailingSource rank1(device[1].get());
+  FaultySource rank1(device[1].get());
   std::vector<WeightSource*> sources = {device[0].get(), &rank1};
   std::vector<std::unique_ptr<TrainerEngine>> engines(2);
   auto make = [&] {
@@ -647,8 +636,8 @@ TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
 
   // Sync 2: rank 1's pass (its 2nd: one per sync) breaks at tensor 5, after it has
   // published some chunks. Every rank fails at once (not at the 20 s timeout), naming it.
-  rank1.fail_pass = 2;
-  rank1.fail_at = 5;
+  rank1.options().fail_pass = 2;
+  rank1.options().fail_at = 5;
   auto t0 = std::chrono::steady_clock::now();
   auto failed = sync(2);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

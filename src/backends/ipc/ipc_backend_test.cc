@@ -19,6 +19,8 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
+#include "testing/faulty_source.h"
+#include "testing/test_server.h"
 #include "trainer/synthetic.h"
 
 namespace wsync {
@@ -27,11 +29,9 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-struct Server {
-  std::unique_ptr<InferenceServer> service;
-  std::unique_ptr<HttpControlServer> http;
-  std::string url() const { return http->url(); }
-};
+using testing::ExpectServerHolds;
+using testing::FaultySource;
+using Server = testing::TestServer;
 
 // `shm_dir`: the directory `wsync serve --ipc-shm-dir` would allow POSIX shm regions in.
 Server StartServer(const std::string& model, int tp, int dp = 1, int dp_rank = -1, const std::string& shm_dir = "") {
@@ -43,38 +43,10 @@ Server StartServer(const std::string& model, int tp, int dp = 1, int dp_rank = -
   o.dp_rank = dp_rank;
   o.backend = "ipc";
   o.timeout_seconds = 20;
-  Server s;
-  auto made = InferenceServer::Create(o, [](std::string_view, ReceiverContext* c) { return CreateIpcReceiver(c); });
+  auto made = Server::Start(o, [](std::string_view, ReceiverContext* c) { return CreateIpcReceiver(c); });
   EXPECT_TRUE(made.ok()) << made.status().ToString();
-  s.service = std::move(*made);
-  s.http = std::move(*HttpControlServer::Start(HttpServerOptions{}, s.service.get()));
-  s.service->set_url(s.http->url());
-  return s;
+  return std::move(*made);
 }
-
-void ExpectServerHolds(InferenceServer& server, WeightSource& source) {
-  auto sums = server.Checksums(DigestAlgorithm::kXxh3_128);
-  ASSERT_TRUE(sums.ok()) << sums.status().ToString();
-  auto stream = *source.Iterate();
-  TensorRef t;
-  size_t n = 0;
-  while (*stream->Next(&t)) {
-    EXPECT_EQ((*sums)[std::string(t.name)], HexDigest(DigestAlgorithm::kXxh3_128, t.bytes)) << t.name;
-    ++n;
-  }
-  EXPECT_EQ(n, sums->size());
-}
-
-class LyingSource : public WeightSource {
- public:
-  LyingSource(WeightSource& inner, size_t bad) : inner_(inner), meta_(inner.metadata()) { meta_[bad].shape.back() += 1; }
-  const std::vector<TensorMeta>& metadata() const override { return meta_; }
-  Result<std::unique_ptr<TensorStream>> Iterate() override { return inner_.Iterate(); }
-
- private:
-  WeightSource& inner_;
-  std::vector<TensorMeta> meta_;
-};
 
 class IpcBackend : public ::testing::Test {
  protected:
@@ -153,7 +125,7 @@ TEST_F(IpcBackend, LyingSourceFailsBeforeAnythingIsSentAndTheSessionSurvives) {
   Server a = StartServer("qwen3-tiny", 1);
   auto engine = *CreateIpcTrainer(Options({&a}));
   ASSERT_TRUE(engine->Init(trainer->metadata()).ok());
-  LyingSource liar(trainer->source(), 3);
+  FaultySource liar(&trainer->source(), {.lie_shape_at = 3});
   auto r = engine->SendWeights(liar, std::nullopt);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find(trainer->metadata()[3].name), std::string::npos) << r.status().message();

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
-#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "core/checked_math.h"
 #include "core/log.h"
 #include "model/worker_store.h"
+#include "receiver/worker_fanout.h"
 #include "receiver/worker_thread.h"
 
 namespace wsync {
@@ -70,9 +70,6 @@ struct Session {
   std::vector<std::unique_ptr<WorkerPlane>> planes;
 };
 
-// Runs `fn` on `w`'s thread (where its device is current) and waits for it.
-Status OnWorker(const ReceiverWorker& w, std::function<Status()> fn) { return w.thread->Post(std::move(fn)).get(); }
-
 class IpcReceiver final : public ReceiverBackend {
  public:
   IpcReceiver(ReceiverContext* ctx, IpcOpenPolicy policy) : ctx_(ctx), policy_(std::move(policy)) {
@@ -94,7 +91,7 @@ class IpcReceiver final : public ReceiverBackend {
     WSYNC_ASSIGN_OR_RETURN(IpcInitInfo info, IpcInitInfo::Parse(init_info));
     int tp = ctx_->tp_size;
     for (const ReceiverWorker& w : ctx_->workers) {
-      int reader = info.reader_offset + w.dp_index * tp + w.tp_rank;
+      int reader = info.reader_offset + ctx_->DeploymentIndex(w);
       if (reader >= info.reader_count) {
         return InvalidArgument(fmt::format(
             "{} would be reader {} (reader_offset {} + dp {} * tp {} + tp rank {}), outside reader_count {}",
@@ -120,11 +117,11 @@ class IpcReceiver final : public ReceiverBackend {
     }
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       const ReceiverWorker& w = ctx_->workers[i];
-      session->region->Attach(info.reader_offset + w.dp_index * tp + w.tp_rank, static_cast<uint32_t>(getpid()),
+      session->region->Attach(info.reader_offset + ctx_->DeploymentIndex(w), static_cast<uint32_t>(getpid()),
                               session->planes[i]->publisher);
     }
     session->info = info;
-    session->timeout = std::min(ctx_->timeout_seconds, info.timeout_seconds.value_or(ctx_->timeout_seconds));
+    session->timeout = ctx_->TimeoutFor(info.timeout_seconds);
     WSYNC_LOG_INFO("ipc session {}: mapped {} ({} slot(s) of {} bytes), readers {}..{} of {}", info.session,
                    info.control_path, info.num_slots, info.slot_bytes, info.reader_offset,
                    info.reader_offset + static_cast<int>(ctx_->workers.size()) - 1, info.reader_count);
@@ -165,9 +162,8 @@ class IpcReceiver final : public ReceiverBackend {
           "the trainer of ipc session {} (pid {}) has exited; its region is released: call "
           "init_weight_transfer_engine again", u.session, region.trainer_pid()));
     }
-    int tp = ctx_->tp_size;
     for (const ReceiverWorker& w : ctx_->workers) {
-      int reader = session->info.reader_offset + w.dp_index * tp + w.tp_rank;
+      int reader = session->info.reader_offset + ctx_->DeploymentIndex(w);
       if (region.acked(reader) >= u.first_seq) {
         return FailedPrecondition(fmt::format("the trainer announced sync {} from chunk seq {}, which {} has already "
                                               "consumed", u.sync, u.first_seq, w.label));
@@ -177,25 +173,16 @@ class IpcReceiver final : public ReceiverBackend {
     Deadline deadline = Deadline::InSeconds(session->timeout);
     if (u.zero_copy) WSYNC_RETURN_IF_ERROR(MapZeroCopy(*session, u));
     std::atomic<size_t> landed{0};
-    std::vector<std::future<Status>> futures;
     const std::shared_ptr<const std::vector<TensorMeta>>& tensors = req.tensors;
-    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
-      const ReceiverWorker& w = ctx_->workers[i];
-      int reader = session->info.reader_offset + w.dp_index * tp + w.tp_rank;
-      WorkerPlane* plane = session->planes[i].get();
-      futures.push_back(w.thread->Post([&, reader, w, plane]() -> Status {
-        if (u.zero_copy) return ReceiveZeroCopy(w, *plane, reader, region, u, tensors, deadline, landed);
-        if (plane->slots == WorkerPlane::Slots::kDevice) {
-          return ReceiveDevice(w, *plane, reader, region, u, tensors, deadline, landed);
-        }
-        return Receive(w, reader, region, u, *tensors, deadline, landed);
-      }));
-    }
-    Status first;
-    for (auto& f : futures) {
-      Status s = f.get();
-      if (first.ok() && !s.ok()) first = s;
-    }
+    Status first = RunOnEveryWorker(ctx_->workers, "update_weights", deadline, [&](size_t i, const ReceiverWorker& w) {
+      int reader = session->info.reader_offset + ctx_->DeploymentIndex(w);
+      WorkerPlane& plane = *session->planes[i];
+      if (u.zero_copy) return ReceiveZeroCopy(w, plane, reader, region, u, tensors, deadline, landed);
+      if (plane.slots == WorkerPlane::Slots::kDevice) {
+        return ReceiveDevice(w, plane, reader, region, u, tensors, deadline, landed);
+      }
+      return Receive(w, reader, region, u, *tensors, deadline, landed);
+    });
     if (first.ok()) return first;
     if (!region.TrainerAlive() || !region.CheckStillMapped().ok()) Release(session);
     if (first.code() == StatusCode::kAborted && landed.load() > 0) {
@@ -317,7 +304,7 @@ class IpcReceiver final : public ReceiverBackend {
       }
       uint64_t bytes = *end;
       std::unique_ptr<DeviceImport> m;
-      Status s = OnWorker(w, [&]() -> Status {
+      Status s = RunOnWorker(w, [&]() -> Status {
         WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle, bytes));
         return Status::Ok();
       });
@@ -394,7 +381,7 @@ class IpcReceiver final : public ReceiverBackend {
                                              plane.key, buffer.offset, u.zero_copy->bytes));
         }
         std::unique_ptr<DeviceImport> m;
-        Status s = OnWorker(w, [&]() -> Status {
+        Status s = RunOnWorker(w, [&]() -> Status {
           WSYNC_ASSIGN_OR_RETURN(m, DeviceImport::Open(w.device, buffer.kind, buffer.handle, *end));
           return Status::Ok();
         });

@@ -25,7 +25,7 @@
 
 #include <memory>
 
-#include "wsync/receiver.h"
+#include "receiver/backend.h"
 
 namespace wsync {
 

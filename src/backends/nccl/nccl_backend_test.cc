@@ -12,8 +12,10 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
+#include "testing/faulty_source.h"
+#include "testing/test_server.h"
 #include "trainer/synthetic.h"
-#include "wsync/receiver.h"
+#include "receiver/backend.h"
 #include "wsync/trainer.h"
 
 namespace wsync {
@@ -21,50 +23,19 @@ namespace {
 
 using nlohmann::json;
 
-struct Server {
-  std::unique_ptr<InferenceServer> service;
-  std::unique_ptr<HttpControlServer> http;
-};
+using testing::ExpectServerHolds;
+using testing::FaultySource;
+using Server = testing::TestServer;
 
 Server StartServer(const std::string& model, int tp) {
   InferenceServerOptions o;
   o.model = model;
   o.tp = tp;
   o.timeout_seconds = 20;
-  Server s;
-  s.service = std::move(*InferenceServer::Create(o, CreateReceiverBackend));
-  s.http = std::move(*HttpControlServer::Start(HttpServerOptions{}, s.service.get()));
-  s.service->set_url(s.http->url());
-  return s;
+  auto made = Server::Start(o, CreateReceiverBackend);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  return std::move(*made);
 }
-
-// Every tensor's digest on the server equals the source's.
-void ExpectServerHolds(InferenceServer& server, WeightSource& source) {
-  auto sums = server.Checksums(DigestAlgorithm::kXxh3_128);
-  ASSERT_TRUE(sums.ok()) << sums.status().ToString();
-  auto stream = *source.Iterate();
-  TensorRef t;
-  size_t n = 0;
-  while (*stream->Next(&t)) {
-    EXPECT_EQ((*sums)[std::string(t.name)], HexDigest(DigestAlgorithm::kXxh3_128, t.bytes)) << t.name;
-    ++n;
-  }
-  EXPECT_EQ(n, sums->size());
-}
-
-// A source that lies: its metadata says one thing, its iteration yields another.
-class LyingSource : public WeightSource {
- public:
-  LyingSource(WeightSource& inner, size_t bad_index) : inner_(inner), meta_(inner.metadata()) {
-    meta_[bad_index].shape.back() += 1;
-  }
-  const std::vector<TensorMeta>& metadata() const override { return meta_; }
-  Result<std::unique_ptr<TensorStream>> Iterate() override { return inner_.Iterate(); }
-
- private:
-  WeightSource& inner_;
-  std::vector<TensorMeta> meta_;
-};
 
 class NcclBackend : public ::testing::Test {
  protected:
@@ -108,7 +79,7 @@ TEST_F(NcclBackend, LyingSourceFailsBeforeAnythingIsSent) {
   Server a = StartServer("qwen3-tiny", 1);
   auto engine = *CreateTrainerEngine(Options({&a}));
   ASSERT_TRUE(engine->Init(trainer_->metadata()).ok());
-  LyingSource liar(trainer_->source(), 3);
+  FaultySource liar(&trainer_->source(), {.lie_shape_at = 3});
   auto r = engine->SendWeights(liar, std::nullopt);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "model/worker_store.h"
+#include "receiver/worker_fanout.h"
 #include "receiver/worker_thread.h"
 
 namespace wsync {
@@ -73,7 +74,7 @@ class NcclReceiver final : public ReceiverBackend {
       }
     }
     Shutdown();
-    double timeout = std::min(ctx_->timeout_seconds, info.timeout_seconds.value_or(ctx_->timeout_seconds));
+    double timeout = ctx_->TimeoutFor(info.timeout_seconds);
     Deadline deadline = Deadline::InSeconds(timeout);
     std::vector<std::string> labels = info.gloo_rank_labels;
     DescribeRank describe = [labels](int r) {
@@ -142,24 +143,21 @@ class NcclReceiver final : public ReceiverBackend {
     bool preflight = info_->wsync_protocol.has_value();
     if (!preflight && !req.reject.ok()) return req.reject;  // vLLM peers: nothing to join
 
-    std::vector<std::future<Status>> futures;
-    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
-      futures.push_back(ctx_->workers[i].thread->Post([&, i]() -> Status {
-        Slot& slot = slots_[i];
-        if (preflight) {
-          int64_t vote = req.reject.ok() ? 0 : 1;
-          WSYNC_RETURN_IF_ERROR(slot.comm->AllReduceSum(std::span<int64_t>(&vote, 1), deadline));
-          if (!req.reject.ok()) return req.reject;
-          if (vote != 0) {
-            return Aborted(fmt::format(
-                "update abandoned: {} other rank(s) of the broadcast group rejected it (the "
-                "trainer reports why)", vote));
-          }
+    Status s = RunOnEveryWorker(ctx_->workers, "update_weights", deadline, [&](size_t i, const ReceiverWorker& w) {
+      Slot& slot = slots_[i];
+      if (preflight) {
+        int64_t vote = req.reject.ok() ? 0 : 1;
+        WSYNC_RETURN_IF_ERROR(slot.comm->AllReduceSum(std::span<int64_t>(&vote, 1), deadline));
+        if (!req.reject.ok()) return req.reject;
+        if (vote != 0) {
+          return Aborted(fmt::format(
+              "update abandoned: {} other rank(s) of the broadcast group rejected it (the "
+              "trainer reports why)", vote));
         }
-        return ReceiveInto(ctx_->workers[i], slot, tensors, plan, deadline);
-      }));
-    }
-    Status s = JoinAll(futures);
+      }
+      return ReceiveInto(w, slot, tensors, plan, deadline);
+    });
+    if (!req.reject.ok()) return req.reject;  // this server's own refusal, whatever the vote
     if (!s.ok() && s.code() != StatusCode::kAborted && req.reject.ok()) {
       // The data phase failed: the group is unusable for every worker of this server.
       for (Slot& slot : slots_) {
@@ -185,7 +183,7 @@ class NcclReceiver final : public ReceiverBackend {
 
   // In int64: rank_offset and world_size are bounded (init_info.h), the sum is not.
   int64_t Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
-    return int64_t{info.rank_offset} + int64_t{w.dp_index} * ctx_->tp_size + w.tp_rank;
+    return int64_t{info.rank_offset} + ctx_->DeploymentIndex(w);
   }
 
   std::vector<std::string> AllowedStoreHosts() const {

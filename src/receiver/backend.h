@@ -1,15 +1,19 @@
-// ReceiverBackend: the inference side of one weight-transfer backend.
+// ReceiverBackend: the seam a backend author implements on the inference side.
 //
-// An inference server (src/receiver/inference_server.h) owns the control-plane session
-// state (start/update/finish, 409s, versions) and one ReceiverBackend, chosen by
+// An inference server (inference_server.h) owns the control-plane session state
+// (start/update/finish, 409s, versions; session.h) and one ReceiverBackend, chosen by
 // `wsync serve --backend`. The backend owns the data plane: it joins the trainer's
 // communicator at Init and lands the bytes of each Update in every worker's shards.
 // The server calls the backend from HTTP threads, one call at a time (it serializes
-// them); the backend fans work out to the workers' own threads.
+// them); the backend fans work out to the workers' own threads (worker_fanout.h).
+// Internal: users program against include/wsync/server.h; a new backend implements
+// this interface in its folder and registers in src/backends/registry.cc.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,9 +25,9 @@
 
 namespace wsync {
 
-class WorkerStore;
-class WorkerThread;
-struct ModelConfig;
+class WorkerStore;   // model/worker_store.h
+class WorkerThread;  // receiver/worker_thread.h
+struct ModelConfig;  // model/config.h
 
 // One inference worker: its shards, its thread and where it sits in the server.
 struct ReceiverWorker {
@@ -41,6 +45,14 @@ struct ReceiverContext {
   int tp_size = 1;
   std::string server_url;
   double timeout_seconds = 300;  // the server's bound on any wait
+  // A worker's place in the deployment, dp-major: dp_index * tp_size + tp_rank (the
+  // offset of its rank in a trainer's group, or of its reader in a shared region).
+  int DeploymentIndex(const ReceiverWorker& w) const { return w.dp_index * tp_size + w.tp_rank; }
+  // The bound on the waits of a session: the server's timeout_seconds, or the trainer's
+  // (init_info "timeout_seconds") when that is shorter.
+  double TimeoutFor(std::optional<double> trainer_seconds) const {
+    return std::min(timeout_seconds, trainer_seconds.value_or(timeout_seconds));
+  }
   // Backend-specific settings from `wsync serve` flags, e.g. for `delta`:
   // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR}; for `nccl`:
   // {"allowed_store_hosts": [HOST, ...]} (`--allow-store-host`). Unused keys are ignored.

@@ -1,0 +1,120 @@
+// Server: the reference inference server behind `wsync serve`, as a library call.
+//
+// One process hosts one deployment of a model: a worker per TP x DP rank, each holding
+// its own shards, receiving weights from a wsync trainer through the backend named in
+// the options (nccl, ipc or delta) and answering vLLM's weight-transfer routes over
+// HTTP (init_weight_transfer_engine, start/update/finish_weight_update, /health,
+// /weight_checker, pause/resume, ...). Start() builds the workers, binds the HTTP port
+// and returns once it is listening; the routes run on the server's own threads. Serve()
+// blocks the calling thread until Stop(); Stop() stops accepting, lets in-flight calls
+// finish (each bounded by the server's timeout) and joins every thread. Thread-safe:
+// Stop() may be called from any thread, any number of times; the destructor stops.
+//
+//   ServerOptions o;
+//   o.inference.model = "qwen3-tiny";
+//   o.inference.backend = "ipc";
+//   o.http.port = 8000;
+//   WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(o));
+//   server->Serve();  // until another thread calls server->Stop()
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+// What the server hosts and how it receives (`wsync serve` flags).
+struct InferenceServerOptions {
+  std::string model = "qwen3-tiny";  // registered name or a directory with config.json
+  int tp = 1;
+  int dp = 1;                  // data-parallel size of the deployment
+  int dp_rank = -1;            // -1: host every DP rank; k: host only DP rank k (external LB)
+  // Where the shards live: cpu, or cuda:N for the first worker and the next devices for
+  // the others (worker i of this process, dp-major, on cuda:N+i), as vLLM gives each
+  // worker its own GPU.
+  Device device;
+  std::string backend = "nccl";
+  double timeout_seconds = 300;  // bound on every wait the server makes
+  // A session (start_weight_update .. finish_weight_update) with no call for this many
+  // seconds expires, so that the next trainer's start succeeds when the last trainer
+  // vanished mid-session. Unset: timeout_seconds, the longest any call of a
+  // live trainer waits. <= 0: sessions never expire. (`wsync serve --session-lease`)
+  std::optional<double> session_lease_seconds;
+  size_t digest_threads = 0;     // 0: hardware concurrency
+  // Fault injection for tests (`--fault never-join`), honest about what it fakes: the
+  // control plane answers as usual, but init never joins the data plane and fails only
+  // at the server's own deadline, like a server whose workers are wedged.
+  bool fault_never_join = false;
+  // Backend settings from `wsync serve` flags; keys a backend does not use are ignored.
+  // nccl: {"allowed_store_hosts": [HOST, ...]}; ipc: {"ipc_shm_dir": DIR}; delta:
+  // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR, "sync_root": DIR}.
+  nlohmann::json backend_config = nlohmann::json::object();
+};
+
+// Where the server listens and what it accepts over HTTP.
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                 // 0: pick a free port (Server::url() says which)
+  std::string api_key;          // empty: no authentication
+  size_t max_body_bytes = size_t{256} << 20;  // 256 MiB: room for MoE update_info lists
+  // Seconds for a request's headers to arrive (from the connection's start, or from its
+  // previous reply on a kept-alive connection). wsync's clients reuse idle
+  // connections for a few seconds, well under this.
+  double header_timeout_seconds = 10;
+  // Seconds for a request's body to arrive once its headers have (the default
+  // max_body_bytes in this time needs 9 MB/s).
+  double body_timeout_seconds = 30;
+  // Open connections at most; beyond it the server stops accepting and new connections
+  // wait in the kernel's listen queue until one closes.
+  int max_connections = 1024;
+  // Threads that run the routes that may block (init, update, ...): that many such calls
+  // at once, the rest queue. The read-only routes (GET /health, ...) have threads apart.
+  int worker_threads = 32;
+  // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
+  // the connection is cut instead.
+  size_t discard_bytes = size_t{16} << 20;
+};
+
+struct ServerOptions {
+  InferenceServerOptions inference;
+  HttpServerOptions http;
+};
+
+class Server {
+ public:
+  // InvalidArgument for options that cannot work (--tp 0, an unknown backend or model,
+  // more CUDA workers than devices); Unavailable when the port cannot be bound.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // "http://HOST:PORT", the port as bound (options.http.port 0 picks one).
+  const std::string& url() const;
+  // What GET /health answers: model, backend, tp, dp, weight_version, syncs,
+  // weights_consistent, session_active, ...
+  nlohmann::json Health() const;
+  int num_workers() const;
+  // Blocks until Stop() has run (returns at once after it).
+  void Serve();
+  // Stops accepting, finishes in-flight calls, joins the HTTP threads; idempotent.
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The backends a server can run (for --backend help and errors).
+std::vector<std::string> ServerBackendNames();
+
+}  // namespace wsync

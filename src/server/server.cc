@@ -1,0 +1,56 @@
+#include "wsync/server.h"
+
+#include <condition_variable>
+#include <mutex>
+
+#include "control/http_server.h"
+#include "receiver/backend.h"
+#include "receiver/inference_server.h"
+
+namespace wsync {
+
+struct Server::Impl {
+  std::unique_ptr<InferenceServer> service;
+  std::unique_ptr<HttpControlServer> http;
+  std::string url;
+  std::mutex mu;
+  std::condition_variable stopped_cv;
+  bool stopped = false;  // GUARDED_BY(mu)
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  WSYNC_ASSIGN_OR_RETURN(impl->service, InferenceServer::Create(options.inference, CreateReceiverBackend));
+  WSYNC_ASSIGN_OR_RETURN(impl->http, HttpControlServer::Start(options.http, impl->service.get()));
+  impl->url = impl->http->url();
+  impl->service->set_url(impl->url);
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::~Server() { Stop(); }
+
+const std::string& Server::url() const { return impl_->url; }
+
+nlohmann::json Server::Health() const { return impl_->service->Health(); }
+
+int Server::num_workers() const { return static_cast<int>(impl_->service->num_workers()); }
+
+void Server::Serve() {
+  std::unique_lock lock(impl_->mu);
+  impl_->stopped_cv.wait(lock, [&] { return impl_->stopped; });
+}
+
+void Server::Stop() {
+  impl_->http->Stop();  // idempotent; in-flight calls finish before it returns
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopped = true;
+  }
+  impl_->stopped_cv.notify_all();
+}
+
+std::vector<std::string> ServerBackendNames() { return ReceiverBackendNames(); }
+
+}  // namespace wsync
