@@ -1,6 +1,6 @@
 // Micro-benchmark of DeltaCodec on one thread, with realistic data: a bf16 tensor of
-// synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (about 4% of
-// values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
+// synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (a few percent
+// of values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
 // frame writer, and libzstd from the same sequences), Apply (SparseApplier; libzstd; a
 // stock zstd -1 frame as SkyRL writes it) and the pieces they fuse (memcpy, xxh3-128,
 // one-shot stock zstd -1 of the patch), and the compressed ratios. Times are this
@@ -20,7 +20,7 @@
 #include "backends/delta/codec.h"
 #include "backends/delta/sparse_apply.h"
 #include "core/digest.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace {
 
