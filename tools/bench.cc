@@ -13,7 +13,7 @@
 #include "comm/store.h"
 #include "model/config.h"
 #include "plan/packing.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 #include "wsync/trainer.h"
 
 namespace wsync::cli {

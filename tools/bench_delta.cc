@@ -25,7 +25,7 @@
 #include "core/stopwatch.h"
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::cli {
 namespace {

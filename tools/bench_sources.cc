@@ -23,7 +23,7 @@
 #include "core/parallel.h"
 #include "model/config.h"
 #include "sources/trainer_ranks.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::cli {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "core/parallel.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::e2e {
 

@@ -30,7 +30,7 @@
 #include "e2e_test_base.h"
 #include "model/config.h"
 #include "sources/failing_source.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 #include "wsync/source.h"
 
 namespace wsync::e2e {

@@ -20,7 +20,7 @@
 #include "backends/delta/codec.h"
 #include "backends/delta/sparse_apply.h"
 #include "core/digest.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace {
 

@@ -21,7 +21,7 @@
 #include "core/sanitizers.h"
 #include "core/subprocess.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::delta {
 namespace {

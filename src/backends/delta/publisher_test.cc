@@ -9,7 +9,7 @@
 #include "backends/delta/testing.h"
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::delta {
 namespace {

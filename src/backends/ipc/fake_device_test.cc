@@ -28,7 +28,7 @@
 #include "receiver/inference_server.h"
 #include "sources/failing_source.h"
 #include "sources/trainer_ranks.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
 

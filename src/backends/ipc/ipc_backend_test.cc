@@ -19,7 +19,7 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync {
 namespace {

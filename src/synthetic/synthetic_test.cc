@@ -1,4 +1,4 @@
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 #include <stdlib.h>
 

@@ -1,4 +1,4 @@
-#include "trainer/synthetic_kernels.h"
+#include "synthetic/synthetic_kernels.h"
 
 #include <bit>
 
