@@ -7,8 +7,6 @@
 // thread's CPU time (best of 3; best of 20 in the one-loop modes), i.e. per-core cost.
 //
 //   delta_codec_benchmark [MiB=256] [block KiB=64] [encode|apply: only that, 20 times, for perf]
-#include <time.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,18 +18,11 @@
 #include "backends/delta/codec.h"
 #include "backends/delta/sparse_apply.h"
 #include "core/digest.h"
+#include "core/stopwatch.h"
 #include "synthetic/synthetic.h"
 
 namespace {
 
-double CpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// Best of `reps` runs, in this thread's CPU seconds: what one core spends, whatever else
-// shares the machine.
 // Best of `reps` runs of `f`, in this thread's CPU seconds (what one core spends,
 // whatever else shares the machine); `prepare` runs untimed before each.
 template <typename P, typename F>
@@ -39,9 +30,9 @@ double BestSeconds(int reps, P&& prepare, F&& f) {
   double best = 1e9;
   for (int r = 0; r < reps; ++r) {
     prepare();
-    double t = CpuSeconds();
+    double t = wsync::ThreadCpuSeconds();
     f();
-    best = std::min(best, CpuSeconds() - t);
+    best = std::min(best, wsync::ThreadCpuSeconds() - t);
   }
   return best;
 }
