@@ -2,10 +2,6 @@
 // same bytes between the same number of processes, in the same run.
 #include "bench.h"
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -17,10 +13,8 @@
 #include "comm/store.h"
 #include "model/config.h"
 #include "plan/packing.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 #include "wsync/trainer.h"
-
-extern char** environ;
 
 namespace wsync::cli {
 namespace {
@@ -61,21 +55,14 @@ Result<std::vector<double>> RawBroadcast(const std::string& algorithm, int recei
     chunk_list += (chunk_list.empty() ? "" : ",") + std::to_string(c);
     max_chunk = std::max(max_chunk, c);
   }
-  std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<pid_t> pids;
+  std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int r = 1; r <= receivers; ++r) {
-    std::vector<std::string> argv = {exe, "bench-rank", "--store-port", std::to_string(store->port()),
-                                     "--prefix", prefix, "--rank", std::to_string(r), "--size",
-                                     std::to_string(receivers + 1), "--algorithm", algorithm,
-                                     "--chunks", chunk_list, "--iters", std::to_string(iters)};
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, cargv.data(), environ) != 0) {
-      return Internal("spawning a bench rank failed");
-    }
-    pids.push_back(pid);
+    SpawnOptions o;
+    o.args = {"bench-rank", "--store-port", std::to_string(store->port()), "--prefix", prefix, "--rank",
+              std::to_string(r), "--size", std::to_string(receivers + 1), "--algorithm", algorithm,
+              "--chunks", chunk_list, "--iters", std::to_string(iters)};
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> rank, Subprocess::Spawn(SelfExe(), std::move(o)));
+    ranks.push_back(std::move(rank));
   }
   GlooOptions g;
   g.store_port = store->port();
@@ -99,10 +86,7 @@ Result<std::vector<double>> RawBroadcast(const std::string& algorithm, int recei
       if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
   }
-  for (pid_t pid : pids) {
-    int status;
-    waitpid(pid, &status, 0);
-  }
+  for (auto& rank : ranks) rank->Wait(Deadline::InSeconds(600));
   if (!comm.ok()) return comm.status();
   return times;
 }

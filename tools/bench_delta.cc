@@ -22,15 +22,15 @@
 #include "children.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/stopwatch.h"
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -55,7 +55,7 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   for (const HostTensor& t : trainer->tensors()) refs.push_back(t.ref());
   auto tb = Clock::now();
   WSYNC_RETURN_IF_ERROR(WriteSafetensors(base + "/model.safetensors", refs));
-  double baseline_s = Since(tb);  // the whole model into storage, fsynced: the no-delta baseline
+  double baseline_s = SecondsSince(tb);  // the whole model into storage, fsynced: the no-delta baseline
   uint64_t model_bytes = 0;
   for (const TensorMeta& m : meta) model_bytes += m.nbytes();
 

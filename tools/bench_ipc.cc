@@ -26,7 +26,7 @@
 #include "core/parallel.h"
 #include "model/config.h"
 #include "push.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
 #include "wsync/trainer.h"

@@ -6,7 +6,6 @@
 // lays out its shards, frees the full model, resets its peak-RSS counter
 // (/proc/self/clear_refs), then times `iters` full passes (every rank drains the whole
 // model, as in a sync) and reports the peak RSS above its resident shards.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,7 +23,7 @@
 #include "core/parallel.h"
 #include "model/config.h"
 #include "sources/trainer_ranks.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::cli {
 namespace {
@@ -95,28 +94,21 @@ Result<LayoutResult> RunLayout(const BenchArgs& args, const std::string& layout,
                                const std::string& dir) {
   WSYNC_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
   const std::string prefix = fmt::format("bench-sources-{:x}", std::random_device{}());
-  std::vector<pid_t> pids;
+  std::vector<std::unique_ptr<Subprocess>> children;
   for (int r = 0; r < ranks; ++r) {
     std::string spec = fmt::format("{}:{}:{}:{}:{}:{}/{}-{}.json", r, ranks, store->port(), prefix,
                                    layout, dir, layout, r);
-    std::vector<std::string> argv = {"/proc/self/exe", "bench", "sources", "--model", args.model,
-                                     "--iters", std::to_string(args.iters), "--sources-child", spec};
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<char*> a;
-      for (auto& s : argv) a.push_back(s.data());
-      a.push_back(nullptr);
-      execv(a[0], a.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
+    SpawnOptions o;
+    o.args = {"bench", "sources", "--model", args.model, "--iters", std::to_string(args.iters),
+              "--sources-child", spec};
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> child, Subprocess::Spawn(SelfExe(), std::move(o)));
+    children.push_back(std::move(child));
   }
   LayoutResult result{layout, {}};
   bool failed = false;
-  for (pid_t p : pids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    failed |= !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  for (auto& child : children) {
+    std::optional<ExitStatus> st = child->Wait(Deadline::InSeconds(1800));
+    failed |= !st || !st->success();
   }
   if (failed) return Internal(fmt::format("a rank of layout {} failed (its error is above)", layout));
   for (int r = 0; r < ranks; ++r) {

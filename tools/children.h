@@ -3,18 +3,18 @@
 // (then SIGKILL after a grace period). Every wait has a deadline.
 #pragma once
 
-#include <sys/types.h>
-
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/subprocess.h"
 #include "wsync/status.h"
 
 namespace wsync::cli {
 
 struct Child {
-  pid_t pid = -1;
+  std::shared_ptr<Subprocess> process;  // null once stopped
   std::string url;
   std::string log_path;
 };

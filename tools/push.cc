@@ -14,7 +14,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "push_ranks.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::cli {
 namespace {

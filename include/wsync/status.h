@@ -3,7 +3,7 @@
 // Errors are values at module boundaries. A Status carries a code and a message that
 // names the thing that failed (tensor, server, rank, field). Result<T> holds a T or a
 // non-OK Status. The HTTP layer maps codes to status codes in one place
-// (control/http_status.cc). Both types are cheap to move and safe to pass between
+// (HttpStatusFor in src/control/http_routes.h). Both types are cheap to move and safe to pass between
 // threads; a single instance is not synchronized.
 #pragma once
 

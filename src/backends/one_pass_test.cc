@@ -13,7 +13,7 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 #include "wsync/receiver.h"
 #include "wsync/trainer.h"
 

@@ -20,6 +20,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/store.h"
 #include "comm/testing.h"
+#include "core/subprocess.h"
 
 namespace wsync {
 namespace {
@@ -135,10 +136,9 @@ int main(int argc, char** argv) {
     }
     return failures ? 1 : 0;
   }
-  std::vector<pid_t> children;
+  std::vector<std::unique_ptr<wsync::Subprocess>> children;
   for (int r = 0; r < cfg.ranks; ++r) {
-    std::vector<std::string> args = {"/proc/self/exe",
-                                     "--child-rank",
+    std::vector<std::string> args = {"--child-rank",
                                      std::to_string(r),
                                      "--port",
                                      std::to_string(cfg.port),
@@ -155,10 +155,19 @@ int main(int argc, char** argv) {
                                      "--chunk-mib",
                                      std::to_string(cfg.chunk_mib)};
     if (cfg.verify) args.push_back("--verify");
-    children.push_back(wsync::testing::Spawn(args));
+    wsync::SpawnOptions o;
+    o.args = std::move(args);
+    auto child = wsync::Subprocess::Spawn(wsync::SelfExe(), std::move(o));
+    if (!child.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, child.status().ToString().c_str());
+      ++failures;
+      continue;
+    }
+    children.push_back(std::move(*child));
   }
-  for (pid_t pid : children) {
-    if (pid < 0 || wsync::testing::WaitExit(pid, wsync::Deadline::InSeconds(1800)) != 0) ++failures;
+  for (auto& child : children) {
+    auto st = child->Wait(wsync::Deadline::InSeconds(1800));
+    if (!st || !st->success()) ++failures;
   }
   return failures ? 1 : 0;
 }

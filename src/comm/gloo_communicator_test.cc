@@ -12,6 +12,7 @@
 #include "comm/gloo_tree.h"
 #include "comm/store.h"
 #include "comm/testing.h"
+#include "core/subprocess.h"
 
 namespace wsync {
 namespace {
@@ -136,9 +137,10 @@ TEST_F(GlooTest, AllReduceSumsInt64AndFloat) {
 
 TEST_F(GlooTest, TwoProcessesBroadcast64MBitExact) {
   const size_t bytes = size_t{64} << 20;
-  pid_t child = testing::Spawn({WSYNC_GLOO_RANK_HELPER, std::to_string(server_->port()), prefix_,
-                                "1", "2", std::to_string(bytes)});
-  ASSERT_GT(child, 0);
+  SpawnOptions so;
+  so.args = {std::to_string(server_->port()), prefix_, "1", "2", std::to_string(bytes)};
+  auto child = Subprocess::Spawn(WSYNC_GLOO_RANK_HELPER, std::move(so));
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
   GlooOptions o = Options(0, 2);
   auto comm = ConnectGloo(o);
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();
@@ -149,7 +151,9 @@ TEST_F(GlooTest, TwoProcessesBroadcast64MBitExact) {
   Status s = (*comm)->Broadcast(buf, 1, Deadline::InSeconds(60));
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(testing::FirstMismatch(buf, 2), -1);
-  EXPECT_EQ(testing::WaitExit(child, Deadline::InSeconds(60)), 0);
+  std::optional<ExitStatus> st = (*child)->Wait(Deadline::InSeconds(60));
+  ASSERT_TRUE(st.has_value()) << "the rank helper ran past 60 s";
+  EXPECT_TRUE(st->success()) << st->ToString();
 }
 
 TEST_F(GlooTest, RankThatNeverJoinsIsNamedAtConnectDeadline) {

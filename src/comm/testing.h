@@ -1,24 +1,12 @@
-// Helpers for comm tests and benchmarks only: deterministic byte patterns and child
-// processes with deadlines. Not linked into wsync_comm; thread-safe (no shared state).
+// Helpers for comm tests and benchmarks only: deterministic byte patterns (child
+// processes come from core/subprocess.h). Not linked into wsync_comm; thread-safe (no
+// shared state).
 #pragma once
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include "core/deadline.h"
-
-extern char** environ;
 
 namespace wsync::testing {
 
@@ -52,32 +40,6 @@ inline int64_t FirstMismatch(std::span<const std::byte> data, uint64_t seed) {
     return static_cast<int64_t>(words * 8);
   }
   return -1;
-}
-
-// Starts `argv[0]` with `argv`; returns its pid or -1.
-inline pid_t Spawn(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) return -1;
-  return pid;
-}
-
-// The exit code of `pid`; on `deadline` it is killed (SIGKILL) and -1 returned.
-inline int WaitExit(pid_t pid, Deadline deadline) {
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (r < 0) return -1;
-    if (deadline.expired()) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
 }
 
 }  // namespace wsync::testing

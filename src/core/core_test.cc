@@ -1,11 +1,13 @@
 #include <sched.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -114,6 +116,35 @@ TEST_F(CgroupCpuLimitTest, MissingOrGarbledFilesMeanNoLimit) {
   EXPECT_EQ(Limit(), 0u);
   // This machine's own cgroup parses (whatever it says).
   EXPECT_LE(CgroupCpuLimit(), 1u << 20);
+}
+
+TEST(ParallelFor, CoversEveryIndexOnce) {
+  std::vector<std::atomic<int>> hits(1001);
+  ParallelFor(hits.size(), 4, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) hits[i]++;
+  });
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+}
+
+TEST(TaskPool, EveryTaskOfAGroupRunsBeforeWaitReturnsOnAThreadOfThePool) {
+  TaskPool pool(3);
+  EXPECT_EQ(pool.size(), 3u);
+  std::vector<std::atomic<int>> per_thread(3);
+  std::atomic<int> done{0};
+  {
+    TaskGroup group(pool);
+    for (int i = 0; i < 200; ++i) {
+      group.Submit([&](size_t thread) {
+        per_thread.at(thread)++;
+        done++;
+      });
+    }
+    group.Wait();
+    EXPECT_EQ(done.load(), 200);
+  }
+  int sum = 0;
+  for (auto& n : per_thread) sum += n.load();
+  EXPECT_EQ(sum, 200);
 }
 
 TEST(Digest, KnownVectors) {

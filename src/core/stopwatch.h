@@ -1,7 +1,10 @@
 // Stopwatch: elapsed seconds on the steady clock, for the timings wsync reports
-// (SyncStats phases, publish and fetch reports, log lines). Cheap to copy; not
-// thread-safe (one owner reads and restarts it).
+// (SyncStats phases, publish and fetch reports, log lines), and the CPU time a process
+// or thread has used. A Stopwatch is cheap to copy and not thread-safe (one owner reads
+// and restarts it); the free functions are thread-safe.
 #pragma once
+
+#include <time.h>
 
 #include <chrono>
 
@@ -31,5 +34,20 @@ class Stopwatch {
  private:
   SteadyClock::time_point start_;
 };
+
+// CPU seconds this process has used (all threads): per-core throughput is bytes over
+// this, whatever else shares the machine.
+inline double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU seconds the calling thread has used.
+inline double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 }  // namespace wsync

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "core/shape_math.h"
+#include "core/syscall.h"
 
 namespace wsync {
 
@@ -64,8 +65,8 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 
 // Maps `bytes` of anonymous memory; regions of a huge page or more are 2 MiB-aligned and
-// marked for transparent huge pages, because first-touch faults on 4 KiB pages cost
-// ~1.2 s per GiB on the machines measured (0.2 s with huge pages).
+// marked for transparent huge pages, because a first touch faults once per page: 512
+// times fewer faults with 2 MiB pages (docs/benchmarks.md, "broadcast", has the cost).
 void* MapAnonymous(size_t bytes) {
   if (bytes < kHugePage) {
     return mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -89,8 +90,7 @@ Result<HostBuffer> HostBuffer::Allocate(size_t bytes) {
   if (bytes == 0) return b;
   void* p = MapAnonymous(bytes);
   if (p == MAP_FAILED) {
-    return Internal(fmt::format("allocating {} bytes of host memory: {}", bytes,
-                                std::strerror(errno)));
+    return ErrnoStatus(errno, fmt::format("allocating {} bytes of host memory", bytes), StatusCode::kInternal);
   }
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;

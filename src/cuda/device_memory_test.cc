@@ -2,8 +2,6 @@
 // another process (this test binary, started again as the "child" with its orders in the
 // environment). Every test that needs a GPU skips cleanly without one.
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,11 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/subprocess.h"
 #include "cuda/batched_copy.h"
 #include "cuda/device.h"
 #include "cuda/device_memory.h"
-
-extern char** environ;
 
 namespace wsync::cuda {
 namespace {
@@ -31,35 +28,15 @@ using nlohmann::json;
 // Runs this binary again with `filter` and WSYNC_CUDA_CHILD=`orders`; returns its exit
 // status and stdout.
 std::pair<int, std::string> RunChild(const std::string& filter, const json& orders) {
-  std::string exe = "/proc/self/exe";
-  std::string filter_arg = "--gtest_filter=" + filter;
-  std::vector<std::string> env_strings = {"WSYNC_CUDA_CHILD=" + orders.dump()};
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string(*e).rfind("WSYNC_CUDA_CHILD=", 0) != 0) env_strings.push_back(*e);
-  }
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  char* argv[] = {exe.data(), filter_arg.data(), nullptr};
-  int out[2];
-  if (pipe(out) != 0) return {-1, "pipe failed"};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  pid_t pid;
-  int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv, envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  close(out[1]);
-  if (rc != 0) return {-1, "spawn failed"};
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, n);
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), text};
+  SpawnOptions o;
+  o.args = {"--gtest_filter=" + filter};
+  o.env = {{"WSYNC_CUDA_CHILD", orders.dump()}};
+  o.capture_stdout = true;
+  auto child = Subprocess::Spawn(SelfExe(), std::move(o));
+  if (!child.ok()) return {-1, child.status().ToString()};
+  std::optional<ExitStatus> st = (*child)->Wait(Deadline::InSeconds(600));
+  if (!st) return {-1, "the child ran past 600 s:\n" + (*child)->Stdout()};
+  return {st->ShellCode(), (*child)->Stdout()};
 }
 
 std::optional<json> ChildOrders() {
@@ -225,9 +202,10 @@ TEST_P(DeviceMemory, BadHandlesAreClearErrors) {
     EXPECT_NE(r.status().message().find("cudaIpcOpenMemHandle"), std::string::npos) << r.status().ToString();
   } else {
     // A pid that has exited: the child below is reaped before its pid is used.
-    pid_t gone = fork();
-    if (gone == 0) _exit(0);
-    waitpid(gone, nullptr, 0);
+    auto exited = Subprocess::Fork([] { return 0; });
+    ASSERT_TRUE(exited.ok()) << exited.status().ToString();
+    ASSERT_TRUE((*exited)->Wait(Deadline::InSeconds(30)).has_value());
+    pid_t gone = (*exited)->pid();
     r = ImportedDeviceMemory::Open(0, GetParam(), json{{"pid", gone}, {"fd", 3}, {"bytes", 16}}, 16);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("pidfd_open"), std::string::npos) << r.status().ToString();

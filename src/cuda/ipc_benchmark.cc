@@ -20,8 +20,6 @@
 // trainer's bytes, and (--leak-syncs N) device memory and open fds before and after N more
 // syncs. Prints one JSON line per mode at the end.
 #include <dirent.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,13 +35,12 @@
 
 #include "backends/ipc/protocol.h"
 #include "backends/ipc/region.h"
+#include "core/subprocess.h"
 #include "cuda/batched_copy.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/device_memory.h"
 #include "model/config.h"
-
-extern char** environ;
 
 namespace wsync::cuda {
 namespace {
@@ -247,43 +244,19 @@ Status RunChild(const Args& a) {
 
 // ---- trainer ----------------------------------------------------------------------
 
-struct Spawned {
-  pid_t pid = -1;
-  int out = -1;
-};
-
-Result<Spawned> SpawnChild(const Args& a, const json& orders) {
-  std::string exe = "/proc/self/exe", dev = std::to_string(a.device), text = orders.dump();
-  std::vector<std::string> argv = {exe, "--device", dev, "--child", text};
-  std::vector<char*> cargv;
-  for (auto& s : argv) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
-  int fds[2];
-  if (pipe(fds) != 0) return Internal("pipe failed");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  Spawned c;
-  int rc = posix_spawn(&c.pid, exe.c_str(), &fa, nullptr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (rc != 0) return Internal("posix_spawn failed");
-  c.out = fds[0];
-  return c;
+Result<std::unique_ptr<Subprocess>> SpawnChild(const Args& a, const json& orders) {
+  SpawnOptions o;
+  o.args = {"--device", std::to_string(a.device), "--child", orders.dump()};
+  o.capture_stdout = true;  // its REPORT line
+  return Subprocess::Spawn(SelfExe(), std::move(o));
 }
 
-Result<json> WaitChild(Spawned& c) {
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(c.out, buf, sizeof(buf))) > 0) text.append(buf, n);
-  close(c.out);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
+Result<json> WaitChild(Subprocess& c) {
+  std::optional<ExitStatus> st = c.Wait(Deadline::InSeconds(600));
+  std::string text = c.Stdout();
   auto at = text.find("REPORT ");
-  if (at == std::string::npos || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Internal(fmt::format("receiver process failed (status {}): {}", status, text));
+  if (!st || at == std::string::npos || !st->success()) {
+    return Internal(fmt::format("receiver process failed ({}): {}", st ? st->ToString() : "ran past 600 s", text));
   }
   return json::parse(text.substr(at + 7, text.find('\n', at) - at - 7));
 }
@@ -326,7 +299,7 @@ Result<json> RunMode(const Args& a, const std::string& mode, const Layout& l, Ex
   int syncs = warmup + a.iters + a.leak_syncs;
   json orders = {{"model", a.model}, {"mode", mode}, {"copy", a.copy}, {"init_info", info.ToJson()},
                  {"syncs", syncs}, {"leak_from", a.leak_syncs > 0 ? warmup + a.iters : syncs}};
-  WSYNC_ASSIGN_OR_RETURN(Spawned child, SpawnChild(a, orders));
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> child, SpawnChild(a, orders));
   Deadline ready = Deadline::InSeconds(120);
   while (region->reader_pid(0) == 0) {
     if (ready.expired()) return DeadlineExceeded("the receiver process did not attach within 120 s");
@@ -359,7 +332,7 @@ Result<json> RunMode(const Args& a, const std::string& mode, const Layout& l, Ex
     WSYNC_RETURN_IF_ERROR(region->WaitAcked(s * chunks + chunks, Deadline::InSeconds(60), nullptr, nullptr));
     if (s >= warmup && s < warmup + a.iters) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  WSYNC_ASSIGN_OR_RETURN(json report, WaitChild(child));
+  WSYNC_ASSIGN_OR_RETURN(json report, WaitChild(*child));
   double med = Median(times);
   json out = {{"mode", mode},
               {"kind", a.kind},

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/syscall.h"
 #include "format/safetensors.h"
 
 namespace wsync {
@@ -29,8 +30,8 @@ Result<std::vector<std::string>> ListSafetensors(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     int err = errno;
-    return Status(err == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
-                  fmt::format("opening checkpoint directory {}: {}", dir, std::strerror(err)));
+    return ErrnoStatus(err, fmt::format("opening checkpoint directory {}", dir),
+                       err == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument);
   }
   std::vector<std::string> names;
   while (const dirent* e = ::readdir(d)) {
@@ -46,7 +47,7 @@ Result<std::vector<std::string>> ListSafetensors(const std::string& dir) {
 // The weight_map of an index file: tensor name -> file name.
 Result<std::map<std::string, std::string>> ReadWeightMap(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return Internal(fmt::format("reading {}: {}", path, std::strerror(errno)));
+  if (!in) return ErrnoStatus(errno, fmt::format("reading {}", path), StatusCode::kInternal);
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);

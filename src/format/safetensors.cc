@@ -16,17 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/shape_math.h"
+#include "core/syscall.h"
 
 namespace wsync {
 namespace {
 
 using nlohmann::json;
-
-// A Status for a failed libc call, with the errno text.
-Status ErrnoStatus(std::string_view what, int err) {
-  StatusCode code = err == ENOENT ? StatusCode::kNotFound : StatusCode::kInternal;
-  return Status(code, fmt::format("{}: {}", what, std::strerror(err)));
-}
 
 // Closes a file descriptor on scope exit.
 struct FdCloser {
@@ -49,16 +44,11 @@ std::optional<uint64_t> AsU64(const json& v) {
   return std::nullopt;
 }
 
-struct Entry {
-  TensorMeta meta;
-  uint64_t begin, end;
-};
-
-// Parses one tensor entry of the header; errors name the tensor (the caller adds the file).
-Result<Entry> ParseEntry(const std::string& name, const json& v, uint64_t data_size) {
-  auto bad = [&](std::string_view why) {
-    return InvalidArgument(fmt::format("tensor {}: {}", name, why));
-  };
+// Parses one tensor entry of the header, of a file whose data section holds `data_size`
+// bytes from `data_begin`; errors name the tensor (the caller adds the file).
+Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint64_t data_begin,
+                                    uint64_t data_size, const SafetensorsHeaderOptions& o) {
+  auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("tensor {}: {}", name, why)); };
   if (!v.is_object()) return bad("entry is not an object");
   auto dtype_it = v.find("dtype");
   auto shape_it = v.find("shape");
@@ -68,10 +58,10 @@ Result<Entry> ParseEntry(const std::string& name, const json& v, uint64_t data_s
   if (offs_it == v.end() || !offs_it->is_array() || offs_it->size() != 2) {
     return bad("\"data_offsets\" is not a [begin, end] pair");
   }
-  Entry e;
+  SafetensorsEntry e;
   e.meta.name = name;
   auto dtype = DTypeFromSafetensorsName(dtype_it->get<std::string>());
-  if (!dtype.ok()) return bad(dtype.status().message());
+  if (!dtype.ok()) return bad(o.quote_file ? dtype.status().message() : "unknown dtype");
   e.meta.dtype = *dtype;
   for (const json& d : *shape_it) {
     auto dim = AsU64(d);
@@ -81,36 +71,132 @@ Result<Entry> ParseEntry(const std::string& name, const json& v, uint64_t data_s
   // Every partial product must fit int64 (a zero dimension after huge ones too), so that
   // numel() and nbytes() of the tensor are defined wherever they are used.
   std::optional<int64_t> numel = CheckedNumElements(e.meta.shape);
-  if (!numel) return bad(fmt::format("shape {} overflows int64", ShapeString(e.meta.shape)));
+  if (!numel) return bad(o.quote_file ? fmt::format("shape {} overflows int64", ShapeString(e.meta.shape)) : "shape overflows int64");
   auto begin = AsU64((*offs_it)[0]);
   auto end = AsU64((*offs_it)[1]);
   if (!begin || !end || *begin > *end) {
-    return bad(fmt::format("data_offsets {} are not ordered non-negative integers", offs_it->dump()));
+    return bad(o.quote_file ? fmt::format("data_offsets {} are not ordered non-negative integers", offs_it->dump())
+                            : "data_offsets are not ordered non-negative integers");
   }
-  e.begin = *begin;
-  e.end = *end;
-  if (e.end > data_size) {
-    return DataLoss(fmt::format("tensor {}: data_offsets [{}, {}] end past the {} data bytes of the "
-                                "file (truncated?)", name, e.begin, e.end, data_size));
+  if (*end > data_size) {
+    return DataLoss(o.quote_file ? fmt::format("tensor {}: data_offsets [{}, {}] end past the {} data bytes of the "
+                                               "file (truncated?)", name, *begin, *end, data_size)
+                                 : fmt::format("tensor {} lies past the end of the file (truncated?)", name));
   }
   uint64_t want = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(*numel), ItemSize(e.meta.dtype), &want) ||
-      want != e.end - e.begin) {
-    return bad(fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", e.begin, e.end,
-                           e.end - e.begin, SafetensorsName(e.meta.dtype),
-                           ShapeString(e.meta.shape), want));
+  if (__builtin_mul_overflow(static_cast<uint64_t>(*numel), ItemSize(e.meta.dtype), &want) || want != *end - *begin) {
+    return bad(o.quote_file ? fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", *begin, *end,
+                                          *end - *begin, SafetensorsName(e.meta.dtype), ShapeString(e.meta.shape), want)
+                            : "data_offsets do not span the bytes its shape and dtype need");
   }
+  e.offset = data_begin + *begin;
+  e.nbytes = want;
   return e;
 }
 
 }  // namespace
 
+Result<uint64_t> SafetensorsHeaderLength(std::span<const std::byte> file_start, uint64_t file_size,
+                                         std::string_view path, const SafetensorsHeaderOptions& o) {
+  if (file_size < 8 || file_start.size() < 8) {
+    return DataLoss(fmt::format("{}: file is {} bytes, too short for the 8-byte header length", path, file_size));
+  }
+  const uint64_t len = LoadLe64(file_start.data());
+  if (len > o.max_header_bytes) {
+    return InvalidArgument(o.quote_file ? fmt::format("{}: header length {} is over the {} byte limit", path, len,
+                                                      o.max_header_bytes)
+                                        : fmt::format("{}: header length is over the {} byte limit", path,
+                                                      o.max_header_bytes));
+  }
+  if (len > file_size - 8) {
+    return DataLoss(o.quote_file ? fmt::format("{}: header length {} runs past the end of the {}-byte file "
+                                               "(truncated?)", path, len, file_size)
+                                 : fmt::format("{}: header length runs past the end of the {}-byte file (truncated?)",
+                                               path, file_size));
+  }
+  return len;
+}
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, uint64_t file_size,
+                                                 std::string_view path, const SafetensorsHeaderOptions& o) {
+  const uint64_t data_begin = 8 + static_cast<uint64_t>(header_json.size());
+  if (data_begin > file_size) return DataLoss(fmt::format("{}: the header runs past the end of the file", path));
+  json header;
+  try {
+    header = json::parse(header_json.begin(), header_json.end());
+  } catch (const json::exception& e) {  // nlohmann reports the byte offset of the fault
+    return InvalidArgument(o.quote_file ? fmt::format("{}: header is not valid JSON: {}", path, e.what())
+                                        : fmt::format("{}: header is not valid JSON", path));
+  }
+  if (!header.is_object()) return InvalidArgument(fmt::format("{}: header is not a JSON object", path));
+
+  const uint64_t data_size = file_size - data_begin;
+  SafetensorsHeader out;
+  out.entries.reserve(header.size());
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (o.max_name_bytes > 0 && it.key().size() > o.max_name_bytes) {
+      return InvalidArgument(fmt::format("{}: a tensor name is longer than {} bytes", path, o.max_name_bytes));
+    }
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) return InvalidArgument(fmt::format("{}: __metadata__ is not an object", path));
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) {
+          return InvalidArgument(o.quote_file ? fmt::format("{}: __metadata__ value of {} is not a string", path, m.key())
+                                              : fmt::format("{}: a __metadata__ value is not a string", path));
+        }
+        out.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    auto e = ParseEntry(it.key(), *it, data_begin, data_size, o);
+    if (!e.ok()) return e.status().WithContext(path);
+    out.entries.push_back(std::move(*e));
+  }
+
+  std::sort(out.entries.begin(), out.entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return std::tie(a.offset, a.nbytes, a.meta.name) < std::tie(b.offset, b.nbytes, b.meta.name);
+  });
+  for (size_t i = 1; i < out.entries.size(); ++i) {
+    const SafetensorsEntry& prev = out.entries[i - 1];
+    const SafetensorsEntry& cur = out.entries[i];
+    if (cur.offset < prev.offset + prev.nbytes) {
+      if (!o.quote_file) {
+        return InvalidArgument(fmt::format("{}: tensors {} and {} overlap", path, prev.meta.name, cur.meta.name));
+      }
+      return InvalidArgument(fmt::format("{}: tensor {} [{}, {}] overlaps tensor {} [{}, {}]", path, cur.meta.name,
+                                         cur.offset - data_begin, cur.offset - data_begin + cur.nbytes,
+                                         prev.meta.name, prev.offset - data_begin,
+                                         prev.offset - data_begin + prev.nbytes));
+    }
+  }
+  return out;
+}
+
+Result<SafetensorsHeader> ReadSafetensorsHeader(int fd, uint64_t file_size, std::string_view path,
+                                                const SafetensorsHeaderOptions& o) {
+  std::byte len_bytes[8] = {};
+  ssize_t r = file_size < 8 ? 0 : RetryOnEintr([&] { return ::pread(fd, len_bytes, 8, 0); });
+  if (r < 0) return ErrnoStatus(errno, fmt::format("reading {}", path));
+  WSYNC_ASSIGN_OR_RETURN(uint64_t header_len,
+                         SafetensorsHeaderLength(std::span(len_bytes, r == 8 ? 8 : 0), file_size, path, o));
+  std::string header(header_len, '\0');
+  size_t done = 0;
+  while (done < header_len) {
+    ssize_t n = RetryOnEintr(
+        [&] { return ::pread(fd, header.data() + done, header_len - done, static_cast<off_t>(8 + done)); });
+    if (n < 0) return ErrnoStatus(errno, fmt::format("reading the header of {}", path));
+    if (n == 0) return DataLoss(fmt::format("{}: short read of the header", path));
+    done += static_cast<size_t>(n);
+  }
+  return ParseSafetensorsHeader(header, file_size, path, o);
+}
+
 Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(fmt::format("opening safetensors file {}", path), errno);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("opening safetensors file {}", path));
   FdCloser closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(fmt::format("stat of {}", path), errno);
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat of {}", path));
   if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("{} is not a regular file", path));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
@@ -121,65 +207,21 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return ErrnoStatus(fmt::format("mapping {} ({} bytes)", path, size), errno);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, fmt::format("mapping {} ({} bytes)", path, size));
   f.map_ = static_cast<std::byte*>(p);
   f.map_size_ = size;
 
-  const uint64_t header_len = LoadLe64(f.map_);
-  if (header_len > kMaxSafetensorsHeaderBytes) {
-    return InvalidArgument(fmt::format("{}: header length {} is over the {} byte limit", path,
-                                       header_len, kMaxSafetensorsHeaderBytes));
-  }
-  if (header_len > size - 8) {
-    return DataLoss(fmt::format("{}: header length {} runs past the end of the {}-byte file "
-                                "(truncated?)", path, header_len, size));
-  }
+  const SafetensorsHeaderOptions options;
+  WSYNC_ASSIGN_OR_RETURN(uint64_t header_len, SafetensorsHeaderLength(std::span(f.map_, size), size, path, options));
   const auto* header_begin = reinterpret_cast<const char*>(f.map_ + 8);
-  json header;
-  try {
-    header = json::parse(header_begin, header_begin + header_len);
-  } catch (const json::exception& e) {  // nlohmann reports the byte offset of the fault
-    return InvalidArgument(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
-  }
-  if (!header.is_object()) return InvalidArgument(fmt::format("{}: header is not a JSON object", path));
-
-  const uint64_t data_begin = 8 + header_len;
-  const uint64_t data_size = size - data_begin;
-  std::vector<Entry> entries;
-  entries.reserve(header.size());
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) return InvalidArgument(fmt::format("{}: __metadata__ is not an object", path));
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) {
-          return InvalidArgument(fmt::format("{}: __metadata__ value of {} is not a string", path, m.key()));
-        }
-        f.metadata_[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    auto e = ParseEntry(it.key(), *it, data_size);
-    if (!e.ok()) return e.status().WithContext(path);
-    entries.push_back(std::move(*e));
-  }
-
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.begin, a.end, a.meta.name) < std::tie(b.begin, b.end, b.meta.name);
-  });
-  for (size_t i = 1; i < entries.size(); ++i) {
-    const Entry& prev = entries[i - 1];
-    const Entry& cur = entries[i];
-    if (cur.begin < prev.end) {
-      return InvalidArgument(fmt::format("{}: tensor {} [{}, {}] overlaps tensor {} [{}, {}]", path,
-                                         cur.meta.name, cur.begin, cur.end, prev.meta.name,
-                                         prev.begin, prev.end));
-    }
-  }
-  f.tensors_.reserve(entries.size());
-  f.file_offsets_.reserve(entries.size());
-  for (Entry& e : entries) {
+  WSYNC_ASSIGN_OR_RETURN(SafetensorsHeader header,
+                         ParseSafetensorsHeader(std::string_view(header_begin, header_len), size, path, options));
+  f.metadata_ = std::move(header.metadata);
+  f.tensors_.reserve(header.entries.size());
+  f.file_offsets_.reserve(header.entries.size());
+  for (SafetensorsEntry& e : header.entries) {
     f.index_.emplace(e.meta.name, f.tensors_.size());
-    f.file_offsets_.push_back(data_begin + e.begin);
+    f.file_offsets_.push_back(e.offset);
     f.tensors_.push_back(std::move(e.meta));
   }
   return f;
@@ -276,15 +318,14 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tens
 
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(fmt::format("creating {}", tmp), errno);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("creating {}", tmp));
   Status st = [&]() -> Status {
     FdCloser closer{fd};
     auto write_all = [&](const void* data, size_t n, std::string_view what) -> Status {
       const char* p = static_cast<const char*>(data);
       while (n > 0) {
-        ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return ErrnoStatus(fmt::format("writing {} of {}", what, tmp), errno);
+        ssize_t w = RetryOnEintr([&] { return ::write(fd, p, std::min<size_t>(n, size_t{1} << 30)); });
+        if (w < 0) return ErrnoStatus(errno, fmt::format("writing {} of {}", what, tmp));
         p += w;
         n -= static_cast<size_t>(w);
       }
@@ -296,11 +337,11 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tens
       const TensorRef& t = tensors[i];
       WSYNC_RETURN_IF_ERROR(write_all(t.bytes.data(), t.bytes.size(), fmt::format("tensor {}", t.name)));
     }
-    if (::fsync(fd) != 0) return ErrnoStatus(fmt::format("fsync of {}", tmp), errno);
+    if (::fsync(fd) != 0) return ErrnoStatus(errno, fmt::format("fsync of {}", tmp));
     closer.fd = -1;
-    if (::close(fd) != 0) return ErrnoStatus(fmt::format("closing {}", tmp), errno);
+    if (::close(fd) != 0) return ErrnoStatus(errno, fmt::format("closing {}", tmp));
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      return ErrnoStatus(fmt::format("renaming {} to {}", tmp, path), errno);
+      return ErrnoStatus(errno, fmt::format("renaming {} to {}", tmp, path));
     }
     return Status::Ok();
   }();

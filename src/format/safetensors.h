@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,14 +33,51 @@ namespace wsync {
 // The reference implementation refuses headers over 100 MB; so does wsync.
 inline constexpr size_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
+// The one safetensors header parser, behind SafetensorsFile and the `delta` backend's
+// payload and local-checkpoint readers. It checks the header length against the file and
+// a limit, then every entry: well-formed JSON, a known dtype, a shape whose element count
+// fits int64 and whose byte size equals its data_offsets span, offsets inside the data,
+// and no two tensors overlapping. Errors name the file and the tensor: DataLoss for a
+// truncated file or offsets past its end, InvalidArgument for a malformed header.
+struct SafetensorsHeaderOptions {
+  uint64_t max_header_bytes = kMaxSafetensorsHeaderBytes;
+  size_t max_name_bytes = 0;  // longer tensor names are refused; 0 for no limit
+  // Whether errors may quote what the file says (its header length, offsets, dtype
+  // names, the JSON parser's complaint). False for files from an untrusted place (the
+  // `delta` sync directory, docs/security.md): errors then name the file and tensor only.
+  bool quote_file = true;
+};
+
+// Where one tensor's bytes sit in a safetensors file.
+struct SafetensorsEntry {
+  TensorMeta meta;
+  uint64_t offset = 0;  // absolute offset of the first byte in the file
+  uint64_t nbytes = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // ascending offset (ties by size, then name)
+  std::map<std::string, std::string> metadata;  // "__metadata__"; empty when absent
+};
+
+// The header length from the first bytes of a file of `file_size` bytes (`file_start`
+// holds at least its first 8 bytes), checked against the file and the limit.
+Result<uint64_t> SafetensorsHeaderLength(std::span<const std::byte> file_start, uint64_t file_size,
+                                         std::string_view path, const SafetensorsHeaderOptions& options = {});
+// Parses `header_json`, the header of a file of `file_size` bytes (the data starts at
+// 8 + header_json.size()).
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, uint64_t file_size,
+                                                 std::string_view path, const SafetensorsHeaderOptions& options = {});
+// Reads the length and the header of an open file of `file_size` bytes with pread (the
+// file offset is left alone), then parses it.
+Result<SafetensorsHeader> ReadSafetensorsHeader(int fd, uint64_t file_size, std::string_view path,
+                                                const SafetensorsHeaderOptions& options = {});
+
 // One safetensors file, memory-mapped. Move-only; unmaps in its destructor.
 class SafetensorsFile {
  public:
-  // Maps `path` and validates its header: header length within the file, well-formed
-  // JSON, known dtypes, offsets inside the data and equal to numel * itemsize, no two
-  // tensors overlapping. Errors name the file and the tensor: DataLoss for a truncated
-  // file or offsets past its end, InvalidArgument for a malformed header, NotFound when
-  // the file does not exist.
+  // Maps `path` and validates its header (ParseSafetensorsHeader, quoting the file in
+  // errors). NotFound when the file does not exist.
   static Result<SafetensorsFile> Open(const std::string& path);
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;

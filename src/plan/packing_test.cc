@@ -57,6 +57,25 @@ TEST(PlanChunks, ZeroBufferIsAnError) {
   EXPECT_EQ(PlanChunks(U8Tensors({1}), 0).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(CutChunks, CloseBeforeOverflowKeepsEveryChunkWithinTheLimitWithAlignedOffsets) {
+  // Offsets 0, 8 (5 aligned up), 16 would end at 21 > 20: cut before t2.
+  ChunkCut cut{ChunkCut::Rule::kCloseBeforeOverflow, 20, 8, "the slot"};
+  auto plan = CutChunks(U8Tensors({5, 5, 5, 20, 1}), cut);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  using R = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(Ranges(*plan), (R{{0, 2}, {2, 3}, {3, 4}, {4, 5}}));
+  EXPECT_EQ(plan->offset_in_chunk, (std::vector<size_t>{0, 8, 0, 0, 0}));
+  EXPECT_EQ(plan->chunks[0].bytes, 13u);  // padding counts
+  EXPECT_EQ(plan->max_chunk_bytes, 20u);
+}
+
+TEST(CutChunks, CloseBeforeOverflowNamesATensorLargerThanTheLimit) {
+  ChunkCut cut{ChunkCut::Rule::kCloseBeforeOverflow, 10, 1, "the ipc staging slot"};
+  auto plan = CutChunks(U8Tensors({2, 11}), cut);
+  ASSERT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan.status().message(), "tensor t1 (11 bytes) is larger than the ipc staging slot (10 bytes)");
+}
+
 TEST(PackedBufferSize, IsAtLeastTheLargestTensor) {
   auto t = U8Tensors({10, 300, 20});
   EXPECT_EQ(PackedBufferSize(t, 100), 300u);

@@ -20,7 +20,7 @@
 #include "sources/layout.h"
 #include "sources/sources.h"
 #include "sources/trainer_ranks.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::sources_test {
 

@@ -10,7 +10,7 @@
 #include "e2e_test_base.h"
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::e2e {
 namespace {

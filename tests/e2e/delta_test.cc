@@ -15,12 +15,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/delta/convert.h"
+#include "core/dtype_convert.h"
 #include "core/parallel.h"
 #include "e2e_test_base.h"
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::e2e {
 namespace {
@@ -51,7 +51,7 @@ class DeltaTest : public E2eTest {
       TensorRef r = t.ref();
       if (disk && r.dtype == DType::kBF16) {
         std::vector<std::byte>& out = widened.emplace_back(r.bytes.size() * 2);
-        Status c = delta::Convert(r.bytes, r.dtype, out, *disk, r.name);
+        Status c = Convert(r.bytes, r.dtype, out, *disk, r.name);
         ASSERT_TRUE(c.ok()) << c.ToString();
         r.dtype = *disk;
         r.bytes = out;
@@ -333,8 +333,8 @@ TEST_F(DeltaTest, ConcurrentFetchesFromTheWorkersOfOneHostApplyOnce) {
 
 // The trust boundary (docs/security.md): a request names a sync dir only below the
 // server's --sync-root, and never its local checkpoint or base (SkyRL's init keys are
-// compared, never opened). Here the server runs without --local-checkpoint-dir, the case
-// where init_info's local_checkpoint_dir used to become the directory a new chain resets.
+// compared, never opened). Here the server runs without --local-checkpoint-dir, so
+// init_info's local_checkpoint_dir must not become the directory a new chain resets.
 TEST_F(DeltaTest, PathsInRequestsStayBelowTheFlagRootsAndNothingOutsideIsDeleted) {
   WriteBase("qwen3-tiny", 11);
   fs::path victim = dir() / "victim";

@@ -16,7 +16,7 @@
 
 #include "core/parallel.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::e2e {
 
@@ -288,6 +288,8 @@ Result<Subprocess*> E2eTest::SpawnWsync(const std::string& name, std::vector<std
   o.stdout_path = dir_ / (name + ".stdout");
   o.stderr_path = dir_ / (name + ".stderr");
   o.env = std::move(env);
+  // A developer's shell must not change a test's outcome: pass a key through `env`.
+  o.unset_env = {"WSYNC_API_KEY"};
   // Whatever the child puts under $TMPDIR (demo's server logs) lives and dies with the test.
   o.env.emplace("TMPDIR", dir_.string());
   WSYNC_ASSIGN_OR_RETURN(auto p, Subprocess::Spawn(binary_, std::move(o)));
@@ -314,7 +316,7 @@ Result<Server> E2eTest::StartServer(const std::string& name, std::vector<std::st
                                           name, ready.string(), ready_seconds, p->Describe()));
     }
     if (std::filesystem::exists(ready)) {
-      url = ReadFile(ready);
+      url = ReadFileOrEmpty(ready);
       while (!url.empty() && std::isspace(static_cast<unsigned char>(url.back()))) url.pop_back();
     }
     if (url.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));

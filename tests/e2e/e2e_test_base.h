@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/digest.h"
-#include "subprocess.h"
+#include "core/subprocess.h"
 #include "testing/status_matchers.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"

@@ -29,8 +29,8 @@
 #include "cuda/runtime.h"
 #include "e2e_test_base.h"
 #include "model/config.h"
+#include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"
-#include "trainer/synthetic.h"
 #include "wsync/source.h"
 
 namespace wsync::e2e {
@@ -274,10 +274,9 @@ TEST_F(GpuIpcTest, MissingUuidAndBadHandlesAreClearErrorsAndTheServerKeepsServin
   EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, no_handle)), 400,
                       {"handle_b64"}));
   // A cuda_fd handle of a process that has exited.
-  pid_t gone = fork();
-  if (gone == 0) _exit(0);
-  ASSERT_GT(gone, 0);
-  waitpid(gone, nullptr, 0);
+  E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Subprocess> exited, Subprocess::Fork([] { return 0; }));
+  ASSERT_TRUE(exited->Wait(Deadline::InSeconds(30)).has_value());
+  pid_t gone = exited->pid();
   json fd = {{"kind", "cuda_fd"}, {"offset", 0}, {"stride", (*region)->slot_stride()},
              {"handle", {{"pid", gone}, {"fd", 3}, {"bytes", (*region)->slot_stride() * 2}}}};
   EXPECT_TRUE(IsError(HttpPostJson(s.url, "/init_weight_transfer_engine", with(uuid, fd)), 400,
@@ -558,6 +557,7 @@ TEST_F(GpuIpcTest, TwoTrainerRankProcessesEachSendFromTheirOwnGpu) {
   o.stdout_path = dir() / "rank1.stdout";
   o.stderr_path = dir() / "rank1.stderr";
   o.env = {{"WSYNC_IPC_RANK1_ORDERS", orders.dump()}};
+  o.unset_env = {"WSYNC_API_KEY"};
   E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Subprocess> rank1,
                            Subprocess::Spawn(std::filesystem::read_symlink("/proc/self/exe"), o));
   int verified = 0;

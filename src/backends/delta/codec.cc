@@ -106,10 +106,11 @@ __attribute__((target("avx2,popcnt"))) uint64_t XorUpdateAvx2(const std::byte* n
 
 // zstd's sequence producer for XOR patches. A patch is runs of zeros between isolated
 // changed bytes, which zstd's own fast match finder handles badly (short hash hits,
-// many misses): about 0.3 GB/s at 4.7% on bf16 patches. Here every zero run of four or
-// more bytes becomes one literal zero followed by a match at offset 1 (copy the previous
-// byte), which zstd encodes as repeat-offset 1 with no offset bits; everything else stays
-// literal, and zstd's level-1 entropy stage codes both. One pass, no hashing; the frame
+// many misses; docs/benchmarks.md, "delta", times stock zstd -1 on such a patch). Here
+// every zero run of four or more bytes becomes one literal zero followed by a match at
+// offset 1 (copy the previous byte), which zstd encodes as repeat-offset 1 with no
+// offset bits; everything else stays literal, and zstd's level-1 entropy stage codes
+// both. One pass, no hashing; the frame
 // is a standard one any decoder reads. Offsets never leave the block (zstd passes no
 // history to producers).
 size_t ProduceSparseSequences(void*, ZSTD_Sequence* out, size_t capacity, const void* src, size_t n,

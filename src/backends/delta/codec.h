@@ -12,8 +12,8 @@
 // run becomes a literal zero plus an offset-1 match, literals are Huffman-coded and the
 // lengths FSE-coded with tables written once per frame (once per part for a tensor
 // encoded in parts on several threads: EncodePart). On bf16 RL-step patches that is
-// several times zstd's own level-1 speed at a smaller frame (about 3% against 4.6% of
-// the tensor); any zstd decoder reads it. Encoder::kLibzstd instead hands the same
+// faster than zstd's own level 1 and gives a smaller frame (`delta_codec_benchmark`;
+// docs/benchmarks.md, "delta"); any zstd decoder reads it. Encoder::kLibzstd instead hands the same
 // sequences to libzstd (level `zstd_level`) through its sequence-producer API.
 //
 // Apply() first tries SparseApplier, which XORs only the frame's literals into the tensor

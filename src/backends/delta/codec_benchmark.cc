@@ -1,14 +1,12 @@
 // Micro-benchmark of DeltaCodec on one thread, with realistic data: a bf16 tensor of
-// synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (about 4% of
-// values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
+// synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (a few percent
+// of values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
 // frame writer, and libzstd from the same sequences), Apply (SparseApplier; libzstd; a
 // stock zstd -1 frame as SkyRL writes it) and the pieces they fuse (memcpy, xxh3-128,
 // one-shot stock zstd -1 of the patch), and the compressed ratios. Times are this
 // thread's CPU time (best of 3; best of 20 in the one-loop modes), i.e. per-core cost.
 //
 //   delta_codec_benchmark [MiB=256] [block KiB=64] [encode|apply: only that, 20 times, for perf]
-#include <time.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,18 +18,11 @@
 #include "backends/delta/codec.h"
 #include "backends/delta/sparse_apply.h"
 #include "core/digest.h"
-#include "trainer/synthetic.h"
+#include "core/stopwatch.h"
+#include "synthetic/synthetic.h"
 
 namespace {
 
-double CpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// Best of `reps` runs, in this thread's CPU seconds: what one core spends, whatever else
-// shares the machine.
 // Best of `reps` runs of `f`, in this thread's CPU seconds (what one core spends,
 // whatever else shares the machine); `prepare` runs untimed before each.
 template <typename P, typename F>
@@ -39,9 +30,9 @@ double BestSeconds(int reps, P&& prepare, F&& f) {
   double best = 1e9;
   for (int r = 0; r < reps; ++r) {
     prepare();
-    double t = CpuSeconds();
+    double t = wsync::ThreadCpuSeconds();
     f();
-    best = std::min(best, CpuSeconds() - t);
+    best = std::min(best, wsync::ThreadCpuSeconds() - t);
   }
   return best;
 }

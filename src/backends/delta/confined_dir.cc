@@ -28,7 +28,7 @@ Status BeneathStatus(const std::string& dir, std::string_view rel, int err) {
     return InvalidArgument(fmt::format("{}/{} leads outside {} (a symlink that leaves it, or '..')", dir, rel, dir));
   }
   if (err == ENOTDIR) return InvalidArgument(fmt::format("{}/{}: a component is not a directory", dir, rel));
-  return ErrnoStatus(fmt::format("opening {}/{}", dir, rel), err);
+  return ErrnoStatus(err, fmt::format("opening {}/{}", dir, rel));
 }
 
 // Opens `rel` beneath `dirfd` one component at a time, every one O_NOFOLLOW (a symlink
@@ -92,7 +92,7 @@ Result<ConfinedDir> ConfinedDir::Open(const std::string& path) {
   if (fd.get() < 0) {
     int err = errno;
     if (err == ENOTDIR) return InvalidArgument(fmt::format("{} is not a directory", path));
-    return ErrnoStatus(fmt::format("opening directory {}", path), err);
+    return ErrnoStatus(err, fmt::format("opening directory {}", path));
   }
   return ConfinedDir(std::move(fd), path);
 }
@@ -133,7 +133,7 @@ Result<RegularFile> ConfinedDir::OpenFile(std::string_view rel) const {
   std::string path = (fs::path(path_) / rel).string();
   WSYNC_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(rel, O_RDONLY | O_NONBLOCK | O_NOCTTY));
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(fmt::format("stat of {}", path), errno);
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, fmt::format("stat of {}", path));
   if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("{} is not a regular file", path));
   return RegularFile{std::move(fd), static_cast<uint64_t>(st.st_size), std::move(path)};
 }
@@ -150,9 +150,8 @@ Result<std::string> ReadWhole(const RegularFile& f, size_t max_bytes) {
   std::string out(static_cast<size_t>(f.size), '\0');
   size_t done = 0;
   while (done < out.size()) {
-    ssize_t r = ::pread(f.fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoStatus(fmt::format("reading {}", f.path), errno);
+    ssize_t r = RetryOnEintr([&] { return ::pread(f.fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(done)); });
+    if (r < 0) return ErrnoStatus(errno, fmt::format("reading {}", f.path));
     if (r == 0) break;  // shrank since the fstat
     done += static_cast<size_t>(r);
   }
@@ -165,10 +164,10 @@ Result<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
   if (fd.get() < 0) {
     int err = errno;
     if (err == ELOOP) return InvalidArgument(fmt::format("{} is a symlink (refused)", path));
-    return ErrnoStatus(fmt::format("opening {}", path), err);
+    return ErrnoStatus(err, fmt::format("opening {}", path));
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(fmt::format("stat of {}", path), errno);
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, fmt::format("stat of {}", path));
   if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("{} is not a regular file", path));
   RegularFile f{std::move(fd), static_cast<uint64_t>(st.st_size), path};
   return ReadWhole(f, max_bytes);

@@ -31,9 +31,8 @@ struct Fd {
 
 Status WriteAll(int fd, const char* p, size_t n, const std::string& path) {
   while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    WSYNC_DELTA_SYSCALL(w, fmt::format("writing {}", path));
+    ssize_t w = RetryOnEintr([&] { return ::write(fd, p, n); });
+    WSYNC_SYSCALL(w, fmt::format("writing {}", path));
     p += w;
     n -= static_cast<size_t>(w);
   }
@@ -43,27 +42,22 @@ Status WriteAll(int fd, const char* p, size_t n, const std::string& path) {
 Status FsyncDir(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   Fd d{::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY)};
-  WSYNC_DELTA_SYSCALL(d.fd, fmt::format("opening directory {}", dir));
-  WSYNC_DELTA_SYSCALL(::fsync(d.fd), fmt::format("fsync of directory {}", dir));
+  WSYNC_SYSCALL(d.fd, fmt::format("opening directory {}", dir));
+  WSYNC_SYSCALL(::fsync(d.fd), fmt::format("fsync of directory {}", dir));
   return Status::Ok();
 }
 
 }  // namespace
 
-Status ErrnoStatus(std::string_view what, int err) {
-  StatusCode code = err == ENOENT ? StatusCode::kNotFound : StatusCode::kInternal;
-  return Status(code, fmt::format("{}: {}", what, std::strerror(err)));
-}
-
 Result<FileLock> FileLock::Acquire(const std::string& path, Mode mode, Deadline deadline) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  WSYNC_DELTA_SYSCALL(fd, fmt::format("opening lock file {}", path));
+  WSYNC_SYSCALL(fd, fmt::format("opening lock file {}", path));
   FileLock lock(fd);
   int op = (mode == Mode::kExclusive ? LOCK_EX : LOCK_SH) | LOCK_NB;
   for (auto pause = std::chrono::microseconds(200);; pause = std::min(pause * 2, decltype(pause)(20000))) {
     if (::flock(fd, op) == 0) return lock;
     if (errno != EWOULDBLOCK && errno != EINTR) {
-      return ErrnoStatus(fmt::format("flock of {}", path), errno);
+      return ErrnoStatus(errno, fmt::format("flock of {}", path));
     }
     if (deadline.expired()) {
       return DeadlineExceeded(fmt::format("waited too long for the {} lock on {} (another worker or "
@@ -91,23 +85,22 @@ Status WriteFileAtomic(const std::string& path, std::string_view data) {
   std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
   {
     Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    WSYNC_DELTA_SYSCALL(f.fd, fmt::format("creating {}", tmp));
+    WSYNC_SYSCALL(f.fd, fmt::format("creating {}", tmp));
     WSYNC_RETURN_IF_ERROR(WriteAll(f.fd, data.data(), data.size(), tmp));
-    WSYNC_DELTA_SYSCALL(::fsync(f.fd), fmt::format("fsync of {}", tmp));
+    WSYNC_SYSCALL(::fsync(f.fd), fmt::format("fsync of {}", tmp));
   }
-  WSYNC_DELTA_SYSCALL(::rename(tmp.c_str(), path.c_str()), fmt::format("renaming {} to {}", tmp, path));
+  WSYNC_SYSCALL(::rename(tmp.c_str(), path.c_str()), fmt::format("renaming {} to {}", tmp, path));
   return FsyncDir(path);
 }
 
 Result<std::string> ReadFile(const std::string& path) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {}", path));
+  WSYNC_SYSCALL(f.fd, fmt::format("opening {}", path));
   std::string out;
   char buf[1 << 16];
   for (;;) {
-    ssize_t r = ::read(f.fd, buf, sizeof(buf));
-    if (r < 0 && errno == EINTR) continue;
-    WSYNC_DELTA_SYSCALL(r, fmt::format("reading {}", path));
+    ssize_t r = RetryOnEintr([&] { return ::read(f.fd, buf, sizeof(buf)); });
+    WSYNC_SYSCALL(r, fmt::format("reading {}", path));
     if (r == 0) return out;
     out.append(buf, static_cast<size_t>(r));
   }
@@ -116,11 +109,11 @@ Result<std::string> ReadFile(const std::string& path) {
 Status CloneFile(const std::string& src, const std::string& dst, bool* reflinked) {
   if (reflinked) *reflinked = false;
   Fd in{::open(src.c_str(), O_RDONLY | O_CLOEXEC)};
-  WSYNC_DELTA_SYSCALL(in.fd, fmt::format("opening {}", src));
+  WSYNC_SYSCALL(in.fd, fmt::format("opening {}", src));
   struct stat st {};
-  WSYNC_DELTA_SYSCALL(::fstat(in.fd, &st), fmt::format("stat of {}", src));
+  WSYNC_SYSCALL(::fstat(in.fd, &st), fmt::format("stat of {}", src));
   Fd out{::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (st.st_mode & 0777) | S_IWUSR)};
-  WSYNC_DELTA_SYSCALL(out.fd, fmt::format("creating {}", dst));
+  WSYNC_SYSCALL(out.fd, fmt::format("creating {}", dst));
   if (::ioctl(out.fd, FICLONE, in.fd) == 0) {
     if (reflinked) *reflinked = true;
     return Status::Ok();
@@ -131,9 +124,8 @@ Status CloneFile(const std::string& src, const std::string& dst, bool* reflinked
   constexpr size_t kPiece = size_t{2} << 20;
   std::vector<char> buf(kPiece);
   for (off_t done = 0; done < st.st_size;) {
-    ssize_t r = ::pread(in.fd, buf.data(), std::min<size_t>(kPiece, static_cast<size_t>(st.st_size - done)), done);
-    if (r < 0 && errno == EINTR) continue;
-    WSYNC_DELTA_SYSCALL(r, fmt::format("reading {}", src));
+    ssize_t r = RetryOnEintr([&] { return ::pread(in.fd, buf.data(), std::min<size_t>(kPiece, static_cast<size_t>(st.st_size - done)), done); });
+    WSYNC_SYSCALL(r, fmt::format("reading {}", src));
     if (r == 0) return DataLoss(fmt::format("{} shrank while being copied", src));
     WSYNC_RETURN_IF_ERROR(WriteAll(out.fd, buf.data(), static_cast<size_t>(r), dst));
     done += r;
@@ -169,9 +161,9 @@ Status CloneTree(const std::string& src, const std::string& dst, bool* reflinked
 
 Result<WritableMapping> WritableMapping::Open(const std::string& path) {
   Fd f{::open(path.c_str(), O_RDWR | O_CLOEXEC)};
-  WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {} for writing", path));
+  WSYNC_SYSCALL(f.fd, fmt::format("opening {} for writing", path));
   struct stat st {};
-  WSYNC_DELTA_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
+  WSYNC_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
   WritableMapping m;
   m.path_ = path;
   m.size_ = static_cast<size_t>(st.st_size);
@@ -179,7 +171,7 @@ Result<WritableMapping> WritableMapping::Open(const std::string& path) {
   m.ino_ = static_cast<uint64_t>(st.st_ino);
   if (m.size_ == 0) return m;
   void* p = ::mmap(nullptr, m.size_, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-  if (p == MAP_FAILED) return ErrnoStatus(fmt::format("mapping {} read-write", path), errno);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, fmt::format("mapping {} read-write", path));
   m.data_ = static_cast<std::byte*>(p);
   m.fd_ = std::exchange(f.fd, -1);
   struct statfs fs {};
@@ -334,9 +326,9 @@ void WritableMapping::Release() {
 
 Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& path) {
   Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-  WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {}", path));
+  WSYNC_SYSCALL(f.fd, fmt::format("opening {}", path));
   struct stat st {};
-  WSYNC_DELTA_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
+  WSYNC_SYSCALL(::fstat(f.fd, &st), fmt::format("stat of {}", path));
   if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("{} is not a regular file", path));
   return ReadSafetensorsLayout(f.fd, static_cast<uint64_t>(st.st_size), path);
 }
@@ -348,8 +340,8 @@ Status WriteBackTree(const std::string& dir) {
     std::error_code type_ec;
     if (!it->is_regular_file(type_ec)) continue;
     Fd f{::open(it->path().c_str(), O_RDONLY | O_CLOEXEC)};
-    WSYNC_DELTA_SYSCALL(f.fd, fmt::format("opening {} to write it back", it->path().string()));
-    WSYNC_DELTA_SYSCALL(::fdatasync(f.fd), fmt::format("writing {} back", it->path().string()));
+    WSYNC_SYSCALL(f.fd, fmt::format("opening {} to write it back", it->path().string()));
+    WSYNC_SYSCALL(::fdatasync(f.fd), fmt::format("writing {} back", it->path().string()));
   }
   if (ec) return Internal(fmt::format("listing {}: {}", dir, ec.message()));
   return Status::Ok();

@@ -1,6 +1,6 @@
-// The file-system pieces of the `delta` backend: errno as Status, an flock(2) writer
-// lock with a deadline, atomic small-file writes, copy-on-write file clones, writable
-// mappings, and the byte layout of a safetensors file (where each tensor's bytes sit).
+// The file-system pieces of the `delta` backend: an flock(2) writer lock with a
+// deadline, atomic small-file writes, copy-on-write file clones, writable mappings, and
+// the byte layout of a safetensors file (where each tensor's bytes sit).
 //
 // Everything here wraps one foreign call or a short sequence of them, and every failure
 // comes back as a Status naming the path and the libc error. FileLock locks belong to an
@@ -25,24 +25,11 @@
 #include <fmt/format.h>
 
 #include "core/deadline.h"
+#include "core/syscall.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
 namespace wsync::delta {
-
-// A Status for a failed libc call: "what: strerror(err)". ENOENT maps to NotFound.
-Status ErrnoStatus(std::string_view what, int err);
-
-// Checks a libc call that returns -1 on failure (errno set); on failure returns
-// ErrnoStatus naming `what` and the call site.
-#define WSYNC_DELTA_SYSCALL(expr, what)                                                   \
-  do {                                                                                    \
-    if ((expr) < 0) {                                                                     \
-      int wsync_errno_ = errno;                                                           \
-      return ::wsync::delta::ErrnoStatus(                                                 \
-          ::fmt::format("{} ({} at {}:{})", (what), #expr, __FILE__, __LINE__), wsync_errno_); \
-    }                                                                                     \
-  } while (0)
 
 // An exclusive or shared flock(2) on a lock file, released on destruction.
 class FileLock {
@@ -70,11 +57,11 @@ Status WriteFileAtomic(const std::string& path, std::string_view data);
 Result<std::string> ReadFile(const std::string& path);
 
 // Copies `src` to `dst` (created or truncated): a reflink (FICLONE) where the file
-// system shares extents, else reads and writes of 2 MiB (page-cache folios that large
-// make every later apply after a write-back cheaper: `wsync bench delta --write-back`,
-// apply per core 2.3-2.6 -> 2.9-3.3 GB/s against copy_file_range's 64 KiB folios on
-// ext4). The copy is writable by its owner whatever the source's mode. Sets *reflinked
-// when extents are shared.
+// system shares extents, else reads and writes of 2 MiB, not copy_file_range: the page
+// cache keeps folios as large as the writes, and large folios make every later apply
+// after a write-back cheaper (docs/benchmarks.md, "The local copy in large folios"). The
+// copy is writable by its owner whatever the source's mode. Sets *reflinked when
+// extents are shared.
 Status CloneFile(const std::string& src, const std::string& dst, bool* reflinked = nullptr);
 
 // A whole file mapped read-write and shared: stores reach the file (and every other
@@ -115,19 +102,19 @@ class WritableMapping {
   // read-only; the write that follows is a second fault per page. On a shared mapping
   // each write fault on a present read-only entry calls the file system's page_mkwrite
   // for the page's whole folio: on ext4 with large folios (Linux 6.16+) that walks every
-  // buffer of a 1 MiB folio once per 4 KiB page, ~2 CPU s per GB. Write faults on
-  // ABSENT entries cost far less (measured, the kernel path not traced). So this drops
-  // the region's entries (MADV_DONTNEED; a shared mapping's data stays in the page cache)
-  // and then adds 0 to one byte of every page with a locked add, a write access: ~0.07
-  // CPU s per GB after a write-back on ext4 with 1 MiB folios, against 0.12 for
-  // MADV_POPULATE_WRITE (get_user_pages visits every page) and 1.8 without the drop.
+  // buffer of the folio once per 4 KiB page. Write faults on ABSENT entries cost far
+  // less. So this drops the region's entries (MADV_DONTNEED; a shared mapping's data
+  // stays in the page cache) and then adds 0 to one byte of every page with a locked add,
+  // a write access: cheaper than MADV_POPULATE_WRITE (get_user_pages visits every page)
+  // and far cheaper than no drop (docs/benchmarks.md, "Steps further apart than the
+  // kernel keeps pages dirty", has the CPU seconds per GB of each).
   //
   // The kernel's flusher writes pages back once they are dirty for 30 s, i.e. between
   // most RL steps, and that write-protects every mapping's entries again. A region that
   // this mapping prepared before is left as it is (kWarm) when BeginVersion did not
   // find the mapping stale, every page of it is still dirty (cachestat, Linux 6.5+) and
   // touching its first 256 KiB is fast (slow means another mapping re-dirtied the pages
-  // after a write-back); re-touching it would cost ~0.01 CPU s per GB, a populate 0.05.
+  // after a write-back), since re-touching or re-populating it would cost CPU for nothing.
   // On tmpfs and ramfs, which never write back (and whose pages cachestat never counts
   // dirty), and where cachestat is refused or missing, the probe alone decides.
   Prepared PrepareForWrite(std::span<std::byte> region);
@@ -165,8 +152,9 @@ struct TensorLocation {
 };
 
 // Reads only the header of a safetensors file (8-byte length + JSON) and returns every
-// tensor's location, checked to lie inside the file (payload_file.h's parser: sizes
-// overflow-checked, no overlaps). Errors name the file and tensor, never its bytes.
+// tensor's location, checked to lie inside the file (format/safetensors.h's parser under
+// kUntrustedHeader: sizes overflow-checked, no overlaps). Errors name the file and
+// tensor, never its bytes.
 Result<std::vector<TensorLocation>> ReadSafetensorsLayout(const std::string& path);
 
 // Copies the directory tree `src` to `dst` (which must not exist) with CloneFile for

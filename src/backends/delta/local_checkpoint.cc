@@ -16,10 +16,10 @@
 #include "backends/delta/fs.h"
 #include "backends/delta/manifest.h"
 #include "backends/delta/payload_file.h"
-#include "backends/delta/task_pool.h"
 #include "core/checked_math.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/stopwatch.h"
 #include "format/safetensors.h"
 
 namespace wsync::delta {
@@ -28,7 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A non-negative integer that fits int64, or nullopt.
 std::optional<int64_t> NonNegative(const json& v) {
@@ -192,7 +191,7 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   FetchReport report;
   report.to_version = target;
   WSYNC_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path_, FileLock::Mode::kExclusive, deadline));
-  report.lock_wait_seconds = Since(t0);
+  report.lock_wait_seconds = SecondsSince(t0);
   Result<CheckpointState> read = ReadState();
   if (!read.ok()) {
     report.reset_reason = fmt::format("state unreadable ({})", read.status().message());
@@ -210,7 +209,7 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
     WSYNC_LOG_INFO("delta: {}: resetting from base {}: {}", options_.root, options_.base_checkpoint, report.reset_reason);
     WSYNC_RETURN_IF_ERROR(ResetFromBase(sync.name));
     report.reset = true;
-    report.reset_seconds += Since(tr);
+    report.reset_seconds += SecondsSince(tr);
     state = CheckpointState{0, false, std::nullopt, options_.base_checkpoint, sync.name};
   }
   report.from_version = state.version;
@@ -223,7 +222,7 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
       state.sync_dir = sync.name;
       WSYNC_RETURN_IF_ERROR(WriteState(state));
     }
-    report.seconds = Since(t0);
+    report.seconds = SecondsSince(t0);
     return report;
   }
   state.write_in_progress = true;
@@ -247,7 +246,7 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   }
   report.applied = report.versions > 0;
   WSYNC_RETURN_IF_ERROR(WriteState(CheckpointState{target, false, std::nullopt, options_.base_checkpoint, sync.name}));
-  report.seconds = Since(t0);
+  report.seconds = SecondsSince(t0);
   return report;
 }
 
@@ -290,7 +289,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
     Result<RegularFile> file = vdir->OpenFile(f);
     if (!file.ok()) return file.status().WithContext(fmt::format("payload file of version {}", v));
     if (payload_buffers_.size() <= payloads.size()) payload_buffers_.emplace_back();
-    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxLayoutHeaderBytes + claimed[f],
+    Result<PayloadFile> payload = PayloadFile::Read(*file, 8 + kMaxSafetensorsHeaderBytes + claimed[f],
                                                     &payload_buffers_[payloads.size()]);
     if (!payload.ok()) return payload.status().WithContext(fmt::format("payload file of version {}", v));
     payloads.emplace(f, std::move(*payload));
@@ -311,7 +310,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
     frames[i] = {reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()};
     report->payload_bytes += bytes->size();
   }
-  report->fetch_seconds += Since(tf);
+  report->fetch_seconds += SecondsSince(tf);
 
   std::error_code exists_ec;
   if (!fs::exists(weights_dir_, exists_ec)) {
@@ -323,7 +322,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
     WSYNC_RETURN_IF_ERROR(CloneTree(options_.base_checkpoint, tmp, &reflinked));
     fs::rename(tmp, weights_dir_, ec);
     if (ec) return Internal(fmt::format("renaming {} to {}: {}", tmp, weights_dir_, ec.message()));
-    report->reset_seconds += Since(tr);
+    report->reset_seconds += SecondsSince(tr);
     WSYNC_LOG_INFO("delta: copied base {} to {} ({})", options_.base_checkpoint, weights_dir_,
                    reflinked ? "reflinks" : "full copy");
   }
@@ -401,7 +400,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
         const DeltaTensorRecord& r = m.tensors[job.record];
         std::string what = fmt::format("{} (version {}, {})", r.name, v, r.payload_file);
         double c0 = ThreadCpuSeconds();
-        // A patch of at least one byte per 256 tensor bytes (an RL step's is ~1 per 33)
+        // A patch of at least one byte per 256 tensor bytes (an RL step's is far denser)
         // changes nearly every page: map them all writable in one go.
         bool remapped = frames[job.record].size() * 256 >= job.region.size() &&
                         job.mapping->PrepareForWrite(job.region) == WritableMapping::Prepared::kRemapped;
@@ -420,7 +419,7 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
       });
     }
   }
-  report->apply_seconds += Since(ta);
+  report->apply_seconds += SecondsSince(ta);
   report->apply_cpu_seconds += apply_cpu;
   uint64_t libzstd_after = 0;
   for (const auto& c : applier_->codecs) libzstd_after += c->libzstd_frames();

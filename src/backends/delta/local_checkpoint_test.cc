@@ -19,8 +19,9 @@
 #include "backends/delta/publisher.h"
 #include "backends/delta/testing.h"
 #include "core/sanitizers.h"
+#include "core/subprocess.h"
 #include "model/config.h"
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 namespace wsync::delta {
 namespace {
@@ -296,23 +297,21 @@ TEST_F(LocalCheckpointTest, ConcurrentFetchesOfOneHostApplyOnce) {
 TEST_F(LocalCheckpointTest, AnApplyKilledMidwayRecoversFromTheBase) {
   PublishSteps(2);
   Open();  // state at version 0
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
+  auto child = Subprocess::Fork([&] {
     int applied = 0;
     LocalCheckpointOptions o = Options("local", 1);
     o.after_tensor_applied = [&](std::string_view) {
       if (++applied == 3) ::_exit(42);  // dies with the files half-patched
     };
     auto c = LocalCheckpoint::Open(o, Deadline::InSeconds(30));
-    if (!c.ok()) ::_exit(1);
+    if (!c.ok()) return 1;
     (void)(*c)->Fetch(2, sync(), Deadline::InSeconds(30));
-    ::_exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  ASSERT_EQ(WEXITSTATUS(status), 42);
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  std::optional<ExitStatus> st = (*child)->Wait(Deadline::InSeconds(60));
+  ASSERT_TRUE(st.has_value());
+  ASSERT_EQ(st->ShellCode(), 42) << st->ToString();
   auto local = Open();
   EXPECT_TRUE(local->ReadState()->write_in_progress);
   EXPECT_FALSE(CheckpointHolds(local->CurrentDir(), trainer_->tensors()));
@@ -390,7 +389,7 @@ TEST(WritableMappingTest, WithoutCachestatTheProbeFindsPagesWrittenBack) {
 
 // tmpfs never writes back, and cachestat never counts its pages dirty: the entries a
 // mapping made writable stay so, and must not be dropped and faulted in again for every
-// version (on tmpfs that costs ~0.4 CPU s per GB, one fault per 4 KiB page).
+// version (one fault per 4 KiB page on tmpfs).
 TEST(WritableMappingTest, OnTmpfsPreparedPagesStayWarm) {
   struct statfs fs {};
   if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm";

@@ -100,7 +100,7 @@ TEST(DeltaManifestTest, BadManifestsNameTheField) {
   EXPECT_FALSE(DeltaManifest::Parse("not json").ok());
 }
 
-// Hostile manifests (issue 13): payload_files may only name plain files of the version
+// Hostile manifests: payload_files may only name plain files of the version
 // directory; numbers are range-checked, never truncated; no field of a wrong type throws.
 TEST(DeltaManifestTest, HostileManifestsAreRefused) {
   nlohmann::json j = nlohmann::json::parse(Sample().ToJson());

@@ -7,9 +7,9 @@
 // writing). Results never depend on it. A value type.
 //
 // The decoder does not use it: prefetching the next block's region (a mapped file) for
-// writing while SparseApplier decodes made the server's apply slower (2.03-2.11 ->
-// 1.70-1.72 GB/s per core in `wsync bench delta`); SparseApplier prefetches a single
-// line a short distance ahead of each sequence instead (kRegionPrefetchAhead).
+// writing while SparseApplier decodes makes the server's apply slower (docs/benchmarks.md,
+// "delta"); SparseApplier prefetches a single line a short distance ahead of each
+// sequence instead (kRegionPrefetchAhead).
 #pragma once
 
 #include <cstddef>

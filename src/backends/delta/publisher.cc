@@ -10,18 +10,17 @@
 #include <fmt/ranges.h>
 
 #include "backends/delta/codec.h"
-#include "backends/delta/convert.h"
 #include "backends/delta/fs.h"
-#include "backends/delta/task_pool.h"
+#include "core/dtype_convert.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/stopwatch.h"
 #include "format/safetensors.h"
 
 namespace wsync::delta {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr size_t kSnapshotAlign = 64;
 
@@ -205,7 +204,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
     // Version 0 is this first pass: the snapshot takes it and version 1 is empty.
     auto ts = Clock::now();
     Status s = InitSnapshotFromFirstPass(source, &stats);
-    stats.stage_seconds = Since(ts);
+    stats.stage_seconds = SecondsSince(ts);
     if (s.ok()) s = WriteManifest(dir, manifest, &stats);
     if (!s.ok()) {
       std::filesystem::remove_all(dir, ec);
@@ -245,8 +244,8 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
             next = buf;
           }
           pass.slots[i].submitted = true;
-          // On fewer than 4 threads there are no idle cores to gain, and the parts' own
-          // hash pass and tables cost ~10% (1 and 2 cores of the 16-core host).
+          // On fewer than kMinThreadsForParts threads there are no idle cores to gain, and
+          // the parts' own hash pass and tables cost CPU time.
           const size_t part = options_.part_bytes;
           if (part > 0 && next.size() > 2 * part && plan_->pool->size() >= kMinThreadsForParts) {
             SubmitParts(group, pass, i, next, staged);
@@ -261,7 +260,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
                 slot.status = r.status().WithContext(plan_->entries[i].disk.name);
               }
               if (staged) plan_->ReleaseStaging(*staged);
-              slot.cpu_seconds = Since(tt);
+              slot.cpu_seconds = SecondsSince(tt);
             });
           }
           stats.tensors++;
@@ -272,7 +271,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
         }
       }();
     }  // waits for every submitted task
-    stats.stage_seconds = Since(ts);
+    stats.stage_seconds = SecondsSince(ts);
     for (const Pass::Slot& slot : pass.slots) {
       stats.encode_cpu_seconds += slot.cpu_seconds;
       if (s.ok() && !slot.status.ok()) s = slot.status;
@@ -286,7 +285,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
     }
   }
   version_ = stats.version;
-  stats.seconds = Since(t0);
+  stats.seconds = SecondsSince(t0);
   stats.cpu_seconds = ProcessCpuSeconds() - cpu0;
   return stats;
 }
@@ -323,7 +322,7 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
   group.Submit([next, split, finish](size_t) {  // reads only the new bytes, which no task writes
     auto tt = Clock::now();
     split->checksum = HexDigest(DigestAlgorithm::kXxh3_128, next);
-    split->seconds.back() = Since(tt);
+    split->seconds.back() = SecondsSince(tt);
     finish();
   });
   for (size_t k = 0; k < count; ++k) {
@@ -331,7 +330,7 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
       auto tt = Clock::now();
       size_t off = k * part, len = std::min(part, next.size() - off);
       split->parts[k] = plan_->codecs[thread]->EncodePart(next.subspan(off, len), snap.subspan(off, len), k + 1 == count);
-      split->seconds[k] = Since(tt);
+      split->seconds[k] = SecondsSince(tt);
       finish();
     });
   }
@@ -383,7 +382,7 @@ Status DeltaPublisher::WritePayloads(Pass& pass, const std::string& dir, DeltaMa
   stats->uncompressed_bytes = manifest->total_uncompressed_num_bytes;
   stats->compressed_bytes = manifest->total_compressed_num_bytes;
   stats->payload_files = manifest->payload_files.size();
-  stats->write_seconds += Since(tw);
+  stats->write_seconds += SecondsSince(tw);
   return Status::Ok();
 }
 
@@ -391,7 +390,7 @@ Status DeltaPublisher::WriteManifest(const std::string& dir, const DeltaManifest
                                      PublishStats* stats) {
   auto tw = Clock::now();
   Status s = WriteFileAtomic((std::filesystem::path(dir) / kManifestName).string(), manifest.ToJson());
-  stats->write_seconds += Since(tw);
+  stats->write_seconds += SecondsSince(tw);
   return s;
 }
 

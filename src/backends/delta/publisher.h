@@ -42,9 +42,11 @@
 #include "wsync/status.h"
 #include "wsync/trainer.h"
 
-namespace wsync::delta {
-
+namespace wsync {
 class TaskGroup;
+}  // namespace wsync
+
+namespace wsync::delta {
 
 inline constexpr size_t kMinThreadsForParts = 4;
 
@@ -59,8 +61,8 @@ struct DeltaPublisherOptions {
   int rank = 0;                     // trainer rank in payload file names
   // With at least kMinThreadsForParts threads, tensors of more than twice this many
   // bytes are encoded in parts of this size, each on any pool thread, and joined into
-  // one frame (DeltaCodec::EncodePart): the largest tensor (an embedding: a quarter of
-  // qwen3-0.6b) no longer holds the publish on one thread. The frame depends on this
+  // one frame (DeltaCodec::EncodePart), so that the largest tensor (an embedding: a
+  // quarter of qwen3-0.6b) does not hold the publish on one thread. The frame depends on this
   // size only, not on how many threads (4 or more) there are. 0: never split.
   size_t part_bytes = size_t{16} << 20;
   // Called from the calling thread after each tensor is handed to the pool.

@@ -9,8 +9,8 @@
 #include "backends/delta/testing.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"
-#include "trainer/synthetic.h"
 
 namespace wsync::delta {
 namespace {

@@ -8,13 +8,12 @@
 
 #include <fmt/format.h>
 
-#include "backends/delta/convert.h"
 #include "backends/delta/local_checkpoint.h"
 #include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
 #include "backends/delta/receiver_request.h"
-#include "backends/delta/task_pool.h"
 #include "core/digest.h"
+#include "core/dtype_convert.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/stopwatch.h"
@@ -88,7 +87,7 @@ class DeltaReceiver final : public ReceiverBackend {
     WSYNC_RETURN_IF_ERROR(CheckSyncDir(sync_dir));
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     Stopwatch elapsed;
-    double cpu0 = delta::ProcessCpuSeconds();
+    double cpu0 = ProcessCpuSeconds();
     std::vector<Result<FetchReport>> reports(stores_.size(), Internal("not run"));
     WSYNC_RETURN_IF_ERROR(RunOnEveryWorker(ctx_->workers, "fetch_weights", deadline, [&](size_t i, const ReceiverWorker&) {
       reports[i] = stores_[i]->Fetch(target, sync_dir, deadline);
@@ -119,7 +118,7 @@ class DeltaReceiver final : public ReceiverBackend {
       stats["tensor_bytes"] = stats["tensor_bytes"].get<uint64_t>() + r->tensor_bytes;
     }
     stats["total_s"] = elapsed.seconds();
-    stats["cpu_s"] = delta::ProcessCpuSeconds() - cpu0;  // this server process, all threads
+    stats["cpu_s"] = ProcessCpuSeconds() - cpu0;  // this server process, all threads
     WSYNC_LOG_INFO("delta: fetched version {} from {} (from version {}{}): {} version(s), {} tensors, fetch {:.3f} s, "
                    "apply {:.3f} s ({:.3f} CPU s in the apply threads, {} patch(es) through libzstd, {:.3f} GB re-mapped after a "
                    "write-back), reset {:.3f} s, "
@@ -222,7 +221,7 @@ class DeltaReceiver final : public ReceiverBackend {
       if (r.dtype != want.dtype) {
         std::vector<std::byte>& out = plan ? converted.emplace_back() : scratch;
         out.resize(want.nbytes());
-        WSYNC_RETURN_IF_ERROR(delta::Convert(r.bytes, r.dtype, out, want.dtype, want.name));
+        WSYNC_RETURN_IF_ERROR(Convert(r.bytes, r.dtype, out, want.dtype, want.name));
         r.dtype = want.dtype;
         r.bytes = out;
       }

@@ -32,10 +32,10 @@ using zstd::ReadFse;
 
 constexpr size_t kBlockMax = 128 * 1024;
 // How far ahead of its write position the sequence loop prefetches the tensor. The
-// hardware prefetcher stops at each 4 KiB page of the mapped file; a line 2 KiB ahead
-// per sequence (one every ~55 bytes of an RL-step patch) keeps the next page coming.
-// Measured: apply 3.75-3.93 -> 4.15-4.23 GB/s (micro); 1 KiB and 4 KiB do about as well,
-// a whole 64 KiB block ahead was slower.
+// hardware prefetcher stops at each 4 KiB page of the mapped file; one line a short
+// distance ahead per sequence (an RL-step patch has a sequence every few dozen bytes)
+// keeps the next page coming, where prefetching a whole block ahead does not
+// (docs/benchmarks.md, "delta", has the micro-benchmark).
 constexpr size_t kRegionPrefetchAhead = 2048;
 
 // Where the patch is being applied: the tensor, the write position, and how many bytes

@@ -3,8 +3,8 @@
 //
 // A delta patch is mostly zeros. The frames DeltaCodec writes encode each zero run as
 // a literal zero followed by an offset-1 match, which a generic decoder must expand byte
-// by byte (libzstd decodes such frames at well under 1 GB/s). XOR with zero changes
-// nothing, so this decoder parses the frame (RFC 8878: frame and block headers, Huffman
+// by byte (slowly: docs/benchmarks.md, "delta", times libzstd on them). XOR with zero
+// changes nothing, so this decoder parses the frame (RFC 8878: frame and block headers, Huffman
 // literals, FSE-coded sequences, repeat offsets), XORs the literals into the tensor at
 // their positions and skips every match whose source lies inside the run of zeros that
 // ends at the current position. The caller then hashes the tensor to verify it.

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "backends/delta/convert.h"
+#include "core/dtype_convert.h"
 #include "format/safetensors.h"
 #include "wsync/tensor.h"
 

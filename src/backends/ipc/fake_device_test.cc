@@ -27,9 +27,9 @@
 #include "model/config.h"
 #include "receiver/inference_server.h"
 #include "sources/trainer_ranks.h"
+#include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"
 #include "testing/test_server.h"
-#include "trainer/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
 

@@ -19,9 +19,9 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
+#include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"
 #include "testing/test_server.h"
-#include "trainer/synthetic.h"
 
 namespace wsync {
 namespace {

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "core/checked_math.h"
+#include "plan/packing.h"
 
 namespace wsync {
 
@@ -363,33 +364,15 @@ Status IpcUpdateInfo::Validate(std::span<const TensorMeta> tensors, uint64_t slo
 
 Result<IpcPlan> PlanIpcChunks(std::span<const TensorMeta> tensors, uint64_t slot_bytes) {
   if (slot_bytes == 0) return InvalidArgument("ipc slot size must be positive");
+  ChunkCut cut{ChunkCut::Rule::kCloseBeforeOverflow, slot_bytes, kIpcAlignment, "the ipc staging slot"};
+  WSYNC_ASSIGN_OR_RETURN(ChunkPlan chunks, CutChunks(tensors, cut));
   IpcPlan plan;
-  plan.tensor_offsets.resize(tensors.size());
-  uint64_t used = 0;
-  size_t in_chunk = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t bytes = tensors[i].nbytes();
-    if (bytes > slot_bytes) {
-      return InvalidArgument(fmt::format("tensor {} ({} bytes) is larger than the ipc staging slot ({} bytes)",
-                                         tensors[i].name, bytes, slot_bytes));
-    }
-    uint64_t offset = AlignUp(used, kIpcAlignment);
-    if (in_chunk > 0 && (offset > slot_bytes || bytes > slot_bytes - offset)) {  // cut BEFORE it
-      plan.chunk_ends.push_back(i);
-      plan.chunk_bytes.push_back(used);
-      used = 0;
-      offset = 0;
-      in_chunk = 0;
-    }
-    plan.tensor_offsets[i] = offset;
-    used = offset + bytes;
-    ++in_chunk;
-    plan.payload_bytes += bytes;
+  plan.tensor_offsets.assign(chunks.offset_in_chunk.begin(), chunks.offset_in_chunk.end());
+  for (const Chunk& c : chunks.chunks) {
+    plan.chunk_ends.push_back(c.end);
+    plan.chunk_bytes.push_back(c.bytes);
   }
-  if (in_chunk > 0) {
-    plan.chunk_ends.push_back(tensors.size());
-    plan.chunk_bytes.push_back(used);
-  }
+  for (const TensorMeta& t : tensors) plan.payload_bytes += t.nbytes();
   return plan;
 }
 

@@ -1,9 +1,10 @@
-// The `ipc` backend's wire format, version 3: the init and update payloads both halves
-// agree on, the chunk cut, and the device keys that pick a worker's staging buffer.
+// The `ipc` backend's wire format, version kIpcProtocolVersion (3): the init and update
+// payloads both halves agree on, the chunk cut, and the device keys that pick a worker's
+// staging buffer.
 //
 // The colocated backend moves bytes through ONE staging area per trainer session, exported
-// once at init and kept mapped by every receiver across syncs (a mapping is the expensive
-// part on GPU: ~0.15 s to open a CUDA IPC handle). The session has two parts:
+// once at init and kept mapped by every receiver across syncs (opening a CUDA IPC handle
+// is the expensive part on GPU). The session has two parts:
 //
 //  * the control region: a small POSIX shared-memory file (memfd, or shm_open) holding the
 //    hand-off state (see region.h): per-slot sequence numbers the trainer publishes, one
@@ -15,14 +16,14 @@
 //    of its own GPU, whatever CUDA_VISIBLE_DEVICES says.
 //
 // init_info (POST /init_weight_transfer_engine), one per server:
-//   {"wsync_ipc_protocol": 2, "packed": true, "session": "<32 hex>",
+//   {"wsync_ipc_protocol": 3, "packed": true, "session": "<32 hex>",
 //    "control_path": "/proc/PID/fd/N", "control_bytes": B,
 //    "num_slots": 2, "slot_bytes": S, "reader_offset": R0, "reader_count": R,
 //    "buffers": {"host-<boot_id>": {"kind": "shm", "offset": O, "stride": T},
 //                "GPU-<uuid>": {"kind": "cuda_fd", "offset": 0, "stride": T, "handle": {...}},
 //                "GPU-<uuid1>": {"kind": "cuda_ipc", ..., "publisher": 1}},
 //    "timeout_seconds": t}
-// Several trainer ranks (version 3): each rank on a GPU no lower rank is on exports slots
+// Several trainer ranks: each rank on a GPU no lower rank is on exports slots
 // of its own there (same num_slots, slot_bytes and stride) and packs every chunk into them;
 // the ranks gather their descriptors to rank 0 at init (through TrainerOptions::comm) and
 // rank 0 sends the merged map. A buffer entry names its `publisher` (omitted: 0, rank 0),
@@ -42,17 +43,16 @@
 //    "tensor_sizes": [bytes per tensor]          (vLLM's packed-IPC field),
 //    "tensor_offsets": [byte offset of each tensor inside its chunk's slot],
 //    "chunk_ends": [tensor index one past each chunk's last tensor],
-//    "wsync_ipc_protocol": 2, "session": "<32 hex>"}
+//    "wsync_ipc_protocol": 3, "session": "<32 hex>"}
 // The update names no sync: it describes only the layout, so that a trainer sending the
 // same tensors sends the same bytes every sync, and a server parses and checks them once
 // per session (the HTTP layer hands a byte-identical body back as the same parsed object).
 // What changes every sync, its number n and the sequence number q of its first chunk,
 // the trainer announces in the control region (IpcRegion::Announce) before it posts the
-// update; the server reads it there when the update arrives (version 1 carried both in
-// the body as "sync" and "first_seq"). Chunk k of the update is published in slot
-// (q + k) % num_slots under sequence number q + k; a receiver reads a slot only while it
-// carries exactly that number, so a stale or foreign chunk is never read. Sequence numbers
-// grow across the syncs of a session.
+// update; the server reads it there when the update arrives. Chunk k of the update is
+// published in slot (q + k) % num_slots under sequence number q + k; a receiver reads a
+// slot only while it carries exactly that number, so a stale or foreign chunk is never
+// read. Sequence numbers grow across the syncs of a session.
 //
 // Zero-copy (stateful) mode, GPU only: the trainer's tensors already sit in ONE exported
 // device allocation, so there is nothing to pack. The update adds
@@ -68,11 +68,11 @@
 // whose handle the update does not carry. In init_info, a trainer that only ever sends
 // zero-copy lists its GPU as {"kind": "none", "offset": 0, "stride": 0}: no slots there.
 //
-// The cut: a chunk is closed BEFORE the tensor that would overflow the slot (vLLM's IPC
-// producer, reference §7.2), not after it as vLLM's NCCL producer does: a slot is a fixed
-// mapping, so a chunk must fit in it. Tensors start at kIpcAlignment-byte offsets so that
-// copies run at full width on both CPU and GPU; the slot is sized max(bucket, largest
-// tensor), so every tensor fits.
+// The cut (plan/packing.h, kCloseBeforeOverflow): a chunk is closed BEFORE the tensor
+// that would overflow the slot (vLLM's IPC producer, reference §7.2), not after it as
+// vLLM's NCCL producer does: a slot is a fixed mapping, so a chunk must fit in it.
+// Tensors start at kIpcAlignment-byte offsets so that copies run at full width on both
+// CPU and GPU; the slot is sized max(bucket, largest tensor), so every tensor fits.
 //
 // Pure data and functions; thread-safe.
 #pragma once

@@ -24,6 +24,7 @@
 
 #include "backends/ipc/sigbus_guard.h"
 #include "core/checked_math.h"
+#include "core/syscall.h"
 
 namespace wsync {
 namespace {
@@ -41,12 +42,13 @@ constexpr std::string_view kShmPrefix = "wsync-ipc-";
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// errno as a Status naming the call, the thing and the place.
+// errno as a Status naming the call, the thing and the place. A region the request
+// named that cannot be opened is the request's fault (InvalidArgument).
 Status Errno(std::string_view what, int err, const char* file, int line) {
   StatusCode code = err == ENOENT || err == EACCES || err == EPERM || err == ENOTDIR || err == ENXIO
                         ? StatusCode::kInvalidArgument
-                        : StatusCode::kInternal;
-  return Status(code, fmt::format("{}: {} ({}:{})", what, std::strerror(err), file, line));
+                        : ErrnoCode(err);
+  return ErrnoStatus(err, fmt::format("{} ({}:{})", what, file, line), code);
 }
 #define WSYNC_IPC_SYSCALL(expr, what) \
   do {                                \

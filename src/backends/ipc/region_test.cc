@@ -18,6 +18,7 @@
 
 #include "backends/ipc/region_testing.h"
 #include "core/checked_math.h"
+#include "core/subprocess.h"
 
 namespace wsync {
 namespace {
@@ -202,16 +203,16 @@ TEST(IpcRegion, AReaderThatFellOutOfTheRingGetsDataLossNotStaleBytes) {
 TEST(IpcRegion, ATrainerThatDiesIsSeenWithinMillisecondsAndItsSlotsAreFreed) {
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  auto trainer = Subprocess::Fork([&] {
     auto r = IpcRegion::Create(Options(1, 1 << 20));
-    if (!r.ok()) _exit(3);
+    if (!r.ok()) return 3;
     std::memset((*r)->slot(0).data(), 7, (*r)->slot(0).size());
     std::string line = (*r)->path() + "\n" + (*r)->session() + "\n";
-    if (write(pipefd[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(4);
+    if (write(pipefd[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 4;
     for (;;) pause();
-  }
+  });
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  pid_t child = (*trainer)->pid();
   close(pipefd[1]);
   char buf[512] = {};
   ssize_t n = 0, got;
@@ -241,8 +242,7 @@ TEST(IpcRegion, ATrainerThatDiesIsSeenWithinMillisecondsAndItsSlotsAreFreed) {
   Status s = (*reader)->WaitPublished(1, 1, Deadline::InSeconds(20), "chunk 1/1 of sync 1");
   double waited = std::chrono::duration<double>(Clock::now() - t0).count();
   killer.join();
-  int status = 0;
-  waitpid(child, &status, 0);
+  EXPECT_TRUE((*trainer)->Wait(Deadline::InSeconds(10)).has_value());
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("exited during the sync"), std::string::npos) << s.message();
   EXPECT_LT(waited, 2.0);
@@ -328,15 +328,14 @@ TEST(IpcRegion, APublisherThatDiesIsSeenByItsReadersWithinMilliseconds) {
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  auto publisher = Subprocess::Fork([&]() -> int {
     auto p = IpcRegion::OpenPublisher((*trainer)->path(), (*trainer)->session(), 1);
     char c = p.ok() ? 'y' : 'n';
     if (write(pipefd[1], &c, 1) != 1) _exit(2);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    _exit(0);  // dies mid-sync, chunk 1 never published
-  }
+    _exit(0);  // dies mid-sync without closing, chunk 1 never published
+  });
+  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
   char c = 0;
   ASSERT_EQ(read(pipefd[0], &c, 1), 1);
   ASSERT_EQ(c, 'y');
@@ -344,8 +343,7 @@ TEST(IpcRegion, APublisherThatDiesIsSeenByItsReadersWithinMilliseconds) {
   auto t0 = Clock::now();
   Status s = (*reader)->WaitPublished(1, 1, Deadline::InSeconds(20), "chunk 1/1 of sync 1", 1);
   double took = std::chrono::duration<double>(Clock::now() - t0).count();
-  int status = 0;
-  waitpid(child, &status, 0);
+  EXPECT_TRUE((*publisher)->Wait(Deadline::InSeconds(10)).has_value());
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("publisher 1"), std::string::npos) << s.message();
   EXPECT_LT(took, 5);

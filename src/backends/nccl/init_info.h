@@ -4,8 +4,8 @@
 // §5.1): rank_offset, world_size, packed, packed_buffer_size_bytes, packed_num_buffers,
 // and nccl_unique_id_b64 for the GPU data plane. The CPU data plane (Gloo) adds what its
 // rendezvous needs, all prefixed `gloo_`, plus `wsync_protocol` (the version of wsync's
-// extensions: today 1, which also turns on the one-integer preflight before each
-// update) and, on the GPU path, `wsync_broadcast_piece_bytes` (every chunk's broadcast
+// extensions, kWsyncProtocolVersion, which also turns on the one-integer preflight
+// before each update) and, on the GPU path, `wsync_broadcast_piece_bytes` (every chunk's broadcast
 // goes as ncclBroadcast calls of at most this many bytes; absent: one call per chunk, as
 // vLLM does). A wsync trainer sends the wsync_ fields only to wsync servers, so a vLLM
 // server gets vLLM's payload and vLLM's one broadcast per chunk. Unknown fields are

@@ -88,7 +88,7 @@ TEST(NcclInitInfo, IntegersAreExactAndRangeChecked) {
     std::string error;
   };
   const Case cases[] = {
-      // 2^32 + 1 used to be read as int: 1.
+      // 2^32 + 1 must not be read as int (1).
       {"rank_offset", int64_t{4294967297}, "init_info 'rank_offset' is 4294967297, outside [1, 65535]"},
       {"world_size", int64_t{4294967298}, "init_info 'world_size' is 4294967298, outside [2, 65536]"},
       {"world_size", 2147483647, "init_info 'world_size' is 2147483647, outside [2, 65536]"},

@@ -12,10 +12,10 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "receiver/inference_server.h"
+#include "receiver/backend.h"
+#include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"
 #include "testing/test_server.h"
-#include "trainer/synthetic.h"
-#include "receiver/backend.h"
 #include "wsync/trainer.h"
 
 namespace wsync {

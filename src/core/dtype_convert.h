@@ -1,16 +1,27 @@
-// Bit-exact conversions between fp32 and the narrow float formats of model weights:
-// bfloat16, IEEE float16, float8_e4m3fn and float8_e5m2.
+// Conversions between float dtypes, in one place: bit-exact element conversions between
+// fp32 and the narrow float formats of model weights (bfloat16, IEEE float16,
+// float8_e4m3fn, float8_e5m2), and Convert(), which casts a whole tensor's bytes between
+// the formats a checkpoint may store and a model may run in (f32, bf16, f16): the
+// `delta` publisher casts a bf16 runtime tensor to an f32 on-disk dtype before XORing
+// (SkyRL's _stage_tensor_for_publish), and its receiver casts back when it reloads an
+// f32 checkpoint into bf16 shards.
 //
 // fp32 -> narrow rounds to nearest, ties to even, like torch's .to(dtype), and keeps NaN a
 // (quiet) NaN with its sign. The exceptions are stated per function. Narrow -> fp32 is
-// exact. All functions are pure, branch-light and inline so that the synthetic trainer's
-// hot loops vectorize; safe from any thread.
+// exact. The element functions are pure, branch-light and inline so that the synthetic
+// trainer's hot loops vectorize. Everything here is safe from any thread.
 #pragma once
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <string_view>
+
+#include "wsync/dtype.h"
+#include "wsync/status.h"
 
 namespace wsync {
 
@@ -106,5 +117,13 @@ inline uint8_t FloatToF8E5M2(float f) {
 }
 
 inline float F8E5M2ToFloat(uint8_t v) { return F16ToFloat(static_cast<uint16_t>(v) << 8); }
+
+// True when Convert() handles `from` -> `to` (equal dtypes always are).
+bool CanConvert(DType from, DType to);
+
+// Casts src (elements of `from`) into dst (elements of `to`), round to nearest even.
+// InvalidArgument naming `what` when the pair is unsupported or the sizes disagree.
+Status Convert(std::span<const std::byte> src, DType from, std::span<std::byte> dst, DType to,
+               std::string_view what);
 
 }  // namespace wsync

@@ -1,12 +1,10 @@
-#include "backends/delta/convert.h"
+#include "core/dtype_convert.h"
 
 #include <cstring>
 
 #include <fmt/format.h>
 
-#include "trainer/float_convert.h"
-
-namespace wsync::delta {
+namespace wsync {
 namespace {
 
 bool IsCastable(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
@@ -55,4 +53,4 @@ Status Convert(std::span<const std::byte> src, DType from, std::span<std::byte> 
   return Status::Ok();
 }
 
-}  // namespace wsync::delta
+}  // namespace wsync

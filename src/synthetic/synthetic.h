@@ -39,8 +39,8 @@ struct StepStats {
 
 class SyntheticTrainer {
  public:
-  // Default learning rate: on N(0, 0.02) bf16 weights about 4% of values change per step,
-  // about what a small-lr RL step does to a bf16 model (see synthetic_test.cc).
+  // Default learning rate: on N(0, 0.02) bf16 weights a few percent of values change per
+  // step, as a small-lr RL step does to a bf16 model (synthetic_test.cc bounds the share).
   static constexpr float kDefaultLr = 2e-6f;
   // Standard deviation of generated weights; "*norm.weight" tensors get 1 + N(0, kInitStd).
   static constexpr float kInitStd = 0.02f;

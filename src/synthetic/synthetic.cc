@@ -1,4 +1,4 @@
-#include "trainer/synthetic.h"
+#include "synthetic/synthetic.h"
 
 #include <atomic>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/parallel.h"
-#include "trainer/synthetic_kernels.h"
+#include "synthetic/synthetic_kernels.h"
 
 namespace wsync {
 namespace {

@@ -1,8 +1,8 @@
-#include "trainer/synthetic_kernels.h"
+#include "synthetic/synthetic_kernels.h"
 
 #include <bit>
 
-#include "trainer/float_convert.h"
+#include "core/dtype_convert.h"
 
 // Each kernel is built twice, for AVX2 and for baseline x86-64, and the loader picks one.
 // The loops are written so that the compiler vectorizes them (this file builds at -O3).
