@@ -14,7 +14,7 @@
 #include "model/config.h"
 #include "receiver/inference_server.h"
 #include "synthetic/synthetic.h"
-#include "wsync/receiver.h"
+#include "receiver/backend.h"
 #include "wsync/trainer.h"
 
 namespace wsync {
