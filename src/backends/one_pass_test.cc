@@ -166,6 +166,36 @@ TEST_P(OnePass, ASourceThatLiesMidStreamFailsTheSyncAndTheNextOneLands) {
   }
 }
 
+// Metadata one tensor short of what the pass yields: the extra tensor is named.
+class ExtraTensorSource : public WeightSource {
+ public:
+  explicit ExtraTensorSource(WeightSource& inner) : inner_(inner), meta_(inner.metadata()) { meta_.pop_back(); }
+  const std::vector<TensorMeta>& metadata() const override { return meta_; }
+  Result<std::unique_ptr<TensorStream>> Iterate() override { return inner_.Iterate(); }
+
+ private:
+  WeightSource& inner_;
+  std::vector<TensorMeta> meta_;
+};
+
+TEST_P(OnePass, ASourceYieldingMoreThanItsMetadataFailsNamingTheExtraTensor) {
+  const std::string backend = GetParam();
+  auto trainer = Trainer(6);
+  Server a = StartServer(backend, 1);
+  TrainerOptions o;
+  o.backend = backend;
+  o.servers = {a.http->url()};
+  o.timeout_seconds = 20;
+  o.bucket_gb = 1.0 / 1024;
+  ExtraTensorSource source(trainer->source());
+  auto engine = *CreateTrainerEngine(o);
+  ASSERT_TRUE(engine->Init(source.metadata()).ok());
+  auto r = engine->SendWeights(source, std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(trainer->metadata().back().name), std::string::npos) << r.status().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, OnePass, ::testing::Values("nccl", "ipc"));
 
 // delta: rank 0 publishes from its one pass (no servers here: publishing alone), and a

@@ -824,6 +824,12 @@ class IpcPlane final : public DataPlane {
           p.bytes_done += t.bytes.size();
         }
       }
+      if (k + 1 == n) {
+        // The end of the pass, before the last chunk goes out: a source that yields more
+        // than its metadata fails the sync naming the extra tensor.
+        TensorRef end;
+        WSYNC_RETURN_IF_ERROR(stream->Next(&end).status());
+      }
       region_->Publish(seq, plan.chunk_bytes[k]);
       published_seq_ = seq;
       p.chunks_done = k + 1;

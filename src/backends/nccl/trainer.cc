@@ -370,6 +370,12 @@ class NcclPlane final : public DataPlane {
     const double vote_ms = vote_watch.milliseconds();
     Stopwatch wire;
     Status s = Watched(op, *comm_, http, deadline, "weight broadcast");
+    if (s.ok()) {
+      // The end of the pass: a source that yields more than its metadata fails the sync
+      // naming the extra tensor (the op has finished with the stream).
+      TensorRef end;
+      s = stream->Next(&end).status();
+    }
     WSYNC_LOG_DEBUG("preflight {:.2f} ms, chunks on the wire {:.2f} ms", vote_ms, wire.milliseconds());
     return s;
   }
