@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -108,6 +110,28 @@ Result<std::vector<double>> RawBroadcast(const std::string& algorithm, int recei
   return times;
 }
 
+// Minor page faults of process `pid` so far (field 10 of /proc/<pid>/stat), or 0.
+uint64_t MinorFaults(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t p = stat.rfind(')');  // the command name may hold spaces
+  if (p == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(p + 2));
+  std::string f;
+  for (int i = 3; i < 10 && fields >> f; ++i) {
+  }
+  uint64_t minflt = 0;
+  fields >> minflt;
+  return minflt;
+}
+
+// Minor faults of this process (the trainer) and of every server.
+uint64_t FleetMinorFaults(const std::vector<Child>& servers) {
+  uint64_t n = MinorFaults(getpid());
+  for (const Child& c : servers) n += MinorFaults(c.pid);
+  return n;
+}
+
 }  // namespace
 
 int RunBenchRank(const BenchRankArgs& a) {
@@ -173,17 +197,21 @@ int RunBench(const BenchArgs& a) {
   if (Status s = (*engine)->Init(meta); !s.ok()) return fail(s);
   const double init_s = init_watch.seconds();
   // Sync 0 is reported on its own: users sync right after Init too, so it counts.
-  std::vector<double> engine_times;
-  double first_s = 0;
+  std::vector<double> engine_times, later_faults;
+  double first_s = 0, first_faults = 0;
   size_t bytes = 0;
   for (int i = 0; i <= a.iters; ++i) {
+    const uint64_t faults_before = FleetMinorFaults(servers);
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
+    const double faults = static_cast<double>(FleetMinorFaults(servers) - faults_before);
     bytes = st->bytes;
     if (i == 0) {
       first_s = st->seconds;
+      first_faults = faults;
     } else {
       engine_times.push_back(st->seconds);
+      later_faults.push_back(faults);
     }
   }
   (*engine)->Shutdown();
@@ -204,6 +232,8 @@ int RunBench(const BenchArgs& a) {
   fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync 0, the first after Init", first_s,
              bytes / first_s / 1e9, fmt::format("{:.2f}x", first_s / engine_s));
   fmt::print("{:<44} {:>9.3f} {:>8} {:>12}\n", "wsync Init (group, staging buffers)", init_s, "-", "-");
+  fmt::print("minor page faults of the trainer and servers: sync 0 {:.0f}, later syncs median {:.0f}\n",
+             first_faults, Median(later_faults));
   for (std::string alg : {"gloo", "chain"}) {
     auto raw = RawBroadcast(alg, receivers, chunks, a.iters);
     if (!raw.ok()) return fail(raw.status());
