@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -110,26 +112,37 @@ Result<std::vector<double>> RawBroadcast(const std::string& algorithm, int recei
   return times;
 }
 
-// Minor page faults of process `pid` so far (field 10 of /proc/<pid>/stat), or 0.
-uint64_t MinorFaults(pid_t pid) {
+// What a process has used so far: minor page faults and CPU seconds (user + system),
+// from /proc/<pid>/stat (zeros if it cannot be read).
+struct Usage {
+  double minor_faults = 0;
+  double cpu_seconds = 0;
+  Usage& operator+=(const Usage& o) {
+    minor_faults += o.minor_faults;
+    cpu_seconds += o.cpu_seconds;
+    return *this;
+  }
+  Usage operator-(const Usage& o) const { return {minor_faults - o.minor_faults, cpu_seconds - o.cpu_seconds}; }
+};
+
+Usage UsageOf(pid_t pid) {
   std::ifstream in(fmt::format("/proc/{}/stat", pid));
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   size_t p = stat.rfind(')');  // the command name may hold spaces
-  if (p == std::string::npos) return 0;
+  if (p == std::string::npos || p + 2 > stat.size()) return {};
+  // Fields from 3 (state) on: minflt is field 10, utime and stime are 14 and 15.
   std::istringstream fields(stat.substr(p + 2));
-  std::string f;
-  for (int i = 3; i < 10 && fields >> f; ++i) {
-  }
-  uint64_t minflt = 0;
-  fields >> minflt;
-  return minflt;
+  std::vector<std::string> f((std::istream_iterator<std::string>(fields)), std::istream_iterator<std::string>());
+  if (f.size() < 13) return {};
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return {std::stod(f[7]), (std::stod(f[11]) + std::stod(f[12])) / tick};
 }
 
-// Minor faults of this process (the trainer) and of every server.
-uint64_t FleetMinorFaults(const std::vector<Child>& servers) {
-  uint64_t n = MinorFaults(getpid());
-  for (const Child& c : servers) n += MinorFaults(c.pid);
-  return n;
+// The trainer (this process) and every server together.
+Usage FleetUsage(const std::vector<Child>& servers) {
+  Usage u = UsageOf(getpid());
+  for (const Child& c : servers) u += UsageOf(c.pid);
+  return u;
 }
 
 }  // namespace
@@ -197,21 +210,23 @@ int RunBench(const BenchArgs& a) {
   if (Status s = (*engine)->Init(meta); !s.ok()) return fail(s);
   const double init_s = init_watch.seconds();
   // Sync 0 is reported on its own: users sync right after Init too, so it counts.
-  std::vector<double> engine_times, later_faults;
-  double first_s = 0, first_faults = 0;
+  std::vector<double> engine_times, later_faults, later_cpu;
+  double first_s = 0;
+  Usage first_usage;
   size_t bytes = 0;
   for (int i = 0; i <= a.iters; ++i) {
-    const uint64_t faults_before = FleetMinorFaults(servers);
+    const Usage before = FleetUsage(servers);
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
-    const double faults = static_cast<double>(FleetMinorFaults(servers) - faults_before);
+    const Usage used = FleetUsage(servers) - before;
     bytes = st->bytes;
     if (i == 0) {
       first_s = st->seconds;
-      first_faults = faults;
+      first_usage = used;
     } else {
       engine_times.push_back(st->seconds);
-      later_faults.push_back(faults);
+      later_faults.push_back(used.minor_faults);
+      later_cpu.push_back(used.cpu_seconds);
     }
   }
   (*engine)->Shutdown();
@@ -232,8 +247,9 @@ int RunBench(const BenchArgs& a) {
   fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync 0, the first after Init", first_s,
              bytes / first_s / 1e9, fmt::format("{:.2f}x", first_s / engine_s));
   fmt::print("{:<44} {:>9.3f} {:>8} {:>12}\n", "wsync Init (group, staging buffers)", init_s, "-", "-");
-  fmt::print("minor page faults of the trainer and servers: sync 0 {:.0f}, later syncs median {:.0f}\n",
-             first_faults, Median(later_faults));
+  fmt::print("trainer and servers, sync 0 / later syncs (median): {:.0f} / {:.0f} minor page faults, "
+             "{:.2f} / {:.2f} CPU seconds\n",
+             first_usage.minor_faults, Median(later_faults), first_usage.cpu_seconds, Median(later_cpu));
   for (std::string alg : {"gloo", "chain"}) {
     auto raw = RawBroadcast(alg, receivers, chunks, a.iters);
     if (!raw.ok()) return fail(raw.status());

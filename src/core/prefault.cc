@@ -30,8 +30,8 @@ std::span<std::byte> PageSpan(std::span<std::byte> bytes) {
   return {reinterpret_cast<std::byte*>(begin), end - begin};
 }
 
-// Writes back the byte it reads at the start of every page: a write fault that keeps the
-// contents, for kernels without MADV_POPULATE_WRITE.
+// Writes back the byte it reads at the start of every page: a write that keeps the
+// contents.
 void TouchPages(std::span<std::byte> pages) {
   for (size_t off = 0; off < pages.size(); off += PageSize()) {
     auto* p = reinterpret_cast<volatile unsigned char*>(pages.data() + off);
@@ -39,10 +39,14 @@ void TouchPages(std::span<std::byte> pages) {
   }
 }
 
+// MADV_POPULATE_WRITE allocates the pages in bulk (huge pages where the mapping asks for
+// them), but a page it maps may still cost its first write: a guest kernel may skip
+// zeroing pages the hypervisor hands over zeroed, and the hypervisor then backs each one
+// on its first write. So every page is written once as well.
 void PrefaultRange(std::span<std::byte> pages) {
   static std::atomic<bool> populate_works{true};
-  if (populate_works.load(std::memory_order_relaxed)) {
-    if (madvise(pages.data(), pages.size(), MADV_POPULATE_WRITE) == 0) return;
+  if (populate_works.load(std::memory_order_relaxed) &&
+      madvise(pages.data(), pages.size(), MADV_POPULATE_WRITE) != 0) {
     // ENOMEM and the like: touching would not fare better; the pages fault in on use.
     if (errno != EINVAL && errno != EINTR) return;
     if (errno == EINVAL) populate_works.store(false, std::memory_order_relaxed);
