@@ -138,12 +138,16 @@ Usage UsageOf(pid_t pid) {
   return {std::stod(f[7]), (std::stod(f[11]) + std::stod(f[12])) / tick};
 }
 
-// The trainer (this process) and every server together.
-Usage FleetUsage(const std::vector<Child>& servers) {
-  Usage u = UsageOf(getpid());
-  for (const Child& c : servers) u += UsageOf(c.pid);
-  return u;
-}
+// The trainer (this process) and the servers together.
+struct FleetUsage {
+  Usage trainer, servers;
+  static FleetUsage Now(const std::vector<Child>& children) {
+    FleetUsage u{UsageOf(getpid()), {}};
+    for (const Child& c : children) u.servers += UsageOf(c.pid);
+    return u;
+  }
+  FleetUsage operator-(const FleetUsage& o) const { return {trainer - o.trainer, servers - o.servers}; }
+};
 
 }  // namespace
 
@@ -210,23 +214,23 @@ int RunBench(const BenchArgs& a) {
   if (Status s = (*engine)->Init(meta); !s.ok()) return fail(s);
   const double init_s = init_watch.seconds();
   // Sync 0 is reported on its own: users sync right after Init too, so it counts.
-  std::vector<double> engine_times, later_faults, later_cpu;
+  std::vector<double> engine_times;
+  std::vector<FleetUsage> later_usage;
   double first_s = 0;
-  Usage first_usage;
+  FleetUsage first_usage;
   size_t bytes = 0;
   for (int i = 0; i <= a.iters; ++i) {
-    const Usage before = FleetUsage(servers);
+    const FleetUsage before = FleetUsage::Now(servers);
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
-    const Usage used = FleetUsage(servers) - before;
+    const FleetUsage used = FleetUsage::Now(servers) - before;
     bytes = st->bytes;
     if (i == 0) {
       first_s = st->seconds;
       first_usage = used;
     } else {
       engine_times.push_back(st->seconds);
-      later_faults.push_back(used.minor_faults);
-      later_cpu.push_back(used.cpu_seconds);
+      later_usage.push_back(used);
     }
   }
   (*engine)->Shutdown();
@@ -247,9 +251,18 @@ int RunBench(const BenchArgs& a) {
   fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync 0, the first after Init", first_s,
              bytes / first_s / 1e9, fmt::format("{:.2f}x", first_s / engine_s));
   fmt::print("{:<44} {:>9.3f} {:>8} {:>12}\n", "wsync Init (group, staging buffers)", init_s, "-", "-");
-  fmt::print("trainer and servers, sync 0 / later syncs (median): {:.0f} / {:.0f} minor page faults, "
-             "{:.2f} / {:.2f} CPU seconds\n",
-             first_usage.minor_faults, Median(later_faults), first_usage.cpu_seconds, Median(later_cpu));
+  auto median_of = [&](auto field) {
+    std::vector<double> v;
+    for (const FleetUsage& u : later_usage) v.push_back(field(u));
+    return Median(v);
+  };
+  for (auto [who, part] : {std::pair{"trainer", &FleetUsage::trainer}, std::pair{"servers", &FleetUsage::servers}}) {
+    fmt::print("{}, sync 0 / later syncs (median): {:.0f} / {:.0f} minor page faults, {:.2f} / {:.2f} CPU seconds\n",
+               who, (first_usage.*part).minor_faults,
+               median_of([&](const FleetUsage& u) { return (u.*part).minor_faults; }),
+               (first_usage.*part).cpu_seconds,
+               median_of([&](const FleetUsage& u) { return (u.*part).cpu_seconds; }));
+  }
   for (std::string alg : {"gloo", "chain"}) {
     auto raw = RawBroadcast(alg, receivers, chunks, a.iters);
     if (!raw.ok()) return fail(raw.status());
