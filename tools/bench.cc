@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "children.h"
 #include "comm/gloo_communicator.h"
 #include "comm/store.h"
+#include "core/stopwatch.h"
 #include "model/config.h"
 #include "plan/packing.h"
 #include "synthetic/synthetic.h"
@@ -91,6 +95,43 @@ Result<std::vector<double>> RawBroadcast(const std::string& algorithm, int recei
   return times;
 }
 
+// What a process has used so far: minor page faults and CPU seconds (user + system),
+// from /proc/<pid>/stat (zeros if it cannot be read).
+struct Usage {
+  double minor_faults = 0;
+  double cpu_seconds = 0;
+  Usage& operator+=(const Usage& o) {
+    minor_faults += o.minor_faults;
+    cpu_seconds += o.cpu_seconds;
+    return *this;
+  }
+  Usage operator-(const Usage& o) const { return {minor_faults - o.minor_faults, cpu_seconds - o.cpu_seconds}; }
+};
+
+Usage UsageOf(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t p = stat.rfind(')');  // the command name may hold spaces
+  if (p == std::string::npos || p + 2 > stat.size()) return {};
+  // Fields from 3 (state) on: minflt is field 10, utime and stime are 14 and 15.
+  std::istringstream fields(stat.substr(p + 2));
+  std::vector<std::string> f((std::istream_iterator<std::string>(fields)), std::istream_iterator<std::string>());
+  if (f.size() < 13) return {};
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return {std::stod(f[7]), (std::stod(f[11]) + std::stod(f[12])) / tick};
+}
+
+// The trainer (this process) and the servers together.
+struct FleetUsage {
+  Usage trainer, servers;
+  static FleetUsage Now(const std::vector<Child>& children) {
+    FleetUsage u{UsageOf(getpid()), {}};
+    for (const Child& c : children) u.servers += UsageOf(c.pid);
+    return u;
+  }
+  FleetUsage operator-(const FleetUsage& o) const { return {trainer - o.trainer, servers - o.servers}; }
+};
+
 }  // namespace
 
 int RunBenchRank(const BenchRankArgs& a) {
@@ -152,14 +193,28 @@ int RunBench(const BenchArgs& a) {
   o.bucket_gb = a.bucket_gb;
   auto engine = CreateTrainerEngine(o);
   if (!engine.ok()) return fail(engine.status());
+  Stopwatch init_watch;
   if (Status s = (*engine)->Init(meta); !s.ok()) return fail(s);
+  const double init_s = init_watch.seconds();
+  // Sync 0 is reported on its own: users sync right after Init too, so it counts.
   std::vector<double> engine_times;
+  std::vector<FleetUsage> later_usage;
+  double first_s = 0;
+  FleetUsage first_usage;
   size_t bytes = 0;
-  for (int i = 0; i <= a.iters; ++i) {  // sync 0 warms up
+  for (int i = 0; i <= a.iters; ++i) {
+    const FleetUsage before = FleetUsage::Now(servers);
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
+    const FleetUsage used = FleetUsage::Now(servers) - before;
     bytes = st->bytes;
-    if (i > 0) engine_times.push_back(st->seconds);
+    if (i == 0) {
+      first_s = st->seconds;
+      first_usage = used;
+    } else {
+      engine_times.push_back(st->seconds);
+      later_usage.push_back(used);
+    }
   }
   (*engine)->Shutdown();
   for (Child& c : servers) StopChild(c);
@@ -171,11 +226,26 @@ int RunBench(const BenchArgs& a) {
   int receivers = a.servers * a.tp;
   double engine_s = Median(engine_times);
   fmt::print("wsync bench broadcast: {} ({:.3f} GB), {} server(s) x TP={} ({} receiving ranks), "
-             "{} chunk(s), {} timed iteration(s), median\n",
+             "{} chunk(s), median of {} syncs after sync 0\n",
              config->name, bytes / 1e9, a.servers, a.tp, receivers, chunks.size(), a.iters);
   fmt::print("{:<44} {:>9} {:>8} {:>12}\n", "what", "seconds", "GB/s", "engine/this");
   fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync (start..finish, HTTP + Gloo)", engine_s,
              bytes / engine_s / 1e9, "1.00");
+  fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync 0, the first after Init", first_s,
+             bytes / first_s / 1e9, fmt::format("{:.2f}x", first_s / engine_s));
+  fmt::print("{:<44} {:>9.3f} {:>8} {:>12}\n", "wsync Init (group, staging buffers)", init_s, "-", "-");
+  auto median_of = [&](auto field) {
+    std::vector<double> v;
+    for (const FleetUsage& u : later_usage) v.push_back(field(u));
+    return Median(v);
+  };
+  for (auto [who, part] : {std::pair{"trainer", &FleetUsage::trainer}, std::pair{"servers", &FleetUsage::servers}}) {
+    fmt::print("{}, sync 0 / later syncs (median): {:.0f} / {:.0f} minor page faults, {:.2f} / {:.2f} CPU seconds\n",
+               who, (first_usage.*part).minor_faults,
+               median_of([&](const FleetUsage& u) { return (u.*part).minor_faults; }),
+               (first_usage.*part).cpu_seconds,
+               median_of([&](const FleetUsage& u) { return (u.*part).cpu_seconds; }));
+  }
   for (std::string alg : {"gloo", "chain"}) {
     auto raw = RawBroadcast(alg, receivers, chunks, a.iters);
     if (!raw.ok()) return fail(raw.status());

@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   b->add_option("--model", bench.model)->capture_default_str();
   b->add_option("--servers", bench.servers, "number of TP=1 servers")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
-  b->add_option("--iters", bench.iters, "timed syncs (after one warm-up)")->capture_default_str();
+  b->add_option("--iters", bench.iters, "timed syncs after sync 0 (broadcast also reports sync 0 and Init)")->capture_default_str();
   b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
   b->add_option("--steps", bench.steps, "delta: synthetic steps to publish and apply")->capture_default_str();
   b->add_flag("--write-back", bench.write_back,

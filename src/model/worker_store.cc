@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/parallel.h"
+#include "core/prefault.h"
 
 namespace wsync {
 namespace {
@@ -87,6 +88,8 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
       store->param_data_.push_back(t.storage.data());
       store->params_.push_back(std::move(t));
     }
+    const size_t threads = DefaultThreads();
+    for (HostTensor& t : store->params_) Prefault(t.storage.span(), threads);
     return store;
   }
   std::vector<size_t> sizes, offsets;

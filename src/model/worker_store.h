@@ -2,7 +2,7 @@
 //
 // A WorkerStore is what a vLLM worker holds (fused, TP-sharded parameters, laid out by
 // the ShardingTable) backed by zeroed memory on its device: host memory (one buffer per
-// parameter) or, on `cuda:N`, one device allocation holding every parameter at 256-byte
+// parameter, resident from Create() on: see core/prefault.h) or, on `cuda:N`, one device allocation holding every parameter at 256-byte
 // aligned offsets (device memory goes through the installed DeviceRuntime). Load() takes one full HF tensor and
 // copies its pieces into the parameters in place: parameter storage never moves, so
 // addresses handed out stay valid across syncs. The free functions read a whole TP group
@@ -36,7 +36,8 @@ namespace wsync {
 class WorkerStore {
  public:
   // Builds the table of worker tp_rank of tp_size and allocates its zeroed parameters on
-  // `device`.
+  // `device`. Host parameters are prefaulted here, so the first Load() into them costs
+  // no more than any later one (Create takes the time instead).
   static Result<std::unique_ptr<WorkerStore>> Create(const ModelConfig& config, int tp_rank,
                                                      int tp_size, const Device& device = {});
   WorkerStore(const WorkerStore&) = delete;

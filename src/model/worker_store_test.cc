@@ -1,9 +1,14 @@
 #include "model/worker_store.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include "core/prefault.h"
 
 namespace wsync {
 namespace {
@@ -202,6 +207,31 @@ TEST(WorkerStore, GroupErrors) {
   std::vector<const WorkerStore*> partial = {g.view[0]};
   EXPECT_FALSE(CheckTpGroup(partial).ok());
   EXPECT_FALSE(AllHfDigests({}, DigestAlgorithm::kSha256, 2).ok());
+}
+
+// Create() leaves every byte of a host store resident, so the first sync's loads take
+// no page faults: counted, for the loading thread, with getrusage.
+TEST(WorkerStore, HostParametersAreResidentFromCreate) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c);
+  auto store = WorkerStore::Create(c, 0, 1);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const long page = sysconf(_SC_PAGESIZE);
+  long pages = 0;
+  for (size_t i = 0; i < (*store)->params().size(); ++i) {
+    const std::span<const std::byte> bytes = (*store)->params()[i].storage.span();
+    const long want = static_cast<long>((bytes.size() + page - 1) / page);
+    EXPECT_EQ(ResidentPages(bytes), want) << (*store)->params()[i].meta.name;
+    pages += want;
+  }
+  ASSERT_GE(pages, 1000);  // enough pages that a lazy store would fault visibly
+
+  rusage before{}, after{};
+  ASSERT_EQ(getrusage(RUSAGE_THREAD, &before), 0);
+  for (const HostTensor& t : hf) ASSERT_TRUE((*store)->Load(t.ref()).ok()) << t.meta.name;
+  ASSERT_EQ(getrusage(RUSAGE_THREAD, &after), 0);
+  EXPECT_LT(after.ru_minflt - before.ru_minflt, pages / 20)
+      << "loading every tensor into a fresh store of " << pages << " pages";
 }
 
 }  // namespace

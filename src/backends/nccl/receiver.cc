@@ -100,12 +100,18 @@ class NcclReceiver final : public ReceiverBackend {
       spec.op_timeout = op_timeout;
       spec.describe_rank = describe;
       auto connect = [spec] { return Connect(spec); };
-      futures.push_back(w.thread->Post([this, i, connect, deadline]() -> Status {
+      futures.push_back(w.thread->Post([this, i, connect, deadline, info]() -> Status {
         WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, connect());
         float warmup = 0.0f;  // vLLM's one-element float32 SUM warm-up
         WSYNC_RETURN_IF_ERROR(comm->AllReduceSum(std::span<float>(&warmup, 1), deadline));
         slots_[i].comm = std::move(comm);
-        return Status::Ok();
+        // Receive buffers for an update of the whole model, now rather than in the first
+        // update (which then runs as fast as the later ones).
+        const ReceiverWorker& worker = ctx_->workers[i];
+        WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanFor(info, worker.store->hf_tensors()));
+        slots_[i].buffers.resize(RingSize(info));
+        return ReserveRing(slots_[i].buffers, info.uses_gloo() ? Device{} : worker.device, plan)
+            .WithContext(fmt::format("{}: allocating receive buffers", worker.label));
       }));
     }
     Status s = JoinAll(futures);
@@ -134,11 +140,7 @@ class NcclReceiver final : public ReceiverBackend {
     const std::vector<TensorMeta>& tensors = *req.tensors;
     ChunkPlan plan;
     if (req.reject.ok()) {
-      Result<ChunkPlan> p = info_->packed
-                                ? PlanChunks(tensors, static_cast<size_t>(info_->packed_buffer_size_bytes))
-                                : PlanChunks(tensors, 1);  // one tensor per chunk
-      if (!p.ok()) return p.status();
-      plan = std::move(*p);
+      WSYNC_ASSIGN_OR_RETURN(plan, PlanFor(*info_, tensors));
     }
     bool preflight = info_->wsync_protocol.has_value();
     if (!preflight && !req.reject.ok()) return req.reject;  // vLLM peers: nothing to join
@@ -181,6 +183,12 @@ class NcclReceiver final : public ReceiverBackend {
     std::vector<StagingBuffer> buffers;  // receive buffers, reused across syncs
   };
 
+  static Result<ChunkPlan> PlanFor(const NcclInitInfo& info, const std::vector<TensorMeta>& tensors) {
+    return info.packed ? PlanChunks(tensors, static_cast<size_t>(info.packed_buffer_size_bytes))
+                       : PlanChunks(tensors, 1);  // one tensor per chunk
+  }
+  static size_t RingSize(const NcclInitInfo& info) { return std::max(1, std::min(info.packed_num_buffers, 2)); }
+
   // In int64: rank_offset and world_size are bounded (init_info.h), the sum is not.
   int64_t Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
     return int64_t{info.rank_offset} + ctx_->DeploymentIndex(w);
@@ -201,10 +209,10 @@ class NcclReceiver final : public ReceiverBackend {
   // overlaps the receipt of chunk k+1 (one loader task in flight per buffer).
   Status ReceiveInto(const ReceiverWorker& w, Slot& slot, const std::vector<TensorMeta>& tensors,
                      const ChunkPlan& plan, Deadline deadline) {
-    size_t nbuf = std::max(1, std::min(info_->packed_num_buffers, 2));
+    const size_t nbuf = RingSize(*info_);
     slot.buffers.resize(nbuf);
     const Device buffer_device = device_buffers_ ? w.device : Device{};
-    for (StagingBuffer& b : slot.buffers) WSYNC_RETURN_IF_ERROR(b.Reserve(buffer_device, plan.max_chunk_bytes));
+    WSYNC_RETURN_IF_ERROR(ReserveRing(slot.buffers, buffer_device, plan));
     // A loader thread lands each tensor as soon as all of its bytes have arrived, while
     // the rest of the chunk (and the next one) is still on the wire.
     const size_t n = plan.chunks.size();

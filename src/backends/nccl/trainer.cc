@@ -197,6 +197,10 @@ class NcclPlane final : public DataPlane {
                                     return c->AllReduceSum(std::span<float>(warmup.get(), 1), deadline);
                                   },
                                   *comm_, pending.get(), deadline, "broadcast group warm-up"));
+    // The staging ring for the whole model, while the servers allocate theirs: the first
+    // sync then finds every buffer resident, as later syncs do.
+    WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(init.metadata, options_.packed ? buffer_bytes_ : 1));
+    WSYNC_RETURN_IF_ERROR(ReserveStaging(plan));
     WSYNC_RETURN_IF_ERROR(pending->Wait(driver.deadlines().Http()).status());
     if (store_) store_->ErasePrefix(prefix_);
     WSYNC_LOG_INFO("broadcast group of {} ranks is up ({}, trainer on {})", world, comm_->kind(),
@@ -259,12 +263,8 @@ class NcclPlane final : public DataPlane {
       if (!r.ok()) return r.status();
       return Aborted(fmt::format("{} worker(s) rejected the update", *vote));
     }
-    size_t nbuf = std::max(1, std::min(options_.num_buffers, 2));
-    buffers_.resize(nbuf);
-    for (auto& b : buffers_) {
-      if (!b) b = std::make_shared<StagingBuffer>();
-      WSYNC_RETURN_IF_ERROR(b->Reserve(device, plan_in.max_chunk_bytes));
-    }
+    WSYNC_RETURN_IF_ERROR(ReserveStaging(plan_in));
+    const size_t nbuf = buffers_.size();
     // The op owns copies of what it reads, so it may outlive this call after an abort.
     auto meta_owned = std::make_shared<const std::vector<TensorMeta>>(meta_in);
     auto plan_owned = std::make_shared<const ChunkPlan>(plan_in);
@@ -378,6 +378,15 @@ class NcclPlane final : public DataPlane {
     }
     WSYNC_LOG_DEBUG("preflight {:.2f} ms, chunks on the wire {:.2f} ms", vote_ms, wire.milliseconds());
     return s;
+  }
+
+  // Sizes the ring of staging buffers (num_buffers, at most 2) for `plan`.
+  Status ReserveStaging(const ChunkPlan& plan) {
+    buffers_.resize(std::max(1, std::min(options_.num_buffers, 2)));
+    for (auto& b : buffers_) {
+      if (!b) b = std::make_shared<StagingBuffer>();
+    }
+    return ReserveRing(buffers_, options_.device, plan);
   }
 
   TrainerOptions options_;
