@@ -126,7 +126,7 @@ struct FleetUsage {
   Usage trainer, servers;
   static FleetUsage Now(const std::vector<Child>& children) {
     FleetUsage u{UsageOf(getpid()), {}};
-    for (const Child& c : children) u.servers += UsageOf(c.pid);
+    for (const Child& c : children) if (c.process) u.servers += UsageOf(c.process->pid());
     return u;
   }
   FleetUsage operator-(const FleetUsage& o) const { return {trainer - o.trainer, servers - o.servers}; }

@@ -125,8 +125,8 @@ const std::string* HttpRequest::header(std::string_view lower_name) const {
 }
 
 // The last large body parsed on each path, kept so that a trainer sending the same
-// update_info every sync (the same tensor list, step after step) pays for parsing it once:
-// a 400-tensor list is ~30 KB of JSON, on the critical path of a sync. Only bodies the
+// update_info every sync (the same tensor list, step after step) pays for parsing it once
+// (parsing lies on the critical path of every sync). Only bodies the
 // route accepted are kept, and only up to kMaxBytes; only byte-identical bodies hit; the
 // parsed value is shared read-only.
 class HttpRouter::BodyCache {

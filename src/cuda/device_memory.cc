@@ -175,8 +175,8 @@ Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::ExportExisti
   m->alloc_bytes_ = size;
   // Memory from the driver's virtual memory API (cuMemCreate + cuMemMap, as PyTorch's
   // expandable segments make it) has no CUDA IPC handle; it goes out as its allocation's
-  // POSIX fd, which importers also map at full copy speed (a CUDA IPC mapping of cudaMalloc
-  // memory copies ~12% slower on an H200).
+  // POSIX fd, which importers also map at full copy speed (docs/benchmarks.md compares it
+  // with a CUDA IPC mapping of cudaMalloc memory).
   CUmemGenericAllocationHandle vmm = 0;
   if (d->retain(&vmm, const_cast<void*>(ptr)) == CUDA_SUCCESS) {
     m->kind_ = ExportKind::kCuMemFd;

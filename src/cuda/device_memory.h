@@ -10,7 +10,7 @@
 //    ptrace_scope 0, or CAP_SYS_PTRACE) and maps it. This is how memory from VMM /
 //    expandable-segment allocators is shared, which cudaIpcGetMemHandle refuses.
 //
-// Exporting is cheap; opening is the expensive step (~0.15 s the first time on an H200),
+// Exporting is cheap; opening is the expensive step (docs/benchmarks.md has its cost),
 // which is why the ipc protocol exports once per session and importers keep the mapping.
 // Each object frees or unmaps what it made in its destructor, on the device it was made
 // on. Not synchronized; the calling thread's current device is left set to `device`.

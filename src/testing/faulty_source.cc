@@ -41,6 +41,7 @@ class FaultySource::Stream final : public TensorStream {
 
 FaultySource::FaultySource(WeightSource* inner, FaultySourceOptions options)
     : inner_(inner), options_(std::move(options)), meta_(inner->metadata()) {
+  if (options_.metadata_omits_last && !meta_.empty()) meta_.pop_back();
   if (options_.lie_shape_at && *options_.lie_shape_at < meta_.size() && !meta_[*options_.lie_shape_at].shape.empty()) {
     meta_[*options_.lie_shape_at].shape.back() += 1;
   }

@@ -34,6 +34,9 @@ struct FaultySourceOptions {
   // metadata() of this tensor (index) has its last dimension one larger than what the
   // stream yields; nullopt: metadata as the inner source's. Read at construction only.
   std::optional<size_t> lie_shape_at;
+  // metadata() lacks the last tensor the stream yields (a pass longer than its
+  // metadata). Read at construction only.
+  bool metadata_omits_last = false;
   // The stream yields this tensor (index) one byte short of its metadata's size, on pass
   // `lie_bytes_pass` (1-based; 0: every pass); nullopt: never.
   std::optional<size_t> lie_bytes_at;
