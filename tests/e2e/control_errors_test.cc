@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "e2e_test_base.h"
 
 namespace wsync::e2e {
@@ -123,9 +125,10 @@ TEST_F(ControlErrorsTest, PushOfAnotherModelFailsNamingServerAndTensorThenTheRig
 }
 
 // A trainer of one backend against a server of another: /health names the server's
-// backend, and an init_info of another backend is refused with 409 naming both backends,
-// the field that gave it away and the way out, whichever pair it is. The server stays up
-// and syncs with the right trainer afterwards.
+// backend, so a wsync trainer refuses before init, naming both backends; an init_info of
+// another backend that reaches a server anyway (another trainer) is refused with 409
+// naming both backends, the field that gave it away and the way out, whichever pair it
+// is. The server stays up and syncs with the right trainer afterwards.
 TEST_F(ControlErrorsTest, ABackendMismatchIsNamedWithBothBackendsThenTheRightBackendSyncs) {
   E2E_ASSERT_OK_AND_ASSIGN(Server nccl, StartServer("serve_nccl", {"--model", "qwen3-tiny"}));
   E2E_ASSERT_OK_AND_ASSIGN(Server delta, StartServer("serve_delta", {"--model", "qwen3-tiny", "--backend", "delta"}));
@@ -134,9 +137,9 @@ TEST_F(ControlErrorsTest, ABackendMismatchIsNamedWithBothBackendsThenTheRightBac
   EXPECT_EQ(health.json.value("backend", ""), "nccl") << health.Describe();
   EXPECT_EQ(HttpGet(delta.url, "/health").json.value("backend", ""), "delta");
 
-  const std::string expected =
-      "this server runs backend 'nccl'; the init_info is for backend 'ipc' (field 'buffers'): "
-      "start the server with --backend ipc or push with --backend nccl";
+  const std::string expected = fmt::format(
+      "the trainer asked for backend 'ipc', but {} runs backend 'nccl': start the servers with --backend ipc "
+      "or push with the servers' backend", nccl.url);
   RunResult ipc_push = RunWsync("push_ipc", {"push", "--servers", nccl.url, "--backend", "ipc", "--model",
                                              "qwen3-tiny", "--seed", "1", "--timeout", "30"},
                                 /*timeout_seconds=*/60);
