@@ -612,8 +612,12 @@ TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
   for (int r = 0; r < 2; ++r) {
     device[r] = std::move(*DeviceTensorSource::Create(Device{Device::Kind::kCuda, r}, trainer->metadata()));
   }
-  FaultySource rank1(device[1].get());
-  std::vector<WeightSource*> sources = {device[0].get(), &rank1};
+  FaultySource rank0(device[0].get()), rank1(device[1].get());  // they count each rank's passes
+  std::vector<WeightSource*> sources = {&rank0, &rank1};
+  auto expect_passes = [&](int n) {
+    EXPECT_EQ(rank0.passes(), n) << "rank 0 iterates its source once per sync";
+    EXPECT_EQ(rank1.passes(), n) << "rank 1 iterates its source once per sync";
+  };
   std::vector<std::unique_ptr<TrainerEngine>> engines(2);
   auto make = [&] {
     for (int r = 0; r < 2; ++r) {
@@ -633,6 +637,7 @@ TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
   make();
   for (const Status& s : sync(1)) ASSERT_TRUE(s.ok()) << s.ToString();
   ExpectHolds(*tp2.service, *trainer);
+  expect_passes(1);
 
   // Sync 2: rank 1's pass (its 2nd: one per sync) breaks at tensor 5, after it has
   // published some chunks. Every rank fails at once (not at the 20 s timeout), naming it.
@@ -647,10 +652,12 @@ TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
   ASSERT_FALSE(failed[0].ok());
   EXPECT_NE(failed[0].message().find("injected"), std::string::npos) << failed[0].ToString();
   EXPECT_NE(failed[0].message().find("trainer rank 1"), std::string::npos) << failed[0].ToString();
+  expect_passes(2);
   // Both sessions are over: the next sync, without Init, starts a new one on both ranks
   // and lands bit-exact.
   for (const Status& s : sync(3)) ASSERT_TRUE(s.ok()) << s.ToString();
   ExpectHolds(*tp2.service, *trainer);
+  expect_passes(3);
 
   // So does an explicit Init on every rank.
   make();
