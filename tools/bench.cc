@@ -239,7 +239,9 @@ int RunBench(const BenchArgs& a) {
     for (const FleetUsage& u : later_usage) v.push_back(field(u));
     return Median(v);
   };
-  for (auto [who, part] : {std::pair{"trainer", &FleetUsage::trainer}, std::pair{"servers", &FleetUsage::servers}}) {
+  for (const auto& entry : {std::pair{"trainer", &FleetUsage::trainer}, std::pair{"servers", &FleetUsage::servers}}) {
+    const char* who = entry.first;
+    Usage FleetUsage::*part = entry.second;  // a plain variable: lambdas capture it
     fmt::print("{}, sync 0 / later syncs (median): {:.0f} / {:.0f} minor page faults, {:.2f} / {:.2f} CPU seconds\n",
                who, (first_usage.*part).minor_faults,
                median_of([&](const FleetUsage& u) { return (u.*part).minor_faults; }),
