@@ -52,11 +52,11 @@ SyncPass::SyncPass(WeightSource& source) : source_(source) {}
 SyncPass::~SyncPass() = default;
 
 Result<std::shared_ptr<TensorStream>> SyncPass::Stream() {
-  if (stream_) return stream_;
-  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
-  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()));
-  stream_ = outer_;
-  return stream_;
+  if (!outer_) {
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
+    outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()));
+  }
+  return std::shared_ptr<TensorStream>(outer_);
 }
 
 WeightSource& SyncPass::AsSource() {

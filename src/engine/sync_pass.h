@@ -39,7 +39,7 @@ class SyncPass {
   // Reads the whole pass, checked, discarding the tensors (a rank that sends nothing).
   Status ReadAll();
 
-  bool started() const { return stream_ != nullptr; }
+  bool started() const { return outer_ != nullptr; }
   // Whether the pass has yielded every tensor of the metadata.
   bool complete() const;
 
@@ -47,8 +47,7 @@ class SyncPass {
   class Outer;
   class View;
   WeightSource& source_;
-  std::shared_ptr<Outer> outer_;
-  std::shared_ptr<TensorStream> stream_;  // outer_, as handed out
+  std::shared_ptr<Outer> outer_;  // the pass's stream, once started
   std::unique_ptr<View> view_;
 };
 
