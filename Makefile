@@ -12,7 +12,9 @@ LAUNCHER := $(shell command -v ccache >/dev/null 2>&1 && echo \
 DEB_PACKAGES := build-essential cmake pkg-config libgloo-dev libcpp-httplib-dev \
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev libzstd-dev \
   libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libmicrohttpd-dev \
-  clang libclang-rt-dev
+  clang libclang-rt-dev \
+  python3-dev pybind11-dev libdlpack-dev python3-torch python3-numpy python3-pytest \
+  python3-venv python3-pip python3-setuptools
 
 # The sanitizer build (clang, ASan+UBSan, libFuzzer coverage) serves `test-asan` and `fuzz`.
 ASAN_BUILD ?= build-asan

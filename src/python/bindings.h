@@ -1,0 +1,11 @@
+// The parts of the `_wsync` extension, each registered by module.cc from its own file.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace wsync::python {
+
+void BindTrainer(pybind11::module_& m);   // trainer.cc: TrainerEngine, SyncStats, sources
+void BindReceiver(pybind11::module_& m);  // receiver.cc: ReceiverEngine
+
+}  // namespace wsync::python

@@ -1,0 +1,1 @@
+#include "python/dlpack.h"

@@ -1,0 +1,43 @@
+// Tensors across the Python boundary through DLPack, without copying.
+//
+// Borrow: a trainer's tensor (torch CPU or CUDA, numpy, anything with __dlpack__) read in
+// place. Lend: wsync's own receive buffers handed to Python as torch tensors, valid while
+// the call that lends them runs.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+#include <pybind11/pybind11.h>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync::python {
+
+// One tensor lent by Python: a view of its bytes and the object keeping them alive.
+// `meta.name` is the name the caller gave. Holding `owner` needs the GIL (copy and destroy
+// it only with the GIL held).
+struct BorrowedTensor {
+  TensorMeta meta;
+  const std::byte* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  pybind11::object owner;
+  TensorRef ref() const {
+    return TensorRef{meta.name, meta.dtype, meta.shape, {data, nbytes}, device};
+  }
+};
+
+// Reads `tensor` through DLPack. A non-contiguous tensor, an unsupported dtype or device
+// is an InvalidArgument naming `name`. Needs the GIL. (dlpack.cc)
+Result<BorrowedTensor> Borrow(pybind11::handle tensor, std::string_view name);
+
+// A DLPack capsule ("dltensor") over `bytes`, which wsync owns and keeps valid while the
+// capsule's consumer may use it; `keep_alive` is held until the consumer releases it.
+// Needs the GIL. (dlpack_export.cc)
+pybind11::capsule Lend(std::span<std::byte> bytes, DType dtype, std::span<const int64_t> shape,
+                       const Device& device, pybind11::object keep_alive = pybind11::none());
+
+}  // namespace wsync::python

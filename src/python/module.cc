@@ -1,0 +1,16 @@
+// The `_wsync` extension: wsync's engine for Python trainers and inference workers.
+// The public surface is the `wsync` package (python/wsync), which re-exports what this
+// module defines; each part registers itself from its own file (bindings.h).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "python/bindings.h"
+#include "wsync/trainer.h"
+
+PYBIND11_MODULE(_wsync, m) {
+  m.doc() = "wsync: weight sync from RL trainers into inference servers";
+  m.def("trainer_backends", &wsync::TrainerBackendNames,
+        "Names of the trainer backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
+  wsync::python::BindTrainer(m);
+  wsync::python::BindReceiver(m);
+}
