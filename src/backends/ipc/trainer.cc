@@ -550,7 +550,7 @@ class IpcPlane final : public DataPlane {
   // the allocation: a new one at the same address has another handle, so a receiver never
   // reads through a stale mapping.
   Result<bool> ExportSource(const DeviceTensorSource& source) {
-    const DeviceBuffer& storage = source.storage();
+    const DeviceBuffer& storage = source.device_buffer();
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceExport> ex,
                            DeviceExport::Existing(options_.device, storage.data(), storage.size()));
     bool changed = storage.data() != exported_data_ || storage.size() != exported_bytes_ ||
@@ -582,7 +582,7 @@ class IpcPlane final : public DataPlane {
     }
     IpcZeroCopy z;
     z.generation = generation_;
-    z.bytes = source.storage().size();
+    z.bytes = source.device_buffer().size();
     if (!zero_copy_sent_) {
       if (group != nullptr) z.buffers = *group;
       else z.buffers[device_key_] = exported_;
@@ -597,7 +597,7 @@ class IpcPlane final : public DataPlane {
   Result<IpcPlan> ZeroCopyLayout(SyncPass& pass) {
     auto& source = static_cast<DeviceTensorSource&>(pass.source());
     const std::vector<TensorMeta>& meta = source.metadata();
-    const std::byte* base = source.storage().data();
+    const std::byte* base = source.device_buffer().data();
     IpcPlan plan;
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
     TensorRef t;
@@ -623,7 +623,7 @@ class IpcPlane final : public DataPlane {
   // Where a DeviceTensorSource's tensors lie in its allocation: ranks whose digests are
   // equal can share one update's tensor_offsets.
   static std::string LayoutDigest(const DeviceTensorSource& source) {
-    std::vector<uint64_t> words{source.storage().size()};
+    std::vector<uint64_t> words{source.device_buffer().size()};
     for (size_t i = 0; i < source.metadata().size(); ++i) words.push_back(source.offset(i));
     return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(words)));
   }
