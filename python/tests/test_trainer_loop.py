@@ -17,7 +17,7 @@ def test_adamw_steps_sync_into_two_servers(wsync_server, toy_model_dir):
     source = wsync.StateDictSource(model)
     seen = []
     with wsync.TrainerEngine(backend="nccl", servers=[s.url for s in servers], timeout=60,
-                             bucket_gb=0.0005, progress=seen.append) as engine:
+                             bucket_gb=0.0002, progress=seen.append) as engine:
         engine.init(source)
         previous = None
         for step in range(3):

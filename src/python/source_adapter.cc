@@ -36,8 +36,9 @@ std::string TypeName(py::handle obj) { return py::str(py::type::handle_of(obj).a
 
 class PyStream final : public TensorStream {
  public:
-  PyStream(py::object iterator, std::shared_ptr<PassControl> control, const std::vector<TensorMeta>& metadata)
-      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(metadata) {}
+  PyStream(py::object iterator, std::shared_ptr<PassControl> control,
+           std::shared_ptr<const std::vector<TensorMeta>> metadata)
+      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(std::move(metadata)) {}
 
   ~PyStream() override {
     DropWithGil(iterator_);
@@ -58,7 +59,7 @@ class PyStream final : public TensorStream {
       if (PyErr_Occurred() == nullptr) return false;
       std::string text = CaptureError(*control_);
       return Aborted(fmt::format("the source raised {} while yielding tensor #{}{}", text, index_,
-                                 index_ < metadata_.size() ? " (" + metadata_[index_].name + ")" : ""));
+                                 index_ < metadata_->size() ? " (" + (*metadata_)[index_].name + ")" : ""));
     }
     py::object item = py::reinterpret_steal<py::object>(raw);
     if (!py::isinstance<py::tuple>(item) && !py::isinstance<py::list>(item)) {
@@ -70,7 +71,7 @@ class PyStream final : public TensorStream {
     }
     std::string name = pair[0].cast<std::string>();
     std::optional<DType> bits_of;
-    if (index_ < metadata_.size() && metadata_[index_].name == name) bits_of = metadata_[index_].dtype;
+    if (index_ < metadata_->size() && (*metadata_)[index_].name == name) bits_of = (*metadata_)[index_].dtype;
     Result<BorrowedTensor> borrowed = Borrow(pair[1], name, bits_of);
     if (!borrowed.ok()) return borrowed.status();
     current_ = std::move(borrowed).value();
@@ -82,14 +83,45 @@ class PyStream final : public TensorStream {
  private:
   py::object iterator_;
   std::shared_ptr<PassControl> control_;
-  const std::vector<TensorMeta> metadata_;  // a copy: a stream may outlive its PySource
+  const std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // a stream may outlive its PySource
   std::optional<BorrowedTensor> current_;    // the tensor lent by the last Next()
   size_t index_ = 0;
+};
+
+// The checked pass, whose first failure the PassControl keeps.
+class RecordingStream final : public TensorStream {
+ public:
+  RecordingStream(std::unique_ptr<TensorStream> inner, std::shared_ptr<const std::vector<TensorMeta>> metadata,
+                  std::shared_ptr<PassControl> control)
+      : metadata_(std::move(metadata)),
+        checked_(CheckedStream(std::move(inner), *metadata_)),
+        control_(std::move(control)) {}
+
+  Result<bool> Next(TensorRef* out) override {
+    Result<bool> r = checked_->Next(out);
+    if (!r.ok()) control_->RecordStatus(r.status());
+    return r;
+  }
+
+ private:
+  std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // outlives checked_, which reads it
+  std::unique_ptr<TensorStream> checked_;
+  std::shared_ptr<PassControl> control_;
 };
 
 }  // namespace
 
 PassControl::~PassControl() { DropWithGil(error_); }
+
+void PassControl::RecordStatus(const Status& status) {
+  std::lock_guard lock(mu_);
+  if (!source_status_) source_status_ = status;
+}
+
+std::optional<Status> PassControl::source_status() const {
+  std::lock_guard lock(mu_);
+  return source_status_;
+}
 
 void PassControl::RecordError(const py::error_already_set& error) {
   std::lock_guard lock(mu_);
@@ -168,7 +200,8 @@ Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::share
     s->control_->RecordError(e);
     return InvalidArgument(fmt::format("the source's metadata() raised {}", DescribePythonError(e)));
   }
-  WSYNC_ASSIGN_OR_RETURN(s->metadata_, ParseMetadata(entries));
+  WSYNC_ASSIGN_OR_RETURN(std::vector<TensorMeta> metadata, ParseMetadata(entries));
+  s->metadata_ = std::make_shared<const std::vector<TensorMeta>>(std::move(metadata));
   if (py::hasattr(source, "storage")) {
     py::object block;
     try {
@@ -201,9 +234,12 @@ Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
   } catch (py::error_already_set& e) {
     std::string text = DescribePythonError(e);
     control_->RecordError(e);
-    return Aborted(fmt::format("iter() of the source raised {}", text));
+    Status failed = Aborted(fmt::format("iter() of the source raised {}", text));
+    control_->RecordStatus(failed);
+    return failed;
   }
-  return std::unique_ptr<TensorStream>(std::make_unique<PyStream>(std::move(iterator), control_, metadata_));
+  return std::unique_ptr<TensorStream>(std::make_unique<RecordingStream>(
+      std::make_unique<PyStream>(std::move(iterator), control_, metadata_), metadata_, control_));
 }
 
 std::optional<SourceStorage> PySource::storage() const {

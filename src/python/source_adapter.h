@@ -10,9 +10,10 @@
 // wait with the GIL released. Next() borrows the tensor through DLPack and keeps only
 // that tensor's owner alive, until the next Next() or the stream's end (no copy is made).
 //
-// Failures: a Python exception raised by the iterator (or iter()) fails the pass with
-// Aborted carrying the exception's type and text; the exception object itself is kept in
-// the PassControl for the caller to chain as __cause__. Cancel() (Ctrl-C in the caller)
+// Each pass is checked against metadata() as it streams (CheckedStream), and its first
+// failure is kept in the PassControl. A Python exception raised by the iterator (or
+// iter()) fails the pass with Aborted carrying the exception's type and text; the
+// exception object itself is kept in the PassControl for the caller to chain as __cause__. Cancel() (Ctrl-C in the caller)
 // makes the next Next() fail with Aborted. Once the Python call that ran the sync returns,
 // Close() makes every later Next() fail without touching Python (a data plane's thread may
 // outlive an aborted sync).
@@ -43,6 +44,12 @@ class PassControl {
   void Close() { closed_ = true; }
   bool closed() const { return closed_; }
 
+  // Keeps the first failure of a pass of the source (its own errors and the metadata
+  // checks of its tensors): the root cause when the engine reports the sync's failure
+  // through a server's reply.
+  void RecordStatus(const Status& status);
+  std::optional<Status> source_status() const;
+
   // Keeps the first exception a source raised (GIL held).
   void RecordError(const pybind11::error_already_set& error);
   // The recorded exception object, or None (GIL held); clears it.
@@ -51,7 +58,8 @@ class PassControl {
  private:
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> closed_{false};
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::optional<Status> source_status_;  // GUARDED_BY(mu_)
   pybind11::object error_;  // GUARDED_BY(mu_); touched only with the GIL held
 };
 
@@ -68,7 +76,7 @@ class PySource final : public WeightSource {
                                                   std::shared_ptr<PassControl> control);
   ~PySource() override;
 
-  const std::vector<TensorMeta>& metadata() const override { return metadata_; }
+  const std::vector<TensorMeta>& metadata() const override { return *metadata_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   std::optional<SourceStorage> storage() const override;
 
@@ -76,7 +84,7 @@ class PySource final : public WeightSource {
   PySource() = default;
   pybind11::object source_;
   std::shared_ptr<PassControl> control_;
-  std::vector<TensorMeta> metadata_;
+  std::shared_ptr<const std::vector<TensorMeta>> metadata_;
   std::optional<BorrowedTensor> storage_;
 };
 

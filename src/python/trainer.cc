@@ -80,6 +80,16 @@ T RunWithSignals(PassControl& control, std::function<T()> work) {
   return std::move(*result);
 }
 
+// The error a failed sync raises: the engine's, but with the class of the source's own
+// failure when the source failed first (a server's reply to the broken data plane may be
+// what the engine reports, while the source is the cause).
+Status RootCause(const Status& engine, const std::optional<Status>& source) {
+  if (!source || source->code() == engine.code()) return engine;
+  if (engine.message().rfind(source->message(), 0) == 0) return Status(source->code(), engine.message());
+  return Status(source->code(),
+                fmt::format("{} (the sync was aborted on every server: {})", source->message(), engine.message()));
+}
+
 py::tuple MetaTuple(const TensorMeta& m) {
   return py::make_tuple(m.name, std::string(TorchName(m.dtype)), py::tuple(py::cast(m.shape)));
 }
@@ -167,7 +177,7 @@ class PyTrainerEngine {
       py::gil_scoped_release release;
       adapter.reset();
     }
-    if (!r.ok()) RaiseStatus(r.status(), control->TakeError());
+    if (!r.ok()) RaiseStatus(RootCause(r.status(), control->source_status()), control->TakeError());
     return *r;
   }
 
