@@ -31,7 +31,7 @@ def test_numpy_source_syncs(backend, dtype, wsync_server, tmp_path):
     first = random_arrays(metadata, seed=1)
     server_args, options = [], {}
     if backend == "delta":
-        delta = DeltaSetup(tmp_path, first)
+        delta = DeltaSetup(tmp_path, [(n, d, a) for n, a, d in first])
         server_args, options = delta.server_args(), delta.trainer_options()
     servers = [wsync_server(backend=backend, model=model, args=server_args, name=f"{backend}{i}")
                for i in range(2)]
