@@ -133,6 +133,9 @@ class Engine final : public TrainerEngine {
     if (s.ok()) s = update->Wait(driver_->deadlines().Http()).status();
     if (!s.ok()) {
       s = plane_->Abort(s, update.get());
+      // A server still inside update_weights would refuse the closing finish and keep its
+      // session open until the lease ends; the plane's abort ends those calls promptly.
+      (void)update->Wait(driver_->deadlines().Close());
       driver_->Close();
       return s;
     }
