@@ -116,7 +116,7 @@ Result<double> DeviceCopyFloor(const DeviceTensorSource& source, size_t bytes, i
   std::vector<double> times;
   for (int i = 0; i < iters + 3; ++i) {
     auto t0 = Clock::now();
-    WSYNC_RETURN_IF_ERROR(rt->Copy2D(scratch.data(), 0, source.storage().data(), 0, bytes, 1));
+    WSYNC_RETURN_IF_ERROR(rt->Copy2D(scratch.data(), 0, source.device_buffer().data(), 0, bytes, 1));
     WSYNC_RETURN_IF_ERROR(rt->Synchronize());
     if (i >= 3) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }

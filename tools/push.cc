@@ -144,7 +144,7 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     WSYNC_ASSIGN_OR_RETURN(device_source, DeviceTensorSource::Create(topts.device, trainer->metadata()));
     WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
     fmt::print(stderr, "trainer tensors on {} ({:.2f} GB)\n", topts.device.ToString(),
-               device_source->storage().size() / 1e9);
+               device_source->device_buffer().size() / 1e9);
   }
   WeightSource& send_source = device_source ? static_cast<WeightSource&>(*device_source) : trainer->source();
   WSYNC_ASSIGN_OR_RETURN(auto engine, CreateTrainerEngine(topts));

@@ -6,6 +6,7 @@
 // every rank of the trainer must drain it. Not thread-safe: one pass at a time.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,14 @@ class TensorStream {
   virtual Result<bool> Next(TensorRef* out) = 0;
 };
 
+// One block of memory that holds every tensor a source yields, at fixed offsets, for the
+// life of the source (a trainer's flat parameter buffer).
+struct SourceStorage {
+  const std::byte* data = nullptr;
+  size_t bytes = 0;
+  Device device;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -34,6 +43,8 @@ class WeightSource {
   virtual Result<std::unique_ptr<TensorStream>> Iterate() = 0;
   // Names this rank can produce without help from other ranks; nullopt means all of them.
   virtual std::optional<std::vector<std::string>> HeldNames() const { return std::nullopt; }
+  // The one block every yielded tensor lies in, when the source has one; nullopt otherwise.
+  virtual std::optional<SourceStorage> storage() const { return std::nullopt; }
 };
 
 // Wraps a stream so that every tensor it yields is checked against `metadata`, in order:
@@ -78,7 +89,11 @@ class DeviceTensorSource : public WeightSource {
   Status Upload(const std::vector<HostTensor>& tensors);
   const Device& device() const { return storage_.device(); }
   // The one allocation holding every tensor, and tensor i's offset inside it.
-  const DeviceBuffer& storage() const { return storage_; }
+  const DeviceBuffer& device_buffer() const { return storage_; }
+  // The same allocation, for data planes that export a source's memory (ipc zero-copy).
+  std::optional<SourceStorage> storage() const override {
+    return SourceStorage{storage_.data(), storage_.size(), storage_.device()};
+  }
   size_t offset(size_t i) const { return offsets_[i]; }
 
  private:
