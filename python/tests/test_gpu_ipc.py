@@ -111,25 +111,24 @@ class Qwen3Shaped(torch.nn.Module):
     def __init__(self, metadata, flat, seed):
         super().__init__()
         gen = torch.Generator(device=DEVICE).manual_seed(seed)
-        self.flat = None
-        if flat:
-            offsets, total = [], 0
-            for _, dtype, shape in metadata:
-                offsets.append(total)
-                n = torch.empty((), dtype=TORCH_DTYPES[dtype]).element_size()
-                for d in shape:
-                    n *= d
-                total = (total + n + ALIGN - 1) // ALIGN * ALIGN
-            self.flat = torch.zeros(total, dtype=torch.uint8, device=DEVICE)
-        for i, (name, dtype, shape) in enumerate(metadata):
+        for name, dtype, shape in metadata:
             parent, _, leaf = name.rpartition(".")
             t = torch.randn(tuple(shape), generator=gen, device=DEVICE).to(TORCH_DTYPES[dtype]) * 0.02
-            if flat:
-                view = self.flat[offsets[i]:offsets[i] + t.numel() * t.element_size()]
-                view = view.view(TORCH_DTYPES[dtype]).view(tuple(shape))
-                view.copy_(t)
-                t = view
             child(self, parent).register_parameter(leaf, torch.nn.Parameter(t))
+        self.flat = None
+        if flat:
+            # In state_dict() order, which the source iterates: each tensor after the last.
+            params = list(self.named_parameters())
+            offsets, total = [], 0
+            for _, p in params:
+                offsets.append(total)
+                total = (total + p.numel() * p.element_size() + ALIGN - 1) // ALIGN * ALIGN
+            self.flat = torch.zeros(total, dtype=torch.uint8, device=DEVICE)
+            for (name, p), offset in zip(params, offsets):
+                view = self.flat[offset:offset + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+                view.copy_(p.detach())
+                parent, _, leaf = name.rpartition(".")
+                child(self, parent).register_parameter(leaf, torch.nn.Parameter(view))
 
     def train_steps(self, steps, seed):
         """A few AdamW steps on random data (updates in place: views stay views)."""

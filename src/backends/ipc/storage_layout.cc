@@ -47,7 +47,15 @@ void StorageLayoutRecorder::Add(const TensorMeta& meta, const TensorRef& t) {
                            DescribeStorage(*storage_));
     return;
   }
+  if (!layout_.offsets.empty() && *offset < end_) {
+    outside_ = fmt::format("tensor {} lies at offset {} of the source's storage, inside {} before it (which ends at "
+                           "{}): receivers take the tensors in iteration order, without overlap",
+                           meta.name, *offset, previous_, end_);
+    return;
+  }
   layout_.offsets.push_back(*offset);
+  end_ = *offset + t.bytes.size();
+  previous_ = meta.name;
 }
 
 Result<StorageLayout> StorageLayoutRecorder::Finish() const {

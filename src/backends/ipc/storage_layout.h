@@ -32,24 +32,29 @@ struct StorageLayout {
 // wholly inside the block.
 std::optional<uint64_t> OffsetInStorage(const SourceStorage& storage, const TensorRef& t);
 
-// Follows one pass: Add() each tensor as the pass yields it, then Finish().
+// Follows one pass: Add() each tensor as the pass yields it, then Finish(). The tensors
+// must lie in the block in iteration order without overlapping (gaps are fine), as the
+// ipc protocol's tensor_offsets do.
 class StorageLayoutRecorder {
  public:
   // `storage`: what the source offers (nullopt: nothing is learned).
   StorageLayoutRecorder(std::optional<SourceStorage> storage, size_t tensors);
   void Add(const TensorMeta& meta, const TensorRef& t);
   // After the whole pass: the layout, or FailedPrecondition naming the first tensor that
-  // lay outside the block (or saying that the source offers none).
+  // lay outside the block or out of order (or saying that the source offers none).
   Result<StorageLayout> Finish() const;
 
  private:
   std::optional<SourceStorage> storage_;
   StorageLayout layout_;
-  std::string outside_;  // why the first tensor outside the block is
+  std::string outside_;  // why the first tensor that breaks the layout does
+  uint64_t end_ = 0;      // where the previous tensor ends in the block
+  std::string previous_;  // ...and its name
 };
 
 // Reads the rest of `stream` (checked against `meta`, from tensor 0) and returns where
-// every tensor lies in `storage`; FailedPrecondition naming the first one that does not.
+// every tensor lies in `storage`; FailedPrecondition naming the first one that does not
+// lie in it as the recorder requires.
 Result<StorageLayout> ReadStorageLayout(TensorStream& stream, const std::vector<TensorMeta>& meta,
                                         const SourceStorage& storage);
 

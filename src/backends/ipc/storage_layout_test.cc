@@ -40,13 +40,13 @@ std::vector<TensorMeta> Meta(std::vector<int64_t> elements) {
   return m;
 }
 
-TEST(StorageLayout, OffsetsAreWhereTheTensorsLieInAnyOrder) {
+TEST(StorageLayout, OffsetsAreWhereTheTensorsLieWithGapsBetween) {
   Block b;
   auto meta = Meta({16, 64, 4});
-  ListStream s({b.at(1024, 64), b.at(0, 256), b.at(4080, 16)});
+  ListStream s({b.at(0, 64), b.at(1024, 256), b.at(4080, 16)});
   Result<StorageLayout> l = ReadStorageLayout(s, meta, b.storage());
   ASSERT_TRUE(l.ok()) << l.status().ToString();
-  EXPECT_EQ(l->offsets, (std::vector<uint64_t>{1024, 0, 4080}));
+  EXPECT_EQ(l->offsets, (std::vector<uint64_t>{0, 1024, 4080}));
   EXPECT_TRUE(l->SameBlock(b.storage()));
   EXPECT_FALSE(l->SameBlock(b.storage(Device{Device::Kind::kCuda, 1})));
   SourceStorage shorter = b.storage();
@@ -79,6 +79,23 @@ TEST(StorageLayout, ATensorOutsideOrOnAnotherDeviceIsNamed) {
   EXPECT_NE(l.status().message().find("on cpu)"), std::string::npos) << l.status().message();
 }
 
+TEST(StorageLayout, TensorsOutOfOrderOrOverlappingAreNamed) {
+  Block b;
+  auto meta = Meta({16, 16});
+  ListStream reversed({b.at(64, 64), b.at(0, 64)});
+  Result<StorageLayout> l = ReadStorageLayout(reversed, meta, b.storage());
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(l.status().message(), "tensor t1 lies at offset 0 of the source's storage, inside t0 before it (which "
+                                  "ends at 128): receivers take the tensors in iteration order, without overlap");
+  ListStream overlapping({b.at(0, 64), b.at(32, 64)});
+  EXPECT_FALSE(ReadStorageLayout(overlapping, meta, b.storage()).ok());
+  ListStream shared({b.at(0, 64), b.at(0, 64)});  // tied weights: one tensor under two names
+  EXPECT_FALSE(ReadStorageLayout(shared, meta, b.storage()).ok());
+  ListStream adjacent({b.at(0, 64), b.at(64, 64)});
+  EXPECT_TRUE(ReadStorageLayout(adjacent, meta, b.storage()).ok());
+}
+
 TEST(StorageLayout, APassLongerOrShorterThanItsMetadataFails) {
   Block b;
   ListStream longer({b.at(0, 64), b.at(64, 64)});
@@ -98,9 +115,9 @@ TEST(StorageLayout, TheRecorderLearnsOnlyWhenEveryTensorLiesInside) {
 
   StorageLayoutRecorder inside(b.storage(), 2);
   inside.Add(meta[0], b.at(128, 64));
-  inside.Add(meta[1], b.at(0, 64));
+  inside.Add(meta[1], b.at(512, 64));
   ASSERT_TRUE(inside.Finish().ok());
-  EXPECT_EQ(inside.Finish()->offsets, (std::vector<uint64_t>{128, 0}));
+  EXPECT_EQ(inside.Finish()->offsets, (std::vector<uint64_t>{128, 512}));
 
   StorageLayoutRecorder half(b.storage(), 2);
   half.Add(meta[0], b.at(0, 64));

@@ -897,7 +897,7 @@ class IpcPlane final : public DataPlane {
           learned_ = std::move(*learned);
         } else if (storage) {
           learned_.reset();
-          WSYNC_LOG_DEBUG("zero-copy is off while the source's storage holds it: {}", learned.status().message());
+          WSYNC_LOG_DEBUG("mode auto keeps packing this source: {}", learned.status().message());
         }
       }
       region_->Publish(seq, plan.chunk_bytes[k]);
