@@ -29,6 +29,7 @@
 #include "sources/trainer_ranks.h"
 #include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"
+#include "testing/flat_buffer_source.h"
 #include "testing/test_server.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"
@@ -222,6 +223,7 @@ class FakePlane final : public IpcDevicePlane {
 
 using Server = testing::TestServer;
 using testing::FaultySource;
+using testing::FlatBufferSource;
 
 template <typename Pred>
 bool Eventually(Pred pred, double seconds) {
@@ -331,89 +333,42 @@ TEST_F(IpcFakeGpu, PackedAndZeroCopySyncsLandBitExactWithPlansBuiltOnceAndMappin
   }
 }
 
-// A trainer's flat parameter buffer as PyTorch holds it, offered through storage() by a
-// source that is no DeviceTensorSource: the block sits inside a larger allocation (the
-// caching allocator's segment), its tensors at offsets of the trainer's choosing (here
-// with gaps between them). Tensor `stray`, when set, lives in an allocation of its own.
-class FlatBufferSource final : public WeightSource {
- public:
-  static constexpr size_t kLead = 4096;  // the block's offset inside its allocation
-
-  FlatBufferSource(DeviceRuntime& rt, std::vector<TensorMeta> meta) : rt_(rt), meta_(std::move(meta)) {
-    for (const TensorMeta& m : meta_) {
-      offsets_.push_back(bytes_);
-      bytes_ += (m.nbytes() + 1024 + 511) / 512 * 512;
-    }
-    base_ = static_cast<std::byte*>(*rt_.Allocate(0, kLead + bytes_ + 4096));
-    stray_ = static_cast<std::byte*>(*rt_.Allocate(0, bytes_));
-  }
-  ~FlatBufferSource() override {
-    rt_.Free(0, base_);
-    rt_.Free(0, stray_);
-  }
-  const std::vector<TensorMeta>& metadata() const override { return meta_; }
-  std::optional<SourceStorage> storage() const override { return SourceStorage{block(), bytes_, kCuda}; }
-  Result<std::unique_ptr<TensorStream>> Iterate() override {
-    class Stream final : public TensorStream {
-     public:
-      explicit Stream(const FlatBufferSource& s) : s_(s) {}
-      Result<bool> Next(TensorRef* out) override {
-        if (i_ == s_.meta_.size()) return false;
-        const TensorMeta& m = s_.meta_[i_];
-        *out = TensorRef{m.name, m.dtype, m.shape, std::span<const std::byte>(s_.at(i_), m.nbytes()), kCuda};
-        ++i_;
-        return true;
-      }
-
-     private:
-      const FlatBufferSource& s_;
-      size_t i_ = 0;
-    };
-    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(*this));
-  }
-  void Upload(const std::vector<HostTensor>& tensors) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      std::memcpy(at(i), tensors[i].storage.data(), meta_[i].nbytes());
-    }
-  }
-  std::optional<size_t> stray;
-
- private:
-  static constexpr Device kCuda{Device::Kind::kCuda, 0};
-  std::byte* block() const { return base_ + kLead; }
-  std::byte* at(size_t i) const { return stray == i ? stray_ : block() + offsets_[i]; }
-  DeviceRuntime& rt_;
-  std::vector<TensorMeta> meta_;
-  std::vector<size_t> offsets_;
-  size_t bytes_ = 0;
-  std::byte* base_ = nullptr;
-  std::byte* stray_ = nullptr;
-};
-
+// A source that is no DeviceTensorSource offers its storage(): a block 4 KiB into a larger
+// allocation (a tensor inside torch's caching allocator segment), tensors with gaps.
 TEST_F(IpcFakeGpu, AnySourceOfferingItsStorageSendsZeroCopyFromInsideItsAllocation) {
   Server& a = StartServer(1);
   auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 21, 2));
-  FlatBufferSource source(rt_, trainer->metadata());
+  auto made = FlatBufferSource::Create(kCuda0, trainer->metadata(), {});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  FlatBufferSource& source = **made;
   uint64_t step = 0;
   auto sync = [&](TrainerEngine& engine) -> Result<SyncStats> {
     EXPECT_TRUE(trainer->Step(++step).ok());
-    source.Upload(trainer->tensors());
+    EXPECT_TRUE(source.Upload(trainer->tensors()).ok());
     return engine.SendWeights(source, "v" + std::to_string(step));
   };
+  // `n` syncs, each verified: the chunks each sent.
+  auto syncs = [&](TrainerEngine& engine, int n) {
+    std::vector<uint64_t> chunks;
+    for (int i = 0; i < n; ++i) {
+      auto st = sync(engine);
+      EXPECT_TRUE(st.ok()) << st.status().ToString();
+      if (!st.ok()) break;
+      chunks.push_back(st->chunks);
+      ExpectHolds(*a.service, *trainer);
+    }
+    return chunks;
+  };
+  using Chunks = std::vector<uint64_t>;
   // Mode zero_copy: every sync one go, the server copying from the block at its offset
-  // inside the allocation, at the offsets the pass shows.
+  // inside the allocation, at the offsets the pass shows; mapped once.
   IpcTrainerOptions zc;
   zc.mode = IpcTrainerOptions::Mode::kZeroCopy;
   auto engine = std::move(*CreateIpcTrainerWith(Options({&a}), zc));
   ASSERT_TRUE(engine->Init(trainer->metadata()).ok());
   int opens0 = plane_.opens.load();
-  for (int i = 0; i < 3; ++i) {
-    auto st = sync(*engine);
-    ASSERT_TRUE(st.ok()) << st.status().ToString();
-    EXPECT_EQ(st->chunks, 1u);
-    ExpectHolds(*a.service, *trainer);
-  }
-  EXPECT_EQ(plane_.opens.load() - opens0, 1);  // mapped once
+  EXPECT_EQ(syncs(*engine, 3), (Chunks{1, 1, 1}));
+  EXPECT_EQ(plane_.opens.load() - opens0, 1);
   // A tensor outside the block: mode zero_copy names it, and the next sync lands.
   source.stray = 5;
   Status s = sync(*engine).status();
@@ -422,44 +377,29 @@ TEST_F(IpcFakeGpu, AnySourceOfferingItsStorageSendsZeroCopyFromInsideItsAllocati
   EXPECT_NE(s.message().find("zero-copy: tensor " + name + " ("), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("does not lie inside the source's storage"), std::string::npos) << s.message();
   source.stray.reset();
-  ASSERT_TRUE(sync(*engine).ok());
-  ExpectHolds(*a.service, *trainer);
+  EXPECT_EQ(syncs(*engine, 1), (Chunks{1}));
   engine.reset();
 
   // Mode auto: the first sync packs and learns the layout, then one go per sync.
   engine = std::move(*CreateIpcTrainer(Options({&a})));
   ASSERT_TRUE(engine->Init(trainer->metadata()).ok());
-  std::vector<uint64_t> chunks;
-  for (int i = 0; i < 3; ++i) {
-    auto st = sync(*engine);
-    ASSERT_TRUE(st.ok()) << st.status().ToString();
-    chunks.push_back(st->chunks);
-    ExpectHolds(*a.service, *trainer);
-  }
+  Chunks chunks = syncs(*engine, 3);
+  ASSERT_EQ(chunks.size(), 3u);
   EXPECT_GE(chunks[0], 3u);
-  EXPECT_EQ(chunks[1], 1u);
-  EXPECT_EQ(chunks[2], 1u);
+  EXPECT_EQ(Chunks(chunks.begin() + 1, chunks.end()), (Chunks{1, 1}));
   // A source that breaks its storage's promise mid-run fails that sync naming the
   // tensor; auto then packs, sync after sync, while the tensor stays outside.
   source.stray = 7;
   s = sync(*engine).status();
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_NE(s.message().find("tensor " + trainer->metadata()[7].name + " ("), std::string::npos) << s.message();
-  for (int i = 0; i < 2; ++i) {
-    auto st = sync(*engine);
-    ASSERT_TRUE(st.ok()) << st.status().ToString();
-    EXPECT_GE(st->chunks, 3u);
-    ExpectHolds(*a.service, *trainer);
-  }
+  chunks = syncs(*engine, 2);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_GE(std::min(chunks[0], chunks[1]), 3u);
   // Back inside: one packed sync shows it, then zero-copy again.
   source.stray.reset();
-  chunks.clear();
-  for (int i = 0; i < 2; ++i) {
-    auto st = sync(*engine);
-    ASSERT_TRUE(st.ok()) << st.status().ToString();
-    chunks.push_back(st->chunks);
-    ExpectHolds(*a.service, *trainer);
-  }
+  chunks = syncs(*engine, 2);
+  ASSERT_EQ(chunks.size(), 2u);
   EXPECT_GE(chunks[0], 3u);
   EXPECT_EQ(chunks[1], 1u);
 }
