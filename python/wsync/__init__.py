@@ -3,10 +3,25 @@
 A trainer process builds a ``TrainerEngine`` and calls ``send_weights`` after each step; an
 inference worker written in Python builds a ``ReceiverEngine`` and lands each update
 through its own ``load_weights``. See the README's "Python" section.
+
+Trainer side: ``TrainerEngine``, ``SyncStats``, ``StateDictSource``, ``TensorListSource``,
+``model_metadata``. Errors: ``wsync.Error`` and one subclass per status (``wsync.errors``).
 """
 
 from wsync import errors
 from wsync._wsync import trainer_backends
 from wsync.errors import *  # noqa: F401,F403  (the exception classes)
 
-__all__ = ["errors", "trainer_backends"] + errors.__all__
+# ---- trainer side --------------------------------------------------------------------
+from wsync.sources import (StateDictSource, TensorListSource, dtype_name, model_metadata,
+                           registered_models)
+from wsync.trainer import SyncStats, TrainerEngine
+
+_trainer_exports = ["TrainerEngine", "SyncStats", "StateDictSource", "TensorListSource",
+                    "dtype_name", "model_metadata", "registered_models"]
+
+# ---- receiver side (pyrecv) -----------------------------------------------------------
+_receiver_exports = []
+
+__all__ = (["errors", "trainer_backends"] + _trainer_exports + _receiver_exports
+           + errors.__all__)

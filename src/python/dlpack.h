@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -30,9 +31,14 @@ struct BorrowedTensor {
   }
 };
 
-// Reads `tensor` through DLPack. A non-contiguous tensor, an unsupported dtype or device
-// is an InvalidArgument naming `name`. Needs the GIL. (dlpack.cc)
-Result<BorrowedTensor> Borrow(pybind11::handle tensor, std::string_view name);
+// Reads `tensor` through DLPack, consuming the capsule its __dlpack__() returns (renamed
+// "used_dltensor"; the producer's deleter runs when `owner` goes). A torch tensor that
+// requires grad is read through its detached view. A non-contiguous tensor, an
+// unsupported dtype or device is an InvalidArgument naming `name`. `bits_of`: integers of
+// the same width are read as this dtype when it is one numpy lacks (bfloat16 from a
+// uint16/int16 array, float8 from uint8/int8). Needs the GIL. (dlpack.cc)
+Result<BorrowedTensor> Borrow(pybind11::handle tensor, std::string_view name,
+                              std::optional<DType> bits_of = std::nullopt);
 
 // A DLPack capsule ("dltensor") over `bytes`, which wsync owns and keeps valid while the
 // capsule's consumer may use it; `keep_alive` is held until the consumer releases it.

@@ -11,6 +11,8 @@ namespace wsync::python {
 
 // Raises `status` (not OK) as its wsync.errors class, carrying its message. Needs the GIL.
 [[noreturn]] void RaiseStatus(const Status& status);
+// The same, with `cause` (an exception object, or None) as the raised one's __cause__.
+[[noreturn]] void RaiseStatus(const Status& status, pybind11::handle cause);
 
 // Returns the value of `result`, or raises its status.
 template <typename T>

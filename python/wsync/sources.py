@@ -1,0 +1,147 @@
+"""Weight sources: what a trainer hands to ``TrainerEngine.send_weights``.
+
+A source is any object with
+
+* ``metadata()`` -> ``[(name, dtype_name, shape), ...]``: the whole model in iteration
+  order. Dtype names are torch's as vLLM uses them (``"bfloat16"``, ``"float32"``, ...);
+  ``"torch.bfloat16"``, ``torch.dtype`` and numpy dtype objects are accepted too.
+* ``__iter__`` -> ``(name, tensor)`` pairs in exactly that order, iterated once per sync.
+  A tensor is a torch tensor (CPU or CUDA), a numpy array, or anything with
+  ``__dlpack__``; it is read in place through DLPack (no copy), so it must be contiguous.
+* optionally ``storage()`` -> one tensor whose memory holds every yielded tensor at fixed
+  offsets for the life of the source (the ``ipc`` backend can then export it without
+  staging), or ``None``.
+
+numpy has no bfloat16: give a ``uint16`` (or ``int16``) array holding the bf16 bits and
+say ``"bfloat16"`` in the metadata. The same holds for float8 (``uint8`` bits).
+
+The engine checks every tensor against the metadata as it streams: a tensor whose name,
+dtype or shape differs, an extra or a missing one fails the sync with
+``wsync.InvalidArgumentError`` naming it, and the servers keep their previous weights.
+"""
+
+from wsync._wsync import model_metadata, registered_models
+
+__all__ = ["StateDictSource", "TensorListSource", "dtype_name", "model_metadata",
+           "registered_models"]
+
+
+def dtype_name(dtype):
+    """The vLLM/torch name of ``dtype`` ("bfloat16"): a name, a torch.dtype or a numpy dtype."""
+    if isinstance(dtype, str):
+        return dtype[len("torch."):] if dtype.startswith("torch.") else dtype
+    name = getattr(dtype, "name", None)  # numpy.dtype
+    if isinstance(name, str) and hasattr(dtype, "itemsize"):
+        return name
+    if isinstance(dtype, type):  # numpy scalar types such as numpy.float32
+        return dtype.__name__
+    return dtype_name(str(dtype))  # torch.dtype prints as "torch.bfloat16"
+
+
+def _contiguous(tensor):
+    """``tensor`` itself when contiguous, else a contiguous copy (torch or numpy)."""
+    is_contiguous = getattr(tensor, "is_contiguous", None)
+    if callable(is_contiguous):
+        return tensor if is_contiguous() else tensor.contiguous()
+    flags = getattr(tensor, "flags", None)
+    if flags is not None and not flags["C_CONTIGUOUS"]:
+        import numpy
+        return numpy.ascontiguousarray(tensor)
+    return tensor
+
+
+def _detached(tensor):
+    detach = getattr(tensor, "detach", None)
+    return detach() if callable(detach) else tensor
+
+
+class StateDictSource:
+    """The tensors of a ``torch.nn.Module`` (its ``state_dict()``) or of a mapping.
+
+    ``StateDictSource(module_or_state_dict, name_map=None, copy_non_contiguous=False,
+    storage=None)``
+
+    * ``module_or_state_dict``: a module (its ``state_dict()`` is read at every pass, so one
+      source serves every step) or a mapping ``{name: tensor}`` (torch or numpy).
+    * ``name_map``: a callable ``name -> str or None`` that renames each tensor to the name
+      the servers know (for example stripping a ``"module."`` prefix); ``None`` drops it.
+      Without it names are kept as given.
+    * ``copy_non_contiguous``: copy a non-contiguous tensor to a contiguous one as it is
+      sent (one tensor at a time) instead of failing the sync with an error naming it.
+    * ``storage``: a tensor that holds every parameter at fixed offsets (a flat buffer the
+      trainer allocated its parameters in); ``storage()`` returns it for zero-copy export.
+
+    Tensors are detached (no autograd) and yielded in the state dict's order.
+    """
+
+    def __init__(self, module_or_state_dict, name_map=None, copy_non_contiguous=False, storage=None):
+        self._target = module_or_state_dict
+        self._name_map = name_map
+        self._copy = copy_non_contiguous
+        self._storage = storage
+        self._metadata = [(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in self._items()]
+
+    def _items(self):
+        state = self._target.state_dict() if hasattr(self._target, "state_dict") else self._target
+        for name, tensor in state.items():
+            if self._name_map is not None:
+                name = self._name_map(name)
+                if name is None:
+                    continue
+            yield name, _detached(tensor)
+
+    def metadata(self):
+        """``[(name, dtype_name, shape), ...]`` in iteration order."""
+        return list(self._metadata)
+
+    def storage(self):
+        """The flat tensor given as ``storage=``, or None."""
+        return self._storage
+
+    def __iter__(self):
+        for name, tensor in self._items():
+            yield name, (_contiguous(tensor) if self._copy else tensor)
+
+    def __len__(self):
+        return len(self._metadata)
+
+    def __repr__(self):
+        return f"StateDictSource({len(self._metadata)} tensors)"
+
+
+class TensorListSource:
+    """A fixed list of tensors: ``TensorListSource([(name, tensor), ...])``.
+
+    Each item is ``(name, tensor)`` or ``(name, tensor, dtype_name)``; the third form says
+    what the bits are when the array's own dtype cannot (``"bfloat16"`` for a numpy
+    ``uint16`` array). ``copy_non_contiguous`` as for ``StateDictSource``.
+    """
+
+    def __init__(self, items, copy_non_contiguous=False, storage=None):
+        self._items = []
+        self._metadata = []
+        for item in items:
+            name, tensor = item[0], item[1]
+            dtype = item[2] if len(item) > 2 else tensor.dtype
+            self._items.append((name, _detached(tensor)))
+            self._metadata.append((name, dtype_name(dtype), tuple(tensor.shape)))
+        self._copy = copy_non_contiguous
+        self._storage = storage
+
+    def metadata(self):
+        """``[(name, dtype_name, shape), ...]`` in iteration order."""
+        return list(self._metadata)
+
+    def storage(self):
+        """The flat tensor given as ``storage=``, or None."""
+        return self._storage
+
+    def __iter__(self):
+        for name, tensor in self._items:
+            yield name, (_contiguous(tensor) if self._copy else tensor)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __repr__(self):
+        return f"TensorListSource({len(self._items)} tensors)"

@@ -1,0 +1,250 @@
+#include "python/source_adapter.h"
+
+#include <Python.h>
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "python/errors.h"
+#include "wsync/dtype.h"
+
+namespace py = pybind11;
+
+namespace wsync::python {
+namespace {
+
+// Lets go of `obj` with the GIL taken; leaks it when the interpreter is gone.
+void DropWithGil(py::object& obj) {
+  if (!obj) return;
+  if (!Py_IsInitialized()) {
+    obj.release();
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  obj = py::object();
+}
+
+// "ValueError: text" of the exception being raised now, recorded in `control`.
+std::string CaptureError(PassControl& control) {
+  py::error_already_set error;
+  control.RecordError(error);
+  return DescribePythonError(error);
+}
+
+std::string TypeName(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
+class PyStream final : public TensorStream {
+ public:
+  PyStream(py::object iterator, std::shared_ptr<PassControl> control,
+           std::shared_ptr<const std::vector<TensorMeta>> metadata)
+      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(std::move(metadata)) {}
+
+  ~PyStream() override {
+    DropWithGil(iterator_);
+    if (current_) DropWithGil(current_->owner);
+  }
+
+  Result<bool> Next(TensorRef* out) override {
+    if (control_->cancelled()) {
+      return Aborted(fmt::format("the trainer was interrupted (KeyboardInterrupt) after {} tensors of the source",
+                                 index_));
+    }
+    if (control_->closed()) return Aborted("the Python call that ran this sync has returned");
+    py::gil_scoped_acquire gil;
+    if (current_) current_->owner = py::object();
+    current_.reset();
+    PyObject* raw = PyIter_Next(iterator_.ptr());
+    if (raw == nullptr) {
+      if (PyErr_Occurred() == nullptr) return false;
+      std::string text = CaptureError(*control_);
+      return Aborted(fmt::format("the source raised {} while yielding tensor #{}{}", text, index_,
+                                 index_ < metadata_->size() ? " (" + (*metadata_)[index_].name + ")" : ""));
+    }
+    py::object item = py::reinterpret_steal<py::object>(raw);
+    if (!py::isinstance<py::tuple>(item) && !py::isinstance<py::list>(item)) {
+      return InvalidArgument(fmt::format("source item #{} is a {}, not a (name, tensor) pair", index_, TypeName(item)));
+    }
+    auto pair = py::reinterpret_borrow<py::sequence>(item);
+    if (pair.size() != 2 || !py::isinstance<py::str>(pair[0])) {
+      return InvalidArgument(fmt::format("source item #{} is not a (name: str, tensor) pair", index_));
+    }
+    std::string name = pair[0].cast<std::string>();
+    std::optional<DType> bits_of;
+    if (index_ < metadata_->size() && (*metadata_)[index_].name == name) bits_of = (*metadata_)[index_].dtype;
+    Result<BorrowedTensor> borrowed = Borrow(pair[1], name, bits_of);
+    if (!borrowed.ok()) return borrowed.status();
+    current_ = std::move(borrowed).value();
+    *out = current_->ref();
+    ++index_;
+    return true;
+  }
+
+ private:
+  py::object iterator_;
+  std::shared_ptr<PassControl> control_;
+  const std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // a stream may outlive its PySource
+  std::optional<BorrowedTensor> current_;    // the tensor lent by the last Next()
+  size_t index_ = 0;
+};
+
+// The checked pass, whose first failure the PassControl keeps.
+class RecordingStream final : public TensorStream {
+ public:
+  RecordingStream(std::unique_ptr<TensorStream> inner, std::shared_ptr<const std::vector<TensorMeta>> metadata,
+                  std::shared_ptr<PassControl> control)
+      : metadata_(std::move(metadata)),
+        checked_(CheckedStream(std::move(inner), *metadata_)),
+        control_(std::move(control)) {}
+
+  Result<bool> Next(TensorRef* out) override {
+    Result<bool> r = checked_->Next(out);
+    if (!r.ok()) control_->RecordStatus(r.status());
+    return r;
+  }
+
+ private:
+  std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // outlives checked_, which reads it
+  std::unique_ptr<TensorStream> checked_;
+  std::shared_ptr<PassControl> control_;
+};
+
+}  // namespace
+
+PassControl::~PassControl() { DropWithGil(error_); }
+
+void PassControl::RecordStatus(const Status& status) {
+  std::lock_guard lock(mu_);
+  if (!source_status_) source_status_ = status;
+}
+
+std::optional<Status> PassControl::source_status() const {
+  std::lock_guard lock(mu_);
+  return source_status_;
+}
+
+void PassControl::RecordError(const py::error_already_set& error) {
+  std::lock_guard lock(mu_);
+  if (error_) return;
+  py::object value = error.value();
+  auto held = py::reinterpret_steal<py::object>(PyException_GetTraceback(value.ptr()));
+  if (error.trace() && !held) {
+    PyException_SetTraceback(value.ptr(), error.trace().ptr());
+  }
+  error_ = std::move(value);
+}
+
+py::object PassControl::TakeError() {
+  std::lock_guard lock(mu_);
+  py::object out = std::move(error_);
+  error_ = py::object();
+  return out ? out : py::none();
+}
+
+Result<std::vector<TensorMeta>> ParseMetadata(py::handle entries) {
+  std::vector<TensorMeta> out;
+  if (!py::isinstance<py::iterable>(entries) || py::isinstance<py::str>(entries)) {
+    return InvalidArgument(fmt::format("metadata is a {}, not a list of (name, dtype, shape)", TypeName(entries)));
+  }
+  // One normalization of dtype spellings, shared with the pure-Python sources.
+  py::object dtype_name = py::module_::import("wsync.sources").attr("dtype_name");
+  size_t i = 0;
+  for (py::handle entry : entries) {
+    if (!py::isinstance<py::sequence>(entry) || py::isinstance<py::str>(entry) || py::len(entry) != 3) {
+      return InvalidArgument(fmt::format("metadata entry #{} is not a (name, dtype, shape) triple", i));
+    }
+    py::sequence t = py::reinterpret_borrow<py::sequence>(entry);
+    if (!py::isinstance<py::str>(t[0])) {
+      return InvalidArgument(fmt::format("metadata entry #{}: the name is a {}, not a str", i, TypeName(t[0])));
+    }
+    TensorMeta meta;
+    meta.name = t[0].cast<std::string>();
+    std::string dtype;
+    try {
+      dtype = py::str(dtype_name(t[1])).cast<std::string>();
+    } catch (py::error_already_set& e) {
+      return InvalidArgument(fmt::format("metadata of {}: unreadable dtype: {}", meta.name, DescribePythonError(e)));
+    }
+    Result<DType> parsed = DTypeFromTorchName(dtype);
+    if (!parsed.ok()) return parsed.status().WithContext(fmt::format("metadata of {}", meta.name));
+    meta.dtype = *parsed;
+    if (!py::isinstance<py::iterable>(t[2])) {
+      return InvalidArgument(fmt::format("metadata of {}: the shape is a {}, not a sequence of ints", meta.name,
+                                         TypeName(t[2])));
+    }
+    for (py::handle d : t[2]) {
+      if (!py::isinstance<py::int_>(d) && !py::hasattr(d, "__index__")) {
+        return InvalidArgument(fmt::format("metadata of {}: the shape holds a {}, not an int", meta.name, TypeName(d)));
+      }
+      int64_t extent = py::int_(py::reinterpret_borrow<py::object>(d)).cast<int64_t>();
+      if (extent < 0) return InvalidArgument(fmt::format("metadata of {}: negative extent {}", meta.name, extent));
+      meta.shape.push_back(extent);
+    }
+    out.push_back(std::move(meta));
+    ++i;
+  }
+  return out;
+}
+
+Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::shared_ptr<PassControl> control) {
+  std::unique_ptr<PySource> s(new PySource());
+  s->control_ = std::move(control);
+  if (!py::hasattr(source, "metadata") || !py::hasattr(source, "__iter__")) {
+    return InvalidArgument(fmt::format(
+        "a {} is not a weight source: it needs metadata() and __iter__ (see wsync.StateDictSource)", TypeName(source)));
+  }
+  py::object entries;
+  try {
+    entries = source.attr("metadata")();
+  } catch (py::error_already_set& e) {
+    s->control_->RecordError(e);
+    return InvalidArgument(fmt::format("the source's metadata() raised {}", DescribePythonError(e)));
+  }
+  WSYNC_ASSIGN_OR_RETURN(std::vector<TensorMeta> metadata, ParseMetadata(entries));
+  s->metadata_ = std::make_shared<const std::vector<TensorMeta>>(std::move(metadata));
+  if (py::hasattr(source, "storage")) {
+    py::object block;
+    try {
+      block = source.attr("storage")();
+    } catch (py::error_already_set& e) {
+      s->control_->RecordError(e);
+      return InvalidArgument(fmt::format("the source's storage() raised {}", DescribePythonError(e)));
+    }
+    if (!block.is_none()) {
+      Result<BorrowedTensor> b = Borrow(block, "storage()");
+      if (!b.ok()) return b.status().WithContext("the source's storage block");
+      s->storage_ = std::move(b).value();
+    }
+  }
+  s->source_ = std::move(source);
+  return s;
+}
+
+PySource::~PySource() {
+  DropWithGil(source_);
+  if (storage_) DropWithGil(storage_->owner);
+}
+
+Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
+  if (control_->cancelled()) return Aborted("the trainer was interrupted (KeyboardInterrupt) before its source's pass");
+  py::gil_scoped_acquire gil;
+  py::object iterator;
+  try {
+    iterator = py::reinterpret_borrow<py::object>(py::iter(source_));
+  } catch (py::error_already_set& e) {
+    std::string text = DescribePythonError(e);
+    control_->RecordError(e);
+    Status failed = Aborted(fmt::format("iter() of the source raised {}", text));
+    control_->RecordStatus(failed);
+    return failed;
+  }
+  return std::unique_ptr<TensorStream>(std::make_unique<RecordingStream>(
+      std::make_unique<PyStream>(std::move(iterator), control_, metadata_), metadata_, control_));
+}
+
+std::optional<SourceStorage> PySource::storage() const {
+  if (!storage_) return std::nullopt;
+  return SourceStorage{storage_->data, storage_->nbytes, storage_->device};
+}
+
+}  // namespace wsync::python

@@ -1,0 +1,91 @@
+// A Python weight source seen as a wsync::WeightSource.
+//
+// A Python source is any object with `metadata()` -> [(name, dtype, shape), ...] and
+// `__iter__` -> (name, tensor) pairs in that order; optionally `storage()` -> one tensor
+// that holds every yielded tensor (SourceStorage). PySource reads metadata() and storage()
+// once, when built (GIL held); each Iterate() is one pass over `iter(source)`.
+//
+// Threads: the engine calls Iterate() and the stream's Next() from its own threads; each
+// takes the GIL for as long as it touches Python, so the caller that runs the sync must
+// wait with the GIL released. Next() borrows the tensor through DLPack and keeps only
+// that tensor's owner alive, until the next Next() or the stream's end (no copy is made).
+//
+// Each pass is checked against metadata() as it streams (CheckedStream), and its first
+// failure is kept in the PassControl. A Python exception raised by the iterator (or
+// iter()) fails the pass with Aborted carrying the exception's type and text; the
+// exception object itself is kept in the PassControl for the caller to chain as __cause__. Cancel() (Ctrl-C in the caller)
+// makes the next Next() fail with Aborted. Once the Python call that ran the sync returns,
+// Close() makes every later Next() fail without touching Python (a data plane's thread may
+// outlive an aborted sync).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "python/dlpack.h"
+#include "wsync/source.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync::python {
+
+// What one Python call that runs a sync shares with the streams it starts. Thread-safe.
+class PassControl {
+ public:
+  ~PassControl();
+  void Cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+  void Close() { closed_ = true; }
+  bool closed() const { return closed_; }
+
+  // Keeps the first failure of a pass of the source (its own errors and the metadata
+  // checks of its tensors): the root cause when the engine reports the sync's failure
+  // through a server's reply.
+  void RecordStatus(const Status& status);
+  std::optional<Status> source_status() const;
+
+  // Keeps the first exception a source raised (GIL held).
+  void RecordError(const pybind11::error_already_set& error);
+  // The recorded exception object, or None (GIL held); clears it.
+  pybind11::object TakeError();
+
+ private:
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> closed_{false};
+  mutable std::mutex mu_;
+  std::optional<Status> source_status_;  // GUARDED_BY(mu_)
+  pybind11::object error_;  // GUARDED_BY(mu_); touched only with the GIL held
+};
+
+// The (name, dtype, shape) list of a metadata() answer; dtypes may be names ("bfloat16",
+// "torch.bfloat16"), torch.dtype or numpy dtype objects. Errors name the entry and field.
+// Needs the GIL.
+Result<std::vector<TensorMeta>> ParseMetadata(pybind11::handle entries);
+
+class PySource final : public WeightSource {
+ public:
+  // Calls source.metadata() and, when present, source.storage(). A Python exception from
+  // either is recorded in `control` and returned as InvalidArgument. Needs the GIL.
+  static Result<std::unique_ptr<PySource>> Create(pybind11::object source,
+                                                  std::shared_ptr<PassControl> control);
+  ~PySource() override;
+
+  const std::vector<TensorMeta>& metadata() const override { return *metadata_; }
+  Result<std::unique_ptr<TensorStream>> Iterate() override;
+  std::optional<SourceStorage> storage() const override;
+
+ private:
+  PySource() = default;
+  pybind11::object source_;
+  std::shared_ptr<PassControl> control_;
+  std::shared_ptr<const std::vector<TensorMeta>> metadata_;
+  std::optional<BorrowedTensor> storage_;
+};
+
+}  // namespace wsync::python
