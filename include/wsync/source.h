@@ -6,6 +6,7 @@
 // every rank of the trainer must drain it. Not thread-safe: one pass at a time.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,6 +90,10 @@ class DeviceTensorSource : public WeightSource {
   const Device& device() const { return storage_.device(); }
   // The one allocation holding every tensor, and tensor i's offset inside it.
   const DeviceBuffer& device_buffer() const { return storage_; }
+  // The same allocation, for data planes that export a source's memory (ipc zero-copy).
+  std::optional<SourceStorage> storage() const override {
+    return SourceStorage{storage_.data(), storage_.size(), storage_.device()};
+  }
   size_t offset(size_t i) const { return offsets_[i]; }
 
  private:

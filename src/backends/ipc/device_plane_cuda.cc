@@ -79,8 +79,14 @@ class CudaPlane final : public IpcDevicePlane {
     auto m = cuda::ExportedDeviceMemory::ExportExisting(device.index, ptr);
     if (!m.ok()) return m.status().WithContext(fmt::format("exporting the trainer's tensors on {}", device.ToString()));
     if ((*m)->size() < bytes) {
+      std::string why = (*m)->kind() == cuda::ExportKind::kCuMemFd
+                            ? ": the block spans several cuMemCreate allocations mapped side by side (as PyTorch's "
+                              "expandable segments map a buffer larger than one segment page), and one export "
+                              "carries one allocation; allocate the block without expandable segments, or use "
+                              "ipc mode packed"
+                            : "";
       return InvalidArgument(fmt::format("the allocation behind the trainer's tensors on {} holds {} bytes from "
-                                         "their start, {} are needed", device.ToString(), (*m)->size(), bytes));
+                                         "their start, {} are needed{}", device.ToString(), (*m)->size(), bytes, why));
     }
     return std::unique_ptr<DeviceExport>(std::make_unique<CudaExport>(std::move(*m)));
   }

@@ -15,6 +15,7 @@
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/protocol.h"
 #include "backends/ipc/rank_exchange.h"
+#include "backends/ipc/storage_layout.h"
 #include "comm/communicator.h"
 #include "control/session_driver.h"
 #include "core/digest.h"
@@ -95,9 +96,12 @@ class IpcPlane final : public DataPlane {
   // the other publishers. Nothing reaches the servers.
   Status Prepare(SyncContext& sync) override {
     sync_begun_ = false;
+    pass_read_ = false;
     Status mine = region_ ? Status::Ok() : FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
     GroupSync group;
     if (group_) {
+      Status read = ReadPassFirst(sync.pass);
+      if (mine.ok()) mine = read;
       WSYNC_ASSIGN_OR_RETURN(group, ExchangeSyncState(sync.pass, mine));
     } else {
       WSYNC_RETURN_IF_ERROR(mine);
@@ -392,8 +396,9 @@ class IpcPlane final : public DataPlane {
   // (every pass of a multi-rank source is a collective among the trainer ranks).
   Result<SyncStats> Drain(SyncPass& pass) {
     Stopwatch total;
-    WSYNC_RETURN_IF_ERROR(ExchangeSyncState(pass, Status::Ok()).status());
-    Status s = pass.ReadAll();
+    Status s = ReadPassFirst(pass);
+    WSYNC_RETURN_IF_ERROR(ExchangeSyncState(pass, s).status());
+    if (!pass_read_) s = pass.ReadAll();
     if (!s.ok()) return s.WithContext(fmt::format("trainer rank {} (its pass of the sync)", options_.rank));
     SyncStats stats;
     stats.tensors = pass.metadata().size();
@@ -413,6 +418,8 @@ class IpcPlane final : public DataPlane {
       mine = FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a "
                                             "failed sync ends the session)", options_.rank));
     }
+    Status read = ReadPassFirst(pass);
+    if (mine.ok()) mine = read;
     // Nothing has moved yet: a rank without a session fails the sync on every rank here.
     WSYNC_ASSIGN_OR_RETURN(GroupSync group, ExchangeSyncState(pass, mine));
     const uint64_t sync = ++sync_;
@@ -486,17 +493,21 @@ class IpcPlane final : public DataPlane {
     const std::vector<TensorMeta>& meta = sync.pass.metadata();
     const uint64_t id = ++sync_;
     if (!options_.device.is_cpu()) WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
-    auto* device_source = dynamic_cast<DeviceTensorSource*>(&sync.pass.source());
     // With several publishers the ranks decided together (each sends its own GPU's go).
-    zero_copy_ = zero_copy_group_
-                     ? group.zero_copy
-                     : !options_.device.is_cpu() && ipc_.mode != IpcTrainerOptions::Mode::kPacked &&
-                           device_source != nullptr && device_source->device() == options_.device &&
-                           region_->publisher_count() == 1;
+    // One publisher sends zero-copy in mode zero_copy, and in mode auto once a pass has
+    // shown where the tensors lie in the storage its source offers now.
+    std::string why;
+    std::optional<SourceStorage> storage = ExportableStorage(sync.pass.source(), &why);
+    if (zero_copy_group_) {
+      zero_copy_ = group.zero_copy;
+    } else {
+      zero_copy_ = storage && ipc_.mode != IpcTrainerOptions::Mode::kPacked && region_->publisher_count() == 1 &&
+                   (ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy || (learned_ && learned_->SameBlock(*storage)));
+      if (zero_copy_) sync_layout_ = StorageLayout{*storage, {}};
+    }
     if (!options_.device.is_cpu() && ipc_.mode == IpcTrainerOptions::Mode::kZeroCopy && !zero_copy_) {
-      return FailedPrecondition(fmt::format(
-          "the ipc trainer exports no staging slots (mode zero_copy), so it needs a DeviceTensorSource on {}",
-          options_.device.ToString()));
+      return FailedPrecondition(fmt::format("the ipc trainer exports no staging slots (mode zero_copy), so {}",
+                                            why.empty() ? std::string("it cannot pack") : why));
     }
     IpcUpdateInfo u;
     u.session = region_->session();
@@ -549,11 +560,10 @@ class IpcPlane final : public DataPlane {
   // changed since the last export (returns whether it did). Exporting is cheap and names
   // the allocation: a new one at the same address has another handle, so a receiver never
   // reads through a stale mapping.
-  Result<bool> ExportSource(const DeviceTensorSource& source) {
-    const DeviceBuffer& storage = source.device_buffer();
+  Result<bool> ExportSource(const SourceStorage& storage) {
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceExport> ex,
-                           DeviceExport::Existing(options_.device, storage.data(), storage.size()));
-    bool changed = storage.data() != exported_data_ || storage.size() != exported_bytes_ ||
+                           DeviceExport::Existing(options_.device, storage.data, storage.bytes));
+    bool changed = storage.data != exported_data_ || storage.bytes != exported_bytes_ ||
                    zero_copy_export_ == nullptr || ex->offset() != zero_copy_export_->offset() ||
                    ex->Identity() != zero_copy_export_->Identity();
     if (!changed) return false;
@@ -561,9 +571,9 @@ class IpcPlane final : public DataPlane {
     zero_copy_export_ = std::move(ex);
     exported_ = IpcBufferDesc{std::string(zero_copy_export_->kind()), zero_copy_export_->offset(), 0,
                               zero_copy_export_->Handle(), std::max(publisher_, 0)};
-    exported_data_ = storage.data();
-    exported_bytes_ = storage.size();
-    WSYNC_LOG_INFO("zero-copy: exported the source's {} bytes on {}", storage.size(), options_.device.ToString());
+    exported_data_ = storage.data;
+    exported_bytes_ = storage.bytes;
+    WSYNC_LOG_INFO("zero-copy: exported the source's {} bytes on {}", storage.bytes, options_.device.ToString());
     return true;
   }
 
@@ -572,9 +582,9 @@ class IpcPlane final : public DataPlane {
   // this rank's own, or with several publishers every publisher's (`group`, exchanged).
   Result<IpcPlan> ZeroCopyPlan(SyncPass& pass, const std::map<std::string, IpcBufferDesc>* group,
                                IpcUpdateInfo* u) {
-    auto& source = static_cast<DeviceTensorSource&>(pass.source());
+    WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, ZeroCopyLayout(pass));
     if (group == nullptr) {
-      WSYNC_ASSIGN_OR_RETURN(bool changed, ExportSource(source));
+      WSYNC_ASSIGN_OR_RETURN(bool changed, ExportSource(sync_layout_->storage));
       if (changed) {
         ++generation_;
         zero_copy_sent_ = false;
@@ -582,37 +592,46 @@ class IpcPlane final : public DataPlane {
     }
     IpcZeroCopy z;
     z.generation = generation_;
-    z.bytes = source.device_buffer().size();
+    z.bytes = sync_layout_->storage.bytes;
     if (!zero_copy_sent_) {
       if (group != nullptr) z.buffers = *group;
       else z.buffers[device_key_] = exported_;
     }
     u->zero_copy = std::move(z);
-    WSYNC_ASSIGN_OR_RETURN(IpcPlan plan, ZeroCopyLayout(pass));
     u->tensor_offsets = plan.tensor_offsets;
     return plan;
   }
 
-  // The pass of a zero-copy sync: every tensor must be where the offsets say.
+  // The pass of a zero-copy sync, unless ReadPassFirst read it: where every tensor lies in
+  // sync_layout_'s storage, which a group's ranks agreed on before the pass (each rank's
+  // tensors must be where it said). A tensor outside the storage, or moved, fails the
+  // sync naming it, and what the plane had learned of the storage is forgotten (mode
+  // auto packs the next sync).
   Result<IpcPlan> ZeroCopyLayout(SyncPass& pass) {
-    auto& source = static_cast<DeviceTensorSource&>(pass.source());
-    const std::vector<TensorMeta>& meta = source.metadata();
-    const std::byte* base = source.device_buffer().data();
-    IpcPlan plan;
-    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
-    TensorRef t;
-    for (size_t i = 0; i < meta.size(); ++i) {
-      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-      if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
-      if (t.bytes.data() != base + source.offset(i) || t.device != options_.device) {
-        return Internal(fmt::format("zero-copy: tensor {} is not at offset {} of the source's allocation on {}",
-                                    meta[i].name, source.offset(i), options_.device.ToString()));
+    const std::vector<TensorMeta>& meta = pass.metadata();
+    if (!sync_layout_) return Internal("zero-copy without the layout of the source's storage");
+    if (!pass_read_) {
+      WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
+      Result<StorageLayout> read = ReadStorageLayout(*stream, meta, sync_layout_->storage);
+      if (read.ok() && group_) {
+        for (size_t i = 0; i < meta.size(); ++i) {
+          if (read->offsets[i] != sync_layout_->offsets[i]) {
+            read = FailedPrecondition(fmt::format("tensor {} lies at offset {} of the source's storage, its last pass "
+                                                  "had it at {}", meta[i].name, read->offsets[i],
+                                                  sync_layout_->offsets[i]));
+            break;
+          }
+        }
       }
-      plan.tensor_offsets.push_back(source.offset(i));
-      plan.payload_bytes += meta[i].nbytes();
+      if (!read.ok()) {
+        learned_.reset();
+        return read.status().WithContext("zero-copy");
+      }
+      sync_layout_ = learned_ = std::move(*read);
     }
-    WSYNC_ASSIGN_OR_RETURN(bool extra, stream->Next(&t));  // the end of the pass (checked)
-    if (extra) return Internal("the source yielded more tensors than its metadata lists");
+    IpcPlan plan;
+    plan.tensor_offsets = sync_layout_->offsets;
+    for (const TensorMeta& m : meta) plan.payload_bytes += m.nbytes();
     if (!meta.empty()) {
       plan.chunk_ends = {meta.size()};
       plan.chunk_bytes = {0};
@@ -620,12 +639,42 @@ class IpcPlane final : public DataPlane {
     return plan;
   }
 
-  // Where a DeviceTensorSource's tensors lie in its allocation: ranks whose digests are
-  // equal can share one update's tensor_offsets.
-  static std::string LayoutDigest(const DeviceTensorSource& source) {
-    std::vector<uint64_t> words{source.device_buffer().size()};
-    for (size_t i = 0; i < source.metadata().size(); ++i) words.push_back(source.offset(i));
-    return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(words)));
+  // The storage of `source` when zero-copy could export it (on this trainer's GPU);
+  // otherwise nullopt, and `why` says why not.
+  std::optional<SourceStorage> ExportableStorage(const WeightSource& source, std::string* why) const {
+    if (options_.device.is_cpu()) return std::nullopt;
+    std::optional<SourceStorage> s = source.storage();
+    if (!s || s->data == nullptr || s->bytes == 0) {
+      *why = fmt::format("its source offers no storage() (one block on {} holding every tensor)",
+                         options_.device.ToString());
+      return std::nullopt;
+    }
+    if (s->device != options_.device) {
+      *why = fmt::format("its source's storage is on {}, not the trainer's {}", s->device.ToString(),
+                         options_.device.ToString());
+      return std::nullopt;
+    }
+    return s;
+  }
+
+  // A group in mode zero_copy: every rank reads its pass before the ranks' exchange (the
+  // pass is only a check there, and may be a collective, so every rank reads it at the
+  // same point), a publisher learning where its tensors lie. Sets pass_read_.
+  Status ReadPassFirst(SyncPass& pass) {
+    pass_read_ = false;
+    if (!zero_copy_group_ || ipc_.mode != IpcTrainerOptions::Mode::kZeroCopy) return Status::Ok();
+    pass_read_ = true;
+    std::string why;
+    std::optional<SourceStorage> storage = ExportableStorage(pass.source(), &why);
+    if (publisher_ < 0 || !has_readers_ || !storage) {
+      sync_layout_.reset();
+      return pass.ReadAll();
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
+    Result<StorageLayout> read = ReadStorageLayout(*stream, pass.metadata(), *storage);
+    if (!read.ok()) return read.status().WithContext("zero-copy");
+    sync_layout_ = learned_ = std::move(*read);
+    return Status::Ok();
   }
 
   // The exchange that starts every sync of a group, before the pass and before
@@ -641,18 +690,26 @@ class IpcPlane final : public DataPlane {
     WeightSource& source = pass.source();
     json j = json::object();
     if (mine.ok() && zero_copy_group_ && publisher_ >= 0 && has_readers_) {
-      auto* device = dynamic_cast<DeviceTensorSource*>(&source);
-      if (device == nullptr || device->device() != options_.device) {
-        j = json{{"zero_copy", false},
-                 {"why", fmt::format("its source is not a DeviceTensorSource on {}", options_.device.ToString())}};
+      std::string why;
+      std::optional<SourceStorage> storage = ExportableStorage(source, &why);
+      if (storage && !pass_read_) {
+        if (learned_ && learned_->SameBlock(*storage)) {
+          sync_layout_ = learned_;
+        } else {
+          storage.reset();
+          why = "where its tensors lie in its source's storage is not known yet (a packed sync learns it)";
+        }
+      }
+      if (!storage) {
+        j = json{{"zero_copy", false}, {"why", why}};
       } else {
         mine = UseDeviceOnThisThread(options_.device);
         if (mine.ok()) {
-          Result<bool> changed = ExportSource(*device);
+          Result<bool> changed = ExportSource(sync_layout_->storage);
           if (!changed.ok()) {
             mine = changed.status();
           } else {
-            j = json{{"zero_copy", true}, {"key", device_key_}, {"layout", LayoutDigest(*device)},
+            j = json{{"zero_copy", true}, {"key", device_key_}, {"layout", sync_layout_->Digest()},
                      {"changed", *changed}, {"buffer", exported_.ToJson()}};
           }
         }
@@ -759,11 +816,12 @@ class IpcPlane final : public DataPlane {
     };
   }
 
-  // Packs chunk k of a GPU sync into `slot`: tensors of a DeviceTensorSource on the
-  // trainer's device in one cached batched copy (their addresses are stable); anything
-  // else tensor by tensor, finished before the stream's next tensor (a TensorRef is only
-  // valid until then).
-  Status PackDevice(TensorStream& stream, bool stable, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
+  // Packs chunk k of a GPU sync into `slot`: tensors inside the storage their source
+  // offers on the trainer's device in one cached batched copy (their addresses are
+  // stable); anything else tensor by tensor, finished before the stream's next tensor (a
+  // TensorRef is only valid until then). `learn` records where the tensors lie.
+  Status PackDevice(TensorStream& stream, const std::optional<SourceStorage>& storage,
+                    StorageLayoutRecorder& learn, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
                     size_t k, int slot, SyncProgress& p) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(options_.device));
     std::byte* base = staging_->data() + static_cast<uint64_t>(slot) * region_->slot_stride();
@@ -773,7 +831,8 @@ class IpcPlane final : public DataPlane {
       WSYNC_ASSIGN_OR_RETURN(bool more, stream.Next(&t));
       if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
       std::byte* dst = base + plan.tensor_offsets[i];
-      if (stable && t.device == options_.device) {
+      learn.Add(meta[i], t);
+      if (storage && OffsetInStorage(*storage, t)) {
         copies.push_back({t.bytes.data(), dst, t.bytes.size()});
       } else {
         WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, 0, t.bytes.data(), 0, t.bytes.size(), 1));
@@ -795,7 +854,9 @@ class IpcPlane final : public DataPlane {
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
     auto describe = ReaderDescriber();
     const bool gpu = staging_ != nullptr;
-    const bool stable = dynamic_cast<DeviceTensorSource*>(&pass.source()) != nullptr;
+    std::string why;
+    const std::optional<SourceStorage> storage = ExportableStorage(pass.source(), &why);
+    StorageLayoutRecorder learn(storage, meta.size());
     size_t threads = DefaultThreads();
     size_t n = plan.chunk_ends.size();
     SyncProgress p{0, plan.payload_bytes, 0, n};
@@ -808,7 +869,7 @@ class IpcPlane final : public DataPlane {
       }
       int slot_index = static_cast<int>(seq % region_->num_slots());
       if (gpu) {
-        WSYNC_RETURN_IF_ERROR(PackDevice(*stream, stable, meta, plan, k, slot_index, p));
+        WSYNC_RETURN_IF_ERROR(PackDevice(*stream, storage, learn, meta, plan, k, slot_index, p));
       } else {
         std::span<std::byte> slot = region_->slot(slot_index);
         TensorRef t;
@@ -829,6 +890,15 @@ class IpcPlane final : public DataPlane {
         // than its metadata fails the sync naming the extra tensor.
         TensorRef end;
         WSYNC_RETURN_IF_ERROR(stream->Next(&end).status());
+        // What the pass showed of the source's storage; a source without one leaves
+        // what an earlier source showed.
+        Result<StorageLayout> learned = learn.Finish();
+        if (learned.ok()) {
+          learned_ = std::move(*learned);
+        } else if (storage) {
+          learned_.reset();
+          WSYNC_LOG_DEBUG("mode auto keeps packing this source: {}", learned.status().message());
+        }
       }
       region_->Publish(seq, plan.chunk_bytes[k]);
       published_seq_ = seq;
@@ -867,6 +937,12 @@ class IpcPlane final : public DataPlane {
   size_t exported_bytes_ = 0;
   uint64_t generation_ = 0;
   bool zero_copy_sent_ = false;
+  // Zero-copy: where the last source with a storage() held its tensors (from a pass), and
+  // this sync's layout (offsets from its pass, or for a group the one agreed before it);
+  // pass_read_: ReadPassFirst read this sync's pass.
+  std::optional<StorageLayout> learned_;
+  std::optional<StorageLayout> sync_layout_;
+  bool pass_read_ = false;
   std::vector<std::string> reader_labels_;
   // Init of several ranks succeeded: every sync starts with the ranks' exchange
   // (ExchangeSyncState), until the next Init.

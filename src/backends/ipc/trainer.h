@@ -20,15 +20,23 @@
 // On a GPU (TrainerOptions::device cuda:N) the slots are device memory on that GPU,
 // exported once per session (cuda_ipc, or cuda_fd) and listed under its "GPU-<uuid>"
 // key; the control region stays in host shared memory. Each chunk is packed with ONE
-// batched copy: from a DeviceTensorSource the copy list of every (chunk, slot) is built
-// once and reused while the source's allocation stays put; other sources (host tensors,
-// device tensors that may move between Next() calls) are copied tensor by tensor. In
-// zero-copy mode (a DeviceTensorSource on the trainer's GPU, mode auto or zero_copy) the
-// trainer packs nothing: it exports the source's one allocation once per session (again
-// whenever the allocation changes, under a new generation number), and a sync is one
-// "go" after which every receiver copies straight from the trainer's tensors (see
-// protocol.h). The caller's writes to the tensors must be complete when SendWeights is
-// called; the trainer synchronizes its device before the go.
+// batched copy: for tensors inside the storage() their source offers on the trainer's
+// GPU (source.h: one block holding every tensor at fixed offsets) the copy list of every
+// (chunk, slot) is built once and reused while the block stays put; other tensors (host
+// tensors, device tensors that may move between Next() calls) are copied tensor by
+// tensor. In zero-copy mode the trainer packs nothing: it exports the source's storage
+// block once per session (again whenever the block changes, under a new generation
+// number) with the mechanism its memory takes (device_plane.h: the cudaMalloc allocation
+// around it through CUDA IPC, a cuMemCreate one through its POSIX fd, at the block's
+// offset inside it), and a sync is one "go" after which every receiver copies straight
+// from the trainer's tensors (see protocol.h). The tensors' offsets inside the block
+// come from the sync's own pass, read before the update is planned. Mode zero_copy
+// sends every sync so, and fails one whose source offers no storage on the trainer's GPU
+// or yields a tensor outside it, naming the tensor. Mode auto sends zero-copy once a
+// pass (a packed sync reads every tensor anyway) has shown that the source's current
+// block holds every tensor, and packs until then or when it does not. The caller's
+// writes to the tensors must be complete when SendWeights is called; the trainer
+// synchronizes its device before the go.
 //
 // Several trainer ranks (TrainerOptions::comm, the ranks' group; see
 // docs/protocol_ipc.md): Init is a collective of every rank. The lowest rank on each GPU
@@ -40,9 +48,11 @@
 // aborts it for every rank and reader; all ranks then need Init again (together: one rank
 // cannot rejoin the others' collectives alone). Each sync starts with one small
 // all-gather before the pass: a rank without a session fails the sync on every rank
-// before anything moves, and with several publishers each offers its
-// DeviceTensorSource's export: the sync is zero-copy (each publisher sends the go for its
-// GPU's workers, who copy from that rank's tensors) when all offered the same layout,
+// before anything moves, and with several publishers each offers the export of its
+// source's storage and where its tensors lie in it (kAuto: as its last pass showed,
+// checked as this pass streams; kZeroCopy: every rank reads its pass before the
+// all-gather): the sync is zero-copy (each publisher sends the go for its GPU's
+// workers, who copy from that rank's tensors) when all offered the same layout,
 // otherwise kAuto packs and kZeroCopy fails it on every rank. Without `comm` (or a group of one),
 // and for ranks that publish nothing (a GPU a lower rank serves; every rank but 0 of a CPU
 // trainer, whose shm slots serve the host), ranks other than 0 only drain their source's
@@ -68,10 +78,10 @@ struct IpcTrainerOptions {
   // handle) or "cuda_fd" (cuMem* with a POSIX fd; receivers need ptrace rights over the
   // trainer to take it).
   std::string export_kind = "cuda_ipc";
-  // GPU trainers: kAuto sends zero-copy when the source is a DeviceTensorSource on the
-  // trainer's device and packs otherwise (it exports staging slots either way); kPacked
-  // always packs; kZeroCopy exports no slots (no staging memory at all) and refuses
-  // other sources.
+  // GPU trainers: kAuto sends zero-copy once a pass has shown that the storage() the
+  // source offers on the trainer's device holds every tensor, and packs otherwise (it
+  // exports staging slots either way); kPacked always packs; kZeroCopy exports no slots
+  // (no staging memory at all) and refuses sources without such storage.
   enum class Mode { kAuto, kPacked, kZeroCopy };
   Mode mode = Mode::kAuto;
   // Fault injection for tests: after publishing this many chunks (counted over the
