@@ -8,5 +8,6 @@ through its own ``load_weights``. See the README's "Python" section.
 from wsync import errors
 from wsync._wsync import trainer_backends
 from wsync.errors import *  # noqa: F401,F403  (the exception classes)
+from wsync.receiver import ReceiverEngine  # receiver side
 
-__all__ = ["errors", "trainer_backends"] + errors.__all__
+__all__ = ["errors", "trainer_backends", "ReceiverEngine"] + errors.__all__

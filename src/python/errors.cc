@@ -9,7 +9,7 @@ namespace wsync::python {
 void RaiseStatus(const Status& status) {
   py::object by_code = py::module_::import("wsync.errors").attr("BY_CODE");
   py::str name(std::string(StatusCodeName(status.code())));
-  py::object cls = by_code.contains(name) ? by_code[name] : py::module_::import("wsync.errors").attr("Error");
+  py::object cls = by_code.contains(name) ? py::object(by_code[name]) : py::object(py::module_::import("wsync.errors").attr("Error"));
   PyErr_SetObject(cls.ptr(), py::str(status.message()).ptr());
   throw py::error_already_set();
 }
