@@ -12,7 +12,8 @@
 //
 // Receive() calls the caller's callback once per received chunk with the chunk's tensors
 // as views into wsync's receive buffers (host memory, or the worker's GPU for NCCL and
-// CUDA IPC), valid only during that call: the callback copies what it keeps. The callback
+// CUDA IPC), valid only during that call: the callback copies what it keeps, and work it
+// queues on a GPU must have read the views when it returns (synchronize). The callback
 // runs on one of the engine's threads, never concurrently with itself; an error it returns
 // ends the receive with that error (the trainer's sync fails with its text) and the engine
 // stays usable: the trainer initializes the data plane again for its next sync.
@@ -93,7 +94,8 @@ class ReceiverEngine {
   // The body of /fetch_weights (delta: brings the local checkpoint to a target version;
   // the answer is the route's reply). Other backends: Unimplemented.
   Result<nlohmann::json> Fetch(const nlohmann::json& body);
-  // Releases communicators and mappings; Init may be called again afterwards.
+  // Releases communicators and mappings; Init may be called again afterwards. While
+  // another call runs it does nothing (that call ends at its own deadline).
   void Shutdown();
 
   // Implementation (receiver_engine.cc); opaque to callers.

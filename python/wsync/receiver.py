@@ -11,7 +11,8 @@ CLI's ``wsync push`` or ``wsync.TrainerEngine``) drives it exactly as it drives
 The tensors handed to ``load_weights`` are torch tensors viewing wsync's receive buffers
 (no copy), valid only during that call: copy what you keep (``param.copy_(tensor)``, as a
 vLLM weight loader does). They live on the engine's device for NCCL and CUDA IPC, in host
-memory for the Gloo, shared-memory and delta planes.
+memory for the Gloo, shared-memory and delta planes. On a CUDA engine the device is
+synchronized after each ``load_weights`` call, so asynchronous copies are safe.
 """
 
 import json

@@ -80,6 +80,7 @@ class PyReceiverEngine {
     json info = ParseJson(update_info, "update_info");
     py::object from_dlpack = py::module_::import("torch.utils.dlpack").attr("from_dlpack");
     py::object torch = py::module_::import("torch");
+    const Device device = engine_->options().device;
     std::optional<py::error_already_set> raised;  // touched with the GIL held
     ChunkCallback on_chunk = [&](std::span<const TensorRef> chunk) -> Status {
       py::gil_scoped_acquire gil;
@@ -100,6 +101,9 @@ class PyReceiverEngine {
           items.append(py::make_tuple(py::str(t.name.data(), t.name.size()), tensor));
         }
         load_weights(items);
+        // The buffers are reused once this returns: whatever load_weights queued on the
+        // GPU (an async copy_) must have read them by then.
+        if (!device.is_cpu()) torch.attr("cuda").attr("synchronize")(device.index);
         return Status::Ok();
       } catch (py::error_already_set& e) {
         std::string text = DescribePythonError(e);

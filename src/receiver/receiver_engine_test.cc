@@ -61,13 +61,29 @@ class EngineService final : public ControlService {
       });
     });
   }
-  Status FinishWeightUpdate(const std::optional<std::string>&) override { return Status::Ok(); }
+  Status FinishWeightUpdate(const std::optional<std::string>& version) override {
+    if (version) SetWeightVersion(*version);
+    return Status::Ok();
+  }
   int WorldSize(bool) const override { return static_cast<int>(engines_.size()); }
-  std::string WeightVersion() const override { return "default"; }
-  void SetWeightVersion(std::string) override {}
-  Status Pause(std::string_view, bool) override { return Status::Ok(); }
-  Status Resume() override { return Status::Ok(); }
-  bool IsPaused() const override { return false; }
+  std::string WeightVersion() const override {
+    std::lock_guard lock(mu_);
+    return version_;
+  }
+  void SetWeightVersion(std::string version) override {
+    std::lock_guard lock(mu_);
+    version_ = std::move(version);
+  }
+  // Generation is what pause stops, and this server generates nothing: the flag only.
+  Status Pause(std::string_view, bool) override {
+    paused_ = true;
+    return Status::Ok();
+  }
+  Status Resume() override {
+    paused_ = false;
+    return Status::Ok();
+  }
+  bool IsPaused() const override { return paused_; }
   Status ResetPrefixCache() override { return Status::Ok(); }
   // Worker 0's digests; every other worker must hold the same.
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm) override {
@@ -98,8 +114,10 @@ class EngineService final : public ControlService {
   }
 
   std::vector<std::unique_ptr<ReceiverEngine>> engines_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<std::map<std::string, std::string>> digests_;  // GUARDED_BY(mu_)
+  std::string version_ = "default";                           // GUARDED_BY(mu_)
+  std::atomic<bool> paused_{false};
   std::atomic<bool> fail_next_chunk_{false};
   std::atomic<int> chunks_{0};
 };
@@ -138,6 +156,24 @@ class ReceiverEngineTest : public ::testing::Test {
     }
   }
 
+  // Syncs the starting weights, then `steps` trained steps, each checked; the last sync
+  // names `version`.
+  void SyncSteps(const std::string& backend, int steps, const std::string& version) {
+    auto engine = CreateTrainerEngine(Options(backend));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    ASSERT_TRUE((*engine)->Init(trainer_->metadata()).ok());
+    for (int step = 0; step <= steps; ++step) {
+      if (step > 0) ASSERT_TRUE(trainer_->Step(static_cast<uint64_t>(step)).ok());
+      std::optional<std::string> v;
+      if (step == steps) v = version;
+      auto stats = (*engine)->SendWeights(trainer_->source(), v);
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+      EXPECT_GT(stats->chunks, 1u);
+      ExpectHoldsTrainer();
+    }
+    EXPECT_EQ(service_->WeightVersion(), version);
+  }
+
   std::unique_ptr<EngineService> service_;
   std::unique_ptr<HttpControlServer> http_;
   std::unique_ptr<SyntheticTrainer> trainer_;
@@ -145,30 +181,13 @@ class ReceiverEngineTest : public ::testing::Test {
 
 TEST_F(ReceiverEngineTest, GlooBroadcastLandsEverySyncInEveryWorker) {
   Start("nccl", 2);
-  auto engine = CreateTrainerEngine(Options("nccl"));
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*engine)->Init(trainer_->metadata()).ok());
-  for (uint64_t step = 0; step < 3; ++step) {
-    if (step > 0) ASSERT_TRUE(trainer_->Step(step).ok());
-    auto stats = (*engine)->SendWeights(trainer_->source(), std::nullopt);
-    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-    EXPECT_GT(stats->chunks, 1u);
-    ExpectHoldsTrainer();
-  }
+  SyncSteps("nccl", 2, "step-2");
   EXPECT_GT(service_->chunks(), 2 * 3);
 }
 
 TEST_F(ReceiverEngineTest, SharedMemorySlotsLandEverySync) {
   Start("ipc", 1);
-  auto engine = CreateTrainerEngine(Options("ipc"));
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*engine)->Init(trainer_->metadata()).ok());
-  for (uint64_t step = 0; step < 2; ++step) {
-    if (step > 0) ASSERT_TRUE(trainer_->Step(step).ok());
-    auto stats = (*engine)->SendWeights(trainer_->source(), std::nullopt);
-    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-    ExpectHoldsTrainer();
-  }
+  SyncSteps("ipc", 1, "step-1");
 }
 
 TEST_F(ReceiverEngineTest, CallbackErrorFailsTheSyncWithItsTextAndTheNextSyncLands) {
