@@ -98,10 +98,8 @@ class ReceiverEngine {
   // another call runs it does nothing (that call ends at its own deadline).
   void Shutdown();
 
-  // Implementation (receiver_engine.cc); opaque to callers.
-  struct State;
-
  private:
+  struct State;  // receiver_engine.cc
   explicit ReceiverEngine(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };

@@ -3,6 +3,7 @@
 `wsync push`, checked against digests this test computes itself with hashlib."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -166,3 +167,19 @@ def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):
     finally:
         server.stop()
     assert not [t for t in threading.enumerate() if t.name == "wsync-worker-server"]
+
+
+def test_a_session_whose_trainer_vanished_expires_after_its_lease():
+    from wsync import _wsync
+    metadata = _wsync._model_tensors("qwen3-tiny")
+    server = WorkerServer([wsync.ReceiverEngine("ipc", timeout=5)], [StandInModel(metadata)], timeout=5,
+                          session_lease=0.3).start()
+    try:
+        assert http_json(server.url, "/start_weight_update", {})[0] == 200
+        assert http_json(server.url, "/start_weight_update", {})[0] == 409  # within the lease
+        time.sleep(0.5)
+        assert http_json(server.url, "/start_weight_update", {})[0] == 200  # the old one expired
+        health = http_json(server.url, "/health")[1]
+        assert (health["expired_sessions"], health["session_active"]) == (1, True)
+    finally:
+        server.stop()

@@ -19,9 +19,10 @@ tensor))`` and ``named_parameters()`` or ``state_dict()``)::
     ...
     server.stop()
 
-What it does not do: generate, sleep/wake, draft models, sharded (TP) parameters; the
-session lease of ``wsync serve`` (a vanished trainer's session is closed by the next
-``init``). Every wait is bounded by the engines' timeout.
+What it does not do: generate, sleep/wake, draft models, sharded (TP) parameters. As in
+``wsync serve``, a session (start .. finish) with no call for ``session_lease`` seconds
+expires, so a trainer that vanished mid-session does not block the next one. Every wait is
+bounded by the engines' timeout.
 """
 
 import argparse
@@ -30,6 +31,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,11 +128,12 @@ class WorkerServer:
 
     Calls that touch the workers (init, update, finish, fetch, checksum) run one at a time;
     another arriving meanwhile gets 409 naming the call in flight. GET routes answer during
-    long calls.
+    long calls. A session idle (no call in flight) for `session_lease` seconds (default:
+    `timeout`; <= 0: never) expires.
     """
 
     def __init__(self, engines, models, *, host="127.0.0.1", port=0, api_key=None, model_name="",
-                 timeout=300.0):
+                 timeout=300.0, session_lease=None):
         if len(engines) != len(models) or not engines:
             raise ValueError(f"{len(engines)} engines for {len(models)} models: give one model per engine")
         self.engines, self.models = list(engines), list(models)
@@ -138,6 +141,10 @@ class WorkerServer:
         self._mu = threading.Lock()
         self._busy = None  # the call in flight
         self._active = False
+        self._lease = float(timeout if session_lease is None else session_lease)
+        self._last_call = time.monotonic()  # end of the session's last call
+        self._expired = 0
+        self._touched = False  # an update ran in the current session
         self._consistent = True
         self._version = "default"
         self._syncs = 0
@@ -171,9 +178,19 @@ class WorkerServer:
             engine.shutdown()
 
     # ---- state ------------------------------------------------------------------------
+    def _expire_idle_session(self):
+        """Closes a session idle past its lease (its trainer is gone). Needs self._mu."""
+        if (self._active and self._busy is None and self._lease > 0
+                and time.monotonic() - self._last_call > self._lease):
+            self._active = False
+            self._expired += 1
+            if self._touched:  # an update landed in a session that never finished
+                self._consistent = False
+
     def _begin(self, what, in_session=None):
         """Holds the workers for `what`; in_session True/False: a session must/must not be open."""
         with self._mu:
+            self._expire_idle_session()
             if self._busy is not None:
                 raise RouteError(409, "FAILED_PRECONDITION", f"{what}: {self._busy} is in progress")
             if in_session is True and not self._active:
@@ -187,6 +204,7 @@ class WorkerServer:
     def _end(self):
         with self._mu:
             self._busy = None
+            self._last_call = time.monotonic()
 
     def _on_every_worker(self, what, call):
         """Runs call(i, engine) on every worker at once; raises the first failure."""
@@ -216,11 +234,12 @@ class WorkerServer:
     # ---- routes -----------------------------------------------------------------------
     def health(self):
         with self._mu:
+            self._expire_idle_session()
             return {"status": "ok", "server": "wsync", "frontend": "python", "model": self.model_name,
                     "backend": self.engines[0].backend, "tp": len(self.engines), "dp": 1, "dp_rank": -1,
                     "device": self.engines[0].device, "weight_version": self._version,
                     "syncs": self._syncs, "weights_consistent": self._consistent,
-                    "session_active": self._active, "expired_sessions": 0}
+                    "session_active": self._active, "expired_sessions": self._expired}
 
     def init(self, body, peer):
         info = _object_field(body, "init_info")
@@ -233,10 +252,13 @@ class WorkerServer:
 
     def start_update(self):
         with self._mu:
+            self._expire_idle_session()
             if self._active:
                 raise RouteError(409, "FAILED_PRECONDITION",
                                  "start_weight_update: a weight update is already active")
             self._active = True
+            self._touched = False
+            self._last_call = time.monotonic()
         return {"message": "Weight update started"}
 
     def update(self, body):
@@ -253,6 +275,8 @@ class WorkerServer:
                 raise RouteError(500, "INTERNAL", f"worker {i}: load_weights raised {text}") from e
 
         try:
+            with self._mu:
+                self._touched = True
             self._on_every_worker("update_weights", receive)
         except BaseException:
             with self._mu:
@@ -447,6 +471,8 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed, and written to --ready-file)")
     p.add_argument("--ready-file", help="write the server's URL here once it listens")
     p.add_argument("--timeout", type=float, default=300.0, help="bound on every wait, seconds")
+    p.add_argument("--session-lease", type=float,
+                   help="a session with no call for this many seconds expires (default: --timeout; <= 0: never)")
     p.add_argument("--api-key", default=os.environ.get("WSYNC_API_KEY"))
     p.add_argument("--allow-store-host", action="append", default=[],
                    help="nccl: a host whose Gloo store workers may dial besides the trainer's address")
@@ -477,7 +503,7 @@ def main(argv=None):
                                       metadata=metadata, **options))
         models.append(StandInModel(metadata, device=device))
     server = WorkerServer(engines, models, host=a.host, port=a.port, api_key=a.api_key,
-                          model_name=a.model, timeout=a.timeout)
+                          model_name=a.model, timeout=a.timeout, session_lease=a.session_lease)
     print(f"wsync.worker_server: {a.backend} backend, {a.workers} worker(s) of {a.model} on {a.device}, "
           f"listening on {server.url}", flush=True)
     if a.ready_file:
