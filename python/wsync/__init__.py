@@ -11,6 +11,7 @@ Trainer side: ``TrainerEngine``, ``SyncStats``, ``StateDictSource``, ``TensorLis
 from wsync import errors
 from wsync._wsync import trainer_backends
 from wsync.errors import *  # noqa: F401,F403  (the exception classes)
+from wsync.receiver import ReceiverEngine  # receiver side
 
 # ---- trainer side --------------------------------------------------------------------
 from wsync.sources import (StateDictSource, TensorListSource, dtype_name, model_metadata,
@@ -21,7 +22,7 @@ _trainer_exports = ["TrainerEngine", "SyncStats", "StateDictSource", "TensorList
                     "dtype_name", "model_metadata", "registered_models"]
 
 # ---- receiver side (pyrecv) -----------------------------------------------------------
-_receiver_exports = []
+_receiver_exports = ["ReceiverEngine"]
 
 __all__ = (["errors", "trainer_backends"] + _trainer_exports + _receiver_exports
            + errors.__all__)

@@ -1,5 +1,7 @@
 // WorkerStore: one inference worker's parameters, filled from HF tensors.
 //
+// It is the WorkerSink (model/worker_sink.h) of `wsync serve`'s workers.
+//
 // A WorkerStore is what a vLLM worker holds (fused, TP-sharded parameters, laid out by
 // the ShardingTable) backed by zeroed memory on its device: host memory (one buffer per
 // parameter, resident from Create() on: see core/prefault.h) or, on `cuda:N`, one device allocation holding every parameter at 256-byte
@@ -27,13 +29,14 @@
 #include "core/digest.h"
 #include "model/config.h"
 #include "model/sharding.h"
+#include "model/worker_sink.h"
 #include "wsync/device_runtime.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
 namespace wsync {
 
-class WorkerStore {
+class WorkerStore final : public WorkerSink {
  public:
   // Builds the table of worker tp_rank of tp_size and allocates its zeroed parameters on
   // `device`. Host parameters are prefaulted here, so the first Load() into them costs
@@ -47,7 +50,7 @@ class WorkerStore {
   int tp_rank() const { return table_.tp_rank(); }
   int tp_size() const { return table_.tp_size(); }
   const ShardingTable& table() const { return table_; }
-  const std::vector<TensorMeta>& hf_tensors() const { return table_.hf_tensors(); }
+  const std::vector<TensorMeta>& hf_tensors() const override { return table_.hf_tensors(); }
   const Device& device() const { return device_; }
   // The parameters of a host store, in table().params() order (empty on a CUDA store).
   const std::vector<HostTensor>& params() const { return params_; }
@@ -62,17 +65,14 @@ class WorkerStore {
   // Copies every piece of one full HF tensor into the parameters. Checks name, dtype,
   // shape and byte count first; on error nothing is written. A host store loads host
   // tensors; a CUDA store loads host or CUDA tensors, with its copies complete on return.
-  Status Load(const TensorRef& hf);
+  Status Load(const TensorRef& hf) override;
 
   // One contiguous copy Load() makes.
-  struct ByteCopy {
-    const std::byte* src = nullptr;
-    std::byte* dst = nullptr;
-    size_t bytes = 0;
-  };
+  using ByteCopy = WorkerSink::ByteCopy;
   // The copies Load(hf) would make, appended to `out` after the same checks (for
   // backends that run a whole chunk's copies in one batched device launch).
-  Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const;
+  bool PlansCopies() const override { return true; }
+  Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const override;
 
   // A host store with the same table and a copy of every parameter's bytes (for
   // read-back and checksums of a CUDA store; for a host store, a plain copy).

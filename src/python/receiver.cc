@@ -1,7 +1,200 @@
+// _wsync._ReceiverEngine: the native half of wsync.ReceiverEngine (python/wsync/receiver.py
+// holds the Pythonic layer: keyword options, dicts, the context manager, docstrings).
+//
+// Payloads cross as JSON text (the Python layer dumps the dicts); tensors cross as torch
+// tensors made by torch.utils.dlpack.from_dlpack over wsync's receive buffers (Lend).
+// Every call releases the GIL while the engine works; load_weights runs on the engine's
+// worker thread with the GIL taken for the call.
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include "python/bindings.h"
+#include "python/dlpack.h"
+#include "python/errors.h"
+#include "core/digest.h"
+#include "model/config.h"
+#include "receiver/backend.h"
+#include "wsync/dtype.h"
+#include "wsync/receiver.h"
+
+namespace py = pybind11;
 
 namespace wsync::python {
+namespace {
 
-void BindReceiver(pybind11::module_& m) {}
+using nlohmann::json;
+
+json ParseJson(const std::string& text, const char* what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) RaiseStatus(InvalidArgument(fmt::format("{} must be a JSON object", what)));
+  return j;
+}
+
+// One (name, dtype name, shape) entry of a metadata list.
+using MetaEntry = std::tuple<std::string, std::string, std::vector<int64_t>>;
+
+class PyReceiverEngine {
+ public:
+  PyReceiverEngine(const std::string& backend, int worker_rank, const std::string& device, double timeout,
+                   const std::string& settings, const std::vector<MetaEntry>& metadata,
+                   std::optional<uint64_t> max_update_bytes, const std::string& label) {
+    ReceiverEngineOptions o;
+    o.backend = backend;
+    o.worker_rank = worker_rank;
+    o.device = ValueOrRaise(Device::Parse(device));
+    o.timeout_seconds = timeout;
+    o.backend_config = ParseJson(settings, "backend settings");
+    for (const auto& [name, dtype, shape] : metadata) {
+      Result<DType> d = DTypeFromTorchName(dtype);
+      if (!d.ok()) RaiseStatus(InvalidArgument(fmt::format("metadata of {}: {}", name, d.status().message())));
+      o.metadata.push_back(TensorMeta{name, *d, Shape(shape.begin(), shape.end())});
+    }
+    if (max_update_bytes) o.max_update_bytes = *max_update_bytes;
+    if (!label.empty()) o.label = label;
+    Result<std::unique_ptr<ReceiverEngine>> made = Internal("not run");
+    {
+      py::gil_scoped_release release;
+      made = ReceiverEngine::Create(o);
+    }
+    engine_ = ValueOrRaise(std::move(made));
+  }
+
+  void Init(const std::string& init_info, const std::string& peer_address) {
+    json info = ParseJson(init_info, "init_info");
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = engine_->Init(info, peer_address);
+    }
+    OkOrRaise(s);
+  }
+
+  // Calls load_weights([(name, tensor), ...]) per chunk. An exception load_weights raises
+  // fails the receive (the trainer is told its text) and is raised here as it was.
+  void Receive(const std::string& update_info, py::object load_weights) {
+    json info = ParseJson(update_info, "update_info");
+    py::object from_dlpack = py::module_::import("torch.utils.dlpack").attr("from_dlpack");
+    py::object torch = py::module_::import("torch");
+    const Device device = engine_->options().device;
+    std::optional<py::error_already_set> raised;  // touched with the GIL held
+    ChunkCallback on_chunk = [&](std::span<const TensorRef> chunk) -> Status {
+      py::gil_scoped_acquire gil;
+      try {
+        py::list items;
+        for (const TensorRef& t : chunk) {
+          // DLPack carries no read-only flag: the views are writable, and the caller's
+          // contract is to read them during the call.
+          std::span<std::byte> bytes(const_cast<std::byte*>(t.bytes.data()), t.bytes.size());
+          py::object tensor = from_dlpack(Lend(bytes, t.dtype, t.shape, t.device));
+          if (t.dtype == DType::kBool || t.dtype == DType::kF8E4M3 || t.dtype == DType::kF8E5M2) {
+            std::string name = t.dtype == DType::kBool ? "bool" : std::string(TorchName(t.dtype));
+            if (!py::hasattr(torch, name.c_str())) {
+              return InvalidArgument(fmt::format("tensor {} is {}, which this torch lacks", t.name, name));
+            }
+            tensor = tensor.attr("view")(torch.attr(name.c_str()));
+          }
+          items.append(py::make_tuple(py::str(t.name.data(), t.name.size()), tensor));
+        }
+        load_weights(items);
+        // The buffers are reused once this returns: whatever load_weights queued on the
+        // GPU (an async copy_) must have read them by then.
+        if (!device.is_cpu()) torch.attr("cuda").attr("synchronize")(device.index);
+        return Status::Ok();
+      } catch (py::error_already_set& e) {
+        std::string text = DescribePythonError(e);
+        if (!raised) raised.emplace(std::move(e));
+        return Internal(fmt::format("load_weights raised {}", text));
+      }
+    };
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = engine_->Receive(info, on_chunk);
+    }
+    if (raised) {
+      py::error_already_set e = std::move(*raised);
+      raised.reset();
+      throw e;
+    }
+    OkOrRaise(s);
+  }
+
+  std::string Fetch(const std::string& body) {
+    json b = ParseJson(body, "the fetch_weights body");
+    Result<json> r = Internal("not run");
+    {
+      py::gil_scoped_release release;
+      r = engine_->Fetch(b);
+    }
+    return ValueOrRaise(std::move(r)).dump();
+  }
+
+  void Shutdown() {
+    py::gil_scoped_release release;
+    engine_->Shutdown();
+  }
+
+  std::string backend() const { return engine_->options().backend; }
+  int worker_rank() const { return engine_->options().worker_rank; }
+  std::string device() const { return engine_->options().device.ToString(); }
+
+ private:
+  std::unique_ptr<ReceiverEngine> engine_;
+};
+
+// The HF tensors of a registered model (or a config.json directory), for the worker
+// server's stand-in model.
+std::vector<MetaEntry> ModelTensors(const std::string& name_or_dir) {
+  ModelConfig config = ValueOrRaise(LookupModel(name_or_dir));
+  std::vector<MetaEntry> out;
+  for (const TensorMeta& m : HfTensors(config)) out.emplace_back(m.name, std::string(TorchName(m.dtype)), m.shape);
+  return out;
+}
+
+// The hex digest of a buffer's bytes ("sha256" or "xxh3_128"), as /weight_checker gives it.
+std::string BufferDigest(const std::string& algorithm, py::buffer data) {
+  DigestAlgorithm alg = ValueOrRaise(ParseDigestAlgorithm(algorithm));
+  py::buffer_info info = data.request();
+  py::ssize_t stride = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != stride) {
+      RaiseStatus(InvalidArgument("_hex_digest takes a contiguous buffer"));
+    }
+    stride *= info.shape[d];
+  }
+  std::span<const std::byte> bytes(static_cast<const std::byte*>(info.ptr),
+                                   static_cast<size_t>(info.size * info.itemsize));
+  py::gil_scoped_release release;
+  return HexDigest(alg, bytes);
+}
+
+}  // namespace
+
+void BindReceiver(py::module_& m) {
+  py::class_<PyReceiverEngine>(m, "_ReceiverEngine",
+                               "Native receiver of one inference worker; use wsync.ReceiverEngine.")
+      .def(py::init<const std::string&, int, const std::string&, double, const std::string&,
+                    const std::vector<MetaEntry>&, std::optional<uint64_t>, const std::string&>(),
+           py::arg("backend"), py::arg("worker_rank"), py::arg("device"), py::arg("timeout"), py::arg("settings"),
+           py::arg("metadata"), py::arg("max_update_bytes"), py::arg("label"))
+      .def("init", &PyReceiverEngine::Init, py::arg("init_info"), py::arg("peer_address"))
+      .def("receive", &PyReceiverEngine::Receive, py::arg("update_info"), py::arg("load_weights"))
+      .def("fetch", &PyReceiverEngine::Fetch, py::arg("body"))
+      .def("shutdown", &PyReceiverEngine::Shutdown)
+      .def_property_readonly("backend", &PyReceiverEngine::backend)
+      .def_property_readonly("worker_rank", &PyReceiverEngine::worker_rank)
+      .def_property_readonly("device", &PyReceiverEngine::device);
+  m.def("_model_tensors", &ModelTensors, py::arg("name_or_config_dir"),
+        "[(hf_name, dtype_name, shape), ...] of a registered model (the worker server's stand-in model).");
+  m.def("_hex_digest", &BufferDigest, py::arg("algorithm"), py::arg("data"),
+        "Hex digest ('sha256' or 'xxh3_128') of a contiguous buffer's bytes.");
+  m.def("receiver_backends", &ReceiverBackendNames,
+        "Names of the receiver backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
+}
 
 }  // namespace wsync::python

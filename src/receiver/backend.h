@@ -5,7 +5,9 @@
 // `wsync serve --backend`. The backend owns the data plane: it joins the trainer's
 // communicator at Init and lands the bytes of each Update in every worker's shards.
 // The server calls the backend from HTTP threads, one call at a time (it serializes
-// them); the backend fans work out to the workers' own threads (worker_fanout.h).
+// them); the backend fans work out to the workers' own threads (worker_fanout.h) and
+// lands bytes only through each worker's WorkerSink (model/worker_sink.h), so that the
+// same backend also serves a single in-process worker (receiver/receiver_engine.h).
 // Internal: users program against include/wsync/server.h; a new backend implements
 // this interface in its folder and registers in src/backends/registry.cc.
 #pragma once
@@ -25,13 +27,14 @@
 
 namespace wsync {
 
-class WorkerStore;   // model/worker_store.h
+class WorkerSink;    // model/worker_sink.h
 class WorkerThread;  // receiver/worker_thread.h
 struct ModelConfig;  // model/config.h
 
-// One inference worker: its shards, its thread and where it sits in the server.
+// One inference worker: where its bytes land (its shards, or a ReceiverEngine's
+// callback), its thread and where it sits in the server.
 struct ReceiverWorker {
-  WorkerStore* store = nullptr;
+  WorkerSink* sink = nullptr;
   WorkerThread* thread = nullptr;
   int dp_index = 0;  // data-parallel index within the deployment
   int tp_rank = 0;
@@ -40,7 +43,7 @@ struct ReceiverWorker {
 };
 
 struct ReceiverContext {
-  const ModelConfig* model = nullptr;
+  const ModelConfig* model = nullptr;  // null for a ReceiverEngine (which learns names per update)
   std::vector<ReceiverWorker> workers;
   int tp_size = 1;
   std::string server_url;

@@ -198,19 +198,26 @@ class DeltaReceiver final : public ReceiverBackend {
   // Loads every HF tensor of the model from the local checkpoint into one worker's shards.
   // A CPU worker plans every copy first and runs them on `threads` threads in pieces of
   // at most kReloadPieceBytes (one copy thread alone would bound the pause); a
-  // CUDA worker loads tensor by tensor.
+  // CUDA worker loads tensor by tensor. A sink that plans no copies (a ReceiverEngine's)
+  // is lent the tensors in chunks of about kLendChunkBytes, straight from the mapped
+  // checkpoint; one that expects no list is lent every tensor of the checkpoint.
   static Status Reload(const ReceiverWorker& w, const LocalCheckpoint& store, int64_t target, Deadline deadline,
                        size_t threads) {
     constexpr size_t kReloadPieceBytes = size_t{8} << 20;
+    constexpr size_t kLendChunkBytes = size_t{1} << 30;
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<void> lock, store.LockForReading(deadline));
     WSYNC_RETURN_IF_ERROR(store.ValidateReady(target));  // a fetch may have run since the check
     std::string dir = store.CurrentDir();
     WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(dir));
-    const bool plan = w.device.is_cpu();
+    const bool lend = !w.sink->PlansCopies();
+    const bool plan = w.device.is_cpu() && !lend;
+    const std::vector<TensorMeta>& wanted = w.sink->hf_tensors().empty() ? ckpt.tensors() : w.sink->hf_tensors();
     std::vector<WorkerStore::ByteCopy> copies;
-    std::vector<std::vector<std::byte>> converted;  // what the planned copies read from, for other dtypes
+    // What the planned (or lent) views read from, for other dtypes.
+    std::vector<std::vector<std::byte>> converted;
     std::vector<std::byte> scratch;
-    for (const TensorMeta& want : w.store->hf_tensors()) {
+    size_t lent_bytes = 0, lent_tensors = 0;  // since the last ChunkLanded
+    for (const TensorMeta& want : wanted) {
       Result<TensorRef> ref = ckpt.Ref(want.name);
       if (!ref.ok()) return NotFound(fmt::format("checkpoint {} has no tensor {}, which the model needs", dir, want.name));
       TensorRef r = *ref;
@@ -219,15 +226,27 @@ class DeltaReceiver final : public ReceiverBackend {
                                            ShapeString(want.shape), ShapeString(r.shape), dir));
       }
       if (r.dtype != want.dtype) {
-        std::vector<std::byte>& out = plan ? converted.emplace_back() : scratch;
+        std::vector<std::byte>& out = plan || lend ? converted.emplace_back() : scratch;
         out.resize(want.nbytes());
         WSYNC_RETURN_IF_ERROR(Convert(r.bytes, r.dtype, out, want.dtype, want.name));
         r.dtype = want.dtype;
         r.bytes = out;
       }
+      if (lend) {  // the checkpoint's memory is on the host, whatever the worker's device
+        WSYNC_RETURN_IF_ERROR(w.sink->Load(r).WithContext(w.label));
+        lent_bytes += r.bytes.size();
+        ++lent_tensors;
+        if (lent_bytes >= kLendChunkBytes) {
+          WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded().WithContext(w.label));
+          converted.clear();
+          lent_bytes = lent_tensors = 0;
+        }
+        continue;
+      }
       r.device = w.device;
-      WSYNC_RETURN_IF_ERROR(plan ? w.store->PlanLoad(r, &copies) : w.store->Load(r));
+      WSYNC_RETURN_IF_ERROR(plan ? w.sink->PlanLoad(r, &copies) : w.sink->Load(r));
     }
+    if (lend && lent_tensors > 0) return w.sink->ChunkLanded().WithContext(w.label);
     if (!plan) return Status::Ok();
     std::vector<WorkerStore::ByteCopy> pieces;
     for (const WorkerStore::ByteCopy& c : copies) {

@@ -230,8 +230,9 @@ class IpcReceiver final : public ReceiverBackend {
       for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) {
         const TensorMeta& m = tensors[i];
         TensorRef ref{m.name, m.dtype, m.shape, slot.subspan(u.tensor_offsets[i], u.tensor_sizes[i]), Device{}};
-        WSYNC_RETURN_IF_ERROR(w.store->Load(ref).WithContext(w.label));
+        WSYNC_RETURN_IF_ERROR(w.sink->Load(ref).WithContext(w.label));
       }
+      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded().WithContext(w.label));
       landed.fetch_add(1);
       WSYNC_RETURN_IF_ERROR(region.CheckStillMapped().WithContext(what));  // what it read was the file's
       region.Ack(reader, seq);
@@ -412,16 +413,42 @@ class IpcReceiver final : public ReceiverBackend {
       const TensorMeta& m = tensors[i];
       std::span<std::byte> bytes(const_cast<std::byte*>(base) + u.tensor_offsets[i], u.tensor_sizes[i]);
       TensorRef ref{m.name, m.dtype, m.shape, bytes, w.device};
-      WSYNC_RETURN_IF_ERROR(w.store->PlanLoad(ref, &copies).WithContext(w.label));
+      WSYNC_RETURN_IF_ERROR(w.sink->PlanLoad(ref, &copies).WithContext(w.label));
     }
     return copies;
   }
 
+  // Hands tensors [first, end) of `tensors`, at `base + offsets[i]` on the worker's
+  // device, to a sink that does not plan copies, as one chunk.
+  static Status LendChunk(const ReceiverWorker& w, const std::byte* base, const std::vector<TensorMeta>& tensors,
+                          const IpcUpdateInfo& u, size_t first, size_t end) {
+    for (size_t i = first; i < end; ++i) {
+      const TensorMeta& m = tensors[i];
+      TensorRef ref{m.name, m.dtype, m.shape, {base + u.tensor_offsets[i], u.tensor_sizes[i]}, w.device};
+      WSYNC_RETURN_IF_ERROR(w.sink->Load(ref).WithContext(w.label));
+    }
+    return w.sink->ChunkLanded().WithContext(w.label);
+  }
+
   // Lands every chunk from the device slots, each with one batched copy built once per
-  // (layout, slot); runs on the worker's thread.
+  // (layout, slot), or lent chunk by chunk to a sink that plans no copies; runs on the
+  // worker's thread.
   static Status ReceiveDevice(const ReceiverWorker& w, WorkerPlane& plane, int reader, IpcRegion& region,
                               const IpcUpdateInfo& u, const std::shared_ptr<const std::vector<TensorMeta>>& tensors,
                               Deadline deadline, std::atomic<size_t>& landed) {
+    if (!w.sink->PlansCopies()) {
+      for (size_t k = 0; k < u.num_chunks(); ++k) {
+        uint64_t seq = u.first_seq + k;
+        int slot = static_cast<int>(seq % region.num_slots());
+        std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, u.num_chunks(), u.sync);
+        WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what, plane.publisher));
+        const std::byte* base = plane.staging->data() + plane.offset + static_cast<uint64_t>(slot) * plane.stride;
+        WSYNC_RETURN_IF_ERROR(LendChunk(w, base, *tensors, u, u.chunk_first(k), u.chunk_ends[k]));
+        landed.fetch_add(1);
+        region.Ack(reader, seq);
+      }
+      return Status::Ok();
+    }
     CopyLayout layout{tensors, u.tensor_offsets, u.chunk_ends, 0};
     if (!(layout == plane.packed_layout)) {
       plane.packed.Clear();
@@ -448,7 +475,8 @@ class IpcReceiver final : public ReceiverBackend {
   }
 
   // Waits for the go, then copies straight from the trainer's tensors into the shards in
-  // one batched copy (built once per layout and generation).
+  // one batched copy (built once per layout and generation), or lends them to a sink
+  // that plans no copies as one chunk.
   static Status ReceiveZeroCopy(const ReceiverWorker& w, WorkerPlane& plane, int reader, IpcRegion& region,
                                 const IpcUpdateInfo& u, const std::shared_ptr<const std::vector<TensorMeta>>& tensors,
                                 Deadline deadline, std::atomic<size_t>& landed) {
@@ -461,15 +489,20 @@ class IpcReceiver final : public ReceiverBackend {
       plane.zc_copies.Clear();
       plane.zc_layout = std::move(layout);
     }
-    DeviceCopies* copies = plane.zc_copies.Find(0);
-    if (copies == nullptr) {
+    const bool lend = !w.sink->PlansCopies();  // the trainer's tensors go to the sink as one chunk
+    DeviceCopies* copies = lend ? nullptr : plane.zc_copies.Find(0);
+    if (copies == nullptr && !lend) {
       WSYNC_ASSIGN_OR_RETURN(auto list, LandingCopies(w, plane.zc->data() + plane.zc_offset, *tensors, u, 0,
                                                       tensors->size()));
       WSYNC_ASSIGN_OR_RETURN(copies, plane.zc_copies.Get(w.device, 0, list));
     }
     std::string what = fmt::format("{}: zero-copy go of sync {}", w.label, u.sync);
     WSYNC_RETURN_IF_ERROR(region.WaitPublished(u.first_seq, u.sync, deadline, what, plane.publisher));
-    WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
+    if (lend) {
+      WSYNC_RETURN_IF_ERROR(LendChunk(w, plane.zc->data() + plane.zc_offset, *tensors, u, 0, tensors->size()));
+    } else {
+      WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
+    }
     landed.fetch_add(1);
     region.Ack(reader, u.first_seq);
     return Status::Ok();

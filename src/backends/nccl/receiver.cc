@@ -108,7 +108,7 @@ class NcclReceiver final : public ReceiverBackend {
         // Receive buffers for an update of the whole model, now rather than in the first
         // update (which then runs as fast as the later ones).
         const ReceiverWorker& worker = ctx_->workers[i];
-        WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanFor(info, worker.store->hf_tensors()));
+        WSYNC_ASSIGN_OR_RETURN(ChunkPlan plan, PlanFor(info, worker.sink->hf_tensors()));
         slots_[i].buffers.resize(RingSize(info));
         return ReserveRing(slots_[i].buffers, info.uses_gloo() ? Device{} : worker.device, plan)
             .WithContext(fmt::format("{}: allocating receive buffers", worker.label));
@@ -228,11 +228,12 @@ class NcclReceiver final : public ReceiverBackend {
           size_t off = plan.offset_in_chunk[t];
           Status s = arrived[k].WaitFor(off + m.nbytes(), deadline, "chunk bytes");
           if (s.ok()) {
-            s = w.store->Load(TensorRef{m.name, m.dtype, m.shape, buf.subspan(off, m.nbytes()), buffer_device})
+            s = w.sink->Load(TensorRef{m.name, m.dtype, m.shape, buf.subspan(off, m.nbytes()), buffer_device})
                     .WithContext(w.label);
           }
           if (!s.ok()) return loaded.Fail(s);
         }
+        if (Status s = w.sink->ChunkLanded().WithContext(w.label); !s.ok()) return loaded.Fail(s);
         loaded.Advance(k + 1);
         if (fault_die_mid_update_ && k + 1 < n) {
           WSYNC_LOG_WARN("fault injection (--fault die-mid-update): {} loaded chunk 1/{}; killing this process", w.label, n);

@@ -1,0 +1,107 @@
+// ReceiverEngine: the receiving half of a backend for one inference worker that holds its
+// own model (a Python worker's `load_weights`, a vLLM engine subclass), in place of the
+// shards `wsync serve` keeps.
+//
+// It speaks the same data planes as `wsync serve` (the init_info and update_info a wsync
+// trainer sends, the same wire: Gloo broadcast on CPU and NCCL on GPU for `nccl`, shared
+// memory or CUDA IPC slots for `ipc`, a local checkpoint advanced by delta files for
+// `delta`), so a wsync trainer drives it unchanged. It has no control plane of its own:
+// whoever serves the HTTP routes (python/wsync/worker_server.py) hands it each route's
+// payload. The worker is rank `rank_offset + worker_rank` of the trainer's broadcast group
+// (reader `reader_offset + worker_rank` of an ipc region), as vLLM numbers its workers.
+//
+// Receive() calls the caller's callback once per received chunk with the chunk's tensors
+// as views into wsync's receive buffers (host memory, or the worker's GPU for NCCL and
+// CUDA IPC), valid only during that call: the callback copies what it keeps, and work it
+// queues on a GPU must have read the views when it returns (synchronize). The callback
+// runs on one of the engine's threads, never concurrently with itself; an error it returns
+// ends the receive with that error (the trainer's sync fails with its text) and the engine
+// stays usable: the trainer initializes the data plane again for its next sync.
+//
+// Thread-safety: calls may come from any thread; one runs at a time (a call made while
+// another runs fails at once with FailedPrecondition naming the call in flight). Every
+// wait is bounded by `timeout_seconds` (or the trainer's init_info timeout, if shorter).
+//
+//   ReceiverEngineOptions o;
+//   o.backend = "nccl";
+//   WSYNC_ASSIGN_OR_RETURN(auto rx, ReceiverEngine::Create(o));
+//   WSYNC_RETURN_IF_ERROR(rx->Init(init_info, peer_address));  // /init_weight_transfer_engine
+//   WSYNC_RETURN_IF_ERROR(rx->Receive(update_info, [&](std::span<const TensorRef> chunk) {
+//     for (const TensorRef& t : chunk) model.Load(t);
+//     return Status::Ok();
+//   }));
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+struct ReceiverEngineOptions {
+  std::string backend = "nccl";  // "nccl" | "ipc" | "delta"
+  // This worker's index within its server (0 .. the server's world size - 1).
+  int worker_rank = 0;
+  // Where the worker's tensors live: cpu, or cuda:N (NCCL and CUDA IPC then receive into
+  // that GPU's memory; the Gloo and shared-memory planes into host memory).
+  Device device;
+  double timeout_seconds = 300;  // bound on every wait
+  // Backend settings, the keys `wsync serve` takes from its flags: nccl
+  // {"allowed_store_hosts": [HOST, ...]}; ipc {"ipc_shm_dir": DIR}; delta
+  // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR, "sync_root": DIR}.
+  nlohmann::json backend_config = nlohmann::json::object();
+  // The tensors the worker expects (HF names, dtypes, shapes). Empty: any tensor list an
+  // update names is accepted and receive buffers are reserved at the first update; set:
+  // every update tensor must be one of these, and buffers are reserved at Init.
+  std::vector<TensorMeta> metadata;
+  // An update whose tensors add up to more bytes is refused (update_info is the
+  // trainer's word; this bounds what it can make the worker allocate). Default 1 TiB.
+  uint64_t max_update_bytes = uint64_t{1} << 40;
+  std::string label = "worker";  // names this worker in messages
+};
+
+// One received chunk: its tensors, in the trainer's order, valid during the call.
+using ChunkCallback = std::function<Status(std::span<const TensorRef> chunk)>;
+
+class ReceiverEngine {
+ public:
+  // InvalidArgument for an unknown backend, a negative worker_rank or a bad setting;
+  // Unimplemented for a backend this build lacks.
+  static Result<std::unique_ptr<ReceiverEngine>> Create(const ReceiverEngineOptions& options);
+  ~ReceiverEngine();
+  ReceiverEngine(const ReceiverEngine&) = delete;
+  ReceiverEngine& operator=(const ReceiverEngine&) = delete;
+
+  const ReceiverEngineOptions& options() const;
+
+  // The init_info of /init_weight_transfer_engine; for nccl, blocks until the trainer's
+  // group has formed. `peer_address` is the IP address of the HTTP peer that sent it (the
+  // nccl backend dials a Gloo store only there, or at allowed_store_hosts); empty: none.
+  Status Init(const nlohmann::json& init_info, const std::string& peer_address = "");
+  // The update_info of /update_weights: receives every chunk of the update, calling
+  // `on_chunk` for each; returns once the last chunk's callback has returned. An update
+  // this worker refuses (a bad tensor list, one that does not match `metadata`) is
+  // InvalidArgument; for nccl the trainer is told through the group's preflight vote.
+  Status Receive(const nlohmann::json& update_info, const ChunkCallback& on_chunk);
+  // The body of /fetch_weights (delta: brings the local checkpoint to a target version;
+  // the answer is the route's reply). Other backends: Unimplemented.
+  Result<nlohmann::json> Fetch(const nlohmann::json& body);
+  // Releases communicators and mappings; Init may be called again afterwards. While
+  // another call runs it does nothing (that call ends at its own deadline).
+  void Shutdown();
+
+ private:
+  struct State;  // receiver_engine.cc
+  explicit ReceiverEngine(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace wsync

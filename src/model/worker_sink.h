@@ -1,0 +1,51 @@
+// WorkerSink: where a receiving backend lands the HF tensors of an update, for one worker.
+//
+// Every receiver (src/backends/*/receiver.cc) hands the bytes it receives to its worker's
+// sink, tensor by tensor, and tells the sink when a chunk is complete. Two sinks exist:
+// WorkerStore (model/worker_store.h), which copies each tensor's pieces into the worker's
+// own shards (`wsync serve`), and the ReceiverEngine's (receiver/receiver_engine.cc),
+// which lends each chunk's tensors to a caller's callback (a Python worker's
+// load_weights).
+//
+// The views a backend passes to Load() stay valid until its ChunkLanded() returns: a
+// backend reuses a receive buffer only after that. Called from the worker's threads, one
+// call at a time per sink.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+class WorkerSink {
+ public:
+  virtual ~WorkerSink() = default;
+
+  // One contiguous copy a planned load makes (PlanLoad).
+  struct ByteCopy {
+    const std::byte* src = nullptr;
+    std::byte* dst = nullptr;
+    size_t bytes = 0;
+  };
+
+  // The HF tensors this worker expects, in the model's order; empty when the sink learns
+  // them from each update (backends then reserve receive buffers at the first update).
+  virtual const std::vector<TensorMeta>& hf_tensors() const = 0;
+  // Lands one full HF tensor; `hf.bytes` is valid until the chunk's ChunkLanded returns.
+  virtual Status Load(const TensorRef& hf) = 0;
+  // Whether PlanLoad works: a backend that batches a chunk's copies into one launch plans
+  // them; otherwise it calls Load per tensor.
+  virtual bool PlansCopies() const { return false; }
+  // The copies Load(hf) would make, appended to `out`.
+  virtual Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
+    return Unimplemented("this worker sink does not plan copies");
+  }
+  // Every tensor of the current chunk has been loaded; its views are released after this
+  // returns. An error fails the update as a Load error does.
+  virtual Status ChunkLanded() { return Status::Ok(); }
+};
+
+}  // namespace wsync
