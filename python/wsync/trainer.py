@@ -108,8 +108,8 @@ class TrainerEngine:
         The source's metadata must list the tensors ``init`` saw (any order). Each tensor
         is checked as it streams; a mismatch, an exception from the source's iterator, a
         refusing or dead server, or Ctrl-C aborts the sync on every server, which keep
-        serving the weights of the last completed sync. ``weight_version`` becomes the
-        servers' ``weight_version`` (vLLM's ``/get_world_size``-style introspection).
+        serving the weights of the last completed sync. ``weight_version`` is what the
+        servers report as their ``weight_version`` (``GET /health``) once the sync lands.
         Errors: ``wsync.InvalidArgumentError`` (a tensor disagrees with the metadata, or is
         not contiguous: named), ``wsync.AbortedError`` (the source raised: the original
         exception is ``__cause__``), ``wsync.UnavailableError`` (a server cannot be

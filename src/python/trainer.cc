@@ -47,9 +47,14 @@ T RunWithSignals(PassControl& control, std::function<T()> work) {
   {
     py::gil_scoped_release release;
     std::thread worker([&] {
-      T r = work();
+      std::optional<T> r;
+      try {
+        r.emplace(work());
+      } catch (const std::exception& e) {
+        r.emplace(Internal(fmt::format("the engine threw {}", e.what())));
+      }
       std::lock_guard lock(mu);
-      result.emplace(std::move(r));
+      result.emplace(std::move(*r));
       done = true;
       cv.notify_all();
     });
@@ -159,7 +164,7 @@ class PyTrainerEngine {
     CheckOpen();
     if (!initialized_) Init(source);
     auto control = std::make_shared<PassControl>();
-    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control);
+    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control, options_.device);
     if (!created.ok()) RaiseStatus(created.status(), control->TakeError());
     std::unique_ptr<PySource> adapter = std::move(created).value();
     {
