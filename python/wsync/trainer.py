@@ -85,13 +85,13 @@ class TrainerEngine:
                  num_buffers=2, store_host="127.0.0.1", progress=None, **backend_options):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
-        options = {k: _option_text(k, v) for k, v in backend_options.items()}
-        self._engine = _wsync._TrainerEngine(
+        self._options = dict(
             backend=backend, servers=list(servers), data_parallel_size=int(data_parallel_size),
-            bucket_gb=float(bucket_gb), timeout=float(timeout), api_key=api_key, device=str(device),
-            rank=int(rank), world_size=int(world_size), packed=bool(packed),
-            num_buffers=int(num_buffers), store_host=store_host, progress=progress,
-            backend_options=options)
+            bucket_gb=float(bucket_gb), timeout=float(timeout), device=str(device), rank=int(rank),
+            world_size=int(world_size), packed=bool(packed), num_buffers=int(num_buffers),
+            store_host=store_host,
+            backend_options={k: _option_text(k, v) for k, v in backend_options.items()})
+        self._engine = _wsync._TrainerEngine(api_key=api_key, progress=progress, **self._options)
 
     def init(self, source_or_metadata):
         """Discovers the servers and builds the data plane for a model.
@@ -123,8 +123,8 @@ class TrainerEngine:
 
     @property
     def options(self):
-        """The settings this engine was built with, as a dict."""
-        return self._engine.options
+        """The settings this engine was built with, as a dict (the API key left out)."""
+        return dict(self._options)
 
     @property
     def closed(self):

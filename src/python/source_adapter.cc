@@ -115,6 +115,16 @@ class RecordingStream final : public TensorStream {
   std::shared_ptr<PassControl> control_;
 };
 
+// source.METHOD(); an exception it raises is recorded in `control` and named.
+Result<py::object> CallSource(const py::object& source, const char* method, PassControl& control) {
+  try {
+    return source.attr(method)();
+  } catch (py::error_already_set& e) {
+    control.RecordError(e);
+    return InvalidArgument(fmt::format("the source's {}() raised {}", method, DescribePythonError(e)));
+  }
+}
+
 }  // namespace
 
 PassControl::~PassControl() { DropWithGil(error_); }
@@ -201,23 +211,11 @@ Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::share
     return InvalidArgument(fmt::format(
         "a {} is not a weight source: it needs metadata() and __iter__ (see wsync.StateDictSource)", TypeName(source)));
   }
-  py::object entries;
-  try {
-    entries = source.attr("metadata")();
-  } catch (py::error_already_set& e) {
-    s->control_->RecordError(e);
-    return InvalidArgument(fmt::format("the source's metadata() raised {}", DescribePythonError(e)));
-  }
+  WSYNC_ASSIGN_OR_RETURN(py::object entries, CallSource(source, "metadata", *s->control_));
   WSYNC_ASSIGN_OR_RETURN(std::vector<TensorMeta> metadata, ParseMetadata(entries));
   s->metadata_ = std::make_shared<const std::vector<TensorMeta>>(std::move(metadata));
   if (py::hasattr(source, "storage")) {
-    py::object block;
-    try {
-      block = source.attr("storage")();
-    } catch (py::error_already_set& e) {
-      s->control_->RecordError(e);
-      return InvalidArgument(fmt::format("the source's storage() raised {}", DescribePythonError(e)));
-    }
+    WSYNC_ASSIGN_OR_RETURN(py::object block, CallSource(source, "storage", *s->control_));
     if (!block.is_none()) {
       Result<BorrowedTensor> b = Borrow(block, "storage()");
       if (!b.ok()) return b.status().WithContext("the source's storage block");

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "model/config.h"
@@ -193,23 +192,6 @@ class PyTrainerEngine {
     engine_.reset();
   }
 
-  py::dict Options() const {
-    py::dict d;
-    d["backend"] = options_.backend;
-    d["servers"] = options_.servers;
-    d["data_parallel_size"] = options_.data_parallel_size;
-    d["bucket_gb"] = options_.bucket_gb;
-    d["timeout"] = options_.timeout_seconds;
-    d["device"] = options_.device.ToString();
-    d["rank"] = options_.rank;
-    d["world_size"] = world_size_;
-    d["packed"] = options_.packed;
-    d["num_buffers"] = options_.num_buffers;
-    d["store_host"] = options_.store_host;
-    d["backend_options"] = options_.backend_options;
-    return d;
-  }
-
   bool closed() const { return engine_ == nullptr; }
 
  private:
@@ -303,7 +285,6 @@ void BindTrainer(py::module_& m) {
       .def("init", &PyTrainerEngine::Init, py::arg("source_or_metadata"))
       .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none())
       .def("shutdown", &PyTrainerEngine::Shutdown)
-      .def_property_readonly("options", &PyTrainerEngine::Options)
       .def_property_readonly("closed", &PyTrainerEngine::closed);
 
   m.def("model_metadata", &ModelMetadata, py::arg("name_or_config_dir"),
