@@ -183,3 +183,19 @@ def test_unsupported_and_foreign_tensors_are_named(deployment):
                 (n, str(t.dtype), tuple(t.shape)) for n, t in pairs]))
         assert name in str(info.value)
     sync_and_verify(engine, model, servers, 7)
+
+
+def test_a_refusing_server_answers_in_the_exception(wsync_server, toy_model_dir):
+    from conftest import http_json
+    server = wsync_server(model=toy_model_dir, args=["--api-key", "right-key"])
+    model = ToyQwen3(toy_model_dir, seed=8)
+    with wsync.TrainerEngine(servers=[server.url], timeout=10, api_key="wrong-key") as engine:
+        with pytest.raises(wsync.UnauthenticatedError) as info:
+            engine.send_weights(wsync.StateDictSource(model))
+    assert isinstance(info.value, PermissionError) and server.url in str(info.value)
+    assert "401" in str(info.value) and "Authorization: Bearer" in str(info.value)  # the server's reply
+    with wsync.TrainerEngine(servers=[server.url], timeout=30, api_key="right-key") as engine:
+        engine.send_weights(wsync.StateDictSource(model))
+    status, body = http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "sha256"},
+                             api_key="right-key")
+    assert status == 200 and body["checksums"] == sha256_digests(model.state_dict().items())

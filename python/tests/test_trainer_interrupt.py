@@ -58,7 +58,11 @@ def test_sigint_stops_a_slow_sync_and_the_servers_take_the_next(wsync_server, to
     assert "INTERRUPTED" in out and "FINISHED" not in out, out + err
     assert "KeyboardInterrupt" in err, err
     assert proc.returncode != 0
-    assert ended - sent < 2.5, f"the trainer took {ended - sent:.2f} s to stop"
+    # time.monotonic() is one clock for every process of the host.
+    raised = float(out.split("INTERRUPTED", 1)[1].split()[0])
+    print(f"KeyboardInterrupt {raised - sent:.3f} s after SIGINT, exit {ended - sent:.3f} s")
+    assert raised - sent < 2.0, f"send_weights raised KeyboardInterrupt {raised - sent:.2f} s after SIGINT"
+    assert ended - sent < 10.0, f"the trainer took {ended - sent:.2f} s to exit"
     for s in servers:
         h = s.health()
         assert h["session_active"] is False and h["syncs"] == 0, h

@@ -13,7 +13,10 @@ A source is any object with
   staging), or ``None``.
 
 numpy has no bfloat16: give a ``uint16`` (or ``int16``) array holding the bf16 bits and
-say ``"bfloat16"`` in the metadata. The same holds for float8 (``uint8`` bits).
+say ``"bfloat16"`` in the metadata. The same holds for float8 (``uint8`` bits). numpy
+cannot export a read-only array through DLPack: pass a writable one. A torch CUDA tensor
+is read after torch's current stream on its device has finished; it must be on the
+engine's device.
 
 The engine checks every tensor against the metadata as it streams: a tensor whose name,
 dtype or shape differs, an extra or a missing one fails the sync with

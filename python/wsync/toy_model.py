@@ -146,6 +146,7 @@ class ToyQwen3(nn.Module):
                              f"{sorted(set(got) ^ set(want))[:4]}")
 
     def forward(self, tokens):
+        """Logits ([batch, seq, vocab]) for ``tokens`` ([batch, seq] int64)."""
         x = self.model(tokens)
         head = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         return x @ head.T

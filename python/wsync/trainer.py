@@ -85,13 +85,13 @@ class TrainerEngine:
                  num_buffers=2, store_host="127.0.0.1", progress=None, **backend_options):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
-        options = {k: _option_text(k, v) for k, v in backend_options.items()}
-        self._engine = _wsync._TrainerEngine(
+        self._options = dict(
             backend=backend, servers=list(servers), data_parallel_size=int(data_parallel_size),
-            bucket_gb=float(bucket_gb), timeout=float(timeout), api_key=api_key, device=str(device),
-            rank=int(rank), world_size=int(world_size), packed=bool(packed),
-            num_buffers=int(num_buffers), store_host=store_host, progress=progress,
-            backend_options=options)
+            bucket_gb=float(bucket_gb), timeout=float(timeout), device=str(device), rank=int(rank),
+            world_size=int(world_size), packed=bool(packed), num_buffers=int(num_buffers),
+            store_host=store_host,
+            backend_options={k: _option_text(k, v) for k, v in backend_options.items()})
+        self._engine = _wsync._TrainerEngine(api_key=api_key, progress=progress, **self._options)
 
     def init(self, source_or_metadata):
         """Discovers the servers and builds the data plane for a model.
@@ -108,8 +108,8 @@ class TrainerEngine:
         The source's metadata must list the tensors ``init`` saw (any order). Each tensor
         is checked as it streams; a mismatch, an exception from the source's iterator, a
         refusing or dead server, or Ctrl-C aborts the sync on every server, which keep
-        serving the weights of the last completed sync. ``weight_version`` becomes the
-        servers' ``weight_version`` (vLLM's ``/get_world_size``-style introspection).
+        serving the weights of the last completed sync. ``weight_version`` is what the
+        servers report as their ``weight_version`` (``GET /health``) once the sync lands.
         Errors: ``wsync.InvalidArgumentError`` (a tensor disagrees with the metadata, or is
         not contiguous: named), ``wsync.AbortedError`` (the source raised: the original
         exception is ``__cause__``), ``wsync.UnavailableError`` (a server cannot be
@@ -123,8 +123,8 @@ class TrainerEngine:
 
     @property
     def options(self):
-        """The settings this engine was built with, as a dict."""
-        return self._engine.options
+        """The settings this engine was built with, as a dict (the API key left out)."""
+        return dict(self._options)
 
     @property
     def closed(self):

@@ -130,6 +130,16 @@ Result<BorrowedTensor> Borrow(py::handle tensor, std::string_view name, std::opt
       break;
     case kDLCUDA:
       out.device = Device{Device::Kind::kCuda, t.device.device_id};
+      // wsync reads on streams of its own: the work that wrote a torch tensor on torch's
+      // current stream must be done first (DLPack's stream handshake needs wsync's stream,
+      // which the engine picks later).
+      if (py::hasattr(source, "is_cuda")) {
+        try {
+          py::module_::import("torch").attr("cuda").attr("current_stream")(t.device.device_id).attr("synchronize")();
+        } catch (py::error_already_set& e) {
+          return InvalidArgument(fmt::format("tensor {}: synchronizing its CUDA stream failed: {}", name, e.what()));
+        }
+      }
       break;
     default:
       return InvalidArgument(fmt::format("tensor {} lives on DLPack device type {}, not on the CPU or a CUDA GPU",

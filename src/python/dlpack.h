@@ -33,7 +33,8 @@ struct BorrowedTensor {
 
 // Reads `tensor` through DLPack, consuming the capsule its __dlpack__() returns (renamed
 // "used_dltensor"; the producer's deleter runs when `owner` goes). A torch tensor that
-// requires grad is read through its detached view. A non-contiguous tensor, an
+// requires grad is read through its detached view; for a torch CUDA tensor, torch's
+// current stream on its device is synchronized first. A non-contiguous tensor, an
 // unsupported dtype or device is an InvalidArgument naming `name`. `bits_of`: integers of
 // the same width are read as this dtype when it is one numpy lacks (bfloat16 from a
 // uint16/int16 array, float8 from uint8/int8). Needs the GIL. (dlpack.cc)

@@ -37,8 +37,8 @@ std::string TypeName(py::handle obj) { return py::str(py::type::handle_of(obj).a
 class PyStream final : public TensorStream {
  public:
   PyStream(py::object iterator, std::shared_ptr<PassControl> control,
-           std::shared_ptr<const std::vector<TensorMeta>> metadata)
-      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(std::move(metadata)) {}
+           std::shared_ptr<const std::vector<TensorMeta>> metadata, const Device& device)
+      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(std::move(metadata)), device_(device) {}
 
   ~PyStream() override {
     DropWithGil(iterator_);
@@ -74,6 +74,11 @@ class PyStream final : public TensorStream {
     if (index_ < metadata_->size() && (*metadata_)[index_].name == name) bits_of = (*metadata_)[index_].dtype;
     Result<BorrowedTensor> borrowed = Borrow(pair[1], name, bits_of);
     if (!borrowed.ok()) return borrowed.status();
+    if (!borrowed->device.is_cpu() && borrowed->device != device_) {
+      std::string on = borrowed->device.ToString();
+      borrowed->owner = py::object();
+      return InvalidArgument(fmt::format("tensor {} lives on {}, but the engine runs on {}", name, on, device_.ToString()));
+    }
     current_ = std::move(borrowed).value();
     *out = current_->ref();
     ++index_;
@@ -84,6 +89,7 @@ class PyStream final : public TensorStream {
   py::object iterator_;
   std::shared_ptr<PassControl> control_;
   const std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // a stream may outlive its PySource
+  const Device device_;
   std::optional<BorrowedTensor> current_;    // the tensor lent by the last Next()
   size_t index_ = 0;
 };
@@ -108,6 +114,16 @@ class RecordingStream final : public TensorStream {
   std::unique_ptr<TensorStream> checked_;
   std::shared_ptr<PassControl> control_;
 };
+
+// source.METHOD(); an exception it raises is recorded in `control` and named.
+Result<py::object> CallSource(const py::object& source, const char* method, PassControl& control) {
+  try {
+    return source.attr(method)();
+  } catch (py::error_already_set& e) {
+    control.RecordError(e);
+    return InvalidArgument(fmt::format("the source's {}() raised {}", method, DescribePythonError(e)));
+  }
+}
 
 }  // namespace
 
@@ -186,30 +202,20 @@ Result<std::vector<TensorMeta>> ParseMetadata(py::handle entries) {
   return out;
 }
 
-Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::shared_ptr<PassControl> control) {
+Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::shared_ptr<PassControl> control,
+                                                  const Device& device) {
   std::unique_ptr<PySource> s(new PySource());
   s->control_ = std::move(control);
+  s->device_ = device;
   if (!py::hasattr(source, "metadata") || !py::hasattr(source, "__iter__")) {
     return InvalidArgument(fmt::format(
         "a {} is not a weight source: it needs metadata() and __iter__ (see wsync.StateDictSource)", TypeName(source)));
   }
-  py::object entries;
-  try {
-    entries = source.attr("metadata")();
-  } catch (py::error_already_set& e) {
-    s->control_->RecordError(e);
-    return InvalidArgument(fmt::format("the source's metadata() raised {}", DescribePythonError(e)));
-  }
+  WSYNC_ASSIGN_OR_RETURN(py::object entries, CallSource(source, "metadata", *s->control_));
   WSYNC_ASSIGN_OR_RETURN(std::vector<TensorMeta> metadata, ParseMetadata(entries));
   s->metadata_ = std::make_shared<const std::vector<TensorMeta>>(std::move(metadata));
   if (py::hasattr(source, "storage")) {
-    py::object block;
-    try {
-      block = source.attr("storage")();
-    } catch (py::error_already_set& e) {
-      s->control_->RecordError(e);
-      return InvalidArgument(fmt::format("the source's storage() raised {}", DescribePythonError(e)));
-    }
+    WSYNC_ASSIGN_OR_RETURN(py::object block, CallSource(source, "storage", *s->control_));
     if (!block.is_none()) {
       Result<BorrowedTensor> b = Borrow(block, "storage()");
       if (!b.ok()) return b.status().WithContext("the source's storage block");
@@ -239,7 +245,7 @@ Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
     return failed;
   }
   return std::unique_ptr<TensorStream>(std::make_unique<RecordingStream>(
-      std::make_unique<PyStream>(std::move(iterator), control_, metadata_), metadata_, control_));
+      std::make_unique<PyStream>(std::move(iterator), control_, metadata_, device_), metadata_, control_));
 }
 
 std::optional<SourceStorage> PySource::storage() const {

@@ -71,9 +71,10 @@ Result<std::vector<TensorMeta>> ParseMetadata(pybind11::handle entries);
 class PySource final : public WeightSource {
  public:
   // Calls source.metadata() and, when present, source.storage(). A Python exception from
-  // either is recorded in `control` and returned as InvalidArgument. Needs the GIL.
+  // either is recorded in `control` and returned as InvalidArgument. A tensor on a CUDA
+  // device other than `device` (the engine's) fails the pass, naming both. Needs the GIL.
   static Result<std::unique_ptr<PySource>> Create(pybind11::object source,
-                                                  std::shared_ptr<PassControl> control);
+                                                  std::shared_ptr<PassControl> control, const Device& device);
   ~PySource() override;
 
   const std::vector<TensorMeta>& metadata() const override { return *metadata_; }
@@ -84,6 +85,7 @@ class PySource final : public WeightSource {
   PySource() = default;
   pybind11::object source_;
   std::shared_ptr<PassControl> control_;
+  Device device_;
   std::shared_ptr<const std::vector<TensorMeta>> metadata_;
   std::optional<BorrowedTensor> storage_;
 };

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "model/config.h"
@@ -47,9 +46,14 @@ T RunWithSignals(PassControl& control, std::function<T()> work) {
   {
     py::gil_scoped_release release;
     std::thread worker([&] {
-      T r = work();
+      std::optional<T> r;
+      try {
+        r.emplace(work());
+      } catch (const std::exception& e) {
+        r.emplace(Internal(fmt::format("the engine threw {}", e.what())));
+      }
       std::lock_guard lock(mu);
-      result.emplace(std::move(r));
+      result.emplace(std::move(*r));
       done = true;
       cv.notify_all();
     });
@@ -159,7 +163,7 @@ class PyTrainerEngine {
     CheckOpen();
     if (!initialized_) Init(source);
     auto control = std::make_shared<PassControl>();
-    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control);
+    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control, options_.device);
     if (!created.ok()) RaiseStatus(created.status(), control->TakeError());
     std::unique_ptr<PySource> adapter = std::move(created).value();
     {
@@ -186,23 +190,6 @@ class PyTrainerEngine {
     py::gil_scoped_release release;
     engine_->Shutdown();
     engine_.reset();
-  }
-
-  py::dict Options() const {
-    py::dict d;
-    d["backend"] = options_.backend;
-    d["servers"] = options_.servers;
-    d["data_parallel_size"] = options_.data_parallel_size;
-    d["bucket_gb"] = options_.bucket_gb;
-    d["timeout"] = options_.timeout_seconds;
-    d["device"] = options_.device.ToString();
-    d["rank"] = options_.rank;
-    d["world_size"] = world_size_;
-    d["packed"] = options_.packed;
-    d["num_buffers"] = options_.num_buffers;
-    d["store_host"] = options_.store_host;
-    d["backend_options"] = options_.backend_options;
-    return d;
   }
 
   bool closed() const { return engine_ == nullptr; }
@@ -298,7 +285,6 @@ void BindTrainer(py::module_& m) {
       .def("init", &PyTrainerEngine::Init, py::arg("source_or_metadata"))
       .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none())
       .def("shutdown", &PyTrainerEngine::Shutdown)
-      .def_property_readonly("options", &PyTrainerEngine::Options)
       .def_property_readonly("closed", &PyTrainerEngine::closed);
 
   m.def("model_metadata", &ModelMetadata, py::arg("name_or_config_dir"),
