@@ -10,10 +10,12 @@
    after one warm-up. Per-sync time is SyncStats.seconds on both sides (start ..
    finish_weight_update; `wsync push` prints the same field); the Python side's wall time
    around send_weights is reported too. Median, min..max, ratio Python/C++.
-2. Peak RSS of the Python trainer: its VmRSS once the tensors exist (and the engine is
-   initialized), then the peak (VmHWM, reset through /proc/self/clear_refs "5" just
-   before the syncs) during the syncs. The engine's own share, peak minus that baseline,
-   must stay within two packed buffers (2 x bucket).
+2. Peak RSS of the Python trainer: its VmRSS once the tensors exist, before the engine
+   does, then the peak (VmHWM, reset through /proc/self/clear_refs "5" at that point, so
+   that making the tensors does not count) over the engine's init and syncs. The engine's
+   own share, peak minus that baseline, must stay within two packed buffers (2 x the
+   packed buffer size, which is the bucket or the largest tensor if that is larger).
+   Each path runs --rounds times, alternating C++ and Python, the samples pooled.
 3. ipc on one GPU, when torch.cuda is available: `wsync serve --backend ipc --device
    cuda:0`, `wsync push --backend ipc --device cuda:0 --ipc-mode packed|zero_copy`
    against the Python path with CUDA tensors in one flat buffer (packed, and zero-copy
@@ -42,7 +44,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3-0.6b", help="registered model for the CPU broadcast part")
     p.add_argument("--gpu-model", default="qwen3-0.6b", help="registered model for the GPU ipc part")
-    p.add_argument("--syncs", type=int, default=5, help="timed syncs per path (after one warm-up)")
+    p.add_argument("--syncs", type=int, default=5, help="timed syncs per path and round (after one warm-up)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of C++ then Python (then C++ ...), alternating, samples pooled")
     p.add_argument("--bucket-gb", type=float, default=0.25, help="packed buffer size in GiB, both paths")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds any sync or server wait may take")
     p.add_argument("--wsync-bin", default=os.environ.get("WSYNC_BIN", "wsync"), help="the wsync binary ($WSYNC_BIN)")
@@ -209,18 +213,20 @@ def child_main(args):
     metadata = wsync.model_metadata(model)
     pairs, flat = make_tensors(metadata, device)
     source = wsync.TensorListSource(pairs, storage=flat)
+    baseline = proc_status("VmRSS")  # the tensors exist; the engine does not yet
+    reset = reset_peak_rss()  # forget the peak of making the tensors
     options = {"mode": spec["mode"]} if gpu else {}
     engine = wsync.TrainerEngine("ipc" if gpu else "nccl", spec["urls"], device=device, bucket_gb=args.bucket_gb,
                                  timeout=args.timeout, **options)
+    after_create = proc_status("VmRSS")
     engine.init(source)
-    baseline = proc_status("VmRSS")
+    after_init = proc_status("VmRSS")
     seconds, wall, chunks = [], [], 0
     stats = engine.send_weights(source, weight_version="python-warmup")  # warm-up (first touch, first export)
-    reset = reset_peak_rss()
     with torch.no_grad():
         for i in range(args.syncs):
-            for _, t in pairs[:1]:
-                t.add_(1e-3)  # a new step's weights (in place)
+            for _, t in pairs:
+                t.add_(1e-3)  # a new step's weights, written in place as a trainer's step does
             if gpu:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -236,7 +242,8 @@ def child_main(args):
                             args.timeout)["checksums"] == want for u in spec["urls"])
     engine.shutdown()
     print(json.dumps({"seconds": seconds, "wall": wall, "chunks": chunks, "rss_baseline": baseline,
-                      "rss_peak": peak, "peak_reset": reset, "verified": verified,
+                      "rss_after_create": after_create, "rss_after_init": after_init, "rss_peak": peak,
+                      "largest_tensor": max(t.numel() * t.element_size() for _, t in pairs), "peak_reset": reset, "verified": verified,
                       "model_bytes": sum(t.numel() * t.element_size() for _, t in pairs)}))
 
 
@@ -244,19 +251,39 @@ def child_main(args):
 
 def cpu_part(args):
     with Servers(args, 2, ["--backend", "nccl", "--model", args.model]) as s:
-        cpp = run_push(args, s.urls, ["--backend", "nccl"], args.model)
-        py = run_child(args, "cpu_nccl", s.urls)
+        cpp, py = alternate(args, lambda: run_push(args, s.urls, ["--backend", "nccl"], args.model),
+                            lambda: run_child(args, "cpu_nccl", s.urls))
     bucket = int(args.bucket_gb * (1 << 30))
-    share = py["rss_peak"] - py["rss_baseline"]
+    share = max(r["rss_peak"] - r["rss_baseline"] for r in py["runs"])
+    last = py["runs"][-1]
+    packed = max(bucket, last["largest_tensor"])  # a packed buffer holds at least the largest tensor
     return {
-        "model": args.model, "servers": 2, "bucket_bytes": bucket, "model_bytes": py["model_bytes"],
+        "model": args.model, "servers": 2, "bucket_bytes": bucket, "model_bytes": last["model_bytes"],
         "cpp": {**summary(cpp["seconds"]), "chunks": cpp["chunks"]},
         "python": {**summary(py["seconds"]), "chunks": py["chunks"], "wall": summary(py["wall"]),
                    "verified": py["verified"]},
-        "rss": {"after_tensors": py["rss_baseline"], "peak_during_syncs": py["rss_peak"],
-                "engine_share": share, "bound": 2 * bucket, "within_bound": share <= 2 * bucket,
-                "peak_reset": py["peak_reset"]},
+        "rss": {"after_tensors": last["rss_baseline"], "after_create": last["rss_after_create"],
+                "after_init": last["rss_after_init"], "peak_during_syncs": last["rss_peak"],
+                "engine_share": share, "packed_buffer": packed, "bound": 2 * packed,
+                "within_bound": share <= 2 * packed, "peak_reset": all(r["peak_reset"] for r in py["runs"])},
     }
+
+
+def alternate(args, cpp_run, py_run):
+    """--rounds of C++ then Python, the per-sync samples of each pooled."""
+    cpp = {"seconds": [], "chunks": 0}
+    py = {"seconds": [], "wall": [], "chunks": 0, "verified": True, "runs": []}
+    for _ in range(args.rounds):
+        c = cpp_run()
+        cpp["seconds"] += c["seconds"]
+        cpp["chunks"] = c["chunks"]
+        p = py_run()
+        py["seconds"] += p["seconds"]
+        py["wall"] += p["wall"]
+        py["chunks"] = p["chunks"]
+        py["verified"] = None if p["verified"] is None else (py["verified"] and p["verified"])
+        py["runs"].append(p)
+    return cpp, py
 
 
 def gpu_part(args):
@@ -269,13 +296,14 @@ def gpu_part(args):
     rows = {}
     with Servers(args, 1, ["--backend", "ipc", "--device", "cuda:0", "--model", args.gpu_model]) as s:
         for mode in ("packed", "zero_copy"):
-            cpp = run_push(args, s.urls, ["--backend", "ipc", "--device", "cuda:0", "--ipc-mode", mode],
-                           args.gpu_model)
-            py = run_child(args, "gpu_ipc", s.urls, mode)
+            cpp, py = alternate(
+                args, lambda: run_push(args, s.urls, ["--backend", "ipc", "--device", "cuda:0", "--ipc-mode", mode],
+                                       args.gpu_model),
+                lambda: run_child(args, "gpu_ipc", s.urls, mode))
             rows[mode] = {"cpp": {**summary(cpp["seconds"]), "chunks": cpp["chunks"]},
                           "python": {**summary(py["seconds"]), "chunks": py["chunks"], "wall": summary(py["wall"]),
                                      "verified": py["verified"]},
-                          "model_bytes": py["model_bytes"]}
+                          "model_bytes": py["runs"][-1]["model_bytes"]}
     return {"model": args.gpu_model, "modes": rows}
 
 
@@ -303,10 +331,12 @@ def print_table(results):
     if "cpu" in results:
         r = results["cpu"]["rss"]
         mib = 1 << 20
-        print(f"Python trainer RSS: {r['after_tensors'] / mib:.0f} MiB with the tensors, peak "
-              f"{r['peak_during_syncs'] / mib:.0f} MiB during the syncs: the engine's share "
-              f"{r['engine_share'] / mib:.0f} MiB, bound 2 x bucket = {r['bound'] / mib:.0f} MiB "
-              f"({'within' if r['within_bound'] else 'OVER'}"
+        print(f"Python trainer RSS: {r['after_tensors'] / mib:.1f} MiB with the tensors, "
+              f"{r['after_create'] / mib:.1f} MiB with the engine made, {r['after_init'] / mib:.1f} MiB after init, "
+              f"peak {r['peak_during_syncs'] / mib:.1f} MiB over init and syncs: the engine's share "
+              f"{r['engine_share'] / mib:.1f} MiB, bound 2 packed buffers of max(bucket, largest tensor) = "
+              f"2 x {r['packed_buffer'] / mib:.1f} = {r['bound'] / mib:.1f} MiB "
+              f"({'within' if r['within_bound'] else 'OVER by %.1f MiB' % ((r['engine_share'] - r['bound']) / mib)}"
               f"{'' if r['peak_reset'] else '; VmHWM could not be reset, the peak includes making the tensors'})")
     if "gpu" in results and "skipped" in results["gpu"]:
         print(f"ipc on a GPU: skipped ({results['gpu']['skipped']})")
@@ -317,7 +347,7 @@ def main():
     if args.child:
         child_main(args)
         return 0
-    results = {"syncs": args.syncs, "bucket_gb": args.bucket_gb}
+    results = {"syncs": args.syncs, "rounds": args.rounds, "bucket_gb": args.bucket_gb}
     if not args.skip_cpu:
         results["cpu"] = cpu_part(args)
     if not args.skip_gpu:

@@ -10,14 +10,8 @@ sha256 digests this test computes itself over each tensor's bytes, copied to the
 Skips without torch, CUDA or a GPU (label gpu).
 """
 
-import hashlib
 import json
 import os
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 
 import pytest
 
@@ -26,6 +20,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs torch with CUDA and a GPU", allow_module_level=True)
 
 import wsync  # noqa: E402
+from conftest import run_python, sha256_digests  # noqa: E402
 
 MODEL = "qwen3-tiny"
 DEVICE = "cuda:0"
@@ -33,62 +28,10 @@ ALIGN = 256  # bytes between tensors in the flat buffer, as cudaMalloc aligns al
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def wsync_bin():
-    path = os.environ.get("WSYNC_BIN")
-    if not path or not os.path.exists(path):
-        pytest.skip("WSYNC_BIN must name the wsync binary")
-    return path
-
-
-class Server:
-    """One `wsync serve --backend ipc --device cuda:0` process, killed at teardown."""
-
-    def __init__(self, tmp):
-        ready = os.path.join(tmp, "ready")
-        self.log = open(os.path.join(tmp, "serve.log"), "w+")
-        self.proc = subprocess.Popen(
-            [wsync_bin(), "serve", "--port", "0", "--model", MODEL, "--backend", "ipc", "--device", DEVICE,
-             "--timeout", "60", "--ready-file", ready],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not (os.path.exists(ready) and os.path.getsize(ready) > 0):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"wsync serve did not start: {self.output()}")
-            time.sleep(0.05)
-        with open(ready) as f:
-            self.url = f.read().strip()
-
-    def output(self):
-        self.log.seek(0)
-        return self.log.read()[-4000:]
-
-    def post(self, route, body):
-        req = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())
-
-    def checksums(self):
-        return self.post("/weight_checker", {"action": "checksum", "algorithm": "sha256"})["checksums"]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=30)
-        finally:
-            self.log.close()
-
-
 @pytest.fixture
-def server():
-    with tempfile.TemporaryDirectory() as tmp:
-        s = Server(tmp)
-        try:
-            yield s
-        finally:
-            s.stop()
+def server(wsync_server):
+    """One `wsync serve --backend ipc --device cuda:0` on the trainer's GPU."""
+    return wsync_server(backend="ipc", model=MODEL, device=DEVICE, args=("--timeout", "60"))
 
 
 def child(parent, dotted):
@@ -144,12 +87,8 @@ class Qwen3Shaped(torch.nn.Module):
 
 
 def digests(model):
-    """sha256 of each tensor's bytes, copied to the host, by name."""
-    out = {}
-    for name, t in model.state_dict().items():
-        host = t.detach().contiguous().cpu().reshape(-1)
-        out[name] = hashlib.sha256(host.view(torch.uint8).numpy().tobytes()).hexdigest()
-    return out
+    """sha256 of each tensor's bytes (copied to the host), by name: computed here."""
+    return sha256_digests(model.state_dict().items())
 
 
 def flat_model(seed):
@@ -230,15 +169,14 @@ def test_a_tensor_outside_the_storage_is_named_and_auto_packs(server):
 
 
 CHILD = r"""
-import json, sys, torch, wsync
-sys.path.insert(0, sys.argv[2])
+import json, os, sys, wsync
+sys.path.insert(0, os.environ["WSYNC_TEST_DIR"])
 import test_gpu_ipc as t
-url = sys.argv[1]
 model = t.flat_model(seed=5)
 source = wsync.StateDictSource(model, storage=model.flat)
 out = {"ok": True, "error": ""}
 try:
-    with wsync.TrainerEngine("ipc", [url], device=t.DEVICE, timeout=60.0, mode="zero_copy") as engine:
+    with wsync.TrainerEngine("ipc", [os.environ["WSYNC_TEST_URL"]], device=t.DEVICE, timeout=60.0, mode="zero_copy") as engine:
         engine.init(source)
         model.train_steps(1, seed=50)
         engine.send_weights(source, weight_version="expandable")
@@ -251,14 +189,15 @@ print(json.dumps(out))
 
 def test_expandable_segments_export_through_their_fd_or_say_why(server):
     """torch's expandable segments allocate with cuMemCreate: the flat buffer goes out as
-    its allocation's POSIX fd, or the sync fails naming why it cannot."""
+    its allocation's POSIX fd, or the sync fails naming why it cannot (no fd handle type,
+    no ptrace rights to take the fd, a buffer spread over several allocations)."""
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    r = subprocess.run([sys.executable, "-c", CHILD, server.url, os.path.dirname(__file__)], env=env,
-                       capture_output=True, text=True, timeout=300)
+    env = dict(env, WSYNC_TEST_URL=server.url, WSYNC_TEST_DIR=os.path.dirname(os.path.abspath(__file__)))
+    r = run_python(CHILD, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if out["ok"]:
         assert server.checksums() == out["digests"]
     else:
-        reasons = ["POSIX fd handle type", "pidfd_getfd", "ptrace", "several", "cuda_ipc"]
+        reasons = ["POSIX fd handle type", "pidfd_getfd", "ptrace", "several cuMemCreate allocations"]
         assert any(w in out["error"] for w in reasons), out["error"]

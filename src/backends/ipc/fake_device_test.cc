@@ -684,6 +684,58 @@ TEST_F(IpcFakeGpu, TwoRanksEachOfferTheirOwnTensorsZeroCopyAndFallBackToPackingT
   EXPECT_TRUE(Eventually([&] { return plane_.imports.load() == 0; }, 5)) << plane_.imports.load() << " left";
 }
 
+// Two ranks whose sources offer flat buffers (no DeviceTensorSource), mode auto: the
+// first sync packs and shows each rank its layout, then zero-copy. A rank whose tensor
+// leaves its block after the ranks agreed on the layout fails the sync on both ranks,
+// naming the tensor; the next syncs pack, then go zero-copy again once it is back.
+TEST_F(IpcFakeGpu, TwoRanksLearnTheirFlatBuffersAndAgreeOnlyWhileBothHold) {
+  constexpr Device kCuda1{Device::Kind::kCuda, 1};
+  Server& tp2 = StartServer(2);
+  auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("qwen3-tiny")), 15, 2));
+  Group group = Group::Connect(2);
+  std::vector<std::unique_ptr<FlatBufferSource>> sources(2);
+  std::vector<std::unique_ptr<TrainerEngine>> engines(2);
+  for (int r = 0; r < 2; ++r) {
+    sources[r] = std::move(*FlatBufferSource::Create(r == 0 ? kCuda0 : kCuda1, trainer->metadata(), {}));
+    TrainerOptions o = Options({&tp2}, r == 0 ? kCuda0 : kCuda1);
+    o.rank = r;
+    o.comm = group.ranks[r]->comm();
+    engines[r] = std::move(*CreateIpcTrainer(o));
+  }
+  for (const Status& s : OnRanks(2, [&](int r) { return engines[r]->Init(trainer->metadata()); })) {
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  uint64_t step = 0;
+  std::vector<uint64_t> chunks(2);
+  auto sync = [&] {
+    EXPECT_TRUE(trainer->Step(++step).ok());
+    for (auto& src : sources) EXPECT_TRUE(src->Upload(trainer->tensors()).ok());
+    return OnRanks(2, [&](int r) -> Status {
+      WSYNC_ASSIGN_OR_RETURN(SyncStats st, engines[r]->SendWeights(*sources[r], std::nullopt));
+      chunks[r] = st.chunks;
+      return Status::Ok();
+    });
+  };
+  auto synced = [&] {
+    for (const Status& s : sync()) EXPECT_TRUE(s.ok()) << s.ToString();
+    ExpectHolds(*tp2.service, *trainer);
+    return chunks;
+  };
+  EXPECT_GE(synced()[0], 3u);
+  EXPECT_EQ(synced(), (std::vector<uint64_t>{1, 1}));
+  sources[1]->stray = 3;
+  const std::string name = trainer->metadata()[3].name;
+  std::vector<Status> failed = sync();
+  for (const Status& s : failed) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("tensor " + name + " ("), std::string::npos) << s.ToString();
+  }
+  EXPECT_GE(synced()[1], 3u);  // rank 1 forgot its layout: both pack
+  sources[1]->stray.reset();
+  EXPECT_GE(synced()[0], 3u);  // the pass that shows the tensor back in the block
+  EXPECT_EQ(synced(), (std::vector<uint64_t>{1, 1}));
+}
+
 TEST_F(IpcFakeGpu, ARankFailingMidSyncStopsTheOthersAndTheNextSessionSyncs) {
   constexpr Device kCuda1{Device::Kind::kCuda, 1};
   Server& tp2 = StartServer(2);
