@@ -83,10 +83,10 @@ def write_checkpoint(directory, pairs):
 def random_model(model, seed):
     """[(name, tensor)] of every HF tensor of a registered model, random, in its order."""
     import torch
-    from wsync import _wsync
+    import wsync
     g = torch.Generator().manual_seed(seed)
     out = []
-    for name, dtype, shape in _wsync._model_tensors(model):
+    for name, dtype, shape in wsync.model_metadata(model):
         out.append((name, (torch.randn(shape, generator=g) * 0.02).to(getattr(torch, dtype))))
     return out
 

@@ -74,8 +74,7 @@ class FlakyModel(StandInModel):
 
 def test_load_weights_that_raises_fails_the_sync_with_its_text_then_the_next_sync_lands(tmp_path, checkpoint):
     ckpt, pairs = checkpoint
-    from wsync import _wsync
-    metadata = _wsync._model_tensors("qwen3-tiny")
+    metadata = wsync.model_metadata("qwen3-tiny")
     model = FlakyModel(metadata)
     engine = wsync.ReceiverEngine("nccl", timeout=30, metadata=metadata)
     server = WorkerServer([engine], [model], model_name="qwen3-tiny", timeout=30).start()
@@ -108,8 +107,7 @@ def test_load_weights_receives_views_of_the_receive_buffers(tmp_path, checkpoint
                 seen.append((name, t.device.type, t.is_contiguous(), t.data_ptr()))
             return super().load_weights(weights)
 
-    from wsync import _wsync
-    metadata = _wsync._model_tensors("qwen3-tiny")
+    metadata = wsync.model_metadata("qwen3-tiny")
     server = WorkerServer([wsync.ReceiverEngine("ipc", timeout=30)], [Recording(metadata)], timeout=30).start()
     try:
         r = push(tmp_path, "push", [server], "--backend", "ipc", "--checkpoint", ckpt, "--bucket-gb", 1 / 1024)
@@ -139,8 +137,7 @@ def test_engine_refuses_bad_options_and_updates_naming_them():
 
 
 def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):
-    from wsync import _wsync
-    metadata = _wsync._model_tensors("qwen3-tiny")
+    metadata = wsync.model_metadata("qwen3-tiny")
     server = WorkerServer([wsync.ReceiverEngine("nccl", timeout=5)], [StandInModel(metadata)], timeout=5,
                           api_key="k").start()
     try:
@@ -170,8 +167,7 @@ def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):
 
 
 def test_a_session_whose_trainer_vanished_expires_after_its_lease():
-    from wsync import _wsync
-    metadata = _wsync._model_tensors("qwen3-tiny")
+    metadata = wsync.model_metadata("qwen3-tiny")
     server = WorkerServer([wsync.ReceiverEngine("ipc", timeout=5)], [StandInModel(metadata)], timeout=5,
                           session_lease=0.3).start()
     try:

@@ -5,13 +5,13 @@ inference worker written in Python builds a ``ReceiverEngine`` and lands each up
 through its own ``load_weights``. See the README's "Python" section.
 
 Trainer side: ``TrainerEngine``, ``SyncStats``, ``StateDictSource``, ``TensorListSource``,
-``model_metadata``. Errors: ``wsync.Error`` and one subclass per status (``wsync.errors``).
+``model_metadata``. Receive side: ``ReceiverEngine``, and ``wsync.worker_server`` (a
+vLLM-shaped HTTP front over receivers). Errors: ``wsync.Error`` and one subclass per status (``wsync.errors``).
 """
 
 from wsync import errors
 from wsync._wsync import trainer_backends
 from wsync.errors import *  # noqa: F401,F403  (the exception classes)
-from wsync.receiver import ReceiverEngine  # receiver side
 
 # ---- trainer side --------------------------------------------------------------------
 from wsync.sources import (StateDictSource, TensorListSource, dtype_name, model_metadata,
@@ -21,7 +21,9 @@ from wsync.trainer import SyncStats, TrainerEngine
 _trainer_exports = ["TrainerEngine", "SyncStats", "StateDictSource", "TensorListSource",
                     "dtype_name", "model_metadata", "registered_models"]
 
-# ---- receiver side (pyrecv) -----------------------------------------------------------
+# ---- receiver side -------------------------------------------------------------------
+from wsync.receiver import ReceiverEngine
+
 _receiver_exports = ["ReceiverEngine"]
 
 __all__ = (["errors", "trainer_backends"] + _trainer_exports + _receiver_exports

@@ -33,11 +33,11 @@ import sys
 import threading
 import time
 import urllib.parse
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from wsync import _wsync, errors
 from wsync.receiver import ReceiverEngine
+from wsync.sources import model_metadata
 
 MAX_BODY_BYTES = 256 << 20  # as `wsync serve`: room for MoE update_info lists
 
@@ -493,7 +493,7 @@ def main(argv=None):
         for key in ("base_checkpoint", "local_checkpoint_dir", "sync_root"):
             if getattr(a, key):
                 options[key] = getattr(a, key)
-    metadata = _wsync._model_tensors(a.model)
+    metadata = model_metadata(a.model)
     engines, models = [], []
     for rank in range(a.workers):
         device = a.device

@@ -147,15 +147,6 @@ class PyReceiverEngine {
   std::unique_ptr<ReceiverEngine> engine_;
 };
 
-// The HF tensors of a registered model (or a config.json directory), for the worker
-// server's stand-in model.
-std::vector<MetaEntry> ModelTensors(const std::string& name_or_dir) {
-  ModelConfig config = ValueOrRaise(LookupModel(name_or_dir));
-  std::vector<MetaEntry> out;
-  for (const TensorMeta& m : HfTensors(config)) out.emplace_back(m.name, std::string(TorchName(m.dtype)), m.shape);
-  return out;
-}
-
 // The hex digest of a buffer's bytes ("sha256" or "xxh3_128"), as /weight_checker gives it.
 std::string BufferDigest(const std::string& algorithm, py::buffer data) {
   DigestAlgorithm alg = ValueOrRaise(ParseDigestAlgorithm(algorithm));
@@ -189,8 +180,6 @@ void BindReceiver(py::module_& m) {
       .def_property_readonly("backend", &PyReceiverEngine::backend)
       .def_property_readonly("worker_rank", &PyReceiverEngine::worker_rank)
       .def_property_readonly("device", &PyReceiverEngine::device);
-  m.def("_model_tensors", &ModelTensors, py::arg("name_or_config_dir"),
-        "[(hf_name, dtype_name, shape), ...] of a registered model (the worker server's stand-in model).");
   m.def("_hex_digest", &BufferDigest, py::arg("algorithm"), py::arg("data"),
         "Hex digest ('sha256' or 'xxh3_128') of a contiguous buffer's bytes.");
   m.def("receiver_backends", &ReceiverBackendNames,
