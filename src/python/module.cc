@@ -6,9 +6,15 @@
 
 #include "python/bindings.h"
 #include "wsync/trainer.h"
+#ifdef WSYNC_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 PYBIND11_MODULE(_wsync, m) {
   m.doc() = "wsync: weight sync from RL trainers into inference servers";
+#ifdef WSYNC_WITH_CUDA
+  wsync::cuda::InstallDeviceRuntime();  // devices "cuda:N" work once the module is imported
+#endif
   m.def("trainer_backends", &wsync::TrainerBackendNames,
         "Names of the trainer backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
   wsync::python::BindTrainer(m);
