@@ -8,6 +8,10 @@ A source is any object with
 * ``__iter__`` -> ``(name, tensor)`` pairs in exactly that order, iterated once per sync.
   A tensor is a torch tensor (CPU or CUDA), a numpy array, or anything with
   ``__dlpack__``; it is read in place through DLPack (no copy), so it must be contiguous.
+* optionally ``yields_ready_tensors`` (an attribute, default False): True when the work
+  that produced every tensor of a pass is finished before the pass yields its first one
+  (the source synchronized the CUDA streams itself); otherwise the engine synchronizes
+  torch's current stream once per CUDA tensor.
 * optionally ``storage()`` -> one tensor whose memory holds every yielded tensor at fixed
   offsets for the life of the source (the ``ipc`` backend can then export it without
   staging), or ``None``.
@@ -51,6 +55,15 @@ def _contiguous(tensor):
         import numpy
         return numpy.ascontiguousarray(tensor)
     return tensor
+
+
+def _synchronize_cuda(tensors):
+    """Waits once per CUDA device for torch's current stream there, where ``tensors`` live."""
+    devices = {t.device for t in tensors if getattr(t, "is_cuda", False)}
+    if devices:
+        import torch
+        for device in devices:
+            torch.cuda.current_stream(device).synchronize()
 
 
 def _detached(tensor):
@@ -101,8 +114,16 @@ class StateDictSource:
         """The flat tensor given as ``storage=``, or None."""
         return self._storage
 
+    @property
+    def yields_ready_tensors(self):
+        """True unless tensors are copied as they are sent: each pass synchronizes first."""
+        return not self._copy
+
     def __iter__(self):
-        for name, tensor in self._items():
+        items = list(self._items())
+        if not self._copy:
+            _synchronize_cuda([t for _, t in items])
+        for name, tensor in items:
             yield name, (_contiguous(tensor) if self._copy else tensor)
 
     def __len__(self):
@@ -139,7 +160,14 @@ class TensorListSource:
         """The flat tensor given as ``storage=``, or None."""
         return self._storage
 
+    @property
+    def yields_ready_tensors(self):
+        """True unless tensors are copied as they are sent: each pass synchronizes first."""
+        return not self._copy
+
     def __iter__(self):
+        if not self._copy:
+            _synchronize_cuda([t for _, t in self._items])
         for name, tensor in self._items:
             yield name, (_contiguous(tensor) if self._copy else tensor)
 

@@ -77,7 +77,8 @@ py::capsule Own(DLManagedTensor* managed) {
 
 }  // namespace
 
-Result<BorrowedTensor> Borrow(py::handle tensor, std::string_view name, std::optional<DType> bits_of) {
+Result<BorrowedTensor> Borrow(py::handle tensor, std::string_view name, std::optional<DType> bits_of,
+                              bool sync_cuda) {
   if (!py::hasattr(tensor, "__dlpack__")) {
     return InvalidArgument(fmt::format("tensor {} is a {}, which has no __dlpack__ (use a torch tensor or a numpy array)",
                                        name, std::string(py::str(py::type::handle_of(tensor).attr("__name__")))));
@@ -133,7 +134,7 @@ Result<BorrowedTensor> Borrow(py::handle tensor, std::string_view name, std::opt
       // wsync reads on streams of its own: the work that wrote a torch tensor on torch's
       // current stream must be done first (DLPack's stream handshake needs wsync's stream,
       // which the engine picks later).
-      if (py::hasattr(source, "is_cuda")) {
+      if (sync_cuda && py::hasattr(source, "is_cuda")) {
         try {
           py::module_::import("torch").attr("cuda").attr("current_stream")(t.device.device_id).attr("synchronize")();
         } catch (py::error_already_set& e) {

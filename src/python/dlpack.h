@@ -38,8 +38,10 @@ struct BorrowedTensor {
 // unsupported dtype or device is an InvalidArgument naming `name`. `bits_of`: integers of
 // the same width are read as this dtype when it is one numpy lacks (bfloat16 from a
 // uint16/int16 array, float8 from uint8/int8). Needs the GIL. (dlpack.cc)
+// `sync_cuda` false: the caller vouches that the tensor's producing work is done (its
+// source synchronized once for the whole pass).
 Result<BorrowedTensor> Borrow(pybind11::handle tensor, std::string_view name,
-                              std::optional<DType> bits_of = std::nullopt);
+                              std::optional<DType> bits_of = std::nullopt, bool sync_cuda = true);
 
 // A DLPack capsule ("dltensor") over `bytes`, which wsync owns and keeps valid while the
 // capsule's consumer may use it; `keep_alive` is held until the consumer releases it.

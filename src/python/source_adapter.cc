@@ -36,9 +36,12 @@ std::string TypeName(py::handle obj) { return py::str(py::type::handle_of(obj).a
 
 class PyStream final : public TensorStream {
  public:
+  // `ready`: the source yields tensors whose CUDA work is already done (its
+  // yields_ready_tensors attribute), so no tensor needs a stream synchronization of its own.
   PyStream(py::object iterator, std::shared_ptr<PassControl> control,
-           std::shared_ptr<const std::vector<TensorMeta>> metadata, const Device& device)
-      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(std::move(metadata)), device_(device) {}
+           std::shared_ptr<const std::vector<TensorMeta>> metadata, const Device& device, bool ready)
+      : iterator_(std::move(iterator)), control_(std::move(control)), metadata_(std::move(metadata)), device_(device),
+        ready_(ready) {}
 
   ~PyStream() override {
     DropWithGil(iterator_);
@@ -72,7 +75,7 @@ class PyStream final : public TensorStream {
     std::string name = pair[0].cast<std::string>();
     std::optional<DType> bits_of;
     if (index_ < metadata_->size() && (*metadata_)[index_].name == name) bits_of = (*metadata_)[index_].dtype;
-    Result<BorrowedTensor> borrowed = Borrow(pair[1], name, bits_of);
+    Result<BorrowedTensor> borrowed = Borrow(pair[1], name, bits_of, /*sync_cuda=*/!ready_);
     if (!borrowed.ok()) return borrowed.status();
     if (!borrowed->device.is_cpu() && borrowed->device != device_) {
       std::string on = borrowed->device.ToString();
@@ -90,6 +93,7 @@ class PyStream final : public TensorStream {
   std::shared_ptr<PassControl> control_;
   const std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // a stream may outlive its PySource
   const Device device_;
+  const bool ready_;
   std::optional<BorrowedTensor> current_;    // the tensor lent by the last Next()
   size_t index_ = 0;
 };
@@ -235,7 +239,9 @@ Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
   if (control_->cancelled()) return Aborted("the trainer was interrupted (KeyboardInterrupt) before its source's pass");
   py::gil_scoped_acquire gil;
   py::object iterator;
+  bool ready = false;
   try {
+    ready = py::bool_(py::getattr(source_, "yields_ready_tensors", py::bool_(false)));
     iterator = py::reinterpret_borrow<py::object>(py::iter(source_));
   } catch (py::error_already_set& e) {
     std::string text = DescribePythonError(e);
@@ -245,7 +251,7 @@ Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
     return failed;
   }
   return std::unique_ptr<TensorStream>(std::make_unique<RecordingStream>(
-      std::make_unique<PyStream>(std::move(iterator), control_, metadata_, device_), metadata_, control_));
+      std::make_unique<PyStream>(std::move(iterator), control_, metadata_, device_, ready), metadata_, control_));
 }
 
 std::optional<SourceStorage> PySource::storage() const {
