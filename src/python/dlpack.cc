@@ -15,6 +15,40 @@ namespace {
 constexpr const char* kCapsuleName = "dltensor";
 constexpr const char* kUsedCapsuleName = "used_dltensor";
 
+// torch's exporter without the stream handshake of Tensor.__dlpack__, whose Python-level
+// event record and wait cost more per CUDA tensor than the rest of a zero-copy sync's
+// per-tensor work; Borrow synchronizes torch's stream itself. Null until torch is
+// imported (numpy-only callers never import it). Kept for the life of the process.
+struct TorchExporter {
+  PyObject* tensor_type = nullptr;
+  PyObject* to_dlpack = nullptr;
+};
+
+const TorchExporter& Torch() {
+  static TorchExporter torch;
+  if (torch.to_dlpack != nullptr) return torch;
+  py::dict modules = py::module_::import("sys").attr("modules");
+  if (!modules.contains("torch")) return torch;
+  try {
+    py::object tensor_type = py::module_::import("torch").attr("Tensor");
+    py::object to_dlpack = py::module_::import("torch.utils.dlpack").attr("to_dlpack");
+    torch.tensor_type = tensor_type.release().ptr();
+    torch.to_dlpack = to_dlpack.release().ptr();
+  } catch (py::error_already_set&) {
+    // A torch without to_dlpack: every tensor goes through __dlpack__.
+  }
+  return torch;
+}
+
+// The "dltensor" capsule of `tensor`: torch's exporter for torch tensors, else __dlpack__.
+py::object ExportCapsule(const py::object& tensor) {
+  const TorchExporter& torch = Torch();
+  if (torch.to_dlpack != nullptr && PyObject_IsInstance(tensor.ptr(), torch.tensor_type) == 1) {
+    return py::reinterpret_borrow<py::object>(torch.to_dlpack)(tensor);
+  }
+  return tensor.attr("__dlpack__")();
+}
+
 std::optional<DType> FromDl(DLDataType t) {
   if (t.lanes != 1) return std::nullopt;
   switch (t.code) {
@@ -91,7 +125,7 @@ Result<BorrowedTensor> Borrow(py::handle tensor, std::string_view name, std::opt
   }
   py::object capsule_obj;
   try {
-    capsule_obj = source.attr("__dlpack__")();
+    capsule_obj = ExportCapsule(source);
   } catch (py::error_already_set& e) {
     return InvalidArgument(fmt::format("tensor {} cannot be read through DLPack: {}", name, e.what()));
   }
