@@ -12,34 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-SOURCE_DIR = Path(os.environ.get("WSYNC_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-
-
-def wsync_bin():
-    """The `wsync` CLI: $WSYNC_BIN, else <source>/build/tools/wsync."""
-    return os.environ.get("WSYNC_BIN") or str(SOURCE_DIR / "build" / "tools" / "wsync")
-
-
-def http_json(url, path, body=None, timeout=30.0):
-    """(status, parsed reply) of GET (body None) or POST `body` to url + path."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method="GET" if body is None else "POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
+from conftest import http_json, wsync_bin  # noqa: F401  (shared with the trainer's tests)
 
 
 def tensor_bytes(tensor):

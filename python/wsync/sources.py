@@ -71,7 +71,35 @@ def _detached(tensor):
     return detach() if callable(detach) else tensor
 
 
-class StateDictSource:
+class _Source:
+    """What the shipped sources share: metadata, storage and one pass over ``_pairs()``.
+
+    A subclass sets ``_metadata``, ``_copy`` and ``_storage`` and defines ``_pairs()``, the
+    (name, tensor) list of one pass.
+    """
+
+    def metadata(self):
+        """``[(name, dtype_name, shape), ...]`` in iteration order."""
+        return list(self._metadata)
+
+    def storage(self):
+        """The flat tensor given as ``storage=``, or None."""
+        return self._storage
+
+    @property
+    def yields_ready_tensors(self):
+        """True unless tensors are copied as they are sent: each pass synchronizes first."""
+        return not self._copy
+
+    def __iter__(self):
+        items = self._pairs()
+        if not self._copy:
+            _synchronize_cuda([t for _, t in items])
+        for name, tensor in items:
+            yield name, (_contiguous(tensor) if self._copy else tensor)
+
+
+class StateDictSource(_Source):
     """The tensors of a ``torch.nn.Module`` (its ``state_dict()``) or of a mapping.
 
     ``StateDictSource(module_or_state_dict, name_map=None, copy_non_contiguous=False,
@@ -106,25 +134,8 @@ class StateDictSource:
                     continue
             yield name, _detached(tensor)
 
-    def metadata(self):
-        """``[(name, dtype_name, shape), ...]`` in iteration order."""
-        return list(self._metadata)
-
-    def storage(self):
-        """The flat tensor given as ``storage=``, or None."""
-        return self._storage
-
-    @property
-    def yields_ready_tensors(self):
-        """True unless tensors are copied as they are sent: each pass synchronizes first."""
-        return not self._copy
-
-    def __iter__(self):
-        items = list(self._items())
-        if not self._copy:
-            _synchronize_cuda([t for _, t in items])
-        for name, tensor in items:
-            yield name, (_contiguous(tensor) if self._copy else tensor)
+    def _pairs(self):
+        return list(self._items())
 
     def __len__(self):
         return len(self._metadata)
@@ -133,7 +144,7 @@ class StateDictSource:
         return f"StateDictSource({len(self._metadata)} tensors)"
 
 
-class TensorListSource:
+class TensorListSource(_Source):
     """A fixed list of tensors: ``TensorListSource([(name, tensor), ...])``.
 
     Each item is ``(name, tensor)`` or ``(name, tensor, dtype_name)``; the third form says
@@ -152,24 +163,8 @@ class TensorListSource:
         self._copy = copy_non_contiguous
         self._storage = storage
 
-    def metadata(self):
-        """``[(name, dtype_name, shape), ...]`` in iteration order."""
-        return list(self._metadata)
-
-    def storage(self):
-        """The flat tensor given as ``storage=``, or None."""
-        return self._storage
-
-    @property
-    def yields_ready_tensors(self):
-        """True unless tensors are copied as they are sent: each pass synchronizes first."""
-        return not self._copy
-
-    def __iter__(self):
-        if not self._copy:
-            _synchronize_cuda([t for _, t in self._items])
-        for name, tensor in self._items:
-            yield name, (_contiguous(tensor) if self._copy else tensor)
+    def _pairs(self):
+        return self._items
 
     def __len__(self):
         return len(self._items)
