@@ -348,12 +348,12 @@ class WorkerServer:
             raise RouteError(400, "INVALID_ARGUMENT", f"unknown pause mode '{mode}': use abort, wait or keep")
         with self._mu:
             self._paused = True
-        return {"message": "Generation paused", "mode": mode}
+        return {"status": "paused"}  # vLLM's reply
 
     def resume(self):
         with self._mu:
             self._paused = False
-        return {"message": "Generation resumed"}
+        return {"status": "resumed"}
 
     def route(self, method, path, query, body, peer):
         """(HTTP status, reply dict) of one request."""

@@ -300,13 +300,14 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kPause) {
       auto it = req.params.find("mode");
       std::string mode = it == req.params.end() ? "abort" : it->second;
-      WSYNC_ASSIGN_OR_RETURN(bool clear_cache, BoolParam(req, "clear_cache", false));
+      // vLLM's defaults and replies (reference/vllm_weight_transfer.md, /pause and /resume).
+      WSYNC_ASSIGN_OR_RETURN(bool clear_cache, BoolParam(req, "clear_cache", true));
       WSYNC_RETURN_IF_ERROR(svc->Pause(mode, clear_cache));
-      return json{{"message", "Generation paused"}, {"mode", mode}};
+      return json{{"status", "paused"}};
     }
     if (path == route::kResume) {
       WSYNC_RETURN_IF_ERROR(svc->Resume());
-      return json{{"message", "Generation resumed"}};
+      return json{{"status", "resumed"}};
     }
     if (path == route::kResetPrefixCache) {
       WSYNC_RETURN_IF_ERROR(svc->ResetPrefixCache());

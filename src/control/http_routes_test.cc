@@ -59,9 +59,10 @@ class RecordingService : public ControlService {
   int WorldSize(bool include_dp) const override { return include_dp ? 4 : 2; }
   std::string WeightVersion() const override { return version; }
   void SetWeightVersion(std::string v) override { version = std::move(v); }
-  Status Pause(std::string_view mode, bool) override {
+  Status Pause(std::string_view mode, bool clear) override {
     if (mode != "abort" && mode != "wait" && mode != "keep") return InvalidArgument("bad mode");
     paused = true;
+    clear_cache = clear;
     return Status::Ok();
   }
   Status Resume() override {
@@ -81,6 +82,7 @@ class RecordingService : public ControlService {
   std::shared_ptr<const json> last_update_ptr;
   bool active = false;
   bool paused = false;
+  bool clear_cache = false;
   std::string version = "default";
 };
 
@@ -160,6 +162,22 @@ TEST_F(HttpRoutes, BadBodiesAre400WithMessages) {
   EXPECT_EQ(cli.Post("/pause?mode=sideways")->status, 400);
   EXPECT_EQ(cli.Get("/get_world_size?include_dp=maybe")->status, 400);
   EXPECT_EQ(cli.Post("/weight_checker", R"({"algorithm":"md5"})", "application/json")->status, 400);
+}
+
+TEST_F(HttpRoutes, PauseAndResumeAnswerAsVllm) {
+  auto cli = Cli();
+  auto r = cli.Post("/pause");  // no body
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body), json({{"status", "paused"}}));
+  EXPECT_TRUE(svc_.clear_cache);  // vLLM's default
+  r = cli.Post("/pause?mode=keep&clear_cache=false");
+  EXPECT_EQ(json::parse(r->body), json({{"status", "paused"}}));
+  EXPECT_FALSE(svc_.clear_cache);
+  r = cli.Post("/resume");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body), json({{"status", "resumed"}}));
 }
 
 TEST_F(HttpRoutes, OversizedBodyIs413) {
