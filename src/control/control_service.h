@@ -7,7 +7,8 @@
 // server calls them from its worker threads, and long calls (init, update) block one
 // worker until their own deadline. The read-only calls (WorldSize, WeightVersion,
 // IsPaused, Health) run on a few threads of their own so that /health answers during
-// long calls: they must not wait for those calls (no lock held across a slow call).
+// long calls: they must not wait for those calls (no lock held across a slow call;
+// IsSleeping and ServerInfo too).
 // Implementations answer every failure as a Status; an exception escaping one is a bug
 // (the HTTP layer still answers it with 500).
 #pragma once
@@ -17,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -56,14 +58,49 @@ class ControlService {
   virtual std::string WeightVersion() const = 0;
   virtual void SetWeightVersion(std::string version) = 0;
 
-  // POST /pause?mode=abort|wait|keep, /resume, GET /is_paused, POST /reset_prefix_cache.
+  // POST /pause?mode=abort|wait|keep, /resume, GET /is_paused (vLLM's pause_generation:
+  // abort ends requests in flight, wait drains them, keep freezes them until /resume).
   virtual Status Pause(std::string_view mode, bool clear_cache) = 0;
   virtual Status Resume() = 0;
   virtual bool IsPaused() const = 0;
-  virtual Status ResetPrefixCache() = 0;
+  // POST /reset_prefix_cache?reset_running_requests=: whether the cache was reset (vLLM
+  // answers {"success": false} when requests still run and may not be reset).
+  virtual Result<bool> ResetPrefixCache(bool reset_running_requests) = 0;
 
-  // POST /weight_checker {"action":"checksum"}: digest of every full HF tensor.
+  // POST /weight_checker {"action": "checksum"|"compare", "algorithm": ...}: wsync's digest
+  // of every full HF tensor, keyed by HF name.
   virtual Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) = 0;
+  // POST /weight_checker with no "algorithm": vLLM's weight checker over each worker's
+  // runtime parameters (keys "dp{d}:pp{p}:pcp{c}:tp{t}:ep{e}:{param}", SHA-256).
+  // `action` is "checksum", "reset" or "compare"; `baseline` is the compare body's
+  // explicit baseline or nullptr (then the one the first checksum saved). The reply body.
+  virtual Result<nlohmann::json> CheckRuntimeWeights(std::string_view action, const nlohmann::json* baseline) {
+    return Unimplemented("this server has no runtime weight checker; name an 'algorithm'");
+  }
+
+  // POST /sleep?level=0|1|2&mode=: vLLM's sleep (level 0 pauses scheduling; 1 also
+  // offloads the weights and drops the KV cache; 2 discards both). An empty reply.
+  virtual Status Sleep(int level, std::string_view mode) {
+    return Unimplemented("this server has no sleep mode");
+  }
+  // POST /wake_up[?tags=weights&tags=kv_cache&tags=scheduling]: brings back what is
+  // named, or everything when `tags` is empty.
+  virtual Status WakeUp(const std::vector<std::string>& tags) {
+    return Unimplemented("this server has no sleep mode");
+  }
+  // GET /is_sleeping: true until every tag is awake.
+  virtual bool IsSleeping() const { return false; }
+  // POST /abort_requests {"request_ids": [...]} (empty: all): the number aborted.
+  virtual Result<int> AbortRequests(const std::vector<std::string>& request_ids) {
+    return Unimplemented("this server runs no requests");
+  }
+  // POST /v1/completions: the reference server's toy generation (OpenAI completions
+  // shape); returns once the request has finished.
+  virtual Result<nlohmann::json> Complete(const nlohmann::json& request) {
+    return Unimplemented("this server does not generate");
+  }
+  // GET /server_info: configuration, capabilities and memory (read-only, quick).
+  virtual nlohmann::json ServerInfo() const { return Health(); }
 
   // GET /health body (liveness; never requires the API key).
   virtual nlohmann::json Health() const = 0;

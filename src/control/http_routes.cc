@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <charconv>
 #include <exception>
 #include <type_traits>
 
@@ -58,6 +59,59 @@ Result<bool> BoolParam(const HttpRequest& req, const char* name, bool fallback) 
   return InvalidArgument(fmt::format("query parameter {}={} is not a boolean", name, v));
 }
 
+// An integer query parameter within [lo, hi], or `fallback` when absent.
+Result<int> IntParam(const HttpRequest& req, const char* name, int fallback, int lo, int hi) {
+  auto it = req.params.find(name);
+  if (it == req.params.end()) return fallback;
+  const std::string& v = it->second;
+  int value = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+  if (ec != std::errc() || end != v.data() + v.size() || value < lo || value > hi) {
+    return InvalidArgument(fmt::format("query parameter {}={} must be an integer in [{}, {}]", name, v, lo, hi));
+  }
+  return value;
+}
+
+// POST /weight_checker. `action` is required. A body naming an `algorithm` asks for
+// wsync's whole-HF-tensor digests (checksum, or compare with an explicit baseline);
+// otherwise the request is vLLM's, over each worker's runtime parameters.
+Result<json> WeightChecker(ControlService* svc, const json& b) {
+  auto it = b.find("action");
+  if (it == b.end()) return InvalidArgument("weight_checker needs a field 'action' (checksum, reset or compare)");
+  if (!it->is_string()) return InvalidArgument("field 'action' must be a string (checksum, reset or compare)");
+  const std::string action = it->get<std::string>();
+  if (action != "checksum" && action != "compare" && action != "reset") {
+    return InvalidArgument(fmt::format("unknown weight_checker action '{}' (field 'action': checksum, reset or compare)",
+                                       action));
+  }
+  const json* baseline = nullptr;
+  if (auto bl = b.find("baseline"); bl != b.end() && !bl->is_null()) {
+    if (!bl->is_object()) return InvalidArgument("field 'baseline' must be an object of name: digest");
+    baseline = &*bl;
+  }
+  if (!b.contains("algorithm")) return svc->CheckRuntimeWeights(action, baseline);
+  WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "sha256"));
+  Result<DigestAlgorithm> alg = ParseDigestAlgorithm(alg_name);
+  if (!alg.ok()) return InvalidArgument(fmt::format("field 'algorithm': {}", alg.status().message()));
+  if (action == "reset") {
+    return InvalidArgument("weight_checker action 'reset' takes no 'algorithm' (it overwrites runtime parameters)");
+  }
+  if (action == "compare" && baseline == nullptr) {
+    return InvalidArgument("weight_checker 'compare' with an 'algorithm' needs a field 'baseline'");
+  }
+  WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
+  if (action == "checksum") return json{{"checksums", sums}};
+  json mismatches = json::array();
+  for (const auto& [name, hex] : sums) {
+    auto found = baseline->find(name);
+    if (found == baseline->end() || *found != hex) mismatches.push_back(name);
+  }
+  for (const auto& [name, _] : baseline->items()) {
+    if (!sums.contains(name)) mismatches.push_back(name);
+  }
+  return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
+}
+
 enum class Method { kGet, kPost };
 
 struct Route {
@@ -82,6 +136,13 @@ constexpr Route kRoutes[] = {
     {route::kWeightInfo, Method::kGet, true},
     {route::kIsPaused, Method::kGet, true},
     {route::kHealth, Method::kGet, true},
+    {route::kSleep, Method::kPost, false},
+    {route::kWakeUp, Method::kPost, false},
+    {route::kIsSleeping, Method::kGet, true},
+    {route::kAbortRequests, Method::kPost, false},
+    {route::kServerInfo, Method::kGet, true},
+    {route::kCollectiveRpc, Method::kPost, false},
+    {route::kCompletions, Method::kPost, false},
 };
 
 const Route* FindRoute(const HttpRequest& req) {
@@ -237,13 +298,16 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kWeightInfo) return Reply(200, json{{"weight_version", svc->WeightVersion()}});
     if (path == route::kIsPaused) return Reply(200, json{{"is_paused", svc->IsPaused()}});
     if (path == route::kHealth) return Reply(200, svc->Health());
+    if (path == route::kIsSleeping) return Reply(200, json{{"is_sleeping", svc->IsSleeping()}});
+    if (path == route::kServerInfo) return Reply(200, svc->ServerInfo());
     return Error(NotFound(fmt::format("no route {} {}", req.method, path)));
   }
 
   // POST: the body is a JSON object; an empty body is `{}` where the route allows it.
   static constexpr std::string_view kEmptyOk[] = {route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
                                                   route::kFinishWeightUpdate, route::kPause, route::kResume,
-                                                  route::kResetPrefixCache};
+                                                  route::kResetPrefixCache, route::kSleep, route::kWakeUp,
+                                                  route::kAbortRequests};
   bool allow_empty = false;
   for (std::string_view p : kEmptyOk) allow_empty |= path == p;
   std::shared_ptr<const json> body;
@@ -310,39 +374,56 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       return json{{"status", "resumed"}};
     }
     if (path == route::kResetPrefixCache) {
-      WSYNC_RETURN_IF_ERROR(svc->ResetPrefixCache());
-      return json{{"message", "Prefix cache reset"}};
+      WSYNC_ASSIGN_OR_RETURN(bool running, BoolParam(req, "reset_running_requests", false));
+      WSYNC_ASSIGN_OR_RETURN(bool external, BoolParam(req, "reset_external", false));
+      (void)external;  // no external (connector) cache here
+      WSYNC_ASSIGN_OR_RETURN(bool success, svc->ResetPrefixCache(running));
+      return json{{"success", success}};
     }
-    if (path == route::kWeightChecker) {
-      WSYNC_ASSIGN_OR_RETURN(std::string action, StringField(b, "action", "checksum"));
-      if (action != "checksum" && action != "compare") {
-        return InvalidArgument(fmt::format("unknown weight_checker action '{}' (field 'action')", action));
-      }
-      WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "sha256"));
-      Result<DigestAlgorithm> alg = ParseDigestAlgorithm(alg_name);
-      if (!alg.ok()) return InvalidArgument(fmt::format("field 'algorithm': {}", alg.status().message()));
-      const json* baseline = nullptr;
-      if (action == "compare") {
-        WSYNC_ASSIGN_OR_RETURN(baseline, ObjectField(b, "baseline"));
-      }
-      WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
-      if (action == "checksum") return json{{"checksums", sums}};
-      json mismatches = json::array();
-      for (const auto& [name, hex] : sums) {
-        auto it = baseline->find(name);
-        if (it == baseline->end() || *it != hex) mismatches.push_back(name);
-      }
-      for (const auto& [name, _] : baseline->items()) {
-        if (!sums.contains(name)) mismatches.push_back(name);
-      }
-      return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
+    if (path == route::kWeightChecker) return WeightChecker(svc, b);
+    if (path == route::kSleep) {
+      WSYNC_ASSIGN_OR_RETURN(int level, IntParam(req, "level", 1, 0, 2));
+      auto it = req.params.find("mode");
+      WSYNC_RETURN_IF_ERROR(svc->Sleep(level, it == req.params.end() ? "abort" : it->second));
+      return json(nullptr);  // vLLM answers an empty 200
     }
+    if (path == route::kWakeUp) {
+      std::vector<std::string> tags;
+      for (const auto& [name, value] : req.query) {
+        if (name == "tags") tags.push_back(value);
+      }
+      WSYNC_RETURN_IF_ERROR(svc->WakeUp(tags));
+      return json(nullptr);
+    }
+    if (path == route::kAbortRequests) {
+      std::vector<std::string> ids;
+      if (auto it = b.find("request_ids"); it != b.end() && !it->is_null()) {
+        if (!it->is_array()) return InvalidArgument("field 'request_ids' must be a list of strings");
+        for (const json& id : *it) {
+          if (!id.is_string()) return InvalidArgument("field 'request_ids' must be a list of strings");
+          ids.push_back(id.get<std::string>());
+        }
+      }
+      WSYNC_ASSIGN_OR_RETURN(int aborted, svc->AbortRequests(ids));
+      return json{{"status", "aborted"}, {"aborted", aborted}};
+    }
+    if (path == route::kCollectiveRpc) {
+      WSYNC_ASSIGN_OR_RETURN(std::string method, StringField(b, "method", ""));
+      if (method.empty()) return InvalidArgument("collective_rpc needs a string field 'method'");
+      return Unimplemented(fmt::format(
+          "collective_rpc '{}': this server dispatches no worker methods by name; it runs only its named "
+          "routes ({}, {}, {}, {}, {}, {}, {}, ...)",
+          method, route::kInitWeightTransfer, route::kStartWeightUpdate, route::kUpdateWeights,
+          route::kFinishWeightUpdate, route::kSleep, route::kWakeUp, route::kWeightChecker));
+    }
+    if (path == route::kCompletions) return svc->Complete(b);
     return NotFound(fmt::format("no route {} {}", req.method, path));
   }();
 
   // Only a body its route accepted stays cached: a refused one, however large, is let go.
   if (cacheable && !from_cache && out.ok()) cache_->Put(path, req.body, body);
   if (!out.ok()) return Error(out.status());
+  if (out->is_null()) return HttpResponse{200, ""};  // vLLM's empty 200 (/sleep, /wake_up)
   return Reply(200, *out);
 }
 

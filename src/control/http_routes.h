@@ -26,6 +26,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +44,8 @@ struct HttpRequest {
   std::string path;    // percent-decoded, without the query; arbitrary bytes
   // Query parameters, percent-decoded; the first of repeated names wins.
   std::map<std::string, std::string> params;
+  // Every query parameter in request order, repeated names included (/wake_up?tags=a&tags=b).
+  std::vector<std::pair<std::string, std::string>> query;
   // Header names lower-cased; the first of repeated names wins.
   std::map<std::string, std::string> headers;
   std::string body;

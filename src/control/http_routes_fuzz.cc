@@ -76,7 +76,7 @@ class FakeControlService : public wsync::ControlService {
     return wsync::Status::Ok();
   }
   bool IsPaused() const override { return paused_; }
-  wsync::Status ResetPrefixCache() override { return wsync::Status::Ok(); }
+  wsync::Result<bool> ResetPrefixCache(bool) override { return true; }
   wsync::Result<std::map<std::string, std::string>> Checksums(wsync::DigestAlgorithm a) override {
     return std::map<std::string, std::string>{{"w", std::string(wsync::DigestAlgorithmName(a))}};
   }

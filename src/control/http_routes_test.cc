@@ -70,7 +70,7 @@ class RecordingService : public ControlService {
     return Status::Ok();
   }
   bool IsPaused() const override { return paused; }
-  Status ResetPrefixCache() override { return Status::Ok(); }
+  Result<bool> ResetPrefixCache(bool) override { return true; }
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm a) override {
     return std::map<std::string, std::string>{{"w", std::string(DigestAlgorithmName(a))}};
   }
@@ -266,7 +266,7 @@ std::string Message(const HttpResponse& r) {
 class ThrowingService : public RecordingService {
  public:
   Status StartWeightUpdate() override { throw std::runtime_error("start exploded \xFF"); }
-  Status ResetPrefixCache() override { throw 42; }
+  Result<bool> ResetPrefixCache(bool) override { throw 42; }
   Status Pause(std::string_view mode, bool) override {
     return InvalidArgument("unknown pause mode '" + std::string(mode) + "'");
   }

@@ -123,6 +123,12 @@ MHD_Result CollectInto(void* cls, MHD_ValueKind, const char* key, const char* va
   return MHD_YES;
 }
 
+MHD_Result CollectQuery(void* cls, MHD_ValueKind, const char* key, const char* value) {
+  auto* v = static_cast<std::vector<std::pair<std::string, std::string>>*>(cls);
+  v->emplace_back(key ? key : "", value ? value : "");
+  return MHD_YES;
+}
+
 MHD_Result CollectHeader(void* cls, MHD_ValueKind, const char* key, const char* value) {
   auto* m = static_cast<std::map<std::string, std::string>*>(cls);
   std::string k = key ? key : "";
@@ -259,6 +265,7 @@ struct HttpControlServer::Impl {
       st->req.method = method ? method : "";
       st->req.path = url ? url : "";
       MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectInto, &st->req.params);
+      MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectQuery, &st->req.query);
       MHD_get_connection_values(c, MHD_HEADER_KIND, CollectHeader, &st->req.headers);
       st->req.remote_addr = PeerAddress(c);
       if (const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT)) {

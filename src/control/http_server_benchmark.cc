@@ -33,7 +33,7 @@ class NullService : public ControlService {
   Status Pause(std::string_view, bool) override { return Status::Ok(); }
   Status Resume() override { return Status::Ok(); }
   bool IsPaused() const override { return false; }
-  Status ResetPrefixCache() override { return Status::Ok(); }
+  Result<bool> ResetPrefixCache(bool) override { return true; }
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm) override {
     return std::map<std::string, std::string>{};
   }

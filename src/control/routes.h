@@ -1,7 +1,7 @@
 // The control-plane routes, by name: the one place their paths are spelled.
 //
 // vLLM's dev-mode RLHF routes (reference/vllm_weight_transfer.md §2) plus wsync's
-// /fetch_weights (delta) and /health. The server's router (http_routes.cc) and the
+// /fetch_weights (delta), /health and the reference server's toy /v1/completions. The server's router (http_routes.cc) and the
 // trainer's session driver both name routes through these constants; no other code
 // spells a route.
 #pragma once
@@ -25,5 +25,13 @@ inline constexpr std::string_view kGetWorldSize = "/get_world_size";
 inline constexpr std::string_view kWeightInfo = "/weight_info";
 inline constexpr std::string_view kIsPaused = "/is_paused";
 inline constexpr std::string_view kHealth = "/health";
+inline constexpr std::string_view kSleep = "/sleep";
+inline constexpr std::string_view kWakeUp = "/wake_up";
+inline constexpr std::string_view kIsSleeping = "/is_sleeping";
+inline constexpr std::string_view kAbortRequests = "/abort_requests";
+inline constexpr std::string_view kServerInfo = "/server_info";
+inline constexpr std::string_view kCollectiveRpc = "/collective_rpc";
+// The toy generation route (OpenAI completions shape) of the reference server.
+inline constexpr std::string_view kCompletions = "/v1/completions";
 
 }  // namespace wsync::route

@@ -59,7 +59,7 @@ class Service : public ControlService {
     return Status::Ok();
   }
   bool IsPaused() const override { return false; }
-  Status ResetPrefixCache() override { return Status::Ok(); }
+  Result<bool> ResetPrefixCache(bool) override { return true; }
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm a) override {
     return std::map<std::string, std::string>{{"w", std::string(DigestAlgorithmName(a))}};
   }

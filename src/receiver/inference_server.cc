@@ -230,7 +230,7 @@ bool InferenceServer::IsPaused() const {
   return paused_;
 }
 
-Status InferenceServer::ResetPrefixCache() { return Status::Ok(); }
+Result<bool> InferenceServer::ResetPrefixCache(bool) { return true; }
 
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));

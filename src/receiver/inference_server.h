@@ -56,7 +56,7 @@ class InferenceServer : public ControlService {
   Status Pause(std::string_view mode, bool clear_cache) override;
   Status Resume() override;
   bool IsPaused() const override;
-  Status ResetPrefixCache() override;
+  Result<bool> ResetPrefixCache(bool reset_running_requests) override;
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
   nlohmann::json Health() const override;
 

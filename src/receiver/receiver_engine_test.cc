@@ -84,7 +84,7 @@ class EngineService final : public ControlService {
     return Status::Ok();
   }
   bool IsPaused() const override { return paused_; }
-  Status ResetPrefixCache() override { return Status::Ok(); }
+  Result<bool> ResetPrefixCache(bool) override { return true; }
   // Worker 0's digests; every other worker must hold the same.
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm) override {
     std::lock_guard lock(mu_);
