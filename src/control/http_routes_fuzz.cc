@@ -1,16 +1,20 @@
 // Fuzz target: the control plane's request handling (HttpRouter), fed whole requests
 // without sockets, in front of a fake ControlService (it holds no weights, accepts or
-// refuses by simple rules, never blocks). Input:
+// refuses by simple rules, never blocks; it fakes vLLM's sleep, abort, completion and
+// runtime-checker calls by their reply shapes alone, with no weights or requests behind
+// them). Input:
 //   byte 0        bit 0: the router requires an API key ("k")
 //   then          "METHOD TARGET\n", header lines "Name: value\n", "\n", the body
 // TARGET is split at the first '?' and its query percent-decoded into parameters, as the
-// server's HTTP library does. Every reply must be a JSON object; every non-200 reply must
-// be `{"error": {"message": <string>, "code": <status>, ...}}`.
+// server's HTTP library does (repeated names kept in order, as /wake_up's tags need).
+// Every reply must be a JSON object, except /sleep's and /wake_up's empty 200 (vLLM's);
+// every non-200 reply must be `{"error": {"message": <string>, "code": <status>, ...}}`.
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -81,10 +85,48 @@ class FakeControlService : public wsync::ControlService {
     return std::map<std::string, std::string>{{"w", std::string(wsync::DigestAlgorithmName(a))}};
   }
   json Health() const override { return {{"status", "ok"}, {"weight_version", version_}}; }
+  // vLLM's runtime checker, by shape: 409 while paused or asleep, a baseline kept by
+  // the first checksum and dropped by a compare that uses it.
+  wsync::Result<json> CheckRuntimeWeights(std::string_view action, const json* baseline) override {
+    if (paused_ || asleep_) return wsync::FailedPrecondition("weight_checker: paused or sleeping");
+    if (action == "reset") return json{{"status", "reset"}};
+    if (action == "checksum") {
+      bool created = !baseline_;
+      baseline_ = true;
+      return json{{"checksums", {{"dp0:pp0:pcp0:tp0:ep0:w", "00"}}}, {"engines", json::array()},
+                  {"baseline_created", created}};
+    }
+    if (baseline == nullptr && !baseline_) return wsync::InvalidArgument("compare: no baseline");
+    if (baseline == nullptr) baseline_ = false;
+    return json{{"match", true}, {"mismatches", json::array()}};
+  }
+  wsync::Status Sleep(int level, std::string_view mode) override {
+    if (level < 0 || level > 2) return wsync::InvalidArgument("level");
+    if (mode != "abort" && mode != "wait" && mode != "keep") return wsync::InvalidArgument("mode");
+    asleep_ = true;
+    return wsync::Status::Ok();
+  }
+  wsync::Status WakeUp(const std::vector<std::string>& tags) override {
+    for (const std::string& t : tags) {
+      if (t != "weights" && t != "kv_cache" && t != "scheduling") return wsync::InvalidArgument("unknown tag " + t);
+    }
+    asleep_ = false;
+    return wsync::Status::Ok();
+  }
+  bool IsSleeping() const override { return asleep_; }
+  wsync::Result<int> AbortRequests(const std::vector<std::string>& ids) override { return static_cast<int>(ids.size()); }
+  wsync::Result<json> Complete(const json& request) override {
+    auto it = request.find("prompt");
+    if (it == request.end() || !it->is_string()) return wsync::InvalidArgument("field 'prompt' must be a string");
+    return json{{"object", "text_completion"}, {"choices", json::array()}};
+  }
+  json ServerInfo() const override { return {{"capabilities", {{"prefix_caching", false}}}}; }
 
  private:
   bool active_ = false;
   bool paused_ = false;
+  bool asleep_ = false;
+  bool baseline_ = false;
   std::string version_ = "default";
 };
 
@@ -127,6 +169,7 @@ HttpRequest Parse(std::string_view in) {
     std::string_view pair = Take(target, '&');
     std::string_view key = Take(pair, '=');
     req.params.emplace(PercentDecode(key), PercentDecode(pair));
+    req.query.emplace_back(PercentDecode(key), PercentDecode(pair));
   }
   while (!in.empty()) {
     std::string_view h = Take(in, '\n');
@@ -142,8 +185,9 @@ HttpRequest Parse(std::string_view in) {
   return req;
 }
 
-void CheckReply(const HttpResponse& r) {
+void CheckReply(const HttpResponse& r, const std::string& path = "") {
   if (r.status < 200 || r.status > 599) std::abort();
+  if (r.status == 200 && r.body.empty() && (path == "/sleep" || path == "/wake_up")) return;
   json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) std::abort();
   if (r.status == 200) return;
@@ -171,6 +215,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckReply(*refused);
   }
   CheckReply(router.TooLarge(req));
-  CheckReply(router.Handle(req));
+  CheckReply(router.Handle(req), req.path);
   return 0;
 }

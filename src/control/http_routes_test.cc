@@ -74,8 +74,19 @@ class RecordingService : public ControlService {
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm a) override {
     return std::map<std::string, std::string>{{"w", std::string(DigestAlgorithmName(a))}};
   }
+  // vLLM's checker: records what the router passed and answers with the call's shape.
+  Result<json> CheckRuntimeWeights(std::string_view action, const json* baseline) override {
+    runtime_action = std::string(action);
+    runtime_baseline = baseline ? *baseline : json();
+    if (paused) return FailedPrecondition("weight_checker: the engine is paused");
+    if (action == "reset") return json{{"status", "reset"}};
+    if (action == "checksum") return json{{"checksums", {{"dp0:pp0:pcp0:tp0:ep0:w", "00"}}}};
+    return json{{"match", true}, {"mismatches", json::array()}};
+  }
   json Health() const override { return {{"status", "ok"}}; }
 
+  std::string runtime_action;
+  json runtime_baseline;
   json last_init;
   std::string last_peer;
   json last_update;
@@ -162,6 +173,7 @@ TEST_F(HttpRoutes, BadBodiesAre400WithMessages) {
   EXPECT_EQ(cli.Post("/pause?mode=sideways")->status, 400);
   EXPECT_EQ(cli.Get("/get_world_size?include_dp=maybe")->status, 400);
   EXPECT_EQ(cli.Post("/weight_checker", R"({"algorithm":"md5"})", "application/json")->status, 400);
+  EXPECT_EQ(cli.Post("/weight_checker", R"({"action":"checksum","algorithm":"md5"})", "application/json")->status, 400);
 }
 
 TEST_F(HttpRoutes, PauseAndResumeAnswerAsVllm) {
@@ -199,7 +211,8 @@ TEST_F(HttpRoutes, QueriesAndChecker) {
   EXPECT_EQ(json::parse(cli.Get("/is_paused")->body)["is_paused"], false);
   auto r = cli.Post("/weight_checker", R"({"action":"checksum","algorithm":"xxh3_128"})", "application/json");
   EXPECT_EQ(json::parse(r->body)["checksums"]["w"], "xxh3_128");
-  r = cli.Post("/weight_checker", R"({"action":"compare","baseline":{"w":"sha256"}})", "application/json");
+  r = cli.Post("/weight_checker", R"({"action":"compare","algorithm":"sha256","baseline":{"w":"sha256"}})",
+               "application/json");
   EXPECT_EQ(json::parse(r->body)["match"], true);
   EXPECT_EQ(cli.Get("/nope")->status, 404);
 }
@@ -325,17 +338,96 @@ TEST(HttpRouter, WeightCheckerFieldsOfTheWrongTypeAre400NamingTheField) {
     const char* field;
   };
   for (const Case& c : {Case{R"({"action":1})", "action"}, Case{R"({"action":["checksum"]})", "action"},
-                        Case{R"({"action":"sum"})", "action"}, Case{R"({"algorithm":[1]})", "algorithm"},
-                        Case{R"({"algorithm":"md5"})", "algorithm"}, Case{R"({"algorithm":null})", "algorithm"},
-                        Case{R"({"action":"compare"})", "baseline"},
-                        Case{R"({"action":"compare","baseline":"x"})", "baseline"}}) {
+                        Case{R"({"action":"sum"})", "action"}, Case{R"({"algorithm":"sha256"})", "action"},
+                        Case{R"({"action":"checksum","algorithm":[1]})", "algorithm"},
+                        Case{R"({"action":"checksum","algorithm":"md5"})", "algorithm"},
+                        Case{R"({"action":"checksum","algorithm":null})", "algorithm"},
+                        Case{R"({"action":"compare","algorithm":"sha256"})", "baseline"},
+                        Case{R"({"action":"compare","baseline":"x"})", "baseline"},
+                        Case{R"({"action":"reset","algorithm":"sha256"})", "algorithm"}}) {
     HttpResponse r = router.Handle(Req("POST", "/weight_checker", c.body));
     EXPECT_EQ(r.status, 400) << c.body << " -> " << r.body;
     EXPECT_NE(Message(r).find(c.field), std::string::npos) << c.body << " -> " << r.body;
   }
-  HttpResponse ok = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"w":"sha256"}})"));
+  HttpResponse ok = router.Handle(
+      Req("POST", "/weight_checker", R"({"action":"compare","algorithm":"sha256","baseline":{"w":"sha256"}})"));
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(Body(ok)["match"], true);
+  EXPECT_EQ(svc.runtime_action, "");  // an algorithm keeps wsync's HF digests
+}
+
+// vLLM's checker (no "algorithm"): `action` is required and every action reaches the
+// service's runtime checker with the baseline it was given; the service's 409 (paused,
+// sleeping) comes back as vLLM's; a server without a runtime checker answers 501.
+TEST(HttpRouter, WeightCheckerWithoutAnAlgorithmIsVllmsRuntimeChecker) {
+  RecordingService svc;
+  HttpRouter router({}, &svc);
+  HttpResponse r = router.Handle(Req("POST", "/weight_checker", "{}"));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(Message(r).find("weight_checker needs a field 'action'"), std::string::npos) << r.body;
+  EXPECT_EQ(router.Handle(Req("POST", "/weight_checker", "")).status, 400);  // a body is required
+
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum"})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(svc.runtime_action, "checksum");
+  EXPECT_TRUE(svc.runtime_baseline.is_null());
+  EXPECT_EQ(Body(r)["checksums"]["dp0:pp0:pcp0:tp0:ep0:w"], "00");
+
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"reset"})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r), json({{"status", "reset"}}));
+  EXPECT_EQ(svc.runtime_action, "reset");
+
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare"})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(svc.runtime_action, "compare");
+  EXPECT_TRUE(svc.runtime_baseline.is_null());  // the stored baseline
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"k":"ab"}})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(svc.runtime_baseline, json({{"k", "ab"}}));
+  EXPECT_EQ(Body(r), json({{"match", true}, {"mismatches", json::array()}}));
+
+  svc.paused = true;
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum"})"));
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(Message(r).find("paused"), std::string::npos) << r.body;
+  // wsync's digests are still answered while paused: a trainer verifies inside its pause.
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum","algorithm":"sha256"})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+
+  class NoChecker : public RecordingService {
+   public:
+    Result<json> CheckRuntimeWeights(std::string_view a, const json* b) override {
+      return ControlService::CheckRuntimeWeights(a, b);
+    }
+  } plain;
+  HttpRouter plain_router({}, &plain);
+  r = plain_router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum"})"));
+  EXPECT_EQ(r.status, 501) << r.body;
+  EXPECT_NE(Message(r).find("name an 'algorithm'"), std::string::npos) << r.body;
+}
+
+// /collective_rpc runs no method by name: 501 naming the method and the routes there
+// are instead; 400 without a method.
+TEST(HttpRouter, CollectiveRpcNamesTheMethodItDoesNotRun) {
+  RecordingService svc;
+  HttpRouter router({}, &svc);
+  HttpResponse r = router.Handle(Req("POST", "/collective_rpc", R"({"method":"reload_weights","args":[]})"));
+  EXPECT_EQ(r.status, 501) << r.body;
+  EXPECT_EQ(Body(r)["error"]["type"], "UNIMPLEMENTED");
+  const std::string m = Message(r);
+  EXPECT_NE(m.find("collective_rpc 'reload_weights'"), std::string::npos) << m;
+  EXPECT_NE(m.find("dispatches no worker methods by name"), std::string::npos) << m;
+  for (const char* route : {"/init_weight_transfer_engine", "/update_weights", "/sleep", "/weight_checker"}) {
+    EXPECT_NE(m.find(route), std::string::npos) << route << " in " << m;
+  }
+  for (const char* body : {"{}", R"({"method":""})", R"({"method":7})", R"({"args":["x"]})"}) {
+    r = router.Handle(Req("POST", "/collective_rpc", body));
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_NE(Message(r).find("method"), std::string::npos) << body << " -> " << r.body;
+  }
+  EXPECT_EQ(router.Handle(Req("POST", "/collective_rpc", "")).status, 400);
+  EXPECT_EQ(router.Handle(Req("GET", "/collective_rpc")).status, 404);
 }
 
 TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {

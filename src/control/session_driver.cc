@@ -1,6 +1,7 @@
 #include "control/session_driver.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -25,7 +26,7 @@ json WrapInit(json init_info) { return json{{"init_info", std::move(init_info)}}
 double DeadlinePolicy::server_timeout() const { return std::max(0.5, timeout_seconds * 0.9 - 0.25); }
 
 SessionDriver::SessionDriver(std::vector<std::string> servers, std::string api_key, double timeout_seconds)
-    : client_(std::move(servers), ClientOptions{std::move(api_key), 10}) {
+    : client_(std::move(servers), ClientOptions{api_key, 10}), api_key_(std::move(api_key)) {
   policy_.timeout_seconds = timeout_seconds;
 }
 
@@ -155,6 +156,75 @@ Status SessionDriver::Pause(std::string_view mode, bool clear_cache) const {
 
 Status SessionDriver::Resume() const {
   return client_.Post(Path(route::kResume), json::object(), policy_.Call()).status();
+}
+
+namespace {
+
+// vLLM's enable_prefix_caching anywhere within `depth` levels of `j`.
+std::optional<bool> FindPrefixCachingFlag(const json& j, int depth) {
+  if (j.is_string()) {
+    const std::string& text = j.get_ref<const std::string&>();
+    if (text.find("enable_prefix_caching=True") != std::string::npos) return true;
+    if (text.find("enable_prefix_caching=False") != std::string::npos) return false;
+    return std::nullopt;
+  }
+  if (depth <= 0 || !j.is_structured()) return std::nullopt;
+  if (j.is_object()) {
+    if (auto it = j.find("enable_prefix_caching"); it != j.end() && it->is_boolean()) return it->get<bool>();
+  }
+  for (const json& child : j) {
+    if (std::optional<bool> found = FindPrefixCachingFlag(child, depth - 1)) return found;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool ServerInfoSaysPrefixCaching(const json& info) {
+  if (!info.is_object()) return false;
+  if (auto caps = info.find("capabilities"); caps != info.end() && caps->is_object()) {
+    if (auto it = caps->find("prefix_caching"); it != caps->end() && it->is_boolean()) return it->get<bool>();
+  }
+  return FindPrefixCachingFlag(info, 6).value_or(false);
+}
+
+std::vector<bool> SessionDriver::PrefixCaching() const {
+  const std::string path = Path(route::kServerInfo) + "?config_format=json";
+  std::vector<bool> out(size(), false);
+  // One fan-out; when a server fails it (no /server_info), each server alone.
+  if (Result<std::vector<json>> all = client_.Get(path, policy_.Call()); all.ok()) {
+    for (size_t i = 0; i < all->size() && i < out.size(); ++i) out[i] = ServerInfoSaysPrefixCaching((*all)[i]);
+    return out;
+  }
+  for (size_t i = 0; i < size(); ++i) {
+    FanOutClient one({urls()[i]}, ClientOptions{api_key_, 10});
+    Result<std::vector<json>> info = one.Get(path, policy_.Call());
+    out[i] = info.ok() && !info->empty() && ServerInfoSaysPrefixCaching(info->front());
+  }
+  return out;
+}
+
+Status SessionDriver::ResetPrefixCache(const std::vector<bool>& which) const {
+  std::vector<std::string> chosen;
+  for (size_t i = 0; i < which.size() && i < size(); ++i) {
+    if (which[i]) chosen.push_back(urls()[i]);
+  }
+  if (chosen.empty()) return Status::Ok();
+  FanOutClient some(chosen, ClientOptions{api_key_, 10});
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> replies,
+                         some.Post(Path(route::kResetPrefixCache) + "?reset_running_requests=true", json::object(),
+                                   policy_.Call()));
+  for (size_t i = 0; i < replies.size(); ++i) {
+    // vLLM answers {"success": bool}; a reply without the field reports no failure.
+    auto it = replies[i].is_object() ? replies[i].find("success") : replies[i].end();
+    const bool failed = !replies[i].is_object() || (it != replies[i].end() && *it != json(true));
+    if (failed) {
+      return FailedPrecondition(fmt::format(
+          "{}: {} answered {}: its prefix cache may still hold entries computed with the old weights", chosen[i],
+          route::kResetPrefixCache, replies[i].dump(-1, ' ', true, json::error_handler_t::replace).substr(0, 200)));
+    }
+  }
+  return Status::Ok();
 }
 
 std::shared_ptr<SessionDriver::Pending> SessionDriver::ChecksumsAsync(std::string_view algorithm) const {

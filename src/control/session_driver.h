@@ -109,6 +109,18 @@ class SessionDriver {
   Status Pause(std::string_view mode, bool clear_cache) const;
   Status Resume() const;
 
+  // --- prefix caches (GET /server_info, POST /reset_prefix_cache) ---
+  // Whether each server (in server order) caches prefixes, as it says at GET
+  // /server_info?config_format=json: a wsync server's "capabilities": {"prefix_caching":
+  // bool}, else vLLM's cache_config "enable_prefix_caching" (found at any depth of the
+  // reply, as a JSON boolean or as "enable_prefix_caching=True" in vLLM's text form); false
+  // for a server that says neither or has no /server_info. Never fails.
+  std::vector<bool> PrefixCaching() const;
+  // POST /reset_prefix_cache?reset_running_requests=true to the servers marked in `which`
+  // (in server order; none marked: no call). A server answering {"success": false} is
+  // FailedPrecondition naming it: its cache may still hold entries of the old weights.
+  Status ResetPrefixCache(const std::vector<bool>& which) const;
+
   // --- weight checks (POST /weight_checker {"action": "checksum"}) ---
   // Starts every server's checksum of every tensor with `algorithm` (xxh3_128, sha256);
   // each reply holds {"checksums": {name: hex}}.
@@ -116,8 +128,12 @@ class SessionDriver {
 
  private:
   FanOutClient client_;
+  std::string api_key_;  // for calls to a subset of the servers
   DeadlinePolicy policy_;
 };
+
+// Whether one /server_info reply says the server caches prefixes (see PrefixCaching).
+bool ServerInfoSaysPrefixCaching(const nlohmann::json& server_info);
 
 // {"update_info": TensorListJson(tensors) + `extra`'s fields}, serialized.
 std::shared_ptr<const std::string> UpdateBody(const std::vector<TensorMeta>& tensors,

@@ -56,6 +56,10 @@ struct SyncContext {
   std::shared_ptr<const std::string> update_body;
   // Reports progress to TrainerOptions::progress (when set).
   std::function<void(const SyncProgress&)> progress;
+  // POSTs /reset_prefix_cache?reset_running_requests=true to the servers that said at
+  // Init that they cache prefixes (SessionDriver::PrefixCaching); OK at once when none
+  // did. The engine calls it before finish unless the plane ResetsPrefixCache() itself.
+  std::function<Status()> reset_prefix_cache = [] { return Status::Ok(); };
 };
 
 class DataPlane {
@@ -76,6 +80,9 @@ class DataPlane {
   virtual Result<bool> Ready(const Status& mine) = 0;
   virtual Status Prepare(SyncContext& sync) = 0;
   virtual Status BeforeStart(SyncContext&) { return Status::Ok(); }
+  // Whether the plane calls SyncContext::reset_prefix_cache at a point of its own (delta:
+  // inside its pause, before start); otherwise the engine calls it.
+  virtual bool ResetsPrefixCache() const { return false; }
   virtual Status Transfer(SyncContext& sync, SessionDriver::Pending& update) = 0;
   // Returns the status to report: `cause`, or a server's own account of it. `update` is
   // null when the failure came before update_weights was posted.

@@ -56,6 +56,7 @@ class Engine final : public TrainerEngine {
     SyncContext sync{pass, driver_.get(), weight_version, driver_ ? driver_->deadlines().Call()
                                                                    : Deadline::InSeconds(options_.timeout_seconds)};
     sync.progress = options_.progress;
+    if (driver_) sync.reset_prefix_cache = [this] { return driver_->ResetPrefixCache(prefix_caching_); };
     sync.stats.tensors = source.metadata().size();
     if (!Runs()) return Drain(sync, total);
     if (!initialized_) return FailedPrecondition("call Init() before SendWeights()");
@@ -82,6 +83,11 @@ class Engine final : public TrainerEngine {
     if (driver_) {
       WSYNC_ASSIGN_OR_RETURN(fleet, driver_->Discover());
       WSYNC_RETURN_IF_ERROR(driver_->CheckBackend(fleet, options_.backend));
+      // Which servers cache prefixes: their caches are reset every sync.
+      prefix_caching_ = driver_->PrefixCaching();
+      for (size_t i = 0; i < prefix_caching_.size(); ++i) {
+        if (prefix_caching_[i]) WSYNC_LOG_INFO("{} caches prefixes: each sync resets its cache", driver_->urls()[i]);
+      }
       init.driver = driver_.get();
       init.fleet = &fleet;
     }
@@ -140,6 +146,19 @@ class Engine final : public TrainerEngine {
       return s;
     }
     sync.stats.transfer_seconds = phase.Lap();
+    // The prefix caches are reset here, after the new weights have landed and before
+    // finish: a server serves nothing while a session is open (wsync's generation waits
+    // for finish; a vLLM fleet is paused by its trainer around send_weights), so no entry
+    // computed with the old weights can enter a cache between this reset and finish, and
+    // from finish on every prefix is computed with the new version. A reset after finish
+    // would leave a window where a request reuses an old-weights prefix.
+    if (!plane_->ResetsPrefixCache()) {
+      Status reset = sync.reset_prefix_cache();
+      if (!reset.ok()) {
+        driver_->Close();
+        return reset.WithContext("resetting the servers' prefix caches before finish");
+      }
+    }
     WSYNC_RETURN_IF_ERROR(driver_->Finish(sync.weight_version));
     sync.stats.finish_seconds = phase.Lap();
     return Status::Ok();
@@ -159,6 +178,7 @@ class Engine final : public TrainerEngine {
   TrainerOptions options_;
   std::unique_ptr<DataPlane> plane_;
   std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
+  std::vector<bool> prefix_caching_;       // per server, probed at each InitPlane
   std::vector<TensorMeta> metadata_;       // what Init planned for
   std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into metadata_
   bool initialized_ = false;

@@ -7,6 +7,7 @@
 #include "wsync/device_runtime.h"
 #include "model/worker_store.h"
 #include "receiver/backend_mismatch.h"
+#include "receiver/runtime_checker.h"
 #include "receiver/update_info.h"
 #include "receiver/worker_thread.h"
 
@@ -287,6 +288,89 @@ json InferenceServer::Health() const {
               {"weights_consistent", session.consistent},
               {"session_active", session.active},
               {"expired_sessions", session.expired_sessions}};
+}
+
+// --- vLLM's runtime weight checker (conf) ---
+
+Result<json> InferenceServer::CheckRuntimeWeights(std::string_view action, const json* baseline) {
+  // vLLM refuses while the engine is paused or asleep: the weights may be changing or gone.
+  if (IsSleeping()) {
+    return FailedPrecondition(fmt::format("weight_checker '{}': the engine is sleeping (POST /wake_up first); "
+                                          "its weights are not resident", action));
+  }
+  if (IsPaused()) {
+    return FailedPrecondition(fmt::format("weight_checker '{}': the engine is paused (POST /resume first); "
+                                          "runtime weights are checked only while it serves", action));
+  }
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  Result<json> r = CatchAll("weight_checker", [&] { return CheckRuntimeWeightsHeld(action, baseline); });
+  call.Done(r.status(), false);
+  return r;
+}
+
+Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, const json* baseline) {
+  const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
+  std::vector<RuntimeWorker> workers;
+  for (const auto& w : workers_) workers.push_back({w->store.get(), w->dp_index, w->tp_rank});
+  if (action == "reset") {
+    uint64_t seed;
+    {
+      std::lock_guard lock(mu_);
+      seed = 0x5EED0000ull + ++runtime_resets_;
+    }
+    // Marked first: a reset that fails half-way has changed weights too.
+    session_->MarkInconsistent();
+    WSYNC_RETURN_IF_ERROR(RandomizeRuntimeParams(workers, seed, threads));
+    WSYNC_LOG_INFO("weight_checker: reset every runtime parameter of {} worker(s) to random values", workers.size());
+    return json{{"status", "reset"}};
+  }
+  if (action != "checksum" && action != "compare") {
+    return InvalidArgument(fmt::format("unknown weight_checker action '{}' (checksum, reset or compare)", action));
+  }
+  if (action == "compare" && baseline == nullptr) {
+    std::lock_guard lock(mu_);
+    if (!runtime_baseline_) {
+      return InvalidArgument("weight_checker 'compare': no baseline; run {\"action\": \"checksum\"} first or send "
+                             "a 'baseline' object");
+    }
+  }
+  WSYNC_ASSIGN_OR_RETURN(auto sums, RuntimeParamDigests(workers, threads));
+  if (action == "checksum") {
+    // One object per DP engine, as vLLM lists its engines.
+    std::map<int, json> by_dp;
+    for (const RuntimeWorker& w : workers) {
+      json& engine = by_dp.try_emplace(w.dp_rank, json::object()).first->second;
+      for (const WorkerParam& p : w.store->table().params()) {
+        std::string key = RuntimeParamKey(w.dp_rank, w.tp_rank, p.meta.name);
+        engine[key] = sums.at(key);
+      }
+    }
+    json engines = json::array();
+    for (auto& [dp, engine] : by_dp) engines.push_back(std::move(engine));
+    bool created = false;
+    {
+      std::lock_guard lock(mu_);
+      if (!runtime_baseline_) {
+        runtime_baseline_ = sums;
+        created = true;
+      }
+    }
+    return json{{"checksums", sums}, {"engines", std::move(engines)}, {"baseline_created", created}};
+  }
+  std::vector<std::string> mismatches;
+  if (baseline != nullptr) {
+    mismatches = RuntimeMismatches(sums, *baseline);
+  } else {
+    std::optional<std::map<std::string, std::string>> kept;
+    {
+      std::lock_guard lock(mu_);
+      kept = std::move(runtime_baseline_);
+      runtime_baseline_.reset();
+    }
+    if (!kept) return InvalidArgument("weight_checker 'compare': the baseline was used by a concurrent compare");
+    mismatches = RuntimeMismatches(sums, json(*kept));
+  }
+  return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
 }
 
 }  // namespace wsync

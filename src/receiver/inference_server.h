@@ -12,7 +12,9 @@
 // backend is called by one thread at a time.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <condition_variable>
 #include <mutex>
@@ -60,6 +62,15 @@ class InferenceServer : public ControlService {
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
   nlohmann::json Health() const override;
 
+  // --- vLLM's runtime weight checker (conf; receiver/runtime_checker.h) ---
+  // POST /weight_checker without an "algorithm": "checksum" -> {"checksums", "engines",
+  // "baseline_created"} (the first checksum since the last compare is kept as the
+  // baseline), "reset" -> {"status": "reset"} (random values; weights_consistent false
+  // until a sync finishes), "compare" -> {"match", "mismatches"} against `baseline` when
+  // given, else against the kept one, which it then drops (InvalidArgument without
+  // either). FailedPrecondition (409) while paused or sleeping, as vLLM.
+  Result<nlohmann::json> CheckRuntimeWeights(std::string_view action, const nlohmann::json* baseline) override;
+
  private:
   struct Worker;
   InferenceServer() = default;
@@ -84,6 +95,13 @@ class InferenceServer : public ControlService {
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
   std::condition_variable shutdown_cv_;
+
+  // --- runtime weight checker (conf) ---
+  Result<nlohmann::json> CheckRuntimeWeightsHeld(std::string_view action, const nlohmann::json* baseline);
+  // The digests of the first checksum since the last compare; runtime_resets_ seeds each
+  // reset's values.
+  std::optional<std::map<std::string, std::string>> runtime_baseline_;  // GUARDED_BY(mu_)
+  uint64_t runtime_resets_ = 0;                                          // GUARDED_BY(mu_)
 };
 
 }  // namespace wsync

@@ -155,4 +155,9 @@ ReceiverSession::Snapshot ReceiverSession::Look() const {
   return s;
 }
 
+void ReceiverSession::MarkInconsistent() {
+  std::lock_guard lock(mu_);
+  dirty_ = true;
+}
+
 }  // namespace wsync

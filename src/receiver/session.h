@@ -92,6 +92,10 @@ class ReceiverSession {
   // What /health reports, expiry applied as of now (without changing the state).
   Snapshot Look() const;
 
+  // The weights were changed outside a session (the weight checker's reset): they are
+  // inconsistent until the next session finishes.
+  void MarkInconsistent();
+
  private:
   // Closes an active session whose lease ran out. Needs mu_.
   void ExpireIfIdleLocked();

@@ -1,9 +1,14 @@
 #include "backends/delta/trainer.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <span>
+
 #include <fmt/format.h>
 
 #include "backends/delta/manifest.h"
 #include "control/session_driver.h"
+#include "core/digest.h"
 #include "core/log.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
@@ -36,8 +41,16 @@ class DeltaPlane final : public DataPlane {
     p.progress = init.options.progress;
     WSYNC_ASSIGN_OR_RETURN(publisher_, delta::DeltaPublisher::Create(std::move(p), init.metadata));
     if (init.driver != nullptr) {
-      WSYNC_RETURN_IF_ERROR(init.driver->InitAll(
-          json{{"sync_dir", delta_.sync_dir}, {"format_version", delta::kManifestFormatVersion}}));
+      // SkyRL's two keys to every server; wsync's own fields only to wsync servers.
+      std::vector<json> infos;
+      for (size_t i = 0; i < init.driver->size(); ++i) {
+        const json* health = init.fleet && i < init.fleet->health.size() ? &init.fleet->health[i] : nullptr;
+        const bool wsync = health && health->is_object() && health->value("server", "") == "wsync";
+        Result<json> info = DeltaInitPayload(delta_, wsync);
+        if (!info.ok()) return info.status().WithContext(init.driver->urls()[i]);
+        infos.push_back(std::move(*info));
+      }
+      WSYNC_RETURN_IF_ERROR(init.driver->Init(std::move(infos)));
     }
     WSYNC_LOG_INFO("delta: publishing to {} for {} server(s); version 0 is {}", delta_.sync_dir,
                    init.options.servers.size(),
@@ -75,8 +88,12 @@ class DeltaPlane final : public DataPlane {
     paused_ = true;  // resumed even after a partial pause: no server stays paused
     Status s = sync.driver->Pause("keep", false);
     report_.pause_seconds = phase.Lap();
-    return s;
+    if (!s.ok()) return s;
+    // SkyRL's order: the prefix caches go inside the pause, before the reload starts.
+    return sync.reset_prefix_cache().WithContext("resetting the servers' prefix caches inside the pause");
   }
+
+  bool ResetsPrefixCache() const override { return true; }
 
   // The servers reload their local checkpoint while update_weights is in flight.
   Status Transfer(SyncContext&, SessionDriver::Pending&) override { return Status::Ok(); }
@@ -161,6 +178,47 @@ Status CheckDeltaOptions(const TrainerOptions& options, const DeltaTrainerOption
 
 }  // namespace
 
+std::string DefaultSkyrlLocalCheckpointDir(const std::string& sync_dir) {
+  constexpr size_t kMaxName = 160;
+  constexpr size_t kDigestChars = 16;
+  std::string base = sync_dir;
+  if (size_t slash = base.rfind('/'); slash != std::string::npos) base = base.substr(slash + 1);
+  for (char& c : base) {
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                      c == '_' || c == '.';
+    if (!keep) c = '_';
+  }
+  base = base.substr(0, kMaxName - kDigestChars - 1);
+  const std::string digest =
+      HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(sync_dir.data(), sync_dir.size()))).substr(0, kDigestChars);
+  const char* tmp = std::getenv("TMPDIR");
+  return (std::filesystem::path(tmp && *tmp ? tmp : "/tmp") / "skyrl_delta_checkpoints" / (base + "_" + digest))
+      .string();
+}
+
+Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server) {
+  const std::string& base = delta.base_model_path.empty() ? delta.base_checkpoint : delta.base_model_path;
+  const std::string local =
+      delta.local_checkpoint_dir.empty() ? DefaultSkyrlLocalCheckpointDir(delta.sync_dir) : delta.local_checkpoint_dir;
+  json info = json::object();
+  if (base.empty()) {
+    if (!wsync_server) {
+      return InvalidArgument(
+          "this server is not a wsync server (its /health does not say \"server\": \"wsync\"), and SkyRL's delta "
+          "receiver requires init_info 'base_model_path': give the delta trainer base_model_path (the servers' "
+          "path of the base checkpoint; --base-model-path) or base_checkpoint (--base-checkpoint)");
+    }
+  } else {
+    info["base_model_path"] = base;
+  }
+  info["local_checkpoint_dir"] = local;
+  if (wsync_server) {
+    info["sync_dir"] = delta.sync_dir;
+    info["format_version"] = delta::kManifestFormatVersion;
+  }
+  return info;
+}
+
 Result<DeltaTrainerOptions> ParseDeltaTrainerOptions(const std::map<std::string, std::string>& values) {
   DeltaTrainerOptions o;
   BackendOptions read("delta", values);
@@ -168,6 +226,8 @@ Result<DeltaTrainerOptions> ParseDeltaTrainerOptions(const std::map<std::string,
   WSYNC_RETURN_IF_ERROR(read.Read("max_file_gb", &o.max_file_gb));
   WSYNC_RETURN_IF_ERROR(read.Read("publish_threads", &o.publish_threads));
   WSYNC_RETURN_IF_ERROR(read.Read("base_checkpoint", &o.base_checkpoint));
+  WSYNC_RETURN_IF_ERROR(read.Read("base_model_path", &o.base_model_path));
+  WSYNC_RETURN_IF_ERROR(read.Read("local_checkpoint_dir", &o.local_checkpoint_dir));
   WSYNC_RETURN_IF_ERROR(read.Finish());
   return o;
 }

@@ -15,6 +15,12 @@
 // bytes = model bytes published, chunks = payload files, transfer = publish + fetch +
 // update, start = pause + start, finish = finish + resume, seconds = all of it.
 //
+// Init payload: SkyRL's delta receiver (its DeltaTransferInitInfo) takes exactly
+// `base_model_path` and `local_checkpoint_dir` (both required strings; it refuses unknown
+// keys), so every server gets those two, and only servers whose GET /health says
+// "server": "wsync" also get wsync's `sync_dir` and `format_version` (DeltaInitPayload).
+// A wsync server takes its directories from its own flags and only compares these two.
+//
 // Init() refuses a sync directory that already holds published versions: a chain starts
 // at the base checkpoint, and a trainer never rewrites a version that servers may have
 // applied; servers reset to their base when a fetch names a new sync directory. With no
@@ -46,6 +52,12 @@ struct DeltaTrainerOptions {
   // Version 0 and the on-disk dtypes. Empty: version 0 is the source's first pass (see
   // publisher.h), which is what `wsync push --checkpoint BASE` needs.
   std::string base_checkpoint;
+  // The base checkpoint as the servers name it: SkyRL's init key base_model_path. Empty:
+  // base_checkpoint. A fleet with a server that is not wsync needs one of the two.
+  std::string base_model_path;
+  // Each server's local checkpoint directory: SkyRL's init key local_checkpoint_dir.
+  // Empty: SkyRL's own default for this sync dir (DefaultSkyrlLocalCheckpointDir).
+  std::string local_checkpoint_dir;
   // Read same-dtype tensors in place instead of staging a copy; only for sources whose
   // TensorRefs stay valid for a whole pass (HostTensorSource, SyntheticTrainer, checkpoints).
   bool borrow_source_bytes = false;
@@ -69,6 +81,17 @@ class DeltaTrainer : public TrainerEngine {
   virtual const DeltaSyncReport& last_report() const = 0;
   virtual int64_t version() const = 0;
 };
+
+// SkyRL's default local checkpoint directory for a sync dir:
+// $TMPDIR (else /tmp) / "skyrl_delta_checkpoints" / NAME, where NAME is the sync dir's last
+// path component with every byte outside [A-Za-z0-9._-] replaced by '_', cut to 143
+// bytes, then "_" and the first 16 hex digits of the SHA-256 of the whole sync dir.
+std::string DefaultSkyrlLocalCheckpointDir(const std::string& sync_dir);
+
+// The init_info of one server: {base_model_path, local_checkpoint_dir} for any server,
+// plus {sync_dir, format_version} for a wsync one. InvalidArgument when a server that is
+// not wsync would get no base_model_path (SkyRL requires it).
+Result<nlohmann::json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server);
 
 Result<DeltaTrainerOptions> ParseDeltaTrainerOptions(const std::map<std::string, std::string>& values);
 

@@ -90,9 +90,7 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
     }
   }
   if (j.contains("master_address") || j.contains("master_port")) {
-    return InvalidArgument(
-        "init_info uses master_address/master_port (torch TCPStore rendezvous), which wsync does "
-        "not speak: send nccl_unique_id_b64 (GPU) or gloo_store_host/gloo_store_port (CPU)");
+    return InvalidArgument(kTcpStoreRefusal);
   }
   NcclInitInfo info;
   std::optional<bool> packed;

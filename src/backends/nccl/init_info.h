@@ -37,6 +37,18 @@ inline constexpr int64_t kMaxNcclNumBuffers = 1024;
 // bandwidth, small enough that packing and unpacking overlap the wire inside a chunk.
 inline constexpr int64_t kWsyncBroadcastPieceBytes = int64_t{256} << 20;
 
+// The refusal of vLLM's TCPStore rendezvous (init_info with master_address/master_port):
+// there the NCCL unique id travels through torch's StatelessProcessGroup, whose
+// broadcast_obj pickles it, and unpickling bytes from the network runs arbitrary code;
+// wsync never unpickles. The unique-id mode carries the same id as plain base64.
+inline constexpr const char* kTcpStoreRefusal =
+    "init_info names master_address/master_port: vLLM's TCPStore rendezvous, where the NCCL unique id "
+    "is exchanged as a pickled Python object (StatelessProcessGroup.broadcast_obj), and unpickling "
+    "network bytes can run arbitrary code, so wsync never joins it. Send the id itself instead: "
+    "nccl_unique_id_b64 (standard base64 of the 128-byte ncclUniqueId; vLLM's unique-id mode) for "
+    "the GPU data plane, or gloo_store_host/gloo_store_port/gloo_prefix for wsync's CPU data plane "
+    "(docs/protocol.md)";
+
 struct NcclInitInfo {
   int rank_offset = 1;
   int world_size = 0;

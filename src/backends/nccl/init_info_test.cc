@@ -71,7 +71,19 @@ TEST(NcclInitInfo, ErrorsNameTheField) {
   EXPECT_NE(ErrorOf(j).find("gloo_prefix"), std::string::npos);
   j = GlooInit();
   j["master_address"] = "10.0.0.1";
-  EXPECT_NE(ErrorOf(j).find("TCPStore"), std::string::npos);
+  EXPECT_EQ(ErrorOf(j), kTcpStoreRefusal);
+  EXPECT_EQ(std::string(kTcpStoreRefusal),
+            "init_info names master_address/master_port: vLLM's TCPStore rendezvous, where the NCCL unique id "
+            "is exchanged as a pickled Python object (StatelessProcessGroup.broadcast_obj), and unpickling "
+            "network bytes can run arbitrary code, so wsync never joins it. Send the id itself instead: "
+            "nccl_unique_id_b64 (standard base64 of the 128-byte ncclUniqueId; vLLM's unique-id mode) for "
+            "the GPU data plane, or gloo_store_host/gloo_store_port/gloo_prefix for wsync's CPU data plane "
+            "(docs/protocol.md)");
+  // vLLM's own TCPStore payload, as its trainer sends it: refused for the same reason.
+  EXPECT_EQ(ErrorOf(json{{"master_address", "10.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1},
+                         {"world_size", 2}, {"packed", true}}),
+            kTcpStoreRefusal);
+  EXPECT_EQ(ErrorOf(json{{"master_port", 29500}, {"rank_offset", 1}, {"world_size", 2}}), kTcpStoreRefusal);
   j = GlooInit();
   j["wsync_protocol"] = 9;
   EXPECT_NE(ErrorOf(j).find("wsync_protocol 9"), std::string::npos);

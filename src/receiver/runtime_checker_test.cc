@@ -1,0 +1,248 @@
+// vLLM's runtime weight checker: digests of each worker's parameters as held, keyed
+// vLLM's way, checked against SHA-256 computed here from the bytes the test loaded; the
+// random reset; and InferenceServer's /weight_checker semantics (baseline kept by the
+// first checksum, used once by compare, 400 without one, 409 while paused, reset marking
+// the weights inconsistent until a sync finishes).
+#include "receiver/runtime_checker.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/digest.h"
+#include "receiver/inference_server.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+std::string Sha(std::span<const std::byte> b) { return HexDigest(DigestAlgorithm::kSha256, b); }
+
+// An HF tensor of the model filled with bytes that depend on `salt`.
+HostTensor Filled(const WorkerStore& store, std::string_view name, uint8_t salt) {
+  const TensorMeta& meta = store.table().hf_tensors()[store.table().FindHf(name)];
+  HostTensor t = *HostTensor::Zeros(meta);
+  auto bytes = t.storage.span().first(meta.nbytes());
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(uint8_t(i * 31 + salt) & 0x3F);
+  return t;
+}
+
+std::vector<std::unique_ptr<WorkerStore>> Group(int tp) {
+  std::vector<std::unique_ptr<WorkerStore>> g;
+  for (int r = 0; r < tp; ++r) g.push_back(*WorkerStore::Create(*LookupModel("qwen3-tiny"), r, tp));
+  return g;
+}
+
+TEST(RuntimeChecker, KeysAreVllmsAndDigestsAreSha256OfTheParameterAsHeld) {
+  auto group = Group(2);
+  // The norm is replicated whole; the embedding is split by (padded) vocabulary rows.
+  HostTensor norm = Filled(*group[0], "model.norm.weight", 1);
+  HostTensor embed = Filled(*group[0], "model.embed_tokens.weight", 2);
+  for (auto& s : group) {
+    ASSERT_TRUE(s->Load(norm.ref()).ok());
+    ASSERT_TRUE(s->Load(embed.ref()).ok());
+  }
+  std::vector<RuntimeWorker> workers{{group[0].get(), 3, 0}, {group[1].get(), 3, 1}};
+  auto sums = RuntimeParamDigests(workers, 4, /*piece_bytes=*/4096);
+  ASSERT_TRUE(sums.ok()) << sums.status().ToString();
+  const auto& params = group[0]->table().params();
+  ASSERT_EQ(sums->size(), 2 * params.size());
+  for (int tp = 0; tp < 2; ++tp) {
+    for (const WorkerParam& p : group[tp]->table().params()) {
+      std::string key = fmt::format("dp3:pp0:pcp0:tp{}:ep0:{}", tp, p.meta.name);
+      ASSERT_TRUE(sums->contains(key)) << key;
+      EXPECT_EQ(key, RuntimeParamKey(3, tp, p.meta.name));
+    }
+  }
+  auto norm_bytes = norm.storage.span().first(norm.meta.nbytes());
+  EXPECT_EQ(sums->at("dp3:pp0:pcp0:tp0:ep0:model.norm.weight"), Sha(norm_bytes));
+  EXPECT_EQ(sums->at("dp3:pp0:pcp0:tp1:ep0:model.norm.weight"), Sha(norm_bytes));
+  // Rank r's embedding: rows [r*V/2, (r+1)*V/2) of the padded vocabulary.
+  const int64_t vocab = embed.meta.shape[0], row = embed.meta.nbytes() / vocab;
+  const int64_t padded = ShardingTable::PaddedVocab(vocab), half = padded / 2;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::byte> want(half * row, std::byte{0});
+    for (int64_t i = 0; i < half && r * half + i < vocab; ++i) {
+      std::memcpy(want.data() + i * row, embed.storage.span().data() + (r * half + i) * row, row);
+    }
+    int idx = group[r]->table().FindParam("model.embed_tokens.weight");
+    ASSERT_GE(idx, 0);
+    EXPECT_EQ(sums->at(RuntimeParamKey(3, r, "model.embed_tokens.weight")), Sha(want)) << "tp" << r;
+  }
+  // A parameter nothing was loaded into: the digest of its zeroed bytes.
+  const WorkerParam& qkv = params[group[0]->table().FindParam("model.layers.0.self_attn.qkv_proj.weight")];
+  std::vector<std::byte> zeros(qkv.meta.nbytes(), std::byte{0});
+  EXPECT_EQ(sums->at(RuntimeParamKey(3, 0, qkv.meta.name)), Sha(zeros));
+}
+
+TEST(RuntimeChecker, ResetWritesFiniteRandomValuesEverywhere) {
+  auto group = Group(1);
+  std::vector<RuntimeWorker> workers{{group[0].get(), 0, 0}};
+  auto before = *RuntimeParamDigests(workers, 2);
+  ASSERT_TRUE(RandomizeRuntimeParams(workers, 7, 2, 4096).ok());
+  auto after = *RuntimeParamDigests(workers, 2);
+  for (const auto& [key, hex] : before) EXPECT_NE(after.at(key), hex) << key;
+  // bf16: no element has an all-ones exponent (NaN or infinity).
+  for (size_t i = 0; i < group[0]->params().size(); ++i) {
+    const HostTensor& p = group[0]->params()[i];
+    ASSERT_EQ(ItemSize(p.meta.dtype), 2u) << p.meta.name;
+    auto b = p.storage.span().first(p.meta.nbytes());
+    for (size_t e = 0; e + 1 < b.size(); e += 2) {
+      uint16_t v = uint16_t(b[e]) | uint16_t(uint16_t(b[e + 1]) << 8);
+      ASSERT_NE(v & 0x7F80, 0x7F80) << p.meta.name << " element " << e / 2;
+    }
+  }
+  ASSERT_TRUE(RandomizeRuntimeParams(workers, 8, 2).ok());
+  auto other = *RuntimeParamDigests(workers, 2);
+  for (const auto& [key, hex] : after) EXPECT_NE(other.at(key), hex) << key;
+}
+
+TEST(RuntimeChecker, MismatchesNameChangedMissingAndExtraKeys) {
+  std::map<std::string, std::string> cur{{"a", "1"}, {"b", "2"}, {"c", "3"}};
+  EXPECT_TRUE(RuntimeMismatches(cur, json(cur)).empty());
+  EXPECT_EQ(RuntimeMismatches(cur, json{{"a", "1"}, {"b", "9"}, {"d", "4"}, {"c", 3}}),
+            (std::vector<std::string>{"b", "c", "d"}));
+  EXPECT_EQ(RuntimeMismatches(cur, json{{"a", "1"}, {"b", "2"}}), (std::vector<std::string>{"c"}));
+}
+
+// Loads the tensors the test sets into every worker; the update's list says which.
+class LoadingBackend : public ReceiverBackend {
+ public:
+  LoadingBackend(ReceiverContext* ctx, std::map<std::string, HostTensor>* data) : ctx_(ctx), data_(data) {}
+  std::string_view name() const override { return "loading"; }
+  Status Init(const json&) override { return Status::Ok(); }
+  Status Update(const UpdateRequest& req) override {
+    WSYNC_RETURN_IF_ERROR(req.reject);
+    for (const TensorMeta& m : *req.tensors) {
+      for (const ReceiverWorker& w : ctx_->workers) WSYNC_RETURN_IF_ERROR(w.sink->Load(data_->at(m.name).ref()));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  ReceiverContext* ctx_;
+  std::map<std::string, HostTensor>* data_;
+};
+
+class RuntimeCheckerServer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    InferenceServerOptions o;
+    o.model = "qwen3-tiny";
+    o.tp = 2;
+    o.dp = 2;
+    auto s = InferenceServer::Create(o, [this](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
+      return std::unique_ptr<ReceiverBackend>(std::make_unique<LoadingBackend>(ctx, &data_));
+    });
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(*s);
+    table_ = std::make_unique<ShardingTable>(*ShardingTable::Build(*LookupModel("qwen3-tiny"), 0, 2));
+  }
+  // One sync of model.norm.weight filled with `salt`.
+  void SyncNorm(uint8_t salt) {
+    auto store = *WorkerStore::Create(*LookupModel("qwen3-tiny"), 0, 1);
+    data_.insert_or_assign("model.norm.weight", Filled(*store, "model.norm.weight", salt));
+    ASSERT_TRUE(server_->StartWeightUpdate().ok());
+    const TensorMeta& m = data_.at("model.norm.weight").meta;
+    ASSERT_TRUE(server_->UpdateWeights(json{{"names", {m.name}}, {"dtype_names", {"bfloat16"}}, {"shapes", {m.shape}}}).ok());
+    ASSERT_TRUE(server_->FinishWeightUpdate(std::nullopt).ok());
+  }
+  Result<json> Check(const char* action, const json* baseline = nullptr) {
+    return server_->CheckRuntimeWeights(action, baseline);
+  }
+  bool Consistent() { return server_->Health()["weights_consistent"].get<bool>(); }
+
+  std::map<std::string, HostTensor> data_;
+  std::unique_ptr<InferenceServer> server_;
+  std::unique_ptr<ShardingTable> table_;
+};
+
+TEST_F(RuntimeCheckerServer, ChecksumKeepsTheFirstAsBaselineAndListsEveryEngine) {
+  Result<json> first = Check("checksum");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const size_t params = table_->params().size();
+  ASSERT_EQ((*first)["checksums"].size(), 4 * params);
+  EXPECT_EQ((*first)["baseline_created"], true);
+  ASSERT_EQ((*first)["engines"].size(), 2u);
+  for (int dp = 0; dp < 2; ++dp) {
+    const json& engine = (*first)["engines"][dp];
+    EXPECT_EQ(engine.size(), 2 * params);
+    for (const auto& [key, hex] : engine.items()) {
+      EXPECT_TRUE(key.starts_with(fmt::format("dp{}:pp0:pcp0:tp", dp))) << key;
+      EXPECT_EQ((*first)["checksums"][key], hex);
+    }
+  }
+  EXPECT_EQ(Check("checksum")->at("baseline_created"), false);  // the first stays the baseline
+  // Nothing changed: compare matches, and uses the baseline up.
+  Result<json> same = Check("compare");
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(*same, json({{"match", true}, {"mismatches", json::array()}}));
+  Result<json> none = Check("compare");
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
+  EXPECT_NE(none.status().message().find("no baseline"), std::string::npos);
+  EXPECT_EQ(Check("checksum")->at("baseline_created"), true);  // a new cycle
+}
+
+TEST_F(RuntimeCheckerServer, CompareAfterASyncNamesExactlyTheParametersThatChanged) {
+  ASSERT_TRUE(Check("checksum").ok());
+  SyncNorm(5);
+  Result<json> cmp = Check("compare");
+  ASSERT_TRUE(cmp.ok()) << cmp.status().ToString();
+  EXPECT_EQ((*cmp)["match"], false);
+  std::set<std::string> want;
+  for (int dp = 0; dp < 2; ++dp) {
+    for (int tp = 0; tp < 2; ++tp) {
+      auto table = *ShardingTable::Build(*LookupModel("qwen3-tiny"), tp, 2);
+      for (auto [param, piece] : table.PiecesOf("model.norm.weight")) {
+        want.insert(RuntimeParamKey(dp, tp, table.params()[param].meta.name));
+      }
+    }
+  }
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ((*cmp)["mismatches"].get<std::set<std::string>>(), want);
+}
+
+TEST_F(RuntimeCheckerServer, ResetRandomizesAndLeavesTheWeightsInconsistentUntilASync) {
+  json before = Check("checksum")->at("checksums");
+  ASSERT_TRUE(server_->Checksums(DigestAlgorithm::kSha256).ok());
+  ASSERT_TRUE(Consistent());
+  Result<json> reset = Check("reset");
+  ASSERT_TRUE(reset.ok()) << reset.status().ToString();
+  EXPECT_EQ(*reset, json({{"status", "reset"}}));
+  EXPECT_FALSE(Consistent());
+  // An explicit baseline is compared against and leaves the kept one alone.
+  Result<json> cmp = Check("compare", &before);
+  ASSERT_TRUE(cmp.ok());
+  EXPECT_EQ((*cmp)["match"], false);
+  EXPECT_EQ((*cmp)["mismatches"].size(), before.size());  // every parameter changed
+  Result<json> kept = Check("compare");  // the baseline the first checksum kept
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ((*kept)["mismatches"].size(), before.size());
+  // wsync's HF digests see the reset too: each rank's copy of a replicated tensor got
+  // its own random values.
+  auto hf_after = server_->Checksums(DigestAlgorithm::kSha256);
+  EXPECT_EQ(hf_after.status().code(), StatusCode::kDataLoss) << hf_after.status().ToString();
+  SyncNorm(9);
+  EXPECT_TRUE(Consistent());
+}
+
+TEST_F(RuntimeCheckerServer, PausedIs409ForVllmsCheckerButNotForWsyncDigests) {
+  ASSERT_TRUE(server_->Pause("keep", false).ok());
+  for (const char* action : {"checksum", "reset", "compare"}) {
+    Result<json> r = Check(action);
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << action;
+    EXPECT_NE(r.status().message().find("paused"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_TRUE(Consistent());  // the refused reset changed nothing
+  EXPECT_TRUE(server_->Checksums(DigestAlgorithm::kXxh3_128).ok());  // a trainer verifies inside its pause
+  ASSERT_TRUE(server_->Resume().ok());
+  EXPECT_TRUE(Check("checksum").ok());
+}
+
+}  // namespace
+}  // namespace wsync
