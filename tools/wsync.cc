@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   p->add_option("--backend-option", backend_flags,
                 "KEY=VALUE setting of the backend (repeatable): nccl piece_mb; ipc mode=auto|packed|zero_copy, "
                 "export_kind=cuda_ipc|cuda_fd, backing=memfd|posix_shm, stall_after_chunks=N (tests); delta "
-                "sync_dir, max_file_gb, publish_threads, base_checkpoint");
+                "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir");
   std::map<std::string, std::string> named_backend_flags;
   for (const auto& [flag, key, help] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"--sync-dir", "sync_dir", "delta: directory shared with the servers"},
@@ -142,6 +142,12 @@ int main(int argc, char** argv) {
            {"--publish-threads", "publish_threads", "delta: publishing threads (default 0: all cores)"},
            {"--base-checkpoint", "base_checkpoint",
             "delta: the servers' base checkpoint (version 0) when it is not the first sync's weights"},
+           {"--base-model-path", "base_model_path",
+            "delta: init_info base_model_path, the base checkpoint as the servers name it (default: "
+            "--base-checkpoint); SkyRL's servers require it"},
+           {"--local-checkpoint-dir", "local_checkpoint_dir",
+            "delta: init_info local_checkpoint_dir for SkyRL's servers (default: SkyRL's "
+            "$TMPDIR/skyrl_delta_checkpoints/<sync dir name>_<hash>)"},
            {"--ipc-mode", "mode", "ipc: auto, packed or zero_copy (default auto)"},
            {"--ipc-export-kind", "export_kind", "ipc on a GPU: cuda_ipc or cuda_fd (default cuda_ipc)"},
            {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"}}) {

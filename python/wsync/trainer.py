@@ -62,7 +62,8 @@ class TrainerEngine:
     **backend_options
         The backend's own settings (``wsync push --backend-option KEY=VALUE``): ``nccl``:
         piece_mb; ``ipc``: mode, export_kind, backing, stall_after_chunks; ``delta``:
-        sync_dir (required), max_file_gb, publish_threads, base_checkpoint. An unknown key
+        sync_dir (required), max_file_gb, publish_threads, base_checkpoint, base_model_path,
+        local_checkpoint_dir (the last two are SkyRL's init keys; see docs/protocol.md). An unknown key
         raises ``wsync.InvalidArgumentError`` listing the known ones.
 
     Use it as a context manager, or call ``shutdown()``::

@@ -376,6 +376,42 @@ TEST_F(DeltaTest, PathsInRequestsStayBelowTheFlagRootsAndNothingOutsideIsDeleted
   ExpectServersHold({a}, Want(1), DigestAlgorithm::kXxh3_128);
 }
 
+// SkyRL's delta receiver payloads, exactly: an init with DeltaTransferInitInfo's keys and
+// no sync_dir (the sync dir comes with each fetch), an update_info of {target_version,
+// version, sync_dir, uri}; an update naming a sync dir outside --sync-root is refused.
+TEST_F(DeltaTest, SkyrlsExactInitAndUpdatePayloadsSyncBitExact) {
+  WriteBase("qwen3-tiny", 13);
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartDelta("a", local("a")));
+  ASSERT_TRUE(PushDelta("push", {a}, 1).success());  // versions 1 and 2 in sync()
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartDelta("b", local("b")));
+  const json skyrl_init = {{"base_model_path", base()},
+                           {"local_checkpoint_dir", local("b")},
+                           {"cloud_download_workers", 4},
+                           {"checkpoint_load_format", "vllm_multi_thread_safetensors"},
+                           {"multi_thread_safetensors_max_workers", 8}};
+  HttpReply init = HttpPostJson(b.url, "/init_weight_transfer_engine", json{{"init_info", skyrl_init}});
+  ASSERT_EQ(init.status, 200) << init.Describe();
+  const std::string uri = (fs::path(sync()) / "delta-00000002").string();
+  HttpReply f = HttpPostJson(b.url, "/fetch_weights", json{{"target_version", 2}, {"sync_dir", sync()}, {"uri", uri}});
+  ASSERT_EQ(f.status, 200) << f.Describe();
+  EXPECT_EQ(f.json["status"], "ok");
+  EXPECT_EQ(f.json["target_version"], 2);
+  const json outside = {{"target_version", 2}, {"version", 2}, {"sync_dir", (dir() / "elsewhere").string()}, {"uri", uri}};
+  ASSERT_EQ(HttpPostJson(b.url, "/start_weight_update", json::object()).status, 200);
+  HttpReply refused = HttpPostJson(b.url, "/update_weights", json{{"update_info", outside}});
+  EXPECT_EQ(refused.status, 400) << refused.Describe();
+  (void)HttpPostJson(b.url, "/finish_weight_update", json::object());
+  const json update = {{"target_version", 2}, {"version", 2}, {"sync_dir", sync()}, {"uri", uri}};
+  for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{
+           {"/start_weight_update", json::object()},
+           {"/update_weights", json{{"update_info", update}}},
+           {"/finish_weight_update", json{{"weight_version", "2"}}}}) {
+    HttpReply r = HttpPostJson(b.url, path, body);
+    ASSERT_EQ(r.status, 200) << path << " " << r.Describe();
+  }
+  ExpectServersHold({a, b}, Want(1), DigestAlgorithm::kXxh3_128);
+}
+
 // What a sync dir holds is untrusted too: payload files confined to their version
 // directory, regular files only (a FIFO or a device is refused at once, never read), a
 // manifest of bounded size, and no file bytes in any error.

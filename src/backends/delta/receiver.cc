@@ -55,15 +55,20 @@ class DeltaReceiver final : public ReceiverBackend {
     WSYNC_ASSIGN_OR_RETURN(delta::DeltaInitRequest init, delta::ParseDeltaInit(init_info));
     if (init.sync_dir) WSYNC_RETURN_IF_ERROR(CheckSyncDir(*init.sync_dir));
     // SkyRL's init keys name directories; a server takes its directories from its flags
-    // only (docs/security.md). Keys naming other directories are noted, never opened.
+    // only (docs/security.md). Keys naming other directories are noted, never opened: a
+    // warning where the flag names another one, a note where the server uses its default
+    // (a SkyRL-shaped trainer always sends both keys).
     const json& flags = ctx_->backend_config;
     for (const auto& [key, given, flag] :
          {std::tuple{"base_model_path", init.base_model_path, Flag(flags, "base_checkpoint")},
           std::tuple{"local_checkpoint_dir", init.local_checkpoint_dir, Flag(flags, "local_checkpoint_dir")}}) {
-      if (given && !given->empty() && (flag.empty() || !SamePath(*given, flag))) {
+      if (!given || given->empty() || (!flag.empty() && SamePath(*given, flag))) continue;
+      if (flag.empty()) {
+        WSYNC_LOG_INFO("delta: init_info {} {} is not opened; this server uses its default (flags "
+                       "--base-checkpoint, --local-checkpoint-dir choose its directories)", key, *given);
+      } else {
         WSYNC_LOG_WARN("delta: init_info {} {} is not this server's ({}): ignored; a server's directories come "
-                       "from its flags (--base-checkpoint, --local-checkpoint-dir)", key, *given,
-                       flag.empty() ? "default" : flag);
+                       "from its flags (--base-checkpoint, --local-checkpoint-dir)", key, *given, flag);
       }
     }
     WSYNC_RETURN_IF_ERROR(Open());
@@ -136,7 +141,11 @@ class DeltaReceiver final : public ReceiverBackend {
     if (!req.reject.ok()) return req.reject;
     WSYNC_RETURN_IF_ERROR(EnsureOpen());
     if (req.update_info == nullptr || !req.update_info->is_object()) return InvalidArgument("update_info must be an object");
-    WSYNC_ASSIGN_OR_RETURN(int64_t target, delta::ParseTargetVersion(*req.update_info, "update_weights"));
+    // SkyRL's update_info: {target_version, version, sync_dir, uri}. The reload reads the
+    // local checkpoint the fetch prepared; a sync dir named here is still confined.
+    WSYNC_ASSIGN_OR_RETURN(delta::DeltaFetchRequest named, delta::ParseDeltaUpdate(*req.update_info));
+    if (named.sync_dir) WSYNC_RETURN_IF_ERROR(CheckSyncDir(*named.sync_dir));
+    const int64_t target = named.target_version;
     WSYNC_RETURN_IF_ERROR(stores_.front()->ValidateReady(target));
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     Stopwatch elapsed;

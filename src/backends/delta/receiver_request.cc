@@ -67,12 +67,22 @@ Result<DeltaInitRequest> ParseDeltaInit(const json& init_info) {
   return r;
 }
 
-Result<DeltaFetchRequest> ParseDeltaFetch(const json& body) {
+namespace {
+
+Result<DeltaFetchRequest> ParseVersionedPaths(const json& body, const char* what) {
   DeltaFetchRequest r;
-  WSYNC_ASSIGN_OR_RETURN(r.target_version, ParseTargetVersion(body, "fetch_weights"));
-  WSYNC_ASSIGN_OR_RETURN(r.sync_dir, OptionalPath(body, "sync_dir", "fetch_weights"));
-  WSYNC_ASSIGN_OR_RETURN(r.uri, OptionalPath(body, "uri", "fetch_weights"));
+  WSYNC_ASSIGN_OR_RETURN(r.target_version, ParseTargetVersion(body, what));
+  WSYNC_ASSIGN_OR_RETURN(r.sync_dir, OptionalPath(body, "sync_dir", what));
+  WSYNC_ASSIGN_OR_RETURN(r.uri, OptionalPath(body, "uri", what));
   return r;
+}
+
+}  // namespace
+
+Result<DeltaFetchRequest> ParseDeltaFetch(const json& body) { return ParseVersionedPaths(body, "fetch_weights"); }
+
+Result<DeltaFetchRequest> ParseDeltaUpdate(const json& update_info) {
+  return ParseVersionedPaths(update_info, "update_weights");
 }
 
 }  // namespace wsync::delta

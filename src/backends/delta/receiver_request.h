@@ -29,7 +29,10 @@ struct DeltaInitRequest {
 
 // init_info must be an object; each known key, when present and not null, must have its
 // type (strings of at most kMaxRequestPathBytes, an integer format_version no newer than
-// this build reads: FailedPrecondition). Unknown keys are ignored.
+// this build reads: FailedPrecondition). Unknown keys are ignored, so SkyRL's exact init
+// ({base_model_path, local_checkpoint_dir, cloud_download_workers, checkpoint_load_format,
+// multi_thread_safetensors_max_workers}: no sync_dir) is accepted; the sync dir then comes
+// with each fetch.
 Result<DeltaInitRequest> ParseDeltaInit(const nlohmann::json& init_info);
 
 struct DeltaFetchRequest {
@@ -40,6 +43,10 @@ struct DeltaFetchRequest {
 
 // {"target_version" (or "version"): integer in [0, 2^63), "sync_dir"?, "uri"?}.
 Result<DeltaFetchRequest> ParseDeltaFetch(const nlohmann::json& body);
+
+// /update_weights' update_info, SkyRL's DeltaTransferUpdateInfo: the same fields as a
+// fetch ("version" is an alias of target_version); the errors name update_weights.
+Result<DeltaFetchRequest> ParseDeltaUpdate(const nlohmann::json& update_info);
 
 // The non-negative integer "target_version" (or "version") of `body`; `what` names the
 // call in errors.

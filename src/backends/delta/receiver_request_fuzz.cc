@@ -1,5 +1,5 @@
 // Fuzz target: the JSON bodies the delta receiver takes (init_info, /fetch_weights,
-// update_info's target version), and the sync_dir they name placed below a sync root.
+// update_info), and the sync_dir they name placed below a sync root.
 // Nothing throws or crashes; a target version that parses is non-negative; a path that
 // PathBelow accepts is relative and never climbs ("..") out of the root.
 #include <cstdint>
@@ -36,6 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (fetch.ok()) {
     if (fetch->target_version < 0) std::abort();
     if (fetch->sync_dir) CheckBelow(*fetch->sync_dir);
+  }
+  auto update = wsync::delta::ParseDeltaUpdate(j);
+  if (update.ok()) {
+    if (update->target_version < 0) std::abort();
+    if (update->sync_dir) CheckBelow(*update->sync_dir);
   }
   auto v = wsync::delta::ParseTargetVersion(j, "update_weights");
   if (v.ok() && *v < 0) std::abort();
