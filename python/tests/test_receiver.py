@@ -149,7 +149,7 @@ def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):
         assert status == 409 and "call start_weight_update first" in body["error"]["message"]
         status, body = http_json(server.url, "/init_weight_transfer_engine", {"nope": 1})
         assert status == 400 and "missing field 'init_info'" in body["error"]["message"]
-        status, body = http_json(server.url, "/weight_checker", {"algorithm": "md5"})
+        status, body = http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "md5"})
         assert status == 400 and "md5" in body["error"]["message"]
         assert http_json(server.url, "/no_such_route", {})[0] == 404
         assert http_json(server.url, "/get_world_size")[1] == {"world_size": 1}
@@ -164,6 +164,41 @@ def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):
     finally:
         server.stop()
     assert not [t for t in threading.enumerate() if t.name == "wsync-worker-server"]
+
+
+def test_worker_server_answers_vllms_new_routes_as_vllm_or_501_naming_what_is_missing():
+    metadata = wsync.model_metadata("qwen3-tiny")
+    server = WorkerServer([wsync.ReceiverEngine("nccl", timeout=5)], [StandInModel(metadata)], timeout=5).start()
+    try:
+        # /weight_checker: `action` is required; without an `algorithm` it is vLLM's
+        # runtime-parameter checker, which this front does not have.
+        status, body = http_json(server.url, "/weight_checker", {"algorithm": "sha256"})
+        assert status == 400 and "needs a field 'action'" in body["error"]["message"], body
+        status, body = http_json(server.url, "/weight_checker", {"action": "checksum"})
+        assert status == 501 and body["error"]["type"] == "UNIMPLEMENTED", body
+        assert "runtime-parameter checker" in body["error"]["message"] and "'algorithm'" in body["error"]["message"]
+        status, body = http_json(server.url, "/weight_checker", {"action": "reset", "algorithm": "sha256"})
+        assert status == 400 and "takes no 'algorithm'" in body["error"]["message"], body
+        status, body = http_json(server.url, "/weight_checker", {"action": "compare", "algorithm": "sha256",
+                                                                  "baseline": {"model.norm.weight": "00"}})
+        assert status == 200 and body["match"] is False and "model.norm.weight" in body["mismatches"], body
+        # /reset_prefix_cache answers as vLLM does.
+        assert http_json(server.url, "/reset_prefix_cache?reset_running_requests=true", {}) == (200, {"success": True})
+        status, body = http_json(server.url, "/reset_prefix_cache?reset_running_requests=maybe", {})
+        assert status == 400 and "reset_running_requests=maybe" in body["error"]["message"], body
+        assert http_json(server.url, "/is_sleeping") == (200, {"is_sleeping": False})
+        status, info = http_json(server.url, "/server_info")
+        assert status == 200 and info["capabilities"]["prefix_caching"] is False, info
+        assert info["capabilities"]["weight_transfer_backend"] == "nccl", info
+        for path, missing in (("/sleep", "sleep mode"), ("/wake_up", "sleep mode"),
+                              ("/abort_requests", "requests to abort"), ("/v1/completions", "generation")):
+            status, body = http_json(server.url, path, {})
+            assert status == 501 and missing in body["error"]["message"] and path in body["error"]["message"], body
+        status, body = http_json(server.url, "/collective_rpc", {"method": "reload_weights"})
+        assert status == 501 and "collective_rpc 'reload_weights'" in body["error"]["message"], body
+        assert http_json(server.url, "/collective_rpc", {})[0] == 400
+    finally:
+        server.stop()
 
 
 def test_a_session_whose_trainer_vanished_expires_after_its_lease():

@@ -19,7 +19,8 @@ tensor))`` and ``named_parameters()`` or ``state_dict()``)::
     ...
     server.stop()
 
-What it does not do: generate, sleep/wake, draft models, sharded (TP) parameters. As in
+What it does not do: generate, sleep/wake, draft models, sharded (TP) parameters, vLLM's
+runtime-parameter weight checker (those routes answer 501 naming what is missing). As in
 ``wsync serve``, a session (start .. finish) with no call for ``session_lease`` seconds
 expires, so a trainer that vanished mid-session does not block the next one. Every wait is
 bounded by the engines' timeout.
@@ -327,10 +328,25 @@ class WorkerServer:
         return sums[0]
 
     def weight_checker(self, body):
-        action = body.get("action", "checksum")
-        if action not in ("checksum", "compare"):
-            raise RouteError(400, "INVALID_ARGUMENT", f"unknown weight_checker action '{action}' (field 'action')")
-        algorithm = body.get("algorithm", "sha256")
+        # vLLM's rules: `action` is required. A body naming an `algorithm` asks for wsync's
+        # digests by HF name; without one it is vLLM's runtime-parameter checker, which this
+        # front does not have (its models' parameters are the user's own).
+        if "action" not in body:
+            raise RouteError(400, "INVALID_ARGUMENT",
+                             "weight_checker needs a field 'action' (checksum, reset or compare)")
+        action = body["action"]
+        if not isinstance(action, str) or action not in ("checksum", "compare", "reset"):
+            raise RouteError(400, "INVALID_ARGUMENT",
+                             f"unknown weight_checker action {action!r} (field 'action': checksum, reset or compare)")
+        if "algorithm" not in body:
+            raise RouteError(501, "UNIMPLEMENTED",
+                             f"weight_checker '{action}' without an 'algorithm' is vLLM's runtime-parameter checker, "
+                             "which wsync.worker_server does not have; name an 'algorithm' (sha256 or xxh3_128) for "
+                             "digests of the model's parameters by HF name")
+        if action == "reset":
+            raise RouteError(400, "INVALID_ARGUMENT",
+                             "weight_checker action 'reset' takes no 'algorithm' (it overwrites runtime parameters)")
+        algorithm = body["algorithm"]
         if algorithm not in ("sha256", "xxh3_128", "xxh3-128"):
             raise RouteError(400, "INVALID_ARGUMENT",
                              f"field 'algorithm': unknown digest algorithm '{algorithm}' (use sha256 or xxh3_128)")
@@ -355,6 +371,33 @@ class WorkerServer:
             self._paused = False
         return {"status": "resumed"}
 
+    def reset_prefix_cache(self, query):
+        for name in ("reset_running_requests", "reset_external"):
+            value = query.get(name, "false")
+            if value not in ("true", "True", "1", "false", "False", "0"):
+                raise RouteError(400, "INVALID_ARGUMENT", f"query parameter {name}={value} is not a boolean")
+        return {"success": True}  # vLLM's reply; this front keeps no prefix cache
+
+    def server_info(self):
+        """What this front can do, under the capability keys `wsync serve` reports."""
+        return {"server": "wsync", "frontend": "python", "model": self.model_name, "capabilities": {
+            "weight_transfer_backend": self.engines[0].backend, "sleep_mode": False, "generation": False,
+            "prefix_caching": False, "runtime_weight_checker": False, "draft_weight_updates": False}}
+
+    @staticmethod
+    def unsupported(path, what):
+        raise RouteError(501, "UNIMPLEMENTED", f"{path}: wsync.worker_server has no {what}")
+
+    @staticmethod
+    def collective_rpc(body):
+        method = body.get("method")
+        if not isinstance(method, str) or not method:
+            raise RouteError(400, "INVALID_ARGUMENT", "collective_rpc needs a string field 'method'")
+        raise RouteError(501, "UNIMPLEMENTED",
+                         f"collective_rpc '{method}': this server dispatches no worker methods by name; it runs "
+                         "only its named routes (/init_weight_transfer_engine, /start_weight_update, "
+                         "/update_weights, /finish_weight_update, /weight_checker, ...)")
+
     def route(self, method, path, query, body, peer):
         """(HTTP status, reply dict) of one request."""
         if method == "GET":
@@ -368,6 +411,10 @@ class WorkerServer:
             if path == "/is_paused":
                 with self._mu:
                     return 200, {"is_paused": self._paused}
+            if path == "/is_sleeping":
+                return 200, {"is_sleeping": False}  # it never sleeps
+            if path == "/server_info":
+                return 200, self.server_info()
         elif method == "POST":
             routes = {
                 "/init_weight_transfer_engine": lambda: self.init(body, peer),
@@ -378,8 +425,13 @@ class WorkerServer:
                 "/weight_checker": lambda: self.weight_checker(body),
                 "/pause": lambda: self.pause(query),
                 "/resume": self.resume,
-                "/reset_prefix_cache": lambda: {"message": "Prefix cache reset"},
+                "/reset_prefix_cache": lambda: self.reset_prefix_cache(query),
                 "/update_weight_version": lambda: self.set_version(body),
+                "/sleep": lambda: self.unsupported(path, "sleep mode (its models' memory is their own)"),
+                "/wake_up": lambda: self.unsupported(path, "sleep mode (its models' memory is their own)"),
+                "/abort_requests": lambda: self.unsupported(path, "requests to abort (it does not generate)"),
+                "/v1/completions": lambda: self.unsupported(path, "generation"),
+                "/collective_rpc": lambda: self.collective_rpc(body),
             }
             if path == "/start_draft_weight_update":
                 raise RouteError(400, "INVALID_ARGUMENT", "this server has no draft model")

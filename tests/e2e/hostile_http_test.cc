@@ -266,7 +266,8 @@ TEST_P(HostileHttpTest, WeightCheckerFieldsOfTheWrongTypeAre400NamingTheField) {
     const char* field;
   };
   for (const Case& c : {Case{R"({"action":1})", "action"}, Case{R"({"action":null})", "action"},
-                        Case{R"({"algorithm":[1]})", "algorithm"},
+                        Case{R"({"algorithm":"sha256"})", "action"},
+                        Case{R"({"action":"checksum","algorithm":[1]})", "algorithm"},
                         Case{R"({"action":"checksum","algorithm":{"a":1}})", "algorithm"},
                         Case{R"({"action":"compare","baseline":[1]})", "baseline"},
                         Case{R"({"action":"\u00ff\u0000"})", "action"}}) {
