@@ -8,52 +8,20 @@
 
 #include <gtest/gtest.h>
 
-#include <mutex>
-
-#include <fmt/format.h>
+#include <stdexcept>
 
 #include "control/http_server.h"
+#include "testing/recording_service.h"
 
 namespace wsync {
 namespace {
 
 using nlohmann::json;
 
-class Recorder : public ControlService {
- public:
-  explicit Recorder(json server_info, bool reset_ok = true) : info_(std::move(server_info)), reset_ok_(reset_ok) {}
-  Status InitWeightTransfer(const json&, const std::string&) override { return Log("init"); }
-  Status StartWeightUpdate() override { return Log("start"); }
-  Status UpdateWeights(std::shared_ptr<const json>) override { return Log("update"); }
-  Status FinishWeightUpdate(const std::optional<std::string>&) override { return Log("finish"); }
-  int WorldSize(bool) const override { return 1; }
-  std::string WeightVersion() const override { return "default"; }
-  void SetWeightVersion(std::string) override {}
-  Status Pause(std::string_view, bool) override { return Log("pause"); }
-  Status Resume() override { return Log("resume"); }
-  bool IsPaused() const override { return false; }
-  Result<bool> ResetPrefixCache(bool running) override {
-    Log(fmt::format("reset running={}", running));
-    return reset_ok_;
-  }
-  Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm) override {
-    return std::map<std::string, std::string>{};
-  }
-  json Health() const override { return {{"status", "ok"}}; }
-  json ServerInfo() const override { return info_; }
-
-  Status Log(std::string call) {
-    std::lock_guard lock(mu);
-    calls.push_back(std::move(call));
-    return Status::Ok();
-  }
-  std::mutex mu;
-  std::vector<std::string> calls;
-
- private:
-  json info_;
-  bool reset_ok_;
-};
+// A server whose /server_info says `server_info`.
+std::unique_ptr<RecordingService> Recorder(json server_info, bool reset_ok = true) {
+  return std::make_unique<RecordingService>(json{{"status", "ok"}}, std::move(server_info), reset_ok);
+}
 
 // A plane that moves nothing: the session and the reset are the engine's.
 class NullPlane : public DataPlane {
@@ -72,13 +40,25 @@ class NullPlane : public DataPlane {
 };
 
 struct Fleet {
-  explicit Fleet(std::vector<std::unique_ptr<Recorder>> r) : recorders(std::move(r)) {
+  explicit Fleet(std::vector<std::unique_ptr<RecordingService>> r) : recorders(std::move(r)) {
     for (auto& rec : recorders) {
       servers.push_back(std::move(*HttpControlServer::Start(HttpServerOptions{}, rec.get())));
       urls.push_back(servers.back()->url());
     }
   }
-  std::vector<std::unique_ptr<Recorder>> recorders;
+  // An engine over a NullPlane for this fleet, initialized for Source(), calls cleared.
+  std::unique_ptr<TrainerEngine> Engine(const WeightSource& source) {
+    TrainerOptions o;
+    o.servers = urls;
+    o.backend = "null";
+    o.timeout_seconds = 20;
+    auto engine = NewTrainerEngine(o, std::make_unique<NullPlane>());
+    EXPECT_TRUE(engine.ok());
+    EXPECT_TRUE((*engine)->Init(source.metadata()).ok());
+    for (auto& rec : recorders) rec->ClearCalls();
+    return std::move(*engine);
+  }
+  std::vector<std::unique_ptr<RecordingService>> recorders;
   std::vector<std::unique_ptr<HttpControlServer>> servers;
   std::vector<std::string> urls;
 };
@@ -90,67 +70,55 @@ HostTensorSource Source() {
 }
 
 TEST(EnginePrefixCache, ProbedServersAreResetAfterTheUpdateAndBeforeFinish) {
-  std::vector<std::unique_ptr<Recorder>> r;
-  r.push_back(std::make_unique<Recorder>(json{{"capabilities", {{"prefix_caching", true}}}}));
-  r.push_back(std::make_unique<Recorder>(json{{"capabilities", {{"prefix_caching", false}}}}));
+  std::vector<std::unique_ptr<RecordingService>> r;
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", true}}}}));
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", false}}}}));
   // vLLM: cache_config in the JSON config, or in its text form.
-  r.push_back(std::make_unique<Recorder>(json{{"vllm_config", {{"cache_config", {{"enable_prefix_caching", true}}}}}}));
-  r.push_back(std::make_unique<Recorder>(json{{"vllm_config", "CacheConfig(block_size=16, enable_prefix_caching=True)"}}));
-  r.push_back(std::make_unique<Recorder>(json{{"vllm_config", {{"cache_config", {{"block_size", 16}}}}}}));
+  r.push_back(Recorder(json{{"vllm_config", {{"cache_config", {{"enable_prefix_caching", true}}}}}}));
+  r.push_back(Recorder(json{{"vllm_config", "CacheConfig(block_size=16, enable_prefix_caching=True)"}}));
+  r.push_back(Recorder(json{{"vllm_config", {{"cache_config", {{"block_size", 16}}}}}}));
   Fleet f(std::move(r));
-  TrainerOptions o;
-  o.servers = f.urls;
-  o.backend = "null";
-  o.timeout_seconds = 20;
-  auto engine = NewTrainerEngine(o, std::make_unique<NullPlane>());
-  ASSERT_TRUE(engine.ok());
   HostTensorSource source = Source();
-  ASSERT_TRUE((*engine)->Init(source.metadata()).ok());
-  for (auto& rec : f.recorders) rec->calls.clear();
-  ASSERT_TRUE((*engine)->SendWeights(source, std::string("v1")).ok());
-  const std::vector<std::string> reset = {"start", "update", "reset running=true", "finish"};
-  const std::vector<std::string> plain = {"start", "update", "finish"};
-  EXPECT_EQ(f.recorders[0]->calls, reset);
-  EXPECT_EQ(f.recorders[1]->calls, plain);
-  EXPECT_EQ(f.recorders[2]->calls, reset);
-  EXPECT_EQ(f.recorders[3]->calls, reset);
-  EXPECT_EQ(f.recorders[4]->calls, plain);
+  auto engine = f.Engine(source);
+  ASSERT_TRUE(engine->SendWeights(source, std::string("v1")).ok());
+  const std::vector<std::string> reset = {"start", "update", "reset_prefix_cache running=true", "finish v1"};
+  const std::vector<std::string> plain = {"start", "update", "finish v1"};
+  EXPECT_EQ(f.recorders[0]->calls(), reset);
+  EXPECT_EQ(f.recorders[1]->calls(), plain);
+  EXPECT_EQ(f.recorders[2]->calls(), reset);
+  EXPECT_EQ(f.recorders[3]->calls(), reset);
+  EXPECT_EQ(f.recorders[4]->calls(), plain);
 }
 
 TEST(EnginePrefixCache, AServerWithoutServerInfoIsTakenAsNotCaching) {
-  // An HTTP server that answers only the routes of an older server: /server_info is 501.
-  class Old : public Recorder {
+  // A server whose /server_info fails (an older server answers 404; this one 500).
+  class Old : public RecordingService {
    public:
-    Old() : Recorder(json::object()) {}
+    Old() : RecordingService(json{{"status", "ok"}}, json::object()) {}
     json ServerInfo() const override { throw std::runtime_error("no /server_info here"); }
   };
-  std::vector<std::unique_ptr<Recorder>> r;
+  std::vector<std::unique_ptr<RecordingService>> r;
   r.push_back(std::make_unique<Old>());
-  r.push_back(std::make_unique<Recorder>(json{{"capabilities", {{"prefix_caching", true}}}}));
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", true}}}}));
   Fleet f(std::move(r));
   SessionDriver driver(f.urls, "", 10);
   EXPECT_EQ(driver.PrefixCaching(), (std::vector<bool>{false, true}));
 }
 
 TEST(EnginePrefixCache, AResetThatFailsFailsTheSyncNamingTheServerAndClosesSessions) {
-  std::vector<std::unique_ptr<Recorder>> r;
-  r.push_back(std::make_unique<Recorder>(json{{"capabilities", {{"prefix_caching", true}}}}, /*reset_ok=*/false));
+  std::vector<std::unique_ptr<RecordingService>> r;
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", true}}}}, /*reset_ok=*/false));
   Fleet f(std::move(r));
-  TrainerOptions o;
-  o.servers = f.urls;
-  o.backend = "null";
-  o.timeout_seconds = 20;
-  auto engine = NewTrainerEngine(o, std::make_unique<NullPlane>());
   HostTensorSource source = Source();
-  ASSERT_TRUE((*engine)->Init(source.metadata()).ok());
-  f.recorders[0]->calls.clear();
-  auto stats = (*engine)->SendWeights(source, std::string("v1"));
+  auto engine = f.Engine(source);
+  auto stats = engine->SendWeights(source, std::string("v1"));
   ASSERT_FALSE(stats.ok());
   EXPECT_EQ(stats.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(stats.status().message().find(f.urls[0]), std::string::npos) << stats.status().ToString();
   EXPECT_NE(stats.status().message().find("old weights"), std::string::npos) << stats.status().ToString();
-  // The session is closed by the best-effort finish.
-  EXPECT_EQ(f.recorders[0]->calls, (std::vector<std::string>{"start", "update", "reset running=true", "finish"}));
+  // The session is closed by the best-effort finish (no version).
+  EXPECT_EQ(f.recorders[0]->calls(),
+            (std::vector<std::string>{"start", "update", "reset_prefix_cache running=true", "finish -"}));
 }
 
 }  // namespace

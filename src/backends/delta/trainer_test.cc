@@ -10,83 +10,31 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 
 #include <fmt/format.h>
 
 #include "backends/delta/manifest.h"
 #include "control/http_server.h"
+#include "testing/recording_service.h"
 
 namespace wsync {
 namespace {
 
 using nlohmann::json;
 
-// A server that records every call. `wsync`: its /health says "server": "wsync" (else it
-// answers as a vLLM server does, without the field). `prefix_caching`: what /server_info
-// says, in wsync's capabilities or in vLLM's cache_config.
-class RecordingServer : public ControlService {
- public:
-  RecordingServer(bool wsync, bool prefix_caching) : wsync_(wsync), prefix_caching_(prefix_caching) {}
-  Status InitWeightTransfer(const json& info, const std::string&) override {
-    Log("init");
-    std::lock_guard lock(mu);
-    init = info;
-    return Status::Ok();
+// A recording server: `wsync` says "server": "wsync" at /health (else it answers as a
+// vLLM server does, without the field); `prefix_caching` is what /server_info says, in
+// wsync's capabilities or in vLLM's cache_config.
+std::unique_ptr<RecordingService> Recorder(bool wsync, bool prefix_caching) {
+  if (wsync) {
+    return std::make_unique<RecordingService>(
+        json{{"status", "ok"}, {"server", "wsync"}, {"backend", "delta"}},
+        json{{"capabilities", {{"prefix_caching", prefix_caching}, {"weight_transfer_backend", "delta"}}}});
   }
-  Status StartWeightUpdate() override { return Log("start"); }
-  Status UpdateWeights(std::shared_ptr<const json> info) override {
-    std::lock_guard lock(mu);
-    update = *info;
-    calls.push_back("update");
-    return Status::Ok();
-  }
-  Status FinishWeightUpdate(const std::optional<std::string>& v) override {
-    return Log("finish " + v.value_or("-"));
-  }
-  Result<json> FetchWeights(const json& body) override {
-    std::lock_guard lock(mu);
-    fetch = body;
-    calls.push_back("fetch");
-    return json{{"status", "ok"}, {"target_version", body["target_version"]}};
-  }
-  int WorldSize(bool) const override { return 1; }
-  std::string WeightVersion() const override { return "default"; }
-  void SetWeightVersion(std::string) override {}
-  Status Pause(std::string_view mode, bool clear) override {
-    return Log(fmt::format("pause {} clear_cache={}", mode, clear));
-  }
-  Status Resume() override { return Log("resume"); }
-  bool IsPaused() const override { return false; }
-  Result<bool> ResetPrefixCache(bool running) override {
-    Log(fmt::format("reset_prefix_cache running={}", running));
-    return true;
-  }
-  Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm) override {
-    return std::map<std::string, std::string>{};
-  }
-  json Health() const override {
-    if (!wsync_) return {{"status", "ok"}};
-    return {{"status", "ok"}, {"server", "wsync"}, {"backend", "delta"}};
-  }
-  json ServerInfo() const override {
-    if (wsync_) return {{"capabilities", {{"prefix_caching", prefix_caching_}, {"weight_transfer_backend", "delta"}}}};
-    return {{"vllm_config", {{"cache_config", {{"enable_prefix_caching", prefix_caching_}, {"block_size", 16}}}}}};
-  }
-
-  Status Log(std::string call) {
-    std::lock_guard lock(mu);
-    calls.push_back(std::move(call));
-    return Status::Ok();
-  }
-  std::mutex mu;
-  std::vector<std::string> calls;
-  json init, update, fetch;
-
- private:
-  bool wsync_;
-  bool prefix_caching_;
-};
+  return std::make_unique<RecordingService>(
+      json{{"status", "ok"}},
+      json{{"vllm_config", {{"cache_config", {{"enable_prefix_caching", prefix_caching}, {"block_size", 16}}}}}});
+}
 
 class DeltaTrainerTest : public ::testing::Test {
  protected:
@@ -105,7 +53,7 @@ class DeltaTrainerTest : public ::testing::Test {
   std::vector<std::string> Serve(std::vector<std::pair<bool, bool>> kinds) {
     std::vector<std::string> urls;
     for (auto [wsync, caching] : kinds) {
-      services_.push_back(std::make_unique<RecordingServer>(wsync, caching));
+      services_.push_back(Recorder(wsync, caching));
       servers_.push_back(std::move(*HttpControlServer::Start(HttpServerOptions{}, services_.back().get())));
       urls.push_back(servers_.back()->url());
     }
@@ -129,7 +77,7 @@ class DeltaTrainerTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  std::vector<std::unique_ptr<RecordingServer>> services_;
+  std::vector<std::unique_ptr<RecordingService>> services_;
   std::vector<std::unique_ptr<HttpControlServer>> servers_;
 };
 
@@ -178,8 +126,8 @@ TEST_F(DeltaTrainerTest, AMixedFleetGetsSkyrlsInitAndWsyncFieldsOnlyWhereWsync) 
   HostTensorSource source = Source(1);
   ASSERT_TRUE((*trainer)->Init(source.metadata()).ok());
   const std::string local = DefaultSkyrlLocalCheckpointDir((dir_ / "sync").string());
-  EXPECT_EQ(services_[0]->init, json({{"base_model_path", "/models/qwen"}, {"local_checkpoint_dir", local}}));
-  EXPECT_EQ(services_[1]->init,
+  EXPECT_EQ(services_[0]->init(), json({{"base_model_path", "/models/qwen"}, {"local_checkpoint_dir", local}}));
+  EXPECT_EQ(services_[1]->init(),
             json({{"base_model_path", "/models/qwen"}, {"local_checkpoint_dir", local},
                   {"sync_dir", (dir_ / "sync").string()}, {"format_version", delta::kManifestFormatVersion}}));
   (*trainer)->Shutdown();
@@ -194,8 +142,8 @@ TEST_F(DeltaTrainerTest, ANonWsyncFleetWithoutABasePathIsRefusedBeforeAnyInit) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find(urls[1]), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("base_model_path"), std::string::npos) << s.message();
-  EXPECT_TRUE(services_[0]->init.is_null());
-  EXPECT_TRUE(services_[1]->init.is_null());
+  EXPECT_TRUE(services_[0]->init().is_null());
+  EXPECT_TRUE(services_[1]->init().is_null());
 }
 
 TEST_F(DeltaTrainerTest, ASyncFollowsSkyrlsOrderAndResetsOnlyCachingServers) {
@@ -208,7 +156,7 @@ TEST_F(DeltaTrainerTest, ASyncFollowsSkyrlsOrderAndResetsOnlyCachingServers) {
   ASSERT_TRUE(trainer.ok());
   HostTensorSource source = Source(1);
   ASSERT_TRUE((*trainer)->Init(source.metadata()).ok());
-  for (auto& s : services_) s->calls.clear();
+  for (auto& s : services_) s->ClearCalls();
   auto stats = (*trainer)->SendWeights(source, std::string("v1"));
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   const std::vector<std::string> with_reset = {"fetch",  "pause keep clear_cache=false",
@@ -216,12 +164,12 @@ TEST_F(DeltaTrainerTest, ASyncFollowsSkyrlsOrderAndResetsOnlyCachingServers) {
                                                "finish v1", "resume"};
   std::vector<std::string> without = with_reset;
   without.erase(without.begin() + 2);
-  EXPECT_EQ(services_[0]->calls, with_reset);
-  EXPECT_EQ(services_[1]->calls, without);
-  EXPECT_EQ(services_[2]->calls, with_reset);
+  EXPECT_EQ(services_[0]->calls(), with_reset);
+  EXPECT_EQ(services_[1]->calls(), without);
+  EXPECT_EQ(services_[2]->calls(), with_reset);
   const std::string uri = delta::VersionDir((dir_ / "sync").string(), 1);
-  EXPECT_EQ(services_[0]->fetch, json({{"target_version", 1}, {"sync_dir", (dir_ / "sync").string()}, {"uri", uri}}));
-  EXPECT_EQ(services_[0]->update, json({{"target_version", 1}, {"version", 1}, {"sync_dir", (dir_ / "sync").string()},
+  EXPECT_EQ(services_[0]->fetch(), json({{"target_version", 1}, {"sync_dir", (dir_ / "sync").string()}, {"uri", uri}}));
+  EXPECT_EQ(services_[0]->update(), json({{"target_version", 1}, {"version", 1}, {"sync_dir", (dir_ / "sync").string()},
                                         {"uri", uri}}));
   (*trainer)->Shutdown();
 }
