@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,13 @@
 #include "model/config.h"
 #include "receiver/session.h"
 #include "receiver/backend.h"
+#include "receiver/generation.h"
 #include "wsync/server.h"
 
 namespace wsync {
+
+class WorkerStore;   // model/worker_store.h
+class WorkerThread;  // receiver/worker_thread.h
 
 class InferenceServer : public ControlService {
  public:
@@ -60,6 +65,16 @@ class InferenceServer : public ControlService {
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
   nlohmann::json Health() const override;
 
+  // ---- Generation (generation.h): /v1/completions, pause, /abort_requests, the prefix
+  // cache. Pause/Resume/IsPaused/ResetPrefixCache above drive the same Generator.
+  Result<nlohmann::json> Complete(const nlohmann::json& request) override;
+  Result<int> AbortRequests(const std::vector<std::string>& request_ids) override;
+  // Whether the toy generation caches prefixes (`--kv-cache-mib` > 0).
+  bool prefix_caching() const { return generator_->prefix_caching(); }
+  Generator& generator() { return *generator_; }
+  // Ends every request in flight (Unavailable) before the HTTP server stops.
+  void StopGenerating() { generator_->Shutdown(); }
+
  private:
   struct Worker;
   InferenceServer() = default;
@@ -78,12 +93,31 @@ class InferenceServer : public ControlService {
   std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
 
   mutable std::mutex mu_;
-  bool paused_ = false;       // GUARDED_BY(mu_)
-  std::string pause_mode_;    // GUARDED_BY(mu_)
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
   std::condition_variable shutdown_cv_;
+
+  // ---- Generation (inference_server_generation.cc) ----
+  Status CreateGenerator();
+  // Worker i's store and thread (workers_ is dp-major: the first replica comes first).
+  const WorkerStore& GenerationStore(size_t worker) const;
+  WorkerThread& GenerationThread(size_t worker) const;
+  // Runs one generation step with the weights held still (Generator::WithWeights).
+  bool WithWeightsForGeneration(const Generator::Step& step, std::string* why);
+  // The probe of the weights token `token` reads (generation.h's WeightProbe), from the
+  // first replica this server hosts: the row of model.embed_tokens.weight on the worker
+  // whose vocabulary shard holds it, and that worker's model.norm.weight. A CUDA store's
+  // bytes are copied to host on the worker's thread, bounded by timeout_seconds.
+  Result<uint64_t> ProbeWeights(int64_t token);
+  // Whether the weights are resident for generation to read (false while they sleep).
+  bool WeightsAwakeForGeneration() const { return true; }
+  // Held shared by a generation step, exclusively by whatever changes the weights outside
+  // the session calls' own exclusion (StartWeightUpdate, before a session opens).
+  std::shared_mutex weights_read_mu_;
+  int embed_param_ = -1;  // index of model.embed_tokens.weight in every worker's table
+  int norm_param_ = -1;   // index of model.norm.weight
+  std::unique_ptr<Generator> generator_;  // declared last: its thread stops first
 };
 
 }  // namespace wsync
