@@ -162,9 +162,10 @@ struct Work {
 
 void Generator::Loop() {
   std::unique_lock lock(mu_);
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_seconds));
-  const auto interval =
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(options_.token_interval_ms));
+  using std::chrono::duration;
+  using std::chrono::duration_cast;
+  const auto timeout = duration_cast<Clock::duration>(duration<double>(options_.timeout_seconds));
+  const auto interval = duration_cast<Clock::duration>(duration<double, std::milli>(options_.token_interval_ms));
   const auto poll = std::chrono::milliseconds(2);
   while (!stopping_) {
     auto now = Clock::now();
@@ -232,45 +233,51 @@ void Generator::Loop() {
     // The step: reads only what the scheduler alone writes (state, tokens, the prompt).
     std::string why;
     std::string version;
-    bool ran = with_weights_(
-        [&](const Probe& probe, const std::string& v) {
-          version = v;
-          for (size_t i = 0; i < due.size(); ++i) {
-            const Request& r = *due[i];
-            Work& w = work[i];
-            auto absorb = [&](int32_t t) -> bool {
-              Result<uint64_t> p = probe(t);
-              if (!p.ok()) {
-                w.error = p.status().WithContext(fmt::format("request {}: reading the weights of token {}", r.id, t));
-                return false;
+    bool ran = false;
+    Status thrown;
+    try {
+      ran = with_weights_(
+          [&](const Probe& probe, const std::string& v) {
+            version = v;
+            for (size_t i = 0; i < due.size(); ++i) {
+              const Request& r = *due[i];
+              Work& w = work[i];
+              auto absorb = [&](int32_t t) -> bool {
+                Result<uint64_t> p = probe(t);
+                if (!p.ok()) {
+                  w.error = p.status().WithContext(fmt::format("request {}: reading the weights of token {}", r.id, t));
+                  return false;
+                }
+                w.state = AbsorbToken(w.state, t, *p);
+                return true;
+              };
+              bool ok = true;
+              if (w.prefill) {
+                w.state = kInitialState;
+                size_t start = 0;
+                if (w.use_cache) {
+                  uint64_t cached_state = 0;
+                  start = cache_->Lookup(r.prompt, r.prompt.size() - 1, &cached_state);
+                  if (start > 0) w.state = cached_state;
+                  w.cached = static_cast<int>(start);
+                }
+                std::vector<uint64_t> block_states(start / PrefixCache::kBlockTokens);
+                for (size_t k = start; ok && k < r.prompt.size(); ++k) {
+                  ok = absorb(r.prompt[k]);
+                  if ((k + 1) % PrefixCache::kBlockTokens == 0) block_states.push_back(w.state);
+                }
+                if (ok && w.use_cache) cache_->Insert(r.prompt, block_states, start / PrefixCache::kBlockTokens);
+                for (size_t k = 0; ok && k < r.tokens.size(); ++k) ok = absorb(r.tokens[k]);  // a recompute
+              } else {
+                ok = absorb(r.tokens.back());
               }
-              w.state = AbsorbToken(w.state, t, *p);
-              return true;
-            };
-            bool ok = true;
-            if (w.prefill) {
-              w.state = kInitialState;
-              size_t start = 0;
-              if (w.use_cache) {
-                uint64_t cached_state = 0;
-                start = cache_->Lookup(r.prompt, r.prompt.size() - 1, &cached_state);
-                if (start > 0) w.state = cached_state;
-                w.cached = static_cast<int>(start);
-              }
-              std::vector<uint64_t> block_states(start / PrefixCache::kBlockTokens);
-              for (size_t k = start; ok && k < r.prompt.size(); ++k) {
-                ok = absorb(r.prompt[k]);
-                if ((k + 1) % PrefixCache::kBlockTokens == 0) block_states.push_back(w.state);
-              }
-              if (ok && w.use_cache) cache_->Insert(r.prompt, block_states, start / PrefixCache::kBlockTokens);
-              for (size_t k = 0; ok && k < r.tokens.size(); ++k) ok = absorb(r.tokens[k]);  // a recompute
-            } else {
-              ok = absorb(r.tokens.back());
+              if (ok) w.token = static_cast<int32_t>(SampleToken(w.state, options_.limits.vocab_size));
             }
-            if (ok) w.token = static_cast<int32_t>(SampleToken(w.state, options_.limits.vocab_size));
-          }
-        },
-        &why);
+          },
+          &why);
+    } catch (const std::exception& e) {
+      thrown = Internal(fmt::format("a generation step threw: {}", e.what()));
+    }
 
     lock.lock();
     in_step_ = false;
@@ -278,6 +285,10 @@ void Generator::Loop() {
     for (size_t i = 0; i < due.size(); ++i) {
       const std::shared_ptr<Request>& r = due[i];
       if (r->done) continue;  // aborted during the step
+      if (!thrown.ok()) {
+        FinishLocked(r, "", thrown.WithContext(fmt::format("request {}", r->id)));
+        continue;
+      }
       if (!ran) {
         if (!r->blocked_since) {
           r->blocked_since = now;

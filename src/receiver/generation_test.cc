@@ -424,9 +424,10 @@ class ServerGenerationTest : public ::testing::Test {
     o.tp = 2;
     o.token_interval_ms = 5;
     o.timeout_seconds = 10;
-    auto s = InferenceServer::Create(o, [this](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
+    auto make = [this](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
       return std::unique_ptr<ReceiverBackend>(std::make_unique<FillingBackend>(ctx, &fill_));
-    });
+    };
+    auto s = InferenceServer::Create(o, make);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
   }
@@ -456,7 +457,8 @@ TEST_F(ServerGenerationTest, TokensComeFromTheShardsAndASessionHoldsGenerationUn
   EXPECT_EQ(server_->Health()["generation"]["completed"], 1);
 
   // A request in flight when a session starts waits for it, then reads the new weights.
-  auto a = std::async(std::launch::async, [&] { return server_->Complete(json{{"prompt", prompt}, {"max_tokens", 60}}); });
+  auto a = std::async(std::launch::async,
+                      [&] { return server_->Complete(json{{"prompt", prompt}, {"max_tokens", 60}}); });
   auto until = std::chrono::steady_clock::now() + 10s;
   while (server_->Health()["generation"]["running"] != 1 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(2ms);

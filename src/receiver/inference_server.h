@@ -13,6 +13,7 @@
 // backend is called by one thread at a time.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <condition_variable>
@@ -116,6 +117,9 @@ class InferenceServer : public ControlService {
   // Held shared by a generation step, exclusively by whatever changes the weights outside
   // the session calls' own exclusion (StartWeightUpdate, before a session opens).
   std::shared_mutex weights_read_mu_;
+  // Writers waiting for weights_read_mu_: generation steps wait while there are any, so
+  // that a stream of steps cannot starve a session's start.
+  std::atomic<int> weights_writers_waiting_{0};
   int embed_param_ = -1;  // index of model.embed_tokens.weight in every worker's table
   int norm_param_ = -1;   // index of model.norm.weight
   std::unique_ptr<Generator> generator_;  // declared last: its thread stops first

@@ -42,6 +42,10 @@ Status InferenceServer::CreateGenerator() {
 }
 
 bool InferenceServer::WithWeightsForGeneration(const Generator::Step& step, std::string* why) {
+  if (weights_writers_waiting_.load() > 0) {
+    *why = "the weight session to finish";
+    return false;
+  }
   std::shared_lock hold(weights_read_mu_);
   if (session_->Look().active) {
     *why = "the weight session to finish";
@@ -73,20 +77,21 @@ Result<uint64_t> InferenceServer::ProbeWeights(int64_t token) {
   // A CUDA store: copy both to host on the worker's thread (its device is current there).
   auto host = std::make_shared<std::vector<std::byte>>(row_bytes + norm_bytes);
   Device device = store.device();
-  std::future<Status> copied = GenerationThread(worker).Post([host, row, row_bytes, norm_data, norm_bytes, device]() -> Status {
+  auto copy = [host, row, row_bytes, norm_data, norm_bytes, device]() -> Status {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
     WSYNC_RETURN_IF_ERROR(rt->Copy2D(host->data(), row_bytes, row, row_bytes, row_bytes, 1));
     WSYNC_RETURN_IF_ERROR(rt->Copy2D(host->data() + row_bytes, norm_bytes, norm_data, norm_bytes, norm_bytes, 1));
     return rt->Synchronize();
-  });
+  };
+  std::future<Status> copied = GenerationThread(worker).Post(copy);
   if (copied.wait_for(std::chrono::duration<double>(options_.timeout_seconds)) != std::future_status::ready) {
     return DeadlineExceeded(fmt::format("worker tp{} on {} did not copy the weights of token {} to host within {} s",
                                         store.tp_rank(), device.ToString(), token, options_.timeout_seconds));
   }
   Status s = copied.get();
   if (!s.ok()) {
-    return s.WithContext(
-        fmt::format("worker tp{} on {}: copying the weights of token {} to host", store.tp_rank(), device.ToString(), token));
+    return s.WithContext(fmt::format("worker tp{} on {}: copying the weights of token {} to host", store.tp_rank(),
+                                     device.ToString(), token));
   }
   return WeightProbe({host->data(), row_bytes}, {host->data() + row_bytes, norm_bytes});
 }
