@@ -347,3 +347,19 @@ def test_refusals_name_what_they_refuse(wsync_server, toy_model_dir):
                       "prefix_cache"}
     assert set(g["prefix_cache"]) >= {"enabled", "entries", "bytes", "capacity_bytes", "hits", "resets"}
     assert g["prefix_cache"]["resident_bytes"] == 16 << 20  # the pool is resident from start
+
+
+def test_a_server_stops_promptly_with_requests_in_flight(wsync_server, toy_model_dir):
+    server = wsync_server(model=toy_model_dir, args=["--token-interval-ms", INTERVAL_MS])
+    with ThreadPoolExecutor(2) as pool:
+        future = pool.submit(http_json, server.url, "/v1/completions", {"prompt": "x", "max_tokens": 4000}, None, 60.0)
+        await_running(server, 1)
+        started = time.monotonic()
+        server.process.terminate()
+        server.process.wait(timeout=20)
+        assert time.monotonic() - started < 10  # the request does not hold the shutdown
+        try:
+            status, body = future.result(timeout=30)
+        except OSError:
+            return  # the HTTP server may close the connection as it stops, before the reply leaves
+        assert status == 503 and "shutting down" in body["error"]["message"], (status, body)
