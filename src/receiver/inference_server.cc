@@ -138,9 +138,7 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
 }
 
 Status InferenceServer::StartWeightUpdate() {
-  ++weights_writers_waiting_;
-  std::unique_lock no_generation_step(weights_read_mu_);  // a step in progress ends first
-  --weights_writers_waiting_;
+  auto no_generation_step = ExcludeGeneration();
   return session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
 }
 

@@ -114,8 +114,12 @@ class InferenceServer : public ControlService {
   Result<uint64_t> ProbeWeights(int64_t token);
   // Whether the weights are resident for generation to read (false while they sleep).
   bool WeightsAwakeForGeneration() const { return true; }
-  // Held shared by a generation step, exclusively by whatever changes the weights outside
-  // the session calls' own exclusion (StartWeightUpdate, before a session opens).
+  // Keeps generation from reading the weights while the returned lock lives: waits for a
+  // step in progress (bounded by its probes' timeout) and holds later steps back. Whatever
+  // changes the weights outside a session takes it (StartWeightUpdate, before the session
+  // opens; a checker's reset; sleep after its pause).
+  std::unique_lock<std::shared_mutex> ExcludeGeneration();
+  // Held shared by a generation step, exclusively through ExcludeGeneration().
   std::shared_mutex weights_read_mu_;
   // Writers waiting for weights_read_mu_: generation steps wait while there are any, so
   // that a stream of steps cannot starve a session's start.

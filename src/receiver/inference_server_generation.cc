@@ -41,6 +41,13 @@ Status InferenceServer::CreateGenerator() {
   return Status::Ok();
 }
 
+std::unique_lock<std::shared_mutex> InferenceServer::ExcludeGeneration() {
+  ++weights_writers_waiting_;
+  std::unique_lock lock(weights_read_mu_);
+  --weights_writers_waiting_;
+  return lock;
+}
+
 bool InferenceServer::WithWeightsForGeneration(const Generator::Step& step, std::string* why) {
   if (weights_writers_waiting_.load() > 0) {
     *why = "the weight session to finish";
