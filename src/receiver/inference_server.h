@@ -7,10 +7,11 @@
 // session, a failed update ending the session, a lease that expires the session of a
 // trainer that vanished), the weight version, pause/resume, and HF-level checksums read
 // back from the shards. A toy generation (generation.h: /v1/completions, driven by pause,
-// resume, /abort_requests and /reset_prefix_cache) reads the shards between sessions. The data plane belongs to its ReceiverBackend. Every call
-// answers a Status: an exception from a backend becomes Internal naming the route, and
-// never leaves the server held. Thread-safe: HTTP threads call it concurrently; the
-// backend is called by one thread at a time.
+// resume, /abort_requests and /reset_prefix_cache) reads the shards between sessions.
+// The data plane belongs to its ReceiverBackend. Every call answers a Status: an
+// exception from a backend becomes Internal naming the route, and never leaves the
+// server held. Thread-safe: HTTP threads call it concurrently; the backend is called by
+// one thread at a time.
 #pragma once
 
 #include <atomic>
