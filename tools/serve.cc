@@ -43,6 +43,12 @@ int RunServe(const ServeArgs& a) {
   if (!a.local_checkpoint_dir.empty()) o.backend_config["local_checkpoint_dir"] = a.local_checkpoint_dir;
   if (!a.ipc_shm_dir.empty()) o.backend_config["ipc_shm_dir"] = a.ipc_shm_dir;
   if (!a.sync_root.empty()) o.backend_config["sync_root"] = a.sync_root;
+  o.token_interval_ms = a.token_interval_ms;
+  if (a.kv_cache_mib < 0 || a.kv_cache_mib > 1 << 20) {
+    fmt::print(stderr, "wsync serve: error: --kv-cache-mib {} must be in [0, {}]\n", a.kv_cache_mib, 1 << 20);
+    return 2;
+  }
+  o.kv_cache_bytes = static_cast<size_t>(a.kv_cache_mib * (1 << 20));
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

@@ -29,6 +29,8 @@ struct ServeArgs {
   std::string local_checkpoint_dir;  // delta: this host's mutable copy
   std::string ipc_shm_dir;           // ipc: where POSIX shm regions may be opened (empty: sealed memfds only)
   std::string sync_root;             // delta: the directory request-named sync dirs lie below
+  double token_interval_ms = 0;      // toy generation: milliseconds between a request's tokens
+  double kv_cache_mib = 16;          // toy generation: prefix cache pool; 0 disables prefix caching
 };
 
 int RunServe(const ServeArgs& args);

@@ -105,6 +105,14 @@ int main(int argc, char** argv) {
                 "delta: the directory every sync dir a request names (init_info / fetch_weights 'sync_dir') must lie "
                 "below, also after symlinks; without it no request may name one. Requests never choose the base or "
                 "local checkpoint: only the two flags above do (docs/security.md)");
+  s->add_option("--token-interval-ms", serve.token_interval_ms,
+                "toy generation (/v1/completions): milliseconds between a request's tokens, so requests stay in "
+                "flight (0: as fast as it goes)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600e3));
+  s->add_option("--kv-cache-mib", serve.kv_cache_mib,
+                "toy generation: MiB of the prefix cache's memory pool, allocated at start (0 disables prefix caching)")
+      ->capture_default_str();
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;

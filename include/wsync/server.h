@@ -53,6 +53,12 @@ struct InferenceServerOptions {
   // control plane answers as usual, but init never joins the data plane and fails only
   // at the server's own deadline, like a server whose workers are wedged.
   bool fault_never_join = false;
+  // The toy generation (/v1/completions): milliseconds between a request's tokens (0: as
+  // fast as it goes; `--token-interval-ms`), so that requests stay in flight long enough
+  // for pause modes to be observed; and the prefix cache's memory pool, allocated and
+  // prefaulted at start (`--kv-cache-mib`; 0 disables prefix caching).
+  double token_interval_ms = 0;
+  size_t kv_cache_bytes = size_t{16} << 20;
   // Backend settings from `wsync serve` flags; keys a backend does not use are ignored.
   // nccl: {"allowed_store_hosts": [HOST, ...]}; ipc: {"ipc_shm_dir": DIR}; delta:
   // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR, "sync_root": DIR}.

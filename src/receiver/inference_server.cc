@@ -65,10 +65,12 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds));
   s->set_url("");
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
+  WSYNC_RETURN_IF_ERROR(s->CreateGenerator());
   return s;
 }
 
 InferenceServer::~InferenceServer() {
+  if (generator_) generator_->Shutdown();
   {
     std::lock_guard lock(mu_);
     shutting_down_ = true;
@@ -137,6 +139,7 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
 }
 
 Status InferenceServer::StartWeightUpdate() {
+  auto no_generation_step = ExcludeGeneration();
   return session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
 }
 
@@ -210,29 +213,6 @@ void InferenceServer::SetWeightVersion(std::string version) {
   weight_version_ = std::move(version);
 }
 
-Status InferenceServer::Pause(std::string_view mode, bool clear_cache) {
-  if (mode != "abort" && mode != "wait" && mode != "keep") {
-    return InvalidArgument(fmt::format("unknown pause mode '{}': use abort, wait or keep", mode));
-  }
-  std::lock_guard lock(mu_);
-  paused_ = true;
-  pause_mode_ = std::string(mode);
-  return Status::Ok();
-}
-
-Status InferenceServer::Resume() {
-  std::lock_guard lock(mu_);
-  paused_ = false;
-  return Status::Ok();
-}
-
-bool InferenceServer::IsPaused() const {
-  std::lock_guard lock(mu_);
-  return paused_;
-}
-
-Result<bool> InferenceServer::ResetPrefixCache(bool) { return true; }
-
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
   auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
@@ -275,10 +255,15 @@ Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(Digest
   return first;
 }
 
+// ---- Generation: what its probe reads (inference_server_generation.cc) ----
+const WorkerStore& InferenceServer::GenerationStore(size_t worker) const { return *workers_[worker]->store; }
+WorkerThread& InferenceServer::GenerationThread(size_t worker) const { return *workers_[worker]->thread; }
+
 json InferenceServer::Health() const {
   ReceiverSession::Snapshot session = session_->Look();
+  json generation = generator_->Health();
   std::lock_guard lock(mu_);
-  return json{{"status", "ok"},          {"server", "wsync"},
+  json out{{"status", "ok"},          {"server", "wsync"},
               {"model", model_.name},    {"backend", std::string(backend_->name())},
               {"tp", options_.tp},       {"dp", options_.dp},
               {"dp_rank", options_.dp_rank},
@@ -288,6 +273,8 @@ json InferenceServer::Health() const {
               {"weights_consistent", session.consistent},
               {"session_active", session.active},
               {"expired_sessions", session.expired_sessions}};
+  out["generation"] = std::move(generation);
+  return out;
 }
 
 // --- vLLM's runtime weight checker (conf) ---

@@ -6,19 +6,23 @@
 // session.h: start -> update* -> finish, 409 on a second start or an update outside a
 // session, a failed update ending the session, a lease that expires the session of a
 // trainer that vanished), the weight version, pause/resume, and HF-level checksums read
-// back from the shards. The data plane belongs to its ReceiverBackend. Every call
-// answers a Status: an exception from a backend becomes Internal naming the route, and
-// never leaves the server held. Thread-safe: HTTP threads call it concurrently; the
-// backend is called by one thread at a time.
+// back from the shards. A toy generation (generation.h: /v1/completions, driven by pause,
+// resume, /abort_requests and /reset_prefix_cache) reads the shards between sessions.
+// The data plane belongs to its ReceiverBackend. Every call answers a Status: an
+// exception from a backend becomes Internal naming the route, and never leaves the
+// server held. Thread-safe: HTTP threads call it concurrently; the backend is called by
+// one thread at a time.
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -26,9 +30,13 @@
 #include "model/config.h"
 #include "receiver/session.h"
 #include "receiver/backend.h"
+#include "receiver/generation.h"
 #include "wsync/server.h"
 
 namespace wsync {
+
+class WorkerStore;   // model/worker_store.h
+class WorkerThread;  // receiver/worker_thread.h
 
 class InferenceServer : public ControlService {
  public:
@@ -70,6 +78,15 @@ class InferenceServer : public ControlService {
   // given, else against the kept one, which it then drops (InvalidArgument without
   // either). FailedPrecondition (409) while paused or sleeping, as vLLM.
   Result<nlohmann::json> CheckRuntimeWeights(std::string_view action, const nlohmann::json* baseline) override;
+  // ---- Generation (generation.h): /v1/completions, pause, /abort_requests, the prefix
+  // cache. Pause/Resume/IsPaused/ResetPrefixCache above drive the same Generator.
+  Result<nlohmann::json> Complete(const nlohmann::json& request) override;
+  Result<int> AbortRequests(const std::vector<std::string>& request_ids) override;
+  // Whether the toy generation caches prefixes (`--kv-cache-mib` > 0).
+  bool prefix_caching() const { return generator_->prefix_caching(); }
+  Generator& generator() { return *generator_; }
+  // Ends every request in flight (Unavailable) before the HTTP server stops.
+  void StopGenerating() { generator_->Shutdown(); }
 
  private:
   struct Worker;
@@ -89,8 +106,6 @@ class InferenceServer : public ControlService {
   std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
 
   mutable std::mutex mu_;
-  bool paused_ = false;       // GUARDED_BY(mu_)
-  std::string pause_mode_;    // GUARDED_BY(mu_)
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
@@ -102,6 +117,33 @@ class InferenceServer : public ControlService {
   // reset's values.
   std::optional<std::map<std::string, std::string>> runtime_baseline_;  // GUARDED_BY(mu_)
   uint64_t runtime_resets_ = 0;                                          // GUARDED_BY(mu_)
+  // ---- Generation (inference_server_generation.cc) ----
+  Status CreateGenerator();
+  // Worker i's store and thread (workers_ is dp-major: the first replica comes first).
+  const WorkerStore& GenerationStore(size_t worker) const;
+  WorkerThread& GenerationThread(size_t worker) const;
+  // Runs one generation step with the weights held still (Generator::WithWeights).
+  bool WithWeightsForGeneration(const Generator::Step& step, std::string* why);
+  // The probe of the weights token `token` reads (generation.h's WeightProbe), from the
+  // first replica this server hosts: the row of model.embed_tokens.weight on the worker
+  // whose vocabulary shard holds it, and that worker's model.norm.weight. A CUDA store's
+  // bytes are copied to host on the worker's thread, bounded by timeout_seconds.
+  Result<uint64_t> ProbeWeights(int64_t token);
+  // Whether the weights are resident for generation to read (false while they sleep).
+  bool WeightsAwakeForGeneration() const { return true; }
+  // Keeps generation from reading the weights while the returned lock lives: waits for a
+  // step in progress (bounded by its probes' timeout) and holds later steps back. Whatever
+  // changes the weights outside a session takes it (StartWeightUpdate, before the session
+  // opens; a checker's reset; sleep after its pause).
+  std::unique_lock<std::shared_mutex> ExcludeGeneration();
+  // Held shared by a generation step, exclusively through ExcludeGeneration().
+  std::shared_mutex weights_read_mu_;
+  // Writers waiting for weights_read_mu_: generation steps wait while there are any, so
+  // that a stream of steps cannot starve a session's start.
+  std::atomic<int> weights_writers_waiting_{0};
+  int embed_param_ = -1;  // index of model.embed_tokens.weight in every worker's table
+  int norm_param_ = -1;   // index of model.norm.weight
+  std::unique_ptr<Generator> generator_;  // declared last: its thread stops first
 };
 
 }  // namespace wsync

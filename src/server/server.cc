@@ -43,6 +43,7 @@ void Server::Serve() {
 }
 
 void Server::Stop() {
+  impl_->service->StopGenerating();  // completions in flight end now instead of holding the stop
   impl_->http->Stop();  // idempotent; in-flight calls finish before it returns
   {
     std::lock_guard lock(impl_->mu);
