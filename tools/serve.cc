@@ -43,6 +43,9 @@ int RunServe(const ServeArgs& a) {
   if (!a.local_checkpoint_dir.empty()) o.backend_config["local_checkpoint_dir"] = a.local_checkpoint_dir;
   if (!a.ipc_shm_dir.empty()) o.backend_config["ipc_shm_dir"] = a.ipc_shm_dir;
   if (!a.sync_root.empty()) o.backend_config["sync_root"] = a.sync_root;
+  o.checkpoint = a.checkpoint;
+  o.init_seed = a.init_seed;
+  o.offload_dir = a.offload_dir;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ struct ServeArgs {
   std::string local_checkpoint_dir;  // delta: this host's mutable copy
   std::string ipc_shm_dir;           // ipc: where POSIX shm regions may be opened (empty: sealed memfds only)
   std::string sync_root;             // delta: the directory request-named sync dirs lie below
+  // Weights at start-up and sleep (see InferenceServerOptions).
+  std::string checkpoint;            // a safetensors checkpoint to load at start; empty: synthetic
+  uint64_t init_seed = 0;            // synthetic weights' seed (set from the options' default)
+  std::string offload_dir;           // where sleep level 1 keeps host weights; empty: $TMPDIR or /tmp
 };
 
 int RunServe(const ServeArgs& args);

@@ -7,6 +7,7 @@
 #include "wsync/device_runtime.h"
 #include "model/worker_store.h"
 #include "receiver/backend_mismatch.h"
+#include "receiver/inference_server_worker.h"
 #include "receiver/update_info.h"
 #include "receiver/worker_thread.h"
 
@@ -14,13 +15,6 @@ namespace wsync {
 
 using nlohmann::json;
 
-struct InferenceServer::Worker {
-  std::unique_ptr<WorkerStore> store;
-  std::unique_ptr<WorkerThread> thread;
-  int dp_index = 0;
-  int tp_rank = 0;
-  Device device;
-};
 
 Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const InferenceServerOptions& o,
                                                                  const BackendMaker& make_backend) {
@@ -63,6 +57,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->context_.backend_config = o.backend_config;
   s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds));
   s->set_url("");
+  WSYNC_RETURN_IF_ERROR(s->FillWeightsAtStart());
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
   return s;
 }
@@ -234,6 +229,7 @@ Result<bool> InferenceServer::ResetPrefixCache(bool) { return true; }
 
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  WSYNC_RETURN_IF_ERROR(CheckWeightsReadable("weight_checker"));
   auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
   call.Done(r.status(), false);
   return r;
@@ -276,8 +272,9 @@ Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(Digest
 
 json InferenceServer::Health() const {
   ReceiverSession::Snapshot session = session_->Look();
+  json memory = Memory();
   std::lock_guard lock(mu_);
-  return json{{"status", "ok"},          {"server", "wsync"},
+  json out{{"status", "ok"},          {"server", "wsync"},
               {"model", model_.name},    {"backend", std::string(backend_->name())},
               {"tp", options_.tp},       {"dp", options_.dp},
               {"dp_rank", options_.dp_rank},
@@ -287,6 +284,8 @@ json InferenceServer::Health() const {
               {"weights_consistent", session.consistent},
               {"session_active", session.active},
               {"expired_sessions", session.expired_sessions}};
+  out["memory"] = std::move(memory);
+  return out;
 }
 
 }  // namespace wsync

@@ -60,6 +60,20 @@ class InferenceServer : public ControlService {
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
   nlohmann::json Health() const override;
 
+  // Sleep, wake, memory and server info (inference_server_sleep.cc). Sleep pauses
+  // scheduling first (Pause(mode, level >= 1)); level 1 offloads the weights and drops
+  // the KV cache, level 2 discards both. 409 while a weight update is active. A failed
+  // sleep puts back what it released, or says exactly what sleeps. WakeUp brings back
+  // the named tags (weights, kv_cache, scheduling; none: all) and resumes scheduling once
+  // nothing sleeps. Weights woken without their bytes leave weights_consistent false
+  // until a weight update finishes.
+  Status Sleep(int level, std::string_view mode) override;
+  Status WakeUp(const std::vector<std::string>& tags) override;
+  bool IsSleeping() const override;
+  nlohmann::json ServerInfo() const override;
+  // The "memory" object of /health and /server_info (see docs/protocol.md).
+  nlohmann::json Memory() const;
+
  private:
   struct Worker;
   InferenceServer() = default;
@@ -84,6 +98,32 @@ class InferenceServer : public ControlService {
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
   std::condition_variable shutdown_cv_;
+
+  // Sleep, wake and the weights at start-up (inference_server_sleep.cc).
+  enum class WeightsSleep { kAwake, kOffloaded, kDiscarded };
+  // Fills every worker's weights from options_.checkpoint, else synthetic ones.
+  Status FillWeightsAtStart();
+  Status LoadCheckpointAtStart();
+  Status FillSyntheticAtStart();
+  // Loads one full HF tensor into every worker, each on its own thread.
+  Status LoadOnEveryWorker(const TensorRef& hf);
+  // Runs fn on every worker's thread; the outcome of each, in worker order.
+  std::vector<Status> OnEachWorker(const std::function<Status(Worker&)>& fn);
+  // FailedPrecondition naming `what` while the weights sleep or hold discarded bytes.
+  Status CheckWeightsReadable(std::string_view what) const;
+  Status SleepWeights(int level);
+  Status WakeWeights();
+  // The KV cache of the toy generation: hooks the Generator's DropKvCache /
+  // RestoreKvCache / kv_cache_bytes_resident and prefix-caching flag sit behind.
+  Status DropKvCache();
+  Status RestoreKvCache();
+  size_t KvCacheBytes() const;
+  bool PrefixCaching() const;
+  std::mutex sleep_call_mu_;  // one Sleep or WakeUp at a time
+  WeightsSleep weights_sleep_ = WeightsSleep::kAwake;  // GUARDED_BY(mu_)
+  bool kv_asleep_ = false;          // GUARDED_BY(mu_)
+  bool scheduling_asleep_ = false;  // GUARDED_BY(mu_)
+  bool sleep_paused_ = false;       // GUARDED_BY(mu_): a sleep paused scheduling; the last wake resumes it
 };
 
 }  // namespace wsync
