@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
                 "delta: the directory every sync dir a request names (init_info / fetch_weights 'sync_dir') must lie "
                 "below, also after symlinks; without it no request may name one. Requests never choose the base or "
                 "local checkpoint: only the two flags above do (docs/security.md)");
-  serve.init_seed = InferenceServerOptions::kDefaultInitSeed;
+  serve.init_seed = wsync::InferenceServerOptions::kDefaultInitSeed;
   s->add_option("--checkpoint", serve.checkpoint,
                 "a Hugging Face safetensors checkpoint directory to load at start (every tensor of the model); "
                 "default: synthetic weights from --init-seed");
