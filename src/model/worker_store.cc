@@ -96,8 +96,11 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
   std::vector<size_t> sizes, offsets;
   for (const WorkerParam& p : params) sizes.push_back(p.meta.nbytes());
   const size_t total = LayOutAligned(sizes, &offsets);
-  WSYNC_ASSIGN_OR_RETURN(store->device_storage_,
-                         DeviceBuffer::Allocate(device, total, DeviceAllocator::kVirtualMemory));
+  // From the virtual memory API, so that sleep can release it in place; a runtime without
+  // that API gives plain memory, and then sleep is refused (DeviceBuffer::ReleasePhysical).
+  Result<DeviceBuffer> storage = DeviceBuffer::Allocate(device, total, DeviceAllocator::kVirtualMemory);
+  if (storage.status().code() == StatusCode::kUnimplemented) storage = DeviceBuffer::Allocate(device, total);
+  WSYNC_ASSIGN_OR_RETURN(store->device_storage_, std::move(storage));
   for (size_t off : offsets) store->param_data_.push_back(store->device_storage_.data() + off);
   return store;
 }

@@ -6,7 +6,7 @@
 // the ShardingTable) backed by zeroed memory on its device: host memory (one buffer per
 // parameter, resident from Create() on: see core/prefault.h) or, on `cuda:N`, one device allocation holding every parameter at 256-byte
 // aligned offsets (device memory goes through the installed DeviceRuntime; it comes from
-// the virtual memory API so that sleep can release it in place). Load() takes one full HF tensor and
+// the virtual memory API where the runtime has it, so that sleep can release it in place). Load() takes one full HF tensor and
 // copies its pieces into the parameters in place: parameter storage never moves, so
 // addresses handed out stay valid across syncs. The free functions read a whole TP group
 // back into HF tensors (from primary pieces only) for checksums and debugging, and check

@@ -71,7 +71,12 @@ class InferenceServer : public ControlService {
   Status WakeUp(const std::vector<std::string>& tags) override;
   bool IsSleeping() const override;
   nlohmann::json ServerInfo() const override;
-  // The "memory" object of /health and /server_info (see docs/protocol.md).
+  // The "memory" object of /health and /server_info: host_rss_bytes (this process),
+  // weights_bytes (every worker's parameters), weights_resident_bytes (backed by memory
+  // now), weights_offloaded_bytes, kv_cache_bytes, on CUDA device_used_bytes and
+  // device_total_bytes ({"cuda:N": bytes} per device of a worker), and "sleep":
+  // {"weights": awake|offloaded|discarded, "kv_cache": awake|discarded,
+  //  "scheduling": awake|asleep}.
   nlohmann::json Memory() const;
 
  private:
