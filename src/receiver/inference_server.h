@@ -78,6 +78,11 @@ class InferenceServer : public ControlService {
   // {"weights": awake|offloaded|discarded, "kv_cache": awake|discarded,
   //  "scheduling": awake|asleep}.
   nlohmann::json Memory() const;
+  // FailedPrecondition naming `what` while the weights sleep ("... POST
+  // /wake_up?tags=weights first") or hold discarded bytes (woken without them, not yet
+  // refilled by a finished weight update): for whatever reads the weights (checksums,
+  // the runtime weight checker, generation).
+  Status CheckWeightsReadable(std::string_view what) const;
 
  private:
   struct Worker;
@@ -114,8 +119,6 @@ class InferenceServer : public ControlService {
   Status LoadOnEveryWorker(const TensorRef& hf);
   // Runs fn on every worker's thread; the outcome of each, in worker order.
   std::vector<Status> OnEachWorker(const std::function<Status(Worker&)>& fn);
-  // FailedPrecondition naming `what` while the weights sleep or hold discarded bytes.
-  Status CheckWeightsReadable(std::string_view what) const;
   Status SleepWeights(int level);
   Status WakeWeights();
   // The KV cache of the toy generation: hooks the Generator's DropKvCache /
