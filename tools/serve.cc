@@ -49,6 +49,9 @@ int RunServe(const ServeArgs& a) {
     return 2;
   }
   o.kv_cache_bytes = static_cast<size_t>(a.kv_cache_mib * (1 << 20));
+  o.checkpoint = a.checkpoint;
+  o.init_seed = a.init_seed;
+  o.offload_dir = a.offload_dir;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ struct ServeArgs {
   std::string sync_root;             // delta: the directory request-named sync dirs lie below
   double token_interval_ms = 0;      // toy generation: milliseconds between a request's tokens
   double kv_cache_mib = 16;          // toy generation: prefix cache pool; 0 disables prefix caching
+  // Weights at start-up and sleep (see InferenceServerOptions).
+  std::string checkpoint;            // a safetensors checkpoint to load at start; empty: synthetic
+  uint64_t init_seed = 0;            // synthetic weights' seed (set from the options' default)
+  std::string offload_dir;           // where sleep level 1 keeps host weights; empty: $TMPDIR or /tmp
 };
 
 int RunServe(const ServeArgs& args);

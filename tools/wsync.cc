@@ -20,6 +20,7 @@
 #include "demo.h"
 #include "push.h"
 #include "serve.h"
+#include "wsync/server.h"
 
 namespace {
 
@@ -113,6 +114,14 @@ int main(int argc, char** argv) {
   s->add_option("--kv-cache-mib", serve.kv_cache_mib,
                 "toy generation: MiB of the prefix cache's memory pool, allocated at start (0 disables prefix caching)")
       ->capture_default_str();
+  serve.init_seed = wsync::InferenceServerOptions::kDefaultInitSeed;
+  s->add_option("--checkpoint", serve.checkpoint,
+                "a Hugging Face safetensors checkpoint directory to load at start (every tensor of the model); "
+                "default: synthetic weights from --init-seed");
+  s->add_option("--init-seed", serve.init_seed, "seed of the synthetic weights at start (without --checkpoint)")
+      ->capture_default_str();
+  s->add_option("--offload-dir", serve.offload_dir,
+                "where /sleep?level=1 keeps host weights (an unlinked file per worker); default: $TMPDIR, else /tmp");
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;

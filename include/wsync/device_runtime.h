@@ -37,6 +37,27 @@ class DeviceRuntime {
     return Unimplemented("this device runtime has no virtual-memory allocations");
   }
   virtual void Free(int device, void* ptr) = 0;
+  // For an allocation of AllocateVirtualMemory starting at `ptr` (what vLLM's
+  // CuMemAllocator does for sleep): ReleasePhysical unmaps and releases its physical
+  // memory while its address range stays reserved, so the device memory is free for
+  // others and no other allocation can take the address; RestorePhysical maps fresh,
+  // zeroed physical memory back at the same address. Pointers into the allocation stay
+  // valid (a device access between the two faults). Each is a no-op when the memory is
+  // already in that state; InvalidArgument for any other pointer.
+  virtual Status ReleasePhysical(int device, void* ptr) {
+    return Unimplemented("this device runtime cannot release the physical memory of an allocation");
+  }
+  virtual Status RestorePhysical(int device, void* ptr) {
+    return Unimplemented("this device runtime cannot map physical memory back into an allocation");
+  }
+  // The device's free and total memory as the driver counts it (cudaMemGetInfo).
+  struct MemoryInfo {
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+  };
+  virtual Result<MemoryInfo> GetMemoryInfo(int device) {
+    return Unimplemented("this device runtime reports no device memory");
+  }
   // Enqueues `count` copies of `width` bytes, the i-th from src + i * src_pitch to
   // dst + i * dst_pitch, host or device memory on either side (unified addressing).
   virtual Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
@@ -65,6 +86,8 @@ size_t LayOutAligned(std::span<const size_t> bytes, std::vector<size_t>* offsets
 enum class DeviceAllocator { kRuntime, kVirtualMemory };
 
 // Device memory owned by one object: Allocate()d on construction, freed on destruction.
+// A kVirtualMemory buffer can release its physical memory and get it back at the same
+// address (DeviceRuntime::ReleasePhysical / RestorePhysical).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -80,11 +103,19 @@ class DeviceBuffer {
   size_t size() const { return size_; }
   const Device& device() const { return device_; }
   std::span<std::byte> span() const { return {data_, size_}; }
+  // Whether physical memory backs the buffer now (false between ReleasePhysical and
+  // RestorePhysical).
+  bool physical() const { return physical_; }
+  // FailedPrecondition for a buffer not allocated with kVirtualMemory.
+  Status ReleasePhysical();
+  Status RestorePhysical();
 
  private:
   void Release();
   DeviceRuntime* runtime_ = nullptr;
   Device device_;
+  DeviceAllocator allocator_ = DeviceAllocator::kRuntime;
+  bool physical_ = true;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
 };

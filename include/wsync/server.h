@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +64,19 @@ struct InferenceServerOptions {
   // nccl: {"allowed_store_hosts": [HOST, ...]}; ipc: {"ipc_shm_dir": DIR}; delta:
   // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR, "sync_root": DIR}.
   nlohmann::json backend_config = nlohmann::json::object();
+
+  // Sleep, wake and the weights at start-up.
+  // The weights every worker holds from start-up, as a vLLM server's after it loaded its
+  // checkpoint: a Hugging Face safetensors checkpoint directory (`--checkpoint DIR`;
+  // every tensor of the model, with its dtype and shape, and no other), or, when empty,
+  // synthetic weights: SyntheticTrainer's values for `init_seed` (`--init-seed`), whose
+  // default is no trainer's default seed, so that a sync visibly changes them.
+  std::string checkpoint;
+  static constexpr uint64_t kDefaultInitSeed = 0x5e4e5eed;
+  uint64_t init_seed = kDefaultInitSeed;
+  // Where sleep level 1 keeps host workers' weights, in an unlinked file per worker
+  // (`--offload-dir`); empty: $TMPDIR, else /tmp. CUDA workers keep them in host memory.
+  std::string offload_dir;
 };
 
 // Where the server listens and what it accepts over HTTP.

@@ -50,7 +50,27 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(const Device& device, size_t bytes, 
   b.device_ = device;
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;
+  b.allocator_ = allocator;
   return b;
+}
+
+Status DeviceBuffer::ReleasePhysical() {
+  if (data_ == nullptr || !physical_) return Status::Ok();
+  if (allocator_ != DeviceAllocator::kVirtualMemory) {
+    return FailedPrecondition(fmt::format("a buffer of {} bytes on {} was not allocated from the virtual memory API, "
+                                          "so its physical memory cannot be released in place", size_,
+                                          device_.ToString()));
+  }
+  WSYNC_RETURN_IF_ERROR(runtime_->ReleasePhysical(device_.index, data_));
+  physical_ = false;
+  return Status::Ok();
+}
+
+Status DeviceBuffer::RestorePhysical() {
+  if (data_ == nullptr || physical_) return Status::Ok();
+  WSYNC_RETURN_IF_ERROR(runtime_->RestorePhysical(device_.index, data_));
+  physical_ = true;
+  return Status::Ok();
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
@@ -62,6 +82,8 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     device_ = other.device_;
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    allocator_ = other.allocator_;
+    physical_ = std::exchange(other.physical_, true);
   }
   return *this;
 }

@@ -92,10 +92,9 @@ Result<const Driver*> GetDriver() {
   return &*driver;
 }
 
-// Reserves an address range for `handle`, maps it and grants `device` read/write.
-Result<CUdeviceptr> MapHandle(const Driver& d, CUmemGenericAllocationHandle handle, size_t size, int device) {
-  CUdeviceptr ptr = 0;
-  WSYNC_CU_CHECK(d.reserve(&ptr, size, 0, 0, 0));
+// Maps `handle` at `ptr` (a reserved range) and grants `device` read/write; on failure
+// nothing stays mapped.
+CUresult MapAt(const Driver& d, CUdeviceptr ptr, CUmemGenericAllocationHandle handle, size_t size, int device) {
   CUresult r = d.map(ptr, size, 0, handle, 0);
   if (r == CUDA_SUCCESS) {
     CUmemAccessDesc access{};
@@ -105,6 +104,14 @@ Result<CUdeviceptr> MapHandle(const Driver& d, CUmemGenericAllocationHandle hand
     r = d.set_access(ptr, size, &access, 1);
     if (r != CUDA_SUCCESS) d.unmap(ptr, size);
   }
+  return r;
+}
+
+// Reserves an address range for `handle`, maps it and grants `device` read/write.
+Result<CUdeviceptr> MapHandle(const Driver& d, CUmemGenericAllocationHandle handle, size_t size, int device) {
+  CUdeviceptr ptr = 0;
+  WSYNC_CU_CHECK(d.reserve(&ptr, size, 0, 0, 0));
+  CUresult r = MapAt(d, ptr, handle, size, device);
   if (r != CUDA_SUCCESS) {
     d.address_free(ptr, size);
     WSYNC_CU_CHECK(r);
@@ -216,10 +223,51 @@ ExportedDeviceMemory::~ExportedDeviceMemory() {
   auto d = GetDriver();
   if (!d.ok()) return;
   if (ptr_ != nullptr) {
-    (*d)->unmap(reinterpret_cast<CUdeviceptr>(ptr_), size_);
+    if (mem_handle_ != 0) (*d)->unmap(reinterpret_cast<CUdeviceptr>(ptr_), size_);  // mapped unless released
     (*d)->address_free(reinterpret_cast<CUdeviceptr>(ptr_), size_);
   }
   if (mem_handle_ != 0) (*d)->release(mem_handle_);
+}
+
+Status ExportedDeviceMemory::ReleasePhysical() {
+  if (!owned_ || kind_ != ExportKind::kCuMemFd) {
+    return InvalidArgument(fmt::format("device memory at {} on cuda:{} is not an owned cuda_fd allocation; only those "
+                                       "release their physical memory in place", ptr_, device_));
+  }
+  if (mem_handle_ == 0) return Status::Ok();
+  WSYNC_RETURN_IF_ERROR(UseDevice(device_));
+  WSYNC_ASSIGN_OR_RETURN(const Driver* d, GetDriver());
+  WSYNC_CUDA_CHECK(cudaDeviceSynchronize());  // no copy may still use the memory
+  WSYNC_CU_CHECK(d->unmap(reinterpret_cast<CUdeviceptr>(ptr_), size_));
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  CUmemGenericAllocationHandle handle = mem_handle_;
+  mem_handle_ = 0;
+  WSYNC_CU_CHECK(d->release(handle));
+  return Status::Ok();
+}
+
+Status ExportedDeviceMemory::RestorePhysical() {
+  if (!owned_ || kind_ != ExportKind::kCuMemFd) {
+    return InvalidArgument(fmt::format("device memory at {} on cuda:{} is not an owned cuda_fd allocation; only those "
+                                       "map physical memory back in place", ptr_, device_));
+  }
+  if (mem_handle_ != 0) return Status::Ok();
+  WSYNC_RETURN_IF_ERROR(UseDevice(device_));
+  WSYNC_ASSIGN_OR_RETURN(const Driver* d, GetDriver());
+  CUmemAllocationProp prop = FdProp(device_);
+  CUmemGenericAllocationHandle handle = 0;
+  WSYNC_CU_CHECK(d->create(&handle, size_, &prop, 0));
+  CUresult r = MapAt(*d, reinterpret_cast<CUdeviceptr>(ptr_), handle, size_, device_);
+  if (r != CUDA_SUCCESS) {
+    d->release(handle);
+    WSYNC_CU_CHECK(r);
+  }
+  mem_handle_ = handle;
+  int fd = -1;
+  WSYNC_CU_CHECK(d->export_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  fd_ = fd;
+  return Status::Ok();
 }
 
 json ExportedDeviceMemory::Handle() const {

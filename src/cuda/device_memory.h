@@ -60,6 +60,16 @@ class ExportedDeviceMemory {
   // each export has its own fd).
   std::string Identity() const;
 
+  // An owned cuda_fd allocation only (what DeviceRuntime::AllocateVirtualMemory makes):
+  // ReleasePhysical closes the export's fd, unmaps the range and releases the physical
+  // memory, keeping the address range reserved; RestorePhysical creates new physical
+  // memory of the same size, maps it at the same address and exports it again (a new
+  // Identity(); importers of the old memory keep what they mapped, not this). Neither
+  // zeroes nor copies. No-ops when already in that state; InvalidArgument otherwise.
+  Status ReleasePhysical();
+  Status RestorePhysical();
+  bool physical() const { return mem_handle_ != 0 || kind_ == ExportKind::kCudaIpc; }
+
  private:
   ExportedDeviceMemory() = default;
   ExportKind kind_ = ExportKind::kCudaIpc;

@@ -2,6 +2,7 @@
 // host stores: Load from host and from device tensors, PlanLoad's copy list run by the
 // batched copy kernel, CopyToHost, DeviceTensorSource, and the errors for wrong devices.
 // Skips without a GPU; without the installed runtime a CUDA store is a clear error.
+#include <algorithm>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -109,6 +110,68 @@ TEST_F(DeviceStoreTest, WrongDevicesAndHostReadBackAreClearErrors) {
   // A device beyond the machine's is CUDA's own error, not a crash.
   auto far = WorkerStore::Create(c, 0, 1, Device{Device::Kind::kCuda, cuda::DeviceCount() + 3});
   EXPECT_FALSE(far.ok());
+}
+
+// Sleep of a CUDA store, as vLLM's CuMemAllocator does it: level 1 copies the bytes to
+// host memory and releases the physical memory (the device's free memory rises by the
+// store's size) while every parameter keeps its address; wake maps memory back at the
+// same addresses (free memory falls back) with the same bytes; level 2 wakes as zeros.
+TEST_F(DeviceStoreTest, SleepReleasesDeviceMemoryInPlaceAndWakeRestoresTheBytes) {
+  const ModelConfig c = *LookupModel("qwen3-0.6b");
+  Device gpu{Device::Kind::kCuda, 0};
+  DeviceRuntime* rt = *CudaRuntimeFor(gpu);
+  ASSERT_TRUE(rt->SetDevice(0).ok());
+  auto made = WorkerStore::Create(c, 0, 1, gpu);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  WorkerStore& store = **made;
+  const size_t bytes = store.param_bytes();
+  ASSERT_GT(bytes, size_t{1} << 30);
+  std::vector<std::byte*> addresses;
+  for (size_t i = 0; i < store.table().params().size(); ++i) {
+    addresses.push_back(store.param_data(i));
+    const size_t n = store.table().params()[i].meta.nbytes();
+    std::vector<uint64_t> pattern((n + 7) / 8);
+    for (size_t k = 0; k < pattern.size(); ++k) pattern[k] = (uint64_t{i} << 40) ^ (k * 0x9e3779b97f4a7c15ull) ^ 1;
+    ASSERT_TRUE(rt->Copy2D(store.param_data(i), n, pattern.data(), n, n, 1).ok());
+  }
+  ASSERT_TRUE(rt->Synchronize().ok());
+  auto expected = store.CopyToHost();
+  ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+  auto free_bytes = [&] { return rt->GetMemoryInfo(0)->free_bytes; };
+  const double slack = 0.05 * static_cast<double>(bytes);
+
+  const size_t awake = free_bytes();
+  ASSERT_TRUE(store.Offload("", 1).ok());
+  EXPECT_EQ(store.residency(), WorkerStore::Residency::kOffloaded);
+  EXPECT_EQ(store.resident_bytes(), 0u);
+  EXPECT_EQ(store.offloaded_bytes(), bytes);
+  const size_t asleep = free_bytes();
+  EXPECT_GE(static_cast<double>(asleep), static_cast<double>(awake + bytes) - slack) << awake << " -> " << asleep;
+  EXPECT_EQ(store.CopyToHost().status().code(), StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(store.Restore(1).ok());
+  const size_t woken = free_bytes();
+  EXPECT_LE(static_cast<double>(woken), static_cast<double>(asleep - bytes) + slack) << asleep << " -> " << woken;
+  for (size_t i = 0; i < addresses.size(); ++i) EXPECT_EQ(store.param_data(i), addresses[i]);
+  ExpectSameParams(**expected, store);
+
+  ASSERT_TRUE(store.Discard().ok());
+  EXPECT_GE(static_cast<double>(free_bytes()), static_cast<double>(woken + bytes) - slack);
+  ASSERT_TRUE(store.Restore(1).ok());
+  auto zeros = store.CopyToHost();
+  ASSERT_TRUE(zeros.ok()) << zeros.status().ToString();
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    EXPECT_EQ(store.param_data(i), addresses[i]);
+    std::span<const std::byte> p = (*zeros)->params()[i].storage.span();
+    EXPECT_TRUE(std::all_of(p.begin(), p.end(), [](std::byte b) { return b == std::byte{0}; })) << i;
+  }
+  // The woken store loads as before.
+  const std::vector<HostTensor> hf = Filled(*LookupModel("qwen3-tiny"), 9);
+  auto small = *WorkerStore::Create(*LookupModel("qwen3-tiny"), 0, 1, gpu);
+  ASSERT_TRUE(small->Offload("", 1).ok());
+  EXPECT_EQ(small->Load(hf[0].ref()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(small->Restore(1).ok());
+  EXPECT_TRUE(small->Load(hf[0].ref()).ok());
 }
 
 TEST(DeviceRuntimeMissing, CudaStoreWithoutInstalledRuntimeIsUnimplemented) {

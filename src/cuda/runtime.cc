@@ -68,6 +68,27 @@ class CudaDeviceRuntime final : public DeviceRuntime {
     if (current >= 0) (void)cudaSetDevice(current);
   }
 
+  Status ReleasePhysical(int device, void* ptr) override {
+    WSYNC_ASSIGN_OR_RETURN(ExportedDeviceMemory * vm, Virtual(device, ptr));
+    return vm->ReleasePhysical();
+  }
+
+  Status RestorePhysical(int device, void* ptr) override {
+    WSYNC_ASSIGN_OR_RETURN(ExportedDeviceMemory * vm, Virtual(device, ptr));
+    if (vm->physical()) return Status::Ok();
+    WSYNC_RETURN_IF_ERROR(vm->RestorePhysical());
+    WSYNC_CUDA_CHECK(cudaMemsetAsync(ptr, 0, vm->size(), cudaStreamPerThread));
+    WSYNC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    return Status::Ok();
+  }
+
+  Result<MemoryInfo> GetMemoryInfo(int device) override {
+    WSYNC_CUDA_CHECK(cudaSetDevice(device));
+    MemoryInfo info;
+    WSYNC_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+    return info;
+  }
+
   Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                 size_t count) override {
     if (width == 0 || count == 0) return Status::Ok();
@@ -86,6 +107,17 @@ class CudaDeviceRuntime final : public DeviceRuntime {
   }
 
  private:
+  // The virtual-memory allocation that starts at `ptr` on `device`.
+  Result<ExportedDeviceMemory*> Virtual(int device, void* ptr) {
+    std::lock_guard lock(mu_);
+    auto it = virtual_.find(ptr);
+    if (it == virtual_.end() || it->second->device() != device) {
+      return InvalidArgument(fmt::format("{} on cuda:{} is not the start of a virtual-memory allocation of this "
+                                         "runtime (DeviceRuntime::AllocateVirtualMemory)", ptr, device));
+    }
+    return it->second.get();
+  }
+
   std::mutex mu_;
   std::map<void*, std::unique_ptr<ExportedDeviceMemory>> virtual_;  // GUARDED_BY(mu_)
 };

@@ -81,6 +81,7 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
   std::unique_ptr<WorkerStore> store(new WorkerStore(std::move(table)));
   store->device_ = device;
   const std::vector<WorkerParam>& params = store->table_.params();
+  for (const WorkerParam& p : params) store->param_bytes_ += p.meta.nbytes();
   if (device.is_cpu()) {
     store->params_.reserve(params.size());
     for (const WorkerParam& p : params) {
@@ -95,12 +96,17 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
   std::vector<size_t> sizes, offsets;
   for (const WorkerParam& p : params) sizes.push_back(p.meta.nbytes());
   const size_t total = LayOutAligned(sizes, &offsets);
-  WSYNC_ASSIGN_OR_RETURN(store->device_storage_, DeviceBuffer::Allocate(device, total));
+  // From the virtual memory API, so that sleep can release it in place; a runtime without
+  // that API gives plain memory, and then sleep is refused (DeviceBuffer::ReleasePhysical).
+  Result<DeviceBuffer> storage = DeviceBuffer::Allocate(device, total, DeviceAllocator::kVirtualMemory);
+  if (storage.status().code() == StatusCode::kUnimplemented) storage = DeviceBuffer::Allocate(device, total);
+  WSYNC_ASSIGN_OR_RETURN(store->device_storage_, std::move(storage));
   for (size_t off : offsets) store->param_data_.push_back(store->device_storage_.data() + off);
   return store;
 }
 
 Result<std::unique_ptr<WorkerStore>> WorkerStore::CopyToHost() const {
+  WSYNC_RETURN_IF_ERROR(CheckResident("reading back"));
   WSYNC_ASSIGN_OR_RETURN(auto host, Create(config(), tp_rank(), tp_size()));
   if (device_.is_cpu()) {
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -142,6 +148,7 @@ Status WorkerStore::CheckHf(std::string_view name, DType dtype,
 }
 
 Status WorkerStore::CheckLoad(const TensorRef& hf) const {
+  WSYNC_RETURN_IF_ERROR(CheckResident(hf.name));
   if (!hf.device.is_cpu() && hf.device != device_) {
     return InvalidArgument(fmt::format("tensor {} is on {}; this store is on {} and loads host tensors{}",
                                        hf.name, hf.device.ToString(), device_.ToString(),

@@ -5,7 +5,8 @@
 // A WorkerStore is what a vLLM worker holds (fused, TP-sharded parameters, laid out by
 // the ShardingTable) backed by zeroed memory on its device: host memory (one buffer per
 // parameter, resident from Create() on: see core/prefault.h) or, on `cuda:N`, one device allocation holding every parameter at 256-byte
-// aligned offsets (device memory goes through the installed DeviceRuntime). Load() takes one full HF tensor and
+// aligned offsets (device memory goes through the installed DeviceRuntime; it comes from
+// the virtual memory API where the runtime has it, so that sleep can release it in place). Load() takes one full HF tensor and
 // copies its pieces into the parameters in place: parameter storage never moves, so
 // addresses handed out stay valid across syncs. The free functions read a whole TP group
 // back into HF tensors (from primary pieces only) for checksums and debugging, and check
@@ -16,8 +17,21 @@
 // the same store). Read-back functions only read, so they may run concurrently with each
 // other; they read host stores (a CUDA store is read back through CopyToHost()). Load()
 // on a CUDA store must run on a thread whose current device is the store's.
+//
+// Sleep and wake (the server's /sleep and /wake_up): Offload() keeps the parameters'
+// bytes in a slower tier and releases their memory, Discard() releases it and drops the
+// bytes, Restore() brings the memory back (with the offloaded bytes, or zeros). The
+// parameters' addresses never change: a host store's buffers are anonymous mappings
+// whose pages are released with madvise(MADV_DONTNEED) and faulted back in; a CUDA
+// store's allocation keeps its reserved address range while its physical memory is
+// released and mapped back (DeviceRuntime::ReleasePhysical / RestorePhysical). These run
+// like Load() (not concurrently with any other call on the store; a CUDA store's on a
+// thread whose current device is the store's); a store that is not resident refuses
+// Load, PlanLoad and CopyToHost (FailedPrecondition). residency() and the byte counts
+// may be read from any thread at any time.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -27,6 +41,7 @@
 #include <vector>
 
 #include "core/digest.h"
+#include "core/offload_file.h"
 #include "model/config.h"
 #include "model/sharding.h"
 #include "model/worker_sink.h"
@@ -78,16 +93,44 @@ class WorkerStore final : public WorkerSink {
   // read-back and checksums of a CUDA store; for a host store, a plain copy).
   Result<std::unique_ptr<WorkerStore>> CopyToHost() const;
 
+  enum class Residency { kResident, kOffloaded, kDiscarded };
+  // Sleep level 1: writes the parameters' bytes to the slower tier (a host store: an
+  // unlinked file in `offload_dir`, written on up to `threads` threads; a CUDA store:
+  // host memory), then releases their memory. On failure nothing is released and the
+  // store stays resident; the error names the directory or the device. A store that is
+  // not resident stays as it is.
+  Status Offload(const std::string& offload_dir, size_t threads);
+  // Sleep level 2: releases the parameters' memory and any offloaded copy.
+  Status Discard();
+  // Wake: maps memory back behind the parameters, with the offloaded bytes, or zeros
+  // after Discard(). A failure after the memory is back (the offload file cannot be read)
+  // leaves the store resident with incomplete bytes and answers DataLoss saying so; the
+  // caller must treat the weights as discarded.
+  Status Restore(size_t threads);
+  Residency residency() const { return residency_.load(std::memory_order_acquire); }
+  // Bytes of every parameter; of those, the bytes backed by memory now (a host store asks
+  // the kernel: mincore) and the bytes kept in the slower tier.
+  size_t param_bytes() const { return param_bytes_; }
+  size_t resident_bytes() const;
+  size_t offloaded_bytes() const { return offloaded_bytes_.load(std::memory_order_acquire); }
+
  private:
   explicit WorkerStore(ShardingTable table) : table_(std::move(table)) {}
   Status CheckHf(std::string_view name, DType dtype, std::span<const int64_t> shape) const;
   Status CheckLoad(const TensorRef& hf) const;
+  // FailedPrecondition naming `what` while the parameters sleep.
+  Status CheckResident(std::string_view what) const;
 
   ShardingTable table_;
   Device device_;
   std::vector<HostTensor> params_;     // host stores
   DeviceBuffer device_storage_;        // CUDA stores: every parameter
   std::vector<std::byte*> param_data_;
+  size_t param_bytes_ = 0;
+  std::atomic<Residency> residency_{Residency::kResident};
+  std::atomic<size_t> offloaded_bytes_{0};
+  std::unique_ptr<OffloadFile> offload_file_;  // host stores, while offloaded
+  HostBuffer offload_host_;                    // CUDA stores, while offloaded
 };
 
 // A TP group is the stores of one model replica, indexed by tp_rank. OK when every entry

@@ -8,6 +8,7 @@
 #include "model/worker_store.h"
 #include "receiver/backend_mismatch.h"
 #include "receiver/runtime_checker.h"
+#include "receiver/inference_server_worker.h"
 #include "receiver/update_info.h"
 #include "receiver/worker_thread.h"
 
@@ -15,13 +16,6 @@ namespace wsync {
 
 using nlohmann::json;
 
-struct InferenceServer::Worker {
-  std::unique_ptr<WorkerStore> store;
-  std::unique_ptr<WorkerThread> thread;
-  int dp_index = 0;
-  int tp_rank = 0;
-  Device device;
-};
 
 Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const InferenceServerOptions& o,
                                                                  const BackendMaker& make_backend) {
@@ -64,6 +58,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->context_.backend_config = o.backend_config;
   s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds));
   s->set_url("");
+  WSYNC_RETURN_IF_ERROR(s->FillWeightsAtStart());
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
   WSYNC_RETURN_IF_ERROR(s->CreateGenerator());
   return s;
@@ -215,6 +210,7 @@ void InferenceServer::SetWeightVersion(std::string version) {
 
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  WSYNC_RETURN_IF_ERROR(CheckWeightsReadable("weight_checker"));
   auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
   call.Done(r.status(), false);
   return r;
@@ -262,6 +258,7 @@ WorkerThread& InferenceServer::GenerationThread(size_t worker) const { return *w
 json InferenceServer::Health() const {
   ReceiverSession::Snapshot session = session_->Look();
   json generation = generator_->Health();
+  json memory = Memory();
   std::lock_guard lock(mu_);
   json out{{"status", "ok"},          {"server", "wsync"},
               {"model", model_.name},    {"backend", std::string(backend_->name())},
@@ -274,6 +271,7 @@ json InferenceServer::Health() const {
               {"session_active", session.active},
               {"expired_sessions", session.expired_sessions}};
   out["generation"] = std::move(generation);
+  out["memory"] = std::move(memory);
   return out;
 }
 
@@ -305,7 +303,9 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
       std::lock_guard lock(mu_);
       seed = 0x5EED0000ull + ++runtime_resets_;
     }
-    // Marked first: a reset that fails half-way has changed weights too.
+    // Marked first: a reset that fails half-way has changed weights too. No generation
+    // step reads them meanwhile.
+    std::unique_lock<std::shared_mutex> no_readers = ExcludeGeneration();
     session_->MarkInconsistent();
     WSYNC_RETURN_IF_ERROR(RandomizeRuntimeParams(workers, seed, threads));
     WSYNC_LOG_INFO("weight_checker: reset every runtime parameter of {} worker(s) to random values", workers.size());

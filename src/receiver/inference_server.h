@@ -87,6 +87,29 @@ class InferenceServer : public ControlService {
   Generator& generator() { return *generator_; }
   // Ends every request in flight (Unavailable) before the HTTP server stops.
   void StopGenerating() { generator_->Shutdown(); }
+  // Sleep, wake, memory and server info (inference_server_sleep.cc). Sleep pauses
+  // scheduling first (Pause(mode, level >= 1)); level 1 offloads the weights and drops
+  // the KV cache, level 2 discards both. 409 while a weight update is active. A failed
+  // sleep puts back what it released, or says exactly what sleeps. WakeUp brings back
+  // the named tags (weights, kv_cache, scheduling; none: all) and resumes scheduling once
+  // nothing sleeps. Weights woken without their bytes leave weights_consistent false
+  // until a weight update finishes.
+  Status Sleep(int level, std::string_view mode) override;
+  Status WakeUp(const std::vector<std::string>& tags) override;
+  bool IsSleeping() const override;
+  nlohmann::json ServerInfo() const override;
+  // The "memory" object of /health and /server_info: host_rss_bytes (this process),
+  // weights_bytes (every worker's parameters), weights_resident_bytes (backed by memory
+  // now), weights_offloaded_bytes, kv_cache_bytes, on CUDA device_used_bytes and
+  // device_total_bytes ({"cuda:N": bytes} per device of a worker), and "sleep":
+  // {"weights": awake|offloaded|discarded, "kv_cache": awake|discarded,
+  //  "scheduling": awake|asleep}.
+  nlohmann::json Memory() const;
+  // FailedPrecondition naming `what` while the weights sleep ("... POST
+  // /wake_up?tags=weights first") or hold discarded bytes (woken without them, not yet
+  // refilled by a finished weight update): for whatever reads the weights (checksums,
+  // the runtime weight checker, generation).
+  Status CheckWeightsReadable(std::string_view what) const;
 
  private:
   struct Worker;
@@ -129,8 +152,9 @@ class InferenceServer : public ControlService {
   // whose vocabulary shard holds it, and that worker's model.norm.weight. A CUDA store's
   // bytes are copied to host on the worker's thread, bounded by timeout_seconds.
   Result<uint64_t> ProbeWeights(int64_t token);
-  // Whether the weights are resident for generation to read (false while they sleep).
-  bool WeightsAwakeForGeneration() const { return true; }
+  // Whether generation may read the weights: nothing sleeps (weights, KV cache,
+  // scheduling) and the weights hold a trainer's bytes (not discarded and unrefilled).
+  bool WeightsAwakeForGeneration() const;
   // Keeps generation from reading the weights while the returned lock lives: waits for a
   // step in progress (bounded by its probes' timeout) and holds later steps back. Whatever
   // changes the weights outside a session takes it (StartWeightUpdate, before the session
@@ -143,6 +167,30 @@ class InferenceServer : public ControlService {
   std::atomic<int> weights_writers_waiting_{0};
   int embed_param_ = -1;  // index of model.embed_tokens.weight in every worker's table
   int norm_param_ = -1;   // index of model.norm.weight
+  // Sleep, wake and the weights at start-up (inference_server_sleep.cc).
+  enum class WeightsSleep { kAwake, kOffloaded, kDiscarded };
+  // Fills every worker's weights from options_.checkpoint, else synthetic ones.
+  Status FillWeightsAtStart();
+  Status LoadCheckpointAtStart();
+  Status FillSyntheticAtStart();
+  // Loads one full HF tensor into every worker, each on its own thread.
+  Status LoadOnEveryWorker(const TensorRef& hf);
+  // Runs fn on every worker's thread; the outcome of each, in worker order.
+  std::vector<Status> OnEachWorker(const std::function<Status(Worker&)>& fn);
+  Status SleepWeights(int level);
+  Status WakeWeights();
+  // The KV cache of the toy generation: hooks the Generator's DropKvCache /
+  // RestoreKvCache / kv_cache_bytes_resident and prefix-caching flag sit behind.
+  Status DropKvCache();
+  Status RestoreKvCache();
+  size_t KvCacheBytes() const;
+  bool PrefixCaching() const;
+  std::mutex sleep_call_mu_;  // one Sleep or WakeUp at a time
+  WeightsSleep weights_sleep_ = WeightsSleep::kAwake;  // GUARDED_BY(mu_)
+  bool kv_asleep_ = false;          // GUARDED_BY(mu_)
+  bool scheduling_asleep_ = false;  // GUARDED_BY(mu_)
+  bool sleep_paused_ = false;       // GUARDED_BY(mu_): a sleep paused scheduling; the last wake resumes it
+
   std::unique_ptr<Generator> generator_;  // declared last: its thread stops first
 };
 

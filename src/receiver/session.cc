@@ -54,6 +54,7 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
     expiry_note_.clear();
     if (outcome.ok()) {
       dirty_ = false;
+      if (session_touched_) discarded_.clear();
     } else if (session_touched_ && may_have_landed) {
       dirty_ = true;
     }
@@ -83,6 +84,7 @@ Result<ReceiverSession::Call> ReceiverSession::BeginExclusive(const char* what, 
   if (refuse_in_session && active_) {
     return FailedPrecondition(fmt::format("{} called during an active weight update; finish it first", what));
   }
+  if (refuse_in_session && !asleep_.empty()) return FailedPrecondition(fmt::format("{} refused: {}", what, asleep_));
   if (busy_with_ != nullptr) {
     return FailedPrecondition(fmt::format("{} refused: {} is in progress", what, busy_with_));
   }
@@ -104,6 +106,7 @@ Status ReceiverSession::Start(const std::function<Status()>& open) {
     return FailedPrecondition(
         fmt::format("start_weight_update called while a weight update is already active ({})", why));
   }
+  if (!asleep_.empty()) return FailedPrecondition(fmt::format("start_weight_update refused: {}", asleep_));
   if (open) WSYNC_RETURN_IF_ERROR(open());
   active_ = true;
   ++session_;
@@ -144,12 +147,28 @@ Result<ReceiverSession::Call> ReceiverSession::BeginFinish() {
   return Call(this, Call::Kind::kFinish, session_);
 }
 
+Status ReceiverSession::SetWeightsAsleep(std::string refusal) {
+  std::lock_guard lock(mu_);
+  ExpireIfIdleLocked();
+  if (!refusal.empty() && active_) {
+    return FailedPrecondition("sleep called during an active weight update; finish it first");
+  }
+  asleep_ = std::move(refusal);
+  return Status::Ok();
+}
+
+void ReceiverSession::MarkDiscarded(std::string why) {
+  std::lock_guard lock(mu_);
+  discarded_ = std::move(why);
+}
+
 ReceiverSession::Snapshot ReceiverSession::Look() const {
   std::lock_guard lock(mu_);
   bool expired = ExpiredLocked(now_());
   Snapshot s;
   s.active = active_ && !expired;
-  s.consistent = !dirty_ && !(expired && session_touched_);
+  s.consistent = !dirty_ && !(expired && session_touched_) && discarded_.empty();
+  s.discarded = discarded_;
   s.busy_with = busy_with_ != nullptr ? busy_with_ : "";
   s.expired_sessions = expired_ + (expired ? 1 : 0);
   return s;

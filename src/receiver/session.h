@@ -20,6 +20,11 @@
 //           session that did not finish (a data-phase failure, an update that threw, an
 //           expired session that had an update) until the next finished session. A
 //           refused update (bad payload, wrong state, a peer's veto) lands nothing.
+//   asleep  while the weights sleep (/sleep level >= 1), start_weight_update and init
+//           are refused (FailedPrecondition naming the fix) until the weights wake.
+//   discarded  weights woken without their bytes (sleep level 2, or an offload that could
+//           not be read back) hold nothing a trainer sent: weights_consistent is false
+//           until a session that landed an update finishes.
 //
 // Thread-safe: every method locks the object's own mutex; none blocks otherwise.
 #pragma once
@@ -83,9 +88,17 @@ class ReceiverSession {
   // Done(OK) ends the session cleanly (weights consistent); Done(error) ends it too.
   Result<Call> BeginFinish();
 
+  // Sets (non-empty) or clears (empty) the refusal start and init answer while the weights
+  // sleep. Setting it is FailedPrecondition while a session is active.
+  Status SetWeightsAsleep(std::string refusal);
+  // Marks the weights as discarded; `why` says how (kept until a session that landed an
+  // update finishes).
+  void MarkDiscarded(std::string why);
+
   struct Snapshot {
     bool active = false;
     bool consistent = true;   // weights_consistent
+    std::string discarded;    // why the weights hold no trainer's bytes; empty otherwise
     std::string busy_with;    // the call in flight; empty when idle
     int expired_sessions = 0;
   };
@@ -115,6 +128,8 @@ class ReceiverSession {
   Clock::time_point last_call_;         // GUARDED_BY(mu_): end of the session's last call
   int expired_ = 0;                     // GUARDED_BY(mu_)
   std::string expiry_note_;             // GUARDED_BY(mu_): why the last session ended
+  std::string asleep_;                  // GUARDED_BY(mu_): the refusal while the weights sleep
+  std::string discarded_;               // GUARDED_BY(mu_): see MarkDiscarded
 };
 
 }  // namespace wsync

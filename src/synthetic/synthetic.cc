@@ -64,33 +64,38 @@ void SyntheticTrainer::ForEachChunk(
   });
 }
 
-void SyntheticTrainer::Generate(const Chunk& c, std::vector<float>& scratch) {
-  HostTensor& t = tensors()[c.tensor];
-  const size_t n = c.end - c.begin;
-  const uint32_t first = static_cast<uint32_t>(c.begin);
-  const HashKey key = synthetic::MakeKey(seed_, kInitPurpose, name_keys_[c.tensor], c.begin >> 32);
-  const float mean = t.meta.name.ends_with("norm.weight") ? 1.0f : 0.0f;
-  std::byte* out = t.storage.data() + c.begin * ItemSize(t.meta.dtype);
-  auto normal_scratch = [&]() -> const float* {
+void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin, uint64_t end, std::byte* tensor,
+                          float* master, std::vector<float>& scratch) {
+  const size_t n = end - begin;
+  const uint32_t first = static_cast<uint32_t>(begin);
+  const uint64_t name_key = synthetic::NameKey(meta.name);
+  const HashKey key = synthetic::MakeKey(seed, kInitPurpose, name_key, begin >> 32);
+  const float mean = meta.name.ends_with("norm.weight") ? 1.0f : 0.0f;
+  std::byte* out = tensor + begin * ItemSize(meta.dtype);
+  auto normal_scratch = [&]() -> float* {
     scratch.resize(n);
-    synthetic::GenerateNormal(scratch.data(), n, first, key, mean, kInitStd);
+    synthetic::GenerateNormal(scratch.data(), n, first, key, mean, SyntheticTrainer::kInitStd);
     return scratch.data();
   };
-  switch (t.meta.dtype) {
+  switch (meta.dtype) {
     case DType::kBF16:
     case DType::kF16: {
-      float* master = As<float>(masters_[c.tensor]) + c.begin;
-      synthetic::GenerateNormal(master, n, first, key, mean, kInitStd);
-      auto* model = reinterpret_cast<uint16_t*>(out);
-      if (t.meta.dtype == DType::kBF16) {
-        synthetic::RoundToBF16(master, model, n);
+      float* values = master;
+      if (values == nullptr) {
+        values = normal_scratch();
       } else {
-        synthetic::RoundToF16(master, model, n);
+        synthetic::GenerateNormal(values, n, first, key, mean, SyntheticTrainer::kInitStd);
+      }
+      auto* model = reinterpret_cast<uint16_t*>(out);
+      if (meta.dtype == DType::kBF16) {
+        synthetic::RoundToBF16(values, model, n);
+      } else {
+        synthetic::RoundToF16(values, model, n);
       }
       break;
     }
     case DType::kF32:
-      synthetic::GenerateNormal(reinterpret_cast<float*>(out), n, first, key, mean, kInitStd);
+      synthetic::GenerateNormal(reinterpret_cast<float*>(out), n, first, key, mean, SyntheticTrainer::kInitStd);
       break;
     case DType::kF8E4M3:
       synthetic::RoundToF8E4M3(normal_scratch(), reinterpret_cast<uint8_t*>(out), n);
@@ -105,14 +110,32 @@ void SyntheticTrainer::Generate(const Chunk& c, std::vector<float>& scratch) {
       break;
     }
     default: {  // integers and bool: hash bytes over the tensor's byte range
-      const size_t item = ItemSize(t.meta.dtype);
-      const uint64_t byte_begin = c.begin * item;
-      const HashKey bkey = synthetic::MakeKey(seed_, kInitPurpose, name_keys_[c.tensor], byte_begin >> 32);
+      const size_t item = ItemSize(meta.dtype);
+      const uint64_t byte_begin = begin * item;
+      const HashKey bkey = synthetic::MakeKey(seed, kInitPurpose, name_key, byte_begin >> 32);
       synthetic::GenerateBytes(reinterpret_cast<uint8_t*>(out), n * item, static_cast<uint32_t>(byte_begin),
-                               bkey, t.meta.dtype == DType::kBool);
+                               bkey, meta.dtype == DType::kBool);
       break;
     }
   }
+}
+
+void GenerateInitial(uint64_t seed, const TensorMeta& meta, std::span<std::byte> out, size_t threads) {
+  const uint64_t n = static_cast<uint64_t>(meta.numel());
+  const size_t chunks = static_cast<size_t>((n + kChunkElements - 1) / kChunkElements);
+  ParallelFor(chunks, threads, [&](size_t b, size_t e) {
+    std::vector<float> scratch;
+    for (size_t c = b; c < e; ++c) {
+      const uint64_t begin = c * kChunkElements;
+      GenerateInitialRange(seed, meta, begin, std::min(n, begin + kChunkElements), out.data(), nullptr, scratch);
+    }
+  });
+}
+
+void SyntheticTrainer::Generate(const Chunk& c, std::vector<float>& scratch) {
+  HostTensor& t = tensors()[c.tensor];
+  float* master = masters_[c.tensor].size() > 0 ? As<float>(masters_[c.tensor]) + c.begin : nullptr;
+  GenerateInitialRange(seed_, t.meta, c.begin, c.end, t.storage.data(), master, scratch);
 }
 
 void SyntheticTrainer::WidenFromModel(const Chunk& c) {

@@ -105,4 +105,15 @@ class SyntheticTrainer {
   float lr_ = kDefaultLr;
 };
 
+// The initial values SyntheticTrainer::FromMetadata(..., seed, ...) gives elements
+// [begin, end) of the tensor `meta`, written into `tensor` (the whole tensor's bytes).
+// `master`, when not null, receives the fp32 values of a BF16/F16 tensor's elements
+// (master[0] is element `begin`); `scratch` is reused between calls. The range must not
+// cross a 2^32-element block. Thread-safe on disjoint ranges.
+void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin, uint64_t end, std::byte* tensor,
+                          float* master, std::vector<float>& scratch);
+// The same for the whole tensor (`out` holds meta.nbytes()), on up to `threads` threads:
+// a server's synthetic weights equal a SyntheticTrainer's of the same seed.
+void GenerateInitial(uint64_t seed, const TensorMeta& meta, std::span<std::byte> out, size_t threads);
+
 }  // namespace wsync
