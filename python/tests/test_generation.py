@@ -67,21 +67,6 @@ class Reference:
         return out
 
 
-def continued(old, new, prompt, tokens, k):
-    """What a request whose first k tokens came from `old` produces from then on under
-    `new`: tokens k.. recomputed, each step absorbing the previous token with `new`."""
-    state = old.prefill(prompt)
-    for t in tokens[:k - 1]:
-        state = absorb(state, t, old.probes[t])
-    out = []
-    prev = tokens[k - 1]
-    for _ in range(len(tokens) - k):
-        state = absorb(state, prev, new.probes[prev])
-        prev = state % new.vocab
-        out.append(prev)
-    return out
-
-
 def push(servers, model, version):
     with wsync.TrainerEngine(backend="nccl", servers=[s.url for s in servers], timeout=60) as engine:
         engine.init(wsync.StateDictSource(model))
@@ -201,8 +186,12 @@ def test_pause_keep_with_a_sync_in_the_middle_continues_on_the_new_weights(wsync
         time.sleep(0.3)
         assert post(server, "/pause?mode=keep") == {"status": "paused"}
         assert generation(server)["pause_mode"] == "keep"
+        resets = generation(server)["prefix_cache"]["resets"]
         push([server], new_model, "v2")  # start, update, finish while the requests are frozen
         assert generation(server)["running"] == 2
+        # The trainer saw that the server caches prefixes and reset its cache, running
+        # requests included (as SkyRL does): the frozen requests recompute their state.
+        assert generation(server)["prefix_cache"]["resets"] == resets + 1
         assert post(server, "/resume") == {"status": "resumed"}
         replies = [f.result(timeout=60) for f in futures]
     for p, r in zip(prompts, replies):
@@ -211,7 +200,7 @@ def test_pause_keep_with_a_sync_in_the_middle_continues_on_the_new_weights(wsync
         k = versions.index("v2")
         assert 0 < k < n and versions == ["v1"] * k + ["v2"] * (n - k), versions
         assert ids[:k] == old.tokens(p, k)
-        assert ids[k:] == continued(old, new, p, ids, k)
+        assert ids[k:] == new.tokens(p + ids[:k], n - k)  # recomputed from the new weights
         assert ids[k:] != old.tokens(p, n)[k:]  # not what the old weights give
         assert r["weight_version"] == "v2"
 
@@ -252,17 +241,27 @@ def test_prefix_cache_hits_go_stale_across_a_sync_until_reset(wsync_server, toy_
     assert cache["enabled"] and cache["entries"] == 2 and cache["hits"] == 1
     assert cache["bytes"] == 2 * cache["block_bytes"] and cache["capacity_bytes"] == 16 << 20
 
-    push([server], new_model, "v2")  # a sync without a reset: the cache still holds the old states
+    # A sync from a trainer resets the cache of a server that says it caches prefixes.
+    resets = generation(server)["prefix_cache"]["resets"]
+    push([server], new_model, "v2")
+    assert generation(server)["prefix_cache"]["resets"] == resets + 1
+    synced = complete(server, body)
+    assert synced["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert choice(synced)["token_ids"] == new.tokens(prompt, 6)
+
+    # Weights changed by a path that does not reset it (the weight checker's reset to
+    # random values): the cached prefix states are stale, and a reset is what fixes it.
+    assert complete(server, body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+    assert post(server, "/weight_checker", {"action": "reset"}) == {"status": "reset"}
     stale = complete(server, body)
     assert stale["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
-    assert choice(stale)["token_ids"] == new.tokens(prompt[32:], 6, state=new.prefill(prompt[32:], old.prefill(prompt[:32])))
-    assert choice(stale)["token_ids"] != new.tokens(prompt, 6)
-
     assert post(server, "/reset_prefix_cache") == {"success": True}
     fresh = complete(server, body)
     assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert choice(fresh)["token_ids"] == new.tokens(prompt, 6)
-    assert generation(server)["prefix_cache"]["resets"] == 1
+    assert choice(fresh)["token_ids"] != choice(stale)["token_ids"]  # the stale states decided those
+    assert complete(server, body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+    assert choice(complete(server, body))["token_ids"] == choice(fresh)["token_ids"]
+    assert generation(server)["prefix_cache"]["resets"] == resets + 2
 
 
 def test_reset_prefix_cache_with_running_requests_and_the_clear_cache_of_pause(wsync_server, toy_model_dir):

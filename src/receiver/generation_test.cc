@@ -449,6 +449,10 @@ class ServerGenerationTest : public ::testing::Test {
 TEST_F(ServerGenerationTest, TokensComeFromTheShardsAndASessionHoldsGenerationUntilItFinishes) {
   const std::vector<int32_t> prompt{4000, 1, 2100};  // rows on tp1, tp0, tp1
   auto zeros = [](int64_t) { return FilledProbe(0); };
+  // The server starts with synthetic weights: zero the two tensors the probe reads first.
+  ASSERT_TRUE(server_->StartWeightUpdate().ok());
+  ASSERT_TRUE(server_->UpdateWeights(Update()).ok());
+  ASSERT_TRUE(server_->FinishWeightUpdate(std::nullopt).ok());
   auto r0 = server_->Complete(json{{"prompt", prompt}, {"max_tokens", 6}});
   ASSERT_TRUE(r0.ok()) << r0.status().ToString();
   EXPECT_EQ(Ids(*r0), Expected(prompt, 6, zeros, 4096));

@@ -256,7 +256,7 @@ TEST_F(SleepTest, ServerInfoNamesConfigCapabilitiesAndMemory) {
   EXPECT_EQ(info["capabilities"], (json{{"weight_transfer_backend", "loading"},
                                        {"sleep_mode", true},
                                        {"generation", true},
-                                       {"prefix_caching", false},
+                                       {"prefix_caching", true},
                                        {"runtime_weight_checker", true},
                                        {"draft_weight_updates", false}}));
   EXPECT_EQ(info["memory"]["weights_bytes"], Mem()["weights_bytes"]);
