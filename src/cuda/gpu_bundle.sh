@@ -11,7 +11,8 @@ build=$1
 out=$2
 py_build=${3:-}
 mkdir -p "$out"
-bins="src/cuda/cuda_device_memory_test src/cuda/cuda_device_store_test src/cuda/cuda_ipc_benchmark tools/wsync
+bins="src/cuda/cuda_device_memory_test src/cuda/cuda_device_store_test src/cuda/cuda_runtime_checker_test
+  src/cuda/cuda_ipc_benchmark tools/wsync
   tests/e2e/e2e_gpu_ipc_test"
 if [ -n "$py_build" ]; then
   rm -rf "$out/python" && mkdir -p "$out/python" && cp -r "$py_build/python/wsync" "$out/python/"
