@@ -60,6 +60,11 @@ struct InferenceServerOptions {
   // prefaulted at start (`--kv-cache-mib`; 0 disables prefix caching).
   double token_interval_ms = 0;
   size_t kv_cache_bytes = size_t{16} << 20;
+  // Completions in flight at most (each holds an HTTP worker thread until it ends); more
+  // are refused with 503. 0: no bound. Server::Start sets it below the HTTP worker
+  // threads, so that requests frozen by a pause never hold every thread the
+  // weight-transfer routes need.
+  int max_requests = 0;
   // Backend settings from `wsync serve` flags; keys a backend does not use are ignored.
   // nccl: {"allowed_store_hosts": [HOST, ...]}; ipc: {"ipc_shm_dir": DIR}; delta:
   // {"base_checkpoint": DIR, "local_checkpoint_dir": DIR, "sync_root": DIR}.

@@ -362,3 +362,21 @@ def test_a_server_stops_promptly_with_requests_in_flight(wsync_server, toy_model
         except OSError:
             return  # the HTTP server may close the connection as it stops, before the reply leaves
         assert status == 503 and "shutting down" in body["error"]["message"], (status, body)
+
+
+def test_frozen_requests_never_hold_the_threads_a_sync_needs(wsync_server, toy_model_dir, models):
+    # 10 HTTP worker threads: at most 5 completions at once, the other threads stay free
+    # for the weight-transfer routes even while every admitted request is frozen.
+    server = wsync_server(model=toy_model_dir, args=["--token-interval-ms", INTERVAL_MS, "--http-threads", 10])
+    push([server], models[0], "v1")
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(complete, server, {"prompt": f"hold {i}", "max_tokens": 400}, 120.0) for i in range(5)]
+        await_running(server, 5)
+        status, reply = http_json(server.url, "/v1/completions", {"prompt": "one more", "max_tokens": 1})
+        assert status == 503 and "5 completions are in flight" in reply["error"]["message"], (status, reply)
+        assert post(server, "/pause?mode=keep") == {"status": "paused"}
+        push([server], models[1], "v2")  # start, update, finish on the threads left free
+        post(server, "/resume")
+        for f in futures:
+            r = f.result(timeout=60)
+            assert choice(r)["finish_reason"] == "length" and choice(r)["weight_versions"][-1] == "v2"

@@ -165,6 +165,7 @@ class InferenceServer : public ControlService {
   // Writers waiting for weights_read_mu_: generation steps wait while there are any, so
   // that a stream of steps cannot starve a session's start.
   std::atomic<int> weights_writers_waiting_{0};
+  std::atomic<int> completions_in_flight_{0};  // bounded by options_.max_requests
   int embed_param_ = -1;  // index of model.embed_tokens.weight in every worker's table
   int norm_param_ = -1;   // index of model.norm.weight
   // Sleep, wake and the weights at start-up (inference_server_sleep.cc).

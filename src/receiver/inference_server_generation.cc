@@ -113,7 +113,21 @@ Result<bool> InferenceServer::ResetPrefixCache(bool reset_running_requests) {
   return generator_->ResetPrefixCache(reset_running_requests);
 }
 
-Result<json> InferenceServer::Complete(const json& request) { return generator_->Complete(request); }
+Result<json> InferenceServer::Complete(const json& request) {
+  const int bound = options_.max_requests;
+  if (bound <= 0) return generator_->Complete(request);
+  const int now = ++completions_in_flight_;
+  struct Leave {
+    std::atomic<int>& n;
+    ~Leave() { --n; }
+  } leave{completions_in_flight_};
+  if (now > bound) {
+    return Unavailable(fmt::format("{} completions are in flight, the most this server takes at once: each holds an "
+                                   "HTTP worker thread, and the others are kept for the weight-transfer routes; "
+                                   "retry once one has finished (--http-threads raises the bound)", bound));
+  }
+  return generator_->Complete(request);
+}
 
 Result<int> InferenceServer::AbortRequests(const std::vector<std::string>& request_ids) {
   return generator_->Abort(request_ids);

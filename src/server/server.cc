@@ -1,5 +1,6 @@
 #include "wsync/server.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -22,7 +23,13 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   auto impl = std::make_unique<Impl>();
-  WSYNC_ASSIGN_OR_RETURN(impl->service, InferenceServer::Create(options.inference, CreateReceiverBackend));
+  InferenceServerOptions inference = options.inference;
+  if (inference.max_requests == 0) {
+    // Keep up to 8 HTTP worker threads (half of a small pool) for the control plane.
+    const int threads = std::max(1, options.http.worker_threads);
+    inference.max_requests = std::max(1, threads - std::min(8, threads / 2));
+  }
+  WSYNC_ASSIGN_OR_RETURN(impl->service, InferenceServer::Create(inference, CreateReceiverBackend));
   WSYNC_ASSIGN_OR_RETURN(impl->http, HttpControlServer::Start(options.http, impl->service.get()));
   impl->url = impl->http->url();
   impl->service->set_url(impl->url);
