@@ -84,6 +84,9 @@ Status WorkerStore::Offload(const std::string& offload_dir, size_t threads) {
   if (!device_.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
     WSYNC_ASSIGN_OR_RETURN(HostBuffer host, HostBuffer::Allocate(device_storage_.size()));
+    // Fresh pages faulted in on many threads first: the driver's copy into pageable memory
+    // would otherwise take every page fault on one thread.
+    Prefault(host.span(), threads);
     WSYNC_RETURN_IF_ERROR(rt->Copy2D(host.data(), host.size(), device_storage_.data(), host.size(), host.size(), 1));
     WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("{} from {} to host memory", where, device_.ToString())));
     WSYNC_RETURN_IF_ERROR(device_storage_.ReleasePhysical().WithContext(where));
