@@ -101,14 +101,7 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
   }
   WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
   if (action == "checksum") return json{{"checksums", sums}};
-  json mismatches = json::array();
-  for (const auto& [name, hex] : sums) {
-    auto found = baseline->find(name);
-    if (found == baseline->end() || *found != hex) mismatches.push_back(name);
-  }
-  for (const auto& [name, _] : baseline->items()) {
-    if (!sums.contains(name)) mismatches.push_back(name);
-  }
+  std::vector<std::string> mismatches = DigestMismatches(sums, *baseline);
   return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
 }
 
@@ -161,6 +154,21 @@ const Route* FindRoute(const HttpRequest& req) {
 }
 
 }  // namespace
+
+std::vector<std::string> DigestMismatches(const std::map<std::string, std::string>& current,
+                                          const nlohmann::json& baseline) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : baseline.items()) {
+    auto it = current.find(key);
+    if (it == current.end() || !value.is_string() || value.get_ref<const std::string&>() != it->second) {
+      out.push_back(key);
+    }
+  }
+  for (const auto& [key, _] : current) {
+    if (!baseline.contains(key)) out.push_back(key);
+  }
+  return out;
+}
 
 int HttpStatusFor(StatusCode code) {
   switch (code) {

@@ -346,7 +346,7 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
   }
   std::vector<std::string> mismatches;
   if (baseline != nullptr) {
-    mismatches = RuntimeMismatches(sums, *baseline);
+    mismatches = DigestMismatches(sums, *baseline);
   } else {
     std::optional<std::map<std::string, std::string>> kept;
     {
@@ -355,7 +355,7 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
       runtime_baseline_.reset();
     }
     if (!kept) return InvalidArgument("weight_checker 'compare': the baseline was used by a concurrent compare");
-    mismatches = RuntimeMismatches(sums, json(*kept));
+    mismatches = DigestMismatches(sums, json(*kept));
   }
   return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
 }

@@ -10,6 +10,7 @@
 
 #include "core/digest.h"
 #include "core/parallel.h"
+#include "synthetic/synthetic_kernels.h"
 #include "wsync/device_runtime.h"
 
 namespace wsync {
@@ -40,11 +41,11 @@ bool IsFloat(DType d) {
   }
 }
 
+// splitmix64: the next value of the stream `state`.
 uint64_t SplitMix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  const uint64_t r = synthetic::Mix64(*state);
+  *state += 0x9E3779B97F4A7C15ull;
+  return r;
 }
 
 // Random bytes into `out`; for a float dtype, each element's top exponent bit (the bit
@@ -158,21 +159,6 @@ Status RandomizeRuntimeParams(std::span<const RuntimeWorker> workers, uint64_t s
     }
     return Status::Ok();
   });
-}
-
-std::vector<std::string> RuntimeMismatches(const std::map<std::string, std::string>& current,
-                                           const nlohmann::json& baseline) {
-  std::vector<std::string> out;
-  for (const auto& [key, value] : baseline.items()) {
-    auto it = current.find(key);
-    if (it == current.end() || !value.is_string() || value.get_ref<const std::string&>() != it->second) {
-      out.push_back(key);
-    }
-  }
-  for (const auto& [key, _] : current) {
-    if (!baseline.contains(key)) out.push_back(key);
-  }
-  return out;
 }
 
 }  // namespace wsync

@@ -50,9 +50,4 @@ Result<std::map<std::string, std::string>> RuntimeParamDigests(std::span<const R
 Status RandomizeRuntimeParams(std::span<const RuntimeWorker> workers, uint64_t seed, size_t threads,
                               size_t piece_bytes = kRuntimeCheckPieceBytes);
 
-// The keys of `baseline` whose digest differs in `current` or that `current` lacks, then
-// the keys of `current` that `baseline` lacks. Non-string baseline values never match.
-std::vector<std::string> RuntimeMismatches(const std::map<std::string, std::string>& current,
-                                           const nlohmann::json& baseline);
-
 }  // namespace wsync

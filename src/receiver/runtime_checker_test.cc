@@ -104,10 +104,10 @@ TEST(RuntimeChecker, ResetWritesFiniteRandomValuesEverywhere) {
 
 TEST(RuntimeChecker, MismatchesNameChangedMissingAndExtraKeys) {
   std::map<std::string, std::string> cur{{"a", "1"}, {"b", "2"}, {"c", "3"}};
-  EXPECT_TRUE(RuntimeMismatches(cur, json(cur)).empty());
-  EXPECT_EQ(RuntimeMismatches(cur, json{{"a", "1"}, {"b", "9"}, {"d", "4"}, {"c", 3}}),
+  EXPECT_TRUE(DigestMismatches(cur, json(cur)).empty());
+  EXPECT_EQ(DigestMismatches(cur, json{{"a", "1"}, {"b", "9"}, {"d", "4"}, {"c", 3}}),
             (std::vector<std::string>{"b", "c", "d"}));
-  EXPECT_EQ(RuntimeMismatches(cur, json{{"a", "1"}, {"b", "2"}}), (std::vector<std::string>{"c"}));
+  EXPECT_EQ(DigestMismatches(cur, json{{"a", "1"}, {"b", "2"}}), (std::vector<std::string>{"c"}));
 }
 
 // Loads the tensors the test sets into every worker; the update's list says which.
