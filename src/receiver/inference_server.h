@@ -176,8 +176,9 @@ class InferenceServer : public ControlService {
   Status FillSyntheticAtStart();
   // Loads one full HF tensor into every worker, each on its own thread.
   Status LoadOnEveryWorker(const TensorRef& hf);
-  // Runs fn on every worker's thread; the outcome of each, in worker order.
-  std::vector<Status> OnEachWorker(const std::function<Status(Worker&)>& fn);
+  // Runs fn on every worker's thread (RunOnEveryWorker; `what` names the work in logs);
+  // the outcome of each, in worker order.
+  std::vector<Status> OnEachWorker(std::string_view what, const std::function<Status(Worker&)>& fn);
   Status SleepWeights(int level);
   Status WakeWeights();
   // The KV cache of the toy generation: hooks the Generator's DropKvCache /

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <future>
 
 #include <fmt/format.h>
 
@@ -16,7 +15,7 @@
 #include "model/worker_store.h"
 #include "receiver/inference_server.h"
 #include "receiver/inference_server_worker.h"
-#include "receiver/worker_thread.h"
+#include "receiver/worker_fanout.h"
 #include "synthetic/synthetic.h"
 #include "wsync/device_runtime.h"
 
@@ -49,18 +48,16 @@ const char* WeightsName(int state) {
 
 }  // namespace
 
-std::vector<Status> InferenceServer::OnEachWorker(const std::function<Status(Worker&)>& fn) {
-  std::vector<std::future<Status>> pending;
-  for (auto& w : workers_) {
-    Worker* worker = w.get();
-    pending.push_back(worker->thread->Post([&fn, worker] { return fn(*worker); }));
-  }
-  std::vector<Status> out;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    Status s = pending[i].get();
-    if (!s.ok()) s = s.WithContext(context_.workers[i].label);
-    out.push_back(std::move(s));
-  }
+std::vector<Status> InferenceServer::OnEachWorker(std::string_view what, const std::function<Status(Worker&)>& fn) {
+  // The fan-out every backend uses; each worker's own outcome is kept (a failed sleep puts
+  // back what the other workers released).
+  std::vector<Status> out(workers_.size());
+  (void)RunOnEveryWorker(context_.workers, what, Deadline::InSeconds(options_.timeout_seconds),
+                         [&](size_t i, const ReceiverWorker& w) {
+                           Status s = fn(*workers_[i]);
+                           out[i] = s.ok() ? std::move(s) : s.WithContext(w.label);
+                           return Status::Ok();
+                         });
   return out;
 }
 
@@ -79,7 +76,7 @@ Status InferenceServer::FillWeightsAtStart() {
 }
 
 Status InferenceServer::LoadOnEveryWorker(const TensorRef& hf) {
-  for (Status& s : OnEachWorker([&](Worker& w) { return w.store->Load(hf); })) WSYNC_RETURN_IF_ERROR(s);
+  for (Status& s : OnEachWorker("loading weights at start-up", [&](Worker& w) { return w.store->Load(hf); })) WSYNC_RETURN_IF_ERROR(s);
   return Status::Ok();
 }
 
@@ -180,7 +177,7 @@ Status InferenceServer::SleepWeights(int level) {
   std::unique_lock<std::shared_mutex> no_readers = ExcludeGeneration();
   const std::string dir = OffloadDir(options_.offload_dir);
   const size_t threads = std::max<size_t>(1, DefaultThreads() / std::max<size_t>(1, workers_.size()));
-  std::vector<Status> outcomes = OnEachWorker([&](Worker& w) {
+  std::vector<Status> outcomes = OnEachWorker("sleep", [&](Worker& w) {
     return after == WeightsSleep::kOffloaded ? w.store->Offload(dir, threads) : w.store->Discard();
   });
   auto failed = std::ranges::find_if(outcomes, [](const Status& s) { return !s.ok(); });
@@ -192,7 +189,7 @@ Status InferenceServer::SleepWeights(int level) {
   Status first = *failed;
   if (after == WeightsSleep::kOffloaded) {
     // Put back what was offloaded: the sleep leaves the weights as they were.
-    std::vector<Status> back = OnEachWorker([&](Worker& w) { return w.store->Restore(threads); });
+    std::vector<Status> back = OnEachWorker("sleep rollback", [&](Worker& w) { return w.store->Restore(threads); });
     for (const Status& s : back) {
       if (!s.ok()) {
         session_->MarkDiscarded("the weights could not be read back after a failed sleep");
@@ -219,7 +216,7 @@ Status InferenceServer::WakeWeights() {
   if (from == WeightsSleep::kAwake) return Status::Ok();
   std::unique_lock<std::shared_mutex> no_readers = ExcludeGeneration();
   const size_t threads = std::max<size_t>(1, DefaultThreads() / std::max<size_t>(1, workers_.size()));
-  std::vector<Status> outcomes = OnEachWorker([&](Worker& w) { return w.store->Restore(threads); });
+  std::vector<Status> outcomes = OnEachWorker("wake_up", [&](Worker& w) { return w.store->Restore(threads); });
   Status lost, other;
   for (const Status& s : outcomes) {
     if (s.code() == StatusCode::kDataLoss && lost.ok()) lost = s;
