@@ -43,6 +43,12 @@ class WeightSource {
   virtual Result<std::unique_ptr<TensorStream>> Iterate() = 0;
   // Names this rank can produce without help from other ranks; nullopt means all of them.
   virtual std::optional<std::vector<std::string>> HeldNames() const { return std::nullopt; }
+  // A pass over the held names only (HeldNames(); every name when that is nullopt), in
+  // metadata order: what a backend whose ranks each send only what they hold (`sharded`)
+  // iterates, so that no rank assembles what it does not own. Like Iterate() it may be a
+  // collective: every rank of the trainer runs its own held pass at the same time.
+  // Default: Iterate() when HeldNames() is nullopt, else Unimplemented.
+  virtual Result<std::unique_ptr<TensorStream>> IterateHeld();
   // The one block every yielded tensor lies in, when the source has one; nullopt otherwise.
   virtual std::optional<SourceStorage> storage() const { return std::nullopt; }
 };

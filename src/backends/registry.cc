@@ -11,6 +11,8 @@
 #include "backends/ipc/trainer.h"
 #include "backends/nccl/receiver.h"
 #include "backends/nccl/trainer.h"
+#include "backends/sharded/receiver.h"
+#include "backends/sharded/trainer.h"
 #include "receiver/backend.h"
 #include "wsync/trainer.h"
 
@@ -22,6 +24,7 @@ const std::map<std::string, ReceiverFactory, std::less<>>& Receivers() {
       {"delta", CreateDeltaReceiver},
       {"ipc", CreateIpcReceiver},
       {"nccl", CreateNcclReceiver},
+      {"sharded", CreateShardedReceiver},
   };
   return kReceivers;
 }
@@ -32,12 +35,10 @@ const std::map<std::string, TrainerFactory, std::less<>>& Trainers() {
       {"delta", CreateDeltaTrainer},
       {"ipc", CreateIpcTrainer},
       {"nccl", CreateNcclTrainer},
+      {"sharded", CreateShardedTrainer},
   };
   return kTrainers;
 }
-
-// Backends named in the design that are not built yet answer with this.
-bool Planned(std::string_view name) { return name == "sharded"; }
 
 }  // namespace
 
@@ -45,7 +46,6 @@ Result<std::unique_ptr<ReceiverBackend>> CreateReceiverBackend(std::string_view 
                                                                ReceiverContext* context) {
   auto it = Receivers().find(name);
   if (it != Receivers().end()) return it->second(context);
-  if (Planned(name)) return Unimplemented(fmt::format("backend '{}' is not built into this wsync yet", name));
   return InvalidArgument(fmt::format("unknown backend '{}': available: {}", name,
                                      fmt::join(ReceiverBackendNames(), ", ")));
 }
@@ -59,9 +59,6 @@ std::vector<std::string> ReceiverBackendNames() {
 Result<std::unique_ptr<TrainerEngine>> CreateTrainerEngine(const TrainerOptions& options) {
   auto it = Trainers().find(options.backend);
   if (it != Trainers().end()) return it->second(options);
-  if (Planned(options.backend)) {
-    return Unimplemented(fmt::format("backend '{}' is not built into this wsync yet", options.backend));
-  }
   return InvalidArgument(fmt::format("unknown backend '{}': available: {}", options.backend,
                                      fmt::join(TrainerBackendNames(), ", ")));
 }

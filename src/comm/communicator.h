@@ -27,9 +27,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+
+#include <fmt/format.h>
 
 #include "core/deadline.h"
 #include "wsync/status.h"
@@ -91,6 +94,39 @@ class Communicator : public RankGroup {
       WSYNC_RETURN_IF_ERROR(Broadcast(out.subspan(r * n, n), r, deadline));
     }
     return Status::Ok();
+  }
+
+  // Point to point. One message of a batch: bytes sent to `peer` or received from it.
+  // A send and a receive match when they name each other's rank and the same tag; equal
+  // tags between one pair of ranks match in posting order. A receive's length must equal
+  // its send's. `data` must stay valid (and a send's unchanged) until the batch's Wait()
+  // returns or the batch is destroyed.
+  struct PeerMessage {
+    int peer = 0;
+    uint32_t tag = 0;
+    std::span<std::byte> data;
+  };
+  // A batch of sends and receives in flight.
+  class PeerBatch {
+   public:
+    virtual ~PeerBatch() = default;
+    // Waits for every message of the batch. An error names the peer and tag it was
+    // waiting for; after any failure the communicator is aborted (the contract above).
+    virtual Status Wait(Deadline deadline) = 0;
+  };
+  // Posts every send and receive of a batch at once and returns while they are in
+  // flight, so that a rank may prepare its next batch meanwhile; several batches may be
+  // in flight. Unlike a collective, only the two ranks of a message take part in it.
+  // Default: Unimplemented (a transport without point to point).
+  virtual Result<std::unique_ptr<PeerBatch>> PostPeerBatch(std::span<const PeerMessage> sends,
+                                                           std::span<const PeerMessage> receives) {
+    return Unimplemented(fmt::format("{} communicator has no point-to-point transfers", kind()));
+  }
+  // PostPeerBatch, then Wait.
+  Status ExchangePeers(std::span<const PeerMessage> sends, std::span<const PeerMessage> receives,
+                       Deadline deadline) {
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<PeerBatch> batch, PostPeerBatch(sends, receives));
+    return batch->Wait(deadline);
   }
 
   // Element-wise sum over all ranks, in place; every rank ends with the same values.

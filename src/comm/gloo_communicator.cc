@@ -65,6 +65,9 @@ class GlooCommunicator final : public Communicator {
     return AllReduce<float>(data, "all-reduce(float)", deadline);
   }
 
+  Result<std::unique_ptr<PeerBatch>> PostPeerBatch(std::span<const PeerMessage> sends,
+                                                   std::span<const PeerMessage> receives) override;
+
   void Abort() override {
     aborted_ = true;
     {
@@ -94,6 +97,21 @@ class GlooCommunicator final : public Communicator {
   std::chrono::milliseconds WaitTimeout(Deadline deadline) const {
     return std::max(std::chrono::milliseconds(0),
                     std::min(options_.op_timeout, deadline.remaining()));
+  }
+
+  class GlooPeerBatch;
+  // Removes `bufs` from the buffers Abort() wakes.
+  void Forget(const std::vector<std::unique_ptr<UnboundBuffer>>& bufs) {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    for (const auto& b : bufs) {
+      auto it = std::find(inflight_.begin(), inflight_.end(), b.get());
+      if (it != inflight_.end()) inflight_.erase(it);
+    }
+  }
+  // After a failed point-to-point wait: the same teardown as a failed collective.
+  void FailPeers() {
+    aborted_ = true;
+    Abort();
   }
 
   template <typename Body>
@@ -185,11 +203,9 @@ Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, D
   }
   struct Unregister {
     GlooCommunicator* self;
-    ~Unregister() {
-      std::lock_guard<std::mutex> lock(self->inflight_mu_);
-      self->inflight_.clear();
-    }
-  } unregister{this};
+    const std::vector<std::unique_ptr<UnboundBuffer>>& bufs;
+    ~Unregister() { self->Forget(bufs); }
+  } unregister{this, bufs};
   auto aborted = [&] { return Aborted("Abort() called while waiting for " + op.waiting_for); };
   if (aborted_) return Aborted("Abort() called before the transfer started");
 
@@ -227,6 +243,128 @@ Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, D
   }
   if (aborted_) return aborted();
   return Status::Ok();
+}
+
+// Point-to-point messages go in pieces of at most this many bytes (the same cut on both
+// ends, since a receive's length equals its send's), each one Gloo message.
+constexpr size_t kPeerPieceBytes = size_t{64} << 20;
+constexpr uint8_t kPeerSlotPrefix = 0x5e;
+
+class GlooCommunicator::GlooPeerBatch final : public Communicator::PeerBatch {
+ public:
+  struct Piece {
+    std::unique_ptr<UnboundBuffer> buf;
+    int peer = 0;
+    uint32_t tag = 0;
+    bool send = false;
+    size_t bytes = 0;  // the whole message's
+  };
+  GlooPeerBatch(GlooCommunicator* comm, std::vector<Piece> pieces) : comm_(comm), pieces_(std::move(pieces)) {
+    for (const Piece& p : pieces_) owned_.push_back(p.buf.get());
+  }
+  ~GlooPeerBatch() override {
+    if (!waited_) {
+      // Unfinished messages cannot be left to complete into freed memory.
+      comm_->FailPeers();
+    }
+    std::lock_guard<std::mutex> lock(comm_->inflight_mu_);
+    for (UnboundBuffer* b : owned_) {
+      auto it = std::find(comm_->inflight_.begin(), comm_->inflight_.end(), b);
+      if (it != comm_->inflight_.end()) comm_->inflight_.erase(it);
+    }
+  }
+
+  Status Wait(Deadline deadline) override {
+    waited_ = true;
+    const std::string me = comm_->Name(comm_->rank());
+    for (Piece& p : pieces_) {
+      if (comm_->aborted_) {
+        return Aborted(fmt::format("gloo point-to-point on {}: the communicator was aborted while waiting for {} "
+                                   "(tag {})", me, comm_->Name(p.peer), p.tag));
+      }
+      auto started = Clock::now();
+      bool done = false;
+      std::string error;
+      try {
+        done = p.send ? p.buf->waitSend(comm_->WaitTimeout(deadline)) : p.buf->waitRecv(comm_->WaitTimeout(deadline));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (done) continue;
+      double waited = std::chrono::duration<double>(Clock::now() - started).count();
+      std::string what = fmt::format("gloo point-to-point on {}: {} {} {} {} (tag {})", me,
+                                     p.send ? "sending" : "receiving", HumanBytes(p.bytes),
+                                     p.send ? "to" : "from", comm_->Name(p.peer), p.tag);
+      comm_->FailPeers();
+      if (error.empty()) return Aborted(what + ": Abort() called while waiting");
+      if (IsTimeout(error)) {
+        return DeadlineExceeded(fmt::format("{}: timed out after {:.1f} s waiting for {} [gloo: {}]", what, waited,
+                                            comm_->Name(p.peer), error));
+      }
+      return Unavailable(fmt::format("{}: connection failed [gloo: {}]", what, error));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  GlooCommunicator* comm_;
+  std::vector<Piece> pieces_;
+  std::vector<UnboundBuffer*> owned_;
+  bool waited_ = false;
+};
+
+Result<std::unique_ptr<Communicator::PeerBatch>> GlooCommunicator::PostPeerBatch(
+    std::span<const PeerMessage> sends, std::span<const PeerMessage> receives) {
+  for (const PeerMessage& m : sends) {
+    if (m.peer < 0 || m.peer >= size() || m.peer == rank()) {
+      return InvalidArgument(fmt::format("gloo send to rank {}: not a peer of {} in a group of {}", m.peer,
+                                         Name(rank()), size()));
+    }
+  }
+  for (const PeerMessage& m : receives) {
+    if (m.peer < 0 || m.peer >= size() || m.peer == rank()) {
+      return InvalidArgument(fmt::format("gloo receive from rank {}: not a peer of {} in a group of {}", m.peer,
+                                         Name(rank()), size()));
+    }
+  }
+  std::unique_lock<std::mutex> lock(op_mu_);
+  if (aborted_ || !context_) {
+    return Aborted(fmt::format("gloo point-to-point on {}: communicator was aborted by an earlier failure",
+                               Name(rank())));
+  }
+  std::vector<GlooPeerBatch::Piece> pieces;
+  try {
+    // Receives first: a peer's sends then find them posted.
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool send = pass == 1;
+      for (const PeerMessage& m : send ? sends : receives) {
+        const uint64_t slot = gloo::Slot::build(kPeerSlotPrefix, m.tag);
+        for (size_t off = 0; off < m.data.size(); off += kPeerPieceBytes) {  // empty: nothing moves
+          const size_t n = std::min(kPeerPieceBytes, m.data.size() - off);
+          GlooPeerBatch::Piece p{context_->createUnboundBuffer(m.data.data() + off, n), m.peer, m.tag, send,
+                                 m.data.size()};
+          {
+            std::lock_guard<std::mutex> inflight(inflight_mu_);
+            inflight_.push_back(p.buf.get());
+          }
+          if (send) {
+            p.buf->send(m.peer, slot);
+          } else {
+            p.buf->recv(m.peer, slot);
+          }
+          pieces.push_back(std::move(p));
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::vector<std::unique_ptr<UnboundBuffer>> bufs;
+    for (auto& p : pieces) bufs.push_back(std::move(p.buf));
+    Forget(bufs);
+    aborted_ = true;
+    context_.reset();
+    return Unavailable(fmt::format("gloo point-to-point on {}: posting failed [gloo: {}]", Name(rank()), e.what()));
+  }
+  return std::unique_ptr<PeerBatch>(std::make_unique<GlooPeerBatch>(this, std::move(pieces)));
 }
 
 Status GlooCommunicator::BroadcastGloo(std::span<std::byte> data, int root, Deadline deadline,

@@ -65,6 +65,11 @@ std::unique_ptr<TensorStream> CheckedStream(std::unique_ptr<TensorStream> inner,
   return std::make_unique<Checked>(std::move(inner), metadata);
 }
 
+Result<std::unique_ptr<TensorStream>> WeightSource::IterateHeld() {
+  if (!HeldNames()) return Iterate();
+  return Unimplemented("this source holds part of the model but has no pass over its held names");
+}
+
 Status DrainChecked(WeightSource& source) {
   WSYNC_ASSIGN_OR_RETURN(auto inner, source.Iterate());
   auto stream = CheckedStream(std::move(inner), source.metadata());

@@ -6,7 +6,8 @@ namespace wsync {
 
 class SyncPass::Outer final : public TensorStream {
  public:
-  explicit Outer(std::unique_ptr<TensorStream> checked) : checked_(std::move(checked)) {}
+  explicit Outer(std::unique_ptr<TensorStream> checked, std::shared_ptr<const void> keep = nullptr)
+      : keep_(std::move(keep)), checked_(std::move(checked)) {}
   Result<bool> Next(TensorRef* out) override {
     if (failed_) return FailedPrecondition("the sync's pass already failed");
     Result<bool> more = checked_->Next(out);
@@ -17,6 +18,7 @@ class SyncPass::Outer final : public TensorStream {
   bool complete() const { return complete_; }
 
  private:
+  std::shared_ptr<const void> keep_;  // what checked_ is checked against, when the pass owns it
   std::unique_ptr<TensorStream> checked_;
   bool failed_ = false;
   bool complete_ = false;
@@ -56,6 +58,14 @@ Result<std::shared_ptr<TensorStream>> SyncPass::Stream() {
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
     outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()));
   }
+  return std::shared_ptr<TensorStream>(outer_);
+}
+
+Result<std::shared_ptr<TensorStream>> SyncPass::HeldStream(const std::vector<TensorMeta>& held) {
+  if (outer_) return FailedPrecondition("a sync makes one pass over its source");
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.IterateHeld());
+  auto owned = std::make_shared<const std::vector<TensorMeta>>(held);
+  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), *owned), owned);
   return std::shared_ptr<TensorStream>(outer_);
 }
 

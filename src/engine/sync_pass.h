@@ -32,6 +32,10 @@ class SyncPass {
   // same stream on later ones. A caller may keep it past the sync (a data plane whose
   // thread outlives an abort).
   Result<std::shared_ptr<TensorStream>> Stream();
+  // The pass over the held names instead (WeightSource::IterateHeld), checked against
+  // `held`: the metadata of the names the source holds, in metadata order. A sync makes
+  // one pass: either Stream() or HeldStream(), not both.
+  Result<std::shared_ptr<TensorStream>> HeldStream(const std::vector<TensorMeta>& held);
   // A WeightSource over the same pass (the source's metadata; Iterate() hands out the
   // stream once), for code that takes a source.
   WeightSource& AsSource();

@@ -13,12 +13,15 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
 namespace wsync {
+
+class ShardingTable;  // model/sharding.h
 
 class WorkerSink {
  public:
@@ -42,6 +45,17 @@ class WorkerSink {
   // The copies Load(hf) would make, appended to `out`.
   virtual Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
     return Unimplemented("this worker sink does not plan copies");
+  }
+  // Slices (the sharded backend): a worker that keeps shards says which (its sharding
+  // table; null when it takes whole HF tensors only).
+  virtual const ShardingTable* sharding() const { return nullptr; }
+  // Lands one piece of one parameter: table.params()[param].pieces[piece], its byte runs
+  // (ShardingTable::Runs) packed back to back in `packed`, which lies on `where` (host
+  // memory, or the sink's own device). InvalidArgument for an index outside the table or
+  // a length other than the piece's; nothing is written then. The copies may complete
+  // asynchronously until the chunk's ChunkLanded() returns.
+  virtual Status LoadPiece(int param, int piece, std::span<const std::byte> packed, const Device& where) {
+    return Unimplemented("this worker sink does not take slices");
   }
   // Every tensor of the current chunk has been loaded; its views are released after this
   // returns. An error fails the update as a Load error does.

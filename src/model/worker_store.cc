@@ -186,6 +186,42 @@ Status WorkerStore::Load(const TensorRef& hf) {
   return Status::Ok();
 }
 
+Status WorkerStore::LoadPiece(int param, int piece, std::span<const std::byte> packed, const Device& where) {
+  if (param < 0 || static_cast<size_t>(param) >= table_.params().size() || piece < 0 ||
+      static_cast<size_t>(piece) >= table_.params()[param].pieces.size()) {
+    return InvalidArgument(fmt::format("worker tp{}/{}: no piece {} of parameter {}", tp_rank(), tp_size(), piece,
+                                       param));
+  }
+  const PieceRuns r = table_.Runs(param, piece);
+  const std::string& name = table_.params()[param].meta.name;
+  if (static_cast<int64_t>(packed.size()) != r.count * r.run_bytes) {
+    return InvalidArgument(fmt::format("piece {} of {} is {} bytes, {} arrived", piece, name, r.count * r.run_bytes,
+                                       packed.size()));
+  }
+  WSYNC_RETURN_IF_ERROR(CheckResident(name));
+  if (!(where.is_cpu() || where == device_)) {
+    return InvalidArgument(fmt::format("piece {} of {} arrived on {}; the shards are on {}", piece, name,
+                                       where.ToString(), device_.ToString()));
+  }
+  std::byte* dst = param_data_[param];
+  if (!device_.is_cpu()) {
+    WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
+    pending_device_copies_ = true;
+    return rt->Copy2D(dst + r.dst_offset, r.dst_stride, packed.data(), r.run_bytes, r.run_bytes, r.count);
+  }
+  for (int64_t o = 0; o < r.count; ++o) {
+    std::memcpy(dst + r.dst_offset + o * r.dst_stride, packed.data() + o * r.run_bytes, r.run_bytes);
+  }
+  return Status::Ok();
+}
+
+Status WorkerStore::ChunkLanded() {
+  if (!pending_device_copies_) return Status::Ok();
+  pending_device_copies_ = false;
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
+  return rt->Synchronize().WithContext(fmt::format("landing slices in the shards on {}", device_.ToString()));
+}
+
 Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   const std::byte* src = hf.bytes.data();

@@ -89,6 +89,12 @@ class WorkerStore final : public WorkerSink {
   bool PlansCopies() const override { return true; }
   Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const override;
 
+  // The sharded backend's slices (worker_sink.h). A CUDA store's copies complete in
+  // ChunkLanded().
+  const ShardingTable* sharding() const override { return &table_; }
+  Status LoadPiece(int param, int piece, std::span<const std::byte> packed, const Device& where) override;
+  Status ChunkLanded() override;
+
   // A host store with the same table and a copy of every parameter's bytes (for
   // read-back and checksums of a CUDA store; for a host store, a plain copy).
   Result<std::unique_ptr<WorkerStore>> CopyToHost() const;
@@ -131,6 +137,7 @@ class WorkerStore final : public WorkerSink {
   std::atomic<size_t> offloaded_bytes_{0};
   std::unique_ptr<OffloadFile> offload_file_;  // host stores, while offloaded
   HostBuffer offload_host_;                    // CUDA stores, while offloaded
+  bool pending_device_copies_ = false;         // LoadPiece copies not yet synchronized
 };
 
 // A TP group is the stores of one model replica, indexed by tp_rank. OK when every entry

@@ -1,0 +1,86 @@
+// The `sharded` backend's wire format: the init payload a trainer sends each server.
+//
+// The fields follow SkyRL's ShardedRDTWeightTransferInitInfo (reference/
+// skyrl_weight_sync.md §2.3) where they carry the same facts: the model as the trainer
+// streams it (`names`, `dtype_names`, `shapes`, `group_lens`), who holds what
+// (`owner_sets`, `name_owner_class`), `num_consumers`, `workers_per_replica`, and the
+// per-server stamps `replica_rank` / `num_replicas` (RdtReplicaStamps). Ray's actor names
+// and NIXL buffers have no counterpart: wsync's data plane is a point-to-point group of
+// every trainer rank (ranks 0..num_producers-1) and every worker of the fleet (rank
+// num_producers + consumer id), met through the trainer's rendezvous store (Gloo, CPU) or
+// an NCCL unique id (GPU), as the nccl backend's (nccl/init_info.h).
+//
+// wsync's own fields:
+//   consumer_offset     fleet id of worker 0 of this server's deployment (SkyRL's
+//                       replica_rank * workers_per_replica when every deployment has the
+//                       same size; per-deployment sums otherwise)
+//   deployment_workers  workers of this server's deployment (tp * dp): its routing block
+//   plan_digests        the trainer's ConsumerPlan digest of every worker of the
+//                       deployment, by deployment index (dp_index * tp + tp_rank)
+//   world_size          num_producers + num_consumers
+//   num_buffers         receive buffers per worker (chunks in flight), >= 1
+//   gloo_* / nccl_unique_id_b64, rank_labels, timeout_seconds, wsync_protocol
+//
+// Untrusted: every integer is range-checked before it sizes anything (names and owner
+// sets are bounded by the model the server holds; the server checks them against it).
+// Unknown fields are rejected. Pure data and functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+inline constexpr int kShardedProtocolVersion = 1;
+// Bounds on the counts init_info carries, far above any real fleet or model.
+inline constexpr int64_t kMaxShardedRanks = int64_t{1} << 16;     // producers, consumers
+inline constexpr int64_t kMaxShardedTensors = int64_t{1} << 22;   // names
+inline constexpr int64_t kMaxShardedBuffers = 16;
+
+struct ShardedInitInfo {
+  // The model as the trainer streams it.
+  std::vector<TensorMeta> tensors;  // names, dtype_names, shapes
+  std::vector<int> group_lens;
+  // Who holds what.
+  std::vector<std::vector<int>> owner_sets;
+  std::vector<int> name_owner_class;
+  int num_producers = 1;
+  int num_consumers = 1;
+  int workers_per_replica = 0;  // SkyRL's; 0 when deployments differ in size
+  int replica_rank = 0;
+  int num_replicas = 1;
+  // wsync's.
+  int consumer_offset = 0;
+  int deployment_workers = 1;
+  std::vector<std::string> plan_digests;  // by deployment index
+  int world_size = 2;
+  int num_buffers = 2;
+  // Data plane rendezvous: exactly one of the store (Gloo) and the unique id (NCCL).
+  std::optional<std::string> gloo_store_host;
+  std::optional<int> gloo_store_port;
+  std::optional<std::string> gloo_prefix;
+  std::optional<std::string> nccl_unique_id_b64;
+  std::vector<std::string> rank_labels;  // names of ranks, for error messages
+  std::optional<double> timeout_seconds;
+  int wsync_protocol = kShardedProtocolVersion;
+
+  bool uses_gloo() const { return gloo_store_host.has_value(); }
+  // The group rank of consumer `consumer`.
+  int RankOf(int consumer) const { return num_producers + consumer; }
+  nlohmann::json ToJson() const;
+  // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one:
+  // counts within the bounds above, world_size == num_producers + num_consumers,
+  // consumer_offset + deployment_workers <= num_consumers, plan_digests of
+  // deployment_workers entries, owner set members in [0, num_producers), class ids within
+  // owner_sets, group_lens positive and summing to the tensor count, one rendezvous.
+  static Result<ShardedInitInfo> Parse(const nlohmann::json& j);
+};
+
+}  // namespace wsync

@@ -1,0 +1,32 @@
+// The `sharded` backend, trainer side: every trainer rank is a producer. At init the
+// ranks agree on the model (metadata digest) and who holds what (one all-gather of held
+// masks), rank 0 discovers the fleet and plans every worker's chunks (plan/sharded_plan.h),
+// and all ranks and workers join one point-to-point group. Per sync each rank iterates
+// its held pass once, group by group, packs each group's chunks for the workers that pull
+// them from it and sends them, keeping at most `lookahead + 1` groups resident.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "wsync/status.h"
+#include "wsync/trainer.h"
+
+namespace wsync {
+
+struct ShardedTrainerOptions {
+  // The model the servers hold: a registered name or a directory with config.json (the
+  // sharding tables are the model's). Option `model`.
+  std::string model;
+  // Groups packed ahead of the one whose sends are still in flight. Option `lookahead`.
+  int lookahead = 1;
+};
+
+Result<ShardedTrainerOptions> ParseShardedTrainerOptions(const std::map<std::string, std::string>& values);
+
+Result<std::unique_ptr<TrainerEngine>> CreateShardedTrainer(const TrainerOptions& options);
+Result<std::unique_ptr<TrainerEngine>> CreateShardedTrainerWith(const TrainerOptions& options,
+                                                                const ShardedTrainerOptions& sharded);
+
+}  // namespace wsync

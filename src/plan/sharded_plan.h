@@ -1,0 +1,174 @@
+// The `sharded` backend's static plan: which trainer rank sends which slices of which HF
+// tensors to which inference worker, decided once at init from the sharding tables.
+//
+// Trainer ranks are PRODUCERS (0..P-1); inference workers are CONSUMERS, numbered across
+// the fleet (0..C-1). The model streams in the trainer's metadata order, cut into layer
+// groups (sources/groups.h; `group_lens` counts each group's tensors in order). Each
+// trainer rank holds some names (WeightSource::HeldNames); ResolveOwnership turns the
+// ranks' held masks into OWNER CLASSES (deduplicated owner sets), as SkyRL does.
+//
+// A consumer keeps the slices its ShardingTable lists (model/sharding.h): for every piece
+// of every parameter, the piece's byte runs of one HF tensor. Its plan has ONE CHUNK per
+// (group, owner class) it needs anything from, in group order then class order; the
+// chunk's slices are that group's pieces of that class's names, in the stream's tensor
+// order then the table's piece order, each at a 16-byte aligned offset, packed as the
+// piece's runs back to back (PackSlice / the sink's LoadPiece). Its producer is SkyRL's
+// RdtRouter choice, generalised to fleets whose deployments differ in size: within the
+// chunk's owner set, consumer `block_index` of a deployment of `block_size` workers binds
+// AssignProducerIndices(|owners|, block_size, block_index) and takes entry
+// group % (that many) of them (rotation per GROUP, so a group's names of one class come
+// from one producer; the block is carved per deployment, so worker w of every replica of
+// one shape resolves the same producer). With every deployment of one size this is
+// exactly RdtRouter(..., workers_per_replica = that size).
+//
+// Both sides compute plans independently (the trainer every consumer's, a server its own
+// workers'); ConsumerPlan::digest (hex SHA-256 of a canonical text of the plan: consumer,
+// chunks, producers, slices with tensor and parameter names, offsets and sizes) is
+// compared at init, and a mismatch fails init naming both digests.
+//
+// A producer's view (PlanProducer) lists, per group, one SEND per distinct chunk: the
+// consumers whose chunks of that group from this producer are byte-identical (same table
+// shape and same slices at the same offsets) share one packed buffer, so the trainer's
+// memory does not grow with the number of deployments (SkyRL's slot sharing). A message's
+// tag on the wire is the chunk's index in its consumer's plan.
+//
+// Pure functions and immutable results; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/sharding.h"
+#include "wsync/status.h"
+#include "wsync/tensor.h"
+
+namespace wsync {
+
+// SkyRL's assign_producer_indices: the positions in an owner set of `producers` ranks
+// that consumer `consumer` of a block of `consumers` binds. P >= C: the contiguous range
+// [c*P/C, (c+1)*P/C); P < C: the single position c*P/C.
+std::vector<int> AssignProducerIndices(int producers, int consumers, int consumer);
+
+// SkyRL's metadata digest: the first 16 hex digits of SHA-256 over "<count>\n" followed by
+// the names joined with "\n". Ranks that describe different models disagree on it.
+std::string MetadataDigest(const std::vector<std::string>& names);
+
+struct Ownership {
+  // By class: the trainer ranks that hold the class's names, ascending. Classes are
+  // numbered by the first name (in stream order) that has them.
+  std::vector<std::vector<int>> owner_sets;
+  // By tensor (stream order): its class.
+  std::vector<int> name_owner_class;
+  friend bool operator==(const Ownership&, const Ownership&) = default;
+};
+
+// held[r][i]: trainer rank r holds tensor i (every row as long as `names`).
+// InvalidArgument naming the first tensor no rank holds, a rank that holds nothing, or a
+// row of the wrong length.
+Result<Ownership> ResolveOwnership(const std::vector<std::string>& names,
+                                   const std::vector<std::vector<bool>>& held);
+
+// SkyRL's RdtRouter, for one fleet of uniform deployments (kept for its exact vectors).
+class RdtRouter {
+ public:
+  // `group_lens`: tensors per group, in stream order (they sum to the tensor count).
+  // workers_per_replica 0: the whole fleet is one block. InvalidArgument when it does not
+  // divide num_consumers, an owner set is empty or names a rank outside
+  // [0, num_producers), a class id is out of range, or the group lengths do not add up.
+  static Result<RdtRouter> Create(int num_producers, int num_consumers, Ownership ownership,
+                                  const std::vector<int>& group_lens, int workers_per_replica = 0);
+  // The trainer rank consumer `consumer_id` pulls tensor `tensor` from.
+  int ProducerFor(int consumer_id, int tensor) const;
+  // The union of the owners of group `group`'s tensors, ascending (who a consumer tells
+  // that it is done with the group).
+  std::vector<int> GroupOwners(int group) const;
+
+ private:
+  RdtRouter() = default;
+  int num_producers_ = 0;
+  int num_consumers_ = 0;
+  int block_consumers_ = 0;
+  Ownership ownership_;
+  std::vector<int> group_of_;  // by tensor
+  std::vector<std::vector<int>> group_owners_;
+};
+
+// The model as the trainer streams it, with who holds what: the same on both sides.
+struct ShardedStream {
+  std::vector<TensorMeta> tensors;  // stream (metadata) order, group-contiguous
+  std::vector<int> group_lens;      // tensors per group, in order
+  Ownership ownership;
+  int num_producers = 1;
+};
+
+// Where one consumer sits: its fleet-global id and its routing block (its deployment).
+struct ConsumerSpot {
+  int consumer = 0;     // fleet-global id
+  int block_index = 0;  // dp_index * tp + tp_rank within its deployment
+  int block_size = 1;   // workers of its deployment (tp * dp)
+};
+
+struct PlanSlice {
+  int tensor = 0;     // index into ShardedStream::tensors
+  int param = 0;      // index into the consumer's ShardingTable::params()
+  int piece = 0;      // index into that parameter's pieces
+  size_t offset = 0;  // in the chunk; a multiple of 16
+  size_t bytes = 0;   // the piece's runs: count * run_bytes
+  friend bool operator==(const PlanSlice&, const PlanSlice&) = default;
+};
+
+struct PlanChunk {
+  int group = 0;
+  int owner_class = 0;
+  int producer = 0;  // trainer rank
+  size_t bytes = 0;  // the end of its last slice
+  std::vector<PlanSlice> slices;
+  friend bool operator==(const PlanChunk&, const PlanChunk&) = default;
+};
+
+struct ConsumerPlan {
+  int consumer = 0;
+  std::vector<PlanChunk> chunks;  // group order, then owner class
+  std::string digest;             // hex SHA-256 of the canonical text (see above)
+  size_t bytes() const;           // every chunk's bytes
+  size_t max_chunk_bytes() const;
+};
+
+// The plan of the worker `table` describes, at `spot`. Every tensor the table has pieces
+// of must be in the stream with the table's dtype and shape (else InvalidArgument naming
+// it); stream tensors the worker keeps nothing of are skipped; a stream tensor the model
+// does not have is InvalidArgument naming it.
+Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTable& table,
+                                  const ConsumerSpot& spot);
+
+// One packed buffer a producer sends for one group, to each consumer listed.
+struct ProducerSend {
+  int group = 0;
+  std::vector<int> consumers;  // fleet-global ids, ascending
+  std::vector<int> chunks;     // for each consumer, the chunk's index in its plan (the tag)
+  // Where the layout lives: plans[plan].chunks[chunk] of the `plans` PlanProducer got
+  // (any sharer's; all are identical).
+  int plan = 0;
+  int chunk = 0;
+  size_t bytes = 0;
+};
+
+struct ProducerPlan {
+  int producer = 0;
+  std::vector<std::vector<ProducerSend>> by_group;  // indexed by group
+  size_t max_group_bytes = 0;  // the largest sum of one group's distinct packed buffers
+  size_t bytes_sent = 0;       // per sync, each consumer's copy counted
+};
+
+// What `producer` sends, from every consumer's plan (indexed by position in `plans`,
+// whose `consumer` fields are the ids). `num_groups` sizes by_group.
+ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans);
+
+// Copies slice `s` of a consumer whose table is `table` out of its HF tensor's bytes
+// (`hf`, the whole tensor, host memory) into `chunk` at s.offset (host memory).
+void PackSliceHost(const ShardingTable& table, const PlanSlice& s, const std::byte* hf, std::byte* chunk);
+
+}  // namespace wsync
