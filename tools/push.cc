@@ -124,6 +124,10 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   TrainerOptions topts = args.trainer;
+  // The sharded backend plans from the servers' model: the one the weights are of.
+  if (topts.backend == "sharded" && !topts.backend_options.count("model")) {
+    topts.backend_options["model"] = args.checkpoint.empty() ? args.model : args.checkpoint;
+  }
   auto current_sync = std::make_shared<int>(0);
   topts.progress = ProgressPrinter(current_sync);
   // --trainer-ranks N: rank 0 sends from its shards, ranks 1..N-1 drain theirs.
@@ -132,7 +136,8 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     std::optional<ModelConfig> config;
     auto found = LookupModel(args.checkpoint.empty() ? args.model : args.checkpoint);
     if (found.ok()) config = *found;
-    fmt::print(stderr, "starting {} trainer ranks, layout {}\n", args.trainer_ranks, args.trainer_layout);
+    fmt::print(stderr, "starting {} trainer ranks, layout {}; connecting to {} server(s)\n", args.trainer_ranks,
+               args.trainer_layout, topts.servers.size());
     WSYNC_ASSIGN_OR_RETURN(ranks, TrainerRanks::Start(args.trainer_ranks, args.trainer_layout,
                                                       config ? &*config : nullptr, trainer->tensors(), topts));
   }
@@ -147,9 +152,12 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
                device_source->device_buffer().size() / 1e9);
   }
   WeightSource& send_source = device_source ? static_cast<WeightSource&>(*device_source) : trainer->source();
-  WSYNC_ASSIGN_OR_RETURN(auto engine, CreateTrainerEngine(topts));
-  fmt::print(stderr, "connecting to {} server(s)\n", topts.servers.size());
-  WSYNC_RETURN_IF_ERROR(engine->Init(trainer->metadata()).WithContext("init_weight_transfer_engine"));
+  std::unique_ptr<TrainerEngine> engine;
+  if (!ranks) {
+    WSYNC_ASSIGN_OR_RETURN(engine, CreateTrainerEngine(topts));
+    fmt::print(stderr, "connecting to {} server(s)\n", topts.servers.size());
+    WSYNC_RETURN_IF_ERROR(engine->Init(send_source).WithContext("init_weight_transfer_engine"));
+  }
 
   std::vector<SyncRow> rows;
   PrintHeader();
@@ -165,7 +173,7 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     if (step == args.steps) version = args.weight_version;
     if (ranks) {
       if (step > 0) WSYNC_RETURN_IF_ERROR(ranks->Refresh(trainer->tensors()));
-      WSYNC_ASSIGN_OR_RETURN(row.stats, ranks->Sync(*engine, version));
+      WSYNC_ASSIGN_OR_RETURN(row.stats, ranks->Sync(version));
     } else {
       if (device_source && step > 0) WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
       WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(send_source, version));

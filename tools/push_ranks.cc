@@ -43,12 +43,16 @@ Result<std::unique_ptr<TrainerRanks>> TrainerRanks::Start(int ranks, const std::
         WSYNC_ASSIGN_OR_RETURN(t->impl_->groups[r], TrainerGroup::Connect(g, layout, r));
         WSYNC_ASSIGN_OR_RETURN(t->sources_[r], BuildRankSource(*t->impl_->groups[r], layout, config, full,
                                                                options.timeout_seconds));
-        if (r == 0) return Status::Ok();
         TrainerOptions o = options;
         o.rank = r;
-        o.progress = nullptr;
+        if (r != 0) o.progress = nullptr;
+        if (o.backend == "sharded") o.comm = t->impl_->groups[r]->comm();
         WSYNC_ASSIGN_OR_RETURN(t->engines_[r], CreateTrainerEngine(o));
-        return t->engines_[r]->Init(t->sources_[r]->metadata());
+        Status s = t->engines_[r]->Init(*t->sources_[r]);
+        // A rank whose Init failed stops the group, so that ranks waiting on it in a
+        // collective of Init fail at once.
+        if (!s.ok()) t->impl_->groups[r]->Stop(s);
+        return s;
       }();
     });
   }
@@ -64,7 +68,7 @@ Status TrainerRanks::Refresh(const std::vector<HostTensor>& full) {
   return Status::Ok();
 }
 
-Result<SyncStats> TrainerRanks::Sync(TrainerEngine& sender, const std::optional<std::string>& version) {
+Result<SyncStats> TrainerRanks::Sync(const std::optional<std::string>& version) {
   const size_t n = sources_.size();
   std::vector<Status> status(n);
   std::vector<std::thread> threads;
@@ -76,7 +80,7 @@ Result<SyncStats> TrainerRanks::Sync(TrainerEngine& sender, const std::optional<
       if (!status[r].ok()) impl_->groups[r]->Stop(status[r]);
     });
   }
-  Result<SyncStats> stats = sender.SendWeights(*sources_[0], version);
+  Result<SyncStats> stats = engines_[0]->SendWeights(*sources_[0], version);
   if (!stats.ok()) impl_->groups[0]->Stop(stats.status());
   for (auto& th : threads) th.join();
   // One error goes up; the other ranks' are logged here, where they are decided.

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   s->add_option("--dp", serve.dp, "data-parallel size of the deployment")->capture_default_str();
   s->add_option("--dp-rank", serve.dp_rank, "host only this DP rank (external load balancing); default: all")->capture_default_str();
   s->add_option("--device", serve.device, "where shards live: cpu or cuda:N")->capture_default_str();
-  s->add_option("--backend", serve.backend, "weight-transfer backend: nccl, ipc or delta")->capture_default_str();
+  s->add_option("--backend", serve.backend, "weight-transfer backend: nccl, ipc, delta or sharded")->capture_default_str();
   s->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on every route but /health")->envname("WSYNC_API_KEY");
   s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
   s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> servers;
   auto* p = app.add_subcommand("push", "act as a trainer: sync weights to servers, optionally over synthetic RL steps");
   p->add_option("--servers", servers, "server URLs, comma-separated, deployment-major")->required();
-  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: nccl, ipc or delta")->capture_default_str();
+  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: nccl, ipc, delta or sharded")->capture_default_str();
   auto* ckpt = p->add_option("--checkpoint", push.checkpoint, "directory of *.safetensors to sync");
   auto* model = p->add_option("--model", push.model, "registered model or config.json directory for synthetic weights");
   ckpt->excludes(model);
@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
   p->add_option("--backend-option", backend_flags,
                 "KEY=VALUE setting of the backend (repeatable): nccl piece_mb; ipc mode=auto|packed|zero_copy, "
                 "export_kind=cuda_ipc|cuda_fd, backing=memfd|posix_shm, stall_after_chunks=N (tests); delta "
-                "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir");
+                "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir; sharded "
+                "model (default: --model), lookahead");
   std::map<std::string, std::string> named_backend_flags;
   for (const auto& [flag, key, help] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"--sync-dir", "sync_dir", "delta: directory shared with the servers"},
@@ -167,12 +168,14 @@ int main(int argc, char** argv) {
             "$TMPDIR/skyrl_delta_checkpoints/<sync dir name>_<hash>)"},
            {"--ipc-mode", "mode", "ipc: auto, packed or zero_copy (default auto)"},
            {"--ipc-export-kind", "export_kind", "ipc on a GPU: cuda_ipc or cuda_fd (default cuda_ipc)"},
-           {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"}}) {
+           {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"},
+           {"--lookahead", "lookahead",
+            "sharded: layer groups a trainer rank packs ahead of the one still on the wire (default 1)"}}) {
     p->add_option(flag, named_backend_flags[key], help);
   }
   bool unpacked = false;
   p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
-  p->add_option("--trainer-ranks", push.trainer_ranks, "trainer ranks, run as threads; rank 0 sends")->capture_default_str();
+  p->add_option("--trainer-ranks", push.trainer_ranks, "trainer ranks, run as threads; rank 0 sends (sharded: every rank sends what it holds)")->capture_default_str();
   p->add_option("--trainer-layout", push.trainer_layout, "how ranks shard the model: fsdp or tpXppYepZ[etpW] (e.g. tp2pp2ep1, tp2pp1ep2etp2)")->capture_default_str();
 
   DemoArgs demo;

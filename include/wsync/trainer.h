@@ -88,6 +88,11 @@ class TrainerEngine {
   virtual ~TrainerEngine() = default;
   // `metadata` is the model the source will send; it sizes the packed buffers.
   virtual Status Init(const std::vector<TensorMeta>& metadata) = 0;
+  // Init from the source this rank will send: its metadata, and for a backend whose
+  // ranks each send only what they hold (`sharded`), its HeldNames(), which every later
+  // sync's source must then hold too (else the sync fails on every rank, naming the
+  // rank). Default: Init(source.metadata()).
+  virtual Status Init(const WeightSource& source) { return Init(source.metadata()); }
   // Syncs `source` to every server in one pass over it. Its metadata must list the
   // tensors Init() saw, in any order (else InvalidArgument naming a differing tensor,
   // before anything reaches the servers). Each tensor is checked against the metadata as it streams: a

@@ -42,6 +42,8 @@ struct PlaneInit {
   const std::vector<TensorMeta>& metadata;
   const SessionDriver* driver = nullptr;
   const Fleet* fleet = nullptr;
+  // The names this rank holds (TrainerEngine::Init(source)); nullopt: all of them.
+  const std::optional<std::vector<std::string>>& held;
 };
 
 // One sync, as the engine runs it.

@@ -41,7 +41,19 @@ class Engine final : public TrainerEngine {
   }
   ~Engine() override { Shutdown(); }
 
+  Status Init(const WeightSource& source) override {
+    held_ = source.HeldNames();
+    held_checked_ = true;
+    return InitMetadata(source.metadata());
+  }
+
   Status Init(const std::vector<TensorMeta>& metadata) override {
+    held_.reset();
+    held_checked_ = false;
+    return InitMetadata(metadata);
+  }
+
+  Status InitMetadata(const std::vector<TensorMeta>& metadata) {
     metadata_ = metadata;
     by_name_.clear();
     for (const TensorMeta& m : metadata_) by_name_.emplace(m.name, &m);
@@ -60,7 +72,14 @@ class Engine final : public TrainerEngine {
     sync.stats.tensors = source.metadata().size();
     if (!Runs()) return Drain(sync, total);
     if (!initialized_) return FailedPrecondition("call Init() before SendWeights()");
-    WSYNC_ASSIGN_OR_RETURN(bool ready, plane_->Ready(CheckMetadata(metadata_, by_name_, source.metadata())));
+    Status mine = CheckMetadata(metadata_, by_name_, source.metadata());
+    if (mine.ok() && held_checked_ && source.HeldNames() != held_) {
+      mine = InvalidArgument(fmt::format(
+          "trainer rank {}: the source holds other names than the one Init() saw ({} then, {} now); call Init "
+          "with the new source", options_.rank, held_ ? fmt::format("{} names", held_->size()) : "all",
+          source.HeldNames() ? fmt::format("{} names", source.HeldNames()->size()) : "all"));
+    }
+    WSYNC_ASSIGN_OR_RETURN(bool ready, plane_->Ready(mine));
     if (!ready) {
       WSYNC_LOG_INFO("trainer rank {}: the data plane is down after a failed sync; initializing it again",
                      options_.rank);
@@ -78,7 +97,7 @@ class Engine final : public TrainerEngine {
   bool Runs() const { return options_.rank == 0 || plane_->AllRanks(); }
 
   Status InitPlane() {
-    PlaneInit init{options_, metadata_};
+    PlaneInit init{options_, metadata_, nullptr, nullptr, held_};
     Fleet fleet;
     if (driver_) {
       WSYNC_ASSIGN_OR_RETURN(fleet, driver_->Discover());
@@ -180,6 +199,8 @@ class Engine final : public TrainerEngine {
   std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
   std::vector<bool> prefix_caching_;       // per server, probed at each InitPlane
   std::vector<TensorMeta> metadata_;       // what Init planned for
+  std::optional<std::vector<std::string>> held_;  // the names Init's source held (nullopt: all)
+  bool held_checked_ = false;  // Init(source): each sync's source must hold held_
   std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into metadata_
   bool initialized_ = false;
 };

@@ -14,7 +14,7 @@
 
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/protocol.h"
-#include "backends/ipc/rank_exchange.h"
+#include "engine/rank_exchange.h"
 #include "backends/ipc/storage_layout.h"
 #include "comm/communicator.h"
 #include "control/session_driver.h"
@@ -78,7 +78,7 @@ class IpcPlane final : public DataPlane {
       return region_ != nullptr;
     }
     WSYNC_ASSIGN_OR_RETURN(Communicator * comm, RankComm());
-    json j = mine.ok() ? json{{"down", !session_}} : ErrorJson(mine);
+    json j = mine.ok() ? json{{"down", !session_}} : StatusToJson(mine);
     WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
                            AllGatherStrings(*comm, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
     bool down = false;
@@ -281,7 +281,7 @@ class IpcPlane final : public DataPlane {
           if (k.ok()) key = *k;
         }
       }
-      mine = s.ok() ? json{{"key", key}} : ErrorJson(s);
+      mine = s.ok() ? json{{"key", key}} : StatusToJson(s);
     }
     WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> gathered, AllGatherStrings(comm, mine.dump(), deadline));
     std::vector<std::string> keys(ranks);
@@ -309,7 +309,7 @@ class IpcPlane final : public DataPlane {
         created = json{{"path", o->region->path()}, {"session", o->region->session()}}.dump();
         offer = std::move(*o);
       } else {
-        created = ErrorJson(o.status()).dump();
+        created = StatusToJson(o.status()).dump();
       }
     }
     WSYNC_ASSIGN_OR_RETURN(std::string got, BroadcastString(comm, created, 0, deadline));
@@ -336,7 +336,7 @@ class IpcPlane final : public DataPlane {
         desc = json{{"key", keys[rank]}, {"buffer", b.ToJson()}};
         return Status::Ok();
       }();
-      if (!s.ok()) desc = ErrorJson(s);
+      if (!s.ok()) desc = StatusToJson(s);
     }
     WSYNC_ASSIGN_OR_RETURN(gathered, AllGatherStrings(comm, desc.dump(), deadline));
 
@@ -356,7 +356,7 @@ class IpcPlane final : public DataPlane {
         }
         return OfferSession(std::move(*offer));
       }();
-      outcome = mine_status.ok() ? "{}" : ErrorJson(mine_status).dump();
+      outcome = mine_status.ok() ? "{}" : StatusToJson(mine_status).dump();
     }
     WSYNC_ASSIGN_OR_RETURN(got, BroadcastString(comm, outcome, 0, deadline));
     group_ = true;
@@ -380,16 +380,6 @@ class IpcPlane final : public DataPlane {
     device_key_ = keys[rank];
     sync_ = 0;
     return Status::Ok();
-  }
-
-  static json ErrorJson(const Status& s) {
-    return json{{"error", s.message()}, {"code", static_cast<int>(s.code())}};
-  }
-  // The status another rank put on the wire, its message prefixed with `who`.
-  static Status StatusFromJson(const json& j, const std::string& who) {
-    std::string message = j.value("error", std::string("unknown error"));
-    auto code = static_cast<StatusCode>(j.value("code", static_cast<int>(StatusCode::kInternal)));
-    return Status(code, who.empty() ? message : fmt::format("{}: {}", who, message));
   }
 
   // A rank of a group that packs nothing: the ranks' exchange, then its source's pass
@@ -715,7 +705,7 @@ class IpcPlane final : public DataPlane {
         }
       }
     }
-    if (!mine.ok()) j = ErrorJson(mine);
+    if (!mine.ok()) j = StatusToJson(mine);
     WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
                            AllGatherStrings(*static_cast<Communicator*>(options_.comm.get()), j.dump(),
                                             Deadline::InSeconds(options_.timeout_seconds)));

@@ -21,6 +21,7 @@
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/engine.h"
+#include "engine/watched.h"
 #include "plan/packing.h"
 
 namespace wsync {
@@ -28,66 +29,6 @@ namespace {
 
 using nlohmann::json;
 using Pending = SessionDriver::Pending;
-
-std::string RandomHex(int bytes) {
-  std::random_device rd;
-  std::string out;
-  for (int i = 0; i < bytes; ++i) out += fmt::format("{:02x}", rd() & 0xff);
-  return out;
-}
-
-// Runs `op` on its own thread and waits for it, for the first failure among the servers'
-// HTTP replies, or for the deadline, whichever comes first. On an HTTP failure or the
-// deadline it aborts `comm` (which wakes a blocked broadcast) and returns that error; the
-// op keeps only shared state, so it may finish after this returns.
-Status Watched(std::function<Status()> op, Communicator& comm, Pending* http,
-               Deadline deadline, const char* what) {
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    Status status;
-  };
-  auto state = std::make_shared<State>();
-  std::thread([state, op = std::move(op)] {
-    Status s = op();
-    std::lock_guard lock(state->mu);
-    state->done = true;
-    state->status = s;
-    state->cv.notify_all();
-  }).detach();
-  std::unique_lock lock(state->mu);
-  for (;;) {
-    if (state->cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return state->done; })) {
-      if (state->status.ok() || http == nullptr) return state->status;
-      // A server that dies breaks every rank's connections at once, and the collective
-      // may report a surviving rank first; the dead server's own HTTP call fails within
-      // moments, and its error is the one that names the culprit.
-      Status op_status = state->status;
-      lock.unlock();
-      Deadline grace = Deadline::InSeconds(std::min(2.0, std::max(0.0, deadline.remaining_seconds())));
-      while (!http->AnyFailed() && !http->Done() && !grace.expired()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (!http->AnyFailed()) return op_status;
-      Result<std::vector<json>> r = http->Wait(Deadline::InSeconds(1));
-      if (r.ok()) return op_status;
-      return Status(r.status().code(),
-                    fmt::format("{} (the {} failed with: {})", r.status().message(), what, op_status.message()));
-    }
-    if (http != nullptr && http->AnyFailed()) {
-      comm.Abort();
-      state->cv.wait_for(lock, std::chrono::seconds(10), [&] { return state->done; });
-      lock.unlock();
-      Result<std::vector<json>> r = http->Wait(Deadline::InSeconds(1));
-      return r.ok() ? Aborted(fmt::format("{} aborted", what)) : r.status();
-    }
-    if (deadline.expired()) {
-      comm.Abort();
-      return DeadlineExceeded(fmt::format("{} did not finish within the timeout", what));
-    }
-  }
-}
 
 class NcclPlane final : public DataPlane {
  public:

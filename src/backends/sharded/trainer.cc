@@ -1,14 +1,658 @@
 #include "backends/sharded/trainer.h"
 
-namespace wsync {
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <thread>
 
-// Skeleton: the lead replaces this.
-Result<ShardedTrainerOptions> ParseShardedTrainerOptions(const std::map<std::string, std::string>&) {
-  return ShardedTrainerOptions{};
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/nccl/staging.h"
+#include "backends/sharded/init_info.h"
+#include "comm/communicator.h"
+#include "comm/connect.h"
+#include "comm/store.h"
+#include "control/init_payloads.h"
+#include "control/session_driver.h"
+#include "core/checked_math.h"
+#include "core/log.h"
+#include "core/stopwatch.h"
+#include "engine/backend_options.h"
+#include "engine/engine.h"
+#include "engine/rank_exchange.h"
+#include "engine/watched.h"
+#include "model/config.h"
+#include "model/sharding.h"
+#include "plan/sharded_plan.h"
+#include "sources/groups.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+using Pending = SessionDriver::Pending;
+
+// One deployment of the fleet: `servers` consecutive servers that together host
+// `workers` workers of one TP size (SkyRL's data-parallel servers of one replica).
+struct Deployment {
+  int tp = 1;
+  int workers = 1;
+  int first_consumer = 0;
+  int first_server = 0;
+  int servers = 1;
+};
+
+// What rank 0 learns of the fleet and tells the other ranks: the same plan follows on all.
+struct FleetShape {
+  std::vector<Deployment> deployments;
+  std::vector<std::string> urls;
+  int num_consumers = 0;
+  // The group's rendezvous: a Gloo store, or an NCCL unique id.
+  std::string store_host;
+  int store_port = 0;
+  std::string prefix;
+  std::string nccl_id;
+
+  json ToJson() const {
+    json deps = json::array();
+    for (const Deployment& d : deployments) {
+      deps.push_back({{"tp", d.tp}, {"workers", d.workers}, {"first_consumer", d.first_consumer},
+                      {"first_server", d.first_server}, {"servers", d.servers}});
+    }
+    return json{{"deployments", deps}, {"urls", urls}, {"num_consumers", num_consumers},
+                {"store_host", store_host}, {"store_port", store_port}, {"prefix", prefix}, {"nccl_id", nccl_id}};
+  }
+  // From rank 0 of the same trainer (a peer this process trusts as itself).
+  static FleetShape FromJson(const json& j) {
+    FleetShape f;
+    for (const json& d : j.at("deployments")) {
+      f.deployments.push_back({d.at("tp").get<int>(), d.at("workers").get<int>(), d.at("first_consumer").get<int>(),
+                               d.at("first_server").get<int>(), d.at("servers").get<int>()});
+    }
+    f.urls = j.at("urls").get<std::vector<std::string>>();
+    f.num_consumers = j.at("num_consumers").get<int>();
+    f.store_host = j.at("store_host").get<std::string>();
+    f.store_port = j.at("store_port").get<int>();
+    f.prefix = j.at("prefix").get<std::string>();
+    f.nccl_id = j.at("nccl_id").get<std::string>();
+    return f;
+  }
+  bool uniform() const {
+    return std::all_of(deployments.begin(), deployments.end(),
+                       [&](const Deployment& d) { return d.workers == deployments.front().workers; });
+  }
+  // "http://host:port worker dp1/tp0" for consumer `c`.
+  std::string Label(int c) const {
+    for (const Deployment& d : deployments) {
+      if (c < d.first_consumer || c >= d.first_consumer + d.workers) continue;
+      const int j = c - d.first_consumer;
+      const int dp = j / d.tp;
+      const int dp_per_server = std::max(1, d.workers / d.tp / d.servers);
+      const int server = d.first_server + std::min(d.servers - 1, dp / dp_per_server);
+      return fmt::format("{} worker dp{}/tp{}", urls[server], dp, j % d.tp);
+    }
+    return fmt::format("consumer {}", c);
+  }
+};
+
+// One copy a group's pack makes: slice `slice` of a send's layout, from the tensor it
+// belongs to, into the group's buffer at `offset` (the send's place plus the slice's).
+struct PackStep {
+  PieceRuns runs;
+  size_t offset = 0;
+};
+
+class ShardedPlane final : public DataPlane {
+ public:
+  ShardedPlane(const TrainerOptions& o, ShardedTrainerOptions s, ModelConfig config)
+      : options_(o), sharded_(std::move(s)), config_(std::move(config)) {}
+  ~ShardedPlane() override { Shutdown(); }
+
+  bool AllRanks() const override { return true; }
+
+  Status Init(const PlaneInit& init) override {
+    Shutdown();
+    const Deadline deadline = Deadline::InSeconds(options_.timeout_seconds);
+    WSYNC_ASSIGN_OR_RETURN(rank_comm_, RankComm());
+    producers_ = rank_comm_ ? rank_comm_->size() : 1;
+    me_ = options_.rank;
+    if (!options_.device.is_cpu()) {
+      if (!HasNccl()) {
+        return Unimplemented(fmt::format("trainer device {}: this build has no NCCL; use --device cpu",
+                                         options_.device.ToString()));
+      }
+      WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
+    }
+    WSYNC_RETURN_IF_ERROR(AgreeOnOwnership(init, deadline));
+
+    // Rank 0 discovers the fleet and opens the rendezvous; every rank plans from its word.
+    std::string shape_text;
+    if (me_ == 0) {
+      Result<FleetShape> shape = DiscoverFleet(init);
+      shape_text = shape.ok() ? shape->ToJson().dump() : StatusToJson(shape.status()).dump();
+    }
+    if (producers_ > 1) {
+      WSYNC_ASSIGN_OR_RETURN(shape_text, BroadcastString(*rank_comm_, shape_text, 0, deadline));
+    }
+    json shape_json = json::parse(shape_text);
+    if (shape_json.contains("error")) return StatusFromJson(shape_json, me_ == 0 ? "" : "trainer rank 0");
+    fleet_ = FleetShape::FromJson(shape_json);
+    WSYNC_RETURN_IF_ERROR(BuildPlans());
+
+    std::shared_ptr<Pending> pending;
+    if (me_ == 0) {
+      WSYNC_ASSIGN_OR_RETURN(std::vector<json> infos, InitInfos(init));
+      pending = init.driver->InitAsync(std::move(infos));
+    }
+    WSYNC_RETURN_IF_ERROR(JoinGroup(deadline, pending.get()));
+    WSYNC_RETURN_IF_ERROR(ReserveBuffers());
+    if (pending) {
+      WSYNC_RETURN_IF_ERROR(pending->Wait(init.driver->deadlines().Http()).status());
+      if (store_) store_->ErasePrefix(fleet_.prefix);
+    }
+    WSYNC_LOG_INFO("trainer rank {}: sharded group of {} producers and {} workers is up; this rank sends {:.1f} MB "
+                   "per sync in {} groups", me_, producers_, fleet_.num_consumers, producer_.bytes_sent / 1e6,
+                   producer_.by_group.size());
+    return Status::Ok();
+  }
+
+  // Every rank answers together: any rank's error fails the sync on all; any rank's
+  // group being down re-initializes all of them.
+  Result<bool> Ready(const Status& mine) override {
+    const bool down = !comm_ || comm_->aborted();
+    if (producers_ <= 1 || rank_comm_ == nullptr) {
+      WSYNC_RETURN_IF_ERROR(mine);
+      return !down;
+    }
+    json j = mine.ok() ? json{{"down", down}} : StatusToJson(mine);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                           AllGatherStrings(*rank_comm_, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
+    bool any_down = false;
+    for (size_t r = 0; r < all.size(); ++r) {
+      json e = json::parse(all[r]);
+      if (e.contains("error")) {
+        return StatusFromJson(e, static_cast<int>(r) == me_ ? "" : fmt::format("trainer rank {}", r));
+      }
+      any_down = any_down || e["down"].get<bool>();
+    }
+    return !any_down;
+  }
+
+  Status Prepare(SyncContext& sync) override {
+    static const auto kBody = std::make_shared<const std::string>(json{{"update_info", json::object()}}.dump());
+    sync.update_body = kBody;
+    sync.stats.bytes = fleet_bytes_;
+    sync.stats.chunks = fleet_chunks_;
+    return Status::Ok();
+  }
+
+  Status Transfer(SyncContext& sync, Pending& update) override { return Produce(sync, &update); }
+
+  Result<SyncStats> SyncOtherRank(SyncContext& sync) override {
+    Stopwatch total;
+    WSYNC_RETURN_IF_ERROR(Produce(sync, nullptr).WithContext(fmt::format("trainer rank {}", me_)));
+    sync.stats.bytes = producer_.bytes_sent;
+    sync.stats.chunks = messages_;
+    sync.stats.seconds = sync.stats.transfer_seconds = total.seconds();
+    return sync.stats;
+  }
+
+  Status Abort(const Status& cause, Pending* update) override {
+    if (update != nullptr && comm_) comm_->Abort();
+    return cause;
+  }
+
+  void Shutdown() override {
+    if (comm_) comm_->Abort();
+    comm_.reset();
+  }
+
+ private:
+  Result<Communicator*> RankComm() const {
+    if (!options_.comm || options_.comm->size() <= 1) {
+      if (options_.rank != 0) {
+        return InvalidArgument(fmt::format(
+            "trainer rank {}: the sharded backend runs every trainer rank as a producer; give TrainerOptions::comm "
+            "(the trainer ranks' group)", options_.rank));
+      }
+      return nullptr;
+    }
+    auto* comm = dynamic_cast<Communicator*>(options_.comm.get());
+    if (comm == nullptr) {
+      return InvalidArgument("TrainerOptions::comm is not a wsync communicator: the sharded backend runs "
+                             "collectives among the trainer ranks");
+    }
+    if (comm->rank() != options_.rank) {
+      return InvalidArgument(fmt::format("TrainerOptions::rank {} is rank {} of TrainerOptions::comm",
+                                         options_.rank, comm->rank()));
+    }
+    return comm;
+  }
+
+  // The ranks agree on the model (SkyRL's metadata digest) and gather who holds what.
+  Status AgreeOnOwnership(const PlaneInit& init, Deadline deadline) {
+    std::vector<std::string> names;
+    names.reserve(init.metadata.size());
+    for (const TensorMeta& m : init.metadata) names.push_back(m.name);
+    std::string mask(names.size(), init.held ? '0' : '1');
+    if (init.held) {
+      std::map<std::string_view, size_t> index;
+      for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+      for (const std::string& h : *init.held) {
+        auto it = index.find(h);
+        if (it == index.end()) {
+          return InvalidArgument(fmt::format("trainer rank {} holds {}, which its metadata does not list", me_, h));
+        }
+        mask[it->second] = '1';
+      }
+    }
+    json mine{{"digest", MetadataDigest(names)}, {"held", mask}};
+    std::vector<std::string> all{mine.dump()};
+    if (producers_ > 1) {
+      WSYNC_ASSIGN_OR_RETURN(all, AllGatherStrings(*rank_comm_, mine.dump(), deadline));
+    }
+    std::vector<std::vector<bool>> held(all.size());
+    std::string first_digest;
+    for (size_t r = 0; r < all.size(); ++r) {
+      json j = json::parse(all[r]);
+      const std::string digest = j.at("digest").get<std::string>();
+      if (r == 0) first_digest = digest;
+      if (digest != first_digest) {
+        return InvalidArgument(fmt::format(
+            "trainer rank {} describes another model than rank 0 (metadata digest {} against {}): every rank's "
+            "metadata must list the WHOLE model, in the same order", r, digest, first_digest));
+      }
+      const std::string m = j.at("held").get<std::string>();
+      if (m.size() != names.size()) return Internal(fmt::format("trainer rank {} sent a held mask of {} names", r, m.size()));
+      held[r].resize(m.size());
+      for (size_t i = 0; i < m.size(); ++i) held[r][i] = m[i] == '1';
+    }
+    WSYNC_ASSIGN_OR_RETURN(Ownership ownership, ResolveOwnership(names, held));
+    WSYNC_ASSIGN_OR_RETURN(std::vector<LayerGroup> groups, LayerGroups(names));
+    stream_ = ShardedStream{};
+    stream_.tensors = init.metadata;
+    for (const LayerGroup& g : groups) stream_.group_lens.push_back(static_cast<int>(g.size()));
+    stream_.ownership = std::move(ownership);
+    stream_.num_producers = producers_;
+    group_first_.clear();
+    for (const LayerGroup& g : groups) group_first_.push_back(g.begin);
+    group_first_.push_back(names.size());
+    held_.clear();
+    held_meta_.clear();
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (held[me_][i]) {
+        held_.push_back(i);
+        held_meta_.push_back(init.metadata[i]);
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Rank 0: every server's worker count and TP size, cut into deployments.
+  Result<FleetShape> DiscoverFleet(const PlaneInit& init) {
+    const SessionDriver& driver = *init.driver;
+    Fleet fleet = *init.fleet;
+    if (!fleet.wsync) {
+      return FailedPrecondition(fmt::format("{} is not a wsync server: the sharded backend needs wsync servers "
+                                            "(wsync serve --backend sharded)", fleet.other));
+    }
+    WSYNC_RETURN_IF_ERROR(driver.WorldSizes(&fleet));
+    const int dp = options_.data_parallel_size;
+    const int servers = static_cast<int>(fleet.world_sizes.size());
+    if (dp < 1 || servers % dp != 0) {
+      return InvalidArgument(fmt::format("{} servers do not divide into deployments of --data-parallel-size {}",
+                                         servers, dp));
+    }
+    FleetShape shape;
+    shape.urls = driver.urls();
+    int64_t consumers = 0;
+    for (int first = 0; first < servers; first += dp) {
+      Deployment d;
+      d.first_server = first;
+      d.servers = dp;
+      d.workers = fleet.world_sizes[first];
+      d.tp = fleet.health[first].value("tp", 0);
+      for (int s = first; s < first + dp; ++s) {
+        const int tp = fleet.health[s].value("tp", 0);
+        if (fleet.world_sizes[s] != d.workers || tp != d.tp) {
+          return InvalidArgument(fmt::format(
+              "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but report "
+              "{} workers at tp {} and {} workers at tp {}", shape.urls[first], shape.urls[s], dp, d.workers, d.tp,
+              fleet.world_sizes[s], tp));
+        }
+      }
+      if (d.tp < 1 || d.workers % d.tp != 0) {
+        return InvalidArgument(fmt::format("{} reports {} workers at tp {}: not a whole number of TP groups",
+                                           shape.urls[first], d.workers, d.tp));
+      }
+      d.first_consumer = static_cast<int>(consumers);
+      consumers += d.workers;
+      if (consumers + producers_ > kMaxShardedRanks) {
+        return InvalidArgument(fmt::format("the fleet has more than {} workers", kMaxShardedRanks - producers_));
+      }
+      shape.deployments.push_back(d);
+    }
+    shape.num_consumers = static_cast<int>(consumers);
+    if (options_.device.is_cpu()) {
+      if (!store_) {
+        WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
+      }
+      shape.store_host = options_.store_host;
+      shape.store_port = store_->port();
+      shape.prefix = fmt::format("wsync-sharded-{}/{}", RandomHex(8), ++attempt_);
+    } else {
+      WSYNC_ASSIGN_OR_RETURN(shape.nccl_id, NewNcclGroupId());
+    }
+    return shape;
+  }
+
+  // Every worker's plan (the same on every rank), this rank's sends and its pack steps.
+  Status BuildPlans() {
+    tables_.clear();
+    plans_.clear();
+    for (const Deployment& d : fleet_.deployments) {
+      for (int j = 0; j < d.workers; ++j) {
+        const int tp_rank = j % d.tp;
+        auto key = std::make_pair(d.tp, tp_rank);
+        if (!tables_.count(key)) {
+          WSYNC_ASSIGN_OR_RETURN(ShardingTable t, ShardingTable::Build(config_, tp_rank, d.tp));
+          tables_.emplace(key, std::make_unique<ShardingTable>(std::move(t)));
+        }
+        ConsumerSpot spot{d.first_consumer + j, j, d.workers};
+        Result<ConsumerPlan> plan = PlanConsumer(stream_, *tables_[key], spot);
+        if (!plan.ok()) return plan.status().WithContext(fmt::format("planning {}", fleet_.Label(spot.consumer)));
+        plans_.push_back(std::move(*plan));
+        plan_table_.push_back(tables_[key].get());
+      }
+    }
+    fleet_bytes_ = 0;
+    fleet_chunks_ = 0;
+    for (const ConsumerPlan& p : plans_) {
+      fleet_bytes_ += p.bytes();
+      fleet_chunks_ += p.chunks.size();
+    }
+    producer_ = PlanProducer(me_, static_cast<int>(stream_.group_lens.size()), plans_);
+    // Where each send of a group sits in the group's buffer, and the copies each tensor makes.
+    send_offset_.assign(producer_.by_group.size(), {});
+    pack_.assign(stream_.tensors.size(), {});
+    group_bytes_ = 0;
+    messages_ = 0;
+    for (size_t g = 0; g < producer_.by_group.size(); ++g) {
+      size_t off = 0;
+      for (const ProducerSend& s : producer_.by_group[g]) {
+        off = (off + 255) / 256 * 256;
+        send_offset_[g].push_back(off);
+        const PlanChunk& chunk = plans_[s.plan].chunks[s.chunk];
+        const ShardingTable& table = *plan_table_[s.plan];
+        for (const PlanSlice& slice : chunk.slices) {
+          pack_[slice.tensor].push_back(PackStep{table.Runs(slice.param, slice.piece), off + slice.offset});
+        }
+        off += s.bytes;
+        messages_ += s.consumers.size();
+      }
+      group_bytes_ = std::max(group_bytes_, off);
+    }
+    return Status::Ok();
+  }
+
+  // Rank 0: one init_info per server.
+  Result<std::vector<json>> InitInfos(const PlaneInit& init) {
+    WSYNC_ASSIGN_OR_RETURN(std::vector<ReplicaStamp> stamps,
+                           RdtReplicaStamps(static_cast<int>(fleet_.urls.size()), options_.data_parallel_size));
+    ShardedInitInfo info;
+    info.tensors = stream_.tensors;
+    info.group_lens = stream_.group_lens;
+    info.owner_sets = stream_.ownership.owner_sets;
+    info.name_owner_class = stream_.ownership.name_owner_class;
+    info.num_producers = producers_;
+    info.num_consumers = fleet_.num_consumers;
+    info.workers_per_replica = fleet_.uniform() ? fleet_.deployments.front().workers : 0;
+    info.world_size = producers_ + fleet_.num_consumers;
+    info.num_buffers = std::clamp(options_.num_buffers, 1, static_cast<int>(kMaxShardedBuffers));
+    if (options_.device.is_cpu()) {
+      info.gloo_store_host = fleet_.store_host;
+      info.gloo_store_port = fleet_.store_port;
+      info.gloo_prefix = fleet_.prefix;
+    } else {
+      info.nccl_unique_id_b64 = fleet_.nccl_id;
+    }
+    info.rank_labels = labels_ = Labels();
+    info.timeout_seconds = init.driver->deadlines().server_timeout();
+    std::vector<json> infos;
+    for (const Deployment& d : fleet_.deployments) {
+      info.consumer_offset = d.first_consumer;
+      info.deployment_workers = d.workers;
+      info.plan_digests.clear();
+      for (int j = 0; j < d.workers; ++j) info.plan_digests.push_back(plans_[d.first_consumer + j].digest);
+      for (int s = d.first_server; s < d.first_server + d.servers; ++s) {
+        info.replica_rank = stamps[s].replica_rank;
+        info.num_replicas = stamps[s].num_replicas;
+        infos.push_back(info.ToJson());
+      }
+    }
+    return infos;
+  }
+
+  std::vector<std::string> Labels() const {
+    std::vector<std::string> labels;
+    for (int r = 0; r < producers_; ++r) labels.push_back(fmt::format("trainer rank {}", r));
+    for (int c = 0; c < fleet_.num_consumers; ++c) labels.push_back(fleet_.Label(c));
+    return labels;
+  }
+
+  // Joins the point-to-point group; rank 0 watches the servers' init replies meanwhile.
+  Status JoinGroup(Deadline deadline, Pending* pending) {
+    CommSpec spec;
+    if (options_.device.is_cpu()) {
+      spec.store = CommSpec::Store{fleet_.store_host, fleet_.store_port, fleet_.prefix, options_.store_host};
+    } else {
+      spec.nccl_unique_id_b64 = fleet_.nccl_id;
+      spec.device = options_.device.index;
+    }
+    spec.rank = me_;
+    spec.size = producers_ + fleet_.num_consumers;
+    spec.connect_deadline = deadline;
+    spec.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
+    labels_ = Labels();
+    spec.describe_rank = [labels = labels_](int r) {
+      return r >= 0 && r < static_cast<int>(labels.size()) ? fmt::format("rank {} ({})", r, labels[r])
+                                                           : fmt::format("rank {}", r);
+    };
+    auto connected = std::make_shared<std::promise<Result<std::unique_ptr<Communicator>>>>();
+    auto future = connected->get_future();
+    std::thread([connected, spec] { connected->set_value(Connect(spec)); }).detach();
+    while (future.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+      if (pending != nullptr && pending->AnyFailed()) return pending->Wait(Deadline::InSeconds(1)).status();
+    }
+    Result<std::unique_ptr<Communicator>> comm = future.get();
+    if (!comm.ok()) {
+      if (pending != nullptr) {
+        Result<std::vector<json>> r = pending->Wait(Deadline::InSeconds(3));
+        if (!r.ok() && r.status().code() != StatusCode::kDeadlineExceeded) return r.status();
+      }
+      return comm.status().WithContext(fmt::format("trainer rank {} joining the sharded group", me_));
+    }
+    comm_ = std::move(*comm);
+    return Status::Ok();
+  }
+
+  // The ring of group buffers: lookahead + 1 groups in flight at most.
+  Status ReserveBuffers() {
+    buffers_.resize(static_cast<size_t>(std::max(0, sharded_.lookahead)) + 1);
+    for (StagingBuffer& b : buffers_) {
+      WSYNC_RETURN_IF_ERROR(b.Reserve(options_.device, std::max<size_t>(group_bytes_, 1))
+                                .WithContext(fmt::format("trainer rank {}: send buffers", me_)));
+    }
+    return Status::Ok();
+  }
+
+  // This rank's part of one sync: its held pass, group by group, packed and sent.
+  Status Produce(SyncContext& sync, Pending* http) {
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.HeldStream(held_meta_));
+    std::shared_ptr<Communicator> comm = comm_;
+    if (!comm) return FailedPrecondition("no sharded group: Init first");
+    auto state = std::make_shared<ProduceState>();
+    state->stream = stream;
+    state->comm = comm;
+    state->progress = sync.progress;
+    // The op reads the plane's plans, which live until Shutdown; Shutdown aborts the group
+    // first, so the op ends before they go.
+    auto op = [this, state, deadline = sync.deadline]() { return ProduceLoop(*state, deadline); };
+    Status s = Watched(op, *comm, http, sync.deadline, "sending the trainer's slices");
+    if (!s.ok()) {
+      comm->Abort();
+      return s;
+    }
+    TensorRef end;
+    return stream->Next(&end).status();
+  }
+
+  struct ProduceState {
+    std::shared_ptr<TensorStream> stream;
+    std::shared_ptr<Communicator> comm;
+    std::function<void(const SyncProgress&)> progress;
+  };
+
+  Status ProduceLoop(ProduceState& st, Deadline deadline) {
+    WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
+    DeviceRuntime* rt = nullptr;
+    if (!options_.device.is_cpu()) {
+      WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(options_.device));
+    }
+    struct InFlight {
+      std::unique_ptr<Communicator::PeerBatch> batch;
+      size_t group = 0;
+    };
+    std::deque<InFlight> inflight;
+    const size_t ring = buffers_.size();
+    size_t used = 0;  // groups packed so far (the ring slot is used % ring)
+    size_t next_held = 0;
+    SyncProgress progress{0, producer_.bytes_sent, 0, messages_};
+    auto wait_oldest = [&]() -> Status {
+      InFlight f = std::move(inflight.front());
+      inflight.pop_front();
+      Status s = f.batch->Wait(deadline);
+      if (!s.ok()) return s.WithContext(GroupName(f.group));
+      for (const ProducerSend& send : producer_.by_group[f.group]) {
+        progress.bytes_done += send.bytes * send.consumers.size();
+        progress.chunks_done += send.consumers.size();
+      }
+      if (st.progress && me_ == 0) st.progress(progress);
+      return Status::Ok();
+    };
+    for (size_t g = 0; g + 1 < group_first_.size(); ++g) {
+      const size_t end = group_first_[g + 1];
+      if (next_held >= held_.size() || held_[next_held] >= end) continue;  // nothing held here
+      const bool sends = !producer_.by_group[g].empty();
+      if (sends && inflight.size() >= ring) WSYNC_RETURN_IF_ERROR(wait_oldest());
+      std::byte* buf = buffers_[used % ring].data();
+      for (; next_held < held_.size() && held_[next_held] < end; ++next_held) {
+        const size_t i = held_[next_held];
+        TensorRef t;
+        WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
+        if (!more) return Internal("the held pass ended early");
+        if (pack_[i].empty()) continue;
+        if (rt == nullptr && !t.device.is_cpu()) {
+          return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors", t.name,
+                                             t.device.ToString()));
+        }
+        for (const PackStep& p : pack_[i]) {
+          const PieceRuns& r = p.runs;
+          if (rt != nullptr) {
+            WSYNC_RETURN_IF_ERROR(rt->Copy2D(buf + p.offset, r.run_bytes, t.bytes.data() + r.hf_offset, r.hf_stride,
+                                             r.run_bytes, r.count));
+            continue;
+          }
+          for (int64_t k = 0; k < r.count; ++k) {
+            std::memcpy(buf + p.offset + k * r.run_bytes, t.bytes.data() + r.hf_offset + k * r.hf_stride,
+                        r.run_bytes);
+          }
+        }
+      }
+      if (!sends) continue;
+      if (rt != nullptr) WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext("packing " + GroupName(g)));
+      std::vector<Communicator::PeerMessage> messages;
+      for (size_t j = 0; j < producer_.by_group[g].size(); ++j) {
+        const ProducerSend& send = producer_.by_group[g][j];
+        std::span<std::byte> data(buf + send_offset_[g][j], send.bytes);
+        for (size_t k = 0; k < send.consumers.size(); ++k) {
+          messages.push_back({producers_ + send.consumers[k], static_cast<uint32_t>(send.chunks[k]), data});
+        }
+      }
+      WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator::PeerBatch> batch,
+                             st.comm->PostPeerBatch(messages, {}));
+      inflight.push_back({std::move(batch), g});
+      ++used;
+    }
+    while (!inflight.empty()) WSYNC_RETURN_IF_ERROR(wait_oldest());
+    return Status::Ok();
+  }
+
+  // "group 3 (model.layers.1.*)": how errors name a layer group.
+  std::string GroupName(size_t g) const {
+    const std::string& first = stream_.tensors[group_first_[g]].name;
+    return fmt::format("group {} ({}, {} tensors)", g, first, group_first_[g + 1] - group_first_[g]);
+  }
+
+  TrainerOptions options_;
+  ShardedTrainerOptions sharded_;
+  ModelConfig config_;
+  Communicator* rank_comm_ = nullptr;  // the trainer ranks' group; null for one rank
+  int producers_ = 1;
+  int me_ = 0;
+  ShardedStream stream_;
+  std::vector<size_t> group_first_;   // first tensor of each group, then the tensor count
+  std::vector<size_t> held_;          // stream indices this rank holds, ascending
+  std::vector<TensorMeta> held_meta_;
+  FleetShape fleet_;
+  std::map<std::pair<int, int>, std::unique_ptr<ShardingTable>> tables_;  // by (tp, tp rank)
+  std::vector<ConsumerPlan> plans_;                // by consumer id
+  std::vector<const ShardingTable*> plan_table_;   // by consumer id
+  ProducerPlan producer_;
+  std::vector<std::vector<size_t>> send_offset_;   // [group][send]: offset in the group buffer
+  std::vector<std::vector<PackStep>> pack_;        // by stream tensor
+  size_t group_bytes_ = 0;
+  size_t messages_ = 0;                            // this rank's messages per sync
+  size_t fleet_bytes_ = 0;                         // every worker's bytes per sync
+  size_t fleet_chunks_ = 0;
+  std::vector<StagingBuffer> buffers_;
+  std::vector<std::string> labels_;
+  std::unique_ptr<StoreServer> store_;             // rank 0 on cpu
+  std::shared_ptr<Communicator> comm_;
+  int attempt_ = 0;
+};
+
+}  // namespace
+
+Result<ShardedTrainerOptions> ParseShardedTrainerOptions(const std::map<std::string, std::string>& values) {
+  ShardedTrainerOptions o;
+  BackendOptions read("sharded", values);
+  int64_t lookahead = o.lookahead;
+  WSYNC_RETURN_IF_ERROR(read.Read("model", &o.model));
+  WSYNC_RETURN_IF_ERROR(read.Read("lookahead", &lookahead));
+  WSYNC_RETURN_IF_ERROR(read.Finish());
+  if (lookahead < 0 || lookahead > 64) {
+    return InvalidArgument(fmt::format("sharded option lookahead={}: must be in [0, 64]", lookahead));
+  }
+  o.lookahead = static_cast<int>(lookahead);
+  return o;
 }
-Result<std::unique_ptr<TrainerEngine>> CreateShardedTrainerWith(const TrainerOptions&, const ShardedTrainerOptions&) {
-  return Unimplemented("backend 'sharded' (trainer) is not built yet");
+
+Result<std::unique_ptr<TrainerEngine>> CreateShardedTrainerWith(const TrainerOptions& options,
+                                                                const ShardedTrainerOptions& sharded) {
+  WSYNC_RETURN_IF_ERROR(CheckTrainerOptions(options));
+  if (sharded.model.empty()) {
+    return InvalidArgument("the sharded backend plans from the servers' model: give its name or config.json "
+                           "directory (option model=..., wsync push --model)");
+  }
+  WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel(sharded.model));
+  return NewTrainerEngine(options, std::make_unique<ShardedPlane>(options, sharded, std::move(config)));
 }
+
 Result<std::unique_ptr<TrainerEngine>> CreateShardedTrainer(const TrainerOptions& options) {
   WSYNC_ASSIGN_OR_RETURN(ShardedTrainerOptions o, ParseShardedTrainerOptions(options.backend_options));
   return CreateShardedTrainerWith(options, o);
