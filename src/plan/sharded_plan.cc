@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <span>
 #include <string_view>
-#include <unordered_map>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 

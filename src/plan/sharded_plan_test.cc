@@ -289,9 +289,10 @@ bool IsPadding(const ShardingTable& t, const WorkerParam& p, size_t byte) {
 // producer, slices of their group and class, 16-byte aligned and packed in order; every
 // parameter byte is covered exactly once (padding never); packing each chunk from the
 // full tensors and landing it through LoadPiece gives the same shards as Load() of the
-// full tensors.
+// full tensors. Adds the padding bytes it saw to `*padding_bytes`.
 void CheckPlanLands(const ShardedStream& stream, const ShardingTable& table, const ConsumerSpot& spot,
-                    const ConsumerPlan& plan, const std::vector<std::vector<std::byte>>& full) {
+                    const ConsumerPlan& plan, const std::vector<std::vector<std::byte>>& full,
+                    size_t* padding_bytes = nullptr) {
   SCOPED_TRACE(fmt::format("{} tp{}/{} consumer {}", table.config().name, table.tp_rank(), table.tp_size(),
                            spot.consumer));
   Ints group_begin = {0};
@@ -351,31 +352,38 @@ void CheckPlanLands(const ShardedStream& stream, const ShardingTable& table, con
       wrong += covered[p][b] != (pad ? 0 : 1);
     }
     EXPECT_EQ(wrong, 0u) << wp.meta.name << " has bytes covered other than once (padding: " << padding << ")";
+    if (padding_bytes) *padding_bytes += padding;
     ASSERT_EQ(std::memcmp(landed->params()[p].storage.data(), loaded->params()[p].storage.data(), wp.meta.nbytes()), 0)
         << wp.meta.name;
   }
 }
 
-void CheckEveryWorker(const ModelConfig& config, int tp, const Held& held) {
+// Returns the padding bytes across the TP group.
+size_t CheckEveryWorker(const ModelConfig& config, int tp, const Held& held) {
   ShardedStream stream = MakeStream(HfTensors(config), held);
   const auto full = FullTensors(stream.tensors, 7);
+  size_t padding = 0;
   for (int r = 0; r < tp; ++r) {
     ShardingTable table = *ShardingTable::Build(config, r, tp);
     const ConsumerSpot spot{r, r, tp};
     auto plan = PlanConsumer(stream, table, spot);
-    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    CheckPlanLands(stream, table, spot, *plan, full);
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    if (!plan.ok()) return padding;
+    CheckPlanLands(stream, table, spot, *plan, full, &padding);
     EXPECT_EQ(plan->consumer, r);
+    EXPECT_EQ(plan->tp_rank, r);
+    EXPECT_EQ(plan->tp_size, tp);
     EXPECT_EQ(plan->digest.size(), 64u);
   }
+  return padding;
 }
 
 TEST(PlanConsumer, DenseTp124FromFsdpAndPipelineCoversEveryShardByte) {
   const ModelConfig c = Model("qwen3-tiny");
   const size_t n = HfTensors(c).size();
   for (int tp : {1, 2, 4}) {
-    CheckEveryWorker(c, tp, Fsdp(3, n));
-    CheckEveryWorker(c, tp, Megatron(HfTensors(c), 2, 2));
+    EXPECT_EQ(CheckEveryWorker(c, tp, Fsdp(3, n)), 0u);
+    EXPECT_EQ(CheckEveryWorker(c, tp, Megatron(HfTensors(c), 2, 2)), 0u);
   }
 }
 
@@ -391,7 +399,8 @@ TEST(PlanConsumer, MoeTp124FromExpertParallelRanksCoversEveryShardByte) {
 TEST(PlanConsumer, PaddedVocabRowsStayZero) {
   ModelConfig c = Model("qwen3-tiny");
   c.vocab_size = 4000;  // padded to 4032: 32 rows of padding at the end of the last shard
-  for (int tp : {1, 2, 4}) CheckEveryWorker(c, tp, Megatron(HfTensors(c), 1, 2));
+  // 32 rows of 256 bf16 in embed_tokens and in lm_head, on the last rank whatever tp.
+  for (int tp : {1, 2, 4}) EXPECT_EQ(CheckEveryWorker(c, tp, Megatron(HfTensors(c), 1, 2)), 2u * 32 * 256 * 2) << tp;
 }
 
 TEST(PlanConsumer, OneChunkPerGroupAndClass) {
@@ -605,6 +614,24 @@ void CheckSendsCoverPlans(const Fleet& f, int producers, int groups, const std::
   size_t chunks = 0;
   for (const ConsumerPlan& cp : plans) chunks += cp.chunks.size();
   EXPECT_EQ(sent.size(), chunks);
+}
+
+TEST(PlanConsumer, UniformFleetRoutesAsRdtRouterWithWorkersPerReplica) {
+  const ModelConfig c = Model("qwen3-moe-tiny");
+  const std::vector<TensorMeta> hf = HfTensors(c);
+  for (const Held& held : {Fsdp(4, hf.size()), Megatron(hf, 2, 1, 2), Fsdp(3, hf.size())}) {
+    const ShardedStream stream = MakeStream(hf, held);
+    Fleet f = MakeFleet(stream, c, {2, 2, 2});
+    RdtRouter router = *RdtRouter::Create(stream.num_producers, 6, stream.ownership, stream.group_lens, 2);
+    for (const ConsumerPlan& plan : f.plans) {
+      for (const PlanChunk& ch : plan.chunks) {
+        for (const PlanSlice& sl : ch.slices) {
+          EXPECT_EQ(ch.producer, router.ProducerFor(plan.consumer, sl.tensor))
+              << "consumer " << plan.consumer << " tensor " << stream.tensors[sl.tensor].name;
+        }
+      }
+    }
+  }
 }
 
 TEST(PlanProducer, ReplicasShareSlotsSoTrainerMemoryDoesNotGrowWithTheFleet) {
