@@ -147,7 +147,7 @@ struct ConsumerPlan {
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<PlanChunk> chunks;  // group order, then owner class
-  std::string digest;             // hex SHA-256 of the canonical text (see above)
+  std::string digest;             // hex SHA-256 of the canonical text (sharded_plan.cc)
   size_t bytes() const;           // every chunk's bytes
   size_t max_chunk_bytes() const;
 };
