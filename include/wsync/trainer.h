@@ -102,6 +102,19 @@ class TrainerEngine {
   // their sources' own deadlines, or at once when the trainer stops its ranks' group.
   virtual Result<SyncStats> SendWeights(WeightSource& source,
                                         const std::optional<std::string>& weight_version) = 0;
+  // A degraded sync: the same, but only the servers `live` names (indices into
+  // TrainerOptions::servers, ascending; empty: all) take part; the others are left as
+  // they are, neither contacted nor waited for. The plan made for the whole fleet stays
+  // (worker ids, routing): a backend that can run it for a part of the fleet (`sharded`)
+  // rebuilds its group with the live servers' workers when the set changes, and a later
+  // sync to every server (SendWeights, or `live` empty) brings the whole fleet back,
+  // re-initializing servers that restarted. Every trainer rank passes the same `live`.
+  // Backends that broadcast to the whole fleet answer Unimplemented.
+  virtual Result<SyncStats> SendWeightsTo(WeightSource& source, const std::optional<std::string>& weight_version,
+                                          const std::vector<int>& live) {
+    if (!live.empty()) return Unimplemented("this backend syncs every server: it has no degraded sync");
+    return SendWeights(source, weight_version);
+  }
   virtual void Shutdown() {}
 };
 

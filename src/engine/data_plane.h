@@ -44,6 +44,9 @@ struct PlaneInit {
   const Fleet* fleet = nullptr;
   // The names this rank holds (TrainerEngine::Init(source)); nullopt: all of them.
   const std::optional<std::vector<std::string>>& held;
+  // A degraded sync's live servers (indices into TrainerOptions::servers, ascending);
+  // empty: every server. On rank 0 `driver` and `fleet` then cover the live ones only.
+  const std::vector<int>& live;
 };
 
 // One sync, as the engine runs it.
@@ -94,6 +97,9 @@ class DataPlane {
   virtual void Account(SyncStats*) {}
   // Ranks other than 0 of an AllRanks() plane: this rank's part of one sync.
   virtual Result<SyncStats> SyncOtherRank(SyncContext&) { return Unimplemented("no part for this rank"); }
+  // Whether the plane can run a sync for part of the fleet (TrainerEngine::SendWeightsTo);
+  // the engine then runs Init again, with PlaneInit::live, whenever the set changes.
+  virtual bool ServesPartOfFleet() const { return false; }
   virtual void Shutdown() = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/log.h"
 #include "core/stopwatch.h"
@@ -63,6 +64,42 @@ class Engine final : public TrainerEngine {
   }
 
   Result<SyncStats> SendWeights(WeightSource& source, const std::optional<std::string>& weight_version) override {
+    return SendWeightsTo(source, weight_version, {});
+  }
+
+  Result<SyncStats> SendWeightsTo(WeightSource& source, const std::optional<std::string>& weight_version,
+                                  const std::vector<int>& live_in) override {
+    std::vector<int> live = live_in;
+    if (static_cast<int>(live.size()) == static_cast<int>(options_.servers.size()) && options_.rank == 0) {
+      live.clear();  // every server: the whole fleet
+    }
+    if (live != live_) {
+      if (!live.empty()) {
+        if (!plane_->ServesPartOfFleet()) {
+          return Unimplemented(fmt::format("backend {} syncs every server: it has no degraded sync",
+                                           options_.backend));
+        }
+        for (size_t i = 0; i < live.size(); ++i) {
+          const bool in_range = live[i] >= 0 && (options_.rank != 0 || live[i] < static_cast<int>(options_.servers.size()));
+          if (!in_range || (i > 0 && live[i] <= live[i - 1])) {
+            return InvalidArgument(fmt::format("live servers [{}]: give ascending indices of --servers (0..{})",
+                                               fmt::join(live, ", "), options_.servers.size() - 1));
+          }
+        }
+      }
+      live_ = live;
+      if (options_.rank == 0 && !options_.servers.empty()) {
+        std::vector<std::string> urls;
+        for (int i : live_) urls.push_back(options_.servers[i]);
+        driver_ = std::make_unique<SessionDriver>(live_.empty() ? options_.servers : urls, options_.api_key,
+                                                  options_.timeout_seconds);
+      }
+      if (initialized_ && Runs()) {
+        WSYNC_LOG_INFO("trainer rank {}: syncing {}; initializing the data plane for them", options_.rank,
+                       live_.empty() ? std::string("every server") : fmt::format("servers [{}] only", fmt::join(live_, ", ")));
+        plane_->Shutdown();
+      }
+    }
     Stopwatch total;
     SyncPass pass(source);
     SyncContext sync{pass, driver_.get(), weight_version, driver_ ? driver_->deadlines().Call()
@@ -97,7 +134,7 @@ class Engine final : public TrainerEngine {
   bool Runs() const { return options_.rank == 0 || plane_->AllRanks(); }
 
   Status InitPlane() {
-    PlaneInit init{options_, metadata_, nullptr, nullptr, held_};
+    PlaneInit init{options_, metadata_, nullptr, nullptr, held_, live_};
     Fleet fleet;
     if (driver_) {
       WSYNC_ASSIGN_OR_RETURN(fleet, driver_->Discover());
@@ -201,6 +238,7 @@ class Engine final : public TrainerEngine {
   std::vector<TensorMeta> metadata_;       // what Init planned for
   std::optional<std::vector<std::string>> held_;  // the names Init's source held (nullopt: all)
   bool held_checked_ = false;  // Init(source): each sync's source must hold held_
+  std::vector<int> live_;      // a degraded sync's servers; empty: all
   std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into metadata_
   bool initialized_ = false;
 };

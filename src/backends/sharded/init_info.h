@@ -17,7 +17,8 @@
 //   deployment_workers  workers of this server's deployment (tp * dp): its routing block
 //   plan_digests        the trainer's ConsumerPlan digest of every worker of the
 //                       deployment, by deployment index (dp_index * tp + tp_rank)
-//   world_size          num_producers + num_consumers
+//   world_size          num_producers + num_consumers (or + live consumers)
+//   live_consumers      a degraded sync's live workers (below); absent: all
 //   num_buffers         receive buffers per worker (chunks in flight), >= 1
 //   gloo_* / nccl_unique_id_b64, rank_labels, timeout_seconds, wsync_protocol
 //
@@ -26,6 +27,7 @@
 // Unknown fields are rejected. Pure data and functions; thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -62,6 +64,10 @@ struct ShardedInitInfo {
   std::vector<std::string> plan_digests;  // by deployment index
   int world_size = 2;
   int num_buffers = 2;
+  // A degraded sync's group: the consumer ids of the live servers' workers, ascending;
+  // empty: every consumer. Consumer c is then group rank num_producers + (its position
+  // here), and world_size = num_producers + live_consumers.size().
+  std::vector<int> live_consumers;
   // Data plane rendezvous: exactly one of the store (Gloo) and the unique id (NCCL).
   std::optional<std::string> gloo_store_host;
   std::optional<int> gloo_store_port;
@@ -72,8 +78,13 @@ struct ShardedInitInfo {
   int wsync_protocol = kShardedProtocolVersion;
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }
-  // The group rank of consumer `consumer`.
-  int RankOf(int consumer) const { return num_producers + consumer; }
+  // The group rank of consumer `consumer`; -1 when it is not in a degraded group.
+  int RankOf(int consumer) const {
+    if (live_consumers.empty()) return num_producers + consumer;
+    auto it = std::lower_bound(live_consumers.begin(), live_consumers.end(), consumer);
+    if (it == live_consumers.end() || *it != consumer) return -1;
+    return num_producers + static_cast<int>(it - live_consumers.begin());
+  }
   nlohmann::json ToJson() const;
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one:
   // counts within the bounds above, world_size == num_producers + num_consumers,

@@ -56,6 +56,8 @@ struct FleetShape {
   int store_port = 0;
   std::string prefix;
   std::string nccl_id;
+  // A degraded sync's workers (consumer ids of the live servers, ascending); empty: all.
+  std::vector<int> live_consumers;
 
   json ToJson() const {
     json deps = json::array();
@@ -64,7 +66,8 @@ struct FleetShape {
                       {"first_server", d.first_server}, {"servers", d.servers}});
     }
     return json{{"deployments", deps}, {"urls", urls}, {"num_consumers", num_consumers},
-                {"store_host", store_host}, {"store_port", store_port}, {"prefix", prefix}, {"nccl_id", nccl_id}};
+                {"store_host", store_host}, {"store_port", store_port}, {"prefix", prefix}, {"nccl_id", nccl_id},
+                {"live_consumers", live_consumers}};
   }
   // From rank 0 of the same trainer (a peer this process trusts as itself).
   static FleetShape FromJson(const json& j) {
@@ -79,23 +82,42 @@ struct FleetShape {
     f.store_port = j.at("store_port").get<int>();
     f.prefix = j.at("prefix").get<std::string>();
     f.nccl_id = j.at("nccl_id").get<std::string>();
+    f.live_consumers = j.at("live_consumers").get<std::vector<int>>();
     return f;
   }
   bool uniform() const {
     return std::all_of(deployments.begin(), deployments.end(),
                        [&](const Deployment& d) { return d.workers == deployments.front().workers; });
   }
+  // The server that hosts consumer `c` (its deployment's data-parallel ranks spread
+  // evenly over the deployment's servers), or -1.
+  int ServerOf(int c) const {
+    for (const Deployment& d : deployments) {
+      if (c < d.first_consumer || c >= d.first_consumer + d.workers) continue;
+      const int dp = (c - d.first_consumer) / d.tp;
+      const int dp_per_server = std::max(1, d.workers / d.tp / d.servers);
+      return d.first_server + std::min(d.servers - 1, dp / dp_per_server);
+    }
+    return -1;
+  }
   // "http://host:port worker dp1/tp0" for consumer `c`.
   std::string Label(int c) const {
     for (const Deployment& d : deployments) {
       if (c < d.first_consumer || c >= d.first_consumer + d.workers) continue;
       const int j = c - d.first_consumer;
-      const int dp = j / d.tp;
-      const int dp_per_server = std::max(1, d.workers / d.tp / d.servers);
-      const int server = d.first_server + std::min(d.servers - 1, dp / dp_per_server);
-      return fmt::format("{} worker dp{}/tp{}", urls[server], dp, j % d.tp);
+      return fmt::format("{} worker dp{}/tp{}", urls[ServerOf(c)], j / d.tp, j % d.tp);
     }
     return fmt::format("consumer {}", c);
+  }
+  // Group rank of consumer `c` given `producers` (ShardedInitInfo::RankOf); -1: not live.
+  int RankOf(int producers, int c) const {
+    if (live_consumers.empty()) return producers + c;
+    auto it = std::lower_bound(live_consumers.begin(), live_consumers.end(), c);
+    if (it == live_consumers.end() || *it != c) return -1;
+    return producers + static_cast<int>(it - live_consumers.begin());
+  }
+  int group_size(int producers) const {
+    return producers + (live_consumers.empty() ? num_consumers : static_cast<int>(live_consumers.size()));
   }
 };
 
@@ -113,6 +135,7 @@ class ShardedPlane final : public DataPlane {
   ~ShardedPlane() override { Shutdown(); }
 
   bool AllRanks() const override { return true; }
+  bool ServesPartOfFleet() const override { return true; }
 
   Status Init(const PlaneInit& init) override {
     Shutdown();
@@ -132,7 +155,8 @@ class ShardedPlane final : public DataPlane {
     // Rank 0 discovers the fleet and opens the rendezvous; every rank plans from its word.
     std::string shape_text;
     if (me_ == 0) {
-      Result<FleetShape> shape = DiscoverFleet(init);
+      Result<FleetShape> shape = init.live.empty() ? DiscoverFleet(init) : LiveFleet(init);
+      if (shape.ok() && init.live.empty()) provisioned_ = *shape;
       shape_text = shape.ok() ? shape->ToJson().dump() : StatusToJson(shape.status()).dump();
     }
     if (producers_ > 1) {
@@ -337,17 +361,56 @@ class ShardedPlane final : public DataPlane {
       shape.deployments.push_back(d);
     }
     shape.num_consumers = static_cast<int>(consumers);
+    WSYNC_RETURN_IF_ERROR(NewRendezvous(&shape));
+    return shape;
+  }
+
+  // Rank 0, a degraded sync: the fleet as provisioned, its group cut to the live servers'
+  // workers. Each live server must still have the shape it was planned with.
+  Result<FleetShape> LiveFleet(const PlaneInit& init) {
+    if (!provisioned_) {
+      return FailedPrecondition("a degraded sync keeps the plan of the whole fleet: sync every server once first");
+    }
+    FleetShape shape = *provisioned_;
+    Fleet fleet = *init.fleet;  // the live servers', in init.live order
+    WSYNC_RETURN_IF_ERROR(init.driver->WorldSizes(&fleet));
+    for (size_t k = 0; k < init.live.size(); ++k) {
+      const int s = init.live[k];
+      if (s < 0 || s >= static_cast<int>(shape.urls.size())) {
+        return InvalidArgument(fmt::format("live server {}: the fleet has {} servers", s, shape.urls.size()));
+      }
+      for (const Deployment& d : shape.deployments) {
+        if (s < d.first_server || s >= d.first_server + d.servers) continue;
+        const int tp = fleet.health[k].value("tp", 0);
+        if (fleet.world_sizes[k] != d.workers || tp != d.tp) {
+          return FailedPrecondition(fmt::format(
+              "{} now reports {} workers at tp {}; the fleet was planned with {} at tp {}: sync every server to "
+              "plan again", shape.urls[s], fleet.world_sizes[k], tp, d.workers, d.tp));
+        }
+      }
+    }
+    shape.live_consumers.clear();
+    for (int c = 0; c < shape.num_consumers; ++c) {
+      if (std::binary_search(init.live.begin(), init.live.end(), shape.ServerOf(c))) shape.live_consumers.push_back(c);
+    }
+    WSYNC_RETURN_IF_ERROR(NewRendezvous(&shape));
+    return shape;
+  }
+
+  // A fresh store prefix (Gloo) or unique id (NCCL) for the group about to form.
+  Status NewRendezvous(FleetShape* shape) {
     if (options_.device.is_cpu()) {
       if (!store_) {
         WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
       }
-      shape.store_host = options_.store_host;
-      shape.store_port = store_->port();
-      shape.prefix = fmt::format("wsync-sharded-{}/{}", RandomHex(8), ++attempt_);
+      shape->store_host = options_.store_host;
+      shape->store_port = store_->port();
+      shape->prefix = fmt::format("wsync-sharded-{}/{}", RandomHex(8), ++attempt_);
+      shape->nccl_id.clear();
     } else {
-      WSYNC_ASSIGN_OR_RETURN(shape.nccl_id, NewNcclGroupId());
+      WSYNC_ASSIGN_OR_RETURN(shape->nccl_id, NewNcclGroupId());
     }
-    return shape;
+    return Status::Ok();
   }
 
   // Every worker's plan (the same on every rank), this rank's sends and its pack steps.
@@ -411,7 +474,8 @@ class ShardedPlane final : public DataPlane {
     info.num_producers = producers_;
     info.num_consumers = fleet_.num_consumers;
     info.workers_per_replica = fleet_.uniform() ? fleet_.deployments.front().workers : 0;
-    info.world_size = producers_ + fleet_.num_consumers;
+    info.world_size = fleet_.group_size(producers_);
+    info.live_consumers = fleet_.live_consumers;
     info.num_buffers = std::clamp(options_.num_buffers, 1, static_cast<int>(kMaxShardedBuffers));
     if (options_.device.is_cpu()) {
       info.gloo_store_host = fleet_.store_host;
@@ -429,6 +493,7 @@ class ShardedPlane final : public DataPlane {
       info.plan_digests.clear();
       for (int j = 0; j < d.workers; ++j) info.plan_digests.push_back(plans_[d.first_consumer + j].digest);
       for (int s = d.first_server; s < d.first_server + d.servers; ++s) {
+        if (!init.live.empty() && !std::binary_search(init.live.begin(), init.live.end(), s)) continue;
         info.replica_rank = stamps[s].replica_rank;
         info.num_replicas = stamps[s].num_replicas;
         infos.push_back(info.ToJson());
@@ -437,10 +502,13 @@ class ShardedPlane final : public DataPlane {
     return infos;
   }
 
+  // Names of the group's ranks, by group rank.
   std::vector<std::string> Labels() const {
     std::vector<std::string> labels;
     for (int r = 0; r < producers_; ++r) labels.push_back(fmt::format("trainer rank {}", r));
-    for (int c = 0; c < fleet_.num_consumers; ++c) labels.push_back(fleet_.Label(c));
+    for (int c = 0; c < fleet_.num_consumers; ++c) {
+      if (fleet_.RankOf(producers_, c) >= 0) labels.push_back(fleet_.Label(c));
+    }
     return labels;
   }
 
@@ -454,7 +522,7 @@ class ShardedPlane final : public DataPlane {
       spec.device = options_.device.index;
     }
     spec.rank = me_;
-    spec.size = producers_ + fleet_.num_consumers;
+    spec.size = fleet_.group_size(producers_);
     spec.connect_deadline = deadline;
     spec.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
     labels_ = Labels();
@@ -527,6 +595,7 @@ class ShardedPlane final : public DataPlane {
       std::unique_ptr<Communicator::PeerBatch> batch;
       size_t group = 0;
     };
+    if (me_ == sharded_.stall_rank) return Stall(st, deadline);
     std::deque<InFlight> inflight;
     const size_t ring = buffers_.size();
     size_t used = 0;  // groups packed so far (the ring slot is used % ring)
@@ -580,7 +649,8 @@ class ShardedPlane final : public DataPlane {
         const ProducerSend& send = producer_.by_group[g][j];
         std::span<std::byte> data(buf + send_offset_[g][j], send.bytes);
         for (size_t k = 0; k < send.consumers.size(); ++k) {
-          messages.push_back({producers_ + send.consumers[k], static_cast<uint32_t>(send.chunks[k]), data});
+          const int peer = fleet_.RankOf(producers_, send.consumers[k]);
+          if (peer >= 0) messages.push_back({peer, static_cast<uint32_t>(send.chunks[k]), data});
         }
       }
       WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator::PeerBatch> batch,
@@ -590,6 +660,18 @@ class ShardedPlane final : public DataPlane {
     }
     while (!inflight.empty()) WSYNC_RETURN_IF_ERROR(wait_oldest());
     return Status::Ok();
+  }
+
+  // The stall fault (ShardedTrainerOptions::stall_rank): the pass is read, nothing sent.
+  Status Stall(ProduceState& st, Deadline deadline) {
+    WSYNC_LOG_WARN("fault injection (stall_rank): trainer rank {} reads its pass and sends nothing", me_);
+    TensorRef t;
+    for (;;) {
+      WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
+      if (!more) break;
+    }
+    while (!deadline.expired() && !st.comm->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return DeadlineExceeded(fmt::format("fault injection: trainer rank {} sent nothing", me_));
   }
 
   // "group 3 (model.layers.1.*)": how errors name a layer group.
@@ -622,6 +704,7 @@ class ShardedPlane final : public DataPlane {
   std::vector<StagingBuffer> buffers_;
   std::vector<std::string> labels_;
   std::unique_ptr<StoreServer> store_;             // rank 0 on cpu
+  std::optional<FleetShape> provisioned_;          // rank 0: the whole fleet, as last planned
   std::shared_ptr<Communicator> comm_;
   int attempt_ = 0;
 };
@@ -632,8 +715,12 @@ Result<ShardedTrainerOptions> ParseShardedTrainerOptions(const std::map<std::str
   ShardedTrainerOptions o;
   BackendOptions read("sharded", values);
   int64_t lookahead = o.lookahead;
+  int64_t stall = o.stall_rank;
   WSYNC_RETURN_IF_ERROR(read.Read("model", &o.model));
   WSYNC_RETURN_IF_ERROR(read.Read("lookahead", &lookahead));
+  WSYNC_RETURN_IF_ERROR(read.Read("stall_rank", &stall));
+  if (stall < -1 || stall >= kMaxShardedRanks) return InvalidArgument(fmt::format("sharded option stall_rank={}: out of range", stall));
+  o.stall_rank = static_cast<int>(stall);
   WSYNC_RETURN_IF_ERROR(read.Finish());
   if (lookahead < 0 || lookahead > 64) {
     return InvalidArgument(fmt::format("sharded option lookahead={}: must be in [0, 64]", lookahead));

@@ -21,6 +21,10 @@ struct ShardedTrainerOptions {
   std::string model;
   // Groups packed ahead of the one whose sends are still in flight. Option `lookahead`.
   int lookahead = 1;
+  // Fault injection for tests, honest about what it fakes: trainer rank `stall_rank` reads
+  // its pass but sends nothing, as a wedged producer would, until the sync's deadline or
+  // an abort. -1: none. Option `stall_rank`.
+  int stall_rank = -1;
 };
 
 Result<ShardedTrainerOptions> ParseShardedTrainerOptions(const std::map<std::string, std::string>& values);
