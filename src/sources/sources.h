@@ -23,12 +23,13 @@
 //                   owners. Memory holds one group's held tensors plus their packed
 //                   slices. FsdpSource holds everything, so its held pass is Iterate().
 //
-// A collective (or a held pass's exchange) waits at most `timeout_seconds` for a peer; a rank that stops iterating
-// makes the others fail with DeadlineExceeded naming it, and a stream destroyed before
-// its pass is through aborts the trainer communicator so the others fail at once (build
-// new sources to recover). A rank that fails outside its source posts why and aborts
-// (TrainerGroup::Stop, trainer_ranks.h): the others' collectives then fail at once, and
-// with `peer_stopped` set their error is kAborted "trainer rank R (...) stopped: <cause>".
+// A collective (or a held pass's exchange) waits at most `timeout_seconds` for a peer; a
+// rank that stops iterating makes the others fail with DeadlineExceeded naming it, and a
+// stream destroyed before its pass is through aborts the trainer communicator so the
+// others fail at once (build new sources to recover). A rank that fails outside its
+// source posts why and aborts (TrainerGroup::Stop, trainer_ranks.h): the others'
+// collectives then fail at once, and with `peer_stopped` set their error is kAborted
+// "trainer rank R (...) stopped: <cause>".
 // Not thread-safe: one pass at a time per source.
 #pragma once
 
