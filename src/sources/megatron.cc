@@ -64,10 +64,32 @@ Result<std::unique_ptr<MegatronSource>> MegatronSource::Create(
     max_group = std::max(max_group, off);
     s->plan_.push_back(std::move(by_rank));
   }
-  WSYNC_ASSIGN_OR_RETURN(s->group_, HostBuffer::Allocate(std::max<size_t>(max_group, 1)));
-  WSYNC_ASSIGN_OR_RETURN(s->staging_, HostBuffer::Allocate(std::max<size_t>(max_contrib, 1)));
-  s->Note(s->group_.size() + s->staging_.size());
+  s->max_group_ = max_group;
+  s->max_contribution_ = max_contrib;
+  WSYNC_RETURN_IF_ERROR(s->PlanHeld());
   return s;
+}
+
+Status MegatronSource::Reserve(size_t group_bytes, size_t staging_bytes) {
+  // Buffers are allocated by the first pass that needs them, so a rank that only makes
+  // held passes never holds a whole layer group of the model.
+  if (group_.size() < group_bytes) {
+    group_ = HostBuffer();
+    WSYNC_ASSIGN_OR_RETURN(group_, HostBuffer::Allocate(group_bytes));
+  }
+  if (staging_.size() < staging_bytes) {
+    staging_ = HostBuffer();
+    WSYNC_ASSIGN_OR_RETURN(staging_, HostBuffer::Allocate(staging_bytes));
+  }
+  Note(group_.size() + staging_.size());
+  return Status::Ok();
+}
+
+Status MegatronSource::CheckNotAborted() const {
+  if (!comm_->aborted()) return Status::Ok();
+  return ExplainCollectiveFailure(
+      options_, Aborted("the trainer communicator was aborted by an earlier failure; build new sources"),
+      "megatron source", "");
 }
 
 Status MegatronSource::LoadGroup(size_t g, Deadline deadline) {
@@ -138,11 +160,8 @@ class MegatronSource::Stream final : public TensorStream {
 };
 
 Result<std::unique_ptr<TensorStream>> MegatronSource::Iterate() {
-  if (comm_->aborted()) {
-    return ExplainCollectiveFailure(
-        options_, Aborted("the trainer communicator was aborted by an earlier failure; build new sources"),
-        "megatron source", "");
-  }
+  WSYNC_RETURN_IF_ERROR(CheckNotAborted());
+  WSYNC_RETURN_IF_ERROR(Reserve(max_group_, max_contribution_));
   return std::unique_ptr<TensorStream>(std::make_unique<Stream>(this));
 }
 

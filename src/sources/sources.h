@@ -14,18 +14,28 @@
 //                   layer group at a time: each rank holding primary pieces of the group
 //                   broadcasts them, every rank assembles the group's HF tensors and
 //                   yields them. Memory holds one group plus one rank's packed pieces.
+//                   Its held pass (IterateHeld) yields only HeldNames(), the names its
+//                   TP group holds, and involves that TP group only: per layer group,
+//                   each member sends the slices a static plan picked from it
+//                   (held_plan.h) to the other members, point to point, and every member
+//                   assembles the group's held tensors. Other TP groups run their own
+//                   held passes at the same time; nothing crosses stages or expert
+//                   owners. Memory holds one group's held tensors plus their packed
+//                   slices. FsdpSource holds everything, so its held pass is Iterate().
 //
-// A collective waits at most `timeout_seconds` for a peer; a rank that stops iterating
-// makes the others fail with DeadlineExceeded naming it, and a stream destroyed before
-// its pass is through aborts the trainer communicator so the others fail at once (build
-// new sources to recover). A rank that fails outside its source posts why and aborts
-// (TrainerGroup::Stop, trainer_ranks.h): the others' collectives then fail at once, and
-// with `peer_stopped` set their error is kAborted "trainer rank R (...) stopped: <cause>".
+// A collective (or a held pass's exchange) waits at most `timeout_seconds` for a peer; a
+// rank that stops iterating makes the others fail with DeadlineExceeded naming it, and a
+// stream destroyed before its pass is through aborts the trainer communicator so the
+// others fail at once (build new sources to recover). A rank that fails outside its
+// source posts why and aborts (TrainerGroup::Stop, trainer_ranks.h): the others'
+// collectives then fail at once, and with `peer_stopped` set their error is kAborted
+// "trainer rank R (...) stopped: <cause>".
 // Not thread-safe: one pass at a time per source.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -34,6 +44,7 @@
 
 #include "comm/communicator.h"
 #include "sources/groups.h"
+#include "sources/held_plan.h"
 #include "sources/layout.h"
 #include "wsync/source.h"
 #include "wsync/status.h"
@@ -127,6 +138,10 @@ class MegatronSource : public WeightSource, public SourceMemory {
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   // What this rank's TP group holds: its stage's dense tensors and its members' experts.
   std::optional<std::vector<std::string>> HeldNames() const override { return held_; }
+  // The held names only, bit-identical to what Iterate() yields for them; a collective of
+  // this rank's TP group (every member must drain it), one point-to-point exchange per
+  // layer group the TP group holds anything of.
+  Result<std::unique_ptr<TensorStream>> IterateHeld() override;
   const std::vector<LayerGroup>& groups() const { return groups_; }
   std::vector<HostTensor>& params() { return params_; }
   int rank() const { return comm_->rank(); }
@@ -134,6 +149,7 @@ class MegatronSource : public WeightSource, public SourceMemory {
 
  private:
   class Stream;
+  class HeldStream;
   // What one rank contributes to one group: its primary pieces, packed back to back.
   struct Contribution {
     std::vector<ExportPiece> pieces;
@@ -141,6 +157,14 @@ class MegatronSource : public WeightSource, public SourceMemory {
   };
   MegatronSource() = default;
   Status LoadGroup(size_t g, Deadline deadline);
+  // Plans the held pass of this rank's TP group (and checks every other TP group's).
+  Status PlanHeld();
+  // Assembles held_plan_[k] into group_; `tag` marks its messages.
+  Status LoadHeldGroup(size_t k, uint32_t tag, Deadline deadline);
+  // Grows group_ and staging_ to at least these sizes before a pass starts.
+  Status Reserve(size_t group_bytes, size_t staging_bytes);
+  // Fails a new pass when the communicator is aborted.
+  Status CheckNotAborted() const;
 
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<const MegatronLayout> layout_;
@@ -150,8 +174,16 @@ class MegatronSource : public WeightSource, public SourceMemory {
   SourceOptions options_;
   std::vector<std::vector<Contribution>> plan_;  // [group][rank]
   std::vector<size_t> offset_in_group_;          // by HF index
-  HostBuffer group_;                              // the group being yielded
-  HostBuffer staging_;                            // one rank's packed pieces
+  size_t max_group_ = 0, max_contribution_ = 0;  // buffer sizes a full pass needs
+  // The held pass: this rank's TP group (ranks by tp coordinate), its place in it, the
+  // plan per held layer group, the buffer sizes the pass needs, and the passes started.
+  std::vector<int> tp_group_;
+  int tp_member_ = 0;
+  std::vector<HeldGroupPlan> held_plan_;
+  size_t max_held_group_ = 0, max_held_staging_ = 0;
+  uint32_t held_passes_ = 0;
+  HostBuffer group_;    // the group being yielded
+  HostBuffer staging_;  // packed pieces: one rank's (full pass), or a TP group's (held pass)
 };
 
 }  // namespace wsync

@@ -105,30 +105,37 @@ TEST(SourceErrors, RankThatStopsIteratingFailsTheOthersInTime) {
   }
 }
 
-// A rank that drops its stream mid-pass aborts the group: the others fail at once.
+// A rank that drops its stream mid-pass (a full pass, or a held pass of its TP group)
+// aborts its communicator: the others fail at once, and the source refuses new passes.
 TEST(SourceErrors, AbandonedPassFailsTheOthersFast) {
   ModelConfig c = Config("qwen3-tiny");
   auto model = Model(c);
   auto layout = *ParallelLayout::Parse("tp2pp1ep1", 2);
-  RunRanks(layout, 30, [&](int rank, std::shared_ptr<Communicator> comm) {
-    auto source = BuildRankSource(comm, layout, &c, model->tensors(), 30);
-    ASSERT_TRUE(source.ok());
-    auto stream = (*source)->Iterate();
-    TensorRef t;
-    auto start = std::chrono::steady_clock::now();
-    if (rank == 1) {
-      (void)(*stream)->Next(&t);
-      stream->reset();  // abandons the pass
-      EXPECT_FALSE((*source)->Iterate().ok());
-      return;
-    }
-    for (;;) {
-      auto more = (*stream)->Next(&t);
-      if (!more.ok()) break;
-      ASSERT_TRUE(*more) << "pass ended although rank 1 abandoned it";
-    }
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
-  });
+  for (bool held : {false, true}) {
+    SCOPED_TRACE(held ? "held pass" : "full pass");
+    RunRanks(layout, 30, [&](int rank, std::shared_ptr<Communicator> comm) {
+      auto source = BuildRankSource(comm, layout, &c, model->tensors(), 30);
+      ASSERT_TRUE(source.ok());
+      auto stream = held ? (*source)->IterateHeld() : (*source)->Iterate();
+      ASSERT_TRUE(stream.ok());
+      TensorRef t;
+      auto start = std::chrono::steady_clock::now();
+      if (rank == 1) {
+        (void)(*stream)->Next(&t);
+        stream->reset();  // abandons the pass
+        EXPECT_TRUE(comm->aborted());
+        EXPECT_EQ((*source)->Iterate().status().code(), StatusCode::kAborted);
+        EXPECT_EQ((*source)->IterateHeld().status().code(), StatusCode::kAborted);
+        return;
+      }
+      for (;;) {
+        auto more = (*stream)->Next(&t);
+        if (!more.ok()) break;
+        ASSERT_TRUE(*more) << "pass ended although rank 1 abandoned it";
+      }
+      EXPECT_LT(SecondsSince(start), 10.0);
+    });
+  }
 }
 
 // What a rank was doing when its first collective of a pass failed, as the sources word it.

@@ -47,10 +47,14 @@ FaultySource::FaultySource(WeightSource* inner, FaultySourceOptions options)
   }
 }
 
-Result<std::unique_ptr<TensorStream>> FaultySource::Iterate() {
-  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, inner_->Iterate());
+Result<std::unique_ptr<TensorStream>> FaultySource::Wrap(Result<std::unique_ptr<TensorStream>> inner) {
+  if (!inner.ok()) return inner.status();
   int pass = passes_.fetch_add(1) + 1;
-  return std::unique_ptr<TensorStream>(std::make_unique<Stream>(this, std::move(inner), pass));
+  return std::unique_ptr<TensorStream>(std::make_unique<Stream>(this, std::move(*inner), pass));
 }
+
+Result<std::unique_ptr<TensorStream>> FaultySource::Iterate() { return Wrap(inner_->Iterate()); }
+
+Result<std::unique_ptr<TensorStream>> FaultySource::IterateHeld() { return Wrap(inner_->IterateHeld()); }
 
 }  // namespace wsync::testing

@@ -5,7 +5,7 @@
 // metadata that lies about a tensor's shape (what a source whose export disagrees with
 // its own table does), or a pass that yields fewer bytes than a tensor's metadata says.
 // It counts what the engine asks of it: passes (Iterate() calls), passes drained to the
-// end, and tensors yielded, so that a test can assert how many times a sync iterates its
+// end, and tensors yielded (held passes too, IterateHeld()), so that a test can assert how many times a sync iterates its
 // source. Counters are atomic and may be read from any thread; the options are set
 // before a sync (options() is not synchronized). Tests only.
 #pragma once
@@ -23,7 +23,7 @@
 namespace wsync::testing {
 
 struct FaultySourceOptions {
-  // The pass (1-based, counting Iterate() calls) whose stream fails at tensor `fail_at`
+  // The pass (1-based, counting Iterate() and IterateHeld() calls) whose stream fails at tensor `fail_at`
   // (0-based; that Next() returns the error); 0: no pass fails; -1: every pass fails.
   int fail_pass = 0;
   size_t fail_at = 0;
@@ -53,11 +53,14 @@ class FaultySource final : public WeightSource {
   const std::vector<TensorMeta>& metadata() const override { return meta_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   std::optional<std::vector<std::string>> HeldNames() const override { return inner_->HeldNames(); }
+  // The inner source's held pass, through the same faults and counters as Iterate():
+  // passes count both kinds, and tensor indices are positions in the held pass.
+  Result<std::unique_ptr<TensorStream>> IterateHeld() override;
 
   // Read and changed between syncs (lie_shape_at excepted, see above).
   FaultySourceOptions& options() { return options_; }
 
-  // Passes started (Iterate() calls that returned a stream).
+  // Passes started (Iterate() and IterateHeld() calls that returned a stream).
   int passes() const { return passes_.load(); }
   // Passes whose stream reported its end (Next() returned false).
   int completed_passes() const { return completed_passes_.load(); }
@@ -66,6 +69,7 @@ class FaultySource final : public WeightSource {
 
  private:
   class Stream;
+  Result<std::unique_ptr<TensorStream>> Wrap(Result<std::unique_ptr<TensorStream>> inner);
   WeightSource* inner_;
   FaultySourceOptions options_;
   std::vector<TensorMeta> meta_;

@@ -1,6 +1,7 @@
 // FaultySource over a small in-memory model: it passes tensors through untouched, fails
 // the pass and tensor it is told to with the code it is told to, lies about the shape
-// and bytes it is told to, and counts passes and tensors. Also checks the matchers.
+// and bytes it is told to, and counts passes and tensors, held passes included. Also
+// checks the matchers.
 #include "testing/faulty_source.h"
 
 #include <gtest/gtest.h>
@@ -23,9 +24,32 @@ HostTensorSource Model() {
   return HostTensorSource(std::move(tensors));
 }
 
-// The names yielded by one pass, or its error.
-Result<std::vector<std::string>> Drain(WeightSource& source) {
-  WSYNC_ASSIGN_OR_RETURN(auto stream, source.Iterate());
+// A source that holds t1 and t3 of Model(): its held pass yields those two only.
+class HeldSubset final : public WeightSource {
+ public:
+  HeldSubset() : all_(Model()), held_(Subset()) {}
+  const std::vector<TensorMeta>& metadata() const override { return all_.metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override { return all_.Iterate(); }
+  std::optional<std::vector<std::string>> HeldNames() const override {
+    return std::vector<std::string>{"t1", "t3"};
+  }
+  Result<std::unique_ptr<TensorStream>> IterateHeld() override { return held_.Iterate(); }
+
+ private:
+  static HostTensorSource Subset() {
+    HostTensorSource model = Model();
+    std::vector<HostTensor> held;
+    held.push_back(std::move(model.tensors()[1]));
+    held.push_back(std::move(model.tensors()[3]));
+    return HostTensorSource(std::move(held));
+  }
+  HostTensorSource all_;
+  HostTensorSource held_;
+};
+
+// The names yielded by one pass (the held pass with `held`), or its error.
+Result<std::vector<std::string>> Drain(WeightSource& source, bool held = false) {
+  WSYNC_ASSIGN_OR_RETURN(auto stream, held ? source.IterateHeld() : source.Iterate());
   std::vector<std::string> names;
   TensorRef t;
   while (true) {
@@ -70,6 +94,26 @@ TEST(FaultySource, FailsTheChosenPassAtTheChosenTensor) {
   EXPECT_THAT(Drain(s), StatusIs(StatusCode::kUnavailable, HasSubstr("gather")));
   EXPECT_THAT(Drain(s), StatusIs(StatusCode::kUnavailable));
   EXPECT_THAT(Drain(s), Not(IsOk()));
+}
+
+TEST(FaultySource, HeldPassGoesThroughTheSameFaultsAndCounters) {
+  HeldSubset inner;
+  FaultySource s(&inner, {.fail_pass = 2, .fail_at = 1});
+  EXPECT_EQ(s.HeldNames(), inner.HeldNames());
+  ASSERT_OK_AND_ASSIGN(auto held, Drain(s, true));
+  EXPECT_EQ(held, (std::vector<std::string>{"t1/12", "t3/12"}));
+  EXPECT_THAT(Drain(s, true), StatusIs(StatusCode::kInternal, "injected: the source broke at tensor 1 of pass 2"));
+  ASSERT_OK_AND_ASSIGN(auto full, Drain(s));
+  EXPECT_EQ(full.size(), 4u);
+  EXPECT_EQ(s.passes(), 3);
+  EXPECT_EQ(s.completed_passes(), 2);
+  EXPECT_EQ(s.tensors_yielded(), 2u + 1u + 4u);
+  // Over a source that holds everything, the held pass is the full pass.
+  HostTensorSource everything = Model();
+  FaultySource all(&everything);
+  EXPECT_FALSE(all.HeldNames().has_value());
+  ASSERT_OK_AND_ASSIGN(auto names, Drain(all, true));
+  EXPECT_EQ(names, (std::vector<std::string>{"t0/12", "t1/12", "t2/12", "t3/12"}));
 }
 
 TEST(FaultySource, LiesAboutAShapeInMetadataAndAboutBytesInTheStream) {
