@@ -30,6 +30,7 @@ int RunBenchDelta(const BenchArgs& args);
 // `wsync bench sources` (tools/bench_sources.cc).
 int RunBenchSources(const BenchArgs& args);
 int RunBenchIpc(const BenchArgs& args);  // `wsync bench ipc` (tools/bench_ipc.cc)
+int RunBenchSharded(const BenchArgs& args);  // `wsync bench sharded` (tools/bench_sharded.cc)
 
 // One receiving rank of the raw-broadcast baseline (hidden `bench-rank` command).
 struct BenchRankArgs {

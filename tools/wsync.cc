@@ -187,9 +187,11 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
-  b->add_option("what", bench.what, "broadcast")->required()->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc"}));
+  b->add_option("what", bench.what, "broadcast, delta, sources, ipc or sharded (against the nccl broadcast)")
+      ->required()
+      ->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc", "sharded"}));
   b->add_option("--model", bench.model)->capture_default_str();
-  b->add_option("--servers", bench.servers, "number of TP=1 servers")->capture_default_str();
+  b->add_option("--servers", bench.servers, "number of servers (each --tp workers)")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
   b->add_option("--iters", bench.iters, "timed syncs after sync 0 (broadcast also reports sync 0 and Init)")->capture_default_str();
   b->add_option("--bucket-gb", bench.bucket_gb)->capture_default_str();
@@ -199,8 +201,8 @@ int main(int argc, char** argv) {
               "steps are more than ~30 s apart (otherwise steps follow each other within seconds)");
   b->add_option("--device", bench.device, "ipc: cpu, or cuda:N (trainer and one TP=1 server on that GPU)")
       ->capture_default_str();
-  b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp")->capture_default_str();
-  b->add_option("--trainer-ranks", bench.trainer_ranks, "sources: ranks (0: tp*pp*ep)")->capture_default_str();
+  b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp; sharded: the trainer's layout (fsdp, tpXppYepZ)")->capture_default_str();
+  b->add_option("--trainer-ranks", bench.trainer_ranks, "sources and sharded: trainer ranks (0: sources tp*pp*ep, sharded 4)")->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
   BenchRankArgs rank;
@@ -271,6 +273,7 @@ int main(int argc, char** argv) {
     wsync::log::Init("bench");
     if (bench.what == "sources") Exit(RunBenchSources(bench));
     if (bench.what == "ipc") Exit(RunBenchIpc(bench));
+    if (bench.what == "sharded") Exit(RunBenchSharded(bench));
     Exit(bench.what == "delta" ? RunBenchDelta(bench) : RunBench(bench));
   }
   return 0;
