@@ -1,24 +1,340 @@
 #include "plan/sharded_plan.h"
 
-namespace wsync {
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <span>
+#include <string_view>
+#include <unordered_map>
 
-// Skeleton: the plan helper replaces every body below.
-std::vector<int> AssignProducerIndices(int, int, int) { return {}; }
-std::string MetadataDigest(const std::vector<std::string>&) { return ""; }
-Result<Ownership> ResolveOwnership(const std::vector<std::string>&, const std::vector<std::vector<bool>>&) {
-  return Unimplemented("ResolveOwnership");
+#include <fmt/format.h>
+
+#include "core/checked_math.h"
+#include "core/digest.h"
+
+namespace wsync {
+namespace {
+
+// The ownership rules CheckShardedStream and RdtRouter::Create share, for a stream of
+// `num_tensors` tensors.
+Status CheckOwnership(const Ownership& own, const std::vector<int>& group_lens, int num_producers,
+                      size_t num_tensors) {
+  if (num_producers < 1) return InvalidArgument(fmt::format("num_producers is {}, must be >= 1", num_producers));
+  std::optional<uint64_t> total = 0;
+  for (size_t g = 0; g < group_lens.size() && total; ++g) {
+    if (group_lens[g] <= 0) return InvalidArgument(fmt::format("group {} has {} tensors", g, group_lens[g]));
+    total = CheckedAdd(*total, group_lens[g]);
+  }
+  if (!total || *total != num_tensors) {
+    return InvalidArgument(fmt::format("the {} groups hold {} tensors, the stream has {}", group_lens.size(),
+                                       total ? fmt::to_string(*total) : "too many", num_tensors));
+  }
+  if (own.name_owner_class.size() != num_tensors) {
+    return InvalidArgument(fmt::format("ownership gives {} tensors a class, the stream has {}",
+                                       own.name_owner_class.size(), num_tensors));
+  }
+  for (size_t k = 0; k < own.owner_sets.size(); ++k) {
+    const std::vector<int>& set = own.owner_sets[k];
+    if (set.empty()) return InvalidArgument(fmt::format("owner set {} is empty", k));
+    for (size_t j = 0; j < set.size(); ++j) {
+      if (set[j] < 0 || set[j] >= num_producers) {
+        return InvalidArgument(
+            fmt::format("owner set {} names rank {}, outside [0, {})", k, set[j], num_producers));
+      }
+      if (j > 0 && set[j] <= set[j - 1]) {
+        return InvalidArgument(fmt::format("owner set {} is not ascending without repeats at rank {}", k, set[j]));
+      }
+    }
+  }
+  for (size_t i = 0; i < num_tensors; ++i) {
+    const int k = own.name_owner_class[i];
+    if (k < 0 || static_cast<size_t>(k) >= own.owner_sets.size()) {
+      return InvalidArgument(
+          fmt::format("tensor {} has owner class {}, outside [0, {})", i, k, own.owner_sets.size()));
+    }
+  }
+  return Status::Ok();
 }
-Result<RdtRouter> RdtRouter::Create(int, int, Ownership, const std::vector<int>&, int) {
-  return Unimplemented("RdtRouter");
+
+// The owner RdtRouter's rule picks for group `group` among `owners`, for consumer
+// `index` of a block of `size`.
+int Route(const std::vector<int>& owners, int group, int index, int size) {
+  const std::vector<int> bound = AssignProducerIndices(static_cast<int>(owners.size()), size, index);
+  return owners[bound[static_cast<size_t>(group) % bound.size()]];
 }
-int RdtRouter::ProducerFor(int, int) const { return 0; }
-std::vector<int> RdtRouter::GroupOwners(int) const { return {}; }
-size_t ConsumerPlan::bytes() const { return 0; }
-size_t ConsumerPlan::max_chunk_bytes() const { return 0; }
-Result<ConsumerPlan> PlanConsumer(const ShardedStream&, const ShardingTable&, const ConsumerSpot&) {
-  return Unimplemented("PlanConsumer");
+
+// Strings in the digest's canonical text are length-prefixed, so no name can forge a
+// field boundary.
+void AppendString(std::string& out, std::string_view s) { fmt::format_to(std::back_inserter(out), "{}:{}", s.size(), s); }
+
+// The canonical text of a plan, hashed into ConsumerPlan::digest. One line each, fields
+// separated by one space, integers in decimal, strings as <byte length>:<bytes>:
+//   wsync-sharded-plan 1
+//   consumer <id> block <block_index> <block_size> tp <tp_rank> <tp_size>
+// then for every chunk, in plan order,
+//   chunk <index> group <g> class <k> producer <p> bytes <n>
+// followed by one line per slice, in chunk order,
+//   slice <tensor name> <dtype (torch name)> <shape> <param name> <piece> <offset> <bytes>
+// where <shape> is the dimension count then each dimension.
+std::string CanonicalText(const ConsumerPlan& plan, const ConsumerSpot& spot, const ShardedStream& stream,
+                          const ShardingTable& table) {
+  std::string out;
+  auto it = std::back_inserter(out);
+  fmt::format_to(it, "wsync-sharded-plan 1\nconsumer {} block {} {} tp {} {}\n", spot.consumer, spot.block_index,
+                 spot.block_size, table.tp_rank(), table.tp_size());
+  for (size_t c = 0; c < plan.chunks.size(); ++c) {
+    const PlanChunk& chunk = plan.chunks[c];
+    fmt::format_to(it, "chunk {} group {} class {} producer {} bytes {}\n", c, chunk.group, chunk.owner_class,
+                   chunk.producer, chunk.bytes);
+    for (const PlanSlice& s : chunk.slices) {
+      const TensorMeta& t = stream.tensors[s.tensor];
+      out += "slice ";
+      AppendString(out, t.name);
+      out += ' ';
+      AppendString(out, TorchName(t.dtype));
+      fmt::format_to(it, " {}", t.shape.size());
+      for (int64_t d : t.shape) fmt::format_to(it, " {}", d);
+      out += ' ';
+      AppendString(out, table.params()[s.param].meta.name);
+      fmt::format_to(it, " {} {} {}\n", s.piece, s.offset, s.bytes);
+    }
+  }
+  return out;
 }
-ProducerPlan PlanProducer(int producer, int, const std::vector<ConsumerPlan>&) { return ProducerPlan{producer}; }
-void PackSliceHost(const ShardingTable&, const PlanSlice&, const std::byte*, std::byte*) {}
+
+std::string WorkerName(const ShardingTable& table, const ConsumerSpot& spot) {
+  return fmt::format("consumer {} (worker tp{}/{} of {})", spot.consumer, table.tp_rank(), table.tp_size(),
+                     table.config().name);
+}
+
+}  // namespace
+
+std::vector<int> AssignProducerIndices(int producers, int consumers, int consumer) {
+  if (producers < 1 || consumers < 1 || consumer < 0 || consumer >= consumers) return {};
+  const int64_t p = producers, c = consumers, i = consumer;
+  if (p >= c) {
+    std::vector<int> out;
+    for (int64_t k = i * p / c; k < (i + 1) * p / c; ++k) out.push_back(static_cast<int>(k));
+    return out;
+  }
+  return {static_cast<int>(i * p / c)};
+}
+
+std::string MetadataDigest(const std::vector<std::string>& names) {
+  std::string text = fmt::format("{}\n", names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) text += '\n';
+    text += names[i];
+  }
+  return HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text))).substr(0, 16);
+}
+
+Result<Ownership> ResolveOwnership(const std::vector<std::string>& names, const std::vector<std::vector<bool>>& held) {
+  if (held.empty()) return InvalidArgument("no trainer rank states what it holds");
+  for (size_t r = 0; r < held.size(); ++r) {
+    if (held[r].size() != names.size()) {
+      return InvalidArgument(fmt::format("trainer rank {} states {} held flags for {} tensors", r, held[r].size(),
+                                         names.size()));
+    }
+  }
+  Ownership own;
+  own.name_owner_class.reserve(names.size());
+  std::map<std::vector<int>, int> class_of;
+  std::vector<bool> holds_any(held.size(), false);
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::vector<int> owners;
+    for (size_t r = 0; r < held.size(); ++r) {
+      if (!held[r][i]) continue;
+      owners.push_back(static_cast<int>(r));
+      holds_any[r] = true;
+    }
+    if (owners.empty()) return InvalidArgument(fmt::format("no trainer rank holds tensor {}", names[i]));
+    auto [pos, fresh] = class_of.emplace(owners, static_cast<int>(own.owner_sets.size()));
+    if (fresh) own.owner_sets.push_back(std::move(owners));
+    own.name_owner_class.push_back(pos->second);
+  }
+  for (size_t r = 0; r < held.size(); ++r) {
+    if (!holds_any[r]) {
+      return InvalidArgument(fmt::format("trainer rank {} holds none of the {} tensors", r, names.size()));
+    }
+  }
+  return own;
+}
+
+Result<RdtRouter> RdtRouter::Create(int num_producers, int num_consumers, Ownership ownership,
+                                    const std::vector<int>& group_lens, int workers_per_replica) {
+  if (num_consumers < 1) return InvalidArgument(fmt::format("num_consumers is {}, must be >= 1", num_consumers));
+  if (workers_per_replica < 0) {
+    return InvalidArgument(fmt::format("workers_per_replica is {}, must be >= 0", workers_per_replica));
+  }
+  const int block = std::min(num_consumers, workers_per_replica > 0 ? workers_per_replica : num_consumers);
+  if (num_consumers % block != 0) {
+    return InvalidArgument(fmt::format("workers_per_replica {} does not divide the {} consumers", workers_per_replica,
+                                       num_consumers));
+  }
+  WSYNC_RETURN_IF_ERROR(
+      CheckOwnership(ownership, group_lens, num_producers, ownership.name_owner_class.size()));
+  RdtRouter r;
+  r.num_producers_ = num_producers;
+  r.num_consumers_ = num_consumers;
+  r.block_consumers_ = block;
+  r.group_of_.reserve(ownership.name_owner_class.size());
+  size_t tensor = 0;
+  for (size_t g = 0; g < group_lens.size(); ++g) {
+    std::vector<bool> owner(num_producers, false);
+    for (int k = 0; k < group_lens[g]; ++k, ++tensor) {
+      r.group_of_.push_back(static_cast<int>(g));
+      for (int rank : ownership.owner_sets[ownership.name_owner_class[tensor]]) owner[rank] = true;
+    }
+    std::vector<int>& owners = r.group_owners_.emplace_back();
+    for (int rank = 0; rank < num_producers; ++rank) {
+      if (owner[rank]) owners.push_back(rank);
+    }
+  }
+  r.ownership_ = std::move(ownership);
+  return r;
+}
+
+int RdtRouter::ProducerFor(int consumer_id, int tensor) const {
+  if (consumer_id < 0 || consumer_id >= num_consumers_ || tensor < 0 ||
+      static_cast<size_t>(tensor) >= group_of_.size()) {
+    return -1;
+  }
+  const std::vector<int>& owners = ownership_.owner_sets[ownership_.name_owner_class[tensor]];
+  return Route(owners, group_of_[tensor], consumer_id % block_consumers_, block_consumers_);
+}
+
+std::vector<int> RdtRouter::GroupOwners(int group) const {
+  if (group < 0 || static_cast<size_t>(group) >= group_owners_.size()) return {};
+  return group_owners_[group];
+}
+
+Status CheckShardedStream(const ShardedStream& stream) {
+  return CheckOwnership(stream.ownership, stream.group_lens, stream.num_producers, stream.tensors.size());
+}
+
+size_t ConsumerPlan::bytes() const {
+  size_t n = 0;
+  for (const PlanChunk& c : chunks) n += c.bytes;
+  return n;
+}
+
+size_t ConsumerPlan::max_chunk_bytes() const {
+  size_t n = 0;
+  for (const PlanChunk& c : chunks) n = std::max(n, c.bytes);
+  return n;
+}
+
+Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTable& table, const ConsumerSpot& spot) {
+  WSYNC_RETURN_IF_ERROR(CheckShardedStream(stream));
+  const std::string who = WorkerName(table, spot);
+  if (spot.consumer < 0 || spot.block_size < 1 || spot.block_index < 0 || spot.block_index >= spot.block_size) {
+    return InvalidArgument(fmt::format("{}: block index {} of a block of {} is out of range", who, spot.block_index,
+                                       spot.block_size));
+  }
+  // Every stream tensor must be one of the model's, once, as the model has it; every
+  // tensor this worker keeps pieces of must be in the stream.
+  std::vector<int> stream_index(table.hf_tensors().size(), -1);
+  for (size_t i = 0; i < stream.tensors.size(); ++i) {
+    const TensorMeta& t = stream.tensors[i];
+    const int hf = table.FindHf(t.name);
+    if (hf < 0) return InvalidArgument(fmt::format("{}: the model has no tensor {}", who, t.name));
+    if (stream_index[hf] >= 0) {
+      return InvalidArgument(fmt::format("{}: the stream names {} twice (tensors {} and {})", who, t.name,
+                                         stream_index[hf], i));
+    }
+    WSYNC_RETURN_IF_ERROR(CheckSameMeta(table.hf_tensors()[hf], t).WithContext(who));
+    stream_index[hf] = static_cast<int>(i);
+  }
+  for (size_t hf = 0; hf < table.hf_tensors().size(); ++hf) {
+    const std::string& name = table.hf_tensors()[hf].name;
+    if (stream_index[hf] < 0 && !table.PiecesOf(name).empty()) {
+      return InvalidArgument(fmt::format("{}: tensor {} is missing from the trainer's stream", who, name));
+    }
+  }
+
+  ConsumerPlan plan;
+  plan.consumer = spot.consumer;
+  plan.tp_rank = table.tp_rank();
+  plan.tp_size = table.tp_size();
+  size_t begin = 0;
+  for (size_t g = 0; g < stream.group_lens.size(); ++g) {
+    const size_t end = begin + static_cast<size_t>(stream.group_lens[g]);
+    std::map<int, PlanChunk> by_class;  // ascending class id
+    for (size_t i = begin; i < end; ++i) {
+      for (const auto& [param, piece] : table.PiecesOf(stream.tensors[i].name)) {
+        const PieceRuns runs = table.Runs(param, piece);
+        const int k = stream.ownership.name_owner_class[i];
+        PlanChunk& chunk = by_class[k];
+        const std::optional<size_t> bytes = CheckedMul<size_t>(runs.count, runs.run_bytes);
+        const std::optional<size_t> offset = CheckedAdd<size_t>(chunk.bytes, size_t{15});
+        const std::optional<size_t> slice_end =
+            bytes && offset ? CheckedAdd<size_t>(*offset & ~size_t{15}, *bytes) : std::nullopt;
+        if (!slice_end) {
+          return InvalidArgument(fmt::format("{}: the slices of group {} overflow at tensor {}", who, g,
+                                             stream.tensors[i].name));
+        }
+        chunk.slices.push_back(PlanSlice{static_cast<int>(i), param, piece, *offset & ~size_t{15}, *bytes});
+        chunk.bytes = *slice_end;
+      }
+    }
+    for (auto& [k, chunk] : by_class) {
+      chunk.group = static_cast<int>(g);
+      chunk.owner_class = k;
+      chunk.producer = Route(stream.ownership.owner_sets[k], static_cast<int>(g), spot.block_index, spot.block_size);
+      plan.chunks.push_back(std::move(chunk));
+    }
+    begin = end;
+  }
+  const std::string text = CanonicalText(plan, spot, stream, table);
+  plan.digest = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
+  return plan;
+}
+
+ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans) {
+  ProducerPlan out;
+  out.producer = producer;
+  out.by_group.resize(static_cast<size_t>(std::max(num_groups, 0)));
+  for (size_t p = 0; p < plans.size(); ++p) {
+    for (size_t c = 0; c < plans[p].chunks.size(); ++c) {
+      const PlanChunk& chunk = plans[p].chunks[c];
+      if (chunk.producer != producer || chunk.group < 0 || chunk.group >= num_groups) continue;
+      std::vector<ProducerSend>& sends = out.by_group[chunk.group];
+      auto same = std::find_if(sends.begin(), sends.end(), [&](const ProducerSend& s) {
+        const ConsumerPlan& sharer = plans[s.plan];
+        return s.bytes == chunk.bytes && sharer.tp_rank == plans[p].tp_rank && sharer.tp_size == plans[p].tp_size &&
+               sharer.chunks[s.chunk] == chunk;
+      });
+      if (same == sends.end()) {
+        sends.push_back(ProducerSend{chunk.group, {}, {}, static_cast<int>(p), static_cast<int>(c), chunk.bytes});
+        same = sends.end() - 1;
+      }
+      same->consumers.push_back(plans[p].consumer);
+      same->chunks.push_back(static_cast<int>(c));
+    }
+  }
+  for (std::vector<ProducerSend>& sends : out.by_group) {
+    size_t group_bytes = 0;
+    for (ProducerSend& s : sends) {
+      // Consumers ascending, each keeping its chunk index beside it.
+      std::vector<std::pair<int, int>> pairs;
+      for (size_t i = 0; i < s.consumers.size(); ++i) pairs.emplace_back(s.consumers[i], s.chunks[i]);
+      std::sort(pairs.begin(), pairs.end());
+      for (size_t i = 0; i < pairs.size(); ++i) std::tie(s.consumers[i], s.chunks[i]) = pairs[i];
+      group_bytes += s.bytes;
+      out.bytes_sent += s.bytes * s.consumers.size();
+    }
+    out.max_group_bytes = std::max(out.max_group_bytes, group_bytes);
+  }
+  return out;
+}
+
+void PackSliceHost(const ShardingTable& table, const PlanSlice& s, const std::byte* hf, std::byte* chunk) {
+  const PieceRuns r = table.Runs(s.param, s.piece);
+  std::byte* dst = chunk + s.offset;
+  for (int64_t k = 0; k < r.count; ++k) {
+    std::memcpy(dst + k * r.run_bytes, hf + r.hf_offset + k * r.hf_stride, static_cast<size_t>(r.run_bytes));
+  }
+}
 
 }  // namespace wsync

@@ -27,10 +27,11 @@
 // compared at init, and a mismatch fails init naming both digests.
 //
 // A producer's view (PlanProducer) lists, per group, one SEND per distinct chunk: the
-// consumers whose chunks of that group from this producer are byte-identical (same table
-// shape and same slices at the same offsets) share one packed buffer, so the trainer's
-// memory does not grow with the number of deployments (SkyRL's slot sharing). A message's
-// tag on the wire is the chunk's index in its consumer's plan.
+// consumers whose chunks of that group from this producer are byte-identical (same table,
+// that is the same TP rank and size, and the same slices at the same offsets) share one
+// packed buffer, so the trainer's memory does not grow with the number of deployments
+// (SkyRL's slot sharing). A message's tag on the wire is the chunk's index in its
+// consumer's plan.
 //
 // Pure functions and immutable results; thread-safe.
 #pragma once
@@ -49,7 +50,8 @@ namespace wsync {
 
 // SkyRL's assign_producer_indices: the positions in an owner set of `producers` ranks
 // that consumer `consumer` of a block of `consumers` binds. P >= C: the contiguous range
-// [c*P/C, (c+1)*P/C); P < C: the single position c*P/C.
+// [c*P/C, (c+1)*P/C); P < C: the single position c*P/C. Empty unless producers >= 1,
+// consumers >= 1 and 0 <= consumer < consumers.
 std::vector<int> AssignProducerIndices(int producers, int consumers, int consumer);
 
 // SkyRL's metadata digest: the first 16 hex digits of SHA-256 over "<count>\n" followed by
@@ -76,14 +78,17 @@ class RdtRouter {
  public:
   // `group_lens`: tensors per group, in stream order (they sum to the tensor count).
   // workers_per_replica 0: the whole fleet is one block. InvalidArgument when it does not
-  // divide num_consumers, an owner set is empty or names a rank outside
-  // [0, num_producers), a class id is out of range, or the group lengths do not add up.
+  // divide num_consumers, a count is below 1 (workers_per_replica below 0), or the
+  // ownership and groups fail CheckShardedStream's rules (an owner set empty or naming a
+  // rank outside [0, num_producers), a class id out of range, group lengths that do not
+  // add up).
   static Result<RdtRouter> Create(int num_producers, int num_consumers, Ownership ownership,
                                   const std::vector<int>& group_lens, int workers_per_replica = 0);
-  // The trainer rank consumer `consumer_id` pulls tensor `tensor` from.
+  // The trainer rank consumer `consumer_id` pulls tensor `tensor` from; -1 for a
+  // consumer outside [0, num_consumers) or a tensor outside the stream.
   int ProducerFor(int consumer_id, int tensor) const;
   // The union of the owners of group `group`'s tensors, ascending (who a consumer tells
-  // that it is done with the group).
+  // that it is done with the group); empty for a group outside the stream.
   std::vector<int> GroupOwners(int group) const;
 
  private:
@@ -103,6 +108,11 @@ struct ShardedStream {
   Ownership ownership;
   int num_producers = 1;
 };
+
+// OK when the stream is well formed: group_lens positive and summing to the tensor
+// count, one class per tensor, classes within owner_sets, owner sets non-empty, ranks
+// in [0, num_producers), ascending, no duplicates. InvalidArgument naming what is wrong.
+Status CheckShardedStream(const ShardedStream& stream);
 
 // Where one consumer sits: its fleet-global id and its routing block (its deployment).
 struct ConsumerSpot {
@@ -131,16 +141,23 @@ struct PlanChunk {
 
 struct ConsumerPlan {
   int consumer = 0;
+  // The worker's table (ShardingTable::tp_rank / tp_size). A slice names a parameter and
+  // a piece, not the HF rows it takes: equal chunks hold the same bytes only for workers
+  // of one table, so PlanProducer shares a send only between plans where these agree.
+  int tp_rank = 0;
+  int tp_size = 1;
   std::vector<PlanChunk> chunks;  // group order, then owner class
   std::string digest;             // hex SHA-256 of the canonical text (see above)
   size_t bytes() const;           // every chunk's bytes
   size_t max_chunk_bytes() const;
 };
 
-// The plan of the worker `table` describes, at `spot`. Every tensor the table has pieces
-// of must be in the stream with the table's dtype and shape (else InvalidArgument naming
-// it); stream tensors the worker keeps nothing of are skipped; a stream tensor the model
-// does not have is InvalidArgument naming it.
+// The plan of the worker `table` describes, at `spot`. The stream must pass
+// CheckShardedStream and the spot must lie in its block (0 <= block_index < block_size,
+// consumer >= 0). Every tensor the table has pieces of must be in the stream once, with
+// the table's dtype and shape (else InvalidArgument naming it); stream tensors the worker
+// keeps nothing of are skipped; a stream tensor the model does not have, or one named
+// twice, is InvalidArgument naming it.
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTable& table,
                                   const ConsumerSpot& spot);
 
@@ -164,11 +181,15 @@ struct ProducerPlan {
 };
 
 // What `producer` sends, from every consumer's plan (indexed by position in `plans`,
-// whose `consumer` fields are the ids). `num_groups` sizes by_group.
+// whose `consumer` fields are the ids). `num_groups` sizes by_group; every chunk's group
+// must lie in [0, num_groups) (the plans come from PlanConsumer over one stream). Sends
+// of a group are listed in order of their first sharer (plan order, then chunk order).
 ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans);
 
 // Copies slice `s` of a consumer whose table is `table` out of its HF tensor's bytes
-// (`hf`, the whole tensor, host memory) into `chunk` at s.offset (host memory).
+// (`hf`, the whole tensor, host memory) into `chunk` at s.offset (host memory): the
+// piece's runs (ShardingTable::Runs) back to back, s.bytes in all. `s` must come from a
+// plan made with `table`.
 void PackSliceHost(const ShardingTable& table, const PlanSlice& s, const std::byte* hf, std::byte* chunk);
 
 }  // namespace wsync
