@@ -12,10 +12,10 @@
 #include <fmt/format.h>
 
 #include "backends/nccl/staging.h"
+#include "backends/receiver_group.h"
 #include "backends/sharded/init_info.h"
 #include "comm/communicator.h"
 #include "comm/connect.h"
-#include "comm/store_address.h"
 #include "core/log.h"
 #include "model/sharding.h"
 #include "model/worker_sink.h"
@@ -55,7 +55,12 @@ class ShardedReceiver final : public ReceiverBackend {
 
   Status InitFromPeer(const json& init_info, const std::string& peer_address) override {
     WSYNC_ASSIGN_OR_RETURN(ShardedInitInfo info, ShardedInitInfo::Parse(init_info));
-    WSYNC_RETURN_IF_ERROR(CheckDataPlane(info, peer_address));
+    if (info.uses_gloo()) {
+      // The store this server dials: the peer's own address (store_address.h).
+      WSYNC_ASSIGN_OR_RETURN(info.gloo_store_host, AdmitGlooStore(*ctx_, *info.gloo_store_host, peer_address));
+    } else {
+      WSYNC_RETURN_IF_ERROR(CheckNcclWorkers(*ctx_));
+    }
     WSYNC_ASSIGN_OR_RETURN(std::vector<ConsumerPlan> plans, PlanWorkers(info));
     Shutdown();
     const double timeout = ctx_->TimeoutFor(info.timeout_seconds);
@@ -98,14 +103,9 @@ class ShardedReceiver final : public ReceiverBackend {
         return Status::Ok();
       }));
     }
-    Status first;
-    for (auto& f : futures) {
-      Status s = f.get();
-      if (first.ok() && !s.ok()) first = s;
-    }
-    if (!first.ok()) {
+    if (Status s = JoinAll(futures); !s.ok()) {
       Shutdown();
-      return first;
+      return s;
     }
     group_first_.assign(1, 0);
     for (int len : info.group_lens) group_first_.push_back(group_first_.back() + len);
@@ -143,10 +143,8 @@ class ShardedReceiver final : public ReceiverBackend {
   }
 
   void Shutdown() override {
-    for (Slot& slot : slots_) {
-      if (slot.comm) slot.comm->Abort();
-      slot.comm.reset();
-    }
+    AbortGroup();
+    for (Slot& slot : slots_) slot.comm.reset();
     info_.reset();
   }
 
@@ -156,36 +154,6 @@ class ShardedReceiver final : public ReceiverBackend {
     ConsumerPlan plan;
     std::vector<StagingBuffer> buffers;  // the receive ring, reused across syncs
   };
-
-  std::vector<std::string> AllowedStoreHosts() const {
-    std::vector<std::string> out;
-    auto it = ctx_->backend_config.find("allowed_store_hosts");
-    if (it != ctx_->backend_config.end() && it->is_array()) {
-      for (const json& h : *it) {
-        if (h.is_string()) out.push_back(h.get<std::string>());
-      }
-    }
-    return out;
-  }
-
-  // The rendezvous this server may join: a Gloo store on an admitted host, or NCCL on
-  // CUDA workers of a build with NCCL.
-  Status CheckDataPlane(ShardedInitInfo& info, const std::string& peer_address) const {
-    if (info.uses_gloo()) {
-      WSYNC_ASSIGN_OR_RETURN(info.gloo_store_host,
-                             AdmitStoreHost(*info.gloo_store_host, peer_address, AllowedStoreHosts()));
-      return Status::Ok();
-    }
-    for (const ReceiverWorker& w : ctx_->workers) {
-      if (w.device.is_cpu()) {
-        return Unimplemented(fmt::format(
-            "init_info carries nccl_unique_id_b64, but {} is on cpu: the NCCL data plane needs CUDA devices "
-            "(wsync serve --device cuda:N); use the Gloo rendezvous fields for CPU servers", w.label));
-      }
-    }
-    if (!HasNccl()) return Unimplemented("init_info carries nccl_unique_id_b64, but this server was built without NCCL");
-    return Status::Ok();
-  }
 
   // Every worker's plan, made from its own sharding table and checked against the
   // trainer's digest of it.
