@@ -251,6 +251,15 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
         "init_info consumer_offset {} + deployment_workers {} is past num_consumers {}", info.consumer_offset,
         info.deployment_workers, info.num_consumers));
   }
+  if (info.workers_per_replica > 0 &&
+      (info.deployment_workers != info.workers_per_replica ||
+       int64_t{info.consumer_offset} != int64_t{info.replica_rank} * info.workers_per_replica)) {
+    // Uniform deployments: SkyRL's consumer id replica_rank * workers_per_replica + index.
+    return InvalidArgument(fmt::format(
+        "init_info consumer_offset {} and deployment_workers {} disagree with replica_rank {} and "
+        "workers_per_replica {} (deployments of workers_per_replica workers each)", info.consumer_offset,
+        info.deployment_workers, info.replica_rank, info.workers_per_replica));
+  }
   WSYNC_ASSIGN_OR_RETURN(info.num_buffers, r.Int("num_buffers", 1, kMaxShardedBuffers, 2));
 
   // The model and who holds what.

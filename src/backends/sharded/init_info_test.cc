@@ -143,6 +143,15 @@ TEST(ShardedInitInfo, IntegersAreExactAndRangeChecked) {
   EXPECT_EQ(ErrorOf(With("consumer_offset", 4)), "init_info 'consumer_offset' is 4, outside [0, 3]");
   EXPECT_EQ(ErrorOf(With("consumer_offset", 3)),
             "init_info consumer_offset 3 + deployment_workers 2 is past num_consumers 4");
+  EXPECT_EQ(ErrorOf(With("consumer_offset", 1)),
+            "init_info consumer_offset 1 and deployment_workers 2 disagree with replica_rank 1 and "
+            "workers_per_replica 2 (deployments of workers_per_replica workers each)");
+  // Deployments of different sizes: workers_per_replica 0, any offset.
+  json mixed = With("workers_per_replica", 0);
+  mixed["consumer_offset"] = 1;
+  mixed["deployment_workers"] = 3;
+  mixed["plan_digests"] = {"a", "b", "c"};
+  EXPECT_TRUE(ShardedInitInfo::Parse(mixed).ok());
 }
 
 TEST(ShardedInitInfo, TheTensorListIsCheckedAsUpdateInfosAre) {

@@ -160,6 +160,7 @@ class ShardedReceiver final : public ReceiverBackend {
   Result<std::vector<ConsumerPlan>> PlanWorkers(const ShardedInitInfo& info) const {
     ShardedStream stream{info.tensors, info.group_lens, Ownership{info.owner_sets, info.name_owner_class},
                          info.num_producers};
+    if (ctx_->workers.empty()) return FailedPrecondition("this server has no workers to join the sharded group");
     std::vector<ConsumerPlan> plans;
     for (const ReceiverWorker& w : ctx_->workers) {
       const int index = ctx_->DeploymentIndex(w);
