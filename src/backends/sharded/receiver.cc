@@ -123,8 +123,14 @@ class ShardedReceiver final : public ReceiverBackend {
     const json& update_info = *req.update_info;
     if (!update_info.is_object()) return InvalidArgument("update_info must be an object ({} for backend sharded)");
     if (!update_info.empty()) {
-      std::vector<std::string> keys;
-      for (const auto& [key, _] : update_info.items()) keys.push_back(key.substr(0, 64));
+      std::vector<std::string> keys;  // the first few, cut short: the body is untrusted
+      for (const auto& [key, _] : update_info.items()) {
+        if (keys.size() == 8) {
+          keys.push_back("...");
+          break;
+        }
+        keys.push_back(key.substr(0, 64));
+      }
       return InvalidArgument(fmt::format(
           "update_info of backend sharded takes no fields (the plan is fixed at init); got {}", fmt::join(keys, ", ")));
     }
@@ -158,10 +164,9 @@ class ShardedReceiver final : public ReceiverBackend {
   // Every worker's plan, made from its own sharding table and checked against the
   // trainer's digest of it.
   Result<std::vector<ConsumerPlan>> PlanWorkers(const ShardedInitInfo& info) const {
-    ShardedStream stream{info.tensors, info.group_lens, Ownership{info.owner_sets, info.name_owner_class},
-                         info.num_producers};
     if (ctx_->workers.empty()) return FailedPrecondition("this server has no workers to join the sharded group");
-    std::vector<ConsumerPlan> plans;
+    // Every worker's place first: a fleet the two sides count differently is named as such,
+    // not as the plan digests it also changes.
     for (const ReceiverWorker& w : ctx_->workers) {
       const int index = ctx_->DeploymentIndex(w);
       // In int64: consumer_offset and the index are bounded, their sum is not.
@@ -172,13 +177,19 @@ class ShardedReceiver final : public ReceiverBackend {
             "or its deployment's {} workers", w.label, consumer, info.consumer_offset, index, info.num_consumers,
             info.deployment_workers));
       }
-      const ShardingTable* table = w.sink->sharding();
-      if (table == nullptr) {
+      if (w.sink->sharding() == nullptr) {
         return Unimplemented(fmt::format("{} keeps no sharding table: backend sharded needs a server's workers",
                                          w.label));
       }
-      ConsumerSpot spot{static_cast<int>(consumer), index, info.deployment_workers};
-      Result<ConsumerPlan> plan = PlanConsumer(stream, *table, spot);
+    }
+    ShardedStream stream{info.tensors, info.group_lens, Ownership{info.owner_sets, info.name_owner_class},
+                         info.num_producers};
+    std::vector<ConsumerPlan> plans;
+    for (const ReceiverWorker& w : ctx_->workers) {
+      const int index = ctx_->DeploymentIndex(w);
+      const int consumer = info.consumer_offset + index;
+      Result<ConsumerPlan> plan =
+          PlanConsumer(stream, *w.sink->sharding(), ConsumerSpot{consumer, index, info.deployment_workers});
       if (!plan.ok()) return plan.status().WithContext(fmt::format("{}: planning its slices", w.label));
       if (plan->digest != info.plan_digests[index]) {
         return FailedPrecondition(fmt::format(

@@ -245,6 +245,20 @@ TEST_P(ShardedReceiver, APlanDigestThatDisagreesFailsInitNamingBothDigests) {
   driver_->Close();
 }
 
+TEST_P(ShardedReceiver, AWorkerOutsideItsDeploymentFailsInitNamingIt) {
+  ShardedInitInfo info = Info(kServerTimeout);
+  info.workers_per_replica = 0;
+  info.deployment_workers = 1;  // the trainer thinks the server has one worker
+  info.plan_digests.resize(1);
+  Status s = driver_->InitAll(info.ToJson());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(fmt::format("{} worker dp0/tp1 would be consumer 1 (consumer_offset 0 + deployment "
+                                         "index 1), outside the fleet's 2 consumers or its deployment's 1 workers",
+                                         server_->url())),
+            std::string::npos)
+      << s.message();
+}
+
 TEST_P(ShardedReceiver, AProducerThatNeverSendsFailsTheUpdateInTimeNamingItAndTheGroup) {
   constexpr double kTimeout = 2;
   ASSERT_TRUE(InitGroup(Info(kTimeout)).ok());
