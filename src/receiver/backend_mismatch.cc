@@ -10,7 +10,8 @@ namespace {
 
 struct BackendFields {
   std::string backend;
-  std::vector<std::string> fields;
+  std::vector<std::string> fields;  // sent by this backend only
+  std::vector<std::string> shared;  // also sent by this backend, though listed for another
 };
 
 // Fields every backend may send ("packed", "timeout_seconds") are in no list.
@@ -19,11 +20,19 @@ const std::vector<BackendFields>& Table() {
       {"nccl",
        {"master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id_b64",
         "gloo_store_host", "gloo_store_port", "gloo_prefix", "gloo_rank_labels", "wsync_protocol",
-        "packed_buffer_size_bytes", "packed_num_buffers", "wsync_broadcast_piece_bytes"}},
+        "packed_buffer_size_bytes", "packed_num_buffers", "wsync_broadcast_piece_bytes"},
+       {}},
       {"ipc",
        {"wsync_ipc_protocol", "buffers", "control_path", "control_bytes", "num_slots", "slot_bytes",
-        "reader_offset", "reader_count", "session"}},
-      {"delta", {"sync_dir", "format_version", "base_model_path", "local_checkpoint_dir"}},
+        "reader_offset", "reader_count", "session"},
+       {}},
+      {"delta", {"sync_dir", "format_version", "base_model_path", "local_checkpoint_dir"}, {}},
+      // The sharded backend meets its group as the nccl backend does.
+      {"sharded",
+       {"names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class", "num_producers",
+        "num_consumers", "workers_per_replica", "replica_rank", "num_replicas", "consumer_offset",
+        "deployment_workers", "plan_digests", "num_buffers", "rank_labels"},
+       {"world_size", "nccl_unique_id_b64", "gloo_store_host", "gloo_store_port", "gloo_prefix", "wsync_protocol"}},
   };
   return kTable;
 }
@@ -32,15 +41,20 @@ bool Has(const std::vector<std::string>& fields, const std::string& key) {
   return std::find(fields.begin(), fields.end(), key) != fields.end();
 }
 
-}  // namespace
-
-const std::vector<std::string>& InitInfoFieldsOf(std::string_view backend) {
-  static const std::vector<std::string> kNone;
+// The row of `backend`; an empty one for a backend not in the table.
+const BackendFields& Row(std::string_view backend) {
+  static const BackendFields kNone;
   for (const BackendFields& b : Table()) {
-    if (b.backend == backend) return b.fields;
+    if (b.backend == backend) return b;
   }
   return kNone;
 }
+
+}  // namespace
+
+const std::vector<std::string>& InitInfoFieldsOf(std::string_view backend) { return Row(backend).fields; }
+
+const std::vector<std::string>& InitInfoSharedFieldsOf(std::string_view backend) { return Row(backend).shared; }
 
 std::vector<std::string> InitInfoBackends() {
   std::vector<std::string> names;
@@ -52,13 +66,16 @@ std::optional<InitInfoGuess> GuessForeignInitInfo(std::string_view server_backen
                                                   const nlohmann::json& init_info) {
   if (!init_info.is_object()) return std::nullopt;
   const std::vector<std::string>& own = InitInfoFieldsOf(server_backend);
-  for (const auto& [key, _] : init_info.items()) {
-    if (Has(own, key)) return std::nullopt;
-  }
   std::optional<InitInfoGuess> best;
   size_t best_count = 0;
   for (const BackendFields& b : Table()) {
     if (b.backend == server_backend) continue;
+    // A field of the server's own backend that `b` does not send too rules `b` out.
+    bool ruled_out = false;
+    for (const auto& [key, _] : init_info.items()) {
+      ruled_out = ruled_out || (Has(own, key) && !Has(b.shared, key));
+    }
+    if (ruled_out) continue;
     size_t count = 0;
     std::string first;
     for (const auto& [key, _] : init_info.items()) {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace wsync {
 namespace {
 
@@ -21,6 +23,14 @@ json IpcInit() {
               {"reader_count", 1}, {"buffers", json::object()}};
 }
 json DeltaInit() { return json{{"sync_dir", "/sync"}, {"format_version", 1}}; }
+// The sharded trainer's: its own fields and the nccl backend's rendezvous fields.
+json ShardedInit() {
+  return json{{"names", {"a"}}, {"dtype_names", {"float32"}}, {"shapes", {{2}}}, {"group_lens", {1}},
+              {"owner_sets", {{0}}}, {"name_owner_class", {0}}, {"num_producers", 1}, {"num_consumers", 1},
+              {"consumer_offset", 0}, {"deployment_workers", 1}, {"plan_digests", {"ab"}}, {"world_size", 2},
+              {"num_buffers", 2}, {"gloo_store_host", "127.0.0.1"}, {"gloo_store_port", 29500},
+              {"gloo_prefix", "p"}, {"wsync_protocol", 1}, {"timeout_seconds", 5}};
+}
 // vLLM's NCCL engine's init_info (torch TCPStore rendezvous).
 json VllmNcclInit() {
   return json{{"master_address", "10.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 2}};
@@ -36,7 +46,8 @@ TEST(BackendMismatch, AnIpcInitInfoToAnNcclServerNamesBothBackendsAndTheField) {
 
 TEST(BackendMismatch, EveryPairOfDifferentBackendsIsNamed) {
   const std::pair<std::string, json> inits[] = {
-      {"nccl", NcclInit()}, {"nccl", VllmNcclInit()}, {"ipc", IpcInit()}, {"delta", DeltaInit()}};
+      {"nccl", NcclInit()}, {"nccl", VllmNcclInit()}, {"ipc", IpcInit()}, {"delta", DeltaInit()},
+      {"sharded", ShardedInit()}};
   for (const auto& [sent_for, init] : inits) {
     for (const std::string& server : InitInfoBackends()) {
       Status s = CheckInitInfoBackend(server, init);
@@ -88,12 +99,34 @@ TEST(BackendMismatch, TheMostFieldsWinBetweenTwoForeignBackends) {
 }
 
 TEST(BackendMismatch, AServerOfABackendNotInTheTableStillNamesKnownInitInfos) {
-  Status s = CheckInitInfoBackend("sharded", DeltaInit());
+  Status s = CheckInitInfoBackend("future", DeltaInit());
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("this server runs backend 'sharded'; the init_info is for backend 'delta'"),
+  EXPECT_NE(s.message().find("this server runs backend 'future'; the init_info is for backend 'delta'"),
             std::string::npos)
       << s.message();
-  EXPECT_TRUE(InitInfoFieldsOf("sharded").empty());
+  EXPECT_TRUE(InitInfoFieldsOf("future").empty());
+}
+
+TEST(BackendMismatch, FieldsShardedSharesWithNcclDoNotHideItFromAnNcclServer) {
+  // The sharded init_info carries nccl's rendezvous fields, but they are sharded's too.
+  Status s = CheckInitInfoBackend("nccl", ShardedInit());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "this server runs backend 'nccl'; the init_info is for backend 'sharded' (field 'consumer_offset'): "
+            "start the server with --backend sharded or push with --backend nccl");
+  // An nccl init_info names nccl at a sharded server, by a field sharded does not send.
+  std::optional<InitInfoGuess> guess = GuessForeignInitInfo("sharded", NcclInit());
+  ASSERT_TRUE(guess.has_value());
+  EXPECT_EQ(guess->backend, "nccl");
+  EXPECT_EQ(guess->field, "gloo_prefix");  // the first nccl field in key order
+  // A field only nccl sends, beside sharded's own, goes to the sharded parser.
+  json mixed = ShardedInit();
+  mixed["rank_offset"] = 1;
+  EXPECT_TRUE(CheckInitInfoBackend("sharded", mixed).ok());
+  for (const std::string& f : InitInfoSharedFieldsOf("sharded")) {
+    const std::vector<std::string>& nccl = InitInfoFieldsOf("nccl");
+    EXPECT_NE(std::find(nccl.begin(), nccl.end(), f), nccl.end()) << f << " is shared but listed for no backend";
+  }
 }
 
 }  // namespace

@@ -10,9 +10,9 @@
 
 #include "backends/nccl/init_info.h"
 #include "backends/nccl/staging.h"
+#include "backends/receiver_group.h"
 #include "comm/communicator.h"
 #include "comm/connect.h"
-#include "comm/store_address.h"
 #include "core/log.h"
 #include "core/progress_gate.h"
 #include "model/worker_store.h"
@@ -23,16 +23,6 @@ namespace wsync {
 namespace {
 
 using nlohmann::json;
-
-// Waits for every worker's task and returns the first failure, in worker order.
-Status JoinAll(std::vector<std::future<Status>>& futures) {
-  Status first;
-  for (auto& f : futures) {
-    Status s = f.get();
-    if (first.ok() && !s.ok()) first = s;
-  }
-  return first;
-}
 
 class NcclReceiver final : public ReceiverBackend {
  public:
@@ -58,20 +48,9 @@ class NcclReceiver final : public ReceiverBackend {
     }
     if (info.uses_gloo()) {
       // The store this server dials: the peer's own address (store_address.h).
-      WSYNC_ASSIGN_OR_RETURN(info.gloo_store_host,
-                             AdmitStoreHost(*info.gloo_store_host, peer_address, AllowedStoreHosts()));
-    }
-    if (!info.uses_gloo()) {
-      for (const ReceiverWorker& w : ctx_->workers) {
-        if (w.device.is_cpu()) {
-          return Unimplemented(fmt::format(
-              "init_info carries nccl_unique_id_b64, but {} is on cpu: the NCCL data plane needs CUDA "
-              "devices (wsync serve --device cuda:N); use the Gloo rendezvous fields for CPU servers", w.label));
-        }
-      }
-      if (!HasNccl()) {
-        return Unimplemented("init_info carries nccl_unique_id_b64, but this server was built without NCCL");
-      }
+      WSYNC_ASSIGN_OR_RETURN(info.gloo_store_host, AdmitGlooStore(*ctx_, *info.gloo_store_host, peer_address));
+    } else {
+      WSYNC_RETURN_IF_ERROR(CheckNcclWorkers(*ctx_));
     }
     Shutdown();
     double timeout = ctx_->TimeoutFor(info.timeout_seconds);
@@ -192,17 +171,6 @@ class NcclReceiver final : public ReceiverBackend {
   // In int64: rank_offset and world_size are bounded (init_info.h), the sum is not.
   int64_t Rank(const NcclInitInfo& info, const ReceiverWorker& w) const {
     return int64_t{info.rank_offset} + ctx_->DeploymentIndex(w);
-  }
-
-  std::vector<std::string> AllowedStoreHosts() const {
-    std::vector<std::string> out;
-    auto it = ctx_->backend_config.find("allowed_store_hosts");
-    if (it != ctx_->backend_config.end() && it->is_array()) {
-      for (const json& h : *it) {
-        if (h.is_string()) out.push_back(h.get<std::string>());
-      }
-    }
-    return out;
   }
 
   // Receives every chunk and loads it; runs on the worker's thread. Loading chunk k

@@ -89,8 +89,15 @@ struct ShardedInitInfo {
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one:
   // counts within the bounds above, world_size == num_producers + num_consumers,
   // consumer_offset + deployment_workers <= num_consumers, plan_digests of
-  // deployment_workers entries, owner set members in [0, num_producers), class ids within
-  // owner_sets, group_lens positive and summing to the tensor count, one rendezvous.
+  // deployment_workers hex entries, owner sets of distinct members in [0, num_producers)
+  // in ascending order, class ids within owner_sets, group_lens positive and summing to
+  // the tensor count, names unique, one rendezvous, wsync_protocol ==
+  // kShardedProtocolVersion. With workers_per_replica > 0 (deployments of one size) it
+  // divides num_consumers, deployment_workers equals it and consumer_offset is
+  // replica_rank * workers_per_replica. Required: the tensor lists, group_lens,
+  // owner_sets, name_owner_class, num_producers, num_consumers, consumer_offset,
+  // deployment_workers, plan_digests, world_size, wsync_protocol; the rest default as
+  // above.
   static Result<ShardedInitInfo> Parse(const nlohmann::json& j);
 };
 

@@ -1,10 +1,275 @@
 #include "backends/sharded/receiver.h"
 
-namespace wsync {
+#include <signal.h>
+#include <unistd.h>
 
-// Skeleton: the receiver helper replaces this.
-Result<std::unique_ptr<ReceiverBackend>> CreateShardedReceiver(ReceiverContext*) {
-  return Unimplemented("backend 'sharded' (receiver) is not built yet");
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backends/nccl/staging.h"
+#include "backends/receiver_group.h"
+#include "backends/sharded/init_info.h"
+#include "comm/communicator.h"
+#include "comm/connect.h"
+#include "core/log.h"
+#include "model/sharding.h"
+#include "model/worker_sink.h"
+#include "plan/sharded_plan.h"
+#include "receiver/worker_fanout.h"
+#include "receiver/worker_thread.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+// "trainer rank 3 (tp1 pp0 ep1 dp0)" for a producer, "rank 5 (<label>)" for a worker.
+DescribeRank Describer(const ShardedInitInfo& info) {
+  return [labels = info.rank_labels, producers = info.num_producers](int r) {
+    std::string name = r < producers ? fmt::format("trainer rank {}", r) : fmt::format("rank {}", r);
+    if (r >= 0 && static_cast<size_t>(r) < labels.size() && !labels[r].empty()) {
+      name += fmt::format(" ({})", labels[r]);
+    }
+    return name;
+  };
+}
+
+class ShardedReceiver final : public ReceiverBackend {
+ public:
+  explicit ShardedReceiver(ReceiverContext* ctx)
+      : ctx_(ctx), slots_(ctx->workers.size()),
+        fault_die_mid_update_(ctx->backend_config.value("fault", "") == "die-mid-update") {}
+  ~ShardedReceiver() override { Shutdown(); }
+
+  std::string_view name() const override { return "sharded"; }
+  // update_info is SkyRL's empty ShardedRDTWeightTransferUpdateInfo: {}.
+  bool ParsesOwnUpdateInfo() const override { return true; }
+
+  // Without a peer address only --allow-store-host admits a Gloo store.
+  Status Init(const json& init_info) override { return InitFromPeer(init_info, ""); }
+
+  Status InitFromPeer(const json& init_info, const std::string& peer_address) override {
+    WSYNC_ASSIGN_OR_RETURN(ShardedInitInfo info, ShardedInitInfo::Parse(init_info));
+    if (info.uses_gloo()) {
+      // The store this server dials: the peer's own address (store_address.h).
+      WSYNC_ASSIGN_OR_RETURN(info.gloo_store_host, AdmitGlooStore(*ctx_, *info.gloo_store_host, peer_address));
+    } else {
+      WSYNC_RETURN_IF_ERROR(CheckNcclWorkers(*ctx_));
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::vector<ConsumerPlan> plans, PlanWorkers(info));
+    Shutdown();
+    const double timeout = ctx_->TimeoutFor(info.timeout_seconds);
+    const Deadline deadline = Deadline::InSeconds(timeout);
+    std::vector<std::future<Status>> futures;
+    for (size_t i = 0; i < ctx_->workers.size(); ++i) {
+      const ReceiverWorker& w = ctx_->workers[i];
+      CommSpec spec;
+      if (info.uses_gloo()) {
+        spec.store = CommSpec::Store{*info.gloo_store_host, *info.gloo_store_port, *info.gloo_prefix};
+      } else {
+        spec.nccl_unique_id_b64 = *info.nccl_unique_id_b64;
+        spec.device = w.device.index;
+      }
+      spec.rank = info.RankOf(plans[i].consumer);
+      spec.size = info.world_size;
+      spec.connect_deadline = deadline;
+      spec.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+      spec.describe_rank = Describer(info);
+      // Receive buffers on the device the transport writes: the worker's GPU for NCCL,
+      // host memory for Gloo (LoadPiece copies to wherever the shards live).
+      const Device buffer_device = info.uses_gloo() ? Device{} : w.device;
+      futures.push_back(w.thread->Post([this, i, spec, buffer_device, plan = std::move(plans[i]),
+                                        buffers = info.num_buffers]() mutable -> Status {
+        const ReceiverWorker& worker = ctx_->workers[i];
+        Result<std::unique_ptr<Communicator>> comm = Connect(spec);
+        if (!comm.ok()) {
+          return comm.status().WithContext(
+              fmt::format("{}: joining the sharded group as rank {} of {}", worker.label, spec.rank, spec.size));
+        }
+        Slot& slot = slots_[i];
+        slot.comm = std::move(*comm);
+        slot.plan = std::move(plan);
+        slot.buffers.resize(static_cast<size_t>(buffers));
+        if (slot.plan.max_chunk_bytes() == 0) return Status::Ok();  // the worker keeps nothing
+        for (StagingBuffer& b : slot.buffers) {
+          WSYNC_RETURN_IF_ERROR(b.Reserve(buffer_device, slot.plan.max_chunk_bytes())
+                                    .WithContext(fmt::format("{}: allocating receive buffers", worker.label)));
+        }
+        return Status::Ok();
+      }));
+    }
+    if (Status s = JoinAll(futures); !s.ok()) {
+      Shutdown();
+      return s;
+    }
+    group_first_.assign(1, 0);
+    for (int len : info.group_lens) group_first_.push_back(group_first_.back() + len);
+    timeout_ = timeout;
+    device_buffers_ = !info.uses_gloo();
+    info_ = std::move(info);
+    WSYNC_LOG_INFO("joined the sharded group: world {}, consumers {}..{} of {}, {} chunk(s) for worker 0",
+                   info_->world_size, slots_.front().plan.consumer, slots_.back().plan.consumer,
+                   info_->num_consumers, slots_.front().plan.chunks.size());
+    return Status::Ok();
+  }
+
+  Status Update(const UpdateRequest& req) override {
+    if (!req.reject.ok()) return req.reject;
+    const json& update_info = *req.update_info;
+    if (!update_info.is_object()) return InvalidArgument("update_info must be an object ({} for backend sharded)");
+    if (!update_info.empty()) {
+      std::vector<std::string> keys;  // the first few, cut short: the body is untrusted
+      for (const auto& [key, _] : update_info.items()) {
+        if (keys.size() == 8) {
+          keys.push_back("...");
+          break;
+        }
+        keys.push_back(key.substr(0, 64));
+      }
+      return InvalidArgument(fmt::format(
+          "update_info of backend sharded takes no fields (the plan is fixed at init); got {}", fmt::join(keys, ", ")));
+    }
+    if (!info_ || slots_.empty() || slots_.front().comm == nullptr || slots_.front().comm->aborted()) {
+      return FailedPrecondition(
+          "no live sharded group: call init_weight_transfer_engine first (a failed sync tears the group down)");
+    }
+    const Deadline deadline = Deadline::InSeconds(timeout_);
+    Status s = RunOnEveryWorker(ctx_->workers, "update_weights", deadline, [&](size_t i, const ReceiverWorker& w) {
+      Status r = ReceivePlan(w, slots_[i], deadline);
+      if (!r.ok()) AbortGroup();  // the other workers' waits end now, not at the deadline
+      return r;
+    });
+    if (!s.ok()) AbortGroup();
+    return s;
+  }
+
+  void Shutdown() override {
+    AbortGroup();
+    for (Slot& slot : slots_) slot.comm.reset();
+    info_.reset();
+  }
+
+ private:
+  struct Slot {
+    std::unique_ptr<Communicator> comm;
+    ConsumerPlan plan;
+    std::vector<StagingBuffer> buffers;  // the receive ring, reused across syncs
+  };
+
+  // Every worker's plan, made from its own sharding table and checked against the
+  // trainer's digest of it.
+  Result<std::vector<ConsumerPlan>> PlanWorkers(const ShardedInitInfo& info) const {
+    if (ctx_->workers.empty()) return FailedPrecondition("this server has no workers to join the sharded group");
+    // Every worker's place first: a fleet the two sides count differently is named as such,
+    // not as the plan digests it also changes.
+    for (const ReceiverWorker& w : ctx_->workers) {
+      const int index = ctx_->DeploymentIndex(w);
+      // In int64: consumer_offset and the index are bounded, their sum is not.
+      const int64_t consumer = int64_t{info.consumer_offset} + index;
+      if (index >= info.deployment_workers || consumer >= info.num_consumers) {
+        return InvalidArgument(fmt::format(
+            "{} would be consumer {} (consumer_offset {} + deployment index {}), outside the fleet's {} consumers "
+            "or its deployment's {} workers", w.label, consumer, info.consumer_offset, index, info.num_consumers,
+            info.deployment_workers));
+      }
+      if (w.sink->sharding() == nullptr) {
+        return Unimplemented(fmt::format("{} keeps no sharding table: backend sharded needs a server's workers",
+                                         w.label));
+      }
+    }
+    ShardedStream stream{info.tensors, info.group_lens, Ownership{info.owner_sets, info.name_owner_class},
+                         info.num_producers};
+    std::vector<ConsumerPlan> plans;
+    for (const ReceiverWorker& w : ctx_->workers) {
+      const int index = ctx_->DeploymentIndex(w);
+      const int consumer = info.consumer_offset + index;
+      Result<ConsumerPlan> plan =
+          PlanConsumer(stream, *w.sink->sharding(), ConsumerSpot{consumer, index, info.deployment_workers});
+      if (!plan.ok()) return plan.status().WithContext(fmt::format("{}: planning its slices", w.label));
+      if (plan->digest != info.plan_digests[index]) {
+        return FailedPrecondition(fmt::format(
+            "{} (consumer {}): the trainer's plan for it has digest {}, this server's has digest {}: the two sides "
+            "disagree on which slices it keeps (same model and --tp on both sides?)", w.label, consumer,
+            info.plan_digests[index], plan->digest));
+      }
+      plans.push_back(std::move(*plan));
+    }
+    return plans;
+  }
+
+  void AbortGroup() {
+    for (Slot& slot : slots_) {
+      if (slot.comm) slot.comm->Abort();
+    }
+  }
+
+  // "chunk 3/14 of group 2 (model.layers.1.self_attn.q_proj.weight, 1.5 MiB) from
+  // trainer rank 1 (...)".
+  std::string DescribeChunk(const ConsumerPlan& plan, size_t k) const {
+    const PlanChunk& c = plan.chunks[k];
+    return fmt::format("chunk {}/{} of group {} ({}, {} bytes) from {}", k + 1, plan.chunks.size(), c.group,
+                       info_->tensors[group_first_[c.group]].name, c.bytes, Describer(*info_)(c.producer));
+  }
+
+  // Receives the plan's chunks in order, up to num_buffers posted ahead, and lands each
+  // slice in the worker's shards; runs on the worker's thread.
+  Status ReceivePlan(const ReceiverWorker& w, Slot& slot, Deadline deadline) {
+    const ConsumerPlan& plan = slot.plan;
+    const size_t n = plan.chunks.size();
+    const size_t ring = slot.buffers.size();
+    const Device where = device_buffers_ ? w.device : Device{};
+    std::vector<std::unique_ptr<Communicator::PeerBatch>> posted(ring);
+    auto post = [&](size_t k) -> Status {
+      const PlanChunk& c = plan.chunks[k];
+      Communicator::PeerMessage m{c.producer, static_cast<uint32_t>(k), slot.buffers[k % ring].span(c.bytes)};
+      Result<std::unique_ptr<Communicator::PeerBatch>> batch = slot.comm->PostPeerBatch({}, std::span(&m, 1));
+      if (!batch.ok()) return batch.status().WithContext(fmt::format("{}: posting {}", w.label, DescribeChunk(plan, k)));
+      posted[k % ring] = std::move(*batch);
+      return Status::Ok();
+    };
+    for (size_t k = 0; k < std::min(n, ring); ++k) WSYNC_RETURN_IF_ERROR(post(k));
+    for (size_t k = 0; k < n; ++k) {
+      const PlanChunk& c = plan.chunks[k];
+      Status s = posted[k % ring]->Wait(deadline);
+      posted[k % ring].reset();
+      if (!s.ok()) return s.WithContext(fmt::format("{}: receiving {}", w.label, DescribeChunk(plan, k)));
+      const std::span<const std::byte> bytes = slot.buffers[k % ring].span(c.bytes);
+      for (const PlanSlice& sl : c.slices) {
+        s = w.sink->LoadPiece(sl.param, sl.piece, bytes.subspan(sl.offset, sl.bytes), where);
+        if (!s.ok()) {
+          return s.WithContext(fmt::format("{}: landing {} of {}", w.label, info_->tensors[sl.tensor].name,
+                                           DescribeChunk(plan, k)));
+        }
+      }
+      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded().WithContext(w.label));
+      if (fault_die_mid_update_ && k + 1 < n) {
+        WSYNC_LOG_WARN("fault injection (--fault die-mid-update): {} landed chunk 1/{}; killing this process",
+                       w.label, n);
+        kill(getpid(), SIGKILL);
+      }
+      if (k + ring < n) WSYNC_RETURN_IF_ERROR(post(k + ring));
+    }
+    return Status::Ok();
+  }
+
+  ReceiverContext* ctx_;
+  std::vector<Slot> slots_;  // one per worker, touched only from that worker's thread during an update
+  std::optional<ShardedInitInfo> info_;
+  std::vector<int64_t> group_first_;  // by group: its first tensor's index; then the tensor count
+  double timeout_ = 300;
+  bool device_buffers_ = false;  // NCCL: receive buffers on each worker's GPU; Gloo: host
+  bool fault_die_mid_update_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ReceiverBackend>> CreateShardedReceiver(ReceiverContext* context) {
+  return std::unique_ptr<ReceiverBackend>(std::make_unique<ShardedReceiver>(context));
 }
 
 }  // namespace wsync

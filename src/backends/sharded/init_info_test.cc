@@ -1,0 +1,200 @@
+// The sharded init_info: a valid payload parses and round-trips; every field that is
+// missing, mistyped, out of range or inconsistent with another is refused by name.
+#include "backends/sharded/init_info.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+// Four tensors in two groups, two owner classes over three producers, a fleet of two
+// deployments of two workers; this server is the second.
+json Init() {
+  return json{{"names", {"a", "b", "c", "d"}},
+              {"dtype_names", {"bfloat16", "float32", "bfloat16", "bfloat16"}},
+              {"shapes", {{4, 8}, {8}, {4, 8}, {2}}},
+              {"group_lens", {2, 2}},
+              {"owner_sets", {{0, 1}, {2}}},
+              {"name_owner_class", {0, 0, 1, 1}},
+              {"num_producers", 3},
+              {"num_consumers", 4},
+              {"workers_per_replica", 2},
+              {"replica_rank", 1},
+              {"num_replicas", 2},
+              {"consumer_offset", 2},
+              {"deployment_workers", 2},
+              {"plan_digests", {std::string(64, 'a'), std::string(64, '0')}},
+              {"world_size", 7},
+              {"num_buffers", 3},
+              {"gloo_store_host", "127.0.0.1"},
+              {"gloo_store_port", 4000},
+              {"gloo_prefix", "sharded/1"},
+              {"rank_labels", {"t0", "t1", "t2", "w0", "w1", "w2", "w3"}},
+              {"timeout_seconds", 30.0},
+              {"wsync_protocol", kShardedProtocolVersion}};
+}
+
+std::string ErrorOf(const json& j) {
+  Result<ShardedInitInfo> r = ShardedInitInfo::Parse(j);
+  EXPECT_FALSE(r.ok()) << j.dump();
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  return r.status().message();
+}
+
+json With(const char* field, json value) {
+  json j = Init();
+  j[field] = std::move(value);
+  return j;
+}
+
+json Without(const char* field) {
+  json j = Init();
+  j.erase(field);
+  return j;
+}
+
+TEST(ShardedInitInfo, ParsesEveryFieldAndRoundTrips) {
+  Result<ShardedInitInfo> info = ShardedInitInfo::Parse(Init());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_EQ(info->tensors.size(), 4u);
+  EXPECT_EQ(info->tensors[1].name, "b");
+  EXPECT_EQ(info->tensors[1].dtype, DType::kF32);
+  EXPECT_EQ(info->tensors[0].shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(info->group_lens, (std::vector<int>{2, 2}));
+  EXPECT_EQ(info->owner_sets, (std::vector<std::vector<int>>{{0, 1}, {2}}));
+  EXPECT_EQ(info->name_owner_class, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(info->num_producers, 3);
+  EXPECT_EQ(info->num_consumers, 4);
+  EXPECT_EQ(info->workers_per_replica, 2);
+  EXPECT_EQ(info->replica_rank, 1);
+  EXPECT_EQ(info->num_replicas, 2);
+  EXPECT_EQ(info->consumer_offset, 2);
+  EXPECT_EQ(info->deployment_workers, 2);
+  EXPECT_EQ(info->plan_digests[1], std::string(64, '0'));
+  EXPECT_EQ(info->num_buffers, 3);
+  EXPECT_TRUE(info->uses_gloo());
+  EXPECT_EQ(*info->gloo_store_port, 4000);
+  EXPECT_EQ(info->rank_labels[4], "w1");
+  EXPECT_EQ(*info->timeout_seconds, 30.0);
+  EXPECT_EQ(info->RankOf(3), 6);
+  EXPECT_EQ(info->ToJson(), Init());
+  Result<ShardedInitInfo> again = ShardedInitInfo::Parse(info->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->ToJson(), info->ToJson());
+}
+
+TEST(ShardedInitInfo, OptionalFieldsTakeTheirDefaults) {
+  json j = Init();
+  for (const char* f : {"workers_per_replica", "replica_rank", "num_replicas", "num_buffers", "rank_labels",
+                        "timeout_seconds"}) {
+    j.erase(f);
+  }
+  Result<ShardedInitInfo> info = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->workers_per_replica, 0);
+  EXPECT_EQ(info->replica_rank, 0);
+  EXPECT_EQ(info->num_replicas, 1);
+  EXPECT_EQ(info->num_buffers, 2);
+  EXPECT_TRUE(info->rank_labels.empty());
+  EXPECT_FALSE(info->timeout_seconds.has_value());
+}
+
+TEST(ShardedInitInfo, TheNcclRendezvousParsesToo) {
+  json j = Init();
+  j.erase("gloo_store_host");
+  j.erase("gloo_store_port");
+  j.erase("gloo_prefix");
+  j["nccl_unique_id_b64"] = std::string(172, 'A');
+  Result<ShardedInitInfo> info = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_FALSE(info->uses_gloo());
+  EXPECT_EQ(info->ToJson(), j);
+}
+
+TEST(ShardedInitInfo, MissingRequiredFieldsAreNamed) {
+  for (const char* f : {"names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class",
+                        "num_producers", "num_consumers", "consumer_offset", "deployment_workers", "plan_digests",
+                        "world_size", "wsync_protocol"}) {
+    EXPECT_EQ(ErrorOf(Without(f)), fmt::format("init_info is missing '{}'", f));
+  }
+}
+
+TEST(ShardedInitInfo, UnknownFieldsAndOtherShapesAreRefused) {
+  EXPECT_EQ(ErrorOf(With("num_rdt_buffers", 2)), "init_info has unknown field 'num_rdt_buffers'");
+  EXPECT_EQ(ErrorOf(With(std::string(80, 'x').c_str(), 1)),
+            "init_info has unknown field '" + std::string(64, 'x') + "'...");
+  EXPECT_EQ(ErrorOf(json::array()), "init_info must be an object");
+  EXPECT_EQ(ErrorOf(With("wsync_protocol", 2)), "init_info wsync_protocol 2 is not supported (this server speaks 1)");
+}
+
+TEST(ShardedInitInfo, IntegersAreExactAndRangeChecked) {
+  EXPECT_EQ(ErrorOf(With("num_producers", 0)), "init_info 'num_producers' is 0, outside [1, 65536]");
+  EXPECT_EQ(ErrorOf(With("num_consumers", 4294967297)), "init_info 'num_consumers' is 4294967297, outside [1, 65536]");
+  EXPECT_EQ(ErrorOf(With("num_producers", 3.0)), "init_info 'num_producers' must be an integer in [1, 65536], got 3.0");
+  EXPECT_EQ(ErrorOf(With("num_buffers", 17)), "init_info 'num_buffers' is 17, outside [1, 16]");
+  EXPECT_EQ(ErrorOf(With("gloo_store_port", 70000)), "init_info 'gloo_store_port' is 70000, outside [1, 65535]");
+  EXPECT_EQ(ErrorOf(With("world_size", 8)), "init_info world_size 8 is not num_producers 3 + num_consumers 4");
+  EXPECT_EQ(ErrorOf(With("replica_rank", 2)), "init_info 'replica_rank' is 2, outside [0, 1]");
+  EXPECT_EQ(ErrorOf(With("workers_per_replica", 3)), "init_info workers_per_replica 3 does not divide num_consumers 4");
+  EXPECT_EQ(ErrorOf(With("consumer_offset", 4)), "init_info 'consumer_offset' is 4, outside [0, 3]");
+  EXPECT_EQ(ErrorOf(With("consumer_offset", 3)),
+            "init_info consumer_offset 3 + deployment_workers 2 is past num_consumers 4");
+  EXPECT_EQ(ErrorOf(With("consumer_offset", 1)),
+            "init_info consumer_offset 1 and deployment_workers 2 disagree with replica_rank 1 and "
+            "workers_per_replica 2 (deployments of workers_per_replica workers each)");
+  // Deployments of different sizes: workers_per_replica 0, any offset.
+  json mixed = With("workers_per_replica", 0);
+  mixed["consumer_offset"] = 1;
+  mixed["deployment_workers"] = 3;
+  mixed["plan_digests"] = {"a", "b", "c"};
+  EXPECT_TRUE(ShardedInitInfo::Parse(mixed).ok());
+}
+
+TEST(ShardedInitInfo, TheTensorListIsCheckedAsUpdateInfosAre) {
+  EXPECT_EQ(ErrorOf(With("names", "a")), "init_info 'names' must be a list");
+  EXPECT_EQ(ErrorOf(With("dtype_names", {"bfloat16", "float32", "bfloat16"})),
+            "init_info: update_info lists must have equal lengths: names 4, dtype_names 3, shapes 4");
+  EXPECT_NE(ErrorOf(With("dtype_names", {"bfloat16", "float99", "bfloat16", "bfloat16"})).find("dtype_names[1] (b)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(With("shapes", {{4, 8}, {-8}, {4, 8}, {2}})).find("shapes[1] (b)"), std::string::npos);
+  EXPECT_EQ(ErrorOf(With("names", {"a", "b", "a", "d"})), "init_info names 'a' twice");
+  json empty = Init();
+  for (const char* f : {"names", "dtype_names", "shapes", "name_owner_class"}) empty[f] = json::array();
+  EXPECT_EQ(ErrorOf(empty), "init_info 'names' is empty: the model has no tensors");
+}
+
+TEST(ShardedInitInfo, GroupsAndOwnershipMustDescribeTheTensors) {
+  EXPECT_EQ(ErrorOf(With("group_lens", {2, 1})), "init_info group_lens add up to 3 tensors; names has 4");
+  EXPECT_EQ(ErrorOf(With("group_lens", {2, 0, 2})), "init_info group_lens[1] is 0, outside [1, 4194304]");
+  EXPECT_EQ(ErrorOf(With("group_lens", json::array())), "init_info 'group_lens' is empty");
+  EXPECT_EQ(ErrorOf(With("group_lens", {1, 1, 1, 1, 1})), "init_info 'group_lens' has 5 entries, more than 4");
+  EXPECT_EQ(ErrorOf(With("owner_sets", {{0, 3}})), "init_info owner_sets[0][1] is 3, outside [0, 2]");
+  EXPECT_EQ(ErrorOf(With("owner_sets", {{1, 0}, {2}})),
+            "init_info owner_sets[0] must list distinct ranks in ascending order");
+  EXPECT_EQ(ErrorOf(With("owner_sets", {{0}, json::array()})),
+            "init_info owner_sets[1] must be a list of 1 to 3 producer ranks (num_producers)");
+  EXPECT_EQ(ErrorOf(With("owner_sets", json::array())), "init_info 'owner_sets' is empty");
+  EXPECT_EQ(ErrorOf(With("name_owner_class", {0, 0, 1, 2})), "init_info name_owner_class[3] is 2, outside [0, 1]");
+  EXPECT_EQ(ErrorOf(With("name_owner_class", {0, 0, 1})), "init_info name_owner_class has 3 entries for 4 names");
+}
+
+TEST(ShardedInitInfo, PlanDigestsLabelsAndRendezvousAreChecked) {
+  EXPECT_EQ(ErrorOf(With("plan_digests", {"aa"})), "init_info plan_digests has 1 entries for deployment_workers 2");
+  EXPECT_EQ(ErrorOf(With("plan_digests", {"aa", "not hex"})), "init_info plan_digests[1] must be a hex digest");
+  EXPECT_EQ(ErrorOf(With("plan_digests", {"aa", 5})), "init_info plan_digests[1] must be a hex digest");
+  EXPECT_EQ(ErrorOf(With("rank_labels", {"t0"})), "init_info rank_labels has 1 entries for world_size 7");
+  EXPECT_EQ(ErrorOf(With("timeout_seconds", -1)), "init_info timeout_seconds must be a positive finite number");
+  EXPECT_EQ(ErrorOf(Without("gloo_prefix")),
+            "init_info needs all of gloo_store_host, gloo_store_port and gloo_prefix");
+  EXPECT_EQ(ErrorOf(With("nccl_unique_id_b64", "AAAA")),
+            "init_info needs exactly one rendezvous: nccl_unique_id_b64 (GPU) or gloo_store_host (CPU)");
+  EXPECT_EQ(ErrorOf(With("gloo_store_host", "a b")),
+            "init_info 'gloo_store_host' must be printable ASCII without spaces");
+}
+
+}  // namespace
+}  // namespace wsync
