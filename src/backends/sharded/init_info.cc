@@ -30,6 +30,7 @@ json ShardedInitInfo::ToJson() const {
   j["plan_digests"] = plan_digests;
   j["world_size"] = world_size;
   j["num_buffers"] = num_buffers;
+  if (!live_consumers.empty()) j["live_consumers"] = live_consumers;
   if (gloo_store_host) j["gloo_store_host"] = *gloo_store_host;
   if (gloo_store_port) j["gloo_store_port"] = *gloo_store_port;
   if (gloo_prefix) j["gloo_prefix"] = *gloo_prefix;
@@ -126,7 +127,7 @@ const std::set<std::string, std::less<>>& KnownFields() {
       "names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class", "num_producers",
       "num_consumers", "workers_per_replica", "replica_rank", "num_replicas", "consumer_offset",
       "deployment_workers", "plan_digests", "world_size", "num_buffers", "gloo_store_host", "gloo_store_port",
-      "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol"};
+      "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers"};
   return kKnown;
 }
 
@@ -233,9 +234,22 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
   WSYNC_ASSIGN_OR_RETURN(info.num_producers, r.Int("num_producers", 1, kMaxShardedRanks, std::nullopt));
   WSYNC_ASSIGN_OR_RETURN(info.num_consumers, r.Int("num_consumers", 1, kMaxShardedRanks, std::nullopt));
   WSYNC_ASSIGN_OR_RETURN(info.world_size, r.Int("world_size", 2, 2 * kMaxShardedRanks, std::nullopt));
-  if (info.world_size != info.num_producers + info.num_consumers) {
-    return InvalidArgument(fmt::format("init_info world_size {} is not num_producers {} + num_consumers {}",
-                                       info.world_size, info.num_producers, info.num_consumers));
+  WSYNC_ASSIGN_OR_RETURN(const json* live, r.List("live_consumers", false, info.num_consumers));
+  if (live != nullptr) {
+    WSYNC_ASSIGN_OR_RETURN(info.live_consumers, FieldReader::IntsOf(*live, "live_consumers", 0, info.num_consumers - 1));
+    if (info.live_consumers.empty()) return InvalidArgument("init_info 'live_consumers' is empty");
+    for (size_t i = 1; i < info.live_consumers.size(); ++i) {
+      if (info.live_consumers[i] <= info.live_consumers[i - 1]) {
+        return InvalidArgument("init_info 'live_consumers' must be ascending without repeats");
+      }
+    }
+  }
+  const int consumers_in_group = info.live_consumers.empty() ? info.num_consumers
+                                                            : static_cast<int>(info.live_consumers.size());
+  if (info.world_size != info.num_producers + consumers_in_group) {
+    return InvalidArgument(fmt::format("init_info world_size {} is not num_producers {} + {} consumers{}",
+                                       info.world_size, info.num_producers, consumers_in_group,
+                                       info.live_consumers.empty() ? "" : " (live_consumers)"));
   }
   WSYNC_ASSIGN_OR_RETURN(info.workers_per_replica, r.Int("workers_per_replica", 0, info.num_consumers, 0));
   if (info.workers_per_replica > 0 && info.num_consumers % info.workers_per_replica != 0) {

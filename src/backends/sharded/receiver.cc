@@ -31,11 +31,9 @@ using nlohmann::json;
 // "trainer rank 3 (tp1 pp0 ep1 dp0)" for a producer, "rank 5 (<label>)" for a worker.
 DescribeRank Describer(const ShardedInitInfo& info) {
   return [labels = info.rank_labels, producers = info.num_producers](int r) {
-    std::string name = r < producers ? fmt::format("trainer rank {}", r) : fmt::format("rank {}", r);
-    if (r >= 0 && static_cast<size_t>(r) < labels.size() && !labels[r].empty()) {
-      name += fmt::format(" ({})", labels[r]);
-    }
-    return name;
+    const bool labelled = r >= 0 && static_cast<size_t>(r) < labels.size() && !labels[r].empty();
+    if (r < producers) return labelled ? labels[r] : fmt::format("trainer rank {}", r);
+    return labelled ? fmt::format("rank {} ({})", r, labels[r]) : fmt::format("rank {}", r);
   };
 }
 
@@ -62,6 +60,13 @@ class ShardedReceiver final : public ReceiverBackend {
       WSYNC_RETURN_IF_ERROR(CheckNcclWorkers(*ctx_));
     }
     WSYNC_ASSIGN_OR_RETURN(std::vector<ConsumerPlan> plans, PlanWorkers(info));
+    for (size_t i = 0; i < plans.size(); ++i) {
+      if (info.RankOf(plans[i].consumer) < 0) {
+        return InvalidArgument(fmt::format("{} (consumer {}) is not among init_info live_consumers: a degraded "
+                                           "sync initializes only the live servers", ctx_->workers[i].label,
+                                           plans[i].consumer));
+      }
+    }
     Shutdown();
     const double timeout = ctx_->TimeoutFor(info.timeout_seconds);
     const Deadline deadline = Deadline::InSeconds(timeout);
