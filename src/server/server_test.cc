@@ -43,7 +43,7 @@ TEST(Server, OptionsThatCannotWorkAreRefusedWithTheReason) {
   o.inference.backend = "nccl";
   o.inference.tp = 0;
   EXPECT_THAT(Server::Start(o), StatusIs(StatusCode::kInvalidArgument, HasSubstr("--tp 0")));
-  EXPECT_EQ(ServerBackendNames(), (std::vector<std::string>{"delta", "ipc", "nccl"}));
+  EXPECT_EQ(ServerBackendNames(), (std::vector<std::string>{"delta", "ipc", "nccl", "sharded"}));
 }
 
 TEST(Server, ServeReturnsOnceStopRunsAndStopIsIdempotent) {

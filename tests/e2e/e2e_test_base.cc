@@ -358,7 +358,10 @@ RunResult E2eTest::RunWsync(const std::string& name, std::vector<std::string> ar
 
 RunResult E2eTest::Push(const std::string& name, const std::vector<Server>& servers,
                         std::vector<std::string> args, double timeout_seconds) {
-  std::vector<std::string> full = {"push", "--servers", JoinUrls(servers), "--backend", "nccl"};
+  std::vector<std::string> full = {"push", "--servers", JoinUrls(servers)};
+  if (std::find(args.begin(), args.end(), "--backend") == args.end()) {
+    full.insert(full.end(), {"--backend", "nccl"});
+  }
   full.insert(full.end(), args.begin(), args.end());
   return RunWsync(name, std::move(full), timeout_seconds);
 }

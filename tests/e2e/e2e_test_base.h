@@ -133,7 +133,7 @@ class E2eTest : public ::testing::Test {
   // Runs `wsync ARGS...` to completion, killing it after `timeout_seconds`.
   RunResult RunWsync(const std::string& name, std::vector<std::string> args,
                      double timeout_seconds, std::map<std::string, std::string> env = {});
-  // `wsync push --servers URLS --backend nccl ARGS...`.
+  // `wsync push --servers URLS --backend nccl ARGS...` (no --backend nccl when ARGS name a backend).
   RunResult Push(const std::string& name, const std::vector<Server>& servers,
                  std::vector<std::string> args, double timeout_seconds = 120);
 

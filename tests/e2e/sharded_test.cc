@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.h"
 #include "core/stopwatch.h"
 #include "e2e_test_base.h"
 #include "model/config.h"
@@ -27,12 +28,13 @@ class ShardedTest : public E2eTest {
   }
 
   // A server on a port of our choosing (a restarted server keeps its URL).
-  Result<Server> ShardedOnPort(const std::string& name, const std::string& url, const std::string& model) {
+  Result<Server> ShardedOnPort(const std::string& name, const std::string& url, const std::string& model,
+                               const std::string& tp) {
     const std::string port = url.substr(url.rfind(':') + 1);
     std::filesystem::path ready = dir() / (name + ".url");
     WSYNC_ASSIGN_OR_RETURN(Subprocess * p, SpawnWsync(name, {"serve", "--host", "127.0.0.1", "--port", port,
                                                              "--ready-file", ready.string(), "--backend", "sharded",
-                                                             "--model", model}));
+                                                             "--model", model, "--tp", tp}));
     Deadline deadline = Deadline::InSeconds(60);
     while (!deadline.expired()) {
       if (!p->Running()) return Unavailable(fmt::format("{} exited:\n{}", name, p->Describe()));
@@ -112,7 +114,7 @@ TEST_F(ShardedTest, DegradedSyncToLiveServersThenTheFleetRestored) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s2, Sharded("s2", "qwen3-tiny", {"--tp", "1"}));
   E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel("qwen3-tiny"));
   E2E_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SyntheticTrainer> trainer,
-                           SyntheticTrainer::FromMetadata(HfTensors(config), 31, 2));
+                           SyntheticTrainer::FromMetadata(HfTensors(config), 31, DefaultThreads()));
   TrainerOptions o;
   o.backend = "sharded";
   o.servers = {s0.url, s1.url, s2.url};
@@ -140,7 +142,7 @@ TEST_F(ShardedTest, DegradedSyncToLiveServersThenTheFleetRestored) {
   EXPECT_NE(all_while_down.status().message().find(s1.url), std::string::npos) << all_while_down.status().ToString();
 
   // Server 1 comes back at its URL; a sync to every server restores the whole fleet.
-  E2E_ASSERT_OK_AND_ASSIGN(Server back, ShardedOnPort("s1_back", s1.url, "qwen3-tiny"));
+  E2E_ASSERT_OK_AND_ASSIGN(Server back, ShardedOnPort("s1_back", s1.url, "qwen3-tiny", "2"));
   ASSERT_TRUE(trainer->Step(2).ok());
   ASSERT_OK(engine->SendWeights(trainer->source(), "v2").status());
   E2E_ASSERT_OK_AND_ASSIGN(Digests v2, ExpectedSyntheticDigests("qwen3-tiny", 31, 2, DigestAlgorithm::kXxh3_128));

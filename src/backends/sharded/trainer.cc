@@ -417,6 +417,7 @@ class ShardedPlane final : public DataPlane {
   Status BuildPlans() {
     tables_.clear();
     plans_.clear();
+    plan_table_.clear();
     for (const Deployment& d : fleet_.deployments) {
       for (int j = 0; j < d.workers; ++j) {
         const int tp_rank = j % d.tp;
@@ -653,6 +654,11 @@ class ShardedPlane final : public DataPlane {
           if (peer >= 0) messages.push_back({peer, static_cast<uint32_t>(send.chunks[k]), data});
         }
       }
+      // A worker receives its chunks from one producer in chunk order (NCCL matches a
+      // pair's messages by posting order alone).
+      std::stable_sort(messages.begin(), messages.end(), [](const auto& x, const auto& y) {
+        return x.peer != y.peer ? x.peer < y.peer : x.tag < y.tag;
+      });
       WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator::PeerBatch> batch,
                              st.comm->PostPeerBatch(messages, {}));
       inflight.push_back({std::move(batch), g});
