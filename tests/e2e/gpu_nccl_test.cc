@@ -38,6 +38,40 @@ TEST_F(GpuNcclTest, GlooSyncFromCpuTrainerIntoShardsOnCudaIsBitExact) {
   ExpectCleanShutdown(s);
 }
 
+// `sharded` from four CPU trainer ranks (two pipeline stages, held passes) over Gloo into
+// a worker on the GPU: its slices land host-to-device through LoadPiece.
+TEST_F(GpuNcclTest, ShardedGlooSyncFromCpuTrainerRanksIntoShardsOnCudaIsBitExact) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("gpu_sharded", {"--backend", "sharded", "--model", "qwen3-moe-tiny",
+                                                                  "--device", "cuda:0"}));
+  RunResult push = Push("push", {s}, {"--backend", "sharded", "--model", "qwen3-moe-tiny", "--trainer-ranks", "4",
+                                      "--trainer-layout", "tp1pp2ep2", "--seed", "24", "--steps", "2", "--verify",
+                                      "--timeout", "120"});
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+  EXPECT_TRUE(HasVerifiedTable(push.out, 3));
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want,
+                           ExpectedSyntheticDigests("qwen3-moe-tiny", 24, 2, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  ExpectCleanShutdown(s);
+}
+
+// `sharded` over NCCL point to point: the trainer on cuda:0 sends each slice to the
+// server's worker on cuda:1, which receives into device buffers and scatters on the GPU.
+TEST_F(GpuNcclTest, ShardedNcclSyncFromTrainerOnCuda0IntoServerOnCuda1IsBitExact) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("gpu1_sharded", {"--backend", "sharded", "--model", "qwen3-tiny",
+                                                                   "--device", "cuda:1"}));
+  RunResult push = Push("push", {s}, {"--backend", "sharded", "--model", "qwen3-tiny", "--seed", "25", "--steps",
+                                      "2", "--device", "cuda:0", "--verify", "--timeout", "120"});
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+  EXPECT_TRUE(HasVerifiedTable(push.out, 3));
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 25, 2, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  ExpectCleanShutdown(s);
+}
+
 TEST_F(GpuNcclTest, ServeRefusesMoreWorkersThanDevices) {
   NeedGpus(1);
   if (IsSkipped()) return;
