@@ -98,8 +98,10 @@ class Communicator : public RankGroup {
 
   // Point to point. One message of a batch: bytes sent to `peer` or received from it.
   // A send and a receive match when they name each other's rank and the same tag; equal
-  // tags between one pair of ranks match in posting order. A receive's length must equal
-  // its send's (Gloo: a send of another length never matches, and the wait fails at its
+  // tags between one pair of ranks match in posting order. (NCCL has no tags: between one
+  // pair, messages match in posting order alone, so both sides post them in the same
+  // order; its tags only name messages in errors.) A receive's length must equal its
+  // send's (Gloo: a send of another length never matches, and the wait fails at its
   // deadline; NCCL: undefined). An empty message moves nothing and always completes.
   // `data` must stay valid (and a send's unchanged) until the batch's Wait() returns or
   // the batch is destroyed. Gloo takes host memory; NCCL device memory on its device.
