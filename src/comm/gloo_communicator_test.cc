@@ -64,6 +64,17 @@ class GlooTest : public ::testing::Test {
     return comms;
   }
 
+  // Two ranks; rank 0 has posted (not waited on) a receive that rank 1 never sends.
+  std::vector<std::unique_ptr<Communicator>> ConnectWithUnansweredReceive(
+      std::unique_ptr<Communicator::PeerBatch>* batch) {
+    auto comms = ConnectAll(2);
+    const Communicator::PeerMessage from1{1, 1, unanswered_};
+    auto posted = comms[0]->PostPeerBatch({}, {&from1, 1});
+    EXPECT_TRUE(posted.ok()) << posted.status().ToString();
+    if (posted.ok()) *batch = std::move(posted).value();
+    return comms;
+  }
+
   static void RunRanks(int size, const std::function<void(int)>& body) {
     std::vector<std::thread> threads;
     for (int r = 0; r < size; ++r) threads.emplace_back(body, r);
@@ -72,6 +83,10 @@ class GlooTest : public ::testing::Test {
 
   std::string prefix_ = "test-" + std::to_string(::getpid());
   std::unique_ptr<StoreServer> server_;
+  std::vector<std::byte> unanswered_ = std::vector<std::byte>(1 << 20);
+  std::vector<std::byte> from0_bytes_ = std::vector<std::byte>(1 << 20);
+  // A receive on rank 1 from rank 0 that rank 0 never sends.
+  const Communicator::PeerMessage from0_{0, 1, from0_bytes_};
 };
 
 TEST(BroadcastTreeTest, ChainAndBinomialShapes) {
@@ -433,18 +448,15 @@ TEST_F(GlooTest, LengthMismatchFailsAtTheDeadlineInsteadOfCorrupting) {
 }
 
 TEST_F(GlooTest, AbortFromAnotherThreadWakesAWaitAndFailsThePeerFast) {
-  auto comms = ConnectAll(2);
-  std::vector<std::byte> a(1 << 20), b(1 << 20);
-  // Both ranks wait for a message the other never sends.
-  const PeerMessage from0{0, 1, a}, from1{1, 1, b};
-  auto peer_batch = comms[0]->PostPeerBatch({}, {&from1, 1});
-  ASSERT_TRUE(peer_batch.ok()) << peer_batch.status().ToString();
+  std::unique_ptr<Communicator::PeerBatch> peer_batch;
+  auto comms = ConnectWithUnansweredReceive(&peer_batch);
+  ASSERT_NE(peer_batch, nullptr);
   std::thread aborter([&] {
     std::this_thread::sleep_for(milliseconds(300));
     comms[1]->Abort();
   });
   auto start = Clock::now();
-  Status s = comms[1]->ExchangePeers({}, {&from0, 1}, Deadline::InSeconds(30));
+  Status s = comms[1]->ExchangePeers({}, {&from0_, 1}, Deadline::InSeconds(30));  // never sent either
   double took = SecondsSince(start);
   aborter.join();
   EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
@@ -453,26 +465,24 @@ TEST_F(GlooTest, AbortFromAnotherThreadWakesAWaitAndFailsThePeerFast) {
   EXPECT_TRUE(comms[1]->aborted());
   // The aborted rank closed its connections although a batch was alive on its peer.
   start = Clock::now();
-  Status peer = (*peer_batch)->Wait(Deadline::InSeconds(30));
+  Status peer = peer_batch->Wait(Deadline::InSeconds(30));
   EXPECT_EQ(peer.code(), StatusCode::kUnavailable) << peer.ToString();
   EXPECT_NE(peer.message().find(Describe(1)), std::string::npos) << peer.message();
   EXPECT_LT(SecondsSince(start), 1.5);
   // Wait is idempotent.
-  EXPECT_EQ((*peer_batch)->Wait(Deadline::InSeconds(30)).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(peer_batch->Wait(Deadline::InSeconds(30)).code(), StatusCode::kUnavailable);
 }
 
 TEST_F(GlooTest, BatchDestroyedUnwaitedAbortsTheCommunicator) {
-  auto comms = ConnectAll(2);
-  std::vector<std::byte> a(1 << 20), b(1 << 20);
-  const PeerMessage from0{0, 1, a}, from1{1, 1, b};
-  auto waiting = comms[0]->PostPeerBatch({}, {&from1, 1});
-  ASSERT_TRUE(waiting.ok()) << waiting.status().ToString();
-  auto dropped = comms[1]->PostPeerBatch({}, {&from0, 1});
+  std::unique_ptr<Communicator::PeerBatch> waiting;
+  auto comms = ConnectWithUnansweredReceive(&waiting);
+  ASSERT_NE(waiting, nullptr);
+  auto dropped = comms[1]->PostPeerBatch({}, {&from0_, 1});
   ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
   dropped->reset();
   EXPECT_TRUE(comms[1]->aborted());
   auto start = Clock::now();
-  Status peer = (*waiting)->Wait(Deadline::InSeconds(30));
+  Status peer = waiting->Wait(Deadline::InSeconds(30));
   EXPECT_EQ(peer.code(), StatusCode::kUnavailable) << peer.ToString();
   EXPECT_LT(SecondsSince(start), 1.5);
 }
