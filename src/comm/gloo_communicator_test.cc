@@ -64,15 +64,19 @@ class GlooTest : public ::testing::Test {
     return comms;
   }
 
-  // Two ranks; rank 0 has posted (not waited on) a receive that rank 1 never sends.
-  std::vector<std::unique_ptr<Communicator>> ConnectWithUnansweredReceive(
-      std::unique_ptr<Communicator::PeerBatch>* batch) {
-    auto comms = ConnectAll(2);
+  // Two ranks; rank 0 has posted (not waited on) a receive that rank 1 never sends. The
+  // batch is declared after the communicators, so it is destroyed before them.
+  struct UnansweredReceive {
+    std::vector<std::unique_ptr<Communicator>> comms;
+    std::unique_ptr<Communicator::PeerBatch> batch;
+  };
+  UnansweredReceive ConnectWithUnansweredReceive() {
+    UnansweredReceive out{ConnectAll(2), nullptr};
     const Communicator::PeerMessage from1{1, 1, unanswered_};
-    auto posted = comms[0]->PostPeerBatch({}, {&from1, 1});
+    auto posted = out.comms[0]->PostPeerBatch({}, {&from1, 1});
     EXPECT_TRUE(posted.ok()) << posted.status().ToString();
-    if (posted.ok()) *batch = std::move(posted).value();
-    return comms;
+    if (posted.ok()) out.batch = std::move(posted).value();
+    return out;
   }
 
   static void RunRanks(int size, const std::function<void(int)>& body) {
@@ -448,8 +452,9 @@ TEST_F(GlooTest, LengthMismatchFailsAtTheDeadlineInsteadOfCorrupting) {
 }
 
 TEST_F(GlooTest, AbortFromAnotherThreadWakesAWaitAndFailsThePeerFast) {
-  std::unique_ptr<Communicator::PeerBatch> peer_batch;
-  auto comms = ConnectWithUnansweredReceive(&peer_batch);
+  UnansweredReceive setup = ConnectWithUnansweredReceive();
+  auto& comms = setup.comms;
+  auto& peer_batch = setup.batch;
   ASSERT_NE(peer_batch, nullptr);
   std::thread aborter([&] {
     std::this_thread::sleep_for(milliseconds(300));
@@ -474,8 +479,9 @@ TEST_F(GlooTest, AbortFromAnotherThreadWakesAWaitAndFailsThePeerFast) {
 }
 
 TEST_F(GlooTest, BatchDestroyedUnwaitedAbortsTheCommunicator) {
-  std::unique_ptr<Communicator::PeerBatch> waiting;
-  auto comms = ConnectWithUnansweredReceive(&waiting);
+  UnansweredReceive setup = ConnectWithUnansweredReceive();
+  auto& comms = setup.comms;
+  auto& waiting = setup.batch;
   ASSERT_NE(waiting, nullptr);
   auto dropped = comms[1]->PostPeerBatch({}, {&from0_, 1});
   ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
