@@ -20,8 +20,9 @@
 //
 // PostPeerBatch posts Gloo unbound-buffer sends and receives, each message in pieces of
 // at most 64 MiB on a slot made of its tag and its length, and returns at once; Wait()
-// waits piece by piece, each wait bounded the same way. Batches need no lock that a
-// collective holds, so a rank may wait on one batch while it posts the next.
+// waits piece by piece, each wait bounded the same way. Posting takes the lock that a
+// collective holds for its whole run (it waits for one in flight on another thread);
+// Wait() takes none, so a rank may wait on one batch while it posts the next.
 #pragma once
 
 #include <chrono>
