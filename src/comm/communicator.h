@@ -98,26 +98,42 @@ class Communicator : public RankGroup {
 
   // Point to point. One message of a batch: bytes sent to `peer` or received from it.
   // A send and a receive match when they name each other's rank and the same tag; equal
-  // tags between one pair of ranks match in posting order. A receive's length must equal
-  // its send's. `data` must stay valid (and a send's unchanged) until the batch's Wait()
-  // returns or the batch is destroyed.
+  // tags between one pair of ranks match in posting order. (NCCL has no tags: between one
+  // pair, messages match in posting order alone, so both sides post them in the same
+  // order; its tags only name messages in errors.) A receive's length must equal its
+  // send's (Gloo: a send of another length never matches, and the wait fails at its
+  // deadline; NCCL: undefined). An empty message moves nothing and always completes.
+  // `data` must stay valid (and a send's unchanged) until the batch's Wait() returns or
+  // the batch is destroyed. Gloo takes host memory; NCCL device memory on its device.
   struct PeerMessage {
     int peer = 0;
     uint32_t tag = 0;
     std::span<std::byte> data;
   };
-  // A batch of sends and receives in flight.
+  // A batch of sends and receives in flight. One thread at a time calls Wait(); a batch
+  // must be destroyed before its communicator.
   class PeerBatch {
    public:
+    // A batch destroyed with messages unfinished (before Wait() returned Ok) aborts the
+    // communicator: those messages would leave their peers waiting.
     virtual ~PeerBatch() = default;
-    // Waits for every message of the batch. An error names the peer and tag it was
-    // waiting for; after any failure the communicator is aborted (the contract above).
+    // Waits for every message of the batch, each wait bounded by `deadline` (and by the
+    // transport's op timeout). Errors, which name the peer and tag waited for:
+    //   kDeadlineExceeded  a peer did not send or receive in time;
+    //   kUnavailable       a peer's connection failed (it died or aborted);
+    //   kAborted           the communicator was aborted, by Abort() from any thread (which
+    //                      wakes this wait at once) or by another failed call.
+    // After any failure the communicator is aborted (the contract above). A second call
+    // returns the first call's result.
     virtual Status Wait(Deadline deadline) = 0;
   };
   // Posts every send and receive of a batch at once and returns while they are in
   // flight, so that a rank may prepare its next batch meanwhile; several batches may be
-  // in flight. Unlike a collective, only the two ranks of a message take part in it.
-  // Default: Unimplemented (a transport without point to point).
+  // in flight (Gloo: posted and waited from several threads, beside collectives; NCCL:
+  // from its one caller thread, as its collectives). Unlike a collective, only the two
+  // ranks of a message take part in it. kInvalidArgument when a peer is this rank or
+  // outside the group (nothing is posted then); kAborted once the communicator is
+  // aborted. Default: Unimplemented (a transport without point to point).
   virtual Result<std::unique_ptr<PeerBatch>> PostPeerBatch(std::span<const PeerMessage> sends,
                                                            std::span<const PeerMessage> receives) {
     return Unimplemented(fmt::format("{} communicator has no point-to-point transfers", kind()));

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
+#include <unordered_set>
 #include <vector>
 
 #include "comm/gloo_tree.h"
@@ -70,16 +72,10 @@ class GlooCommunicator final : public Communicator {
 
   void Abort() override {
     aborted_ = true;
-    {
-      std::lock_guard<std::mutex> lock(inflight_mu_);
-      for (UnboundBuffer* b : inflight_) {
-        b->abortWaitRecv();
-        b->abortWaitSend();
-      }
-    }
-    // Close the connections now unless a collective holds them; it closes them on exit.
+    WakeInflight();
+    // Close the connections now unless a call holds op_mu_; it closes them on exit.
     if (op_mu_.try_lock()) {
-      context_.reset();
+      CloseLocked();
       op_mu_.unlock();
     }
   }
@@ -100,18 +96,42 @@ class GlooCommunicator final : public Communicator {
   }
 
   class GlooPeerBatch;
-  // Removes `bufs` from the buffers Abort() wakes.
-  void Forget(const std::vector<std::unique_ptr<UnboundBuffer>>& bufs) {
+  // Buffers that Abort() wakes while a thread waits on them. A buffer is registered
+  // before it is posted and unregistered before it is destroyed.
+  void Register(std::span<UnboundBuffer* const> bufs) {
     std::lock_guard<std::mutex> lock(inflight_mu_);
-    for (const auto& b : bufs) {
-      auto it = std::find(inflight_.begin(), inflight_.end(), b.get());
-      if (it != inflight_.end()) inflight_.erase(it);
+    inflight_.insert(bufs.begin(), bufs.end());
+  }
+  void Unregister(std::span<UnboundBuffer* const> bufs) {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    for (UnboundBuffer* b : bufs) inflight_.erase(b);
+  }
+  // Makes every pending wait on a registered buffer return false at once.
+  void WakeInflight() {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    for (UnboundBuffer* b : inflight_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
     }
   }
-  // After a failed point-to-point wait: the same teardown as a failed collective.
-  void FailPeers() {
+  // Closes every connection, so that each peer's pending wait on this rank fails at
+  // once, and drops the context. Live unbound buffers keep Gloo's transport context
+  // (and so the sockets) alive, which is why the pairs are closed explicitly.
+  // REQUIRES: op_mu_ held.
+  void CloseLocked() {
+    if (!context_) return;
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+      // A pair that fails to close is already failed; the context goes regardless.
+    }
+    context_.reset();
+  }
+  // The teardown after any failure. REQUIRES: op_mu_ held.
+  void AbortLocked() {
     aborted_ = true;
-    Abort();
+    WakeInflight();
+    CloseLocked();
   }
 
   template <typename Body>
@@ -128,7 +148,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;  // GUARDED_BY(op_mu_); null once aborted
   uint32_t seq_ = 0;                        // GUARDED_BY(op_mu_); tags successive calls
   std::mutex inflight_mu_;
-  std::vector<UnboundBuffer*> inflight_;  // GUARDED_BY(inflight_mu_)
+  std::unordered_set<UnboundBuffer*> inflight_;  // GUARDED_BY(inflight_mu_)
 };
 
 template <typename Body>
@@ -153,11 +173,7 @@ Status GlooCommunicator::Run(Op& op, Body&& body) {
     }
   }
   if (status.code() == StatusCode::kAborted) status = Aborted(where + ": " + status.message());
-  if (!status.ok() || aborted_) {
-    // Closing our connections makes every peer's pending wait fail at once.
-    aborted_ = true;
-    context_.reset();
-  }
+  if (!status.ok() || aborted_) AbortLocked();
   return status;
 }
 
@@ -197,15 +213,14 @@ Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, D
     bufs.push_back(
         context_->createUnboundBuffer(data.data() + off, std::min(chunk, data.size() - off)));
   }
-  {
-    std::lock_guard<std::mutex> lock(inflight_mu_);
-    for (auto& b : bufs) inflight_.push_back(b.get());
-  }
-  struct Unregister {
+  std::vector<UnboundBuffer*> registered;
+  for (auto& b : bufs) registered.push_back(b.get());
+  Register(registered);
+  struct Unregistered {
     GlooCommunicator* self;
-    const std::vector<std::unique_ptr<UnboundBuffer>>& bufs;
-    ~Unregister() { self->Forget(bufs); }
-  } unregister{this, bufs};
+    const std::vector<UnboundBuffer*>& bufs;
+    ~Unregistered() { self->Unregister(bufs); }
+  } unregister{this, registered};
   auto aborted = [&] { return Aborted("Abort() called while waiting for " + op.waiting_for); };
   if (aborted_) return Aborted("Abort() called before the transfer started");
 
@@ -245,11 +260,27 @@ Status GlooCommunicator::BroadcastChunked(std::span<std::byte> data, int root, D
   return Status::Ok();
 }
 
-// Point-to-point messages go in pieces of at most this many bytes (the same cut on both
-// ends, since a receive's length equals its send's), each one Gloo message.
+// Point-to-point messages go in pieces of at most this many bytes, cut the same way on
+// both ends, each one Gloo message on the message's slot. Gloo matches the messages of
+// one slot between one pair in posting order, which keeps a message's pieces, and
+// messages of equal tags, in order.
 constexpr size_t kPeerPieceBytes = size_t{64} << 20;
-constexpr uint8_t kPeerSlotPrefix = 0x5e;
+constexpr uint64_t kPeerSlotPrefix = 0x5e;
 
+// A message's Gloo slot: the prefix (bits 56-63, apart from Gloo's own collectives), the
+// tag (bits 24-55) and the message's length folded to 24 bits. A Gloo send longer than
+// its receive trips a fatal check on the I/O thread, and a shorter one completes the
+// receive short; with the length in the slot such a pair does not match, and the wait
+// fails at its deadline instead.
+uint64_t PeerSlot(uint32_t tag, size_t bytes) {
+  const uint64_t n = bytes;
+  const uint64_t folded = (n ^ (n >> 24) ^ (n >> 48)) & 0xffffff;
+  return (kPeerSlotPrefix << 56) | (uint64_t{tag} << 24) | folded;
+}
+
+// The posted pieces of one PostPeerBatch. Wait() runs on any one thread at a time and
+// does not hold op_mu_, so batches and collectives of the same communicator proceed
+// side by side; Abort() wakes it through the inflight registry.
 class GlooCommunicator::GlooPeerBatch final : public Communicator::PeerBatch {
  public:
   struct Piece {
@@ -259,110 +290,130 @@ class GlooCommunicator::GlooPeerBatch final : public Communicator::PeerBatch {
     bool send = false;
     size_t bytes = 0;  // the whole message's
   };
-  GlooPeerBatch(GlooCommunicator* comm, std::vector<Piece> pieces) : comm_(comm), pieces_(std::move(pieces)) {
-    for (const Piece& p : pieces_) owned_.push_back(p.buf.get());
+  GlooPeerBatch(GlooCommunicator* comm, std::vector<Piece> pieces)
+      : comm_(comm), pieces_(std::move(pieces)) {
+    for (const Piece& p : pieces_) bufs_.push_back(p.buf.get());
   }
   ~GlooPeerBatch() override {
-    if (!waited_) {
-      // Unfinished messages cannot be left to complete into freed memory.
-      comm_->FailPeers();
-    }
-    std::lock_guard<std::mutex> lock(comm_->inflight_mu_);
-    for (UnboundBuffer* b : owned_) {
-      auto it = std::find(comm_->inflight_.begin(), comm_->inflight_.end(), b);
-      if (it != comm_->inflight_.end()) comm_->inflight_.erase(it);
-    }
+    // Pieces left unfinished would leave their peers half way through a message.
+    if (done_ < pieces_.size()) comm_->Abort();
+    comm_->Unregister(bufs_);
   }
 
+  // Idempotent: a second call returns the first call's result.
   Status Wait(Deadline deadline) override {
-    waited_ = true;
-    const std::string me = comm_->Name(comm_->rank());
-    for (Piece& p : pieces_) {
-      if (comm_->aborted_) {
-        return Aborted(fmt::format("gloo point-to-point on {}: the communicator was aborted while waiting for {} "
-                                   "(tag {})", me, comm_->Name(p.peer), p.tag));
-      }
-      auto started = Clock::now();
-      bool done = false;
-      std::string error;
-      try {
-        done = p.send ? p.buf->waitSend(comm_->WaitTimeout(deadline)) : p.buf->waitRecv(comm_->WaitTimeout(deadline));
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      if (done) continue;
-      double waited = std::chrono::duration<double>(Clock::now() - started).count();
-      std::string what = fmt::format("gloo point-to-point on {}: {} {} {} {} (tag {})", me,
-                                     p.send ? "sending" : "receiving", HumanBytes(p.bytes),
-                                     p.send ? "to" : "from", comm_->Name(p.peer), p.tag);
-      comm_->FailPeers();
-      if (error.empty()) return Aborted(what + ": Abort() called while waiting");
-      if (IsTimeout(error)) {
-        return DeadlineExceeded(fmt::format("{}: timed out after {:.1f} s waiting for {} [gloo: {}]", what, waited,
-                                            comm_->Name(p.peer), error));
-      }
-      return Unavailable(fmt::format("{}: connection failed [gloo: {}]", what, error));
-    }
-    return Status::Ok();
+    if (!result_) result_ = WaitAll(deadline);
+    return *result_;
   }
 
  private:
+  Status WaitAll(Deadline deadline);
+
   GlooCommunicator* comm_;
   std::vector<Piece> pieces_;
-  std::vector<UnboundBuffer*> owned_;
-  bool waited_ = false;
+  std::vector<UnboundBuffer*> bufs_;  // registered with comm_ until destruction
+  size_t done_ = 0;                   // pieces_[0, done_) completed
+  std::optional<Status> result_;
 };
+
+Status GlooCommunicator::GlooPeerBatch::WaitAll(Deadline deadline) {
+  for (; done_ < pieces_.size(); ++done_) {
+    const Piece& p = pieces_[done_];
+    auto describe = [&] {
+      return fmt::format("gloo point-to-point on {}: {} {} {} {} (tag {})", comm_->Name(comm_->rank()),
+                         p.send ? "sending" : "receiving", HumanBytes(p.bytes), p.send ? "to" : "from",
+                         comm_->Name(p.peer), p.tag);
+    };
+    if (comm_->aborted_) {
+      return Aborted(describe() + ": the communicator was aborted (Abort() or a failed transfer)");
+    }
+    const auto started = Clock::now();
+    bool completed = false;
+    std::string error;
+    try {
+      const std::chrono::milliseconds timeout = comm_->WaitTimeout(deadline);
+      completed = p.send ? p.buf->waitSend(timeout) : p.buf->waitRecv(timeout);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (completed) continue;
+    comm_->Abort();
+    if (error.empty()) {
+      return Aborted(describe() + ": the communicator was aborted (Abort() or a failed transfer) while waiting");
+    }
+    if (error.find("Application timeout caused pair closure") != std::string::npos) {
+      return Aborted(fmt::format("{}: another wait on this communicator timed out [gloo: {}]", describe(), error));
+    }
+    if (IsTimeout(error)) {
+      const double waited = std::chrono::duration<double>(Clock::now() - started).count();
+      return DeadlineExceeded(fmt::format("{}: timed out after {:.1f} s waiting for {} to {} it{} [gloo: {}]",
+                                          describe(), waited, comm_->Name(p.peer), p.send ? "receive" : "send",
+                                          p.send ? "" : " (a send of another length does not match)", error));
+    }
+    return Unavailable(fmt::format("{}: connection to {} failed [gloo: {}]", describe(), comm_->Name(p.peer), error));
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<Communicator::PeerBatch>> GlooCommunicator::PostPeerBatch(
     std::span<const PeerMessage> sends, std::span<const PeerMessage> receives) {
-  for (const PeerMessage& m : sends) {
-    if (m.peer < 0 || m.peer >= size() || m.peer == rank()) {
-      return InvalidArgument(fmt::format("gloo send to rank {}: not a peer of {} in a group of {}", m.peer,
-                                         Name(rank()), size()));
+  size_t count = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool send = pass == 1;
+    for (const PeerMessage& m : send ? sends : receives) {
+      if (m.peer < 0 || m.peer >= size() || m.peer == rank()) {
+        return InvalidArgument(fmt::format("gloo {} rank {} (tag {}): not a peer of {} in a group of {}",
+                                           send ? "send to" : "receive from", m.peer, m.tag, Name(rank()),
+                                           size()));
+      }
+      count += (m.data.size() + kPeerPieceBytes - 1) / kPeerPieceBytes;
     }
   }
-  for (const PeerMessage& m : receives) {
-    if (m.peer < 0 || m.peer >= size() || m.peer == rank()) {
-      return InvalidArgument(fmt::format("gloo receive from rank {}: not a peer of {} in a group of {}", m.peer,
-                                         Name(rank()), size()));
-    }
-  }
-  std::unique_lock<std::mutex> lock(op_mu_);
+  std::lock_guard<std::mutex> lock(op_mu_);
   if (aborted_ || !context_) {
     return Aborted(fmt::format("gloo point-to-point on {}: communicator was aborted by an earlier failure",
                                Name(rank())));
   }
   std::vector<GlooPeerBatch::Piece> pieces;
+  pieces.reserve(count);
+  std::optional<std::string> error;
   try {
-    // Receives first: a peer's sends then find them posted.
+    // Receives first: a peer's sends then find them posted. An empty message moves
+    // nothing and posts nothing, on both ends.
     for (int pass = 0; pass < 2; ++pass) {
       const bool send = pass == 1;
       for (const PeerMessage& m : send ? sends : receives) {
-        const uint64_t slot = gloo::Slot::build(kPeerSlotPrefix, m.tag);
-        for (size_t off = 0; off < m.data.size(); off += kPeerPieceBytes) {  // empty: nothing moves
+        const uint64_t slot = PeerSlot(m.tag, m.data.size());
+        for (size_t off = 0; off < m.data.size(); off += kPeerPieceBytes) {
           const size_t n = std::min(kPeerPieceBytes, m.data.size() - off);
-          GlooPeerBatch::Piece p{context_->createUnboundBuffer(m.data.data() + off, n), m.peer, m.tag, send,
-                                 m.data.size()};
-          {
-            std::lock_guard<std::mutex> inflight(inflight_mu_);
-            inflight_.push_back(p.buf.get());
-          }
+          pieces.push_back({context_->createUnboundBuffer(m.data.data() + off, n), m.peer, m.tag, send,
+                            m.data.size()});
+          UnboundBuffer* buf = pieces.back().buf.get();
+          Register({&buf, 1});
           if (send) {
-            p.buf->send(m.peer, slot);
+            buf->send(m.peer, slot);
           } else {
-            p.buf->recv(m.peer, slot);
+            buf->recv(m.peer, slot);
           }
-          pieces.push_back(std::move(p));
         }
       }
     }
   } catch (const std::exception& e) {
-    std::vector<std::unique_ptr<UnboundBuffer>> bufs;
-    for (auto& p : pieces) bufs.push_back(std::move(p.buf));
-    Forget(bufs);
-    aborted_ = true;
-    context_.reset();
-    return Unavailable(fmt::format("gloo point-to-point on {}: posting failed [gloo: {}]", Name(rank()), e.what()));
+    error = e.what();
+  }
+  if (error || aborted_) {
+    // Abort() from another thread while this call held op_mu_ left the connections to
+    // it. The pieces are dropped here rather than by a batch, whose destructor would
+    // call Abort() under op_mu_.
+    for (const auto& p : pieces) {
+      UnboundBuffer* buf = p.buf.get();
+      Unregister({&buf, 1});
+    }
+    AbortLocked();
+    if (error) {
+      return Unavailable(fmt::format("gloo point-to-point on {}: posting failed [gloo: {}]", Name(rank()), *error));
+    }
+    return Aborted(fmt::format("gloo point-to-point on {}: Abort() called while posting", Name(rank())));
   }
   return std::unique_ptr<PeerBatch>(std::make_unique<GlooPeerBatch>(this, std::move(pieces)));
 }

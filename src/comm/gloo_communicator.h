@@ -17,6 +17,12 @@
 // counts stay small), and a concurrent Abort() wakes the waiting rank at once. Each
 // wait for a peer's next piece is bounded by min(op_timeout, deadline): op_timeout is
 // the longest a rank waits without progress, the deadline bounds the whole call.
+//
+// PostPeerBatch posts Gloo unbound-buffer sends and receives, each message in pieces of
+// at most 64 MiB on a slot made of its tag and its length, and returns at once; Wait()
+// waits piece by piece, each wait bounded the same way. Posting takes the lock that a
+// collective holds for its whole run (it waits for one in flight on another thread);
+// Wait() takes none, so a rank may wait on one batch while it posts the next.
 #pragma once
 
 #include <chrono>

@@ -3,13 +3,18 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
+#include <span>
+#include <string>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace wsync {
 namespace {
@@ -148,6 +153,9 @@ class NcclCommunicator final : public Communicator {
     return AllReduce(data.data(), data.size() * sizeof(float), data.size(), ncclFloat32, deadline);
   }
 
+  Result<std::unique_ptr<PeerBatch>> PostPeerBatch(std::span<const PeerMessage> sends,
+                                                   std::span<const PeerMessage> receives) override;
+
   void Abort() override {
     bool expected = false;
     if (aborted_.compare_exchange_strong(expected, true)) ncclCommAbort(comm_);
@@ -198,6 +206,125 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   std::vector<cudaEvent_t> events_;  // one per piece of a streamed broadcast, reused
 };
+
+// "rank 1 (tag 3), rank 2 (tag 0, 4)": the peers of some messages and their tags, for
+// errors (NCCL cannot say which message of a group is the one outstanding).
+std::string DescribePeers(std::span<const Communicator::PeerMessage> messages, const DescribeRank& describe) {
+  std::vector<std::pair<int, std::vector<uint32_t>>> peers;
+  for (const auto& m : messages) {
+    auto it = std::find_if(peers.begin(), peers.end(), [&](const auto& p) { return p.first == m.peer; });
+    if (it == peers.end()) it = peers.insert(peers.end(), {m.peer, {}});
+    it->second.push_back(m.tag);
+  }
+  std::string out;
+  for (const auto& [peer, tags] : peers) {
+    out += fmt::format("{}{} (tag {})", out.empty() ? "" : ", ", DescribeRankOrDefault(describe, peer),
+                       fmt::join(tags, ", "));
+  }
+  return out.empty() ? "no peer" : out;
+}
+
+// One ncclGroupStart/End of sends and receives on the communicator's stream, with an
+// event recorded after it.
+class NcclPeerBatch final : public Communicator::PeerBatch {
+ public:
+  // `event` is null when the batch moved nothing.
+  NcclPeerBatch(NcclCommunicator* comm, ncclComm_t nccl, int device, cudaEvent_t event, std::string what,
+                std::chrono::milliseconds op_timeout)
+      : comm_(comm), nccl_(nccl), device_(device), event_(event), what_(std::move(what)), op_timeout_(op_timeout) {}
+  ~NcclPeerBatch() override {
+    if (event_ == nullptr) return;
+    cudaSetDevice(device_);
+    // Messages left unfinished would leave their peers waiting.
+    if (!result_ && cudaEventQuery(event_) == cudaErrorNotReady) comm_->Abort();
+    cudaEventDestroy(event_);
+  }
+
+  Status Wait(Deadline deadline) override {
+    if (!result_) result_ = WaitOnce(deadline);
+    return *result_;
+  }
+
+ private:
+  Status WaitOnce(Deadline deadline) {
+    if (event_ == nullptr) return Status::Ok();
+    if (comm_->aborted()) return Aborted(what_ + ": the communicator was aborted (Abort() or a failed call)");
+    cudaSetDevice(device_);
+    Deadline d = deadline.Min(Deadline::In(op_timeout_));
+    Status s = PollComm(nccl_, [&] { return cudaEventQuery(event_) != cudaErrorNotReady; }, d, what_);
+    if (s.ok() && cudaEventQuery(event_) != cudaSuccess) {
+      s = Internal(fmt::format("{}: {}", what_, cudaGetErrorString(cudaGetLastError())));
+    }
+    if (!s.ok()) comm_->Abort();
+    return s;
+  }
+
+  NcclCommunicator* comm_;
+  ncclComm_t nccl_;
+  int device_;
+  cudaEvent_t event_;
+  std::string what_;
+  std::chrono::milliseconds op_timeout_;
+  std::optional<Status> result_;
+};
+
+Result<std::unique_ptr<Communicator::PeerBatch>> NcclCommunicator::PostPeerBatch(
+    std::span<const PeerMessage> sends, std::span<const PeerMessage> receives) {
+  const std::string me = DescribeRankOrDefault(options_.describe_rank, options_.rank);
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool send = pass == 1;
+    for (const PeerMessage& m : send ? sends : receives) {
+      if (m.peer < 0 || m.peer >= size() || m.peer == rank()) {
+        return InvalidArgument(fmt::format("nccl {} rank {} (tag {}): not a peer of {} in a group of {}",
+                                           send ? "send to" : "receive from", m.peer, m.tag, me, size()));
+      }
+    }
+  }
+  size_t bytes = 0;
+  for (const PeerMessage& m : sends) bytes += m.data.size();
+  for (const PeerMessage& m : receives) bytes += m.data.size();
+  std::string what = fmt::format("nccl point-to-point on {}: {} bytes in {} sends to [{}] and {} receives from [{}]",
+                                 me, bytes, sends.size(), DescribePeers(sends, options_.describe_rank),
+                                 receives.size(), DescribePeers(receives, options_.describe_rank));
+  if (aborted_) return Aborted(what + ": the communicator was aborted by an earlier failure");
+  // Empty messages move nothing and are left out on both ends.
+  if (bytes == 0) {
+    return std::unique_ptr<PeerBatch>(
+        std::make_unique<NcclPeerBatch>(this, comm_, options_.device, nullptr, what, options_.op_timeout));
+  }
+  cudaSetDevice(options_.device);
+  cudaEvent_t event = nullptr;
+  WSYNC_CUDA_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), what);
+  auto batch = std::make_unique<NcclPeerBatch>(this, comm_, options_.device, event, what, options_.op_timeout);
+  // The group's messages progress together; receives go first only for symmetry with Gloo.
+  ncclResult_t r = ncclGroupStart();
+  for (int pass = 0; pass < 2 && r == ncclSuccess; ++pass) {
+    const bool send = pass == 1;
+    for (const PeerMessage& m : send ? sends : receives) {
+      if (m.data.empty()) continue;
+      r = send ? ncclSend(m.data.data(), m.data.size(), ncclUint8, m.peer, comm_, stream_)
+               : ncclRecv(m.data.data(), m.data.size(), ncclUint8, m.peer, comm_, stream_);
+      if (r != ncclSuccess) break;
+    }
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess) r = end;
+  Status s = (r == ncclSuccess || r == ncclInProgress) ? Status::Ok() : NcclError(r, what);
+  // A non-blocking communicator finishes enqueuing (and connecting to new peers, which
+  // waits for them to post their side) before the event can follow the group.
+  if (s.ok()) {
+    s = PollComm(comm_, [] { return true; }, Deadline::In(options_.op_timeout),
+                 what + " (enqueuing; a first message to a peer waits for it to post its side)");
+  }
+  if (s.ok() && cudaEventRecord(event, stream_) != cudaSuccess) {
+    s = Internal(fmt::format("{}: cudaEventRecord: {}", what, cudaGetErrorString(cudaGetLastError())));
+  }
+  if (!s.ok()) {
+    Abort();  // peers may wait for messages of this group
+    return s;
+  }
+  return std::unique_ptr<PeerBatch>(std::move(batch));
+}
 
 }  // namespace
 

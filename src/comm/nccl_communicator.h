@@ -10,6 +10,15 @@
 // pointers on options.device. Built only when CUDA and NCCL are found
 // (WSYNC_WITH_NCCL); one caller thread at a time, which must be the thread that calls
 // ConnectNccl or any thread after it sets the same device.
+//
+// PostPeerBatch enqueues one ncclGroupStart/ncclSend.../ncclRecv.../ncclGroupEnd on the
+// communicator's stream and records an event after it; Wait() polls that event with the
+// same deadline, async-error and abort handling as the collectives, and a timeout names
+// every peer and tag of the batch. Posting blocks (up to op_timeout) while NCCL connects
+// to a peer for the first time, which needs that peer to post its side. The messages of
+// one batch progress together, but batches run one after another in posting order on
+// the stream: two ranks that each post a send batch to the other before the matching
+// receive batch wait for each other until the deadline. Empty messages are left out.
 #pragma once
 
 #include <chrono>

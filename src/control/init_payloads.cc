@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <optional>
+
+#include "core/checked_math.h"
+
 namespace wsync {
 namespace {
 
@@ -18,49 +22,39 @@ Status CheckDpDividesServers(int num_servers, int dp) {
 
 }  // namespace
 
-Result<int> BroadcastWorldSize(const std::vector<int>& sizes, int dp) {
+Result<NcclFleetLayout> NcclFleetRanks(const std::vector<int>& sizes, int dp, int base,
+                                       std::span<const std::string> names) {
   WSYNC_RETURN_IF_ERROR(CheckDpDividesServers(static_cast<int>(sizes.size()), dp));
-  for (int s : sizes) {
-    if (s != sizes[0]) {
-      return InvalidArgument(fmt::format(
-          "servers report different world sizes {}: every server must run the same layout", sizes));
+  if (base < 1 || base >= kMaxBroadcastWorldSize) {
+    return InvalidArgument(fmt::format("rank_offset {} of the first server is outside [1, {})", base,
+                                       kMaxBroadcastWorldSize));
+  }
+  auto name = [&](size_t i) { return i < names.size() ? names[i] : fmt::format("server {}", i); };
+  const size_t per = static_cast<size_t>(dp);
+  NcclFleetLayout layout;
+  int64_t offset = base;
+  for (size_t first = 0; first < sizes.size(); first += per) {
+    const int world = sizes[first];
+    for (size_t i = first; i < first + per; ++i) {
+      if (sizes[i] < 1) return InvalidArgument(fmt::format("{} reports world size {}", name(i), sizes[i]));
+      if (sizes[i] != world) {
+        return InvalidArgument(fmt::format(
+            "{} and {} form one deployment (data_parallel_size {}) but report world sizes {} and {}: the "
+            "servers of one deployment must run the same layout",
+            name(first), name(i), dp, world, sizes[i]));
+      }
+      layout.rank_offsets.push_back(static_cast<int>(offset));
     }
+    std::optional<int64_t> next = CheckedAdd<int64_t>(offset, world);
+    if (!next || *next > kMaxBroadcastWorldSize) {
+      return InvalidArgument(fmt::format(
+          "the deployment of {} (world size {}) takes the broadcast world from {} ranks past the limit of {}",
+          name(first), world, offset, kMaxBroadcastWorldSize));
+    }
+    offset = *next;
   }
-  if (sizes[0] < 1) return InvalidArgument(fmt::format("server reports world size {}", sizes[0]));
-  // In int64: sizes[0] * servers overflows int for sizes that a server may report.
-  const int64_t world = 1 + int64_t{sizes[0]} * static_cast<int64_t>(sizes.size()) / dp;
-  if (world > kMaxBroadcastWorldSize) {
-    return InvalidArgument(fmt::format("{} servers of world size {} (dp {}) make a broadcast world of {}, over {}",
-                                       sizes.size(), sizes[0], dp, world, kMaxBroadcastWorldSize));
-  }
-  return static_cast<int>(world);
-}
-
-Result<std::vector<int>> NcclRankOffsets(int world_size, int num_servers, int dp, int base) {
-  WSYNC_RETURN_IF_ERROR(CheckDpDividesServers(num_servers, dp));
-  if (world_size > kMaxBroadcastWorldSize || base < 1) {
-    return InvalidArgument(fmt::format("world_size {} with rank_offset {}: need rank_offset >= 1 and world_size <= {}",
-                                       world_size, base, kMaxBroadcastWorldSize));
-  }
-  const int64_t workers_total = int64_t{world_size} - base;  // any ints: no overflow
-  int deployments = num_servers / dp;
-  if (workers_total <= 0) {
-    return InvalidArgument(fmt::format(
-        "world_size {} with rank_offset {} leaves no inference workers", world_size, base));
-  }
-  if (workers_total % deployments != 0) {
-    return InvalidArgument(fmt::format(
-        "{} deployments ({} servers / dp {}) does not divide the {} inference workers of world {}",
-        deployments, num_servers, dp, workers_total, world_size));
-  }
-  const int per_deployment = static_cast<int>(workers_total / deployments);
-  std::vector<int> offsets;
-  int offset = base;
-  for (int i = 0; i < num_servers; ++i) {
-    offsets.push_back(offset);
-    if ((i + 1) % dp == 0) offset += per_deployment;
-  }
-  return offsets;
+  layout.world_size = static_cast<int>(offset);
+  return layout;
 }
 
 Result<std::vector<ReplicaStamp>> RdtReplicaStamps(int num_servers, int dp) {

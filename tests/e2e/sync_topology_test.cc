@@ -1,5 +1,6 @@
 // End-to-end syncs across server layouts: TP inside one server, a prefill/decode pair,
-// external-LB DP ranks, TP x DP in one process, and an MoE model. Every sync is checked
+// external-LB DP ranks, TP x DP in one process, an MoE model, and heterogeneous fleets
+// (servers or DP deployments of different TP sizes). Every sync is checked
 // bit for bit against digests the test computes itself, on every server.
 #include <signal.h>
 
@@ -128,6 +129,80 @@ TEST_F(SyncTopologyTest, MoeModelWithTp2MatchesTrainer) {
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-moe-tiny", 9, 1,
                                                                   DigestAlgorithm::kXxh3_128));
   ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+}
+
+// A heterogeneous fleet: a TP=2 server beside a TP=1 one, in both orders. Each server's
+// rank offset follows the world sizes of the servers before it ([1, 3], then [1, 2]).
+TEST_F(SyncTopologyTest, HeterogeneousFleetOfTp2AndTp1ServersBothMatchTrainer) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server tp2, StartServer("tp2", {"--model", "qwen3-tiny", "--tp", "2", "--device", "cpu",
+                                                          "--backend", "nccl"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server tp1, StartServer("tp1", {"--model", "qwen3-tiny", "--tp", "1", "--device", "cpu",
+                                                          "--backend", "nccl"}));
+  EXPECT_EQ(WorldSize(tp2, true), 2);
+  EXPECT_EQ(WorldSize(tp1, true), 1);
+
+  struct Order {
+    std::vector<Server> servers;
+    int seed;
+    std::string offsets;
+  };
+  for (const Order& order : {Order{{tp2, tp1}, 31, "world 4, rank offsets [1, 3]"},
+                             Order{{tp1, tp2}, 32, "world 4, rank offsets [1, 2]"}}) {
+    SCOPED_TRACE(order.offsets);
+    // A small bucket forces many broadcasts per sync.
+    RunResult push = Push(fmt::format("push_{}", order.seed), order.servers,
+                          {"--model", "qwen3-tiny", "--seed", std::to_string(order.seed), "--steps", "2",
+                           "--verify", "--bucket-gb", "0.001", "--timeout", "60"});
+    ASSERT_TRUE(push.success()) << push.description;
+    EXPECT_TRUE(HasVerifiedTable(push.out, 3));
+    EXPECT_NE((push.out + push.err).find(order.offsets), std::string::npos) << push.description;
+    E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", order.seed, 2,
+                                                                    DigestAlgorithm::kXxh3_128));
+    ExpectServersHold(order.servers, want, DigestAlgorithm::kXxh3_128);
+  }
+  ExpectCleanShutdown(tp2);
+  ExpectCleanShutdown(tp1);
+}
+
+// --data-parallel-size 2 over deployments of different sizes: two DP-rank servers of TP=2
+// (world 4), then two of TP=1 (world 2). A server list that mixes them inside one
+// deployment is refused at init, naming both servers and their sizes.
+TEST_F(SyncTopologyTest, DataParallelDeploymentsOfDifferentTpSizesAllMatchTrainer) {
+  std::vector<Server> servers;
+  for (int i = 0; i < 4; ++i) {
+    const std::string tp = i < 2 ? "2" : "1", dp_rank = std::to_string(i % 2);
+    E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer(fmt::format("tp{}_dp{}", tp, dp_rank),
+                                                   {"--model", "qwen3-tiny", "--tp", tp, "--dp", "2", "--dp-rank",
+                                                    dp_rank}));
+    servers.push_back(s);
+  }
+  EXPECT_EQ(WorldSize(servers[0], true), 4);
+  EXPECT_EQ(WorldSize(servers[2], true), 2);
+
+  RunResult push = Push("push", servers,
+                        {"--model", "qwen3-tiny", "--seed", "23", "--steps", "1", "--verify",
+                         "--data-parallel-size", "2", "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_TRUE(HasVerifiedTable(push.out, 2));
+  EXPECT_NE((push.out + push.err).find("world 7, rank offsets [1, 1, 5, 5]"), std::string::npos)
+      << push.description;
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 23, 1,
+                                                                  DigestAlgorithm::kXxh3_128));
+  ExpectServersHold(servers, want, DigestAlgorithm::kXxh3_128);
+
+  RunResult mixed = Push("push_mixed", {servers[0], servers[2], servers[1], servers[3]},
+                         {"--model", "qwen3-tiny", "--seed", "23", "--steps", "0", "--data-parallel-size", "2",
+                          "--timeout", "60"});
+  EXPECT_FALSE(mixed.success()) << mixed.description;
+  EXPECT_LT(mixed.seconds, 30) << mixed.description;
+  EXPECT_NE((mixed.out + mixed.err)
+                .find(fmt::format("{} and {} form one deployment (data_parallel_size 2) but report world sizes 4 "
+                                  "and 2",
+                                  servers[0].url, servers[2].url)),
+            std::string::npos)
+      << mixed.description;
+  // The refused push changed nothing.
+  ExpectServersHold(servers, want, DigestAlgorithm::kXxh3_128);
 }
 
 }  // namespace

@@ -61,10 +61,11 @@ class NcclPlane final : public DataPlane {
                      fleet.other);
     }
     WSYNC_RETURN_IF_ERROR(driver.WorldSizes(&fleet));
-    WSYNC_ASSIGN_OR_RETURN(int world, BroadcastWorldSize(fleet.world_sizes, options_.data_parallel_size));
-    WSYNC_ASSIGN_OR_RETURN(std::vector<int> offsets,
-                           NcclRankOffsets(world, static_cast<int>(fleet.world_sizes.size()),
-                                           options_.data_parallel_size));
+    // Deployments may differ in size (TP); each server's offset follows the ones before it.
+    WSYNC_ASSIGN_OR_RETURN(NcclFleetLayout layout,
+                           NcclFleetRanks(fleet.world_sizes, options_.data_parallel_size, 1, driver.urls()));
+    const int world = layout.world_size;
+    const std::vector<int>& offsets = layout.rank_offsets;
     labels_ = driver.WorkerLabels(fleet, world, offsets);
     labels_[0] = "trainer";  // rank 0 is the trainer; the others are the servers' workers
 
