@@ -133,6 +133,9 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   // --trainer-ranks N: rank 0 sends from its shards, ranks 1..N-1 drain theirs.
   std::unique_ptr<TrainerRanks> ranks;
   if (args.trainer_ranks > 1 || args.trainer_layout != "fsdp") {
+    if (!topts.device.is_cpu()) {
+      return InvalidArgument("--trainer-ranks/--trainer-layout run on cpu; drop --device or them");
+    }
     std::optional<ModelConfig> config;
     auto found = LookupModel(args.checkpoint.empty() ? args.model : args.checkpoint);
     if (found.ok()) config = *found;
@@ -145,7 +148,6 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   // a trainer's optimizer would leave them); digests are taken from the host copy.
   std::unique_ptr<DeviceTensorSource> device_source;
   if (!topts.device.is_cpu()) {
-    if (ranks) return InvalidArgument("--trainer-ranks/--trainer-layout run on cpu; drop --device or them");
     WSYNC_ASSIGN_OR_RETURN(device_source, DeviceTensorSource::Create(topts.device, trainer->metadata()));
     WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
     fmt::print(stderr, "trainer tensors on {} ({:.2f} GB)\n", topts.device.ToString(),

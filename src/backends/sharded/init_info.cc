@@ -247,9 +247,9 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
   const int consumers_in_group = info.live_consumers.empty() ? info.num_consumers
                                                             : static_cast<int>(info.live_consumers.size());
   if (info.world_size != info.num_producers + consumers_in_group) {
-    return InvalidArgument(fmt::format("init_info world_size {} is not num_producers {} + {} consumers{}",
-                                       info.world_size, info.num_producers, consumers_in_group,
-                                       info.live_consumers.empty() ? "" : " (live_consumers)"));
+    return InvalidArgument(fmt::format("init_info world_size {} is not num_producers {} + {} {}", info.world_size,
+                                       info.num_producers, info.live_consumers.empty() ? "num_consumers" : "live_consumers",
+                                       consumers_in_group));
   }
   WSYNC_ASSIGN_OR_RETURN(info.workers_per_replica, r.Int("workers_per_replica", 0, info.num_consumers, 0));
   if (info.workers_per_replica > 0 && info.num_consumers % info.workers_per_replica != 0) {

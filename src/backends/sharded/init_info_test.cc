@@ -131,6 +131,27 @@ TEST(ShardedInitInfo, UnknownFieldsAndOtherShapesAreRefused) {
   EXPECT_EQ(ErrorOf(With("wsync_protocol", 2)), "init_info wsync_protocol 2 is not supported (this server speaks 1)");
 }
 
+TEST(ShardedInitInfo, ADegradedGroupNumbersItsLiveConsumersAfterTheProducers) {
+  json j = Init();
+  j["live_consumers"] = {2, 3};
+  j["world_size"] = 5;
+  j["rank_labels"] = {"t0", "t1", "t2", "w2", "w3"};
+  Result<ShardedInitInfo> parsed = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const ShardedInitInfo& info = *parsed;
+  EXPECT_EQ(info.live_consumers, (std::vector<int>{2, 3}));
+  EXPECT_EQ(info.RankOf(2), 3);
+  EXPECT_EQ(info.RankOf(3), 4);
+  EXPECT_EQ(info.RankOf(0), -1);  // not live: in no group
+  EXPECT_EQ(info.ToJson(), j);
+  Result<ShardedInitInfo> parsed_whole = ShardedInitInfo::Parse(Init());
+  ASSERT_TRUE(parsed_whole.ok()) << parsed_whole.status().ToString();
+  const ShardedInitInfo& whole = *parsed_whole;
+  EXPECT_EQ(whole.RankOf(0), 3);
+  EXPECT_EQ(whole.RankOf(3), 6);
+  EXPECT_FALSE(whole.ToJson().contains("live_consumers"));
+}
+
 TEST(ShardedInitInfo, IntegersAreExactAndRangeChecked) {
   EXPECT_EQ(ErrorOf(With("num_producers", 0)), "init_info 'num_producers' is 0, outside [1, 65536]");
   EXPECT_EQ(ErrorOf(With("num_consumers", 4294967297)), "init_info 'num_consumers' is 4294967297, outside [1, 65536]");
@@ -139,6 +160,12 @@ TEST(ShardedInitInfo, IntegersAreExactAndRangeChecked) {
   EXPECT_EQ(ErrorOf(With("gloo_store_port", 70000)), "init_info 'gloo_store_port' is 70000, outside [1, 65535]");
   EXPECT_EQ(ErrorOf(With("world_size", 8)), "init_info world_size 8 is not num_producers 3 + num_consumers 4");
   EXPECT_EQ(ErrorOf(With("replica_rank", 2)), "init_info 'replica_rank' is 2, outside [0, 1]");
+  // A degraded group: the live consumers' ranks follow each other after the producers.
+  EXPECT_EQ(ErrorOf(With("live_consumers", json::array({0, 2}))),
+            "init_info world_size 7 is not num_producers 3 + live_consumers 2");
+  EXPECT_EQ(ErrorOf(With("live_consumers", json::array({2, 0}))),
+            "init_info 'live_consumers' must be ascending without repeats");
+  EXPECT_EQ(ErrorOf(With("live_consumers", json::array({0, 4}))), "init_info live_consumers[1] is 4, outside [0, 3]");
   EXPECT_EQ(ErrorOf(With("workers_per_replica", 3)), "init_info workers_per_replica 3 does not divide num_consumers 4");
   EXPECT_EQ(ErrorOf(With("consumer_offset", 4)), "init_info 'consumer_offset' is 4, outside [0, 3]");
   EXPECT_EQ(ErrorOf(With("consumer_offset", 3)),

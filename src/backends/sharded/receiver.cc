@@ -31,9 +31,11 @@ using nlohmann::json;
 // "trainer rank 3 (tp1 pp0 ep1 dp0)" for a producer, "rank 5 (<label>)" for a worker.
 DescribeRank Describer(const ShardedInitInfo& info) {
   return [labels = info.rank_labels, producers = info.num_producers](int r) {
-    const bool labelled = r >= 0 && static_cast<size_t>(r) < labels.size() && !labels[r].empty();
-    if (r < producers) return labelled ? labels[r] : fmt::format("trainer rank {}", r);
-    return labelled ? fmt::format("rank {} ({})", r, labels[r]) : fmt::format("rank {}", r);
+    std::string name = r < producers ? fmt::format("trainer rank {}", r) : fmt::format("rank {}", r);
+    if (r >= 0 && static_cast<size_t>(r) < labels.size() && !labels[r].empty() && labels[r] != name) {
+      name += fmt::format(" ({})", labels[r]);
+    }
+    return name;
   };
 }
 
