@@ -108,6 +108,18 @@ TEST_F(ShardedTest, ProducerThatNeverSendsFailsTheSyncWithinTheTimeoutNamingIt) 
   ASSERT_TRUE(again.success()) << again.description;
 }
 
+TEST_F(ShardedTest, AServerThatRefusesInitEndsEveryRanksInitAtOnce) {
+  // The server holds another model: its plans cannot match the trainer's.
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Sharded("s", "qwen3-moe-tiny", {"--tp", "2"}));
+  Stopwatch watch;
+  RunResult push = Push("push", {s}, {"--backend", "sharded", "--model", "qwen3-tiny", "--trainer-ranks", "4",
+                                      "--trainer-layout", "tp1pp2ep1", "--timeout", "120"});
+  const double seconds = watch.seconds();
+  ASSERT_FALSE(push.success()) << push.description;
+  EXPECT_NE(push.err.find(s.url), std::string::npos) << push.description;
+  EXPECT_LT(seconds, 60) << "ranks 1..3 must not wait out the 120 s connect deadline:\n" << push.description;
+}
+
 TEST_F(ShardedTest, DegradedSyncToLiveServersThenTheFleetRestored) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s0, Sharded("s0", "qwen3-tiny", {"--tp", "2"}));
   E2E_ASSERT_OK_AND_ASSIGN(Server s1, Sharded("s1", "qwen3-tiny", {"--tp", "2"}));

@@ -167,16 +167,24 @@ class ShardedPlane final : public DataPlane {
     fleet_ = FleetShape::FromJson(shape_json);
     WSYNC_RETURN_IF_ERROR(BuildPlans());
 
-    std::shared_ptr<Pending> pending;
+    // Rank 0 tells the others how its side went (its servers' init replies included); they
+    // wait for that word on the trainer ranks' group while they join, so a server that
+    // refuses init ends every rank's Init at once rather than at the connect deadline.
     if (me_ == 0) {
-      WSYNC_ASSIGN_OR_RETURN(std::vector<json> infos, InitInfos(init));
-      pending = init.driver->InitAsync(std::move(infos));
-    }
-    WSYNC_RETURN_IF_ERROR(JoinGroup(deadline, pending.get()));
-    WSYNC_RETURN_IF_ERROR(ReserveBuffers());
-    if (pending) {
-      WSYNC_RETURN_IF_ERROR(pending->Wait(init.driver->deadlines().Http()).status());
-      if (store_) store_->ErasePrefix(fleet_.prefix);
+      Status mine = InitServersAndJoin(init, deadline);
+      if (producers_ > 1) {
+        Result<std::string> told = BroadcastString(*rank_comm_, mine.ok() ? "{}" : StatusToJson(mine).dump(), 0,
+                                                   deadline);
+        if (mine.ok() && !told.ok()) mine = told.status();
+      }
+      WSYNC_RETURN_IF_ERROR(mine);
+    } else {
+      auto connecting = StartConnect(deadline);
+      WSYNC_ASSIGN_OR_RETURN(std::string word, BroadcastString(*rank_comm_, "", 0, deadline));
+      json w = json::parse(word);
+      if (w.contains("error")) return StatusFromJson(w, "trainer rank 0");
+      WSYNC_RETURN_IF_ERROR(FinishConnect(std::move(connecting), nullptr));
+      WSYNC_RETURN_IF_ERROR(ReserveBuffers());
     }
     WSYNC_LOG_INFO("trainer rank {}: sharded group of {} producers and {} workers is up; this rank sends {:.1f} MB "
                    "per sync in {} groups", me_, producers_, fleet_.num_consumers, producer_.bytes_sent / 1e6,
@@ -513,8 +521,23 @@ class ShardedPlane final : public DataPlane {
     return labels;
   }
 
-  // Joins the point-to-point group; rank 0 watches the servers' init replies meanwhile.
-  Status JoinGroup(Deadline deadline, Pending* pending) {
+  // Rank 0: posts every server's init, joins the group while watching their replies, and
+  // waits for every reply.
+  Status InitServersAndJoin(const PlaneInit& init, Deadline deadline) {
+    WSYNC_ASSIGN_OR_RETURN(std::vector<json> infos, InitInfos(init));
+    std::shared_ptr<Pending> pending = init.driver->InitAsync(std::move(infos));
+    WSYNC_RETURN_IF_ERROR(FinishConnect(StartConnect(deadline), pending.get()));
+    WSYNC_RETURN_IF_ERROR(ReserveBuffers());
+    WSYNC_RETURN_IF_ERROR(pending->Wait(init.driver->deadlines().Http()).status());
+    if (store_) store_->ErasePrefix(fleet_.prefix);
+    return Status::Ok();
+  }
+
+  using Connecting = std::future<Result<std::unique_ptr<Communicator>>>;
+
+  // Starts joining the point-to-point group on a side thread, which keeps only its own
+  // state: a caller that gives up (rank 0 said no) leaves it to end at its deadline.
+  Connecting StartConnect(Deadline deadline) {
     CommSpec spec;
     if (options_.device.is_cpu()) {
       spec.store = CommSpec::Store{fleet_.store_host, fleet_.store_port, fleet_.prefix, options_.store_host};
@@ -534,6 +557,11 @@ class ShardedPlane final : public DataPlane {
     auto connected = std::make_shared<std::promise<Result<std::unique_ptr<Communicator>>>>();
     auto future = connected->get_future();
     std::thread([connected, spec] { connected->set_value(Connect(spec)); }).detach();
+    return future;
+  }
+
+  // Waits for the join; rank 0 watches the servers' init replies (`pending`) meanwhile.
+  Status FinishConnect(Connecting future, Pending* pending) {
     while (future.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
       if (pending != nullptr && pending->AnyFailed()) return pending->Wait(Deadline::InSeconds(1)).status();
     }
