@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
                 "KEY=VALUE setting of the backend (repeatable): nccl piece_mb; ipc mode=auto|packed|zero_copy, "
                 "export_kind=cuda_ipc|cuda_fd, backing=memfd|posix_shm, stall_after_chunks=N (tests); delta "
                 "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir; sharded "
-                "model (default: --model), lookahead");
+                "model (default: --model), lookahead, stall_rank=R (tests: rank R sends nothing)");
   std::map<std::string, std::string> named_backend_flags;
   for (const auto& [flag, key, help] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"--sync-dir", "sync_dir", "delta: directory shared with the servers"},
