@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "control/init_payloads.h"
 #include "core/checked_math.h"
 #include "plan/packing.h"
 
@@ -387,25 +388,12 @@ uint64_t IpcSlotBytes(std::span<const TensorMeta> tensors, uint64_t bucket_bytes
 }
 
 Result<int> IpcReaderOffsets(const std::vector<int>& world_sizes, int dp, std::vector<int>* offsets) {
-  if (dp < 1) return InvalidArgument(fmt::format("data_parallel_size {} must be >= 1", dp));
-  if (world_sizes.empty() || world_sizes.size() % dp != 0) {
-    return InvalidArgument(fmt::format("{} server(s) do not divide into deployments of data_parallel_size {}",
-                                       world_sizes.size(), dp));
-  }
+  // The broadcast group's numbering, less its trainer rank: the same deployments, the same
+  // checked sums.
+  WSYNC_ASSIGN_OR_RETURN(NcclFleetLayout fleet, NcclFleetRanks(world_sizes, dp, /*base_rank_offset=*/1));
   offsets->clear();
-  int total = 0;
-  for (size_t first = 0; first < world_sizes.size(); first += dp) {
-    for (size_t i = first; i < first + dp; ++i) {
-      if (world_sizes[i] < 1 || world_sizes[i] != world_sizes[first]) {
-        return InvalidArgument(fmt::format(
-            "servers {}..{} form one deployment (data_parallel_size {}) but report world sizes {} and {}", first,
-            first + dp - 1, dp, world_sizes[first], world_sizes[i]));
-      }
-      offsets->push_back(total);
-    }
-    total += world_sizes[first];
-  }
-  return total;
+  for (int o : fleet.rank_offsets) offsets->push_back(o - 1);
+  return fleet.world_size - 1;
 }
 
 std::string IpcClip(std::string_view s, size_t max_bytes) {

@@ -121,6 +121,15 @@ struct FleetShape {
   }
 };
 
+// The `tp` a server's /health reports (a reply from the network): -1 unless an integer in
+// [1, kMaxShardedRanks].
+int HealthTp(const json& health) {
+  auto it = health.find("tp");
+  if (it == health.end() || !it->is_number_integer()) return -1;
+  const int64_t tp = it->get<int64_t>();
+  return tp >= 1 && tp <= kMaxShardedRanks ? static_cast<int>(tp) : -1;
+}
+
 // One copy a group's pack makes: slice `slice` of a send's layout, from the tensor it
 // belongs to, into the group's buffer at `offset` (the send's place plus the slice's).
 struct PackStep {
@@ -335,36 +344,34 @@ class ShardedPlane final : public DataPlane {
     WSYNC_RETURN_IF_ERROR(driver.WorldSizes(&fleet));
     const int dp = options_.data_parallel_size;
     const int servers = static_cast<int>(fleet.world_sizes.size());
-    if (dp < 1 || servers % dp != 0) {
-      return InvalidArgument(fmt::format("{} servers do not divide into deployments of --data-parallel-size {}",
-                                         servers, dp));
-    }
     FleetShape shape;
     shape.urls = driver.urls();
-    int64_t consumers = 0;
+    // Consumer ids follow the broadcast group's numbering, less its trainer rank: the same
+    // deployments, the same checked sums.
+    WSYNC_ASSIGN_OR_RETURN(NcclFleetLayout ranks, NcclFleetRanks(fleet.world_sizes, dp, 1, shape.urls));
+    const int64_t consumers = ranks.world_size - 1;
+    if (consumers + producers_ > kMaxShardedRanks) {
+      return InvalidArgument(fmt::format("the fleet has {} workers, more than {}", consumers,
+                                         kMaxShardedRanks - producers_));
+    }
     for (int first = 0; first < servers; first += dp) {
       Deployment d;
       d.first_server = first;
       d.servers = dp;
       d.workers = fleet.world_sizes[first];
-      d.tp = fleet.health[first].value("tp", 0);
+      d.tp = HealthTp(fleet.health[first]);
+      d.first_consumer = ranks.rank_offsets[first] - 1;
       for (int s = first; s < first + dp; ++s) {
-        const int tp = fleet.health[s].value("tp", 0);
-        if (fleet.world_sizes[s] != d.workers || tp != d.tp) {
+        const int tp = HealthTp(fleet.health[s]);
+        if (tp != d.tp) {
           return InvalidArgument(fmt::format(
-              "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but report "
-              "{} workers at tp {} and {} workers at tp {}", shape.urls[first], shape.urls[s], dp, d.workers, d.tp,
-              fleet.world_sizes[s], tp));
+              "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but report tp {} "
+              "and {}", shape.urls[first], shape.urls[s], dp, d.tp, tp));
         }
       }
       if (d.tp < 1 || d.workers % d.tp != 0) {
         return InvalidArgument(fmt::format("{} reports {} workers at tp {}: not a whole number of TP groups",
                                            shape.urls[first], d.workers, d.tp));
-      }
-      d.first_consumer = static_cast<int>(consumers);
-      consumers += d.workers;
-      if (consumers + producers_ > kMaxShardedRanks) {
-        return InvalidArgument(fmt::format("the fleet has more than {} workers", kMaxShardedRanks - producers_));
       }
       shape.deployments.push_back(d);
     }
@@ -389,7 +396,7 @@ class ShardedPlane final : public DataPlane {
       }
       for (const Deployment& d : shape.deployments) {
         if (s < d.first_server || s >= d.first_server + d.servers) continue;
-        const int tp = fleet.health[k].value("tp", 0);
+        const int tp = HealthTp(fleet.health[k]);
         if (fleet.world_sizes[k] != d.workers || tp != d.tp) {
           return FailedPrecondition(fmt::format(
               "{} now reports {} workers at tp {}; the fleet was planned with {} at tp {}: sync every server to "
