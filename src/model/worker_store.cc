@@ -32,35 +32,55 @@ std::vector<SourcePiece> PrimaryPieces(std::span<const WorkerStore* const> group
   return out;
 }
 
+// Copies `count` runs of `width` bytes out of a store's memory into host memory: from
+// `src` every `src_pitch` bytes to `dst` every `dst_pitch` bytes. A CUDA store's copy runs
+// on this thread's stream, on the store's device, and is complete on return.
+Status CopyOut(const WorkerStore& store, std::byte* dst, int64_t dst_pitch, const std::byte* src, int64_t src_pitch,
+               int64_t width, int64_t count) {
+  if (width <= 0 || count <= 0) return Status::Ok();
+  if (store.device().is_cpu()) {
+    for (int64_t o = 0; o < count; ++o) std::memcpy(dst + o * dst_pitch, src + o * src_pitch, width);
+    return Status::Ok();
+  }
+  WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(store.device()));
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(store.device()));
+  WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, dst_pitch, src, src_pitch, width, count));
+  return rt->Synchronize().WithContext(fmt::format("reading shards back from {}", store.device().ToString()));
+}
+
 // Copies HF rows [row_begin, row_end) (along dim 0) of the group's primary pieces into
 // `out`, which holds exactly those rows.
-void ReadRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int64_t row_begin,
-              int64_t row_end, std::byte* out) {
+Status ReadRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int64_t row_begin,
+                int64_t row_end, std::byte* out) {
   const int64_t row_bytes = static_cast<int64_t>(hf.nbytes()) / hf.shape[0];
   const int64_t lo_bound = row_begin * row_bytes, hi_bound = row_end * row_bytes;
   for (const SourcePiece& sp : pieces) {
     const ShardPiece& p = sp.store->table().params()[sp.param].pieces[sp.piece];
     const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
     const std::byte* src = sp.store->param_data(sp.param);
-    int64_t o_begin = 0, o_end = r.count;
-    if (p.dim > 0) {  // each run lies inside one dim-0 row; visit only the wanted rows
+    if (p.dim > 0) {
+      // Each run lies inside one dim-0 row: the wanted rows' runs, in one strided copy.
       const int64_t per_row = r.count / hf.shape[0];
-      o_begin = row_begin * per_row;
-      o_end = row_end * per_row;
+      const int64_t o_begin = row_begin * per_row, o_end = row_end * per_row;
+      WSYNC_RETURN_IF_ERROR(CopyOut(*sp.store, out + (r.hf_offset + o_begin * r.hf_stride - lo_bound), r.hf_stride,
+                                    src + r.dst_offset + o_begin * r.dst_stride, r.dst_stride, r.run_bytes,
+                                    o_end - o_begin));
+      continue;
     }
-    for (int64_t o = o_begin; o < o_end; ++o) {
+    for (int64_t o = 0; o < r.count; ++o) {
       const int64_t hs = r.hf_offset + o * r.hf_stride, he = hs + r.run_bytes;
       const int64_t lo = std::max(hs, lo_bound), hi = std::min(he, hi_bound);
       if (lo >= hi) continue;
-      std::memcpy(out + (lo - lo_bound), src + r.dst_offset + o * r.dst_stride + (lo - hs),
-                  hi - lo);
+      WSYNC_RETURN_IF_ERROR(CopyOut(*sp.store, out + (lo - lo_bound), 0,
+                                    src + r.dst_offset + o * r.dst_stride + (lo - hs), 0, hi - lo, 1));
     }
   }
+  return Status::Ok();
 }
 
 Result<const TensorMeta*> FindHfInGroup(std::span<const WorkerStore* const> group,
-                                        std::string_view hf_name) {
-  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group));
+                                        std::string_view hf_name, bool devices = false) {
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group, devices));
   int idx = group[0]->table().FindHf(hf_name);
   if (idx < 0) {
     return NotFound(fmt::format("model {} has no tensor {}", group[0]->config().name, hf_name));
@@ -240,7 +260,7 @@ Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) co
   return Status::Ok();
 }
 
-Status CheckTpGroup(std::span<const WorkerStore* const> group) {
+Status CheckTpGroup(std::span<const WorkerStore* const> group, bool devices) {
   if (group.empty()) return InvalidArgument("empty TP group");
   for (size_t i = 0; i < group.size(); ++i) {
     const WorkerStore* s = group[i];
@@ -254,7 +274,7 @@ Status CheckTpGroup(std::span<const WorkerStore* const> group) {
       return InvalidArgument(fmt::format("TP group mixes models: rank 0 is {}, rank {} is {}",
                                          group[0]->config().name, i, s->config().name));
     }
-    if (!s->device().is_cpu()) {
+    if (!devices && !s->device().is_cpu()) {
       return FailedPrecondition(fmt::format(
           "TP group entry {} is a store on {}: read it back through CopyToHost() first", i, s->device().ToString()));
     }
@@ -269,17 +289,18 @@ Status ReadBackHf(std::span<const WorkerStore* const> group, std::string_view hf
     return InvalidArgument(fmt::format("read-back of {} needs {} bytes, buffer has {}", hf_name,
                                        hf->nbytes(), out.size()));
   }
-  ReadRows(PrimaryPieces(group, hf_name), *hf, 0, hf->shape[0], out.data());
-  return Status::Ok();
+  return ReadRows(PrimaryPieces(group, hf_name), *hf, 0, hf->shape[0], out.data());
 }
 
 Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::string_view hf_name,
                              DigestAlgorithm algorithm, size_t block_bytes) {
-  WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name));
+  WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name, /*devices=*/true));
   const std::vector<SourcePiece> pieces = PrimaryPieces(group, hf_name);
   auto hasher = Hasher::Create(algorithm);
+  const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
 
-  // Fast path: every piece is one run of whole rows; hash them in HF order, in place.
+  // Fast path (host stores): every piece is one run of whole rows; hash them in HF order,
+  // in place.
   struct Run {
     int64_t hf_offset;
     const std::byte* data;
@@ -288,11 +309,11 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
   std::vector<Run> runs;
   for (const SourcePiece& sp : pieces) {
     const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
-    if (r.count != 1) break;
+    if (r.count != 1 || !on_host) break;
     runs.push_back({r.hf_offset, sp.store->param_data(sp.param) + r.dst_offset,
                     r.run_bytes});
   }
-  if (runs.size() == pieces.size()) {
+  if (on_host && runs.size() == pieces.size()) {
     std::ranges::sort(runs, {}, &Run::hf_offset);
     int64_t next = 0;
     for (const Run& r : runs) {
@@ -306,14 +327,14 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
     return hasher->FinishHex();
   }
 
-  // General path: assemble bounded row blocks.
+  // General path (and every device store): assemble bounded row blocks in host memory.
   const int64_t rows = hf->shape[0];
   const int64_t row_bytes = static_cast<int64_t>(hf->nbytes()) / rows;
   const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / row_bytes, 1, rows);
   std::vector<std::byte> buf(block * row_bytes);
   for (int64_t r0 = 0; r0 < rows; r0 += block) {
     const int64_t r1 = std::min(rows, r0 + block);
-    ReadRows(pieces, *hf, r0, r1, buf.data());
+    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, *hf, r0, r1, buf.data()).WithContext(hf_name));
     hasher->Update({buf.data(), static_cast<size_t>((r1 - r0) * row_bytes)});
   }
   return hasher->FinishHex();
@@ -321,8 +342,11 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
 
 Result<std::map<std::string, std::string>> AllHfDigests(
     std::span<const WorkerStore* const> group, DigestAlgorithm algorithm, size_t threads) {
-  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group));
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group, /*devices=*/true));
   const std::vector<TensorMeta>& hf = group[0]->hf_tensors();
+  // Device stores are read back in blocks: each thread holds one at a time.
+  const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
+  const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
   // Largest first, pulled from a shared counter, so one big tensor does not trail.
   std::vector<size_t> order(hf.size());
   std::iota(order.begin(), order.end(), 0);
@@ -335,7 +359,7 @@ Result<std::map<std::string, std::string>> AllHfDigests(
   ParallelFor(threads, threads, [&](size_t, size_t) {
     for (size_t n; (n = next.fetch_add(1)) < order.size();) {
       const size_t i = order[n];
-      Result<std::string> d = HfDigest(group, hf[i].name, algorithm);
+      Result<std::string> d = HfDigest(group, hf[i].name, algorithm, block_bytes);
       if (!d.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = d.status();
@@ -351,7 +375,7 @@ Result<std::map<std::string, std::string>> AllHfDigests(
 }
 
 Status CheckReplicas(std::span<const WorkerStore* const> group) {
-  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group));
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group, /*devices=*/true));
   for (const WorkerStore* s : group) {
     const ShardingTable& t = s->table();
     for (size_t i = 0; i < t.params().size(); ++i) {
@@ -375,11 +399,14 @@ Status CheckReplicas(std::span<const WorkerStore* const> group) {
                                       p.hf_name, SliceString(p, hf), s->tp_rank()));
         }
         const PieceRuns a = t.Runs(i, k), b = owner->table().Runs(oi, ok);
-        const std::byte* pa = s->param_data(i);
-        const std::byte* pb = owner->param_data(oi);
+        // Both copies' runs, packed in host memory (a replicated slice: a norm, a KV head).
+        std::vector<std::byte> ca(a.count * a.run_bytes), cb(b.count * b.run_bytes);
+        WSYNC_RETURN_IF_ERROR(CopyOut(*s, ca.data(), a.run_bytes, s->param_data(i) + a.dst_offset, a.dst_stride,
+                                      a.run_bytes, a.count));
+        WSYNC_RETURN_IF_ERROR(CopyOut(*owner, cb.data(), b.run_bytes, owner->param_data(oi) + b.dst_offset,
+                                      b.dst_stride, b.run_bytes, b.count));
         for (int64_t o = 0; o < a.count; ++o) {
-          if (std::memcmp(pa + a.dst_offset + o * a.dst_stride, pb + b.dst_offset + o * b.dst_stride,
-                          a.run_bytes) != 0) {
+          if (std::memcmp(ca.data() + o * a.run_bytes, cb.data() + o * b.run_bytes, a.run_bytes) != 0) {
             return DataLoss(fmt::format(
                 "replica of {} {} on tp rank {} differs from the primary copy on tp rank {}",
                 p.hf_name, SliceString(p, hf), s->tp_rank(), owner->tp_rank()));

@@ -141,19 +141,24 @@ class WorkerStore final : public WorkerSink {
 };
 
 // A TP group is the stores of one model replica, indexed by tp_rank. OK when every entry
-// is set, store i has tp_rank i and tp_size group.size(), all share one config and all
-// are host stores (the read-back functions below take only those).
-Status CheckTpGroup(std::span<const WorkerStore* const> tp_group);
+// is set, store i has tp_rank i and tp_size group.size(), all share one config and, unless
+// `devices`, all are host stores. ReadBackHf takes host stores only; HfDigest,
+// AllHfDigests and CheckReplicas take CUDA stores too and read them back in bounded blocks
+// (no copy of a whole store), on the calling thread's stream of each store's device.
+Status CheckTpGroup(std::span<const WorkerStore* const> tp_group, bool devices = false);
+
+// The row blocks AllHfDigests assembles in host memory for a CUDA store, per thread.
+inline constexpr size_t kDeviceReadBackBlockBytes = size_t{16} << 20;
 
 // Reassembles the full HF tensor `hf_name` from the group's primary pieces into `out`,
 // which must be exactly its size in bytes.
 Status ReadBackHf(std::span<const WorkerStore* const> tp_group, std::string_view hf_name,
                   std::span<std::byte> out);
 
-// The digest of the HF tensor as ReadBackHf would produce it, streamed: it hashes
-// parameter memory directly where every piece is one block of whole rows, and otherwise
-// assembles blocks of rows of at most `block_bytes` (at least one row) in a scratch
-// buffer, so no full-size copy is made.
+// The digest of the HF tensor as ReadBackHf would produce it, streamed: it hashes a host
+// store's parameter memory directly where every piece is one block of whole rows, and
+// otherwise (and always for CUDA stores) assembles blocks of rows of at most
+// `block_bytes` (at least one row) in a host scratch buffer, so no full-size copy is made.
 Result<std::string> HfDigest(std::span<const WorkerStore* const> tp_group,
                              std::string_view hf_name, DigestAlgorithm algorithm,
                              size_t block_bytes = size_t{64} << 20);

@@ -3,12 +3,17 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "core/prefault.h"
+#include "wsync/device_runtime.h"
 
 namespace wsync {
 namespace {
@@ -192,6 +197,75 @@ TEST(WorkerStore, CheckReplicasNamesTheDivergentCopy) {
   EXPECT_EQ(CheckReplicas(g.view).message(),
             "replica of model.norm.weight (whole tensor) on tp rank 1 differs from the primary "
             "copy on tp rank 0");
+}
+
+// Device memory in host memory, counted: it runs a CUDA store's code (its allocation and
+// its block-wise read-back through Copy2D) on a machine without a GPU. It fakes the
+// device, not the copies: every byte still moves through Copy2D.
+class HostBackedDevice final : public DeviceRuntime {
+ public:
+  int DeviceCount() override { return 1; }
+  Status SetDevice(int) override { return Status::Ok(); }
+  Result<void*> Allocate(int, size_t bytes) override {
+    void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void Free(int, void* ptr) override { std::free(ptr); }
+  Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t count) override {
+    size_t seen = largest_.load();
+    while (width * count > seen && !largest_.compare_exchange_weak(seen, width * count)) {
+    }
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(static_cast<std::byte*>(dst) + i * dst_pitch, static_cast<const std::byte*>(src) + i * src_pitch,
+                  width);
+    }
+    return Status::Ok();
+  }
+  Status Synchronize() override { return Status::Ok(); }
+  std::atomic<size_t> largest_{0};  // bytes of the largest single copy
+};
+
+TEST(WorkerStore, CudaStoresAreDigestedInBoundedBlocksWithoutAWholeCopy) {
+  HostBackedDevice device;
+  InstallCudaRuntime(&device);
+  struct Uninstall {
+    ~Uninstall() { InstallCudaRuntime(nullptr); }
+  } uninstall;
+  const Device gpu{Device::Kind::kCuda, 0};
+  for (const std::string model : {"qwen3-tiny", "qwen3-moe-tiny"}) {
+    const ModelConfig c = Model(model);
+    const std::vector<HostTensor> hf = FilledHf(c, 3);
+    for (int tp : {1, 2, 4}) {
+      if (model == "qwen3-moe-tiny" && tp == 4) continue;
+      SCOPED_TRACE(fmt::format("{} tp {}", model, tp));
+      Group host = MakeGroup(c, tp);
+      Group cuda;
+      for (int r = 0; r < tp; ++r) {
+        auto st = WorkerStore::Create(c, r, tp, gpu);
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        cuda.view.push_back(st->get());
+        cuda.stores.push_back(std::move(st).value());
+      }
+      for (const HostTensor& t : hf) {
+        for (auto& st : host.stores) ASSERT_TRUE(st->Load(t.ref()).ok());
+        for (auto& st : cuda.stores) ASSERT_TRUE(st->Load(t.ref()).ok());
+      }
+      EXPECT_FALSE(CheckTpGroup(cuda.view).ok());  // ReadBackHf still takes host stores only
+      ASSERT_TRUE(CheckReplicas(cuda.view).ok());
+      device.largest_ = 0;
+      auto want = AllHfDigests(host.view, DigestAlgorithm::kXxh3_128, 2);
+      auto got = AllHfDigests(cuda.view, DigestAlgorithm::kXxh3_128, 2);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, *want);
+      // Each copy moves at most one block of rows, never a whole store.
+      EXPECT_LE(device.largest_.load(), kDeviceReadBackBlockBytes);
+      // One row per block: many small blocks give the same digest.
+      const std::string name = "model.layers.0.self_attn.o_proj.weight";
+      EXPECT_EQ(*HfDigest(cuda.view, name, DigestAlgorithm::kSha256, 1),
+                *HfDigest(host.view, name, DigestAlgorithm::kSha256));
+    }
+  }
 }
 
 TEST(WorkerStore, GroupErrors) {

@@ -221,17 +221,9 @@ Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(Digest
   std::map<std::string, std::string> first;
   int first_dp = -1;
   for (size_t begin = 0; begin < workers_.size(); begin += options_.tp) {
+    // CUDA shards are read back in bounded blocks as they are hashed (worker_store.h).
     std::vector<const WorkerStore*> group;
-    std::vector<std::unique_ptr<WorkerStore>> host_copies;  // CUDA shards, read back
-    for (int t = 0; t < options_.tp; ++t) {
-      const WorkerStore* store = workers_[begin + t]->store.get();
-      if (!store->device().is_cpu()) {
-        WSYNC_ASSIGN_OR_RETURN(auto copy, store->CopyToHost());
-        host_copies.push_back(std::move(copy));
-        store = host_copies.back().get();
-      }
-      group.push_back(store);
-    }
+    for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[begin + t]->store.get());
     int dp = workers_[begin]->dp_index;
     Status replicas = CheckReplicas(group);
     if (!replicas.ok()) return replicas.WithContext(fmt::format("dp replica {}", dp));
