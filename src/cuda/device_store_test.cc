@@ -103,10 +103,19 @@ TEST_F(DeviceStoreTest, WrongDevicesAndHostReadBackAreClearErrors) {
   Status s = host->Load(t);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s.ToString();
-  // Read-back functions take host stores only.
+  // Whole-tensor read-back takes host stores only; digests read a CUDA store in blocks
+  // and equal a host store's.
   const WorkerStore* group[] = {store.get()};
-  auto digests = AllHfDigests(group, DigestAlgorithm::kXxh3_128, 1);
-  EXPECT_EQ(digests.status().code(), StatusCode::kFailedPrecondition) << digests.status().ToString();
+  std::vector<std::byte> whole(hf[0].meta.nbytes());
+  EXPECT_EQ(ReadBackHf(group, hf[0].meta.name, whole).code(), StatusCode::kFailedPrecondition);
+  for (const HostTensor& h : hf) {
+    ASSERT_TRUE(store->Load(h.ref()).ok());
+    ASSERT_TRUE(host->Load(h.ref()).ok());
+  }
+  const WorkerStore* host_group[] = {host.get()};
+  auto digests = AllHfDigests(group, DigestAlgorithm::kXxh3_128, 4);
+  ASSERT_TRUE(digests.ok()) << digests.status().ToString();
+  EXPECT_EQ(*digests, *AllHfDigests(host_group, DigestAlgorithm::kXxh3_128, 1));
   // A device beyond the machine's is CUDA's own error, not a crash.
   auto far = WorkerStore::Create(c, 0, 1, Device{Device::Kind::kCuda, cuda::DeviceCount() + 3});
   EXPECT_FALSE(far.ok());

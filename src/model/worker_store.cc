@@ -292,8 +292,24 @@ Status ReadBackHf(std::span<const WorkerStore* const> group, std::string_view hf
   return ReadRows(PrimaryPieces(group, hf_name), *hf, 0, hf->shape[0], out.data());
 }
 
+namespace {
+
+// HfDigest with the caller's scratch buffer for row blocks (grown as needed, kept).
+Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std::string_view hf_name,
+                                 DigestAlgorithm algorithm, size_t block_bytes, std::vector<std::byte>* scratch);
+
+}  // namespace
+
 Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::string_view hf_name,
                              DigestAlgorithm algorithm, size_t block_bytes) {
+  std::vector<std::byte> scratch;
+  return HfDigestWith(group, hf_name, algorithm, block_bytes, &scratch);
+}
+
+namespace {
+
+Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std::string_view hf_name,
+                                 DigestAlgorithm algorithm, size_t block_bytes, std::vector<std::byte>* scratch) {
   WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name, /*devices=*/true));
   const std::vector<SourcePiece> pieces = PrimaryPieces(group, hf_name);
   auto hasher = Hasher::Create(algorithm);
@@ -331,14 +347,17 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
   const int64_t rows = hf->shape[0];
   const int64_t row_bytes = static_cast<int64_t>(hf->nbytes()) / rows;
   const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / row_bytes, 1, rows);
-  std::vector<std::byte> buf(block * row_bytes);
+  if (scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
+  std::byte* buf = scratch->data();
   for (int64_t r0 = 0; r0 < rows; r0 += block) {
     const int64_t r1 = std::min(rows, r0 + block);
-    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, *hf, r0, r1, buf.data()).WithContext(hf_name));
-    hasher->Update({buf.data(), static_cast<size_t>((r1 - r0) * row_bytes)});
+    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, *hf, r0, r1, buf).WithContext(hf_name));
+    hasher->Update({buf, static_cast<size_t>((r1 - r0) * row_bytes)});
   }
   return hasher->FinishHex();
 }
+
+}  // namespace
 
 Result<std::map<std::string, std::string>> AllHfDigests(
     std::span<const WorkerStore* const> group, DigestAlgorithm algorithm, size_t threads) {
@@ -357,9 +376,10 @@ Result<std::map<std::string, std::string>> AllHfDigests(
   Status first_error;  // guarded by mu
   threads = std::max<size_t>(1, std::min(threads, hf.size()));
   ParallelFor(threads, threads, [&](size_t, size_t) {
+    std::vector<std::byte> scratch;  // this thread's row blocks, reused across tensors
     for (size_t n; (n = next.fetch_add(1)) < order.size();) {
       const size_t i = order[n];
-      Result<std::string> d = HfDigest(group, hf[i].name, algorithm, block_bytes);
+      Result<std::string> d = HfDigestWith(group, hf[i].name, algorithm, block_bytes, &scratch);
       if (!d.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = d.status();
