@@ -196,7 +196,7 @@ int RunBenchSharded(const BenchArgs& a) {
   }
   const size_t model = ModelBytes(*config);
   const size_t ring = PackedBufferSize(HfTensors(*config), static_cast<size_t>(a.bucket_gb * (1u << 30)));
-  const size_t broadcast_staging = std::min<size_t>(2, 2) * std::min(ring, model);
+  const size_t broadcast_staging = kDefaultPackedNumBuffers * std::min(ring, model);  // rank 0's ring
   std::vector<size_t> sharded_staging;
   for (size_t b : figures->producer_group_bytes) sharded_staging.push_back(2 * b);  // lookahead 1: two groups
   const Measured& n = got["nccl"];

@@ -46,6 +46,16 @@ inline constexpr int64_t kMaxShardedRanks = int64_t{1} << 16;     // producers, 
 inline constexpr int64_t kMaxShardedTensors = int64_t{1} << 22;   // names
 inline constexpr int64_t kMaxShardedBuffers = 16;
 
+// The group rank of consumer `consumer` in a group of `producers` trainer ranks and, when
+// `live` (ascending) is not empty, only those consumers: producers + its place among them;
+// -1 when it is not among them.
+inline int ShardedGroupRank(int producers, const std::vector<int>& live, int consumer) {
+  if (live.empty()) return producers + consumer;
+  auto it = std::lower_bound(live.begin(), live.end(), consumer);
+  if (it == live.end() || *it != consumer) return -1;
+  return producers + static_cast<int>(it - live.begin());
+}
+
 struct ShardedInitInfo {
   // The model as the trainer streams it.
   std::vector<TensorMeta> tensors;  // names, dtype_names, shapes
@@ -79,12 +89,7 @@ struct ShardedInitInfo {
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }
   // The group rank of consumer `consumer`; -1 when it is not in a degraded group.
-  int RankOf(int consumer) const {
-    if (live_consumers.empty()) return num_producers + consumer;
-    auto it = std::lower_bound(live_consumers.begin(), live_consumers.end(), consumer);
-    if (it == live_consumers.end() || *it != consumer) return -1;
-    return num_producers + static_cast<int>(it - live_consumers.begin());
-  }
+  int RankOf(int consumer) const { return ShardedGroupRank(num_producers, live_consumers, consumer); }
   nlohmann::json ToJson() const;
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one:
   // counts within the bounds above, world_size == num_producers + num_consumers,

@@ -109,13 +109,8 @@ struct FleetShape {
     }
     return fmt::format("consumer {}", c);
   }
-  // Group rank of consumer `c` given `producers` (ShardedInitInfo::RankOf); -1: not live.
-  int RankOf(int producers, int c) const {
-    if (live_consumers.empty()) return producers + c;
-    auto it = std::lower_bound(live_consumers.begin(), live_consumers.end(), c);
-    if (it == live_consumers.end() || *it != c) return -1;
-    return producers + static_cast<int>(it - live_consumers.begin());
-  }
+  // Group rank of consumer `c` given `producers`; -1: not live.
+  int RankOf(int producers, int c) const { return ShardedGroupRank(producers, live_consumers, c); }
   int group_size(int producers) const {
     return producers + (live_consumers.empty() ? num_consumers : static_cast<int>(live_consumers.size()));
   }
@@ -175,6 +170,7 @@ class ShardedPlane final : public DataPlane {
     if (shape_json.contains("error")) return StatusFromJson(shape_json, me_ == 0 ? "" : "trainer rank 0");
     fleet_ = FleetShape::FromJson(shape_json);
     WSYNC_RETURN_IF_ERROR(BuildPlans());
+    labels_ = Labels();
 
     // Rank 0 tells the others how its side went (its servers' init replies included); they
     // wait for that word on the trainer ranks' group while they join, so a server that
@@ -500,7 +496,7 @@ class ShardedPlane final : public DataPlane {
     } else {
       info.nccl_unique_id_b64 = fleet_.nccl_id;
     }
-    info.rank_labels = labels_ = Labels();
+    info.rank_labels = labels_;
     info.timeout_seconds = init.driver->deadlines().server_timeout();
     std::vector<json> infos;
     for (const Deployment& d : fleet_.deployments) {
@@ -556,7 +552,6 @@ class ShardedPlane final : public DataPlane {
     spec.size = fleet_.group_size(producers_);
     spec.connect_deadline = deadline;
     spec.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_seconds * 1000));
-    labels_ = Labels();
     spec.describe_rank = [labels = labels_](int r) {
       return r >= 0 && r < static_cast<int>(labels.size()) ? fmt::format("rank {} ({})", r, labels[r])
                                                            : fmt::format("rank {}", r);
