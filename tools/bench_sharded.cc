@@ -19,6 +19,7 @@
 
 #include "bench.h"
 #include "children.h"
+#include "core/process_memory.h"
 #include "core/stopwatch.h"
 #include "model/config.h"
 #include "model/sharding.h"
@@ -35,22 +36,6 @@ namespace {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
-size_t StatusBytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
-  }
-  return 0;
-}
-
-// Resets VmHWM to the current RSS (Linux 4.0+).
-void ResetPeakRss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
 }
 
 struct Measured {
@@ -89,8 +74,7 @@ Result<Measured> RunBackend(const BenchArgs& a, const std::string& backend, cons
                            TrainerRanks::Start(ranks, a.trainer_layout, &config, trainer.tensors(), o));
     m.init_s = init.seconds();
     std::vector<double> times;
-    const size_t rss_before = StatusBytes("VmRSS");
-    ResetPeakRss();
+    const MemoryWindow window;
     for (int i = 0; i <= a.iters; ++i) {
       WSYNC_ASSIGN_OR_RETURN(SyncStats st, t->Sync(std::nullopt));
       m.bytes = st.bytes;
@@ -100,8 +84,7 @@ Result<Measured> RunBackend(const BenchArgs& a, const std::string& backend, cons
         times.push_back(st.seconds);
       }
     }
-    const size_t peak = StatusBytes("VmHWM");
-    m.peak_rss_growth = peak > rss_before ? peak - rss_before : 0;
+    m.peak_rss_growth = static_cast<size_t>(window.Peak().host_bytes);
     m.sync_s = Median(times);
     return Status::Ok();
   }();

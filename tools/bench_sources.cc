@@ -20,6 +20,7 @@
 #include "bench.h"
 #include "children.h"
 #include "comm/store.h"
+#include "core/process_memory.h"
 #include "core/parallel.h"
 #include "model/config.h"
 #include "sources/trainer_ranks.h"
@@ -29,16 +30,6 @@ namespace wsync::cli {
 namespace {
 
 using nlohmann::json;
-
-// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
-int64_t ProcStatusBytes(const char* field) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(line.find(':') + 1)) * 1024;
-  }
-  return -1;
-}
 
 Status RunChild(const BenchArgs& args) {
   // --sources-child "rank:size:store_port:prefix:layout:out_path"
@@ -60,8 +51,8 @@ Status RunChild(const BenchArgs& args) {
     WSYNC_ASSIGN_OR_RETURN(source, BuildRankSource(comm, layout, &config, full->tensors(), 600));
   }
   // The full model is gone; what stays resident is this rank's shards (and the binary).
-  const int64_t rss_before = ProcStatusBytes("VmRSS");
-  { std::ofstream("/proc/self/clear_refs") << "5"; }  // resets VmHWM to VmRSS
+  const int64_t rss_before = HostRssBytes();
+  const MemoryWindow window;
   std::vector<double> seconds;
   size_t bytes = 0;
   for (int it = 0; it < args.iters + 1; ++it) {  // pass 0 warms up
@@ -76,7 +67,7 @@ Status RunChild(const BenchArgs& args) {
     }
     if (it > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const int64_t hwm = ProcStatusBytes("VmHWM");
+  const int64_t hwm = rss_before + window.Peak().host_bytes;
   size_t buffers = 0;
   if (auto* m = dynamic_cast<SourceMemory*>(source.get())) buffers = m->peak_buffer_bytes();
   json out = {{"rank", rank}, {"bytes", bytes}, {"seconds", seconds}, {"rss_before", rss_before},

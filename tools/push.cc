@@ -46,19 +46,42 @@ std::function<void(const SyncProgress&)> ProgressPrinter(std::shared_ptr<int> cu
   };
 }
 
+// "host+MB": this process's peak RSS above its RSS when the sync began; "dev+MB": the
+// same for the device memory wsync allocated (core/process_memory.h).
 void PrintHeader() {
-  fmt::print("{:>5} {:>10} {:>12} {:>9} {:>8} {:>9} {:>9}\n", "sync", "changed", "bytes(MB)",
-             "seconds", "GB/s", "chunks", "verified");
+  fmt::print("{:>5} {:>10} {:>12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}\n", "sync", "changed", "bytes(MB)",
+             "seconds", "GB/s", "chunks", "host+MB", "dev+MB", "verified");
   std::fflush(stdout);
 }
 
 void PrintRow(const SyncRow& r) {
   std::string changed = r.sync == 0 ? "initial" : fmt::format("{:.2f}%", 100 * r.changed_fraction);
-  fmt::print("{:>5} {:>10} {:>12.1f} {:>9.3f} {:>8.3f} {:>9} {:>9}\n", r.sync, changed,
+  fmt::print("{:>5} {:>10} {:>12.1f} {:>9.3f} {:>8.3f} {:>9} {:>9.1f} {:>9.1f} {:>9}\n", r.sync, changed,
              r.stats.bytes / 1e6, r.stats.seconds,
              r.stats.seconds > 0 ? r.stats.bytes / r.stats.seconds / 1e9 : 0.0, r.stats.chunks,
-             r.verified);
+             r.sync_memory.host_bytes / 1e6, r.sync_memory.device_bytes / 1e6, r.verified);
   std::fflush(stdout);
+}
+
+// The run's memory on stderr: the model's size beside the process's resident set and the
+// largest extra memory any sync or verification took.
+void PrintMemorySummary(const std::vector<SyncRow>& rows, const SyntheticTrainer& trainer) {
+  MemoryPeak sync, verify;
+  for (const SyncRow& r : rows) {
+    sync.host_bytes = std::max(sync.host_bytes, r.sync_memory.host_bytes);
+    sync.device_bytes = std::max(sync.device_bytes, r.sync_memory.device_bytes);
+    verify.host_bytes = std::max(verify.host_bytes, r.verify_memory.host_bytes);
+    verify.device_bytes = std::max(verify.device_bytes, r.verify_memory.device_bytes);
+    sync.host_exact = sync.host_exact && r.sync_memory.host_exact;
+  }
+  size_t model = 0;
+  for (const TensorMeta& m : trainer.metadata()) model += m.nbytes();
+  fmt::print(stderr,
+             "memory: model {:.1f} MB on {}; process RSS {:.1f} MB (peak {:.1f} MB); peak extra per sync: "
+             "host {:.1f} MB, device {:.1f} MB; per verification: host {:.1f} MB{}\n",
+             model / 1e6, trainer.device().ToString(), HostRssBytes() / 1e6, HostPeakRssBytes() / 1e6,
+             sync.host_bytes / 1e6, sync.device_bytes / 1e6, verify.host_bytes / 1e6,
+             sync.host_exact ? "" : " (the kernel refused to reset the RSS peak: host figures are upper bounds)");
 }
 
 }  // namespace
@@ -77,10 +100,21 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
     refs.push_back(t);
   }
   if (refs.size() != meta.size()) return Internal("source iteration changed length");
+  // Tensors on a GPU are read back in bounded blocks, one scratch per thread.
   std::vector<std::string> mine(refs.size());
+  std::vector<Status> failed(refs.size());
   ParallelFor(refs.size(), DefaultThreads(), [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) mine[i] = HexDigest(alg, refs[i].bytes);
+    std::vector<std::byte> scratch;
+    for (size_t i = b; i < e; ++i) {
+      Result<std::string> d = TensorHexDigest(alg, refs[i], scratch);
+      if (d.ok()) {
+        mine[i] = *std::move(d);
+      } else {
+        failed[i] = d.status();
+      }
+    }
   });
+  for (Status& s : failed) WSYNC_RETURN_IF_ERROR(s);
   WSYNC_ASSIGN_OR_RETURN(std::vector<json> replies, pending->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
   for (size_t s = 0; s < replies.size(); ++s) {
     const json& sums = replies[s]["checksums"];
@@ -107,18 +141,23 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
 Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   size_t threads = args.threads ? args.threads : DefaultThreads();
   WSYNC_ASSIGN_OR_RETURN(DigestAlgorithm alg, ParseDigestAlgorithm(args.verify_algorithm));
+  const bool several_ranks = args.trainer_ranks > 1 || args.trainer_layout != "fsdp";
+  if (several_ranks && !args.trainer.device.is_cpu()) {
+    return InvalidArgument("--trainer-ranks/--trainer-layout run on cpu; drop --device or them");
+  }
   std::unique_ptr<SyntheticTrainer> trainer;
   auto t0 = std::chrono::steady_clock::now();
   if (!args.checkpoint.empty()) {
     WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(args.checkpoint));
     fmt::print(stderr, "loading checkpoint {} ({} tensors)\n", args.checkpoint, ckpt.tensors().size());
-    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromCheckpoint(ckpt, threads, args.seed));
+    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromCheckpoint(ckpt, threads, args.seed, args.trainer.device));
   } else {
     if (args.model.empty()) return InvalidArgument("give --checkpoint DIR or --model NAME");
     WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel(args.model));
-    fmt::print(stderr, "generating synthetic {} weights ({:.2f} GB, seed {})\n", config.name,
-               ModelBytes(config) / 1e9, args.seed);
-    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromMetadata(HfTensors(config), args.seed, threads));
+    fmt::print(stderr, "generating synthetic {} weights on {} ({:.2f} GB, seed {})\n", config.name,
+               args.trainer.device.ToString(), ModelBytes(config) / 1e9, args.seed);
+    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromMetadata(HfTensors(config), args.seed, threads,
+                                                                   args.trainer.device));
   }
   fmt::print(stderr, "  ready in {:.1f} s\n",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -132,10 +171,7 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   topts.progress = ProgressPrinter(current_sync);
   // --trainer-ranks N: rank 0 sends from its shards, ranks 1..N-1 drain theirs.
   std::unique_ptr<TrainerRanks> ranks;
-  if (args.trainer_ranks > 1 || args.trainer_layout != "fsdp") {
-    if (!topts.device.is_cpu()) {
-      return InvalidArgument("--trainer-ranks/--trainer-layout run on cpu; drop --device or them");
-    }
+  if (several_ranks) {
     std::optional<ModelConfig> config;
     auto found = LookupModel(args.checkpoint.empty() ? args.model : args.checkpoint);
     if (found.ok()) config = *found;
@@ -144,16 +180,9 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     WSYNC_ASSIGN_OR_RETURN(ranks, TrainerRanks::Start(args.trainer_ranks, args.trainer_layout,
                                                       config ? &*config : nullptr, trainer->tensors(), topts));
   }
-  // --device cuda:N: the trainer's tensors live on the GPU (uploaded after every step, as
-  // a trainer's optimizer would leave them); digests are taken from the host copy.
-  std::unique_ptr<DeviceTensorSource> device_source;
-  if (!topts.device.is_cpu()) {
-    WSYNC_ASSIGN_OR_RETURN(device_source, DeviceTensorSource::Create(topts.device, trainer->metadata()));
-    WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
-    fmt::print(stderr, "trainer tensors on {} ({:.2f} GB)\n", topts.device.ToString(),
-               device_source->device_buffer().size() / 1e9);
-  }
-  WeightSource& send_source = device_source ? static_cast<WeightSource&>(*device_source) : trainer->source();
+  // --device cuda:N: the trainer's only copy of the model lives on the GPU, stepped there
+  // through small host pieces; digests read it back in bounded blocks.
+  WeightSource& send_source = trainer->source();
   std::unique_ptr<TrainerEngine> engine;
   if (!ranks) {
     WSYNC_ASSIGN_OR_RETURN(engine, CreateTrainerEngine(topts));
@@ -173,25 +202,29 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     *current_sync = step;
     std::optional<std::string> version;
     if (step == args.steps) version = args.weight_version;
-    if (ranks) {
-      if (step > 0) WSYNC_RETURN_IF_ERROR(ranks->Refresh(trainer->tensors()));
-      WSYNC_ASSIGN_OR_RETURN(row.stats, ranks->Sync(version));
-    } else {
-      if (device_source && step > 0) WSYNC_RETURN_IF_ERROR(device_source->Upload(trainer->tensors()));
-      WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(send_source, version));
+    if (ranks && step > 0) WSYNC_RETURN_IF_ERROR(ranks->Refresh(trainer->tensors()));
+    {
+      const MemoryWindow window;
+      if (ranks) {
+        WSYNC_ASSIGN_OR_RETURN(row.stats, ranks->Sync(version));
+      } else {
+        WSYNC_ASSIGN_OR_RETURN(row.stats, engine->SendWeights(send_source, version));
+      }
+      row.sync_memory = window.Peak();
     }
     row.verified = "-";
+    Status verified;
     if (args.verify) {
-      Status v = VerifyServers(topts, trainer->source(), alg);
-      row.verified = v.ok() ? "yes" : "NO";
-      PrintRow(row);
-      rows.push_back(row);
-      if (!v.ok()) return v.WithContext(fmt::format("verification after sync {}", step));
-      continue;
+      const MemoryWindow window;
+      verified = VerifyServers(topts, trainer->source(), alg);
+      row.verify_memory = window.Peak();
+      row.verified = verified.ok() ? "yes" : "NO";
     }
     PrintRow(row);
     rows.push_back(row);
+    if (!verified.ok()) return verified.WithContext(fmt::format("verification after sync {}", step));
   }
+  PrintMemorySummary(rows, *trainer);
   return rows;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/digest.h"
+#include "core/process_memory.h"
 #include "wsync/source.h"
 #include "wsync/status.h"
 #include "wsync/trainer.h"
@@ -33,6 +34,8 @@ struct SyncRow {
   double changed_fraction = 0;
   SyncStats stats;
   std::string verified;     // "yes", "no", "-" (not asked)
+  MemoryPeak sync_memory;   // this process's peak extra memory during the sync
+  MemoryPeak verify_memory; // ... and during the trainer's side of the verification
 };
 
 // Runs the whole push job; prints progress to stderr and the per-sync table to stdout.

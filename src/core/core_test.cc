@@ -14,6 +14,8 @@
 #include "core/cpu_limit.h"
 #include "core/digest.h"
 #include "core/parallel.h"
+#include "core/process_memory.h"
+#include "testing/host_backed_device.h"
 #include "wsync/device_runtime.h"
 #include "wsync/dtype.h"
 #include "wsync/source.h"
@@ -173,6 +175,71 @@ std::vector<HostTensor> TwoTensors() {
   v.push_back(*HostTensor::Zeros({"a", DType::kBF16, {4, 2}}));
   v.push_back(*HostTensor::Zeros({"b", DType::kF32, {3}}));
   return v;
+}
+
+TEST(Digest, TensorsOnADeviceAreReadBackInBoundedBlocks) {
+  HostBackedDevice device;
+  // Larger than one read-back block, and not a multiple of it.
+  const size_t n = kDeviceReadBackBlockBytes * 2 + 12345;
+  std::vector<std::byte> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<std::byte>((i * 131) ^ (i >> 9));
+  auto mem = DeviceBuffer::Allocate(Device{Device::Kind::kCuda, 0}, n);
+  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
+  ASSERT_TRUE(device.Copy2D(mem->data(), n, host.data(), n, n, 1).ok());
+  device.largest_ = 0;
+  const Shape shape{static_cast<int64_t>(n)};
+  for (DigestAlgorithm alg : {DigestAlgorithm::kSha256, DigestAlgorithm::kXxh3_128}) {
+    TensorRef on_device{"w", DType::kU8, shape, mem->span(), mem->device()};
+    TensorRef on_host{"w", DType::kU8, shape, host, Device{}};
+    std::vector<std::byte> scratch;
+    auto got = TensorHexDigest(alg, on_device, scratch);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, HexDigest(alg, host));
+    EXPECT_EQ(*TensorHexDigest(alg, on_host, scratch), HexDigest(alg, host));
+    EXPECT_EQ(scratch.size(), kDeviceReadBackBlockBytes);
+  }
+  EXPECT_EQ(device.largest_.load(), kDeviceReadBackBlockBytes);
+}
+
+TEST(Digest, ADeviceTensorWithoutARuntimeFailsNamingTheTensorAndDevice) {
+  std::vector<std::byte> scratch;
+  const Shape shape{4};
+  TensorRef t{"model.norm.weight", DType::kU8, shape, {}, Device{Device::Kind::kCuda, 2}};
+  auto got = TensorHexDigest(DigestAlgorithm::kSha256, t, scratch);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("model.norm.weight"), std::string::npos) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("cuda:2"), std::string::npos) << got.status().ToString();
+}
+
+TEST(MemoryWindow, MeasuresPeakHostAndDeviceGrowthFromItsStart) {
+  {
+    // Memory touched and freed before the window does not count in it.
+    std::vector<char> before(64 << 20, 1);
+    ASSERT_EQ(before[12345], 1);
+  }
+  NoteDeviceBytes(1000);
+  const MemoryWindow window;
+  MemoryPeak start = window.Peak();
+  EXPECT_EQ(start.device_bytes, 0);
+  const size_t big = size_t{96} << 20;
+  {
+    std::vector<char> touched(big);
+    for (size_t i = 0; i < big; i += 4096) touched[i] = 1;
+    NoteDeviceBytes(5000);
+    NoteDeviceBytes(-5000);
+    ASSERT_EQ(touched[4096], 1);
+  }
+  const MemoryPeak p = window.Peak();
+  EXPECT_EQ(p.device_bytes, 5000);
+  EXPECT_EQ(DeviceLiveBytes() - 1000, 0);
+  if (p.host_exact) {
+    // The peak holds the touched pages (not counting what the allocator kept from before).
+    EXPECT_GE(p.host_bytes, static_cast<int64_t>(big) - (8 << 20));
+    EXPECT_LE(p.host_bytes, static_cast<int64_t>(big) + (64 << 20));
+  } else {
+    GTEST_SKIP() << "this kernel refuses to reset the peak RSS";
+  }
+  NoteDeviceBytes(-1000);
 }
 
 TEST(CheckedStream, PassesMatchingSource) {

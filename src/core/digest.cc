@@ -1,5 +1,7 @@
 #include "core/digest.h"
 
+#include <algorithm>
+
 #include <openssl/evp.h>
 #include <xxhash.h>
 #if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
@@ -9,6 +11,8 @@
 #endif
 
 #include <fmt/format.h>
+
+#include "wsync/device_runtime.h"
 
 namespace wsync {
 namespace {
@@ -79,6 +83,29 @@ std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> byte
   auto h = Hasher::Create(algorithm);
   h->Update(bytes);
   return h->FinishHex();
+}
+
+Result<std::string> TensorHexDigest(DigestAlgorithm algorithm, const TensorRef& tensor,
+                                    std::vector<std::byte>& scratch) {
+  if (tensor.device.is_cpu()) return HexDigest(algorithm, tensor.bytes);
+  auto fail = [&](const Status& s) {
+    return s.WithContext(fmt::format("reading tensor {} back from {} to digest it", tensor.name,
+                                     tensor.device.ToString()));
+  };
+  Result<DeviceRuntime*> rt = CudaRuntimeFor(tensor.device);
+  if (!rt.ok()) return fail(rt.status());
+  if (Status s = (*rt)->SetDevice(tensor.device.index); !s.ok()) return fail(s);
+  auto hasher = Hasher::Create(algorithm);
+  scratch.resize(std::min(tensor.bytes.size(), kDeviceReadBackBlockBytes));
+  for (size_t done = 0; done < tensor.bytes.size();) {
+    const size_t n = std::min(scratch.size(), tensor.bytes.size() - done);
+    Status s = (*rt)->Copy2D(scratch.data(), n, tensor.bytes.data() + done, n, n, 1);
+    if (s.ok()) s = (*rt)->Synchronize();
+    if (!s.ok()) return fail(s);
+    hasher->Update(std::span<const std::byte>(scratch.data(), n));
+    done += n;
+  }
+  return hasher->FinishHex();
 }
 
 }  // namespace wsync

@@ -9,8 +9,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "wsync/status.h"
+#include "wsync/tensor.h"
 
 namespace wsync {
 
@@ -30,5 +32,16 @@ class Hasher {
 };
 
 std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> bytes);
+
+// The most bytes of device memory read back into host memory at once to digest it, per
+// thread: tensors on a GPU are hashed block by block, never copied whole.
+inline constexpr size_t kDeviceReadBackBlockBytes = size_t{16} << 20;
+
+// The digest of `tensor`'s bytes wherever they live: host bytes are hashed in place;
+// device bytes are copied back through `scratch` (grown to at most
+// kDeviceReadBackBlockBytes and kept) on the calling thread's stream, after making the
+// tensor's device current on this thread. Errors name the tensor.
+Result<std::string> TensorHexDigest(DigestAlgorithm algorithm, const TensorRef& tensor,
+                                    std::vector<std::byte>& scratch);
 
 }  // namespace wsync

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/checked_math.h"
+#include "core/process_memory.h"
 #include "cuda/cuda_check.h"
 
 namespace wsync::cuda {
@@ -138,6 +139,7 @@ Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::Allocate(int
   if (kind == ExportKind::kCudaIpc) {
     WSYNC_CUDA_CHECK(cudaMalloc(&m->ptr_, bytes));
     m->size_ = bytes;
+    m->Count(static_cast<int64_t>(bytes));
     cudaIpcMemHandle_t h;
     WSYNC_CUDA_CHECK(cudaIpcGetMemHandle(&h, m->ptr_));
     static_assert(sizeof(h) == sizeof(m->ipc_handle_));
@@ -157,6 +159,7 @@ Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::Allocate(int
   CUmemGenericAllocationHandle handle = 0;
   WSYNC_CU_CHECK(d->create(&handle, m->size_, &prop, 0));
   m->mem_handle_ = handle;
+  m->Count(static_cast<int64_t>(m->size_));
   WSYNC_ASSIGN_OR_RETURN(CUdeviceptr ptr, MapHandle(*d, handle, m->size_, device));
   m->ptr_ = reinterpret_cast<void*>(ptr);
   int fd = -1;
@@ -206,7 +209,13 @@ Result<std::unique_ptr<ExportedDeviceMemory>> ExportedDeviceMemory::ExportExisti
   return m;
 }
 
+void ExportedDeviceMemory::Count(int64_t bytes) {
+  NoteDeviceBytes(bytes - counted_);
+  counted_ = bytes;
+}
+
 ExportedDeviceMemory::~ExportedDeviceMemory() {
+  Count(0);
   if (!owned_) {  // an export of memory someone else owns: drop only what the export took
     if (fd_ >= 0) close(fd_);
     if (mem_handle_ != 0) {
@@ -244,6 +253,7 @@ Status ExportedDeviceMemory::ReleasePhysical() {
   CUmemGenericAllocationHandle handle = mem_handle_;
   mem_handle_ = 0;
   WSYNC_CU_CHECK(d->release(handle));
+  Count(0);
   return Status::Ok();
 }
 
@@ -264,6 +274,7 @@ Status ExportedDeviceMemory::RestorePhysical() {
     WSYNC_CU_CHECK(r);
   }
   mem_handle_ = handle;
+  Count(static_cast<int64_t>(size_));
   int fd = -1;
   WSYNC_CU_CHECK(d->export_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   fd_ = fd;

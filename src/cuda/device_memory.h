@@ -82,6 +82,9 @@ class ExportedDeviceMemory {
   unsigned char ipc_handle_[64] = {};
   unsigned long long mem_handle_ = 0;  // CUmemGenericAllocationHandle
   int fd_ = -1;
+  // Physical bytes this object added to NoteDeviceBytes (owned memory only).
+  int64_t counted_ = 0;
+  void Count(int64_t bytes);
 };
 
 class ImportedDeviceMemory {

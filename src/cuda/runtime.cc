@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/process_memory.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/device_memory.h"
@@ -33,6 +34,11 @@ class CudaDeviceRuntime final : public DeviceRuntime {
       (void)cudaGetLastError();  // clear the sticky-free error so later calls do not see it
       return CudaError(err, fmt::format("cudaMalloc({} bytes) on cuda:{}", bytes, device), __FILE__, __LINE__);
     }
+    {
+      std::lock_guard lock(mu_);
+      plain_[p] = bytes == 0 ? 256 : bytes;
+    }
+    NoteDeviceBytes(static_cast<int64_t>(bytes == 0 ? 256 : bytes));
     WSYNC_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread));
     WSYNC_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
     return p;
@@ -59,6 +65,10 @@ class CudaDeviceRuntime final : public DeviceRuntime {
         lock.unlock();
         vm.reset();  // unmaps and releases (an importer's mapping keeps the memory alive)
         return;
+      }
+      if (auto it = plain_.find(ptr); it != plain_.end()) {
+        NoteDeviceBytes(-static_cast<int64_t>(it->second));
+        plain_.erase(it);
       }
     }
     int current = -1;
@@ -120,6 +130,7 @@ class CudaDeviceRuntime final : public DeviceRuntime {
 
   std::mutex mu_;
   std::map<void*, std::unique_ptr<ExportedDeviceMemory>> virtual_;  // GUARDED_BY(mu_)
+  std::map<void*, size_t> plain_;  // cudaMalloc'd bytes, GUARDED_BY(mu_)
 };
 
 }  // namespace

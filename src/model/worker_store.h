@@ -147,9 +147,6 @@ class WorkerStore final : public WorkerSink {
 // (no copy of a whole store), on the calling thread's stream of each store's device.
 Status CheckTpGroup(std::span<const WorkerStore* const> tp_group, bool devices = false);
 
-// The row blocks AllHfDigests assembles in host memory for a CUDA store, per thread.
-inline constexpr size_t kDeviceReadBackBlockBytes = size_t{16} << 20;
-
 // Reassembles the full HF tensor `hf_name` from the group's primary pieces into `out`,
 // which must be exactly its size in bytes.
 Status ReadBackHf(std::span<const WorkerStore* const> tp_group, std::string_view hf_name,

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/prefault.h"
+#include "testing/host_backed_device.h"
 #include "wsync/device_runtime.h"
 
 namespace wsync {
@@ -199,39 +200,8 @@ TEST(WorkerStore, CheckReplicasNamesTheDivergentCopy) {
             "copy on tp rank 0");
 }
 
-// Device memory in host memory, counted: it runs a CUDA store's code (its allocation and
-// its block-wise read-back through Copy2D) on a machine without a GPU. It fakes the
-// device, not the copies: every byte still moves through Copy2D.
-class HostBackedDevice final : public DeviceRuntime {
- public:
-  int DeviceCount() override { return 1; }
-  Status SetDevice(int) override { return Status::Ok(); }
-  Result<void*> Allocate(int, size_t bytes) override {
-    void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-    std::memset(p, 0, bytes);
-    return p;
-  }
-  void Free(int, void* ptr) override { std::free(ptr); }
-  Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t count) override {
-    size_t seen = largest_.load();
-    while (width * count > seen && !largest_.compare_exchange_weak(seen, width * count)) {
-    }
-    for (size_t i = 0; i < count; ++i) {
-      std::memcpy(static_cast<std::byte*>(dst) + i * dst_pitch, static_cast<const std::byte*>(src) + i * src_pitch,
-                  width);
-    }
-    return Status::Ok();
-  }
-  Status Synchronize() override { return Status::Ok(); }
-  std::atomic<size_t> largest_{0};  // bytes of the largest single copy
-};
-
 TEST(WorkerStore, CudaStoresAreDigestedInBoundedBlocksWithoutAWholeCopy) {
   HostBackedDevice device;
-  InstallCudaRuntime(&device);
-  struct Uninstall {
-    ~Uninstall() { InstallCudaRuntime(nullptr); }
-  } uninstall;
   const Device gpu{Device::Kind::kCuda, 0};
   for (const std::string model : {"qwen3-tiny", "qwen3-moe-tiny"}) {
     const ModelConfig c = Model(model);

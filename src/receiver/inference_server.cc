@@ -135,7 +135,12 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
 
 Status InferenceServer::StartWeightUpdate() {
   auto no_generation_step = ExcludeGeneration();
-  return session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
+  Status s = session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
+  if (s.ok()) {
+    std::lock_guard lock(mu_);
+    sync_window_.emplace();
+  }
+  return s;
 }
 
 Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
@@ -182,6 +187,13 @@ Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& wei
     std::lock_guard lock(mu_);
     if (weight_version) weight_version_ = *weight_version;
     ++syncs_;
+    if (sync_window_) {
+      last_sync_memory_ = sync_window_->Peak();
+      sync_window_.reset();
+      WSYNC_LOG_INFO("sync {} finished (weight version {}): peak extra memory host {:.1f} MB, device {:.1f} MB",
+                     syncs_, weight_version_, last_sync_memory_->host_bytes / 1e6,
+                     last_sync_memory_->device_bytes / 1e6);
+    }
   }
   call.Done(s);
   return s;
@@ -211,7 +223,12 @@ void InferenceServer::SetWeightVersion(std::string version) {
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
   WSYNC_RETURN_IF_ERROR(CheckWeightsReadable("weight_checker"));
+  const MemoryWindow window;
   auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
+  {
+    std::lock_guard lock(mu_);
+    last_checksum_memory_ = window.Peak();
+  }
   call.Done(r.status(), false);
   return r;
 }
@@ -262,6 +279,14 @@ json InferenceServer::Health() const {
               {"weights_consistent", session.consistent},
               {"session_active", session.active},
               {"expired_sessions", session.expired_sessions}};
+  auto peak = [](const std::optional<MemoryPeak>& p) -> json {
+    if (!p) return nullptr;
+    return json{{"host_peak_extra_bytes", p->host_bytes},
+                {"device_peak_extra_bytes", p->device_bytes},
+                {"host_exact", p->host_exact}};
+  };
+  memory["last_sync"] = peak(last_sync_memory_);
+  memory["last_checksum"] = peak(last_checksum_memory_);
   out["generation"] = std::move(generation);
   out["memory"] = std::move(memory);
   return out;
@@ -280,7 +305,12 @@ Result<json> InferenceServer::CheckRuntimeWeights(std::string_view action, const
                                           "runtime weights are checked only while it serves", action));
   }
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  const MemoryWindow window;
   Result<json> r = CatchAll("weight_checker", [&] { return CheckRuntimeWeightsHeld(action, baseline); });
+  {
+    std::lock_guard lock(mu_);
+    last_checksum_memory_ = window.Peak();
+  }
   call.Done(r.status(), false);
   return r;
 }

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/process_memory.h"
 #include "control/control_service.h"
 #include "model/config.h"
 #include "receiver/session.h"
@@ -131,6 +132,11 @@ class InferenceServer : public ControlService {
   mutable std::mutex mu_;
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
+  // Peak extra memory (core/process_memory.h) of the session now open, of the last
+  // finished sync and of the last checksum read-back; /health reports the last two.
+  std::optional<MemoryWindow> sync_window_;         // GUARDED_BY(mu_)
+  std::optional<MemoryPeak> last_sync_memory_;      // GUARDED_BY(mu_)
+  std::optional<MemoryPeak> last_checksum_memory_;  // GUARDED_BY(mu_)
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
   std::condition_variable shutdown_cv_;
 

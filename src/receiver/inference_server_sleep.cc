@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/process_memory.h"
 #include "core/stopwatch.h"
 #include "format/safetensors.h"
 #include "model/worker_store.h"
@@ -26,14 +27,6 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kWakeWeights = "POST /wake_up?tags=weights first";
-
-// Resident set size of this process (/proc/self/statm), 0 when unreadable.
-uint64_t HostRssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  if (!(statm >> size >> resident)) return 0;
-  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
 
 std::string OffloadDir(const std::string& flag) {
   if (!flag.empty()) return flag;

@@ -3,11 +3,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "core/parallel.h"
+#include "wsync/device_runtime.h"
 #include "synthetic/synthetic_kernels.h"
 
 namespace wsync {
@@ -15,33 +17,36 @@ namespace {
 
 using synthetic::HashKey;
 
-// Elements per work chunk: small enough to balance threads, large enough to amortize
-// the dispatch. A power of two dividing 2^32, so no chunk crosses a 2^32 hash block.
-constexpr uint64_t kChunkElements = uint64_t{1} << 20;
+constexpr uint64_t kChunkElements = SyntheticTrainer::kChunkElements;
 // The `purpose` of the initial values' hash keys; steps use the step number.
 constexpr uint64_t kInitPurpose = ~uint64_t{0};
 
 bool IsTrained(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
 
-template <typename T>
-T* As(HostBuffer& b) { return reinterpret_cast<T*>(b.data()); }
-
 }  // namespace
 
-SyntheticTrainer::SyntheticTrainer(std::vector<HostTensor> tensors, uint64_t seed, size_t threads)
-    : source_(std::move(tensors)), seed_(seed), threads_(std::max<size_t>(1, threads)) {}
+SyntheticTrainer::SyntheticTrainer(std::vector<TensorMeta> metadata, uint64_t seed, size_t threads,
+                                   const Device& device)
+    : metadata_(std::move(metadata)),
+      device_(device),
+      host_(std::vector<HostTensor>{}),
+      seed_(seed),
+      threads_(std::max<size_t>(1, threads)) {}
+
+WeightSource& SyntheticTrainer::source() {
+  if (device_source_) return *device_source_;
+  return host_;
+}
 
 Status SyntheticTrainer::Prepare() {
   std::set<std::string_view> names;
-  for (size_t i = 0; i < tensors().size(); ++i) {
-    const TensorMeta& m = tensors()[i].meta;
+  for (size_t i = 0; i < metadata_.size(); ++i) {
+    const TensorMeta& m = metadata_[i];
+    for (int64_t d : m.shape) {
+      if (d < 0) return InvalidArgument(fmt::format("tensor {} has a negative dimension: {}", m.name, ShapeString(m.shape)));
+    }
     if (!names.insert(m.name).second) return InvalidArgument(fmt::format("tensor {} is listed twice", m.name));
     name_keys_.push_back(synthetic::NameKey(m.name));
-    HostBuffer master;
-    if (m.dtype == DType::kBF16 || m.dtype == DType::kF16) {
-      WSYNC_ASSIGN_OR_RETURN(master, HostBuffer::Allocate(static_cast<size_t>(m.numel()) * sizeof(float)));
-    }
-    masters_.push_back(std::move(master));
     const uint64_t n = static_cast<uint64_t>(m.numel());
     for (uint64_t b = 0; b < n; b += kChunkElements) {
       Chunk c{i, b, std::min(n, b + kChunkElements)};
@@ -50,28 +55,78 @@ Status SyntheticTrainer::Prepare() {
     }
     if (IsTrained(m.dtype)) trained_elements_ += n;
   }
+  if (!device_.is_cpu()) {
+    WSYNC_ASSIGN_OR_RETURN(device_source_, DeviceTensorSource::Create(device_, metadata_));
+    return Status::Ok();
+  }
+  std::vector<HostTensor> tensors;
+  tensors.reserve(metadata_.size());
+  for (const TensorMeta& m : metadata_) {
+    WSYNC_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Zeros(m));
+    tensors.push_back(std::move(t));
+  }
+  host_ = HostTensorSource(std::move(tensors));
   return Status::Ok();
 }
 
-void SyntheticTrainer::ForEachChunk(
-    const std::vector<Chunk>& chunks,
-    const std::function<void(const Chunk&, std::vector<float>&)>& fn) {
+Status SyntheticTrainer::ForEachChunk(const std::vector<Chunk>& chunks, Access access, const ChunkFn& fn) {
   std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;
   const size_t workers = std::min(threads_, chunks.size());
+  DeviceRuntime* rt = nullptr;
+  if (device_source_) {
+    WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(device_));
+  }
   ParallelFor(workers, workers, [&](size_t, size_t) {
     std::vector<float> scratch;
-    for (size_t i = next.fetch_add(1); i < chunks.size(); i = next.fetch_add(1)) fn(chunks[i], scratch);
+    std::vector<std::byte> staging;
+    auto fail = [&](Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = std::move(s);
+    };
+    if (rt != nullptr) {
+      if (Status s = rt->SetDevice(device_.index); !s.ok()) return fail(std::move(s));
+    }
+    for (size_t i = next.fetch_add(1); i < chunks.size(); i = next.fetch_add(1)) {
+      const Chunk& c = chunks[i];
+      const TensorMeta& m = metadata_[c.tensor];
+      const size_t item = ItemSize(m.dtype);
+      if (rt == nullptr) {
+        fn(c, host_.tensors()[c.tensor].storage.data() + c.begin * item, scratch);
+        continue;
+      }
+      const size_t bytes = (c.end - c.begin) * item;
+      std::byte* on_device = device_source_->device_buffer().data() + device_source_->offset(c.tensor) + c.begin * item;
+      staging.resize(bytes);
+      Status s;
+      if (access == Access::kReadWrite) {
+        s = rt->Copy2D(staging.data(), bytes, on_device, bytes, bytes, 1);
+        if (s.ok()) s = rt->Synchronize();
+      }
+      if (s.ok()) {
+        fn(c, staging.data(), scratch);
+        s = rt->Copy2D(on_device, bytes, staging.data(), bytes, bytes, 1);
+      }
+      if (s.ok()) s = rt->Synchronize();
+      if (!s.ok()) {
+        next.store(chunks.size());
+        return fail(s.WithContext(fmt::format("tensor {} elements [{}, {}) on {}", m.name, c.begin, c.end,
+                                              device_.ToString())));
+      }
+    }
   });
+  return first_error;
 }
 
-void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin, uint64_t end, std::byte* tensor,
-                          float* master, std::vector<float>& scratch) {
+void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin, uint64_t end, std::byte* range,
+                          std::vector<float>& scratch) {
   const size_t n = end - begin;
   const uint32_t first = static_cast<uint32_t>(begin);
   const uint64_t name_key = synthetic::NameKey(meta.name);
   const HashKey key = synthetic::MakeKey(seed, kInitPurpose, name_key, begin >> 32);
   const float mean = meta.name.ends_with("norm.weight") ? 1.0f : 0.0f;
-  std::byte* out = tensor + begin * ItemSize(meta.dtype);
+  std::byte* out = range;
   auto normal_scratch = [&]() -> float* {
     scratch.resize(n);
     synthetic::GenerateNormal(scratch.data(), n, first, key, mean, SyntheticTrainer::kInitStd);
@@ -80,12 +135,7 @@ void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin,
   switch (meta.dtype) {
     case DType::kBF16:
     case DType::kF16: {
-      float* values = master;
-      if (values == nullptr) {
-        values = normal_scratch();
-      } else {
-        synthetic::GenerateNormal(values, n, first, key, mean, SyntheticTrainer::kInitStd);
-      }
+      const float* values = normal_scratch();
       auto* model = reinterpret_cast<uint16_t*>(out);
       if (meta.dtype == DType::kBF16) {
         synthetic::RoundToBF16(values, model, n);
@@ -127,100 +177,71 @@ void GenerateInitial(uint64_t seed, const TensorMeta& meta, std::span<std::byte>
     std::vector<float> scratch;
     for (size_t c = b; c < e; ++c) {
       const uint64_t begin = c * kChunkElements;
-      GenerateInitialRange(seed, meta, begin, std::min(n, begin + kChunkElements), out.data(), nullptr, scratch);
+      GenerateInitialRange(seed, meta, begin, std::min(n, begin + kChunkElements),
+                           out.data() + begin * ItemSize(meta.dtype), scratch);
     }
   });
 }
 
-void SyntheticTrainer::Generate(const Chunk& c, std::vector<float>& scratch) {
-  HostTensor& t = tensors()[c.tensor];
-  float* master = masters_[c.tensor].size() > 0 ? As<float>(masters_[c.tensor]) + c.begin : nullptr;
-  GenerateInitialRange(seed_, t.meta, c.begin, c.end, t.storage.data(), master, scratch);
-}
-
-void SyntheticTrainer::WidenFromModel(const Chunk& c) {
-  HostTensor& t = tensors()[c.tensor];
-  if (masters_[c.tensor].size() == 0) return;  // F32 is its own master; others are fixed
-  const size_t n = c.end - c.begin;
-  const auto* model = reinterpret_cast<const uint16_t*>(t.storage.data()) + c.begin;
-  float* master = As<float>(masters_[c.tensor]) + c.begin;
-  if (t.meta.dtype == DType::kBF16) synthetic::WidenBF16(model, master, n);
-  if (t.meta.dtype == DType::kF16) synthetic::WidenF16(model, master, n);
-}
-
 Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::FromMetadata(std::vector<TensorMeta> metas,
-                                                                         uint64_t seed, size_t threads) {
-  std::vector<HostTensor> tensors;
-  tensors.reserve(metas.size());
-  for (TensorMeta& m : metas) {
-    for (int64_t d : m.shape) {
-      if (d < 0) return InvalidArgument(fmt::format("tensor {} has a negative dimension: {}", m.name, ShapeString(m.shape)));
-    }
-    WSYNC_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Zeros(std::move(m)));
-    tensors.push_back(std::move(t));
-  }
-  std::unique_ptr<SyntheticTrainer> trainer(new SyntheticTrainer(std::move(tensors), seed, threads));
+                                                                         uint64_t seed, size_t threads,
+                                                                         const Device& device) {
+  std::unique_ptr<SyntheticTrainer> trainer(new SyntheticTrainer(std::move(metas), seed, threads, device));
   WSYNC_RETURN_IF_ERROR(trainer->Prepare());
-  trainer->ForEachChunk(trainer->all_chunks_,
-                        [&](const Chunk& c, std::vector<float>& scratch) { trainer->Generate(c, scratch); });
+  SyntheticTrainer& t = *trainer;
+  WSYNC_RETURN_IF_ERROR(t.ForEachChunk(t.all_chunks_, Access::kWrite,
+                                       [&](const Chunk& c, std::byte* range, std::vector<float>& scratch) {
+                                         GenerateInitialRange(t.seed_, t.metadata_[c.tensor], c.begin, c.end, range,
+                                                              scratch);
+                                       }));
   return trainer;
 }
 
 Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::FromCheckpoint(const CheckpointDir& ckpt,
-                                                                           size_t threads, uint64_t seed) {
-  std::vector<HostTensor> tensors;
+                                                                           size_t threads, uint64_t seed,
+                                                                           const Device& device) {
   std::vector<std::span<const std::byte>> bytes;
   for (const TensorMeta& m : ckpt.tensors()) {
-    WSYNC_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Zeros(m));
     WSYNC_ASSIGN_OR_RETURN(std::span<const std::byte> b, ckpt.Bytes(m.name));
-    tensors.push_back(std::move(t));
     bytes.push_back(b);
   }
-  std::unique_ptr<SyntheticTrainer> trainer(new SyntheticTrainer(std::move(tensors), seed, threads));
+  std::unique_ptr<SyntheticTrainer> trainer(new SyntheticTrainer(ckpt.tensors(), seed, threads, device));
   WSYNC_RETURN_IF_ERROR(trainer->Prepare());
-  trainer->ForEachChunk(trainer->all_chunks_, [&](const Chunk& c, std::vector<float>&) {
-    const size_t item = ItemSize(trainer->tensors()[c.tensor].meta.dtype);
-    std::memcpy(trainer->tensors()[c.tensor].storage.data() + c.begin * item,
-                bytes[c.tensor].data() + c.begin * item, (c.end - c.begin) * item);
-    trainer->WidenFromModel(c);
-  });
+  SyntheticTrainer& t = *trainer;
+  WSYNC_RETURN_IF_ERROR(t.ForEachChunk(t.all_chunks_, Access::kWrite,
+                                       [&](const Chunk& c, std::byte* range, std::vector<float>&) {
+                                         const size_t item = ItemSize(t.metadata_[c.tensor].dtype);
+                                         std::memcpy(range, bytes[c.tensor].data() + c.begin * item,
+                                                     (c.end - c.begin) * item);
+                                       }));
   return trainer;
 }
 
 Result<StepStats> SyntheticTrainer::Step(uint64_t step) {
   const auto start = std::chrono::steady_clock::now();
   std::atomic<uint64_t> changed{0};
-  ForEachChunk(train_chunks_, [&](const Chunk& c, std::vector<float>&) {
-    HostTensor& t = tensors()[c.tensor];
+  WSYNC_RETURN_IF_ERROR(ForEachChunk(train_chunks_, Access::kReadWrite,
+                                     [&](const Chunk& c, std::byte* range, std::vector<float>&) {
+    const DType dtype = metadata_[c.tensor].dtype;
     const size_t n = c.end - c.begin;
     const uint32_t first = static_cast<uint32_t>(c.begin);
     const HashKey key = synthetic::MakeKey(seed_, step, name_keys_[c.tensor], c.begin >> 32);
     uint64_t k = 0;
-    if (t.meta.dtype == DType::kF32) {
-      k = synthetic::StepF32(reinterpret_cast<float*>(t.storage.data()) + c.begin, n, first, key, lr_);
+    if (dtype == DType::kF32) {
+      k = synthetic::StepF32(reinterpret_cast<float*>(range), n, first, key, lr_);
+    } else if (dtype == DType::kBF16) {
+      k = synthetic::StepBF16(reinterpret_cast<uint16_t*>(range), n, first, key, lr_);
     } else {
-      float* master = As<float>(masters_[c.tensor]) + c.begin;
-      auto* model = reinterpret_cast<uint16_t*>(t.storage.data()) + c.begin;
-      k = t.meta.dtype == DType::kBF16 ? synthetic::StepBF16(master, model, n, first, key, lr_)
-                                       : synthetic::StepF16(master, model, n, first, key, lr_);
+      k = synthetic::StepF16(reinterpret_cast<uint16_t*>(range), n, first, key, lr_);
     }
     changed.fetch_add(k, std::memory_order_relaxed);
-  });
+  }).WithContext(fmt::format("synthetic step {}", step)));
   StepStats s;
   s.changed_elements = changed.load();
   s.total_elements = trained_elements_;
   s.changed_fraction = s.total_elements ? static_cast<double>(s.changed_elements) / s.total_elements : 0.0;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return s;
-}
-
-std::span<const float> SyntheticTrainer::master(size_t i) const {
-  const HostTensor& t = tensors()[i];
-  if (t.meta.dtype == DType::kF32) {
-    return {reinterpret_cast<const float*>(t.storage.data()), static_cast<size_t>(t.meta.numel())};
-  }
-  const HostBuffer& m = masters_[i];
-  return {reinterpret_cast<const float*>(m.data()), m.size() / sizeof(float)};
 }
 
 }  // namespace wsync

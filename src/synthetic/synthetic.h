@@ -5,11 +5,15 @@
 // Weights are deterministic: every value is a pure function of (seed, tensor name,
 // element index) and, for updates, the step number, so equal seeds give identical bytes
 // whatever the thread count, and a tensor's values do not depend on which other tensors
-// exist. BF16/F16/F32 tensors are trained: each keeps an fp32 master (F32 tensors are
-// their own master), and Step() applies master -= lr * u with u uniform in [-1, 1) (the
-// shape of a normalized Adam update), then re-rounds the model tensor to its dtype,
-// round-to-nearest-even. All other dtypes (fp8, f64, ints, bool) are generated once and
-// never change.
+// exist. BF16/F16/F32 tensors are trained: Step() applies w -= lr * u with u uniform in
+// [-1, 1) (the shape of a normalized Adam update) and rounds the result back to the
+// tensor's dtype stochastically (synthetic_kernels.h), so no fp32 master is kept and the
+// trainer holds exactly one copy of the model. All other dtypes (fp8, f64, ints, bool)
+// are generated once and never change.
+//
+// The model lives on the host or on one CUDA device. On a device it is generated, and
+// stepped, through small per-thread host pieces (kChunkElements elements each), so the
+// host never holds the model.
 //
 // Not thread-safe: call Step() and iterate source() from one thread, never at the same
 // time (a stream's TensorRefs point into the tensors that Step() rewrites). Step() itself
@@ -45,15 +49,23 @@ class SyntheticTrainer {
   // Standard deviation of generated weights; "*norm.weight" tensors get 1 + N(0, kInitStd).
   static constexpr float kInitStd = 0.02f;
 
+  // Elements per work piece: small enough to balance threads and to bound a device
+  // trainer's host staging, large enough to amortize the dispatch. A power of two
+  // dividing 2^32, so no piece crosses a 2^32 hash block.
+  static constexpr uint64_t kChunkElements = uint64_t{1} << 20;
+
   // Generates weights for `metas` (kept in this order as the source's metadata) from
-  // `seed`, using up to `threads` threads. InvalidArgument for a negative dimension or a
-  // repeated name.
+  // `seed` on `device`, using up to `threads` threads. InvalidArgument for a negative
+  // dimension or a repeated name; a CUDA device needs the installed runtime
+  // (device_runtime.h).
   static Result<std::unique_ptr<SyntheticTrainer>> FromMetadata(std::vector<TensorMeta> metas,
-                                                                uint64_t seed, size_t threads);
-  // Starts from a copy of a checkpoint's tensors, in CheckpointDir::tensors() order;
-  // masters are the checkpoint values widened to fp32. `seed` keys the updates.
+                                                                uint64_t seed, size_t threads,
+                                                                const Device& device = Device{});
+  // Starts from a copy of a checkpoint's tensors, in CheckpointDir::tensors() order, on
+  // `device`. `seed` keys the updates.
   static Result<std::unique_ptr<SyntheticTrainer>> FromCheckpoint(const CheckpointDir& ckpt,
-                                                                  size_t threads, uint64_t seed = 0);
+                                                                  size_t threads, uint64_t seed = 0,
+                                                                  const Device& device = Device{});
 
   SyntheticTrainer(const SyntheticTrainer&) = delete;
   SyntheticTrainer& operator=(const SyntheticTrainer&) = delete;
@@ -62,14 +74,17 @@ class SyntheticTrainer {
   // (seed, step, tensor name, element), so replaying the same steps gives the same bytes.
   Result<StepStats> Step(uint64_t step);
 
-  // A source over the current model tensors (zero-copy; valid until the next Step()).
-  WeightSource& source() { return source_; }
-  // The model tensors, in metadata order; callers may read them (and write, at their risk).
-  std::vector<HostTensor>& tensors() { return source_.tensors(); }
-  const std::vector<HostTensor>& tensors() const { return source_.tensors(); }
-  const std::vector<TensorMeta>& metadata() const { return source_.metadata(); }
-  // The fp32 master of tensors()[i]; empty for tensors that are not trained.
-  std::span<const float> master(size_t i) const;
+  // A source over the current model tensors (zero-copy; valid until the next Step()):
+  // host tensors, or the device source's.
+  WeightSource& source();
+  // The host model tensors, in metadata order; callers may read them (and write, at
+  // their risk). Empty for a trainer on a device.
+  std::vector<HostTensor>& tensors() { return host_.tensors(); }
+  const std::vector<HostTensor>& tensors() const { return host_.tensors(); }
+  const std::vector<TensorMeta>& metadata() const { return metadata_; }
+  // Where the model lives, and the device source (null on the host).
+  const Device& device() const { return device_; }
+  DeviceTensorSource* device_source() const { return device_source_.get(); }
 
   float lr() const { return lr_; }
   void set_lr(float lr) { lr_ = lr; }
@@ -83,19 +98,22 @@ class SyntheticTrainer {
     uint64_t begin;
     uint64_t end;
   };
+  // What ForEachChunk does with a device tensor's range around fn.
+  enum class Access { kWrite, kReadWrite };
+  using ChunkFn = std::function<void(const Chunk&, std::byte* range, std::vector<float>& scratch)>;
 
-  SyntheticTrainer(std::vector<HostTensor> tensors, uint64_t seed, size_t threads);
-  // Allocates masters for the trained tensors and lists the work chunks.
+  SyntheticTrainer(std::vector<TensorMeta> metadata, uint64_t seed, size_t threads, const Device& device);
+  // Checks the metadata, allocates the model where it lives and lists the work chunks.
   Status Prepare();
-  // Runs fn(chunk) for every chunk in `chunks` on up to threads_ threads.
-  // Each worker thread passes its own scratch vector to fn.
-  void ForEachChunk(const std::vector<Chunk>& chunks,
-                    const std::function<void(const Chunk&, std::vector<float>&)>& fn);
-  void Generate(const Chunk& c, std::vector<float>& scratch);
-  void WidenFromModel(const Chunk& c);
+  // Runs fn(chunk, bytes of the chunk's elements) for every chunk on up to threads_
+  // threads, each with its own scratch. On a device the bytes are a per-thread host
+  // piece: read from the device first for kReadWrite, written back after fn.
+  Status ForEachChunk(const std::vector<Chunk>& chunks, Access access, const ChunkFn& fn);
 
-  HostTensorSource source_;  // owns the model tensors
-  std::vector<HostBuffer> masters_;  // fp32 masters of BF16/F16 tensors; empty otherwise
+  std::vector<TensorMeta> metadata_;
+  Device device_;
+  HostTensorSource host_;  // owns the model tensors on the host; empty on a device
+  std::unique_ptr<DeviceTensorSource> device_source_;
   std::vector<uint64_t> name_keys_;  // NameKey of each tensor
   std::vector<Chunk> all_chunks_;    // every tensor
   std::vector<Chunk> train_chunks_;  // trained tensors only
@@ -106,12 +124,11 @@ class SyntheticTrainer {
 };
 
 // The initial values SyntheticTrainer::FromMetadata(..., seed, ...) gives elements
-// [begin, end) of the tensor `meta`, written into `tensor` (the whole tensor's bytes).
-// `master`, when not null, receives the fp32 values of a BF16/F16 tensor's elements
-// (master[0] is element `begin`); `scratch` is reused between calls. The range must not
-// cross a 2^32-element block. Thread-safe on disjoint ranges.
-void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin, uint64_t end, std::byte* tensor,
-                          float* master, std::vector<float>& scratch);
+// [begin, end) of the tensor `meta`, written into `range` (element `begin` first);
+// `scratch` is reused between calls. The range must not cross a 2^32-element block.
+// Thread-safe on disjoint ranges.
+void GenerateInitialRange(uint64_t seed, const TensorMeta& meta, uint64_t begin, uint64_t end, std::byte* range,
+                          std::vector<float>& scratch);
 // The same for the whole tensor (`out` holds meta.nbytes()), on up to `threads` threads:
 // a server's synthetic weights equal a SyntheticTrainer's of the same seed.
 void GenerateInitial(uint64_t seed, const TensorMeta& meta, std::span<std::byte> out, size_t threads);

@@ -1,5 +1,6 @@
 #include "synthetic/synthetic_kernels.h"
 
+#include <algorithm>
 #include <bit>
 
 #include "core/dtype_convert.h"
@@ -18,10 +19,9 @@
 namespace wsync::synthetic {
 namespace {
 
-// u in [-1, 1): the hash read as a signed 32-bit fraction.
-inline float Uniform(uint32_t i, HashKey key) {
-  return static_cast<float>(static_cast<int32_t>(Hash32(i * key.mul + key.add))) * 0x1p-31f;
-}
+// u in [-1, 1): a hash read as a signed 32-bit fraction.
+inline float UniformOf(uint32_t h) { return static_cast<float>(static_cast<int32_t>(h)) * 0x1p-31f; }
+inline float Uniform(uint32_t i, HashKey key) { return UniformOf(Hash32(i * key.mul + key.add)); }
 
 }  // namespace
 
@@ -63,38 +63,55 @@ void RoundToF8E5M2(const float* __restrict in, uint8_t* __restrict out, size_t n
   for (size_t j = 0; j < n; ++j) out[j] = FloatToF8E5M2(in[j]);
 }
 
-WSYNC_KERNEL void WidenBF16(const uint16_t* __restrict in, float* __restrict out, size_t n) {
-  for (size_t j = 0; j < n; ++j) out[j] = BF16ToFloat(in[j]);
-}
-
-void WidenF16(const uint16_t* __restrict in, float* __restrict out, size_t n) {
-  for (size_t j = 0; j < n; ++j) out[j] = F16ToFloat(in[j]);
-}
-
-WSYNC_KERNEL uint64_t StepBF16(float* __restrict master, uint16_t* __restrict model, size_t n,
-                               uint32_t first, HashKey key, float lr) {
+WSYNC_KERNEL uint64_t StepBF16(uint16_t* __restrict model, size_t n, uint32_t first, HashKey key, float lr) {
   const uint32_t count = static_cast<uint32_t>(n);
   uint32_t changed = 0;
   for (uint32_t j = 0; j < count; ++j) {
-    const float m = master[j] - lr * Uniform(first + j, key);
-    master[j] = m;
-    const uint16_t b = FloatToBF16(m);
+    const uint32_t h = Hash32((first + j) * key.mul + key.add);
+    const float x = BF16ToFloat(model[j]) - lr * UniformOf(h);
+    // bf16 is fp32's upper half: adding 16 random low bits to the magnitude and
+    // truncating rounds the magnitude up with probability (its low bits) / 2^16.
+    const uint32_t r = Hash32(h + 0x9e3779b9u) >> 16;
+    const uint16_t b = static_cast<uint16_t>((std::bit_cast<uint32_t>(x) + r) >> 16);
     changed += b != model[j];
     model[j] = b;
   }
   return changed;
 }
 
-WSYNC_KERNEL uint64_t StepF16(float* __restrict master, uint16_t* __restrict model, size_t n,
-                              uint32_t first, HashKey key, float lr) {
+namespace {
+
+// The f16 bit patterns next above and below `h` (finite inputs; +-0 step to +-min subnormal).
+uint16_t F16NextUp(uint16_t h) {
+  if (h == 0x8000) return 0x0001;
+  return (h & 0x8000) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+uint16_t F16NextDown(uint16_t h) {
+  if (h == 0x0000) return 0x8001;
+  return (h & 0x8000) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+
+}  // namespace
+
+uint64_t StepF16(uint16_t* __restrict model, size_t n, uint32_t first, HashKey key, float lr) {
   const uint32_t count = static_cast<uint32_t>(n);
   uint32_t changed = 0;
   for (uint32_t j = 0; j < count; ++j) {
-    const float m = master[j] - lr * Uniform(first + j, key);
-    master[j] = m;
-    const uint16_t h = FloatToF16(m);
-    changed += h != model[j];
-    model[j] = h;
+    const uint32_t h = Hash32((first + j) * key.mul + key.add);
+    const float x = F16ToFloat(model[j]) - lr * UniformOf(h);
+    uint16_t out = FloatToF16(x);
+    const float near = F16ToFloat(out);
+    if (near != x) {
+      const uint16_t other = near < x ? F16NextUp(out) : F16NextDown(out);
+      const float far = F16ToFloat(other);
+      const uint16_t lo = near < far ? out : other, hi = near < far ? other : out;
+      const float lo_v = std::min(near, far), hi_v = std::max(near, far);
+      const float p_hi = (x - lo_v) / (hi_v - lo_v);
+      const float draw = static_cast<float>(Hash32(h + 0x9e3779b9u) >> 8) * 0x1p-24f;
+      out = draw < p_hi ? hi : lo;
+    }
+    changed += out != model[j];
+    model[j] = out;
   }
   return changed;
 }

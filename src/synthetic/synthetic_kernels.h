@@ -65,15 +65,15 @@ void RoundToBF16(const float* in, uint16_t* out, size_t n);
 void RoundToF16(const float* in, uint16_t* out, size_t n);
 void RoundToF8E4M3(const float* in, uint8_t* out, size_t n);
 void RoundToF8E5M2(const float* in, uint8_t* out, size_t n);
-// Widening of a tensor's values into fp32 masters.
-void WidenBF16(const uint16_t* in, float* out, size_t n);
-void WidenF16(const uint16_t* in, float* out, size_t n);
-
-// One update: master[j] -= lr * u, u uniform in [-1, 1) from the key, then the model
-// value is re-rounded. Returns how many model values changed (bit-wise). The F32
-// variant updates the model in place (it is its own master).
-uint64_t StepBF16(float* master, uint16_t* model, size_t n, uint32_t first, HashKey key, float lr);
-uint64_t StepF16(float* master, uint16_t* model, size_t n, uint32_t first, HashKey key, float lr);
+// One update of a model tensor that keeps no fp32 master: x = value - lr * u, with u
+// uniform in [-1, 1) from the key, computed in fp32, then stochastically rounded back to
+// the tensor's dtype: to one of the two representable neighbours of x, the upper one with
+// probability (x - lower) / (upper - lower), drawn from a second hash of the element. The
+// expected value of the new weight is x, so small updates accumulate in expectation as an
+// fp32 master would accumulate them. Returns how many values changed (bit-wise). F32
+// tensors are updated exactly (no rounding step).
+uint64_t StepBF16(uint16_t* model, size_t n, uint32_t first, HashKey key, float lr);
+uint64_t StepF16(uint16_t* model, size_t n, uint32_t first, HashKey key, float lr);
 uint64_t StepF32(float* model, size_t n, uint32_t first, HashKey key, float lr);
 
 }  // namespace wsync::synthetic
