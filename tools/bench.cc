@@ -14,6 +14,7 @@
 #include "children.h"
 #include "comm/gloo_communicator.h"
 #include "comm/store.h"
+#include "core/process_memory.h"
 #include "core/stopwatch.h"
 #include "model/config.h"
 #include "plan/packing.h"
@@ -202,10 +203,15 @@ int RunBench(const BenchArgs& a) {
   double first_s = 0;
   FleetUsage first_usage;
   size_t bytes = 0;
+  MemoryPeak peak;  // the largest over the syncs
   for (int i = 0; i <= a.iters; ++i) {
     const FleetUsage before = FleetUsage::Now(servers);
+    const MemoryWindow window;
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
+    const MemoryPeak p = window.Peak();
+    peak.host_bytes = std::max(peak.host_bytes, p.host_bytes);
+    peak.device_bytes = std::max(peak.device_bytes, p.device_bytes);
     const FleetUsage used = FleetUsage::Now(servers) - before;
     bytes = st->bytes;
     if (i == 0) {
@@ -234,6 +240,9 @@ int RunBench(const BenchArgs& a) {
   fmt::print("{:<44} {:>9.3f} {:>8.3f} {:>12}\n", "wsync sync 0, the first after Init", first_s,
              bytes / first_s / 1e9, fmt::format("{:.2f}x", first_s / engine_s));
   fmt::print("{:<44} {:>9.3f} {:>8} {:>12}\n", "wsync Init (group, staging buffers)", init_s, "-", "-");
+  fmt::print("trainer memory: RSS {:.1f} MB for a {:.1f} MB model; peak extra per sync: host {:.1f} MB, "
+             "device {:.1f} MB\n",
+             HostRssBytes() / 1e6, bytes / 1e6, peak.host_bytes / 1e6, peak.device_bytes / 1e6);
   auto median_of = [&](auto field) {
     std::vector<double> v;
     for (const FleetUsage& u : later_usage) v.push_back(field(u));

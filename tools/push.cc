@@ -67,7 +67,9 @@ void PrintRow(const SyncRow& r) {
 // largest extra memory any sync or verification took.
 void PrintMemorySummary(const std::vector<SyncRow>& rows, const SyntheticTrainer& trainer) {
   MemoryPeak sync, verify;
+  double verify_seconds = 0;
   for (const SyncRow& r : rows) {
+    verify_seconds = std::max(verify_seconds, r.verify_seconds);
     sync.host_bytes = std::max(sync.host_bytes, r.sync_memory.host_bytes);
     sync.device_bytes = std::max(sync.device_bytes, r.sync_memory.device_bytes);
     verify.host_bytes = std::max(verify.host_bytes, r.verify_memory.host_bytes);
@@ -78,9 +80,9 @@ void PrintMemorySummary(const std::vector<SyncRow>& rows, const SyntheticTrainer
   for (const TensorMeta& m : trainer.metadata()) model += m.nbytes();
   fmt::print(stderr,
              "memory: model {:.1f} MB on {}; process RSS {:.1f} MB (peak {:.1f} MB); peak extra per sync: "
-             "host {:.1f} MB, device {:.1f} MB; per verification: host {:.1f} MB{}\n",
+             "host {:.1f} MB, device {:.1f} MB; per verification: host {:.1f} MB, at most {:.2f} s{}\n",
              model / 1e6, trainer.device().ToString(), HostRssBytes() / 1e6, HostPeakRssBytes() / 1e6,
-             sync.host_bytes / 1e6, sync.device_bytes / 1e6, verify.host_bytes / 1e6,
+             sync.host_bytes / 1e6, sync.device_bytes / 1e6, verify.host_bytes / 1e6, verify_seconds,
              sync.host_exact ? "" : " (the kernel refused to reset the RSS peak: host figures are upper bounds)");
 }
 
@@ -216,7 +218,9 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
     Status verified;
     if (args.verify) {
       const MemoryWindow window;
+      const auto started = std::chrono::steady_clock::now();
       verified = VerifyServers(topts, trainer->source(), alg);
+      row.verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       row.verify_memory = window.Peak();
       row.verified = verified.ok() ? "yes" : "NO";
     }

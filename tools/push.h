@@ -36,6 +36,7 @@ struct SyncRow {
   std::string verified;     // "yes", "no", "-" (not asked)
   MemoryPeak sync_memory;   // this process's peak extra memory during the sync
   MemoryPeak verify_memory; // ... and during the trainer's side of the verification
+  double verify_seconds = 0; // the verification's wall time (both sides, overlapped)
 };
 
 // Runs the whole push job; prints progress to stderr and the per-sync table to stdout.

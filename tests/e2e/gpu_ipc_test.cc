@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <regex>
 #include <string_view>
 #include <thread>
 
@@ -125,6 +126,41 @@ TEST_F(GpuIpcTest, ColocatedSyncsAreBitExactInEveryMode) {
                              ExpectedSyntheticDigests("qwen3-tiny", seed, 2, DigestAlgorithm::kXxh3_128));
     ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
   }
+  ExpectCleanShutdown(s);
+}
+
+// qwen3-0.6b (1.2 GB; its embedding alone is 19 read-back blocks) with the trainer and the
+// server on cuda:0: neither the trainer nor either side of the verification holds the
+// model in host memory, and both report it (push's summary, /health).
+TEST_F(GpuIpcTest, AVerifiedSyncOfAModelFarLargerThanTheReadBackBlocksStaysInBoundedHostMemory) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-0.6b", 81, 1, DigestAlgorithm::kXxh3_128));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("gpu06", {"--model", "qwen3-0.6b", "--device", "cuda:0",
+                                                           "--backend", "ipc", "--timeout", "120"},
+                                                 {}, /*ready_seconds=*/180));
+  RunResult push = PushIpc("push", s, {"--model", "qwen3-0.6b", "--seed", "81", "--steps", "1", "--device", "cuda:0",
+                                       "--verify", "--timeout", "120"});
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+  EXPECT_TRUE(HasVerifiedTable(push.out, 2)) << push.out;
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  std::smatch m;
+  const std::regex summary(R"(memory: model ([0-9.]+) MB on cuda:0; process RSS [0-9.]+ MB \(peak ([0-9.]+) MB\);)"
+                           R"( peak extra per sync: host ([0-9.]+) MB, device ([0-9.]+) MB; per verification: host )"
+                           R"(([0-9.]+) MB)");
+  ASSERT_TRUE(std::regex_search(push.err, m, summary)) << push.description;
+  const double mb = 1e6;
+  // The CUDA context and libraries take a few hundred MB of host memory; the model, 1192 MB,
+  // must not be there (a host copy plus an fp32 master took 3.6 GB).
+  EXPECT_LE(std::stod(m[2]) * mb, 1.0 * (1u << 30) + 1024 * mb) << m[0];
+  EXPECT_LE(std::stod(m[5]) * mb, 512 * mb) << m[0];
+  HttpReply health = HttpGet(s.url, "/health");
+  ASSERT_EQ(health.status, 200) << health.Describe();
+  const nlohmann::json& check = health.json["memory"]["last_checksum"];
+  ASSERT_TRUE(check.is_object()) << health.Describe();
+  EXPECT_LE(check["host_peak_extra_bytes"].get<int64_t>(), 512 * mb) << health.Describe();
+  std::cout << "[e2e] " << m[0] << "; server checksum read-back +" << check["host_peak_extra_bytes"].get<int64_t>() / mb
+            << " MB\n";
   ExpectCleanShutdown(s);
 }
 
