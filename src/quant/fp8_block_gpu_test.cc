@@ -1,7 +1,8 @@
 // The CUDA kernel of cuda/fp8_block_kernels.h against QuantizeFp8Blocks on the CPU, bit for
 // bit: bf16 / f16 / f32, full and partial tiles, unaligned inputs (scalar path), tiny,
-// huge and non-finite blocks, stacked matrices, and one parameter of each kind of a
-// sharded MoE model. Skips without a CUDA device.
+// huge and non-finite blocks, stacked matrices; and QuantizeFp8ParamOnDevice against
+// QuantizeFp8Param for every quantized parameter of a sharded MoE model, and its errors.
+// Skips without a CUDA device.
 #include <cuda_runtime_api.h>
 
 #include <bit>
@@ -17,6 +18,7 @@
 #include "cuda/fp8_block_kernels.h"
 #include "model/sharding.h"
 #include "quant/fp8_block.h"
+#include "quant/fp8_device.h"
 #include "quant/fp8_sharding.h"
 
 namespace wsync {
@@ -111,7 +113,7 @@ TEST_F(Fp8BlockGpuTest, MatchesTheCpuBitForBit) {
   }
 }
 
-TEST_F(Fp8BlockGpuTest, MatchesTheCpuOnShardedParameters) {
+TEST_F(Fp8BlockGpuTest, ShardedParametersMatchTheCpu) {
   ModelConfig c = *LookupModel("qwen3-moe-tiny");
   c.hidden_size = 320;
   c.head_dim = 128;
@@ -121,10 +123,34 @@ TEST_F(Fp8BlockGpuTest, MatchesTheCpuOnShardedParameters) {
     ASSERT_TRUE(CheckFp8Sharding(t).ok());
     for (int i = 0; i < static_cast<int>(t.params().size()); ++i) {
       if (!IsFp8Param(t, i)) continue;
+      SCOPED_TRACE(t.params()[i].meta.name);
       Result<Fp8ParamLayout> l = Fp8LayoutOf(t, i);
       ASSERT_TRUE(l.ok()) << l.status().ToString();
-      ExpectSame(Random(DType::kBF16, l->shape, i, false), DType::kBF16, l->shape);
+      const std::vector<std::byte> src = Random(DType::kBF16, l->shape, i, false);
+      std::vector<uint8_t> q(l->weight.numel()), gq(q.size());
+      std::vector<float> s(l->scale_inv.numel()), gs(s.size());
+      ASSERT_TRUE(QuantizeFp8Param(t, i, src, q, s, 2).ok());
+      void* d_src = nullptr;
+      uint8_t* d_q = nullptr;
+      float* d_s = nullptr;
+      ASSERT_CUDA(cudaMalloc(&d_src, src.size()));
+      ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_q), q.size()));
+      ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_s), s.size() * sizeof(float)));
+      ASSERT_CUDA(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
+      const Status st = QuantizeFp8ParamOnDevice(t, i, d_src, d_q, d_s, stream_);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_CUDA(cudaStreamSynchronize(stream_));
+      ASSERT_CUDA(cudaMemcpy(gq.data(), d_q, gq.size(), cudaMemcpyDeviceToHost));
+      ASSERT_CUDA(cudaMemcpy(gs.data(), d_s, gs.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      cudaFree(d_src);
+      cudaFree(d_q);
+      cudaFree(d_s);
+      EXPECT_EQ(gq, q);
+      EXPECT_EQ(std::memcmp(gs.data(), s.data(), s.size() * sizeof(float)), 0);
     }
+    const Status st = QuantizeFp8ParamOnDevice(t, t.FindParam("model.norm.weight"), nullptr, nullptr, nullptr, stream_);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("model.norm.weight"), std::string::npos) << st.message();
   }
 }
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <regex>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
@@ -101,9 +101,30 @@ void CopyRuns(const PieceRuns& r, const std::byte* param, std::byte* hf) {
 bool IsFp8Quantized(std::string_view hf_name) {
   // model.layers.N.self_attn.{q,k,v,o}_proj.weight, model.layers.N.mlp.{gate,up,down}_proj.weight,
   // model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight.
-  static const std::regex kRule(
-      R"(model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(experts\.\d+\.)?(gate|up|down)_proj)\.weight)");
-  return std::regex_match(hf_name.begin(), hf_name.end(), kRule);
+  std::string_view n = hf_name;
+  auto eat = [&n](std::string_view prefix) {
+    if (!n.starts_with(prefix)) return false;
+    n.remove_prefix(prefix.size());
+    return true;
+  };
+  auto eat_index = [&n] {  // digits, then '.'
+    size_t k = 0;
+    while (k < n.size() && n[k] >= '0' && n[k] <= '9') ++k;
+    if (k == 0 || k >= n.size() || n[k] != '.') return false;
+    n.remove_prefix(k + 1);
+    return true;
+  };
+  auto eat_any = [&eat](std::initializer_list<std::string_view> options) {
+    for (std::string_view o : options) {
+      if (eat(o)) return true;
+    }
+    return false;
+  };
+  if (!eat("model.layers.") || !eat_index()) return false;
+  if (eat("self_attn.")) return eat_any({"q", "k", "v", "o"}) && n == "_proj.weight";
+  if (!eat("mlp.")) return false;
+  if (eat("experts.") && !eat_index()) return false;
+  return eat_any({"gate", "up", "down"}) && n == "_proj.weight";
 }
 
 std::string Fp8ScaleInvName(std::string_view weight_name) {

@@ -58,7 +58,11 @@ TEST(Fp8ShardingTest, QuantizesTheLinearWeightsOnly) {
   for (const char* no : {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
                          "model.layers.0.self_attn.q_norm.weight", "model.layers.0.input_layernorm.weight",
                          "model.layers.0.mlp.gate.weight", "model.layers.0.self_attn.q_proj.weight_scale_inv",
-                         "model.layers.0.self_attn.q_proj.bias", "x.model.layers.0.mlp.up_proj.weight"}) {
+                         "model.layers.0.self_attn.q_proj.bias", "x.model.layers.0.mlp.up_proj.weight",
+                         "model.layers..self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight.x",
+                         "model.layers.0.mlp.experts..up_proj.weight", "model.layers.0.mlp.experts.up_proj.weight",
+                         "model.layers.0.self_attn.qk_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
+                         "model.layers.0.mlp.experts.w13_weight", "model.layers.0.self_attn.qkv_proj.weight"}) {
     EXPECT_FALSE(IsFp8Quantized(no)) << no;
   }
   EXPECT_EQ(Fp8ScaleInvName("model.layers.0.mlp.up_proj.weight"), "model.layers.0.mlp.up_proj.weight_scale_inv");
