@@ -221,46 +221,53 @@ PieceRuns Fp8ScaleRuns(const ShardingTable& table, int param, int piece) {
                   base, item);
 }
 
-Status AssembleFp8Hf(std::span<const Fp8WorkerView> group, std::string_view hf_name,
-                     std::span<uint8_t> weight, std::span<float> scale_inv) {
+std::vector<Fp8Source> Fp8SourcesOf(const ShardingTable& table, std::string_view name) {
+  std::vector<Fp8Source> out;
+  const std::optional<Fp8HfPart> part = ParseFp8HfName(name);
+  if (!part) return out;
+  for (auto [i, k] : table.PiecesOf(part->hf_name)) {
+    out.push_back(Fp8Source{i, k, table.params()[i].pieces[k].primary, part->scale,
+                            part->scale ? Fp8ScaleRuns(table, i, k) : Fp8WeightRuns(table, i, k)});
+  }
+  return out;
+}
+
+Status ReadBackFp8Hf(std::span<const Fp8WorkerView> group, std::string_view name, std::span<std::byte> out) {
   if (group.empty() || group[0].table == nullptr) return InvalidArgument("fp8 read-back: empty TP group");
   const ShardingTable& t0 = *group[0].table;
-  const int h = t0.FindHf(hf_name);
-  if (h < 0 || !IsFp8Quantized(hf_name)) {
-    return InvalidArgument(fmt::format("fp8 read-back: model {} has no fp8 tensor {}", t0.config().name, hf_name));
+  const std::optional<Fp8HfPart> part = ParseFp8HfName(name);
+  const int h = part ? t0.FindHf(part->hf_name) : -1;
+  if (h < 0) {
+    return InvalidArgument(fmt::format("fp8 read-back: model {} has no fp8 checkpoint tensor {}", t0.config().name,
+                                       name));
   }
   const Shape& hs = t0.hf_tensors()[h].shape;
-  const size_t n = static_cast<size_t>(hs[0] * hs[1]);
-  const size_t ns = static_cast<size_t>(Fp8Blocks(hs[0]) * Fp8Blocks(hs[1]));
-  if (weight.size() != n || scale_inv.size() != ns) {
-    return InvalidArgument(fmt::format("fp8 read-back of {}: outputs hold {} bytes and {} scales; need {} and {}",
-                                       hf_name, weight.size(), scale_inv.size(), n, ns));
+  const size_t want = part->scale ? static_cast<size_t>(Fp8Blocks(hs[0]) * Fp8Blocks(hs[1])) * sizeof(float)
+                                  : static_cast<size_t>(hs[0] * hs[1]);
+  if (out.size() != want) {
+    return InvalidArgument(fmt::format("fp8 read-back of {}: output holds {} bytes, the tensor {}", name, out.size(),
+                                       want));
   }
-  size_t got = 0, got_scales = 0;
+  size_t got = 0;
   for (const Fp8WorkerView& w : group) {
     if (w.table == nullptr || w.params.size() != w.table->params().size()) {
-      return InvalidArgument(fmt::format("fp8 read-back of {}: a worker's view lacks its parameters", hf_name));
+      return InvalidArgument(fmt::format("fp8 read-back of {}: a worker's view lacks its parameters", name));
     }
-    for (auto [i, k] : w.table->PiecesOf(hf_name)) {
-      if (!w.table->params()[i].pieces[k].primary) continue;
-      const Fp8ParamView& v = w.params[i];
-      const PieceRuns a = Fp8WeightRuns(*w.table, i, k), b = Fp8ScaleRuns(*w.table, i, k);
-      const auto need = [](const PieceRuns& r) { return r.dst_offset + (r.count - 1) * r.dst_stride + r.run_bytes; };
-      if (static_cast<int64_t>(v.weight.size()) < need(a) ||
-          static_cast<int64_t>(v.scale_inv.size_bytes()) < need(b)) {
-        return InvalidArgument(fmt::format("fp8 read-back of {}: tp rank {} holds too few bytes of {}", hf_name,
-                                           w.table->tp_rank(), w.table->params()[i].meta.name));
+    for (const Fp8Source& src : Fp8SourcesOf(*w.table, name)) {
+      if (!src.primary) continue;
+      const Fp8ParamView& v = w.params[src.param];
+      const std::span<const std::byte> bytes = src.scale ? std::as_bytes(v.scale_inv) : std::as_bytes(v.weight);
+      const PieceRuns& r = src.runs;
+      if (static_cast<int64_t>(bytes.size()) < r.dst_offset + (r.count - 1) * r.dst_stride + r.run_bytes) {
+        return InvalidArgument(fmt::format("fp8 read-back of {}: tp rank {} holds too few bytes of {}", name,
+                                           w.table->tp_rank(), w.table->params()[src.param].meta.name));
       }
-      CopyRuns(a, reinterpret_cast<const std::byte*>(v.weight.data()), reinterpret_cast<std::byte*>(weight.data()));
-      CopyRuns(b, reinterpret_cast<const std::byte*>(v.scale_inv.data()),
-               reinterpret_cast<std::byte*>(scale_inv.data()));
-      got += static_cast<size_t>(a.count * a.run_bytes);
-      got_scales += static_cast<size_t>(b.count * b.run_bytes);
+      CopyRuns(r, bytes.data(), out.data());
+      got += static_cast<size_t>(r.count * r.run_bytes);
     }
   }
-  if (got != n || got_scales != ns * sizeof(float)) {
-    return Internal(fmt::format("fp8 read-back of {}: primary pieces cover {} of {} bytes and {} of {} scale bytes",
-                                hf_name, got, n, got_scales, ns * sizeof(float)));
+  if (got != want) {
+    return Internal(fmt::format("fp8 read-back of {}: primary pieces cover {} of {} bytes", name, got, want));
   }
   return Status::Ok();
 }

@@ -106,8 +106,23 @@ Status QuantizeFp8Param(const ShardingTable& table, int param, std::span<const s
 PieceRuns Fp8WeightRuns(const ShardingTable& table, int param, int piece);
 PieceRuns Fp8ScaleRuns(const ShardingTable& table, int param, int piece);
 
+// Where the bytes of FP8 checkpoint tensor `name` (NAME or NAME_scale_inv, see
+// ParseFp8HfName) live on this worker: one entry per piece of the HF tensor this worker
+// holds, in table order, with its runs between the checkpoint tensor's bytes and the
+// parameter's e4m3 bytes (NAME: Fp8WeightRuns) or scale_inv bytes (NAME_scale_inv:
+// Fp8ScaleRuns). Read-back and digests use the `primary` entries across the TP group;
+// together they tile the checkpoint tensor. Empty for any other name.
+struct Fp8Source {
+  int param = -1;
+  int piece = -1;
+  bool primary = true;
+  bool scale = false;  // the runs address the parameter's scale_inv, not its e4m3 bytes
+  PieceRuns runs;
+};
+std::vector<Fp8Source> Fp8SourcesOf(const ShardingTable& table, std::string_view name);
+
 // One worker's quantized parameters in host memory, for read-back: params[i] holds
-// params()[i]'s bytes and scales (empty for parameters that are not quantized).
+// params()[i]'s e4m3 bytes and scale_inv (empty for parameters that are not quantized).
 struct Fp8ParamView {
   std::span<const uint8_t> weight;
   std::span<const float> scale_inv;
@@ -117,11 +132,11 @@ struct Fp8WorkerView {
   std::span<const Fp8ParamView> params;
 };
 
-// Reassembles NAME (`weight`, rows*cols bytes) and NAME_scale_inv (`scale_inv`) of the
-// quantized HF tensor `hf_name` from the primary pieces of a TP group (indexed by
-// tp_rank). InvalidArgument for an unknown or unquantized name, wrong output sizes or
-// missing views; Internal when the primary pieces do not tile the tensor.
-Status AssembleFp8Hf(std::span<const Fp8WorkerView> group, std::string_view hf_name,
-                     std::span<uint8_t> weight, std::span<float> scale_inv);
+// Reassembles FP8 checkpoint tensor `name` (NAME: rows*cols e4m3 bytes; NAME_scale_inv:
+// the float32 grid) into `out`, which must be exactly its size (Fp8HfTensors), from the
+// primary pieces of a TP group (indexed by tp_rank). InvalidArgument for a name that is
+// neither, a wrong output size, or views that lack a parameter's bytes (naming it);
+// Internal when the primary pieces do not tile the tensor.
+Status ReadBackFp8Hf(std::span<const Fp8WorkerView> group, std::string_view name, std::span<std::byte> out);
 
 }  // namespace wsync

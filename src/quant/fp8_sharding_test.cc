@@ -250,7 +250,9 @@ void ExpectShardedMatchesWhole(const ModelConfig& c, int tp, bool reference) {
     const Fp8MatrixShape shape{1, rows, cols};
     std::vector<uint8_t> got(rows * cols), whole(rows * cols);
     std::vector<float> got_s(shape.scales()), whole_s(shape.scales());
-    ASSERT_TRUE(AssembleFp8Hf(group, h.meta.name, got, got_s).ok()) << h.meta.name;
+    ASSERT_TRUE(ReadBackFp8Hf(group, h.meta.name, std::as_writable_bytes(std::span(got))).ok()) << h.meta.name;
+    ASSERT_TRUE(ReadBackFp8Hf(group, Fp8ScaleInvName(h.meta.name), std::as_writable_bytes(std::span(got_s))).ok())
+        << h.meta.name;
     ASSERT_TRUE(QuantizeFp8Blocks(h.storage.span().first(h.meta.nbytes()), DType::kBF16, shape, whole, whole_s, 1,
                                   h.meta.name)
                     .ok());
@@ -280,23 +282,48 @@ TEST(Fp8ShardingTest, ShardedQuantizationReassemblesToTheWholeTensorsQuantizatio
   }
 }
 
-TEST(Fp8ShardingTest, AssemblyErrorsNameTheTensor) {
+TEST(Fp8ShardingTest, SourcesListWhereEachCheckpointTensorLives) {
+  // tp 4 of 2 KV heads: rank 1 holds a replica of KV head 0.
+  const ShardingTable t = Table(Config("fp8-dense", 320, 1024, 8, 2, 128), 1, 4);
+  const std::vector<Fp8Source> k = Fp8SourcesOf(t, "model.layers.1.self_attn.k_proj.weight_scale_inv");
+  ASSERT_EQ(k.size(), 1u);
+  EXPECT_EQ(k[0].param, t.FindParam("model.layers.1.self_attn.qkv_proj.weight"));
+  EXPECT_EQ(k[0].piece, 1);
+  EXPECT_FALSE(k[0].primary);
+  EXPECT_TRUE(k[0].scale);
+  // k rows [0, 128) -> scale row 0 of a [1, 3] grid; at rows [256, 384) of qkv -> scale row 2.
+  EXPECT_EQ(k[0].runs.count, 1);
+  EXPECT_EQ(k[0].runs.run_bytes, 3 * 4);
+  EXPECT_EQ(k[0].runs.hf_offset, 0);
+  EXPECT_EQ(k[0].runs.dst_offset, 2 * 3 * 4);
+  const std::vector<Fp8Source> o = Fp8SourcesOf(t, "model.layers.1.self_attn.o_proj.weight");
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_FALSE(o[0].scale);
+  EXPECT_TRUE(o[0].primary);
+  EXPECT_EQ(o[0].runs.count, 320);     // o_proj [320, 1024] split along columns
+  EXPECT_EQ(o[0].runs.run_bytes, 256);  // 2 heads of 128
+  EXPECT_EQ(o[0].runs.hf_offset, 256);
+  EXPECT_TRUE(Fp8SourcesOf(t, "model.layers.1.mlp.gate.weight_scale_inv").empty());
+  EXPECT_TRUE(Fp8SourcesOf(t, "model.norm.weight").empty());
+}
+
+TEST(Fp8ShardingTest, ReadBackErrorsNameTheTensor) {
   const ModelConfig c = *LookupModel("qwen3-tiny");
   const ShardingTable t = Table(c, 0, 1);
   std::vector<Fp8ParamView> views(t.params().size());
   const Fp8WorkerView group[] = {{&t, views}};
-  std::vector<uint8_t> w(256 * 256);
-  std::vector<float> s(4);
-  Status st = AssembleFp8Hf(group, "model.norm.weight", w, s);
+  std::vector<std::byte> w(256 * 256), s(4 * 4);
+  Status st = ReadBackFp8Hf(group, "model.norm.weight", w);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("model.norm.weight"), std::string::npos) << st.message();
-  st = AssembleFp8Hf(group, "model.layers.0.self_attn.q_proj.weight", w, s);  // views are empty
+  st = ReadBackFp8Hf(group, "model.layers.0.self_attn.q_proj.weight", w);  // views are empty
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("qkv_proj"), std::string::npos) << st.message();
-  std::vector<float> s3(3);
-  st = AssembleFp8Hf(group, "model.layers.0.self_attn.q_proj.weight", w, s3);
+  EXPECT_NE(st.message().find("tp rank 0 holds too few bytes of model.layers.0.self_attn.qkv_proj.weight"),
+            std::string::npos)
+      << st.message();
+  st = ReadBackFp8Hf(group, "model.layers.0.self_attn.q_proj.weight_scale_inv", w);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("need 65536 and 4"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("output holds 65536 bytes, the tensor 16"), std::string::npos) << st.message();
 }
 
 }  // namespace
