@@ -118,6 +118,7 @@ cudaError_t Launch(const void* src, long long count, long long rows, long long c
   const long long tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
   const long long tiles = tiles_r * tiles_c;
   if (tiles > 0x7fffffffLL || count > 65535) return cudaErrorInvalidConfiguration;
+  if (reinterpret_cast<uintptr_t>(src) % sizeof(T) != 0) return cudaErrorMisalignedAddress;
   // Vector loads and stores need 16-byte aligned input rows and kVec-aligned output rows.
   const bool vector = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % kVec == 0 &&
                       cols % kVec == 0;

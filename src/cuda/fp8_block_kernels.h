@@ -6,9 +6,11 @@
 // float32 scale_inv (per matrix, its [ceil(rows/128), ceil(cols/128)] grid, row-major),
 // asynchronously on `stream`. One CUDA block per 128x128 tile: it reduces the tile's amax,
 // then converts; the arithmetic is quant/e4m3.h's (BlockScaleFromAmaxBits,
-// QuantizeElement), so the bytes equal QuantizeFp8Blocks' on the CPU bit for bit. Inputs
-// of any alignment work; 16-byte aligned inputs with cols a multiple of 16 bytes take
-// vector loads. For one parameter of a ShardingTable, take count/rows/cols from
+// QuantizeElement), so the bytes equal QuantizeFp8Blocks' on the CPU bit for bit. `src`
+// must be aligned to its element size (else cudaErrorMisalignedAddress); 16-byte aligned
+// inputs whose rows are a multiple of 16 bytes take vector loads. A grid too large for one
+// launch (over 2^31-1 tiles per matrix, over 65535 matrices) is
+// cudaErrorInvalidConfiguration; negative sizes are cudaErrorInvalidValue. For one parameter of a ShardingTable, take count/rows/cols from
 // quant/fp8_sharding.h's Fp8LayoutOf (which refuses shards off the 128 grid).
 //
 // The returned error is the launch's (a bad configuration); execution errors surface at
