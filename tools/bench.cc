@@ -209,9 +209,7 @@ int RunBench(const BenchArgs& a) {
     const MemoryWindow window;
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
-    const MemoryPeak p = window.Peak();
-    peak.host_bytes = std::max(peak.host_bytes, p.host_bytes);
-    peak.device_bytes = std::max(peak.device_bytes, p.device_bytes);
+    peak.Include(window.Peak());
     const FleetUsage used = FleetUsage::Now(servers) - before;
     bytes = st->bytes;
     if (i == 0) {

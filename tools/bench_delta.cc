@@ -20,6 +20,7 @@
 #include "backends/delta/trainer.h"
 #include "bench.h"
 #include "children.h"
+#include "core/process_memory.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/stopwatch.h"
@@ -90,10 +91,13 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
              "compr MB", "compr%", "publish", "GB/s", "GB/s/cpu", "1-thr /cpu", "fetch+ap", "GB/s", "apply/cpu",
              "reload", "sync");
   std::vector<Row> rows;
+  MemoryPeak peak;  // the trainer's, the largest over the syncs
   for (int step = 1; step <= a.steps; ++step) {
     if (a.write_back && step > 1) WSYNC_RETURN_IF_ERROR(delta::WriteBackTree(dir + "/local/weights"));
     WSYNC_ASSIGN_OR_RETURN(StepStats st, trainer->Step(static_cast<uint64_t>(step)));
+    const MemoryWindow window;
     WSYNC_ASSIGN_OR_RETURN(SyncStats sync_stats, engine->SendWeights(trainer->source(), std::to_string(step)));
+    peak.Include(window.Peak());
     const DeltaSyncReport& rep = engine->last_report();
     WSYNC_ASSIGN_OR_RETURN(delta::PublishStats p1, single->Publish(trainer->source()));
     const delta::PublishStats& p = rep.publish;
@@ -139,6 +143,8 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
              med(&Row::fetch_gbps), med(&Row::apply_core_gbps));
   fmt::print("  reload (paused)         {:6.3f} s\n", med(&Row::reload_s));
   fmt::print("  whole sync              {:6.3f} s\n", med(&Row::sync_s));
+  fmt::print("  trainer memory          RSS {:.1f} MB; peak extra per sync: host {:.1f} MB\n", HostRssBytes() / 1e6,
+             peak.host_bytes / 1e6);
   fmt::print("  baseline: whole model written to the sync dir (no delta): {:.3f} s, {:.3f} GB/s; SkyRL's delta "
              "publish anchor: ~2.6 GB/s across a whole node\n", baseline_s, model_bytes / baseline_s / 1e9);
   std::error_code ec;

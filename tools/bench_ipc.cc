@@ -23,6 +23,7 @@
 #include "backends/ipc/trainer.h"
 #include "bench.h"
 #include "children.h"
+#include "core/process_memory.h"
 #include "core/parallel.h"
 #include "model/config.h"
 #include "push.h"
@@ -249,9 +250,12 @@ int RunBenchIpc(const BenchArgs& a) {
   if (Status s = (*engine)->Init(meta); !s.ok()) return fail(s);
   std::vector<double> sync_times, transfer_times;
   size_t bytes = 0, chunks = 0;
+  MemoryPeak peak;  // the trainer's, the largest over the syncs
   for (int i = 0; i <= a.iters; ++i) {  // sync 0 warms up (first touch of every page)
+    const MemoryWindow window;
     auto st = (*engine)->SendWeights((*trainer)->source(), std::nullopt);
     if (!st.ok()) return fail(st.status());
+    peak.Include(window.Peak());
     bytes = st->bytes;
     chunks = st->chunks;
     if (i > 0) {
@@ -273,6 +277,8 @@ int RunBenchIpc(const BenchArgs& a) {
   fmt::print("wsync bench ipc: {} ({:.3f} GB), {} server(s) x TP={} on this host, {} chunk(s) per sync "
              "(bucket {} GiB), {} timed sync(s) after 1 warm-up, median, {} core(s)\n",
              config->name, bytes / 1e9, a.servers, a.tp, chunks, a.bucket_gb, a.iters, threads);
+  fmt::print("trainer memory: RSS {:.1f} MB for a {:.1f} MB model; peak extra per sync: host {:.1f} MB, "
+             "device {:.1f} MB\n", HostRssBytes() / 1e6, bytes / 1e6, peak.host_bytes / 1e6, peak.device_bytes / 1e6);
   fmt::print("{:<52} {:>9} {:>8} {:>12}\n", "what", "seconds", "GB/s", "floor/this");
   fmt::print("{:<52} {:>9.3f} {:>8.3f} {:>11.0f}%\n", "wsync ipc sync (start..finish, HTTP + shm ring)", sync_s,
              bytes / sync_s / 1e9, 100 * one_s / sync_s);

@@ -70,11 +70,8 @@ void PrintMemorySummary(const std::vector<SyncRow>& rows, const SyntheticTrainer
   double verify_seconds = 0;
   for (const SyncRow& r : rows) {
     verify_seconds = std::max(verify_seconds, r.verify_seconds);
-    sync.host_bytes = std::max(sync.host_bytes, r.sync_memory.host_bytes);
-    sync.device_bytes = std::max(sync.device_bytes, r.sync_memory.device_bytes);
-    verify.host_bytes = std::max(verify.host_bytes, r.verify_memory.host_bytes);
-    verify.device_bytes = std::max(verify.device_bytes, r.verify_memory.device_bytes);
-    sync.host_exact = sync.host_exact && r.sync_memory.host_exact;
+    sync.Include(r.sync_memory);
+    verify.Include(r.verify_memory);
   }
   size_t model = 0;
   for (const TensorMeta& m : trainer.metadata()) model += m.nbytes();

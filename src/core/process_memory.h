@@ -29,6 +29,13 @@ struct MemoryPeak {
   // False when the kernel refused the reset: host_bytes is then measured against the
   // peak since the process started and may over-report.
   bool host_exact = true;
+
+  // Widens this peak to cover `other` too (the larger of each figure).
+  void Include(const MemoryPeak& other) {
+    host_bytes = host_bytes > other.host_bytes ? host_bytes : other.host_bytes;
+    device_bytes = device_bytes > other.device_bytes ? device_bytes : other.device_bytes;
+    host_exact = host_exact && other.host_exact;
+  }
 };
 
 class MemoryWindow {
