@@ -1,5 +1,7 @@
 #include "engine/sync_pass.h"
 
+#include <set>
+
 #include <fmt/format.h>
 
 namespace wsync {
@@ -29,10 +31,33 @@ class SyncPass::View final : public WeightSource {
   explicit View(SyncPass& pass) : pass_(pass) {}
   const std::vector<TensorMeta>& metadata() const override { return pass_.metadata(); }
   Result<std::unique_ptr<TensorStream>> Iterate() override {
+    WSYNC_RETURN_IF_ERROR(HandOut());
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> s, pass_.Stream());
+    return Borrow(std::move(s));
+  }
+  std::optional<std::vector<std::string>> HeldNames() const override { return pass_.source_.HeldNames(); }
+  // The pass over the held names: the held tensors' metadata, in metadata order.
+  Result<std::unique_ptr<TensorStream>> IterateHeld() override {
+    std::optional<std::vector<std::string>> names = HeldNames();
+    if (!names) return Iterate();
+    WSYNC_RETURN_IF_ERROR(HandOut());
+    const std::set<std::string, std::less<>> held(names->begin(), names->end());
+    std::vector<TensorMeta> metas;
+    for (const TensorMeta& m : metadata()) {
+      if (held.count(m.name)) metas.push_back(m);
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> s, pass_.HeldStream(metas));
+    return Borrow(std::move(s));
+  }
+
+ private:
+  Status HandOut() {
     if (handed_out_) return FailedPrecondition("a sync makes one pass over its source");
     handed_out_ = true;
-    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> s, pass_.Stream());
-    // Borrowed: the pass owns the stream and outlives this view's callers.
+    return Status::Ok();
+  }
+  // Borrowed: the pass owns the stream and outlives this view's callers.
+  static std::unique_ptr<TensorStream> Borrow(std::shared_ptr<TensorStream> s) {
     class Borrowed final : public TensorStream {
      public:
       explicit Borrowed(std::shared_ptr<TensorStream> s) : s_(std::move(s)) {}
@@ -41,11 +66,9 @@ class SyncPass::View final : public WeightSource {
      private:
       std::shared_ptr<TensorStream> s_;
     };
-    return std::unique_ptr<TensorStream>(std::make_unique<Borrowed>(std::move(s)));
+    return std::make_unique<Borrowed>(std::move(s));
   }
-  std::optional<std::vector<std::string>> HeldNames() const override { return pass_.source_.HeldNames(); }
 
- private:
   SyncPass& pass_;
   bool handed_out_ = false;
 };

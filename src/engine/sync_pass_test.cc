@@ -98,5 +98,58 @@ TEST(SyncPass, ReadAllReadsOnePassChecked) {
   EXPECT_NE(s.message().find("missing"), std::string::npos) << s.message();
 }
 
+// Holds the even-numbered tensors of its host source and passes over only those.
+class EvenHolder : public HostTensorSource {
+ public:
+  using HostTensorSource::HostTensorSource;
+  std::optional<std::vector<std::string>> HeldNames() const override {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < metadata().size(); i += 2) names.emplace_back(metadata()[i].name);
+    return names;
+  }
+  Result<std::unique_ptr<TensorStream>> IterateHeld() override {
+    ++held_passes;
+    std::vector<HostTensor> held;
+    for (size_t i = 0; i < tensors().size(); i += 2) {
+      held.push_back(*HostTensor::Zeros(tensors()[i].meta));
+    }
+    held_ = std::make_unique<HostTensorSource>(std::move(held));
+    return held_->Iterate();
+  }
+  int held_passes = 0;
+
+ private:
+  std::unique_ptr<HostTensorSource> held_;
+};
+
+TEST(SyncPass, TheViewPassesOverTheHeldNamesOnceChecked) {
+  std::vector<HostTensor> tensors;
+  for (int i = 0; i < 5; ++i) {
+    tensors.push_back(*HostTensor::Zeros(TensorMeta{"t" + std::to_string(i), DType::kF32, {2}}));
+  }
+  EvenHolder source(std::move(tensors));
+  SyncPass pass(source);
+  WeightSource& view = pass.AsSource();
+  ASSERT_TRUE(view.HeldNames().has_value());
+  auto stream = view.IterateHeld();
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  EXPECT_EQ(view.IterateHeld().status().code(), StatusCode::kFailedPrecondition);  // one pass
+  EXPECT_EQ(view.Iterate().status().code(), StatusCode::kFailedPrecondition);
+  std::vector<std::string> seen;
+  TensorRef t;
+  while (*(*stream)->Next(&t)) seen.emplace_back(t.name);
+  EXPECT_EQ(seen, (std::vector<std::string>{"t0", "t2", "t4"}));
+  EXPECT_EQ(source.held_passes, 1);
+  // A source that holds everything passes over its whole metadata.
+  HostTensorSource all = Source(3);
+  SyncPass whole(all);
+  auto every = whole.AsSource().IterateHeld();
+  ASSERT_TRUE(every.ok()) << every.status().ToString();
+  int n = 0;
+  while (*(*every)->Next(&t)) ++n;
+  EXPECT_EQ(n, 3);
+  EXPECT_TRUE(whole.complete());
+}
+
 }  // namespace
 }  // namespace wsync
