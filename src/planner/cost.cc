@@ -229,7 +229,7 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
   const size_t buffer = std::min<size_t>(PackedBufferSize(m.tensors, static_cast<size_t>(o.bucket_bytes)), m.bytes);
   auto plan = CutChunks(m.tensors, ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, buffer, 256, "the ipc slot"});
   const double chunks = plan.ok() ? plan->chunks.size() : M / buffer;
-  const bool zero_copy = f.trainer.world == 1 && !r.cpu;
+  const bool zero_copy = f.trainer.world == 1 && !r.cpu && !o.ipc_packed;
   double shard = static_cast<double>(MaxShard(m));
   p.sent_per_trainer_rank_max = p.sent_per_trainer_rank_min = zero_copy ? 0 : m.bytes;
   p.received_per_worker_max = MaxShard(m);
@@ -277,7 +277,7 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
 }
 
 void PredictDelta(const Model& m, const Fleet& f, const Constants& k, Prediction& p) {
-  const Rates rt = RatesOf(f.trainer_hw, k), rs = RatesOf(f.server_hw, k);
+  const Rates rs = RatesOf(f.server_hw, k);
   const double M = static_cast<double>(m.bytes);
   const double payload = M * k.delta_payload_ratio;
   const double pub_rate = k.delta_publish_gb_per_core * std::min<double>(f.trainer_hw.host_cores, k.delta_publish_cores) * kGB;
@@ -430,6 +430,10 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   for (const auto& [name, seconds] : credit) best = best.empty() || seconds > credit[best] ? name : best;
   p.bottleneck = best;
   p.utilisation = raw_of[best] > 0 ? bytes_through[best] / p.seconds / (raw_of[best] * kGB) : 0;
+  if (!f.trainer.fsdp && f.trainer.pp > 1 && best.find("of trainer rank") != std::string::npos) {
+    p.bottleneck += fmt::format(" (groups go in order, so only one pipeline stage's {} of {} ranks send at a time)",
+                                P / f.trainer.pp, P);
+  }
   const auto [lo, hi] = std::minmax_element(sent_total.begin(), sent_total.end());
   p.sent_per_trainer_rank_min = static_cast<int64_t>(*lo);
   p.sent_per_trainer_rank_max = static_cast<int64_t>(*hi);

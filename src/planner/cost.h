@@ -44,6 +44,8 @@ struct PlanOptions {
   // Layer groups the sharded plane stages ahead; 0 runs gather, wire and unpack of each
   // group one after the other.
   int lookahead = 1;
+  // ipc: pack into slots even where zero-copy is possible (one trainer rank).
+  bool ipc_packed = false;
 };
 
 // One step of a sync: bytes through a resource at a rate, and the time charged.

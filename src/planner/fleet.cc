@@ -154,6 +154,33 @@ int Fleet::worker_node(int worker) const {
   return trainer_nodes() + NodeOf(worker, server_hw.gpus_per_node);
 }
 
+Result<Fleet> BuildFleet(std::string_view trainer, std::string_view servers, Placement placement,
+                         const std::string& hardware_dir) {
+  Fleet f;
+  WSYNC_ASSIGN_OR_RETURN(f.trainer, ParseTrainerSpec(trainer));
+  WSYNC_ASSIGN_OR_RETURN(f.servers, ParseServerSpec(servers));
+  WSYNC_ASSIGN_OR_RETURN(f.trainer_hw, LoadHardwareProfile(f.trainer.hardware, hardware_dir));
+  WSYNC_ASSIGN_OR_RETURN(f.server_hw, LoadHardwareProfile(f.servers.hardware, hardware_dir));
+  f.placement = placement;
+  return f;
+}
+
+Result<Placement> ParsePlacement(std::string_view text) {
+  if (text == "disaggregated") return Placement::kDisaggregated;
+  if (text == "packed") return Placement::kPacked;
+  if (text == "colocated") return Placement::kColocated;
+  return InvalidArgument(fmt::format("--placement '{}': expected disaggregated, packed or colocated", text));
+}
+
+std::string_view PlacementName(Placement p) {
+  switch (p) {
+    case Placement::kDisaggregated: return "disaggregated";
+    case Placement::kPacked: return "packed";
+    case Placement::kColocated: return "colocated";
+  }
+  return "?";
+}
+
 Result<ShardingTable> WorkerTable(const ModelConfig& model, const ServerSpec& s, int w) {
   const int in_deployment = w % s.workers_per_deployment();
   const int tp_rank = in_deployment % s.tp;

@@ -70,6 +70,14 @@ struct Fleet {
   int server_nodes() const;
 };
 
+// Parses both specs and loads their hardware profiles from `hardware_dir`.
+Result<Fleet> BuildFleet(std::string_view trainer, std::string_view servers, Placement placement,
+                         const std::string& hardware_dir);
+
+// "disaggregated", "packed" or "colocated".
+Result<Placement> ParsePlacement(std::string_view text);
+std::string_view PlacementName(Placement p);
+
 // Checks the fleet against the model: the trainer layout fits (heads, experts, layers),
 // every server's sharding table can be built, colocation has a GPU per worker.
 Status CheckFleet(const ModelConfig& model, const Fleet& fleet);
