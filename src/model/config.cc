@@ -39,18 +39,21 @@ ModelConfig Moe(ModelConfig c, int64_t moe_inter, int64_t experts) {
   return c;
 }
 
-// A DeepSeek-V3-architecture config (MLA; Kimi-K2 shares it).
-ModelConfig Mla(std::string name, int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
-                int64_t heads, int64_t moe_inter, int64_t experts, int64_t shared,
-                int64_t first_dense, int64_t nextn, int64_t q_lora, int64_t kv_lora,
-                int64_t nope, int64_t rope, int64_t v) {
-  ModelConfig c = Dense(std::move(name), vocab, hidden, inter, layers, heads, heads, nope + rope, false);
-  c.architecture = std::string(kDeepseekV3);
+// A DeepSeek-V3 / GLM-4.5 MoE config: routed and shared experts, dense first layers, MTP.
+ModelConfig Routed(ModelConfig c, std::string_view architecture, int64_t moe_inter, int64_t experts,
+                   int64_t shared, int64_t first_dense, int64_t nextn) {
+  c.architecture = std::string(architecture);
   c.moe_intermediate_size = moe_inter;
   c.num_experts = experts;
   c.n_shared_experts = shared;
   c.first_k_dense_replace = first_dense;
   c.num_nextn_predict_layers = nextn;
+  return c;
+}
+
+// A DeepSeek-V3-architecture config (MLA; Kimi-K2 shares it): heads of nope + rope width.
+ModelConfig Mla(ModelConfig c, int64_t q_lora, int64_t kv_lora, int64_t nope, int64_t rope, int64_t v) {
+  c.head_dim = nope + rope;
   c.q_lora_rank = q_lora;
   c.kv_lora_rank = kv_lora;
   c.qk_nope_head_dim = nope;
@@ -59,15 +62,8 @@ ModelConfig Mla(std::string name, int64_t vocab, int64_t hidden, int64_t inter, 
   return c;
 }
 
-// A GLM-4.5-MoE config: q/k/v biases, no q/k norms.
-ModelConfig Glm(ModelConfig c, int64_t moe_inter, int64_t experts, int64_t shared,
-                int64_t first_dense, int64_t nextn) {
-  c.architecture = std::string(kGlm4Moe);
-  c.moe_intermediate_size = moe_inter;
-  c.num_experts = experts;
-  c.n_shared_experts = shared;
-  c.first_k_dense_replace = first_dense;
-  c.num_nextn_predict_layers = nextn;
+// GLM-4.5: q/k/v biases, no q/k norms.
+ModelConfig Glm(ModelConfig c) {
   c.attention_bias = true;
   return c;
 }
@@ -84,12 +80,17 @@ const std::map<std::string, ModelConfig, std::less<>>& Registry() {
              // Qwen/Qwen3-235B-A22B config.json.
              Moe(Dense("qwen3-235b-a22b", 151936, 4096, 12288, 94, 64, 4, 128, false), 1536, 128),
              // deepseek-ai/DeepSeek-V3 and moonshotai/Kimi-K2-Instruct config.json.
-             Mla("deepseek-v3", 129280, 7168, 18432, 61, 128, 2048, 256, 1, 3, 1, 1536, 512, 128, 64, 128),
-             Mla("kimi-k2", 163840, 7168, 18432, 61, 64, 2048, 384, 1, 1, 0, 1536, 512, 128, 64, 128),
-             Mla("deepseek-v3-tiny", 4096, 256, 512, 3, 4, 128, 8, 1, 1, 1, 64, 32, 32, 16, 32),
+             Mla(Routed(Dense("deepseek-v3", 129280, 7168, 18432, 61, 128, 128, 0, false), kDeepseekV3,
+                        2048, 256, 1, 3, 1), 1536, 512, 128, 64, 128),
+             Mla(Routed(Dense("kimi-k2", 163840, 7168, 18432, 61, 64, 64, 0, false), kDeepseekV3,
+                        2048, 384, 1, 1, 0), 1536, 512, 128, 64, 128),
+             Mla(Routed(Dense("deepseek-v3-tiny", 4096, 256, 512, 3, 4, 4, 0, false), kDeepseekV3,
+                        128, 8, 1, 1, 1), 64, 32, 32, 16, 32),
              // zai-org/GLM-4.5-Air config.json.
-             Glm(Dense("glm-4.5-air", 151552, 4096, 10944, 46, 96, 8, 128, false), 1408, 128, 1, 1, 1),
-             Glm(Dense("glm4-moe-tiny", 4096, 256, 512, 3, 4, 2, 64, false), 128, 8, 1, 1, 1),
+             Glm(Routed(Dense("glm-4.5-air", 151552, 4096, 10944, 46, 96, 8, 128, false), kGlm4Moe,
+                        1408, 128, 1, 1, 1)),
+             Glm(Routed(Dense("glm4-moe-tiny", 4096, 256, 512, 3, 4, 2, 64, false), kGlm4Moe,
+                        128, 8, 1, 1, 1)),
          }) {
       std::string name = c.name;
       m->emplace(std::move(name), std::move(c));

@@ -59,7 +59,9 @@ Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::st
   if (sources == j.end() || !sources->is_object()) {
     return Bad(origin, "field sources must be an object naming each figure's source");
   }
-  for (const auto& [key, value] : sources->items()) {
+  for (const auto& item : sources->items()) {
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     bool is_number = std::any_of(std::begin(kNumbers), std::end(kNumbers),
                                  [&](const NumberField& f) { return key == f.name; });
     if (!is_number) return Bad(origin, fmt::format("sources names {}, which is not a figure", key));
