@@ -238,7 +238,7 @@ void AddPlanCommand(CLI::App& app) {
       "  wsync plan --published --plot docs/plan.png     (the table of docs/plan.md)\n"
       "  wsync plan --calibrate                          (the constants, from docs/benchmarks.md)\n"
       "Hardware profiles: data/hardware/<name>.json (h100, h200, h800, h20, ...) or a path to one.");
-  c->add_option("--model", args->model, "registered model (wsync serve --help lists them) or a config.json directory");
+  c->add_option("--model", args->model, "registered model (qwen3-235b-a22b, deepseek-v3, kimi-k2, glm-4.5-air, qwen3-30b-a3b, ...) or a config.json directory");
   c->add_option("--trainer", args->trainer,
                 "LAYOUT[:RANKS]@HW: fsdp:16@h100, tp4pp2ep8:16@h100 (Megatron tp x pp, ep folded over each stage)");
   c->add_option("--servers", args->servers,

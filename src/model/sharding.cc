@@ -51,8 +51,11 @@ Status CheckDivisible(const ModelConfig& c, int tp, const ExpertSplit& ep) {
 // Builds one worker's parameter list; `add` appends a parameter.
 class TableBuilder {
  public:
-  TableBuilder(const ModelConfig& c, int r, int tp, ExpertSplit ep, std::vector<WorkerParam>& params)
-      : c_(c), r_(r), tp_(tp), ep_(ep), params_(params) {}
+  TableBuilder(const ModelConfig& c, int r, int tp, ExpertSplit ep, const std::vector<TensorMeta>& hf,
+               std::vector<WorkerParam>& params)
+      : c_(c), r_(r), tp_(tp), ep_(ep), params_(params) {
+    for (const TensorMeta& m : hf) hf_.emplace(m.name, &m);
+  }
 
   void Build() {
     VocabParallel("model.embed_tokens.weight", "model.embed_tokens.weight");
@@ -76,10 +79,8 @@ class TableBuilder {
   }
 
  private:
-  const TensorMeta& Hf(const std::string& name) const {
-    auto it = hf_.find(name);
-    return it->second;
-  }
+  // Every name the builder asks for is one of HfTensors(c_) by construction.
+  const TensorMeta& Hf(const std::string& name) const { return *hf_.find(name)->second; }
   void Add(std::string name, DType dtype, Shape shape, std::vector<ShardPiece> pieces) {
     params_.push_back(WorkerParam{TensorMeta{std::move(name), dtype, std::move(shape)}, std::move(pieces)});
   }
@@ -215,14 +216,11 @@ class TableBuilder {
     Add(pp + "mlp.experts.w2_weight", c_.dtype, {E, H, I}, std::move(w2));
   }
 
- public:
-  std::unordered_map<std::string, TensorMeta> hf_;
-
- private:
   const ModelConfig& c_;
   int r_, tp_;
   ExpertSplit ep_;
   std::vector<WorkerParam>& params_;
+  std::unordered_map<std::string, const TensorMeta*> hf_;
 };
 
 }  // namespace
@@ -248,9 +246,7 @@ Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, 
   t.tp_size_ = tp;
   t.ep_ = ep;
   t.hf_ = HfTensors(c);
-  TableBuilder b(c, r, tp, ep, t.params_);
-  for (const TensorMeta& m : t.hf_) b.hf_.emplace(m.name, m);
-  b.Build();
+  TableBuilder(c, r, tp, ep, t.hf_, t.params_).Build();
   t.Index();
   return t;
 }

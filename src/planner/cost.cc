@@ -71,14 +71,12 @@ Gather GatherInto(int rank, const std::vector<TensorMeta>& tensors, const Owners
   Gather g;
   if (t.world == 1) return g;
   const int node = f.trainer_node(rank);
-  const int gpn = f.trainer_hw.gpus_per_node;
   int same_node = 0;
   for (int r = 0; r < t.world; ++r) same_node += r != rank && f.trainer_node(r) == node;
   const int stage_ranks = t.fsdp ? t.world : t.world / t.pp;
   const int j = rank % stage_ranks;
   const int my_ep = t.fsdp ? 0 : (j / t.etp) % t.ep;
   const int64_t per_ep = model.is_moe() && !t.fsdp ? model.num_experts / t.ep : 1;
-  (void)gpn;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const double b = static_cast<double>(tensors[i].nbytes());
     if (t.fsdp) {

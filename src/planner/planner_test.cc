@@ -184,6 +184,36 @@ TEST(Ownership, MatchesMegatronLayoutHeldNames) {
   }
 }
 
+// wsync's Megatron sources lay out Qwen3 only; the planner's owners cover every architecture.
+TEST(Ownership, NewArchitecturesPlanWithoutMegatronLayout) {
+  const ModelConfig c = Model("deepseek-v3-tiny");
+  EXPECT_EQ(MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep1", 2)).status().message(),
+            "model deepseek-v3-tiny, trainer layout tp2pp1ep1: Megatron layouts cover Qwen3ForCausalLM and "
+            "Qwen3MoeForCausalLM only, not DeepseekV3ForCausalLM");
+  // tp2 pp2 ep2 on 8 ranks: layer 0 (dense) on stage 0's 4 ranks; layer 2's expert 5 (EP
+  // rank 1 of 2, 4 experts each) on the stage-1 TP groups holding EP rank 1: every group,
+  // since each TP pair spans EP ranks 0 and 1; the MTP layer on the last stage.
+  auto own = TrainerOwnership(c, *ParseTrainerSpec("tp2pp2ep2:8@h100"));
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  const std::vector<TensorMeta> t = HfTensors(c);
+  auto owners_of = [&](const std::string& name) {
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i].name == name) return own->owner_sets[own->name_owner_class[i]];
+    }
+    ADD_FAILURE() << name;
+    return std::vector<int>{};
+  };
+  EXPECT_EQ(owners_of("model.layers.0.mlp.gate_proj.weight"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(owners_of("model.layers.2.mlp.experts.5.up_proj.weight"), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(owners_of("model.layers.3.eh_proj.weight"), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(owners_of("model.embed_tokens.weight"), (std::vector<int>{0, 1, 2, 3}));
+  // ep4 over tp1 stages of 4: expert 5 is EP rank 2's (2 experts each), rank 4 + 2.
+  auto ep4 = TrainerOwnership(c, *ParseTrainerSpec("tp1pp2ep4:8@h100"));
+  ASSERT_TRUE(ep4.ok());
+  own = std::move(ep4);
+  EXPECT_EQ(owners_of("model.layers.2.mlp.experts.5.up_proj.weight"), (std::vector<int>{6}));
+}
+
 // nccl into two TP=1 servers on another node: every step by hand.
 TEST(Predict, NcclByHand) {
   const ModelConfig c = Model("qwen3-tiny");
