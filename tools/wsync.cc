@@ -1,4 +1,4 @@
-// The `wsync` command: serve, push, demo, bench. `wsync <command> --help` for each.
+// The `wsync` command: serve, push, demo, bench, plan. `wsync <command> --help` for each.
 #include <signal.h>
 
 #include <cstdio>
@@ -18,6 +18,7 @@
 #include "cuda/runtime.h"
 #endif
 #include "demo.h"
+#include "plan.h"
 #include "push.h"
 #include "serve.h"
 #include "wsync/server.h"
@@ -205,6 +206,7 @@ int main(int argc, char** argv) {
   b->add_option("--trainer-ranks", bench.trainer_ranks, "sources and sharded: trainer ranks (0: sources tp*pp*ep, sharded 4)")->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
+  wsync::cli::AddPlanCommand(app);
   BenchRankArgs rank;
   auto* env = app.add_subcommand("env", "list the WSYNC_* environment variables wsync reads, and their values");
   auto* br = app.add_subcommand("bench-rank", "")->group("");  // hidden: a rank of `bench`

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace wsync {
@@ -57,8 +58,9 @@ constexpr const char* kMoeJson = R"({
 
 TEST(Registry, NamesAndLookups) {
   EXPECT_EQ(RegisteredModelNames(),
-            (std::vector<std::string>{"qwen3-0.6b", "qwen3-30b-a3b", "qwen3-8b", "qwen3-moe-tiny",
-                                      "qwen3-tiny"}));
+            (std::vector<std::string>{"deepseek-v3", "deepseek-v3-tiny", "glm-4.5-air",
+                                      "glm4-moe-tiny", "kimi-k2", "qwen3-0.6b", "qwen3-235b-a22b",
+                                      "qwen3-30b-a3b", "qwen3-8b", "qwen3-moe-tiny", "qwen3-tiny"}));
   for (const std::string& name : RegisteredModelNames()) {
     auto c = LookupModel(name);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -82,7 +84,8 @@ TEST(Registry, UnknownNameListsRegisteredNames) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(c.status().message(),
-            "unknown model 'llama-7b': not a registered name (qwen3-0.6b, qwen3-30b-a3b, "
+            "unknown model 'llama-7b': not a registered name (deepseek-v3, deepseek-v3-tiny, "
+            "glm-4.5-air, glm4-moe-tiny, kimi-k2, qwen3-0.6b, qwen3-235b-a22b, qwen3-30b-a3b, "
             "qwen3-8b, qwen3-moe-tiny, qwen3-tiny) nor a directory with a config.json");
 }
 
@@ -125,7 +128,8 @@ TEST(ConfigJson, UnknownArchitecture) {
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c.status().message(),
             t.file() + ": unknown architecture 'LlamaForCausalLM' in field architectures "
-                       "(supported: Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+                       "(supported: Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+                       "DeepseekV3ForCausalLM, Glm4MoeForCausalLM)");
 }
 
 TEST(ConfigJson, MissingField) {
@@ -282,6 +286,167 @@ TEST(HfTensors, MoeLayersListEveryExpert) {
   EXPECT_EQ(ModelParams(*LookupModel("qwen3-moe-tiny")), 4068864);
   // 2*V*H + 48 * (18,874,368 + 256 + 262,144 + 603,979,776 + 4,096) + H.
   EXPECT_EQ(ModelParams(*LookupModel("qwen3-30b-a3b")), 30532122624LL);
+}
+
+
+// The keys of deepseek-ai/DeepSeek-V3's config.json that fix its tensors (plus a few it
+// carries that wsync ignores); q_lora_rank as published.
+constexpr const char* kDeepseekV3Json = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+  "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+  "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+  "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_nextn_predict_layers": 1,
+  "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "v_head_dim": 128, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}
+})";
+
+// moonshotai/Kimi-K2-Instruct: the same architecture, 384 experts, 64 heads, no MTP.
+constexpr const char* kKimiK2Json = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 163840, "hidden_size": 7168,
+  "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+  "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+  "n_routed_experts": 384, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+  "num_nextn_predict_layers": 0, "q_lora_rank": 1536, "kv_lora_rank": 512,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+})";
+
+// zai-org/GLM-4.5-Air.
+constexpr const char* kGlm45AirJson = R"({
+  "architectures": ["Glm4MoeForCausalLM"], "vocab_size": 151552, "hidden_size": 4096,
+  "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 46,
+  "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+  "n_shared_experts": 1, "n_routed_experts": 128, "first_k_dense_replace": 1,
+  "num_nextn_predict_layers": 1, "attention_bias": true, "use_qk_norm": false,
+  "partial_rotary_factor": 0.5, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+})";
+
+// Qwen/Qwen3-235B-A22B.
+constexpr const char* kQwen3_235bJson = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 4096,
+  "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 94,
+  "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+  "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16"
+})";
+
+ModelConfig Registered(const char* name) {
+  auto c = LookupModel(name);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return *c;
+}
+
+TEST(ConfigJson, PublishedConfigsMatchTheRegistry) {
+  const std::pair<const char*, const char*> cases[] = {{kDeepseekV3Json, "deepseek-v3"},
+                                                       {kKimiK2Json, "kimi-k2"},
+                                                       {kGlm45AirJson, "glm-4.5-air"},
+                                                       {kQwen3_235bJson, "qwen3-235b-a22b"}};
+  for (const auto& [json, name] : cases) {
+    auto c = ParseHfConfig(json, name);
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status().ToString();
+    EXPECT_EQ(*c, Registered(name)) << name;
+  }
+  ModelConfig ds = Registered("deepseek-v3");
+  EXPECT_EQ(ds.head_dim, 192);  // qk_nope + qk_rope
+  EXPECT_EQ(ds.num_nextn_predict_layers, 1);
+  EXPECT_TRUE(ds.is_mla());
+  EXPECT_FALSE(ds.is_moe_layer(2));
+  EXPECT_TRUE(ds.is_moe_layer(3));
+}
+
+// Parameter counts as closed-form sums over the published sizes (per MLA layer:
+// q_a 1536*7168 + 1536, q_b 128*192*1536, kv_a 576*7168 + 512, kv_b 128*256*512,
+// o 7168*128*128, two norms; MoE: router 256*7168 + 256, 256 experts and 1 shared of
+// 3*2048*7168; dense: 3*18432*7168; MTP: two V*H matrices, eh_proj 7168*14336, three norms).
+TEST(HfTensors, PublishedParameterCounts) {
+  auto count = [](const ModelConfig& c, bool mtp) {
+    int64_t n = 0;
+    for (const TensorMeta& t : HfTensors(c)) {
+      bool is_mtp = false;
+      for (int64_t i = c.num_hidden_layers; i < c.total_layers(); ++i) {
+        if (t.name.starts_with(fmt::format("model.layers.{}.", i))) is_mtp = true;
+      }
+      if (is_mtp == mtp) n += t.numel();
+    }
+    return n;
+  };
+  ModelConfig ds = Registered("deepseek-v3");
+  EXPECT_EQ(count(ds, false), 671026419200);  // "671B"
+  EXPECT_EQ(count(ds, true), 13463426304);    // "14B" of MTP (685B on Hugging Face)
+  EXPECT_EQ(count(Registered("kimi-k2"), false), 1026408232448);  // "1T"
+  ModelConfig glm = Registered("glm-4.5-air");
+  EXPECT_EQ(count(glm, false), 106852251264);  // "106B"
+  EXPECT_EQ(count(glm, true), 3616573568);
+  EXPECT_EQ(ModelParams(Registered("qwen3-235b-a22b")), 235093634560);  // "235B"
+  // Bytes: bf16 everywhere but the float32 router bias of each MoE layer (58 + 1 MTP).
+  EXPECT_EQ(ModelBytes(ds), (671026419200 + 13463426304) * 2 + 59 * 256 * 2);
+}
+
+TEST(HfTensors, DeepseekLayerNamesAndShapes) {
+  ModelConfig c = Registered("deepseek-v3");
+  std::vector<TensorMeta> t = HfTensors(c);
+  auto shape_of = [&](const std::string& name) -> Shape {
+    for (const TensorMeta& m : t) {
+      if (m.name == name) return m.shape;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return {};
+  };
+  EXPECT_EQ(shape_of("model.layers.0.self_attn.q_a_proj.weight"), (Shape{1536, 7168}));
+  EXPECT_EQ(shape_of("model.layers.0.self_attn.q_b_proj.weight"), (Shape{128 * 192, 1536}));
+  EXPECT_EQ(shape_of("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), (Shape{576, 7168}));
+  EXPECT_EQ(shape_of("model.layers.0.self_attn.kv_b_proj.weight"), (Shape{128 * 256, 512}));
+  EXPECT_EQ(shape_of("model.layers.0.self_attn.o_proj.weight"), (Shape{7168, 128 * 128}));
+  EXPECT_EQ(shape_of("model.layers.2.mlp.down_proj.weight"), (Shape{7168, 18432}));
+  EXPECT_EQ(shape_of("model.layers.3.mlp.experts.255.up_proj.weight"), (Shape{2048, 7168}));
+  EXPECT_EQ(shape_of("model.layers.3.mlp.shared_experts.down_proj.weight"), (Shape{7168, 2048}));
+  EXPECT_EQ(shape_of("model.layers.61.eh_proj.weight"), (Shape{7168, 14336}));
+  EXPECT_EQ(shape_of("model.layers.61.shared_head.head.weight"), (Shape{129280, 7168}));
+  EXPECT_EQ(shape_of("model.layers.61.mlp.experts.0.gate_proj.weight"), (Shape{2048, 7168}));
+  EXPECT_EQ(t.back().name, "lm_head.weight");
+  EXPECT_EQ(t[t.size() - 2].name, "model.norm.weight");
+  for (const TensorMeta& m : t) {
+    EXPECT_EQ(m.dtype, m.name.ends_with("e_score_correction_bias") ? DType::kF32 : DType::kBF16) << m.name;
+  }
+  // Without q compression the layer has q_proj instead.
+  c.q_lora_rank = 0;
+  ASSERT_TRUE(ValidateConfig(c).ok());
+  t = HfTensors(c);
+  EXPECT_EQ(shape_of("model.layers.0.self_attn.q_proj.weight"), (Shape{128 * 192, 7168}));
+}
+
+TEST(ConfigJson, DeepseekGlmFieldsAreChecked) {
+  std::string no_kv = kDeepseekV3Json;
+  no_kv.replace(no_kv.find("\"kv_lora_rank\": 512,"), 20, "");
+  TempConfig t(no_kv);
+  auto c = LookupModel(t.dir());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), t.file() + ": missing field kv_lora_rank");
+
+  std::string freq = kDeepseekV3Json;
+  freq.replace(freq.find("\"moe_layer_freq\": 1"), 19, "\"moe_layer_freq\": 2");
+  auto f = ParseHfConfig(freq, "ds.json");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().message(), "ds.json: field moe_layer_freq is 2: only 1 is supported");
+
+  ModelConfig g = Registered("glm-4.5-air");
+  g.first_k_dense_replace = 47;
+  EXPECT_EQ(ValidateConfig(g).message(),
+            "model glm-4.5-air: first_k_dense_replace 47 is over num_hidden_layers 46");
+  ModelConfig q = Registered("qwen3-8b");
+  q.n_shared_experts = 1;
+  EXPECT_EQ(ValidateConfig(q).message(),
+            "model qwen3-8b: n_shared_experts is 1, but Qwen3ForCausalLM has none");
+  ModelConfig d = Registered("deepseek-v3-tiny");
+  d.v_head_dim = 0;
+  EXPECT_EQ(ValidateConfig(d).message(), "model deepseek-v3-tiny: v_head_dim is 0, must be positive");
+  d = Registered("deepseek-v3-tiny");
+  d.num_nextn_predict_layers = int64_t{1} << 30;
+  EXPECT_EQ(ValidateConfig(d).message(),
+            "model deepseek-v3-tiny: num_nextn_predict_layers is 1073741824, over 16777216");
 }
 
 }  // namespace

@@ -1,30 +1,44 @@
 #include "model/sharding.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 namespace wsync {
 namespace {
 
-// Checks that tp divides the sizes vLLM shards, before any table is built.
-Status CheckDivisible(const ModelConfig& c, int tp) {
+// Checks that tp (and the expert split) divides the sizes vLLM shards, before any table
+// is built.
+Status CheckDivisible(const ModelConfig& c, int tp, const ExpertSplit& ep) {
   auto not_divisible = [&](const char* what, int64_t value) {
     return InvalidArgument(fmt::format("model {}: {} {} is not divisible by tp_size {}", c.name,
                                        what, value, tp));
   };
   if (c.num_attention_heads % tp != 0) return not_divisible("num_attention_heads", c.num_attention_heads);
-  const int64_t kv = c.num_key_value_heads;
-  if (tp <= kv && kv % tp != 0) return not_divisible("num_key_value_heads", kv);
-  if (tp > kv && tp % kv != 0) {
-    return InvalidArgument(fmt::format(
-        "model {}: tp_size {} is above num_key_value_heads {} and not a multiple of it, so KV "
-        "heads cannot be replicated evenly",
-        c.name, tp, kv));
+  if (!c.is_mla()) {
+    const int64_t kv = c.num_key_value_heads;
+    if (tp <= kv && kv % tp != 0) return not_divisible("num_key_value_heads", kv);
+    if (tp > kv && tp % kv != 0) {
+      return InvalidArgument(fmt::format(
+          "model {}: tp_size {} is above num_key_value_heads {} and not a multiple of it, so KV "
+          "heads cannot be replicated evenly",
+          c.name, tp, kv));
+    }
   }
   if (c.is_moe()) {
-    if (c.moe_intermediate_size % tp != 0) {
+    if (ep.size == 1 && c.moe_intermediate_size % tp != 0) {
       return not_divisible("moe_intermediate_size", c.moe_intermediate_size);
+    }
+    if (c.n_shared_experts > 0 && (c.moe_intermediate_size * c.n_shared_experts) % tp != 0) {
+      return not_divisible("shared experts' width", c.moe_intermediate_size * c.n_shared_experts);
+    }
+    if (c.first_k_dense_replace > 0 && c.intermediate_size % tp != 0) {
+      return not_divisible("intermediate_size", c.intermediate_size);
+    }
+    if (c.num_experts % ep.size != 0) {
+      return InvalidArgument(fmt::format("model {}: num_experts {} is not divisible by ep_size {}",
+                                         c.name, c.num_experts, ep.size));
     }
   } else if (c.intermediate_size % tp != 0) {
     return not_divisible("intermediate_size", c.intermediate_size);
@@ -34,102 +48,210 @@ Status CheckDivisible(const ModelConfig& c, int tp) {
   return Status::Ok();
 }
 
+// Builds one worker's parameter list; `add` appends a parameter.
+class TableBuilder {
+ public:
+  TableBuilder(const ModelConfig& c, int r, int tp, ExpertSplit ep, const std::vector<TensorMeta>& hf,
+               std::vector<WorkerParam>& params)
+      : c_(c), r_(r), tp_(tp), ep_(ep), params_(params) {
+    for (const TensorMeta& m : hf) hf_.emplace(m.name, &m);
+  }
+
+  void Build() {
+    VocabParallel("model.embed_tokens.weight", "model.embed_tokens.weight");
+    for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
+      const std::string p = fmt::format("model.layers.{}.", i);
+      Layer(i, p, p);
+    }
+    for (int64_t i = c_.num_hidden_layers; i < c_.total_layers(); ++i) {
+      const std::string p = fmt::format("model.layers.{}.", i);
+      VocabParallel(p + "embed_tokens.weight", p + "embed_tokens.weight");
+      Replicated(p + "enorm.weight");
+      Replicated(p + "hnorm.weight");
+      Replicated(p + "eh_proj.weight");
+      Replicated(p + "shared_head.norm.weight");
+      VocabParallel(p + "shared_head.head.weight", p + "shared_head.head.weight");
+      Layer(i, p, p + "mtp_block.");
+    }
+    Replicated("model.norm.weight");
+    // Tied: vLLM's lm_head is embed_tokens itself, so there is no separate parameter.
+    if (!c_.tie_word_embeddings) VocabParallel("lm_head.weight", "lm_head.weight");
+  }
+
+ private:
+  // Every name the builder asks for is one of HfTensors(c_) by construction.
+  const TensorMeta& Hf(const std::string& name) const { return *hf_.find(name)->second; }
+  void Add(std::string name, DType dtype, Shape shape, std::vector<ShardPiece> pieces) {
+    params_.push_back(WorkerParam{TensorMeta{std::move(name), dtype, std::move(shape)}, std::move(pieces)});
+  }
+  // Whole tensor on every rank; rank 0's copy is the one read back.
+  void Replicated(const std::string& name) { ReplicatedAs(name, name); }
+  void ReplicatedAs(const std::string& param, const std::string& hf) {
+    const TensorMeta& m = Hf(hf);
+    Add(param, m.dtype, m.shape, {ShardPiece{hf, 0, 0, m.shape[0], -1, 0, r_ == 0}});
+  }
+  // VocabParallelEmbedding / ParallelLMHead: padded rows split evenly, tail rows zero.
+  void VocabParallel(const std::string& param, const std::string& hf) {
+    const int64_t per = ShardingTable::PaddedVocab(c_.vocab_size) / tp_;
+    const int64_t start = r_ * per, end = std::min(c_.vocab_size, start + per);
+    std::vector<ShardPiece> pieces;
+    if (end > start) pieces.push_back(ShardPiece{hf, 0, start, end - start, -1, 0, true});
+    Add(param, c_.dtype, {per, c_.hidden_size}, std::move(pieces));
+  }
+  // Column-parallel: rows [r*n, (r+1)*n) of each listed tensor, stacked along dim 0.
+  void Column(const std::string& param, const std::vector<std::pair<std::string, int64_t>>& parts,
+              int64_t cols) {
+    std::vector<ShardPiece> pieces;
+    int64_t off = 0;
+    for (const auto& [hf, rows] : parts) {
+      pieces.push_back(ShardPiece{hf, 0, r_ * rows, rows, -1, off, true});
+      off += rows;
+    }
+    Shape shape{off};
+    if (cols > 0) shape.push_back(cols);
+    Add(param, c_.dtype, std::move(shape), std::move(pieces));
+  }
+  // Row-parallel: columns [r*n, (r+1)*n).
+  void Row(const std::string& param, const std::string& hf, int64_t rows, int64_t cols) {
+    Add(param, c_.dtype, {rows, cols}, {ShardPiece{hf, 1, r_ * cols, cols, -1, 0, true}});
+  }
+  void DenseMlp(const std::string& hf_prefix, const std::string& param_prefix, int64_t width) {
+    const int64_t I = width / tp_, H = c_.hidden_size;
+    Column(param_prefix + "gate_up_proj.weight",
+           {{hf_prefix + "gate_proj.weight", I}, {hf_prefix + "up_proj.weight", I}}, H);
+    Row(param_prefix + "down_proj.weight", hf_prefix + "down_proj.weight", H, I);
+  }
+
+  void Layer(int64_t layer, const std::string& hf, const std::string& pp) {
+    const std::string a = hf + "self_attn.", pa = pp + "self_attn.";
+    if (c_.is_mla()) {
+      MlaAttention(a, pa);
+    } else {
+      GqaAttention(a, pa);
+    }
+    if (c_.is_moe_layer(layer)) {
+      ReplicatedAs(pp + "mlp.gate.weight", hf + "mlp.gate.weight");
+      if (c_.architecture == kDeepseekV3 || c_.architecture == kGlm4Moe) {
+        ReplicatedAs(pp + "mlp.gate.e_score_correction_bias", hf + "mlp.gate.e_score_correction_bias");
+      }
+      Experts(hf, pp);
+      if (c_.n_shared_experts > 0) {
+        DenseMlp(hf + "mlp.shared_experts.", pp + "mlp.shared_experts.",
+                 c_.moe_intermediate_size * c_.n_shared_experts);
+      }
+    } else {
+      DenseMlp(hf + "mlp.", pp + "mlp.", c_.intermediate_size);
+    }
+    ReplicatedAs(pp + "input_layernorm.weight", hf + "input_layernorm.weight");
+    ReplicatedAs(pp + "post_attention_layernorm.weight", hf + "post_attention_layernorm.weight");
+  }
+
+  void GqaAttention(const std::string& a, const std::string& pa) {
+    const int64_t H = c_.hidden_size, D = c_.head_dim;
+    const int64_t q_rows = c_.num_attention_heads / tp_ * D;
+    // KV heads: split when tp <= Hkv, else each head replicated on tp/Hkv consecutive ranks.
+    int64_t kv_heads = 1, kv_head0 = 0;
+    bool kv_primary = true;
+    if (tp_ <= c_.num_key_value_heads) {
+      kv_heads = c_.num_key_value_heads / tp_;
+      kv_head0 = r_ * kv_heads;
+    } else {
+      const int64_t reps = tp_ / c_.num_key_value_heads;
+      kv_head0 = r_ / reps;
+      kv_primary = r_ % reps == 0;
+    }
+    const int64_t kv_rows = kv_heads * D;
+    auto qkv = [&](const char* kind, Shape shape) {
+      Add(pa + "qkv_proj." + kind, c_.dtype, std::move(shape),
+          {ShardPiece{a + "q_proj." + kind, 0, r_ * q_rows, q_rows, -1, 0, true},
+           ShardPiece{a + "k_proj." + kind, 0, kv_head0 * D, kv_rows, -1, q_rows, kv_primary},
+           ShardPiece{a + "v_proj." + kind, 0, kv_head0 * D, kv_rows, -1, q_rows + kv_rows, kv_primary}});
+    };
+    qkv("weight", {q_rows + 2 * kv_rows, H});
+    if (c_.attention_bias) qkv("bias", {q_rows + 2 * kv_rows});
+    Row(pa + "o_proj.weight", a + "o_proj.weight", H, q_rows);
+    if (c_.has_qk_norm()) {
+      ReplicatedAs(pa + "q_norm.weight", a + "q_norm.weight");
+      ReplicatedAs(pa + "k_norm.weight", a + "k_norm.weight");
+    }
+  }
+
+  void MlaAttention(const std::string& a, const std::string& pa) {
+    const int64_t H = c_.hidden_size, heads = c_.num_attention_heads / tp_;
+    const int64_t qk = c_.qk_nope_head_dim + c_.qk_rope_head_dim;
+    const int64_t kv_a = c_.kv_lora_rank + c_.qk_rope_head_dim;
+    if (c_.q_lora_rank > 0) {
+      const bool primary = r_ == 0;
+      Add(pa + "fused_qkv_a_proj.weight", c_.dtype, {c_.q_lora_rank + kv_a, H},
+          {ShardPiece{a + "q_a_proj.weight", 0, 0, c_.q_lora_rank, -1, 0, primary},
+           ShardPiece{a + "kv_a_proj_with_mqa.weight", 0, 0, kv_a, -1, c_.q_lora_rank, primary}});
+      ReplicatedAs(pa + "q_a_layernorm.weight", a + "q_a_layernorm.weight");
+      Column(pa + "q_b_proj.weight", {{a + "q_b_proj.weight", heads * qk}}, c_.q_lora_rank);
+    } else {
+      Column(pa + "q_proj.weight", {{a + "q_proj.weight", heads * qk}}, H);
+      ReplicatedAs(pa + "kv_a_proj_with_mqa.weight", a + "kv_a_proj_with_mqa.weight");
+    }
+    ReplicatedAs(pa + "kv_a_layernorm.weight", a + "kv_a_layernorm.weight");
+    Column(pa + "kv_b_proj.weight",
+           {{a + "kv_b_proj.weight", heads * (c_.qk_nope_head_dim + c_.v_head_dim)}}, c_.kv_lora_rank);
+    Row(pa + "o_proj.weight", a + "o_proj.weight", H, heads * c_.v_head_dim);
+  }
+
+  void Experts(const std::string& hf, const std::string& pp) {
+    const int64_t H = c_.hidden_size;
+    // Without EP every expert is TP-split; with EP this rank's experts are whole.
+    const int64_t E = c_.num_experts / ep_.size, e0 = ep_.rank * E;
+    const int64_t I = ep_.size > 1 ? c_.moe_intermediate_size : c_.moe_intermediate_size / tp_;
+    const int64_t first = ep_.size > 1 ? 0 : r_ * I;
+    std::vector<ShardPiece> w13, w2;
+    w13.reserve(2 * E);
+    w2.reserve(E);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = fmt::format("{}mlp.experts.{}.", hf, e0 + e);
+      w13.push_back(ShardPiece{x + "gate_proj.weight", 0, first, I, e, 0, true});
+      w13.push_back(ShardPiece{x + "up_proj.weight", 0, first, I, e, I, true});
+      w2.push_back(ShardPiece{x + "down_proj.weight", 1, first, I, e, 0, true});
+    }
+    Add(pp + "mlp.experts.w13_weight", c_.dtype, {E, 2 * I, H}, std::move(w13));
+    Add(pp + "mlp.experts.w2_weight", c_.dtype, {E, H, I}, std::move(w2));
+  }
+
+  const ModelConfig& c_;
+  int r_, tp_;
+  ExpertSplit ep_;
+  std::vector<WorkerParam>& params_;
+  std::unordered_map<std::string, const TensorMeta*> hf_;
+};
+
 }  // namespace
 
-Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp) {
+Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, ExpertSplit ep) {
   WSYNC_RETURN_IF_ERROR(ValidateConfig(c));
   if (tp < 1 || r < 0 || r >= tp) {
     return InvalidArgument(
         fmt::format("model {}: tp_rank {} is outside tp_size {}", c.name, r, tp));
   }
-  WSYNC_RETURN_IF_ERROR(CheckDivisible(c, tp));
+  if (ep.size < 1 || ep.rank < 0 || ep.rank >= ep.size) {
+    return InvalidArgument(
+        fmt::format("model {}: ep_rank {} is outside ep_size {}", c.name, ep.rank, ep.size));
+  }
+  if (ep.size > 1 && !c.is_moe()) {
+    return InvalidArgument(fmt::format("model {}: ep_size {} needs a MoE model", c.name, ep.size));
+  }
+  WSYNC_RETURN_IF_ERROR(CheckDivisible(c, tp, ep));
 
   ShardingTable t;
   t.config_ = c;
   t.tp_rank_ = r;
   t.tp_size_ = tp;
-  auto& params = t.params_;
-  auto add = [&](std::string name, Shape shape, std::vector<ShardPiece> pieces) {
-    params.push_back(WorkerParam{TensorMeta{std::move(name), c.dtype, std::move(shape)},
-                                 std::move(pieces)});
-  };
-  // Whole tensor on every rank; rank 0's copy is the one read back.
-  auto replicated = [&](const std::string& name, Shape shape) {
-    ShardPiece p{name, 0, 0, shape[0], -1, 0, r == 0};
-    add(name, std::move(shape), {std::move(p)});
-  };
-  // VocabParallelEmbedding / ParallelLMHead: padded rows split evenly, tail rows zero.
-  auto vocab_parallel = [&](const std::string& name) {
-    const int64_t per = PaddedVocab(c.vocab_size) / tp;
-    const int64_t start = r * per, end = std::min(c.vocab_size, start + per);
-    std::vector<ShardPiece> pieces;
-    if (end > start) pieces.push_back(ShardPiece{name, 0, start, end - start, -1, 0, true});
-    add(name, {per, c.hidden_size}, std::move(pieces));
-  };
-
-  const int64_t H = c.hidden_size, D = c.head_dim;
-  const int64_t q_rows = c.num_attention_heads / tp * D;
-  // KV heads: split when tp <= Hkv, else each head replicated on tp/Hkv consecutive ranks.
-  int64_t kv_heads = 1, kv_head0 = 0;
-  bool kv_primary = true;
-  if (tp <= c.num_key_value_heads) {
-    kv_heads = c.num_key_value_heads / tp;
-    kv_head0 = r * kv_heads;
-  } else {
-    const int64_t reps = tp / c.num_key_value_heads;
-    kv_head0 = r / reps;
-    kv_primary = r % reps == 0;
-  }
-  const int64_t kv_rows = kv_heads * D;
-
-  vocab_parallel("model.embed_tokens.weight");
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    const std::string a = p + "self_attn.";
-    add(a + "qkv_proj.weight", {q_rows + 2 * kv_rows, H},
-        {ShardPiece{a + "q_proj.weight", 0, r * q_rows, q_rows, -1, 0, true},
-         ShardPiece{a + "k_proj.weight", 0, kv_head0 * D, kv_rows, -1, q_rows, kv_primary},
-         ShardPiece{a + "v_proj.weight", 0, kv_head0 * D, kv_rows, -1, q_rows + kv_rows,
-                    kv_primary}});
-    add(a + "o_proj.weight", {H, q_rows},
-        {ShardPiece{a + "o_proj.weight", 1, r * q_rows, q_rows, -1, 0, true}});
-    replicated(a + "q_norm.weight", {D});
-    replicated(a + "k_norm.weight", {D});
-    if (c.is_moe()) {
-      const int64_t E = c.num_experts, I = c.moe_intermediate_size / tp;
-      replicated(p + "mlp.gate.weight", {E, H});
-      std::vector<ShardPiece> w13, w2;
-      w13.reserve(2 * E);
-      w2.reserve(E);
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
-        w13.push_back(ShardPiece{x + "gate_proj.weight", 0, r * I, I, e, 0, true});
-        w13.push_back(ShardPiece{x + "up_proj.weight", 0, r * I, I, e, I, true});
-        w2.push_back(ShardPiece{x + "down_proj.weight", 1, r * I, I, e, 0, true});
-      }
-      add(p + "mlp.experts.w13_weight", {E, 2 * I, H}, std::move(w13));
-      add(p + "mlp.experts.w2_weight", {E, H, I}, std::move(w2));
-    } else {
-      const int64_t I = c.intermediate_size / tp;
-      add(p + "mlp.gate_up_proj.weight", {2 * I, H},
-          {ShardPiece{p + "mlp.gate_proj.weight", 0, r * I, I, -1, 0, true},
-           ShardPiece{p + "mlp.up_proj.weight", 0, r * I, I, -1, I, true}});
-      add(p + "mlp.down_proj.weight", {H, I},
-          {ShardPiece{p + "mlp.down_proj.weight", 1, r * I, I, -1, 0, true}});
-    }
-    replicated(p + "input_layernorm.weight", {H});
-    replicated(p + "post_attention_layernorm.weight", {H});
-  }
-  replicated("model.norm.weight", {H});
-  // Tied: vLLM's lm_head is embed_tokens itself, so there is no separate parameter.
-  if (!c.tie_word_embeddings) vocab_parallel("lm_head.weight");
-
+  t.ep_ = ep;
+  t.hf_ = HfTensors(c);
+  TableBuilder(c, r, tp, ep, t.hf_, t.params_).Build();
   t.Index();
   return t;
 }
 
 void ShardingTable::Index() {
-  hf_ = HfTensors(config_);
   hf_index_.reserve(hf_.size());
   for (size_t i = 0; i < hf_.size(); ++i) hf_index_.emplace(hf_[i].name, static_cast<int>(i));
   param_index_.reserve(params_.size());

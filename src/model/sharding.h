@@ -12,6 +12,22 @@
 // rank, and when tp_size > num_key_value_heads each KV head lives on tp/Hkv ranks. Exactly
 // one copy of every HF element is `primary` across the TP group; read-back uses those.
 //
+// DeepSeek-V3 (MLA, as vLLM's DeepseekV2MLAAttention loads it): fused_qkv_a_proj (q_a_proj
+// rows then kv_a_proj_with_mqa rows; without q_lora_rank, q_proj is column-split and
+// kv_a_proj_with_mqa is replicated on its own), q_a_layernorm and kv_a_layernorm
+// replicated, q_b_proj and kv_b_proj column-split by heads, o_proj row-split. GLM-4.5:
+// qkv_proj with a fused qkv_proj.bias beside it. Both: dense first layers as a dense MLP,
+// the router gate and its e_score_correction_bias replicated, the shared experts one
+// MLP (mlp.shared_experts.gate_up_proj / down_proj) split like a dense one, MTP layers
+// as vLLM's MTP drafter holds them (model.layers.<n>.{embed_tokens, shared_head.head}
+// vocab-parallel, enorm/hnorm/eh_proj/shared_head.norm replicated, the decoder layer's
+// parameters under model.layers.<n>.mtp_block.).
+//
+// Expert parallelism (ExpertSplit with size > 1, vLLM's enable_expert_parallel, where
+// size is tp * dp of the deployment): routed experts are not TP-split; the worker of EP
+// rank k holds experts [k*E/size, (k+1)*E/size) whole, stacked in that order, and is
+// their only (primary) holder; everything else is as without EP.
+//
 // A built table is immutable; const methods are safe from any thread.
 #pragma once
 
@@ -61,16 +77,25 @@ struct PieceRuns {
   int64_t dst_stride = 0;
 };
 
+// Which routed experts a worker holds under expert parallelism; size 1: every expert,
+// TP-split (no EP).
+struct ExpertSplit {
+  int rank = 0;
+  int size = 1;
+};
+
 class ShardingTable {
  public:
   // The table of worker `tp_rank` of `tp_size`. A size that does not divide (heads,
-  // KV heads, intermediate, padded vocab) is InvalidArgument naming the model, the
-  // quantity and tp.
-  static Result<ShardingTable> Build(const ModelConfig& config, int tp_rank, int tp_size);
+  // KV heads, intermediate, padded vocab; experts by ep.size) is InvalidArgument naming
+  // the model, the quantity and tp (or ep).
+  static Result<ShardingTable> Build(const ModelConfig& config, int tp_rank, int tp_size,
+                                     ExpertSplit ep = {});
 
   const ModelConfig& config() const { return config_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  const ExpertSplit& ep() const { return ep_; }
   // The worker's parameters in vLLM's order.
   const std::vector<WorkerParam>& params() const { return params_; }
   // The model's HF tensors (HfTensors(config)).
@@ -102,6 +127,7 @@ class ShardingTable {
   ModelConfig config_;
   int tp_rank_ = 0;
   int tp_size_ = 1;
+  ExpertSplit ep_;
   std::vector<WorkerParam> params_;
   std::vector<TensorMeta> hf_;
   NameIndex hf_index_;

@@ -11,10 +11,11 @@ namespace {
 
 ModelConfig Model(const std::string& name) { return *LookupModel(name); }
 
-std::vector<ShardingTable> Group(const ModelConfig& c, int tp) {
+// The TP group; with `ep`, rank r is also EP rank r of tp (a deployment with dp 1).
+std::vector<ShardingTable> Group(const ModelConfig& c, int tp, bool ep = false) {
   std::vector<ShardingTable> g;
   for (int r = 0; r < tp; ++r) {
-    auto t = ShardingTable::Build(c, r, tp);
+    auto t = ShardingTable::Build(c, r, tp, ep ? ExpertSplit{r, tp} : ExpertSplit{});
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     g.push_back(std::move(t).value());
   }
@@ -28,9 +29,9 @@ struct Interval {
 
 // For every HF tensor, the primary pieces across the group slice one dim and tile it
 // exactly; every piece (replicas too) fits its HF tensor and its parameter.
-void CheckCoverage(const ModelConfig& c, int tp) {
-  SCOPED_TRACE(c.name + " tp=" + std::to_string(tp));
-  auto group = Group(c, tp);
+void CheckCoverage(const ModelConfig& c, int tp, bool ep = false) {
+  SCOPED_TRACE(c.name + " tp=" + std::to_string(tp) + (ep ? " ep" : ""));
+  auto group = Group(c, tp, ep);
   std::map<std::string, std::vector<Interval>> primary;
   std::map<std::string, int> dims;
   for (const ShardingTable& t : group) {
@@ -84,12 +85,81 @@ TEST(ShardingTable, PrimaryPiecesTileEveryTensorOnce) {
   CheckCoverage(Model("qwen3-30b-a3b"), 8);  // 4 KV heads, each on 2 ranks
 }
 
+TEST(ShardingTable, DeepseekAndGlmPiecesTileEveryTensorOnce) {
+  for (const char* name : {"deepseek-v3-tiny", "glm4-moe-tiny"}) {
+    for (int tp : {1, 2, 4}) {
+      CheckCoverage(Model(name), tp);
+      CheckCoverage(Model(name), tp, /*ep=*/true);
+    }
+  }
+  ModelConfig no_q_lora = Model("deepseek-v3-tiny");
+  no_q_lora.q_lora_rank = 0;
+  CheckCoverage(no_q_lora, 2);
+  CheckCoverage(Model("glm-4.5-air"), 8);  // 8 KV heads, GLM's biases
+  CheckCoverage(Model("glm-4.5-air"), 16);  // each KV head on 2 ranks
+}
+
+// The MLA parameters of DeepSeek-V3 at TP 8, rank 3, as vLLM holds them.
+TEST(ShardingTable, DeepseekMlaParamsAtTp8) {
+  auto t = ShardingTable::Build(Model("deepseek-v3"), 3, 8);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto param = [&](const std::string& name) -> const WorkerParam& {
+    int i = t->FindParam(name);
+    EXPECT_GE(i, 0) << name;
+    return t->params()[std::max(i, 0)];
+  };
+  const std::string a = "model.layers.5.self_attn.";
+  const WorkerParam& qkv_a = param(a + "fused_qkv_a_proj.weight");
+  EXPECT_EQ(qkv_a.meta.shape, (Shape{1536 + 576, 7168}));
+  ASSERT_EQ(qkv_a.pieces.size(), 2u);
+  EXPECT_EQ(qkv_a.pieces[1], (ShardPiece{a + "kv_a_proj_with_mqa.weight", 0, 0, 576, -1, 1536, false}));
+  // 16 heads per rank of 192 (q) and 256 (k nope + v) rows; o_proj takes 16 * 128 columns.
+  EXPECT_EQ(param(a + "q_b_proj.weight").pieces[0],
+            (ShardPiece{a + "q_b_proj.weight", 0, 3 * 16 * 192, 16 * 192, -1, 0, true}));
+  EXPECT_EQ(param(a + "kv_b_proj.weight").meta.shape, (Shape{16 * 256, 512}));
+  EXPECT_EQ(param(a + "o_proj.weight").pieces[0],
+            (ShardPiece{a + "o_proj.weight", 1, 3 * 16 * 128, 16 * 128, -1, 0, true}));
+  EXPECT_EQ(param("model.layers.5.mlp.shared_experts.gate_up_proj.weight").meta.shape,
+            (Shape{2 * 256, 7168}));
+  EXPECT_EQ(param("model.layers.5.mlp.experts.w13_weight").meta.shape, (Shape{256, 2 * 256, 7168}));
+  EXPECT_EQ(param("model.layers.5.mlp.gate.e_score_correction_bias").meta.dtype, DType::kF32);
+  EXPECT_EQ(param("model.layers.2.mlp.gate_up_proj.weight").meta.shape, (Shape{2 * 2304, 7168}));
+  EXPECT_EQ(param("model.layers.61.mtp_block.self_attn.o_proj.weight").pieces[0].hf_name,
+            "model.layers.61.self_attn.o_proj.weight");
+  EXPECT_EQ(param("model.layers.61.shared_head.head.weight").meta.shape, (Shape{129280 / 8, 7168}));
+  // Bytes of the rank: the model's bytes split 8 ways, plus what every rank holds whole.
+  int64_t whole = 0, split = 0;
+  for (const TensorMeta& m : t->hf_tensors()) {
+    auto ps = t->PiecesOf(m.name);
+    const ShardPiece& p = t->params()[ps[0].first].pieces[ps[0].second];
+    (p.length == m.shape[p.dim] ? whole : split) += static_cast<int64_t>(m.nbytes());
+  }
+  EXPECT_EQ(t->param_bytes(), whole + split / 8);
+}
+
+// With expert parallelism a worker holds its experts whole, and no one else's.
+TEST(ShardingTable, ExpertParallelHoldsWholeExperts) {
+  ModelConfig c = Model("deepseek-v3-tiny");  // 8 experts of width 128
+  auto t = ShardingTable::Build(c, 1, 2, ExpertSplit{3, 4});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const WorkerParam& w13 = t->params()[t->FindParam("model.layers.1.mlp.experts.w13_weight")];
+  EXPECT_EQ(w13.meta.shape, (Shape{2, 256, 256}));
+  EXPECT_EQ(w13.pieces[2], (ShardPiece{"model.layers.1.mlp.experts.7.gate_proj.weight", 0, 0, 128, 1, 0, true}));
+  EXPECT_TRUE(t->PiecesOf("model.layers.1.mlp.experts.5.up_proj.weight").empty());
+  EXPECT_EQ(ShardingTable::Build(c, 0, 2, ExpertSplit{0, 3}).status().message(),
+            "model deepseek-v3-tiny: num_experts 8 is not divisible by ep_size 3");
+  EXPECT_EQ(ShardingTable::Build(c, 0, 2, ExpertSplit{4, 4}).status().message(),
+            "model deepseek-v3-tiny: ep_rank 4 is outside ep_size 4");
+  EXPECT_EQ(ShardingTable::Build(Model("qwen3-tiny"), 0, 1, ExpertSplit{0, 2}).status().message(),
+            "model qwen3-tiny: ep_size 2 needs a MoE model");
+}
+
 // Element-level check on small models: inside each parameter, pieces never overlap, and
 // only vocab padding rows stay uncovered.
 TEST(ShardingTable, PiecesFillParamsExactlyOnce) {
-  for (const char* name : {"qwen3-tiny", "qwen3-moe-tiny"}) {
+  for (const char* name : {"qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny", "glm4-moe-tiny"}) {
     for (int tp : {1, 2, 4}) {
-      for (const ShardingTable& t : Group(Model(name), tp)) {
+      for (const ShardingTable& t : Group(Model(name), tp, /*ep=*/tp == 4 && Model(name).is_moe())) {
         for (size_t i = 0; i < t.params().size(); ++i) {
           const WorkerParam& wp = t.params()[i];
           const int64_t item = ItemSize(wp.meta.dtype);
@@ -102,8 +172,8 @@ TEST(ShardingTable, PiecesFillParamsExactlyOnce) {
               }
             }
           }
-          const bool vocab = wp.meta.name == "model.embed_tokens.weight" ||
-                             wp.meta.name == "lm_head.weight";
+          const bool vocab = wp.meta.name.ends_with("embed_tokens.weight") ||
+                             wp.meta.name.ends_with("head.weight");
           int64_t covered = std::count(hits.begin(), hits.end(), 1);
           ASSERT_EQ(std::count_if(hits.begin(), hits.end(), [](uint8_t h) { return h > 1; }), 0)
               << wp.meta.name;

@@ -81,6 +81,10 @@ Result<MegatronLayout> MegatronLayout::Build(const ModelConfig& c, const Paralle
   auto bad = [&](std::string what) {
     return InvalidArgument(fmt::format("model {}, trainer layout {}: {}", c.name, l.ToString(), what));
   };
+  if (c.architecture != kQwen3Dense && c.architecture != kQwen3Moe) {
+    return bad(fmt::format("Megatron layouts cover {} and {} only, not {}", kQwen3Dense, kQwen3Moe,
+                           c.architecture));
+  }
   const int tp = l.tp, ep = l.ep;
   if (c.num_key_value_heads % tp != 0) {
     return bad(fmt::format("num_key_value_heads (query groups) {} is not divisible by tp {}",

@@ -1,0 +1,59 @@
+// Calibration: the cost model's per-step constants, derived from wsync's own measured runs.
+//
+// Each constant is computed from named measurements in docs/benchmarks.md (the section
+// and the row are quoted beside each input), never fitted to a published case. The
+// inputs are data here; `wsync plan --calibrate` prints every input, its source and the
+// arithmetic that turns the inputs into the constants, so the calibration is reproducible
+// and checkable by hand. Pure functions; thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace wsync::planner {
+
+// One measured figure from docs/benchmarks.md.
+struct Measurement {
+  const char* key;
+  double value;
+  const char* unit;
+  const char* source;  // section and row of docs/benchmarks.md
+};
+
+const std::vector<Measurement>& Measurements();
+
+struct Constants {
+  // NCCL broadcast efficiency: achieved / per-direction link rate (raw ncclBroadcast over
+  // NVLink). Also used for NICs and for point-to-point sends, for want of a measurement.
+  double link_efficiency = 0;
+  // Host turn-around between broadcast chunks (the nccl plane completes chunk k before
+  // enqueueing k+1), seconds per chunk.
+  double nccl_chunk_turnaround_s = 0;
+  // Control plane of a GPU sync (start, preflight, update reply, finish), seconds.
+  double gpu_control_s = 0;
+  // Device-to-device copy rate / (HBM bandwidth / 2).
+  double hbm_copy_efficiency = 0;
+  // ipc packed: two processes' kernels time-slicing one GPU, seconds per chunk.
+  double ipc_switch_per_chunk_s = 0;
+  // ipc control plane (HTTP start .. finish around the copies), seconds.
+  double ipc_control_s = 0;
+  // delta: rates per core and the cores' worth the parallel stages reach.
+  double delta_publish_gb_per_core = 0;
+  double delta_publish_cores = 0;
+  double delta_apply_gb_per_core = 0;
+  double delta_apply_cores = 0;
+  double delta_reload_gb_per_core = 0;
+  double delta_payload_ratio = 0;  // compressed payload / model bytes per step
+  // Control plane of a CPU sync (the three HTTP calls), seconds.
+  double cpu_control_s = 0;
+  // PCIe host-to-device efficiency (achieved / link rate).
+  double pcie_efficiency = 0;
+};
+
+// The constants from Measurements().
+Constants Calibrate();
+
+// Markdown: every input with its source, then every constant with its formula and value.
+std::string CalibrationReport();
+
+}  // namespace wsync::planner

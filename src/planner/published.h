@@ -1,0 +1,52 @@
+// Published cases: fleets whose sync times were published, and wsync's own measured runs,
+// each with the fleet the planner is given and the figure it is compared with.
+//
+// RenderComparison() plans every case with the shipped hardware profiles and the
+// calibration, and returns docs/plan.md's table (markdown) plus, per case, its
+// assumptions; ComparisonCsv() the same numbers for tools/plot_plan.py. No constant is
+// set per case: a case only chooses the fleet, backend and options its source describes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "planner/calibration.h"
+#include "planner/cost.h"
+#include "wsync/status.h"
+
+namespace wsync::planner {
+
+struct PublishedCase {
+  std::string id;          // "rdt-qwen3-235b-pipelined"
+  std::string title;       // what was measured
+  std::string source;      // where the figure was published (or docs/benchmarks.md)
+  bool own = false;        // one of wsync's own runs
+  std::string model;
+  std::string trainer;     // --trainer
+  std::string servers;     // --servers
+  Placement placement = Placement::kDisaggregated;
+  Backend backend = Backend::kNccl;
+  PlanOptions options;
+  bool fp8 = false;
+  double published_lo = 0, published_hi = 0;  // seconds (a range, or lo == hi)
+  std::string authors_bottleneck;             // as the source names it ("" if not named)
+  bool fully_described = true;                // the setup is described enough to predict
+  std::string notes;                          // assumptions and mapping onto wsync's backend
+};
+
+const std::vector<PublishedCase>& PublishedCases();
+
+struct CaseResult {
+  const PublishedCase* c = nullptr;
+  Prediction prediction;
+  double plan_seconds = 0;  // wall time the planner took
+  // (predicted - published) / published against the nearer end of the published range.
+  double error = 0;
+};
+
+Result<std::vector<CaseResult>> RunPublishedCases(const Constants& k, const std::string& hardware_dir);
+
+std::string RenderComparison(const std::vector<CaseResult>& results);
+std::string ComparisonCsv(const std::vector<CaseResult>& results);
+
+}  // namespace wsync::planner

@@ -1,0 +1,266 @@
+// `wsync plan`: predicts a sync of each backend on a fleet larger than any machine here,
+// from the engine's own plans, hardware profiles and calibrated constants (src/planner).
+#include "plan.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "planner/calibration.h"
+#include "planner/cost.h"
+#include "planner/fleet.h"
+#include "planner/published.h"
+
+namespace wsync::cli {
+namespace {
+
+using namespace wsync::planner;
+
+struct PlanArgs {
+  std::string model;
+  std::string trainer;
+  std::string servers;
+  std::string backend = "all";
+  double bucket_gb = 1.0;
+  std::string dtype = "bf16";
+  std::string placement = "disaggregated";
+  int lookahead = 1;
+  bool ipc_packed = false;
+  std::string hardware_dir = DefaultHardwareDir();
+  bool json = false;
+  std::string plot;
+  bool published = false;
+  bool calibrate = false;
+};
+
+[[noreturn]] void Exit(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+int Fail(const std::string& message, int code = 2) {
+  fmt::print(stderr, "wsync plan: error: {}\n", message);
+  return code;
+}
+
+std::string Bytes(double b) { return fmt::format("{:.2f} GB", b / 1e9); }
+
+std::string Time(double s) { return s < 0.1 ? fmt::format("{:.2f} ms", s * 1000) : fmt::format("{:.3f} s", s); }
+
+nlohmann::json ToJson(const Prediction& p) {
+  nlohmann::json j;
+  j["backend"] = BackendName(p.backend);
+  j["applicable"] = p.applicable;
+  if (!p.applicable) {
+    j["not_applicable"] = p.not_applicable;
+    return j;
+  }
+  j["seconds"] = p.seconds;
+  j["sent_per_trainer_rank_bytes"] = {{"min", p.sent_per_trainer_rank_min}, {"max", p.sent_per_trainer_rank_max}};
+  j["received_per_worker_bytes"] = p.received_per_worker_max;
+  j["trainer_extra_bytes"] = p.trainer_extra_bytes;
+  j["worker_extra_bytes"] = p.worker_extra_bytes;
+  j["bottleneck"] = p.bottleneck;
+  j["utilisation"] = p.utilisation;
+  for (const Step& s : p.steps) {
+    j["steps"].push_back({{"name", s.name}, {"resource", s.resource}, {"bytes", s.bytes},
+                          {"gb_per_s", s.gb_per_s}, {"seconds", s.seconds}});
+  }
+  j["assumptions"] = p.assumptions;
+  return j;
+}
+
+void PrintText(const Prediction& p) {
+  if (!p.applicable) {
+    fmt::print("{:<8} n/a: {}\n\n", BackendName(p.backend), p.not_applicable);
+    return;
+  }
+  fmt::print("{:<8} {}   bottleneck: {}{}\n", BackendName(p.backend), Time(p.seconds), p.bottleneck,
+             p.utilisation > 0 ? fmt::format(" ({:.0f}% of its rate)", 100 * p.utilisation) : "");
+  fmt::print("         sent per trainer rank {} .. {}, received per worker {}\n", Bytes(p.sent_per_trainer_rank_min),
+             Bytes(p.sent_per_trainer_rank_max), Bytes(p.received_per_worker_max));
+  fmt::print("         extra memory: trainer {} per rank, worker {} per worker\n", Bytes(p.trainer_extra_bytes),
+             Bytes(p.worker_extra_bytes));
+  for (const Step& s : p.steps) {
+    fmt::print("         {:<12} {:>10}  {:>10}  {}\n", s.name, Time(s.seconds), s.bytes > 0 ? Bytes(s.bytes) : "",
+               s.resource);
+  }
+  for (const std::string& a : p.assumptions) fmt::print("         assumes: {}\n", a);
+  fmt::print("\n");
+}
+
+// Runs tools/plot_plan.py through /usr/bin/python3 (matplotlib) on `csv`.
+int Plot(const std::string& kind, const std::string& csv, const std::string& png) {
+  namespace fs = std::filesystem;
+  const fs::path script = fs::path(WSYNC_SOURCE_DIR) / "tools" / "plot_plan.py";
+  const fs::path data = fs::temp_directory_path() / fmt::format("wsync_plan_{}.csv", ::getpid());
+  {
+    std::ofstream out(data);
+    out << csv;
+    if (!out) return Fail(fmt::format("cannot write {}", data.string()), 1);
+  }
+  // Arguments are paths this process chose or the user's --plot path, quoted for sh.
+  auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const std::string cmd = fmt::format("/usr/bin/python3 {} {} {} {}", quote(script.string()), kind,
+                                      quote(data.string()), quote(png));
+  const int rc = std::system(cmd.c_str());
+  std::error_code ec;
+  fs::remove(data, ec);
+  if (rc != 0) {
+    return Fail(fmt::format("plotting failed ({}): /usr/bin/python3 needs matplotlib (Debian: python3-matplotlib)",
+                            cmd), 1);
+  }
+  fmt::print(stderr, "wsync plan: wrote {}\n", png);
+  return 0;
+}
+
+int RunPublished(const PlanArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
+  auto results = RunPublishedCases(Calibrate(), a.hardware_dir);
+  if (!results.ok()) return Fail(results.status().message(), 1);
+  fmt::print("{}", RenderComparison(*results));
+  fmt::print("\nAll cases planned in {:.1f} s.\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (!a.plot.empty()) return Plot("published", ComparisonCsv(*results), a.plot);
+  return 0;
+}
+
+int RunPlan(const PlanArgs& a) {
+  if (a.calibrate) {
+    fmt::print("{}", CalibrationReport());
+    return 0;
+  }
+  if (a.published) return RunPublished(a);
+  if (a.model.empty() || a.trainer.empty() || a.servers.empty()) {
+    return Fail("--model, --trainer and --servers are required (or --published, --calibrate)");
+  }
+  if (a.dtype != "bf16" && a.dtype != "fp8") return Fail(fmt::format("--dtype '{}': expected bf16 or fp8", a.dtype));
+  if (!(a.bucket_gb > 0) || a.bucket_gb > 1024) return Fail(fmt::format("--bucket-gb {}: expected (0, 1024]", a.bucket_gb));
+  std::vector<Backend> backends;
+  if (a.backend == "all") {
+    backends = {Backend::kNccl, Backend::kIpc, Backend::kDelta, Backend::kSharded};
+  } else {
+    bool found = false;
+    for (Backend b : {Backend::kNccl, Backend::kIpc, Backend::kDelta, Backend::kSharded}) {
+      if (a.backend == BackendName(b)) backends.push_back(b), found = true;
+    }
+    if (!found) return Fail(fmt::format("--backend '{}': expected nccl, ipc, delta, sharded or all", a.backend));
+  }
+  auto placement = ParsePlacement(a.placement);
+  if (!placement.ok()) return Fail(placement.status().message());
+  auto model = LookupModel(a.model);
+  if (!model.ok()) return Fail(model.status().message());
+  auto fleet = BuildFleet(a.trainer, a.servers, *placement, a.hardware_dir);
+  if (!fleet.ok()) return Fail(fleet.status().message());
+  PlanOptions o;
+  o.bucket_bytes = static_cast<int64_t>(a.bucket_gb * (int64_t{1} << 30));
+  o.lookahead = a.lookahead;
+  o.ipc_packed = a.ipc_packed;
+  const ModelConfig travel = TravelConfig(*model, a.dtype == "fp8");
+  const Constants k = Calibrate();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Prediction> predictions;
+  for (Backend b : backends) {
+    auto p = Predict(travel, *fleet, b, o, k);
+    if (!p.ok()) return Fail(p.status().message(), 1);
+    predictions.push_back(std::move(*p));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = a.model;
+    j["model_bytes"] = ModelBytes(travel);
+    j["trainer"] = fleet->trainer.ToString();
+    j["servers"] = fleet->servers.ToString();
+    j["placement"] = PlacementName(fleet->placement);
+    j["plan_seconds"] = took;
+    for (const Prediction& p : predictions) j["predictions"].push_back(ToJson(p));
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("{} ({}, {}) from {} to {} ({}), {} workers\n\n", a.model, Bytes(ModelBytes(travel)), a.dtype,
+               fleet->trainer.ToString(), fleet->servers.ToString(), PlacementName(fleet->placement),
+               fleet->num_workers());
+    for (const Prediction& p : predictions) PrintText(p);
+    fmt::print("planned in {:.2f} s\n", took);
+  }
+  if (a.plot.empty()) return 0;
+  // Predicted time per backend against the number of deployments, 1 .. 2N by doubling.
+  std::string csv = "deployments,backend,seconds\n";
+  for (int n = 1; n <= std::max(2 * fleet->servers.count, 8); n *= 2) {
+    Fleet f = *fleet;
+    f.servers.count = n;
+    for (Backend b : backends) {
+      auto p = Predict(travel, f, b, o, k);
+      if (p.ok() && p->applicable) csv += fmt::format("{},{},{}\n", n, BackendName(b), p->seconds);
+    }
+  }
+  // Published points of the same model, trainer and deployment shape, at their counts.
+  for (const PublishedCase& c : PublishedCases()) {
+    auto s = ParseServerSpec(c.servers);
+    if (c.model != a.model || c.trainer != a.trainer || !s.ok() || s->tp != fleet->servers.tp ||
+        s->dp != fleet->servers.dp || s->ep != fleet->servers.ep) {
+      continue;
+    }
+    csv += fmt::format("{},published {} ({}),{}\n", s->count, BackendName(c.backend), c.id, c.published_lo);
+  }
+  return Plot("fleet", csv, a.plot);
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& app) {
+  auto* args = new PlanArgs;  // lives until the process exits
+  auto* c = app.add_subcommand(
+      "plan",
+      "predict one sync per backend on a fleet (bytes, memory, time, bottleneck) from the engine's own plans; "
+      "--published compares with published results");
+  c->footer(
+      "Examples:\n"
+      "  wsync plan --model qwen3-235b-a22b --trainer tp4pp2ep8:16@h100 --servers '1x(1,16,16)@h100'\n"
+      "  wsync plan --model kimi-k2 --trainer tp8pp8ep32:256@h100 --servers '4x(32,1,32)@h100' --backend sharded\n"
+      "  wsync plan --model glm-4.5-air --trainer fsdp:8@h800 --servers '1x(8,1,1)@h800' --placement colocated\n"
+      "  wsync plan --published --plot docs/plan.png     (the table of docs/plan.md)\n"
+      "  wsync plan --calibrate                          (the constants, from docs/benchmarks.md)\n"
+      "Hardware profiles: data/hardware/<name>.json (h100, h200, h800, h20, ...) or a path to one.");
+  c->add_option("--model", args->model, "registered model (qwen3-235b-a22b, deepseek-v3, kimi-k2, glm-4.5-air, qwen3-30b-a3b, ...) or a config.json directory");
+  c->add_option("--trainer", args->trainer,
+                "LAYOUT[:RANKS]@HW: fsdp:16@h100, tp4pp2ep8:16@h100 (Megatron tp x pp, ep folded over each stage)");
+  c->add_option("--servers", args->servers,
+                "N×(TP,DP,EP)@HW or Nx(TP,DP,EP)@HW: N deployments of TP*DP workers; EP 1 or TP*DP");
+  c->add_option("--backend", args->backend, "nccl, ipc, delta, sharded or all")->capture_default_str();
+  c->add_option("--bucket-gb", args->bucket_gb, "packed bucket for nccl and ipc, GiB")->capture_default_str();
+  c->add_option("--dtype", args->dtype, "bytes on the wire: bf16 or fp8")->capture_default_str();
+  c->add_option("--placement", args->placement,
+                "disaggregated (servers on their own nodes), packed (after the trainer on its nodes) or colocated "
+                "(worker w on trainer rank w's GPU; ipc)")
+      ->capture_default_str();
+  c->add_option("--lookahead", args->lookahead, "sharded: layer groups staged ahead (0: no overlap)")
+      ->capture_default_str();
+  c->add_flag("--ipc-packed", args->ipc_packed, "ipc: pack into slots even where zero-copy is possible");
+  c->add_option("--hardware-dir", args->hardware_dir, "where HW names are looked up")->capture_default_str();
+  c->add_flag("--json", args->json, "print JSON");
+  c->add_option("--plot", args->plot,
+                "write a PNG: time per backend against the number of deployments (with --published: predicted "
+                "against published); needs /usr/bin/python3 with matplotlib");
+  c->add_flag("--published", args->published, "plan the published cases and wsync's own runs (docs/plan.md)");
+  c->add_flag("--calibrate", args->calibrate, "print the calibration: inputs from docs/benchmarks.md and constants");
+  c->final_callback([args] { Exit(RunPlan(*args)); });
+}
+
+}  // namespace wsync::cli
