@@ -14,7 +14,7 @@ DEB_PACKAGES := build-essential cmake pkg-config libgloo-dev libcpp-httplib-dev 
   libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libmicrohttpd-dev \
   clang libclang-rt-dev \
   python3-dev pybind11-dev libdlpack-dev python3-torch python3-numpy python3-pytest \
-  python3-venv python3-pip python3-setuptools python3-wheel
+  python3-venv python3-pip python3-setuptools python3-wheel python3-matplotlib
 
 # The sanitizer build (clang, ASan+UBSan, libFuzzer coverage) serves `test-asan` and `fuzz`.
 ASAN_BUILD ?= build-asan
