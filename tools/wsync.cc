@@ -122,6 +122,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   s->add_option("--offload-dir", serve.offload_dir,
                 "where /sleep?level=1 keeps host weights (an unlinked file per worker); default: $TMPDIR, else /tmp");
+  s->add_option("--quantization", serve.quantization,
+                "none, or fp8: linear weights held as float8 e4m3 with a float32 scale per 128x128 block, quantized "
+                "layer by layer as each layer's tensors land (a model/tp whose shards are off the 128 grid is refused)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "fp8"}));
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;
