@@ -74,6 +74,27 @@ class Fp8Test : public E2eTest {
     return d.string();
   }
 
+  // A qwen3-moe-tiny with head_dim 128 and moe_intermediate_size 256: on the grid at tp 2.
+  std::string MoeHd128Model() {
+    const fs::path d = dir() / "moe-tiny-hd128";
+    fs::create_directories(d);
+    std::ofstream(d / "config.json") << json{{"architectures", {"Qwen3MoeForCausalLM"}},
+                                             {"vocab_size", 4096},
+                                             {"hidden_size", 256},
+                                             {"intermediate_size", 512},
+                                             {"moe_intermediate_size", 256},
+                                             {"num_experts", 8},
+                                             {"num_experts_per_tok", 2},
+                                             {"num_hidden_layers", 2},
+                                             {"num_attention_heads", 4},
+                                             {"num_key_value_heads", 2},
+                                             {"head_dim", 128},
+                                             {"tie_word_embeddings", false},
+                                             {"torch_dtype", "bfloat16"}}
+                                            .dump();
+    return d.string();
+  }
+
   static std::unique_ptr<SyntheticTrainer> Trainer(const std::string& model, uint64_t seed, int steps) {
     Result<ModelConfig> config = LookupModel(model);
     EXPECT_TRUE(config.ok()) << config.status().ToString();
@@ -143,6 +164,19 @@ TEST_F(Fp8Test, StepsSyncIntoFp8ServersOverNcclIpcAndDelta) {
     ASSERT_TRUE(push.success()) << push.description;
     ExpectServersHold({s}, Want("qwen3-tiny", 13, 2), kAlg);
   }
+}
+
+TEST_F(Fp8Test, ShardedSlicesOfStackedExpertsLandAndQuantize) {
+  // The sharded backend lands pieces (LoadPiece), stacked experts included, from a
+  // tp2pp2ep2 trainer.
+  const std::string moe = MoeHd128Model();
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("sharded", {"--model", moe, "--tp", "2", "--backend", "sharded",
+                                                             "--quantization", "fp8"}));
+  RunResult push = Push("push-sharded", {s},
+                        {"--backend", "sharded", "--model", moe, "--trainer-ranks", "8", "--trainer-layout",
+                         "tp2pp2ep2", "--seed", "14", "--steps", "2", "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description;
+  ExpectServersHold({s}, Want(moe, 14, 2), kAlg);
 }
 
 TEST_F(Fp8Test, AModelOffTheBlockGridIsRefusedAtStart) {
