@@ -4,9 +4,7 @@
 
 #include <cerrno>
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <numeric>
 
 #include <fmt/format.h>
 
@@ -43,7 +41,7 @@ Fp8LayerTracker::Fp8LayerTracker(const ShardingTable& table) : table_(table) {
     if (!IsFp8Param(table, static_cast<int>(i))) continue;
     const std::string layer = LayerOf(table.params()[i].meta.name);
     auto [it, added] = index.emplace(layer, layers_.size());
-    if (added) layers_.push_back(Layer{layer});
+    if (added) layers_.emplace_back().name = layer;
     Layer& l = layers_[it->second];
     l.params.push_back(static_cast<int>(i));
     l.pieces += table.params()[i].pieces.size();
@@ -337,7 +335,7 @@ Status CopyRunsInRange(const Device& device, const PieceRuns& r, const std::byte
 // The digest of FP8 checkpoint tensor `name` (NAME or NAME_scale_inv) of the group,
 // assembled in row blocks of at most `block_bytes` in `scratch`.
 Result<std::string> Fp8Digest(std::span<const Fp8WorkerSink* const> group, const TensorMeta& meta,
-                              const Fp8HfPart& part, DigestAlgorithm algorithm, size_t block_bytes,
+                              DigestAlgorithm algorithm, size_t block_bytes,
                               std::vector<std::byte>* scratch) {
   const int64_t rows = meta.shape[0];
   const int64_t row_bytes = static_cast<int64_t>(meta.nbytes()) / std::max<int64_t>(rows, 1);
@@ -390,33 +388,10 @@ Result<std::map<std::string, std::string>> AllFp8HfDigests(std::span<const Fp8Wo
   const std::vector<TensorMeta> tensors = Fp8HfTensors(stores[0]->config());
   const bool on_host = std::ranges::all_of(stores, [](const WorkerStore* s) { return s->device().is_cpu(); });
   const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
-  std::vector<size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::ranges::stable_sort(order, std::greater<>{}, [&](size_t i) { return tensors[i].nbytes(); });
-  std::vector<std::string> digests(tensors.size());
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  Status first_error;  // guarded by mu
-  threads = std::max<size_t>(1, std::min(threads, tensors.size()));
-  ParallelFor(threads, threads, [&](size_t, size_t) {
-    std::vector<std::byte> scratch;
-    for (size_t n; (n = next.fetch_add(1)) < order.size();) {
-      const TensorMeta& m = tensors[order[n]];
-      const std::optional<Fp8HfPart> part = ParseFp8HfName(m.name);
-      Result<std::string> d = part ? Fp8Digest(group, m, *part, algorithm, block_bytes, &scratch)
-                                   : HfDigest(stores, m.name, algorithm, block_bytes);
-      if (!d.ok()) {
-        std::lock_guard lock(mu);
-        if (first_error.ok()) first_error = d.status();
-        return;
-      }
-      digests[order[n]] = std::move(d).value();
-    }
+  return DigestEach(tensors, threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
+    return ParseFp8HfName(m.name) ? Fp8Digest(group, m, algorithm, block_bytes, scratch)
+                : HfDigest(stores, m.name, algorithm, block_bytes);
   });
-  if (!first_error.ok()) return first_error;
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i < tensors.size(); ++i) out.emplace(tensors[i].name, std::move(digests[i]));
-  return out;
 }
 
 }  // namespace wsync

@@ -55,43 +55,28 @@ void AddFp8Digests(const std::string& name, const Shape& shape, std::span<const 
 
 class Fp8Test : public E2eTest {
  protected:
-  // A qwen3-tiny with head_dim 128, as a config.json directory: its shards are on the
-  // 128 grid at tp 2 (one KV head of 128 rows per rank).
-  std::string Hd128Model() {
-    const fs::path d = dir() / "tiny-hd128";
+  // A config.json directory `name` of a Qwen3 model with head_dim 128, whose shards are
+  // on the 128 grid at tp 2 (one KV head of 128 rows per rank): qwen3-tiny's sizes, and
+  // for MoE 8 experts of moe_intermediate_size 256.
+  std::string Hd128Model(const std::string& name, bool moe = false) {
+    const fs::path d = dir() / name;
     fs::create_directories(d);
-    std::ofstream(d / "config.json") << json{{"architectures", {"Qwen3ForCausalLM"}},
-                                             {"vocab_size", 4096},
-                                             {"hidden_size", 256},
-                                             {"intermediate_size", 512},
-                                             {"num_hidden_layers", 3},
-                                             {"num_attention_heads", 4},
-                                             {"num_key_value_heads", 2},
-                                             {"head_dim", 128},
-                                             {"tie_word_embeddings", false},
-                                             {"torch_dtype", "bfloat16"}}
-                                            .dump();
-    return d.string();
-  }
-
-  // A qwen3-moe-tiny with head_dim 128 and moe_intermediate_size 256: on the grid at tp 2.
-  std::string MoeHd128Model() {
-    const fs::path d = dir() / "moe-tiny-hd128";
-    fs::create_directories(d);
-    std::ofstream(d / "config.json") << json{{"architectures", {"Qwen3MoeForCausalLM"}},
-                                             {"vocab_size", 4096},
-                                             {"hidden_size", 256},
-                                             {"intermediate_size", 512},
-                                             {"moe_intermediate_size", 256},
-                                             {"num_experts", 8},
-                                             {"num_experts_per_tok", 2},
-                                             {"num_hidden_layers", 2},
-                                             {"num_attention_heads", 4},
-                                             {"num_key_value_heads", 2},
-                                             {"head_dim", 128},
-                                             {"tie_word_embeddings", false},
-                                             {"torch_dtype", "bfloat16"}}
-                                            .dump();
+    json c{{"architectures", {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"}},
+           {"vocab_size", 4096},
+           {"hidden_size", 256},
+           {"intermediate_size", 512},
+           {"num_hidden_layers", moe ? 2 : 3},
+           {"num_attention_heads", 4},
+           {"num_key_value_heads", 2},
+           {"head_dim", 128},
+           {"tie_word_embeddings", false},
+           {"torch_dtype", "bfloat16"}};
+    if (moe) {
+      c["moe_intermediate_size"] = 256;
+      c["num_experts"] = 8;
+      c["num_experts_per_tok"] = 2;
+    }
+    std::ofstream(d / "config.json") << c.dump();
     return d.string();
   }
 
@@ -122,7 +107,7 @@ class Fp8Test : public E2eTest {
 };
 
 TEST_F(Fp8Test, StepsSyncIntoFp8ServersOverNcclIpcAndDelta) {
-  const std::string hd128 = Hd128Model();
+  const std::string hd128 = Hd128Model("tiny-hd128");
   {  // nccl: tp 2 and tp 1 servers of one deployment list.
     SCOPED_TRACE("nccl");
     E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("nccl-tp2", {"--model", hd128, "--tp", "2", "--quantization",
@@ -169,7 +154,7 @@ TEST_F(Fp8Test, StepsSyncIntoFp8ServersOverNcclIpcAndDelta) {
 TEST_F(Fp8Test, ShardedSlicesOfStackedExpertsLandAndQuantize) {
   // The sharded backend lands pieces (LoadPiece), stacked experts included, from a
   // tp2pp2ep2 trainer.
-  const std::string moe = MoeHd128Model();
+  const std::string moe = Hd128Model("moe-tiny-hd128", /*moe=*/true);
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("sharded", {"--model", moe, "--tp", "2", "--backend", "sharded",
                                                              "--quantization", "fp8"}));
   RunResult push = Push("push-sharded", {s},
