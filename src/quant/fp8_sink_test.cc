@@ -137,12 +137,7 @@ std::map<std::string, std::string> ReferenceDigests(const std::map<std::string, 
       out[m.name] = HexDigest(DigestAlgorithm::kSha256, b);
       continue;
     }
-    std::vector<float> x(b.size() / 2);
-    for (size_t i = 0; i < x.size(); ++i) {
-      uint16_t h;
-      std::memcpy(&h, b.data() + 2 * i, 2);
-      x[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-    }
+    const std::vector<float> x = fp8_reference::WidenBf16(b.data(), b.size() / 2);
     const fp8_reference::Quantized q = fp8_reference::Quantize(x, m.shape[0], m.shape[1]);
     out[m.name] = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(q.q)));
     out[Fp8ScaleInvName(m.name)] = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(q.scale_inv)));

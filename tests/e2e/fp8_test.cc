@@ -41,12 +41,7 @@ void AddFp8Digests(const std::string& name, const Shape& shape, std::span<const 
     (*out)[name] = HexDigest(kAlg, bf16);
     return;
   }
-  std::vector<float> x(bf16.size() / 2);
-  for (size_t i = 0; i < x.size(); ++i) {
-    uint16_t h;
-    std::memcpy(&h, bf16.data() + 2 * i, 2);
-    x[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-  }
+  const std::vector<float> x = fp8_reference::WidenBf16(bf16.data(), bf16.size() / 2);
   const fp8_reference::Quantized q = fp8_reference::Quantize(x, shape[0], shape[1]);
   (*out)[name] = HexDigest(kAlg, std::as_bytes(std::span(q.q)));
   std::string scale = name.substr(0, name.size() - std::string_view("weight").size()) + "weight_scale_inv";
