@@ -113,6 +113,9 @@ class Fp8WorkerSink final : public WorkerSink {
   // End of an update: waits for the quantization in flight, then CheckComplete's error if
   // a touched layer never completed; the marks are reset either way.
   Status FinishUpdate();
+  // Waits for the quantization in flight (an update that failed may leave some); its
+  // errors are dropped: that update already failed.
+  void Settle() { (void)Wait(); }
   // Quantizes every quantized parameter from the store's current bytes (the weights at
   // start-up) and waits for it.
   Status QuantizeAll();
@@ -120,7 +123,7 @@ class Fp8WorkerSink final : public WorkerSink {
   // Parameter i's fp8 bytes and scales on the store's device (null when not quantized).
   const uint8_t* weight_data(size_t i) const { return weight_[i]; }
   const float* scale_data(size_t i) const { return scale_[i]; }
-  // Bytes of every fp8 weight and scale held.
+  // Bytes of every fp8 weight and scale held (beside the store's param_bytes()).
   size_t fp8_bytes() const { return fp8_bytes_; }
   // Landing buffers of quantized parameters whose pages are released (host stores).
   bool releases_landing_buffers() const { return store_->device().is_cpu(); }

@@ -263,7 +263,16 @@ Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgo
   return r;
 }
 
+void InferenceServer::SettleFp8() {
+  if (options_.quantization != "fp8") return;
+  (void)OnEachWorker("settling fp8 quantization", [](Worker& w) {
+    w.fp8->Settle();
+    return Status::Ok();
+  });
+}
+
 Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(DigestAlgorithm algorithm) {
+  SettleFp8();  // nothing writes the fp8 weights while they are read
   size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
   std::map<std::string, std::string> first;
   int first_dp = -1;
@@ -355,6 +364,7 @@ Result<json> InferenceServer::CheckRuntimeWeights(std::string_view action, const
 
 Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, const json* baseline) {
   const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
+  SettleFp8();
   std::vector<RuntimeWorker> workers;
   for (const auto& w : workers_) workers.push_back({w->store.get(), w->dp_index, w->tp_rank});
   if (action == "reset") {

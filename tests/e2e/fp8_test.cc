@@ -113,6 +113,23 @@ TEST_F(Fp8Test, StepsSyncIntoFp8ServersOverNcclIpcAndDelta) {
     ASSERT_TRUE(push.success()) << push.description;
     ExpectServersHold({a, b}, Want(hd128, 11, 2), kAlg);
     EXPECT_EQ(Health(a)["weights_consistent"], true);
+    // Between syncs a host worker holds its quantized weights in fp8 only: the landing
+    // buffers of the quantized parameters are released (at most a page per parameter
+    // of slack for the others).
+    const json mem = Health(b)["memory"];
+    int64_t quantized = 0, e4m3 = 0, scales = 0, params = 0;
+    E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel(hd128));
+    for (const TensorMeta& m : HfTensors(config)) {
+      ++params;
+      if (!Quantized(m.name)) continue;
+      quantized += static_cast<int64_t>(m.nbytes());
+      e4m3 += m.shape[0] * m.shape[1];
+      scales += 4 * ((m.shape[0] + 127) / 128) * ((m.shape[1] + 127) / 128);
+    }
+    EXPECT_EQ(mem["fp8_weights_bytes"].get<int64_t>(), e4m3 + scales) << mem.dump();
+    EXPECT_LE(mem["weights_resident_bytes"].get<int64_t>(),
+              mem["weights_bytes"].get<int64_t>() - quantized + params * 4096)
+        << mem.dump();
   }
   {  // ipc, qwen3-tiny at tp 1.
     SCOPED_TRACE("ipc");
