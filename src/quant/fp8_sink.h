@@ -120,9 +120,16 @@ class Fp8WorkerSink final : public WorkerSink {
   // start-up) and waits for it.
   Status QuantizeAll();
 
-  // Parameter i's fp8 bytes and scales on the store's device (null when not quantized).
+  // Parameter i's fp8 bytes and scales on the store's device (null when not quantized),
+  // laid out as layout(i) says (null when not quantized). The mutable ones are for the
+  // runtime weight checker's overwrite.
   const uint8_t* weight_data(size_t i) const { return weight_[i]; }
   const float* scale_data(size_t i) const { return scale_[i]; }
+  uint8_t* mutable_weight_data(size_t i) { return weight_[i]; }
+  float* mutable_scale_data(size_t i) { return scale_[i]; }
+  const Fp8ParamLayout* layout(size_t i) const {
+    return layouts_[i].weight.name.empty() ? nullptr : &layouts_[i];
+  }
   // Bytes of every fp8 weight and scale held (beside the store's param_bytes()).
   size_t fp8_bytes() const { return fp8_bytes_; }
   // Landing buffers of quantized parameters whose pages are released (host stores).

@@ -366,7 +366,7 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
   const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
   SettleFp8();
   std::vector<RuntimeWorker> workers;
-  for (const auto& w : workers_) workers.push_back({w->store.get(), w->dp_index, w->tp_rank});
+  for (const auto& w : workers_) workers.push_back({w->store.get(), w->dp_index, w->tp_rank, w->fp8.get()});
   if (action == "reset") {
     uint64_t seed;
     {
@@ -397,8 +397,8 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     std::map<int, json> by_dp;
     for (const RuntimeWorker& w : workers) {
       json& engine = by_dp.try_emplace(w.dp_rank, json::object()).first->second;
-      for (const WorkerParam& p : w.store->table().params()) {
-        std::string key = RuntimeParamKey(w.dp_rank, w.tp_rank, p.meta.name);
+      for (const std::string& name : RuntimeParamNames(w)) {
+        std::string key = RuntimeParamKey(w.dp_rank, w.tp_rank, name);
         engine[key] = sums.at(key);
       }
     }
