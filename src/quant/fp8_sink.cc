@@ -378,7 +378,8 @@ Result<std::string> Fp8Digest(std::span<const Fp8WorkerSink* const> group, const
 }  // namespace
 
 Result<std::map<std::string, std::string>> AllFp8HfDigests(std::span<const Fp8WorkerSink* const> group,
-                                                           DigestAlgorithm algorithm, size_t threads) {
+                                                           DigestAlgorithm algorithm, size_t threads,
+                                                           size_t block_bytes) {
   std::vector<const WorkerStore*> stores;
   for (const Fp8WorkerSink* s : group) {
     if (s == nullptr) return InvalidArgument("fp8 digests: a TP rank has no fp8 sink");
@@ -387,7 +388,7 @@ Result<std::map<std::string, std::string>> AllFp8HfDigests(std::span<const Fp8Wo
   WSYNC_RETURN_IF_ERROR(CheckTpGroup(stores, /*devices=*/true));
   const std::vector<TensorMeta> tensors = Fp8HfTensors(stores[0]->config());
   const bool on_host = std::ranges::all_of(stores, [](const WorkerStore* s) { return s->device().is_cpu(); });
-  const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
+  if (block_bytes == 0) block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
   return DigestEach(tensors, threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
     return ParseFp8HfName(m.name) ? Fp8Digest(group, m, algorithm, block_bytes, scratch)
                 : HfDigest(stores, m.name, algorithm, block_bytes);

@@ -163,10 +163,11 @@ class Fp8WorkerSink final : public WorkerSink {
 
 // The FP8 HF checkpoint tensors' digests of a TP group (index tp_rank; sinks of one
 // replica): Fp8HfTensors(config) order, NAME = e4m3 bytes in the HF shape, NAME_scale_inv
-// = float32 scales, other tensors = their model-dtype bytes (AllHfDigests'). Device sinks
-// are read back in row blocks of at most kDeviceReadBackBlockBytes; on up to `threads`
-// threads.
+// = float32 scales, other tensors = their model-dtype bytes (AllHfDigests'). Read back in
+// row blocks of at most `block_bytes` (at least one row; 0: 64 MiB for host sinks,
+// kDeviceReadBackBlockBytes for device sinks); on up to `threads` threads.
 Result<std::map<std::string, std::string>> AllFp8HfDigests(std::span<const Fp8WorkerSink* const> group,
-                                                           DigestAlgorithm algorithm, size_t threads);
+                                                           DigestAlgorithm algorithm, size_t threads,
+                                                           size_t block_bytes = 0);
 
 }  // namespace wsync
