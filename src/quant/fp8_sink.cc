@@ -219,8 +219,11 @@ Status Fp8WorkerSink::Quantize(const std::vector<int>& params) {
     group_->Submit([this, &table, p](size_t) {
       const size_t nbytes = table.params()[p].meta.nbytes();
       std::span<std::byte> src = store_->mutable_param_bytes(p);
-      Status s = QuantizeFp8Param(table, p, src.first(nbytes), {weight_[p], static_cast<size_t>(layouts_[p].shape.elements())},
-                                  {scale_[p], static_cast<size_t>(layouts_[p].shape.scales())}, 1);
+      // The layout cached at Create (QuantizeFp8Param would re-check the pieces).
+      const Fp8ParamLayout& l = layouts_[p];
+      Status s = QuantizeFp8Blocks(src.first(nbytes), table.params()[p].meta.dtype, l.shape,
+                                   {weight_[p], static_cast<size_t>(l.shape.elements())},
+                                   {scale_[p], static_cast<size_t>(l.shape.scales())}, 1, l.weight.name);
       // The landing buffer is not needed until the next update lands in it (zero pages).
       if (s.ok() && !src.empty() && ::madvise(src.data(), src.size(), MADV_DONTNEED) != 0) {
         s = ErrnoStatus(errno, fmt::format("releasing the landing buffer of {}", table.params()[p].meta.name));
