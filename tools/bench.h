@@ -31,6 +31,7 @@ int RunBenchDelta(const BenchArgs& args);
 int RunBenchSources(const BenchArgs& args);
 int RunBenchIpc(const BenchArgs& args);  // `wsync bench ipc` (tools/bench_ipc.cc)
 int RunBenchSharded(const BenchArgs& args);  // `wsync bench sharded` (tools/bench_sharded.cc)
+int RunBenchFp8(const BenchArgs& args);      // `wsync bench fp8` (tools/bench_fp8.cc)
 
 // One receiving rank of the raw-broadcast baseline (hidden `bench-rank` command).
 struct BenchRankArgs {

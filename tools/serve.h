@@ -36,6 +36,7 @@ struct ServeArgs {
   std::string checkpoint;            // a safetensors checkpoint to load at start; empty: synthetic
   uint64_t init_seed = 0;            // synthetic weights' seed (set from the options' default)
   std::string offload_dir;           // where sleep level 1 keeps host weights; empty: $TMPDIR or /tmp
+  std::string quantization = "none";  // none | fp8 (InferenceServerOptions::quantization)
 };
 
 int RunServe(const ServeArgs& args);

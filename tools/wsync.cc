@@ -123,6 +123,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   s->add_option("--offload-dir", serve.offload_dir,
                 "where /sleep?level=1 keeps host weights (an unlinked file per worker); default: $TMPDIR, else /tmp");
+  s->add_option("--quantization", serve.quantization,
+                "none, or fp8: linear weights held as float8 e4m3 with a float32 scale per 128x128 block, quantized "
+                "layer by layer as each layer's tensors land (a model/tp whose shards are off the 128 grid is refused)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "fp8"}));
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;
@@ -188,9 +193,10 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
-  b->add_option("what", bench.what, "broadcast, delta, sources, ipc or sharded (against the nccl broadcast)")
+  b->add_option("what", bench.what, "broadcast, delta, sources, ipc or sharded (against the nccl broadcast), fp8 (a bf16 "
+                "server against an fp8 one)")
       ->required()
-      ->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc", "sharded"}));
+      ->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc", "sharded", "fp8"}));
   b->add_option("--model", bench.model)->capture_default_str();
   b->add_option("--servers", bench.servers, "number of servers (each --tp workers)")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
@@ -200,7 +206,7 @@ int main(int argc, char** argv) {
   b->add_flag("--write-back", bench.write_back,
               "delta: write the servers' local checkpoint back to disk before each step, as the kernel does when "
               "steps are more than ~30 s apart (otherwise steps follow each other within seconds)");
-  b->add_option("--device", bench.device, "ipc: cpu, or cuda:N (trainer and one TP=1 server on that GPU)")
+  b->add_option("--device", bench.device, "ipc: cpu, or cuda:N (trainer and one TP=1 server on that GPU); fp8: where the servers' shards live")
       ->capture_default_str();
   b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp; sharded: the trainer's layout (fsdp, tpXppYepZ)")->capture_default_str();
   b->add_option("--trainer-ranks", bench.trainer_ranks, "sources and sharded: trainer ranks (0: sources tp*pp*ep, sharded 4)")->capture_default_str();
@@ -276,6 +282,7 @@ int main(int argc, char** argv) {
     if (bench.what == "sources") Exit(RunBenchSources(bench));
     if (bench.what == "ipc") Exit(RunBenchIpc(bench));
     if (bench.what == "sharded") Exit(RunBenchSharded(bench));
+    if (bench.what == "fp8") Exit(RunBenchFp8(bench));
     Exit(bench.what == "delta" ? RunBenchDelta(bench) : RunBench(bench));
   }
   return 0;

@@ -82,6 +82,13 @@ struct InferenceServerOptions {
   // Where sleep level 1 keeps host workers' weights, in an unlinked file per worker
   // (`--offload-dir`); empty: $TMPDIR, else /tmp. CUDA workers keep them in host memory.
   std::string offload_dir;
+
+  // "none", or "fp8" (`--quantization fp8`): every linear weight of the decoder layers is
+  // held as float8 e4m3 with float32 128x128 block scales, quantized per layer as soon as
+  // the layer's tensors of an update have all landed (quant/fp8_sink.h); /weight_checker
+  // checksums follow the HF FP8 checkpoint convention. Refused at start for a model and
+  // tp whose shard boundaries are not multiples of 128.
+  std::string quantization = "none";
 };
 
 // Where the server listens and what it accepts over HTTP.

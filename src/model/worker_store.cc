@@ -359,27 +359,22 @@ Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std:
 
 }  // namespace
 
-Result<std::map<std::string, std::string>> AllHfDigests(
-    std::span<const WorkerStore* const> group, DigestAlgorithm algorithm, size_t threads) {
-  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group, /*devices=*/true));
-  const std::vector<TensorMeta>& hf = group[0]->hf_tensors();
-  // Device stores are read back in blocks: each thread holds one at a time.
-  const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
-  const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
+Result<std::map<std::string, std::string>> DigestEach(std::span<const TensorMeta> tensors, size_t threads,
+                                                      const TensorDigestFn& digest) {
   // Largest first, pulled from a shared counter, so one big tensor does not trail.
-  std::vector<size_t> order(hf.size());
+  std::vector<size_t> order(tensors.size());
   std::iota(order.begin(), order.end(), 0);
-  std::ranges::stable_sort(order, std::greater<>{}, [&](size_t i) { return hf[i].nbytes(); });
-  std::vector<std::string> digests(hf.size());
+  std::ranges::stable_sort(order, std::greater<>{}, [&](size_t i) { return tensors[i].nbytes(); });
+  std::vector<std::string> digests(tensors.size());
   std::atomic<size_t> next{0};
   std::mutex mu;
   Status first_error;  // guarded by mu
-  threads = std::max<size_t>(1, std::min(threads, hf.size()));
+  threads = std::max<size_t>(1, std::min(threads, tensors.size()));
   ParallelFor(threads, threads, [&](size_t, size_t) {
     std::vector<std::byte> scratch;  // this thread's row blocks, reused across tensors
     for (size_t n; (n = next.fetch_add(1)) < order.size();) {
       const size_t i = order[n];
-      Result<std::string> d = HfDigestWith(group, hf[i].name, algorithm, block_bytes, &scratch);
+      Result<std::string> d = digest(tensors[i], &scratch);
       if (!d.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = d.status();
@@ -390,8 +385,19 @@ Result<std::map<std::string, std::string>> AllHfDigests(
   });
   if (!first_error.ok()) return first_error;
   std::map<std::string, std::string> out;
-  for (size_t i = 0; i < hf.size(); ++i) out.emplace(hf[i].name, std::move(digests[i]));
+  for (size_t i = 0; i < tensors.size(); ++i) out.emplace(tensors[i].name, std::move(digests[i]));
   return out;
+}
+
+Result<std::map<std::string, std::string>> AllHfDigests(
+    std::span<const WorkerStore* const> group, DigestAlgorithm algorithm, size_t threads) {
+  WSYNC_RETURN_IF_ERROR(CheckTpGroup(group, /*devices=*/true));
+  // Device stores are read back in blocks: each thread holds one at a time.
+  const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
+  const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
+  return DigestEach(group[0]->hf_tensors(), threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
+    return HfDigestWith(group, m.name, algorithm, block_bytes, scratch);
+  });
 }
 
 Status CheckReplicas(std::span<const WorkerStore* const> group) {

@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -163,6 +164,13 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> tp_group,
 // HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads.
 Result<std::map<std::string, std::string>> AllHfDigests(
     std::span<const WorkerStore* const> tp_group, DigestAlgorithm algorithm, size_t threads);
+
+// Runs `digest` for every tensor of `tensors` on up to `threads` threads (largest first;
+// each thread passes its own scratch buffer, reused across tensors) and keys the results
+// by name; the first error otherwise.
+using TensorDigestFn = std::function<Result<std::string>(const TensorMeta&, std::vector<std::byte>* scratch)>;
+Result<std::map<std::string, std::string>> DigestEach(std::span<const TensorMeta> tensors, size_t threads,
+                                                      const TensorDigestFn& digest);
 
 // Checks that every non-primary copy (replicated tensors, replicated KV heads) equals its
 // primary; DataLoss naming the tensor, the slice and both ranks otherwise.

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -35,6 +36,16 @@ inline uint8_t Encode(float f) {
     }
   }
   return sign | static_cast<uint8_t>(best);
+}
+
+// bf16 values (little-endian, 2 bytes each) widened to float32: the bits shifted up by 16.
+inline std::vector<float> WidenBf16(const std::byte* bytes, size_t count) {
+  std::vector<float> x(count);
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t h = static_cast<uint32_t>(bytes[2 * i]) | static_cast<uint32_t>(bytes[2 * i + 1]) << 8;
+    x[i] = std::bit_cast<float>(h << 16);
+  }
+  return x;
 }
 
 struct Quantized {

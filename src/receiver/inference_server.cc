@@ -23,6 +23,9 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   if (o.dp_rank >= o.dp) {
     return InvalidArgument(fmt::format("--dp-rank {} must be below --dp {}", o.dp_rank, o.dp));
   }
+  if (o.quantization != "none" && o.quantization != "fp8") {
+    return InvalidArgument(fmt::format("--quantization {}: expected none or fp8", o.quantization));
+  }
   int workers = (o.dp_rank < 0 ? o.dp : 1) * o.tp;
   if (!o.device.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(o.device));
@@ -44,6 +47,13 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
       w->device = o.device;
       if (!o.device.is_cpu()) w->device.index += static_cast<int>(s->workers_.size());
       WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp, w->device));
+      if (o.quantization == "fp8") {
+        // The host quantization pool of each worker shares the process's threads.
+        const size_t threads = std::max<size_t>(1, DefaultThreads() / static_cast<size_t>(workers));
+        Result<std::unique_ptr<Fp8WorkerSink>> fp8 = Fp8WorkerSink::Create(w->store.get(), threads);
+        if (!fp8.ok()) return fp8.status().WithContext("--quantization fp8");
+        w->fp8 = std::move(fp8).value();
+      }
       w->thread = std::make_unique<WorkerThread>(fmt::format("dp{}/tp{}", dp, tp));
       // Every task of the worker runs with its device current (CUDA's is per thread).
       WSYNC_RETURN_IF_ERROR(w->thread->Post([d = w->device] { return UseDeviceOnThisThread(d); }).get());
@@ -59,6 +69,11 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds));
   s->set_url("");
   WSYNC_RETURN_IF_ERROR(s->FillWeightsAtStart());
+  if (o.quantization == "fp8") {
+    for (Status& st : s->OnEachWorker("quantizing the weights at start-up", [](Worker& w) { return w.fp8->QuantizeAll(); })) {
+      WSYNC_RETURN_IF_ERROR(st);
+    }
+  }
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
   WSYNC_RETURN_IF_ERROR(s->CreateGenerator());
   return s;
@@ -79,7 +94,7 @@ void InferenceServer::set_url(const std::string& url) {
   context_.workers.clear();
   for (auto& w : workers_) {
     context_.workers.push_back(ReceiverWorker{
-        w->store.get(), w->thread.get(), w->dp_index, w->tp_rank, w->device,
+        w->sink(), w->thread.get(), w->dp_index, w->tp_rank, w->device,
         fmt::format("{} worker dp{}/tp{}", url.empty() ? "server" : url, w->dp_index, w->tp_rank)});
   }
 }
@@ -136,6 +151,13 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
 Status InferenceServer::StartWeightUpdate() {
   auto no_generation_step = ExcludeGeneration();
   Status s = session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
+  if (s.ok() && options_.quantization == "fp8") {
+    // Marks of an update that failed before its finish are forgotten.
+    (void)OnEachWorker("starting an fp8 update", [](Worker& w) {
+      w.fp8->BeginUpdate();
+      return Status::Ok();
+    });
+  }
   if (s.ok()) {
     std::lock_guard lock(mu_);
     sync_window_.emplace();
@@ -183,6 +205,14 @@ Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
 Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& weight_version) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginFinish());
   Status s = CatchAll("finish_weight_update", [&] { return backend_->Finish(); });
+  if (options_.quantization == "fp8") {
+    // Every layer the update touched must have landed whole and been quantized; the
+    // quantization in flight is waited for either way.
+    for (Status& q : OnEachWorker("finishing fp8 quantization", [](Worker& w) { return w.fp8->FinishUpdate(); })) {
+      if (s.ok() && !q.ok()) s = q;
+    }
+    if (!s.ok()) WSYNC_LOG_WARN("finish_weight_update failed: {}", s.ToString());
+  }
   if (s.ok()) {
     std::lock_guard lock(mu_);
     if (weight_version) weight_version_ = *weight_version;
@@ -233,7 +263,16 @@ Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgo
   return r;
 }
 
+void InferenceServer::SettleFp8() {
+  if (options_.quantization != "fp8") return;
+  (void)OnEachWorker("settling fp8 quantization", [](Worker& w) {
+    w.fp8->Settle();
+    return Status::Ok();
+  });
+}
+
 Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(DigestAlgorithm algorithm) {
+  SettleFp8();  // nothing writes the fp8 weights while they are read
   size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
   std::map<std::string, std::string> first;
   int first_dp = -1;
@@ -244,7 +283,14 @@ Result<std::map<std::string, std::string>> InferenceServer::ChecksumsHeld(Digest
     int dp = workers_[begin]->dp_index;
     Status replicas = CheckReplicas(group);
     if (!replicas.ok()) return replicas.WithContext(fmt::format("dp replica {}", dp));
-    WSYNC_ASSIGN_OR_RETURN(auto sums, AllHfDigests(group, algorithm, threads));
+    std::map<std::string, std::string> sums;
+    if (options_.quantization == "fp8") {
+      std::vector<const Fp8WorkerSink*> fp8;
+      for (int t = 0; t < options_.tp; ++t) fp8.push_back(workers_[begin + t]->fp8.get());
+      WSYNC_ASSIGN_OR_RETURN(sums, AllFp8HfDigests(fp8, algorithm, threads));
+    } else {
+      WSYNC_ASSIGN_OR_RETURN(sums, AllHfDigests(group, algorithm, threads));
+    }
     if (first_dp < 0) {
       first = std::move(sums);
       first_dp = dp;
@@ -274,6 +320,7 @@ json InferenceServer::Health() const {
               {"tp", options_.tp},       {"dp", options_.dp},
               {"dp_rank", options_.dp_rank},
               {"device", options_.device.ToString()},
+              {"quantization", options_.quantization},
               {"weight_version", weight_version_},
               {"syncs", syncs_},
               {"weights_consistent", session.consistent},
@@ -317,8 +364,9 @@ Result<json> InferenceServer::CheckRuntimeWeights(std::string_view action, const
 
 Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, const json* baseline) {
   const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
+  SettleFp8();
   std::vector<RuntimeWorker> workers;
-  for (const auto& w : workers_) workers.push_back({w->store.get(), w->dp_index, w->tp_rank});
+  for (const auto& w : workers_) workers.push_back({w->store.get(), w->dp_index, w->tp_rank, w->fp8.get()});
   if (action == "reset") {
     uint64_t seed;
     {
@@ -349,8 +397,8 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     std::map<int, json> by_dp;
     for (const RuntimeWorker& w : workers) {
       json& engine = by_dp.try_emplace(w.dp_rank, json::object()).first->second;
-      for (const WorkerParam& p : w.store->table().params()) {
-        std::string key = RuntimeParamKey(w.dp_rank, w.tp_rank, p.meta.name);
+      for (const std::string& name : RuntimeParamNames(w)) {
+        std::string key = RuntimeParamKey(w.dp_rank, w.tp_rank, name);
         engine[key] = sums.at(key);
       }
     }

@@ -116,6 +116,9 @@ class InferenceServer : public ControlService {
   struct Worker;
   InferenceServer() = default;
   Result<std::map<std::string, std::string>> ChecksumsHeld(DigestAlgorithm algorithm);
+  // --quantization fp8: waits for any layer quantization still running on the workers
+  // (a failed or expired update may leave some) before the weights are read or released.
+  void SettleFp8();
 
   InferenceServerOptions options_;
   ModelConfig model_;

@@ -168,6 +168,7 @@ Status InferenceServer::SleepWeights(int level) {
   if (after == before) return Status::Ok();
   // No generation step reads the weights while their memory goes.
   std::unique_lock<std::shared_mutex> no_readers = ExcludeGeneration();
+  SettleFp8();
   const std::string dir = OffloadDir(options_.offload_dir);
   const size_t threads = std::max<size_t>(1, DefaultThreads() / std::max<size_t>(1, workers_.size()));
   std::vector<Status> outcomes = OnEachWorker("sleep", [&](Worker& w) {
@@ -371,9 +372,10 @@ bool InferenceServer::WeightsAwakeForGeneration() const {
 // ---- Memory and server info ----
 
 json InferenceServer::Memory() const {
-  size_t weights = 0, resident = 0, offloaded = 0;
+  size_t weights = 0, resident = 0, offloaded = 0, fp8 = 0;
   for (const auto& w : workers_) {
     weights += w->store->param_bytes();
+    if (w->fp8) fp8 += w->fp8->fp8_bytes();
     resident += w->store->resident_bytes();
     offloaded += w->store->offloaded_bytes();
   }
@@ -382,6 +384,9 @@ json InferenceServer::Memory() const {
          {"weights_resident_bytes", resident},
          {"weights_offloaded_bytes", offloaded},
          {"kv_cache_bytes", KvCacheBytes()}};
+  // --quantization fp8: the float8 weights and scales, held beside the model-dtype
+  // parameters (whose quantized landing buffers a host worker releases between syncs).
+  if (options_.quantization == "fp8") m["fp8_weights_bytes"] = fp8;
   if (!options_.device.is_cpu()) {
     json used = json::object(), total = json::object();
     if (Result<DeviceRuntime*> rt = CudaRuntimeFor(options_.device); rt.ok()) {

@@ -16,15 +16,32 @@
 namespace wsync {
 namespace {
 
+// One tensor a worker holds: a parameter in the model dtype, or an fp8 parameter's e4m3
+// bytes or its scales.
 struct ParamTask {
   const RuntimeWorker* worker;
-  size_t param;
+  size_t param;       // index in the worker's table
+  std::string name;   // the parameter's name as reported
+  std::byte* data;    // on the store's device
+  size_t bytes;
+  DType dtype;
 };
 
 std::vector<ParamTask> Tasks(std::span<const RuntimeWorker> workers) {
   std::vector<ParamTask> tasks;
   for (const RuntimeWorker& w : workers) {
-    for (size_t i = 0; i < w.store->table().params().size(); ++i) tasks.push_back({&w, i});
+    const std::vector<WorkerParam>& params = w.store->table().params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Fp8ParamLayout* l = w.fp8 != nullptr ? w.fp8->layout(i) : nullptr;
+      if (l == nullptr) {
+        tasks.push_back({&w, i, params[i].meta.name, w.store->param_data(i), params[i].meta.nbytes(), params[i].meta.dtype});
+        continue;
+      }
+      tasks.push_back({&w, i, l->weight.name, reinterpret_cast<std::byte*>(w.fp8->mutable_weight_data(i)),
+                       l->weight.nbytes(), l->weight.dtype});
+      tasks.push_back({&w, i, l->scale_inv.name, reinterpret_cast<std::byte*>(w.fp8->mutable_scale_data(i)),
+                       l->scale_inv.nbytes(), l->scale_inv.dtype});
+    }
   }
   return tasks;
 }
@@ -82,7 +99,7 @@ Status ForEachParam(const std::vector<ParamTask>& tasks, size_t threads, size_t 
         std::lock_guard lock(mu);
         if (first.ok()) {
           first = s.WithContext(fmt::format("worker dp{}/tp{} parameter {}", t.worker->dp_rank, t.worker->tp_rank,
-                                            t.worker->store->table().params()[t.param].meta.name));
+                                            t.name));
         }
         return;
       }
@@ -97,6 +114,12 @@ std::string RuntimeParamKey(int dp_rank, int tp_rank, std::string_view param) {
   return fmt::format("dp{}:pp0:pcp0:tp{}:ep0:{}", dp_rank, tp_rank, param);
 }
 
+std::vector<std::string> RuntimeParamNames(const RuntimeWorker& worker) {
+  std::vector<std::string> out;
+  for (const ParamTask& t : Tasks(std::span(&worker, 1))) out.push_back(t.name);
+  return out;
+}
+
 Result<std::map<std::string, std::string>> RuntimeParamDigests(std::span<const RuntimeWorker> workers,
                                                                size_t threads, size_t piece_bytes) {
   std::vector<ParamTask> tasks = Tasks(workers);
@@ -105,8 +128,8 @@ Result<std::map<std::string, std::string>> RuntimeParamDigests(std::span<const R
   WSYNC_RETURN_IF_ERROR(ForEachParam(tasks, threads, piece_bytes, [&](size_t i, std::vector<std::byte>& scratch) -> Status {
     const ParamTask& t = tasks[i];
     const WorkerStore& store = *t.worker->store;
-    const size_t n = store.table().params()[t.param].meta.nbytes();
-    const std::byte* data = store.param_data(t.param);
+    const size_t n = t.bytes;
+    const std::byte* data = t.data;
     auto hasher = Hasher::Create(DigestAlgorithm::kSha256);
     if (store.device().is_cpu()) {
       hasher->Update(std::span(data, n));
@@ -125,8 +148,7 @@ Result<std::map<std::string, std::string>> RuntimeParamDigests(std::span<const R
   std::map<std::string, std::string> out;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const RuntimeWorker& w = *tasks[i].worker;
-    out.emplace(RuntimeParamKey(w.dp_rank, w.tp_rank, w.store->table().params()[tasks[i].param].meta.name),
-                std::move(hex[i]));
+    out.emplace(RuntimeParamKey(w.dp_rank, w.tp_rank, tasks[i].name), std::move(hex[i]));
   }
   return out;
 }
@@ -138,22 +160,21 @@ Status RandomizeRuntimeParams(std::span<const RuntimeWorker> workers, uint64_t s
   return ForEachParam(tasks, threads, piece_bytes, [&](size_t i, std::vector<std::byte>& scratch) -> Status {
     const ParamTask& t = tasks[i];
     WorkerStore& store = *t.worker->store;
-    const TensorMeta& meta = store.table().params()[t.param].meta;
-    const size_t n = meta.nbytes();
+    const size_t n = t.bytes;
     // Pieces hold whole elements, so each element's top byte is in the piece that fills it.
-    const size_t item = ItemSize(meta.dtype);
+    const size_t item = ItemSize(t.dtype);
     const size_t piece = std::max(item, piece_bytes / item * item);
-    uint64_t state = seed ^ (uint64_t(t.worker->dp_rank) << 48) ^ (uint64_t(t.worker->tp_rank) << 32) ^ t.param;
-    std::byte* data = store.param_data(t.param);
+    uint64_t state = seed ^ (uint64_t(t.worker->dp_rank) << 48) ^ (uint64_t(t.worker->tp_rank) << 32) ^ i;
+    std::byte* data = t.data;
     if (store.device().is_cpu()) {
-      FillRandom(std::span(data, n), meta.dtype, &state);
+      FillRandom(std::span(data, n), t.dtype, &state);
       return Status::Ok();
     }
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(store.device()));
     if (scratch.size() < piece) scratch.resize(piece);
     for (size_t off = 0; off < n; off += piece) {
       const size_t len = std::min(piece, n - off);
-      FillRandom(std::span(scratch.data(), len), meta.dtype, &state);
+      FillRandom(std::span(scratch.data(), len), t.dtype, &state);
       WSYNC_RETURN_IF_ERROR(rt->Copy2D(data + off, len, scratch.data(), len, len, 1));
       WSYNC_RETURN_IF_ERROR(rt->Synchronize());
     }

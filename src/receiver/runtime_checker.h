@@ -23,21 +23,30 @@
 #include <nlohmann/json.hpp>
 
 #include "model/worker_store.h"
+#include "quant/fp8_sink.h"
 #include "wsync/status.h"
 
 namespace wsync {
 
-// One worker's store and its place in the deployment.
+// One worker's store and its place in the deployment. On an fp8 server (`fp8` set) a
+// quantized parameter is checked as vLLM holds it: NAME (float8 e4m3 bytes) and its
+// NAME_scale_inv (float32 block scales, quant/fp8_sharding.h's layout), not its
+// model-dtype landing buffer.
 struct RuntimeWorker {
   WorkerStore* store = nullptr;
   int dp_rank = 0;
   int tp_rank = 0;
+  Fp8WorkerSink* fp8 = nullptr;
 };
 
 inline constexpr size_t kRuntimeCheckPieceBytes = size_t{64} << 20;
 
 // vLLM's key of parameter `param` of a worker.
 std::string RuntimeParamKey(int dp_rank, int tp_rank, std::string_view param);
+
+// The parameter names a worker reports (its table's, plus NAME_scale_inv after each fp8
+// parameter), in table order.
+std::vector<std::string> RuntimeParamNames(const RuntimeWorker& worker);
 
 // The digest of every parameter of every worker, keyed by RuntimeParamKey.
 Result<std::map<std::string, std::string>> RuntimeParamDigests(std::span<const RuntimeWorker> workers,

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -36,6 +37,38 @@ std::vector<std::unique_ptr<WorkerStore>> Group(int tp) {
   std::vector<std::unique_ptr<WorkerStore>> g;
   for (int r = 0; r < tp; ++r) g.push_back(*WorkerStore::Create(*LookupModel("qwen3-tiny"), r, tp));
   return g;
+}
+
+TEST(RuntimeChecker, Fp8ParametersAreCheckedAsFp8BytesAndScales) {
+  auto store = *WorkerStore::Create(*LookupModel("qwen3-tiny"), 0, 1);
+  for (const TensorMeta& m : store->hf_tensors()) ASSERT_TRUE(store->Load(Filled(*store, m.name, 5).ref()).ok());
+  auto sink = *Fp8WorkerSink::Create(store.get(), 1);
+  ASSERT_TRUE(sink->QuantizeAll().ok());
+  std::vector<RuntimeWorker> workers{{store.get(), 0, 0, sink.get()}};
+  const ShardingTable& t = store->table();
+  std::vector<std::string> want;
+  for (size_t i = 0; i < t.params().size(); ++i) {
+    want.push_back(t.params()[i].meta.name);
+    if (IsFp8Param(t, static_cast<int>(i))) want.push_back(Fp8ScaleInvName(t.params()[i].meta.name));
+  }
+  EXPECT_EQ(RuntimeParamNames(workers[0]), want);
+  auto sums = RuntimeParamDigests(workers, 2);
+  ASSERT_TRUE(sums.ok()) << sums.status().ToString();
+  EXPECT_EQ(sums->size(), want.size());
+  const int qkv = 1;  // model.layers.0.self_attn.qkv_proj.weight
+  ASSERT_EQ(t.params()[qkv].meta.name, "model.layers.0.self_attn.qkv_proj.weight");
+  const Fp8ParamLayout& l = *sink->layout(qkv);
+  EXPECT_EQ(sums->at("dp0:pp0:pcp0:tp0:ep0:model.layers.0.self_attn.qkv_proj.weight"),
+            Sha(std::as_bytes(std::span(sink->weight_data(qkv), l.weight.nbytes()))));
+  EXPECT_EQ(sums->at("dp0:pp0:pcp0:tp0:ep0:model.layers.0.self_attn.qkv_proj.weight_scale_inv"),
+            Sha(std::as_bytes(std::span(sink->scale_data(qkv), l.scale_inv.nbytes() / sizeof(float)))));
+  // The reset overwrites the fp8 bytes (never a NaN code) and the scales (finite).
+  ASSERT_TRUE(RandomizeRuntimeParams(workers, 9, 2).ok());
+  auto after = RuntimeParamDigests(workers, 2);
+  ASSERT_TRUE(after.ok());
+  for (const auto& [key, hex] : *sums) EXPECT_NE(after->at(key), hex) << key;
+  for (size_t k = 0; k < l.weight.nbytes(); ++k) ASSERT_NE(sink->weight_data(qkv)[k] & 0x7f, 0x7f) << k;
+  for (size_t k = 0; k < l.scale_inv.nbytes() / sizeof(float); ++k) ASSERT_TRUE(std::isfinite(sink->scale_data(qkv)[k]));
 }
 
 TEST(RuntimeChecker, KeysAreVllmsAndDigestsAreSha256OfTheParameterAsHeld) {

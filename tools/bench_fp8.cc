@@ -1,0 +1,115 @@
+// `wsync bench fp8`: the same sync into a bf16 server and into an fp8 server
+// (`wsync serve --quantization fp8`), in one run: real server processes on this host
+// (`--device cpu`, or `cuda:N` for the servers' shards), the trainer's bf16 tensors in
+// this process's memory, the `ipc` backend, each quantization on a fresh fleet.
+//
+// Per quantization it prints the median whole sync (start .. finish: for fp8 that
+// includes waiting for the last layer's quantization) over --iters syncs after a warm-up,
+// and the fp8 / bf16 ratio. The fp8 server quantizes each decoder layer as soon as its
+// tensors have landed, so the ratio measures how much of the quantization the transfer
+// hides.
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "bench.h"
+#include "children.h"
+#include "model/config.h"
+#include "synthetic/synthetic.h"
+#include "wsync/trainer.h"
+
+namespace wsync::cli {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Timing {
+  double sync_s = 0;
+  double first_s = 0;
+  size_t bytes = 0;
+};
+
+Result<Timing> RunOne(const BenchArgs& a, const std::string& quantization, SyntheticTrainer& trainer,
+                      const std::vector<TensorMeta>& meta, const std::string& dir) {
+  std::vector<Child> servers;
+  auto stop = [&] {
+    for (Child& c : servers) StopChild(c);
+  };
+  for (int i = 0; i < a.servers; ++i) {
+    Result<Child> c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--device", a.device, "--backend",
+                                   "ipc", "--timeout", "600", "--quantization", quantization},
+                                  fmt::format("{}/{}{}.log", dir, quantization, i), Deadline::InSeconds(300));
+    if (!c.ok()) {
+      stop();
+      return c.status().WithContext(fmt::format("starting a --quantization {} server", quantization));
+    }
+    servers.push_back(*c);
+  }
+  Timing t;
+  Status s = [&]() -> Status {
+    TrainerOptions o;
+    o.backend = "ipc";
+    for (const Child& c : servers) o.servers.push_back(c.url);
+    o.bucket_gb = a.bucket_gb;
+    o.timeout_seconds = 600;
+    WSYNC_ASSIGN_OR_RETURN(auto engine, CreateTrainerEngine(o));
+    WSYNC_RETURN_IF_ERROR(engine->Init(meta));
+    std::vector<double> times;
+    for (int i = 0; i <= a.iters; ++i) {  // sync 0 warms up (first touch of every page)
+      WSYNC_ASSIGN_OR_RETURN(SyncStats st, engine->SendWeights(trainer.source(), std::nullopt));
+      t.bytes = st.bytes;
+      if (i == 0) {
+        t.first_s = st.seconds;
+      } else {
+        times.push_back(st.seconds);
+      }
+    }
+    engine->Shutdown();
+    t.sync_s = Median(times);
+    return Status::Ok();
+  }();
+  stop();
+  if (!s.ok()) return s;
+  return t;
+}
+
+}  // namespace
+
+int RunBenchFp8(const BenchArgs& a) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "wsync bench fp8: error: {}\n", s.ToString());
+    return 1;
+  };
+  Result<ModelConfig> config = LookupModel(a.model);
+  if (!config.ok()) return fail(config.status());
+  const std::vector<TensorMeta> meta = HfTensors(*config);
+  Result<std::unique_ptr<SyntheticTrainer>> trainer = SyntheticTrainer::FromMetadata(meta, 7, 0);
+  if (!trainer.ok()) return fail(trainer.status());
+  Result<std::string> dir = MakeTempDir("bench-fp8");
+  if (!dir.ok()) return fail(dir.status());
+  std::map<std::string, Timing> got;
+  for (const std::string q : {"none", "fp8"}) {
+    fmt::print(stderr, "--quantization {}: {} server(s) x TP={} on {}\n", q, a.servers, a.tp, a.device);
+    Result<Timing> t = RunOne(a, q, **trainer, meta, *dir);
+    if (!t.ok()) return fail(t.status());
+    got[q] = *t;
+  }
+  const Timing& b = got["none"];
+  const Timing& f = got["fp8"];
+  fmt::print("wsync bench fp8: {} ({:.3f} GB bf16), {} server(s) x TP={} on {}, ipc, median of {} syncs after sync 0\n",
+             config->name, b.bytes / 1e9, a.servers, a.tp, a.device, a.iters);
+  fmt::print("{:<28} {:>9} {:>9} {:>8}\n", "server", "sync s", "sync 0 s", "GB/s");
+  fmt::print("{:<28} {:>9.3f} {:>9.3f} {:>8.2f}\n", "bf16 (--quantization none)", b.sync_s, b.first_s,
+             b.bytes / b.sync_s / 1e9);
+  fmt::print("{:<28} {:>9.3f} {:>9.3f} {:>8.2f}\n", "fp8 (--quantization fp8)", f.sync_s, f.first_s,
+             f.bytes / f.sync_s / 1e9);
+  fmt::print("fp8 / bf16 sync time: {:.2f}x\n", f.sync_s / b.sync_s);
+  return 0;
+}
+
+}  // namespace wsync::cli
