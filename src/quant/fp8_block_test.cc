@@ -11,7 +11,9 @@
 
 #include "core/dtype_convert.h"
 #include "quant/fp8_block.h"
+#include "quant/fp8_digest.h"
 #include "quant/fp8_reference_testutil.h"
+#include "testing/host_backed_device.h"
 #include "wsync/status.h"
 
 namespace wsync {
@@ -153,6 +155,35 @@ TEST(Fp8BlockTest, ErrorsNameTheTensor) {
   EXPECT_NE(st.message().find("overflows"), std::string::npos) << st.message();
   st = QuantizeFp8Blocks(Bytes(x), DType::kBF16, {1, -1, 128}, q, s, 1, "neg");
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+}
+
+// What push --verify expects of an fp8 server: the digests of the reference quantization
+// of the whole tensor, from a tensor on the host or on a device, strip by strip.
+TEST(Fp8DigestTest, StripByStripDigestsEqualTheWholeTensorsReferenceQuantization) {
+  HostBackedDevice device;
+  const int64_t rows = 300, cols = 200;  // partial blocks along both dimensions
+  const std::vector<uint16_t> bf16 = RandomBF16(rows * cols, 0.02f, 7);
+  const ref::Quantized want = ref::Quantize(Widen(bf16), rows, cols);
+  const Shape shape{rows, cols};
+  auto mem = DeviceBuffer::Allocate(Device{Device::Kind::kCuda, 0}, bf16.size() * 2);
+  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
+  ASSERT_TRUE(device.Copy2D(mem->data(), mem->size(), bf16.data(), mem->size(), mem->size(), 1).ok());
+  device.largest_ = 0;
+  for (const TensorRef& t : {TensorRef{"w", DType::kBF16, shape, Bytes(bf16), Device{}},
+                             TensorRef{"w", DType::kBF16, shape, mem->span(), mem->device()}}) {
+    std::vector<std::byte> scratch;
+    auto got = Fp8TensorDigests(DigestAlgorithm::kSha256, t, scratch);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->weight, HexDigest(DigestAlgorithm::kSha256, Bytes(want.q))) << t.device.ToString();
+    EXPECT_EQ(got->scale_inv, HexDigest(DigestAlgorithm::kSha256, Bytes(want.scale_inv))) << t.device.ToString();
+  }
+  EXPECT_EQ(device.largest_.load(), static_cast<size_t>(128 * cols * 2));  // one strip of rows at a time
+  const Shape flat{rows * cols};
+  TensorRef one_d{"model.norm.weight", DType::kBF16, flat, Bytes(bf16), Device{}};
+  std::vector<std::byte> scratch;
+  auto bad = Fp8TensorDigests(DigestAlgorithm::kSha256, one_d, scratch);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.norm.weight"), std::string::npos) << bad.status().ToString();
 }
 
 }  // namespace

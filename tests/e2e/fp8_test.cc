@@ -109,8 +109,10 @@ TEST_F(Fp8Test, StepsSyncIntoFp8ServersOverNcclIpcAndDelta) {
                                                                 "fp8"}));
     E2E_ASSERT_OK_AND_ASSIGN(Server b, StartServer("nccl-tp1", {"--model", hd128, "--quantization", "fp8"}));
     EXPECT_EQ(Health(a)["quantization"], "fp8");
-    RunResult push = Push("push-nccl", {a, b}, {"--model", hd128, "--seed", "11", "--steps", "2"});
+    // --verify: the trainer quantizes its own bf16 tensors to the servers' FP8 convention.
+    RunResult push = Push("push-nccl", {a, b}, {"--model", hd128, "--seed", "11", "--steps", "2", "--verify"});
     ASSERT_TRUE(push.success()) << push.description;
+    EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
     ExpectServersHold({a, b}, Want(hd128, 11, 2), kAlg);
     EXPECT_EQ(Health(a)["weights_consistent"], true);
     // Between syncs a host worker holds its quantized weights in fp8 only: the landing
