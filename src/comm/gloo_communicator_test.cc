@@ -433,8 +433,10 @@ TEST_F(GlooTest, PeerNotTakingASendTimesOutNamingIt) {
   EXPECT_LT(SecondsSince(start), 2.0);
 }
 
-// A receive whose length differs from its send's never matches it: both ends fail at
-// their deadline, and the receiver's buffer is neither overrun nor completed short.
+// A receive whose length differs from its send's never matches it: the receiver fails at
+// its deadline, naming the mismatch, and its buffer is neither overrun nor completed
+// short; the sender fails too (its later deadline, or the receiver's abort). The sender's
+// deadline is the later one so that its own abort cannot reach the receiver first.
 TEST_F(GlooTest, LengthMismatchFailsAtTheDeadlineInsteadOfCorrupting) {
   auto comms = ConnectAll(2);
   std::vector<Status> results(2);
@@ -442,7 +444,7 @@ TEST_F(GlooTest, LengthMismatchFailsAtTheDeadlineInsteadOfCorrupting) {
   RunRanks(2, [&](int r) {
     std::vector<std::byte> out(100, std::byte{0x11});
     const PeerMessage m{1 - r, 3, r == 0 ? std::span(out) : std::span(in)};
-    results[r] = r == 0 ? comms[0]->ExchangePeers({&m, 1}, {}, Deadline::InSeconds(1))
+    results[r] = r == 0 ? comms[0]->ExchangePeers({&m, 1}, {}, Deadline::InSeconds(4))
                         : comms[1]->ExchangePeers({}, {&m, 1}, Deadline::InSeconds(1));
   });
   EXPECT_FALSE(results[0].ok());
