@@ -225,7 +225,8 @@ int RunPlan(const PlanArgs& a) {
 }  // namespace
 
 void AddPlanCommand(CLI::App& app) {
-  auto* args = new PlanArgs;  // lives until the process exits
+  static PlanArgs parsed;  // lives until the process exits
+  PlanArgs* args = &parsed;
   auto* c = app.add_subcommand(
       "plan",
       "predict one sync per backend on a fleet (bytes, memory, time, bottleneck) from the engine's own plans; "

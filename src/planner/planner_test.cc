@@ -283,7 +283,9 @@ TEST(Predict, ShardedByHand) {
   for (const TensorMeta& t : HfTensors(c)) names.push_back(t.name);
   ShardedStream s;
   s.tensors = HfTensors(c);
-  for (const LayerGroup& g : *LayerGroups(names)) s.group_lens.push_back(static_cast<int>(g.size()));
+  auto groups = LayerGroups(names);
+  ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+  for (const LayerGroup& g : *groups) s.group_lens.push_back(static_cast<int>(g.size()));
   s.ownership = *TrainerOwnership(c, *ParseTrainerSpec("fsdp:1@x"));
   auto plan = PlanConsumer(s, *ShardingTable::Build(c, 0, 1), ConsumerSpot{0, 0, 1});
   ASSERT_TRUE(plan.ok());

@@ -203,6 +203,7 @@ TEST(SyntheticTrainer, OnADeviceMatchesTheHostBitForBitThroughSmallPieces) {
   auto expect_same = [&] {
     for (size_t i = 0; i < host->tensors().size(); ++i) {
       const HostTensor& t = host->tensors()[i];
+      if (t.meta.nbytes() == 0) continue;
       const std::byte* dev = d.device_source()->device_buffer().data() + d.device_source()->offset(i);
       EXPECT_EQ(std::memcmp(dev, t.storage.data(), t.meta.nbytes()), 0) << t.meta.name;
     }
