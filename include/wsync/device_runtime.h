@@ -75,6 +75,13 @@ void InstallCudaRuntime(DeviceRuntime* runtime);
 // Sets `device` current on the calling thread when it is a CUDA device; OK for cpu.
 Status UseDeviceOnThisThread(const Device& device);
 
+// Copies `count` runs of `width` bytes, the i-th from src + i * src_pitch to
+// dst + i * dst_pitch, where `device` is the device of the side that is not host memory
+// (cpu: both sides are host memory, copied with memcpy). A CUDA copy runs on this
+// thread's stream with `device` made current, and is complete on return.
+Status CopyAndWait(const Device& device, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                   size_t count);
+
 // Tensors laid out back to back in one device allocation start at multiples of this
 // (full-width copies; what cudaMalloc itself guarantees for an allocation's start).
 inline constexpr size_t kDeviceTensorAlignment = 256;

@@ -1,5 +1,7 @@
 #include "wsync/device_runtime.h"
 
+#include <cstring>
+
 #include <atomic>
 #include <utility>
 
@@ -29,6 +31,22 @@ Status UseDeviceOnThisThread(const Device& device) {
   if (device.is_cpu()) return Status::Ok();
   WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
   return rt->SetDevice(device.index);
+}
+
+Status CopyAndWait(const Device& device, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                   size_t count) {
+  if (width == 0 || count == 0) return Status::Ok();
+  if (device.is_cpu()) {
+    for (size_t i = 0; i < count; ++i) {
+      std::memcpy(static_cast<std::byte*>(dst) + i * dst_pitch, static_cast<const std::byte*>(src) + i * src_pitch,
+                  width);
+    }
+    return Status::Ok();
+  }
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
+  WSYNC_RETURN_IF_ERROR(rt->SetDevice(device.index));
+  WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, dst_pitch, src, src_pitch, width, count));
+  return rt->Synchronize();
 }
 
 size_t LayOutAligned(std::span<const size_t> bytes, std::vector<size_t>* offsets) {

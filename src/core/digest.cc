@@ -92,16 +92,14 @@ Result<std::string> TensorHexDigest(DigestAlgorithm algorithm, const TensorRef& 
     return s.WithContext(fmt::format("reading tensor {} back from {} to digest it", tensor.name,
                                      tensor.device.ToString()));
   };
-  Result<DeviceRuntime*> rt = CudaRuntimeFor(tensor.device);
-  if (!rt.ok()) return fail(rt.status());
-  if (Status s = (*rt)->SetDevice(tensor.device.index); !s.ok()) return fail(s);
+  if (Status s = UseDeviceOnThisThread(tensor.device); !s.ok()) return fail(s);
   auto hasher = Hasher::Create(algorithm);
   scratch.resize(std::min(tensor.bytes.size(), kDeviceReadBackBlockBytes));
   for (size_t done = 0; done < tensor.bytes.size();) {
     const size_t n = std::min(scratch.size(), tensor.bytes.size() - done);
-    Status s = (*rt)->Copy2D(scratch.data(), n, tensor.bytes.data() + done, n, n, 1);
-    if (s.ok()) s = (*rt)->Synchronize();
-    if (!s.ok()) return fail(s);
+    if (Status s = CopyAndWait(tensor.device, scratch.data(), n, tensor.bytes.data() + done, n, n, 1); !s.ok()) {
+      return fail(s);
+    }
     hasher->Update(std::span<const std::byte>(scratch.data(), n));
     done += n;
   }

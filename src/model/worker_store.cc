@@ -38,14 +38,8 @@ std::vector<SourcePiece> PrimaryPieces(std::span<const WorkerStore* const> group
 Status CopyOut(const WorkerStore& store, std::byte* dst, int64_t dst_pitch, const std::byte* src, int64_t src_pitch,
                int64_t width, int64_t count) {
   if (width <= 0 || count <= 0) return Status::Ok();
-  if (store.device().is_cpu()) {
-    for (int64_t o = 0; o < count; ++o) std::memcpy(dst + o * dst_pitch, src + o * src_pitch, width);
-    return Status::Ok();
-  }
-  WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(store.device()));
-  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(store.device()));
-  WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, dst_pitch, src, src_pitch, width, count));
-  return rt->Synchronize().WithContext(fmt::format("reading shards back from {}", store.device().ToString()));
+  return CopyAndWait(store.device(), dst, dst_pitch, src, src_pitch, width, count)
+      .WithContext(fmt::format("reading shards back from {}", store.device().ToString()));
 }
 
 // Copies HF rows [row_begin, row_end) (along dim 0) of the group's primary pieces into

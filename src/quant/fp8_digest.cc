@@ -20,11 +20,8 @@ Result<Fp8Digests> Fp8TensorDigests(DigestAlgorithm algorithm, const TensorRef& 
   const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
   const size_t item = ItemSize(tensor.dtype);
   const size_t row_bytes = static_cast<size_t>(cols) * item;
-  DeviceRuntime* rt = nullptr;
-  if (!tensor.device.is_cpu()) {
-    WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(tensor.device));
-    WSYNC_RETURN_IF_ERROR(rt->SetDevice(tensor.device.index));
-  }
+  WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(tensor.device)
+                            .WithContext(fmt::format("reading tensor {} back", tensor.name)));
   auto weight = Hasher::Create(algorithm);
   auto scales = Hasher::Create(algorithm);
   std::vector<uint8_t> q;
@@ -33,13 +30,11 @@ Result<Fp8Digests> Fp8TensorDigests(DigestAlgorithm algorithm, const TensorRef& 
     const int64_t n = std::min<int64_t>(fp8::kBlock, rows - r0);
     const size_t bytes = static_cast<size_t>(n) * row_bytes;
     std::span<const std::byte> strip = tensor.bytes.subspan(static_cast<size_t>(r0) * row_bytes, bytes);
-    if (rt != nullptr) {
+    if (!tensor.device.is_cpu()) {
       scratch.resize(bytes);
-      Status copied = rt->Copy2D(scratch.data(), bytes, strip.data(), bytes, bytes, 1);
-      if (copied.ok()) copied = rt->Synchronize();
-      if (!copied.ok()) {
-        return copied.WithContext(fmt::format("reading tensor {} back from {}", tensor.name, tensor.device.ToString()));
-      }
+      WSYNC_RETURN_IF_ERROR(CopyAndWait(tensor.device, scratch.data(), bytes, strip.data(), bytes, bytes, 1)
+                                .WithContext(fmt::format("reading tensor {} back from {}", tensor.name,
+                                                         tensor.device.ToString())));
       strip = std::span<const std::byte>(scratch.data(), bytes);
     }
     const Fp8MatrixShape shape{1, n, cols};

@@ -289,14 +289,8 @@ int64_t FloorDiv(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0
 Status CopyOutOf(const Device& device, std::byte* dst, int64_t dst_pitch, const std::byte* src, int64_t src_pitch,
                  int64_t width, int64_t count) {
   if (width <= 0 || count <= 0) return Status::Ok();
-  if (device.is_cpu()) {
-    for (int64_t o = 0; o < count; ++o) std::memcpy(dst + o * dst_pitch, src + o * src_pitch, width);
-    return Status::Ok();
-  }
-  WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
-  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
-  WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, dst_pitch, src, src_pitch, width, count));
-  return rt->Synchronize().WithContext(fmt::format("reading fp8 weights back from {}", device.ToString()));
+  return CopyAndWait(device, dst, dst_pitch, src, src_pitch, width, count)
+      .WithContext(fmt::format("reading fp8 weights back from {}", device.ToString()));
 }
 
 // Copies the part of runs `r` (from `src`) that falls in checkpoint bytes [lo, hi) into

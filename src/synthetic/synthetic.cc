@@ -74,25 +74,14 @@ Status SyntheticTrainer::ForEachChunk(const std::vector<Chunk>& chunks, Access a
   std::mutex mu;
   Status first_error;
   const size_t workers = std::min(threads_, chunks.size());
-  DeviceRuntime* rt = nullptr;
-  if (device_source_) {
-    WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(device_));
-  }
   ParallelFor(workers, workers, [&](size_t, size_t) {
     std::vector<float> scratch;
     std::vector<std::byte> staging;
-    auto fail = [&](Status s) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = std::move(s);
-    };
-    if (rt != nullptr) {
-      if (Status s = rt->SetDevice(device_.index); !s.ok()) return fail(std::move(s));
-    }
     for (size_t i = next.fetch_add(1); i < chunks.size(); i = next.fetch_add(1)) {
       const Chunk& c = chunks[i];
       const TensorMeta& m = metadata_[c.tensor];
       const size_t item = ItemSize(m.dtype);
-      if (rt == nullptr) {
+      if (!device_source_) {
         fn(c, host_.tensors()[c.tensor].storage.data() + c.begin * item, scratch);
         continue;
       }
@@ -100,19 +89,19 @@ Status SyntheticTrainer::ForEachChunk(const std::vector<Chunk>& chunks, Access a
       std::byte* on_device = device_source_->device_buffer().data() + device_source_->offset(c.tensor) + c.begin * item;
       staging.resize(bytes);
       Status s;
-      if (access == Access::kReadWrite) {
-        s = rt->Copy2D(staging.data(), bytes, on_device, bytes, bytes, 1);
-        if (s.ok()) s = rt->Synchronize();
-      }
+      if (access == Access::kReadWrite) s = CopyAndWait(device_, staging.data(), bytes, on_device, bytes, bytes, 1);
       if (s.ok()) {
         fn(c, staging.data(), scratch);
-        s = rt->Copy2D(on_device, bytes, staging.data(), bytes, bytes, 1);
+        s = CopyAndWait(device_, on_device, bytes, staging.data(), bytes, bytes, 1);
       }
-      if (s.ok()) s = rt->Synchronize();
       if (!s.ok()) {
         next.store(chunks.size());
-        return fail(s.WithContext(fmt::format("tensor {} elements [{}, {}) on {}", m.name, c.begin, c.end,
-                                              device_.ToString())));
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) {
+          first_error = s.WithContext(fmt::format("tensor {} elements [{}, {}) on {}", m.name, c.begin, c.end,
+                                                  device_.ToString()));
+        }
+        return;
       }
     }
   });
