@@ -22,14 +22,15 @@
 #include "wsync/trainer.h"
 
 namespace wsync::cli {
-namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 GlooBroadcastAlgorithm AlgorithmOf(const std::string& name) {
   if (name == "chain") return GlooBroadcastAlgorithm::kChain;

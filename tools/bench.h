@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace wsync::cli {
 
@@ -45,5 +46,8 @@ struct BenchRankArgs {
   int iters = 1;
 };
 int RunBenchRank(const BenchRankArgs& args);
+
+// The median of `v` (the upper one of an even count); 0 when empty.
+double Median(std::vector<double> v);
 
 }  // namespace wsync::cli

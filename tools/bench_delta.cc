@@ -33,11 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 struct Row {
   double changed = 0, ratio = 0, compressed_mb = 0;
   double publish_s = 0, publish_gbps = 0, publish_core_gbps = 0, one_thread_gbps = 0;

@@ -23,11 +23,6 @@
 namespace wsync::cli {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 struct Timing {
   double sync_s = 0;
   double first_s = 0;

@@ -37,11 +37,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Times `iters` copies of every tensor into one destination buffer (warmed first).
 Result<std::vector<double>> MemcpyFloor(const std::vector<HostTensor>& tensors, size_t bytes, size_t threads,
                                         int iters) {
