@@ -1,13 +1,15 @@
 // `wsync bench fp8`: the same sync into a bf16 server and into an fp8 server
-// (`wsync serve --quantization fp8`), in one run: real server processes on this host
-// (`--device cpu`, or `cuda:N` for the servers' shards), the trainer's bf16 tensors in
-// this process's memory, the `ipc` backend, each quantization on a fresh fleet.
+// (`wsync serve --quantization fp8`), and, for a model with MTP layers, into servers
+// holding the MTP drafter (`--speculative mtp`), in one run: real server processes on
+// this host (`--device cpu`, or `cuda:N` for the servers' shards), the trainer's bf16
+// tensors in this process's memory, the `ipc` backend, each variant on a fresh fleet.
 //
-// Per quantization it prints the median whole sync (start .. finish: for fp8 that
-// includes waiting for the last layer's quantization) over --iters syncs after a warm-up,
-// and the fp8 / bf16 ratio. The fp8 server quantizes each decoder layer as soon as its
-// tensors have landed, so the ratio measures how much of the quantization the transfer
-// hides.
+// Per variant it prints the median whole sync (start .. finish: for fp8 that includes
+// waiting for the last layer's quantization) over --iters syncs after a warm-up, and the
+// ratios fp8 / bf16 and drafter / no drafter. The fp8 server quantizes each decoder layer
+// as soon as its tensors have landed, so its ratio measures how much of the quantization
+// the transfer hides; the stream is the same with or without a drafter (a plain server
+// drops the MTP tensors), so the drafter's ratio is the cost of landing its own layers.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -29,7 +31,14 @@ struct Timing {
   size_t bytes = 0;
 };
 
-Result<Timing> RunOne(const BenchArgs& a, const std::string& quantization, SyntheticTrainer& trainer,
+// One kind of server the same sync goes into.
+struct Variant {
+  std::string label;
+  std::string quantization;  // serve --quantization
+  std::string speculative;   // serve --speculative
+};
+
+Result<Timing> RunOne(const BenchArgs& a, const Variant& v, SyntheticTrainer& trainer,
                       const std::vector<TensorMeta>& meta, const std::string& dir) {
   std::vector<Child> servers;
   auto stop = [&] {
@@ -37,11 +46,13 @@ Result<Timing> RunOne(const BenchArgs& a, const std::string& quantization, Synth
   };
   for (int i = 0; i < a.servers; ++i) {
     Result<Child> c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--device", a.device, "--backend",
-                                   "ipc", "--timeout", "600", "--quantization", quantization},
-                                  fmt::format("{}/{}{}.log", dir, quantization, i), Deadline::InSeconds(300));
+                                   "ipc", "--timeout", "600", "--quantization", v.quantization, "--speculative",
+                                   v.speculative},
+                                  fmt::format("{}/{}-{}{}.log", dir, v.quantization, v.speculative, i),
+                                  Deadline::InSeconds(300));
     if (!c.ok()) {
       stop();
-      return c.status().WithContext(fmt::format("starting a --quantization {} server", quantization));
+      return c.status().WithContext(fmt::format("starting a {} server", v.label));
     }
     servers.push_back(*c);
   }
@@ -87,23 +98,32 @@ int RunBenchFp8(const BenchArgs& a) {
   if (!trainer.ok()) return fail(trainer.status());
   Result<std::string> dir = MakeTempDir("bench-fp8");
   if (!dir.ok()) return fail(dir.status());
-  std::map<std::string, Timing> got;
-  for (const std::string q : {"none", "fp8"}) {
-    fmt::print(stderr, "--quantization {}: {} server(s) x TP={} on {}\n", q, a.servers, a.tp, a.device);
-    Result<Timing> t = RunOne(a, q, **trainer, meta, *dir);
-    if (!t.ok()) return fail(t.status());
-    got[q] = *t;
+  std::vector<Variant> variants = {{"bf16 (--quantization none)", "none", "none"},
+                                   {"fp8 (--quantization fp8)", "fp8", "none"}};
+  const bool mtp = config->num_nextn_predict_layers > 0;
+  if (mtp) {
+    variants.push_back({"bf16 + MTP drafter", "none", "mtp"});
+    variants.push_back({"fp8 + MTP drafter", "fp8", "mtp"});
   }
-  const Timing& b = got["none"];
-  const Timing& f = got["fp8"];
+  std::vector<Timing> got;
+  for (const Variant& v : variants) {
+    fmt::print(stderr, "{}: {} server(s) x TP={} on {}\n", v.label, a.servers, a.tp, a.device);
+    Result<Timing> t = RunOne(a, v, **trainer, meta, *dir);
+    if (!t.ok()) return fail(t.status());
+    got.push_back(*t);
+  }
   fmt::print("wsync bench fp8: {} ({:.3f} GB bf16), {} server(s) x TP={} on {}, ipc, median of {} syncs after sync 0\n",
-             config->name, b.bytes / 1e9, a.servers, a.tp, a.device, a.iters);
+             config->name, got[0].bytes / 1e9, a.servers, a.tp, a.device, a.iters);
   fmt::print("{:<28} {:>9} {:>9} {:>8}\n", "server", "sync s", "sync 0 s", "GB/s");
-  fmt::print("{:<28} {:>9.3f} {:>9.3f} {:>8.2f}\n", "bf16 (--quantization none)", b.sync_s, b.first_s,
-             b.bytes / b.sync_s / 1e9);
-  fmt::print("{:<28} {:>9.3f} {:>9.3f} {:>8.2f}\n", "fp8 (--quantization fp8)", f.sync_s, f.first_s,
-             f.bytes / f.sync_s / 1e9);
-  fmt::print("fp8 / bf16 sync time: {:.2f}x\n", f.sync_s / b.sync_s);
+  for (size_t i = 0; i < variants.size(); ++i) {
+    fmt::print("{:<28} {:>9.3f} {:>9.3f} {:>8.2f}\n", variants[i].label, got[i].sync_s, got[i].first_s,
+               got[i].bytes / got[i].sync_s / 1e9);
+  }
+  fmt::print("fp8 / bf16 sync time: {:.2f}x\n", got[1].sync_s / got[0].sync_s);
+  if (mtp) {
+    fmt::print("MTP drafter / none, bf16: {:.3f}x; fp8: {:.3f}x\n", got[2].sync_s / got[0].sync_s,
+               got[3].sync_s / got[1].sync_s);
+  }
   return 0;
 }
 

@@ -53,6 +53,7 @@ int RunServe(const ServeArgs& a) {
   o.init_seed = a.init_seed;
   o.offload_dir = a.offload_dir;
   o.quantization = a.quantization;
+  o.speculative = a.speculative;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

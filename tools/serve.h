@@ -37,6 +37,7 @@ struct ServeArgs {
   uint64_t init_seed = 0;            // synthetic weights' seed (set from the options' default)
   std::string offload_dir;           // where sleep level 1 keeps host weights; empty: $TMPDIR or /tmp
   std::string quantization = "none";  // none | fp8 (InferenceServerOptions::quantization)
+  std::string speculative = "none";   // none | mtp (InferenceServerOptions::speculative)
 };
 
 int RunServe(const ServeArgs& args);

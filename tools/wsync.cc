@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
                 "layer by layer as each layer's tensors land (a model/tp whose shards are off the 128 grid is refused)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "fp8"}));
+  s->add_option("--speculative", serve.speculative,
+                "none, or mtp: hold the model's MTP drafter, reloaded from the same sync by every backend; its "
+                "embed_tokens/lm_head are the target's memory (a model without MTP layers is refused)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "mtp"}));
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
 
   PushArgs push;
@@ -194,7 +199,7 @@ int main(int argc, char** argv) {
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
   b->add_option("what", bench.what, "broadcast, delta, sources, ipc or sharded (against the nccl broadcast), fp8 (a bf16 "
-                "server against an fp8 one)")
+                "server against an fp8 one, and with and without an MTP drafter for a model with MTP layers)")
       ->required()
       ->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc", "sharded", "fp8"}));
   b->add_option("--model", bench.model)->capture_default_str();

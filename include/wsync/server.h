@@ -89,6 +89,14 @@ struct InferenceServerOptions {
   // checksums follow the HF FP8 checkpoint convention. Refused at start for a model and
   // tp whose shard boundaries are not multiples of 128.
   std::string quantization = "none";
+
+  // "none", or "mtp" (`--speculative mtp`): the server holds the model's MTP drafter
+  // beside the target. Its own layers (model.layers.<num_hidden_layers + k>.*) are
+  // reloaded from the same update stream by every backend, in the same session; its
+  // embed_tokens and shared_head.head are the target's embed_tokens and lm_head, not a
+  // copy. Without a drafter an MTP model's MTP tensors are checked and dropped, as
+  // vLLM's target model drops them. A model without MTP layers is refused.
+  std::string speculative = "none";
 };
 
 // Where the server listens and what it accepts over HTTP.

@@ -46,6 +46,8 @@ class ControlService {
                                     const std::string& peer_address) = 0;
   // POST /start_weight_update; FailedPrecondition if a session is already active.
   virtual Status StartWeightUpdate() = 0;
+  // /start_draft_weight_update: a session for the speculative drafter's weights.
+  virtual Status StartDraftWeightUpdate() { return InvalidArgument("this server has no draft model"); }
   // POST /update_weights {"update_info": {...}}; returns after the data has landed. A
   // byte-identical body arrives as the same object as the previous one (the HTTP layer
   // keeps the last parsed body), so what a service derives from it may be kept and
@@ -76,6 +78,10 @@ class ControlService {
   // POST /weight_checker {"action": "checksum"|"compare", "algorithm": ...}: wsync's digest
   // of every full HF tensor, keyed by HF name.
   virtual Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) = 0;
+  // The model's HF tensors this server checks and drops instead of holding (an MTP
+  // layer's without a drafter): Checksums has no digest of them. The checksum reply lists
+  // them as "not_held" when there are any.
+  virtual std::vector<std::string> TensorsNotHeld() const { return {}; }
   // POST /weight_checker with no "algorithm": vLLM's weight checker over each worker's
   // runtime parameters (keys "dp{d}:pp{p}:pcp{c}:tp{t}:ep{e}:{param}", SHA-256).
   // `action` is "checksum", "reset" or "compare"; `baseline` is the compare body's

@@ -100,7 +100,11 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
     return InvalidArgument("weight_checker 'compare' with an 'algorithm' needs a field 'baseline'");
   }
   WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
-  if (action == "checksum") return json{{"checksums", sums}};
+  if (action == "checksum") {
+    json reply{{"checksums", sums}};
+    if (std::vector<std::string> dropped = svc->TensorsNotHeld(); !dropped.empty()) reply["not_held"] = dropped;
+    return reply;
+  }
   std::vector<std::string> mismatches = DigestMismatches(sums, *baseline);
   return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
 }
@@ -346,7 +350,10 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());
       return json{{"message", "Weight update started"}};
     }
-    if (path == route::kStartDraftWeightUpdate) return InvalidArgument("this server has no draft model");
+    if (path == route::kStartDraftWeightUpdate) {
+      WSYNC_RETURN_IF_ERROR(svc->StartDraftWeightUpdate());
+      return json{{"message", "Draft weight update started"}};
+    }
     if (path == route::kUpdateWeights) {
       WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "update_info"));
       // The field shares the body's lifetime, and its identity: the same body, the same info.

@@ -91,6 +91,9 @@ const std::map<std::string, ModelConfig, std::less<>>& Registry() {
                         1408, 128, 1, 1, 1)),
              Glm(Routed(Dense("glm4-moe-tiny", 4096, 256, 512, 3, 4, 2, 64, false), kGlm4Moe,
                         128, 8, 1, 1, 1)),
+             // GLM-4.5's architecture at 0.6B parameters, one MTP layer (a benchmark size).
+             Glm(Routed(Dense("glm4-moe-0.6b", 151552, 1024, 2816, 12, 16, 4, 64, false), kGlm4Moe,
+                        256, 16, 1, 1, 1)),
          }) {
       std::string name = c.name;
       m->emplace(std::move(name), std::move(c));
@@ -481,17 +484,31 @@ std::vector<TensorMeta> HfTensors(const ModelConfig& c) {
   }
   for (int64_t i = c.num_hidden_layers; i < c.total_layers(); ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    add(p + "embed_tokens.weight", {V, H});
+    // The layer's embed_tokens and shared_head.head are the target's embed_tokens and
+    // lm_head, which the drafter aliases: the stream carries each once.
     add(p + "enorm.weight", {H});
     add(p + "hnorm.weight", {H});
     add(p + "eh_proj.weight", {H, 2 * H});
     add(p + "shared_head.norm.weight", {H});
-    add(p + "shared_head.head.weight", {V, H});
     AddLayer(c, i, p, out);
   }
   add("model.norm.weight", {H});
   if (!c.tie_word_embeddings) add("lm_head.weight", {V, H});
   return out;
+}
+
+int64_t MtpLayerOf(const ModelConfig& c, std::string_view hf_name) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (c.num_nextn_predict_layers == 0 || !hf_name.starts_with(kPrefix)) return -1;
+  hf_name.remove_prefix(kPrefix.size());
+  int64_t layer = 0;
+  size_t digits = 0;
+  while (digits < hf_name.size() && digits < 10 && hf_name[digits] >= '0' && hf_name[digits] <= '9') {
+    layer = layer * 10 + (hf_name[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0 || digits >= hf_name.size() || hf_name[digits] != '.') return -1;
+  return layer >= c.num_hidden_layers && layer < c.total_layers() ? layer : -1;
 }
 
 int64_t ModelParams(const ModelConfig& config) {

@@ -55,8 +55,9 @@ struct ModelConfig {
   int64_t n_shared_experts = 0;
   // Layers [0, first_k_dense_replace) have a dense MLP of width intermediate_size.
   int64_t first_k_dense_replace = 0;
-  // Multi-token-prediction layers, numbered after the last decoder layer; the checkpoint
-  // holds each (embed_tokens, enorm, hnorm, eh_proj, shared_head, a MoE decoder layer).
+  // Multi-token-prediction layers, numbered after the last decoder layer: each is enorm,
+  // hnorm, eh_proj, shared_head.norm and a MoE decoder layer; its embed_tokens and
+  // shared_head.head are the target's embed_tokens and lm_head (the drafter aliases them).
   int64_t num_nextn_predict_layers = 0;
   // Multi-head latent attention (DeepSeek-V3 only, else 0). q_lora_rank 0: no query
   // compression (q_proj instead of q_a_proj / q_a_layernorm / q_b_proj).
@@ -112,10 +113,15 @@ Status ValidateConfig(const ModelConfig& config);
 // kv_a_layernorm, kv_b_proj, o_proj), the MLP (dense gate/up/down_proj, or the router
 // gate (+ e_score_correction_bias, float32), each expert's gate/up/down_proj, then the
 // shared_experts' gate/up/down_proj), input_layernorm, post_attention_layernorm; then
-// each MTP layer (embed_tokens, enorm, hnorm, eh_proj, shared_head.norm, shared_head.head,
-// then a decoder layer as above, under model.layers.<num_hidden_layers + k>.); then
+// each MTP layer (enorm, hnorm, eh_proj, shared_head.norm, then a decoder layer as above,
+// under model.layers.<num_hidden_layers + k>.; a checkpoint's per-layer embed_tokens and
+// shared_head.head copies are the target's embed_tokens and lm_head, sent once); then
 // model.norm and, unless tied, lm_head. All in config.dtype except the float32 router bias.
 std::vector<TensorMeta> HfTensors(const ModelConfig& config);
+
+// The MTP layer (num_hidden_layers + k) an HF tensor belongs to, or -1 for a target
+// tensor: the drafter's own tensors are exactly those with a layer here.
+int64_t MtpLayerOf(const ModelConfig& config, std::string_view hf_name);
 
 // Total bytes of HfTensors(config).
 int64_t ModelBytes(const ModelConfig& config);

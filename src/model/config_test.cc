@@ -59,7 +59,7 @@ constexpr const char* kMoeJson = R"({
 TEST(Registry, NamesAndLookups) {
   EXPECT_EQ(RegisteredModelNames(),
             (std::vector<std::string>{"deepseek-v3", "deepseek-v3-tiny", "glm-4.5-air",
-                                      "glm4-moe-tiny", "kimi-k2", "qwen3-0.6b", "qwen3-235b-a22b",
+                                      "glm4-moe-0.6b", "glm4-moe-tiny", "kimi-k2", "qwen3-0.6b", "qwen3-235b-a22b",
                                       "qwen3-30b-a3b", "qwen3-8b", "qwen3-moe-tiny", "qwen3-tiny"}));
   for (const std::string& name : RegisteredModelNames()) {
     auto c = LookupModel(name);
@@ -85,7 +85,7 @@ TEST(Registry, UnknownNameListsRegisteredNames) {
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(c.status().message(),
             "unknown model 'llama-7b': not a registered name (deepseek-v3, deepseek-v3-tiny, "
-            "glm-4.5-air, glm4-moe-tiny, kimi-k2, qwen3-0.6b, qwen3-235b-a22b, qwen3-30b-a3b, "
+            "glm-4.5-air, glm4-moe-0.6b, glm4-moe-tiny, kimi-k2, qwen3-0.6b, qwen3-235b-a22b, qwen3-30b-a3b, "
             "qwen3-8b, qwen3-moe-tiny, qwen3-tiny) nor a directory with a config.json");
 }
 
@@ -360,7 +360,8 @@ TEST(ConfigJson, PublishedConfigsMatchTheRegistry) {
 // Parameter counts as closed-form sums over the published sizes (per MLA layer:
 // q_a 1536*7168 + 1536, q_b 128*192*1536, kv_a 576*7168 + 512, kv_b 128*256*512,
 // o 7168*128*128, two norms; MoE: router 256*7168 + 256, 256 experts and 1 shared of
-// 3*2048*7168; dense: 3*18432*7168; MTP: two V*H matrices, eh_proj 7168*14336, three norms).
+// 3*2048*7168; dense: 3*18432*7168; MTP: eh_proj 7168*14336, three norms, a MoE layer; its
+// embed_tokens and shared_head.head are the target's, so the stream has no copy of them).
 TEST(HfTensors, PublishedParameterCounts) {
   auto count = [](const ModelConfig& c, bool mtp) {
     int64_t n = 0;
@@ -375,14 +376,15 @@ TEST(HfTensors, PublishedParameterCounts) {
   };
   ModelConfig ds = Registered("deepseek-v3");
   EXPECT_EQ(count(ds, false), 671026419200);  // "671B"
-  EXPECT_EQ(count(ds, true), 13463426304);    // "14B" of MTP (685B on Hugging Face)
+  // "14B" of MTP on Hugging Face (685B in all) counts two V*H copies the stream does not.
+  EXPECT_EQ(count(ds, true), 13463426304 - 2 * 129280 * 7168);
   EXPECT_EQ(count(Registered("kimi-k2"), false), 1026408232448);  // "1T"
   ModelConfig glm = Registered("glm-4.5-air");
   EXPECT_EQ(count(glm, false), 106852251264);  // "106B"
-  EXPECT_EQ(count(glm, true), 3616573568);
+  EXPECT_EQ(count(glm, true), 3616573568 - 2 * 151552 * 4096);
   EXPECT_EQ(ModelParams(Registered("qwen3-235b-a22b")), 235093634560);  // "235B"
   // Bytes: bf16 everywhere but the float32 router bias of each MoE layer (58 + 1 MTP).
-  EXPECT_EQ(ModelBytes(ds), (671026419200 + 13463426304) * 2 + 59 * 256 * 2);
+  EXPECT_EQ(ModelBytes(ds), (671026419200 + 13463426304 - 2 * 129280 * 7168) * 2 + 59 * 256 * 2);
 }
 
 TEST(HfTensors, DeepseekLayerNamesAndShapes) {
@@ -404,7 +406,10 @@ TEST(HfTensors, DeepseekLayerNamesAndShapes) {
   EXPECT_EQ(shape_of("model.layers.3.mlp.experts.255.up_proj.weight"), (Shape{2048, 7168}));
   EXPECT_EQ(shape_of("model.layers.3.mlp.shared_experts.down_proj.weight"), (Shape{7168, 2048}));
   EXPECT_EQ(shape_of("model.layers.61.eh_proj.weight"), (Shape{7168, 14336}));
-  EXPECT_EQ(shape_of("model.layers.61.shared_head.head.weight"), (Shape{129280, 7168}));
+  for (const TensorMeta& m : t) {
+    EXPECT_NE(m.name, "model.layers.61.shared_head.head.weight");
+    EXPECT_NE(m.name, "model.layers.61.embed_tokens.weight");
+  }
   EXPECT_EQ(shape_of("model.layers.61.mlp.experts.0.gate_proj.weight"), (Shape{2048, 7168}));
   EXPECT_EQ(t.back().name, "lm_head.weight");
   EXPECT_EQ(t[t.size() - 2].name, "model.norm.weight");
@@ -447,6 +452,32 @@ TEST(ConfigJson, DeepseekGlmFieldsAreChecked) {
   d.num_nextn_predict_layers = int64_t{1} << 30;
   EXPECT_EQ(ValidateConfig(d).message(),
             "model deepseek-v3-tiny: num_nextn_predict_layers is 1073741824, over 16777216");
+}
+
+TEST(MtpLayerOf, NamesTheDrafterLayerOfATensor) {
+  const ModelConfig ds = Registered("deepseek-v3");
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.61.eh_proj.weight"), 61);
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.61.mlp.experts.7.up_proj.weight"), 61);
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.60.mlp.gate.weight"), -1);
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.62.eh_proj.weight"), -1);  // past the MTP layers
+  EXPECT_EQ(MtpLayerOf(ds, "model.embed_tokens.weight"), -1);
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.61"), -1);
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.x1.eh_proj.weight"), -1);
+  EXPECT_EQ(MtpLayerOf(ds, "model.layers.00000000000061.eh_proj.weight"), -1);  // over 10 digits
+  EXPECT_EQ(MtpLayerOf(Registered("kimi-k2"), "model.layers.61.eh_proj.weight"), -1);  // no MTP layers
+  // Every MTP-layer tensor of the stream, and nothing else, has a layer.
+  for (const TensorMeta& m : HfTensors(Registered("glm4-moe-tiny"))) {
+    EXPECT_EQ(MtpLayerOf(Registered("glm4-moe-tiny"), m.name) >= 0, m.name.starts_with("model.layers.3."))
+        << m.name;
+  }
+}
+
+TEST(Registry, MtpFamilyAtBenchmarkSize) {
+  const ModelConfig c = Registered("glm4-moe-0.6b");
+  EXPECT_EQ(c.num_nextn_predict_layers, 1);
+  const double params = static_cast<double>(ModelParams(c));
+  EXPECT_GT(params, 0.5e9);
+  EXPECT_LT(params, 0.75e9);
 }
 
 }  // namespace

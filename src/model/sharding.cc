@@ -51,9 +51,9 @@ Status CheckDivisible(const ModelConfig& c, int tp, const ExpertSplit& ep) {
 // Builds one worker's parameter list; `add` appends a parameter.
 class TableBuilder {
  public:
-  TableBuilder(const ModelConfig& c, int r, int tp, ExpertSplit ep, const std::vector<TensorMeta>& hf,
-               std::vector<WorkerParam>& params)
-      : c_(c), r_(r), tp_(tp), ep_(ep), params_(params) {
+  TableBuilder(const ModelConfig& c, int r, int tp, ExpertSplit ep, Drafter drafter,
+               const std::vector<TensorMeta>& hf, std::vector<WorkerParam>& params)
+      : c_(c), r_(r), tp_(tp), ep_(ep), drafter_(drafter), params_(params) {
     for (const TensorMeta& m : hf) hf_.emplace(m.name, &m);
   }
 
@@ -63,14 +63,14 @@ class TableBuilder {
       const std::string p = fmt::format("model.layers.{}.", i);
       Layer(i, p, p);
     }
-    for (int64_t i = c_.num_hidden_layers; i < c_.total_layers(); ++i) {
+    // The drafter's own layers; its embed_tokens and shared_head.head are the target's
+    // parameters (drafter_aliases()), not parameters of their own.
+    for (int64_t i = c_.num_hidden_layers; drafter_ == Drafter::kMtp && i < c_.total_layers(); ++i) {
       const std::string p = fmt::format("model.layers.{}.", i);
-      VocabParallel(p + "embed_tokens.weight", p + "embed_tokens.weight");
       Replicated(p + "enorm.weight");
       Replicated(p + "hnorm.weight");
       Replicated(p + "eh_proj.weight");
       Replicated(p + "shared_head.norm.weight");
-      VocabParallel(p + "shared_head.head.weight", p + "shared_head.head.weight");
       Layer(i, p, p + "mtp_block.");
     }
     Replicated("model.norm.weight");
@@ -219,13 +219,15 @@ class TableBuilder {
   const ModelConfig& c_;
   int r_, tp_;
   ExpertSplit ep_;
+  Drafter drafter_;
   std::vector<WorkerParam>& params_;
   std::unordered_map<std::string, const TensorMeta*> hf_;
 };
 
 }  // namespace
 
-Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, ExpertSplit ep) {
+Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, ExpertSplit ep,
+                                           Drafter drafter) {
   WSYNC_RETURN_IF_ERROR(ValidateConfig(c));
   if (tp < 1 || r < 0 || r >= tp) {
     return InvalidArgument(
@@ -239,16 +241,52 @@ Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, 
     return InvalidArgument(fmt::format("model {}: ep_size {} needs a MoE model", c.name, ep.size));
   }
   WSYNC_RETURN_IF_ERROR(CheckDivisible(c, tp, ep));
+  if (drafter == Drafter::kMtp && c.num_nextn_predict_layers == 0) {
+    return InvalidArgument(fmt::format(
+        "model {} has no MTP layers (num_nextn_predict_layers is 0), so it has no MTP drafter", c.name));
+  }
 
   ShardingTable t;
   t.config_ = c;
   t.tp_rank_ = r;
   t.tp_size_ = tp;
   t.ep_ = ep;
+  t.drafter_ = drafter;
   t.hf_ = HfTensors(c);
-  TableBuilder(c, r, tp, ep, t.hf_, t.params_).Build();
+  TableBuilder(c, r, tp, ep, drafter, t.hf_, t.params_).Build();
   t.Index();
   return t;
+}
+
+std::vector<DrafterAlias> ShardingTable::drafter_aliases() const {
+  std::vector<DrafterAlias> out;
+  if (drafter_ != Drafter::kMtp) return out;
+  const int embed = FindParam("model.embed_tokens.weight");
+  // A tied model's lm_head is embed_tokens itself.
+  const int head = config_.tie_word_embeddings ? embed : FindParam("lm_head.weight");
+  for (int64_t i = config_.num_hidden_layers; i < config_.total_layers(); ++i) {
+    out.push_back({fmt::format("model.layers.{}.embed_tokens.weight", i), embed});
+    out.push_back({fmt::format("model.layers.{}.shared_head.head.weight", i), head});
+  }
+  return out;
+}
+
+bool ShardingTable::Serves(std::string_view hf_name) const {
+  return drafter_ == Drafter::kMtp || MtpLayerOf(config_, hf_name) < 0;
+}
+
+std::vector<TensorMeta> ShardingTable::served_hf_tensors() const {
+  std::vector<TensorMeta> out;
+  for (const TensorMeta& m : hf_) {
+    if (Serves(m.name)) out.push_back(m);
+  }
+  return out;
+}
+
+bool ShardingTable::IsDrafterParam(int param) const {
+  if (drafter_ != Drafter::kMtp) return false;
+  const std::string& name = params_[param].meta.name;
+  return MtpLayerOf(config_, name) >= 0;
 }
 
 void ShardingTable::Index() {

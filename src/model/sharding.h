@@ -19,9 +19,13 @@
 // qkv_proj with a fused qkv_proj.bias beside it. Both: dense first layers as a dense MLP,
 // the router gate and its e_score_correction_bias replicated, the shared experts one
 // MLP (mlp.shared_experts.gate_up_proj / down_proj) split like a dense one, MTP layers
-// as vLLM's MTP drafter holds them (model.layers.<n>.{embed_tokens, shared_head.head}
-// vocab-parallel, enorm/hnorm/eh_proj/shared_head.norm replicated, the decoder layer's
-// parameters under model.layers.<n>.mtp_block.).
+// as vLLM's MTP drafter holds them when the worker serves one (Drafter::kMtp, `serve
+// --speculative mtp`): enorm/hnorm/eh_proj/shared_head.norm replicated, the decoder
+// layer's parameters under model.layers.<n>.mtp_block.; the drafter's embed_tokens and
+// shared_head.head are the target's embed_tokens and lm_head parameters (vLLM shares
+// them), listed by drafter_aliases(). Without a drafter the MTP tensors are still HF
+// tensors of the model (a trainer streams them) but no parameter holds them: they are
+// checked and dropped, as vLLM's target model skips them.
 //
 // Expert parallelism (ExpertSplit with size > 1, vLLM's enable_expert_parallel, where
 // size is tp * dp of the deployment): routed experts are not TP-split; the worker of EP
@@ -84,18 +88,38 @@ struct ExpertSplit {
   int size = 1;
 };
 
+// Whether the worker serves a speculative-decoding drafter beside the target.
+enum class Drafter { kNone, kMtp };
+
+// A drafter parameter that is a target parameter (the same memory).
+struct DrafterAlias {
+  std::string name;  // the drafter's name, e.g. model.layers.61.embed_tokens.weight
+  int param = -1;    // the target parameter's index in params()
+};
+
 class ShardingTable {
  public:
   // The table of worker `tp_rank` of `tp_size`. A size that does not divide (heads,
   // KV heads, intermediate, padded vocab; experts by ep.size) is InvalidArgument naming
   // the model, the quantity and tp (or ep).
+  // Drafter::kMtp needs MTP layers in the config.
   static Result<ShardingTable> Build(const ModelConfig& config, int tp_rank, int tp_size,
-                                     ExpertSplit ep = {});
+                                     ExpertSplit ep = {}, Drafter drafter = Drafter::kNone);
 
   const ModelConfig& config() const { return config_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
   const ExpertSplit& ep() const { return ep_; }
+  Drafter drafter() const { return drafter_; }
+  // The drafter's parameters that are the target's (empty without a drafter).
+  std::vector<DrafterAlias> drafter_aliases() const;
+  // Whether params()[param] is one of the drafter's own (an MTP layer's).
+  bool IsDrafterParam(int param) const;
+  // Whether the worker's models (the target, and the drafter if any) hold this HF tensor:
+  // every tensor but an MTP layer's without a drafter.
+  bool Serves(std::string_view hf_name) const;
+  // The hf_tensors() the worker's models hold, in order.
+  std::vector<TensorMeta> served_hf_tensors() const;
   // The worker's parameters in vLLM's order.
   const std::vector<WorkerParam>& params() const { return params_; }
   // The model's HF tensors (HfTensors(config)).
@@ -128,6 +152,7 @@ class ShardingTable {
   int tp_rank_ = 0;
   int tp_size_ = 1;
   ExpertSplit ep_;
+  Drafter drafter_ = Drafter::kNone;
   std::vector<WorkerParam> params_;
   std::vector<TensorMeta> hf_;
   NameIndex hf_index_;

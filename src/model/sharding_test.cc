@@ -12,10 +12,10 @@ namespace {
 ModelConfig Model(const std::string& name) { return *LookupModel(name); }
 
 // The TP group; with `ep`, rank r is also EP rank r of tp (a deployment with dp 1).
-std::vector<ShardingTable> Group(const ModelConfig& c, int tp, bool ep = false) {
+std::vector<ShardingTable> Group(const ModelConfig& c, int tp, bool ep = false, Drafter drafter = Drafter::kNone) {
   std::vector<ShardingTable> g;
   for (int r = 0; r < tp; ++r) {
-    auto t = ShardingTable::Build(c, r, tp, ep ? ExpertSplit{r, tp} : ExpertSplit{});
+    auto t = ShardingTable::Build(c, r, tp, ep ? ExpertSplit{r, tp} : ExpertSplit{}, drafter);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     g.push_back(std::move(t).value());
   }
@@ -27,11 +27,13 @@ struct Interval {
   bool operator<(const Interval& o) const { return start < o.start; }
 };
 
-// For every HF tensor, the primary pieces across the group slice one dim and tile it
-// exactly; every piece (replicas too) fits its HF tensor and its parameter.
-void CheckCoverage(const ModelConfig& c, int tp, bool ep = false) {
-  SCOPED_TRACE(c.name + " tp=" + std::to_string(tp) + (ep ? " ep" : ""));
-  auto group = Group(c, tp, ep);
+// For every HF tensor the group serves, the primary pieces across the group slice one
+// dim and tile it exactly; every piece (replicas too) fits its HF tensor and its
+// parameter; no piece fills a tensor the group does not serve.
+void CheckCoverage(const ModelConfig& c, int tp, bool ep = false, Drafter drafter = Drafter::kNone) {
+  SCOPED_TRACE(c.name + " tp=" + std::to_string(tp) + (ep ? " ep" : "") +
+               (drafter == Drafter::kMtp ? " mtp" : ""));
+  auto group = Group(c, tp, ep, drafter);
   std::map<std::string, std::vector<Interval>> primary;
   std::map<std::string, int> dims;
   for (const ShardingTable& t : group) {
@@ -63,7 +65,7 @@ void CheckCoverage(const ModelConfig& c, int tp, bool ep = false) {
       }
     }
   }
-  const auto& hf = group[0].hf_tensors();
+  const auto hf = group[0].served_hf_tensors();
   ASSERT_EQ(primary.size(), hf.size());
   for (const TensorMeta& m : hf) {
     auto& iv = primary[m.name];
@@ -90,6 +92,8 @@ TEST(ShardingTable, DeepseekAndGlmPiecesTileEveryTensorOnce) {
     for (int tp : {1, 2, 4}) {
       CheckCoverage(Model(name), tp);
       CheckCoverage(Model(name), tp, /*ep=*/true);
+      CheckCoverage(Model(name), tp, /*ep=*/false, Drafter::kMtp);
+      CheckCoverage(Model(name), tp, /*ep=*/true, Drafter::kMtp);
     }
   }
   ModelConfig no_q_lora = Model("deepseek-v3-tiny");
@@ -101,7 +105,7 @@ TEST(ShardingTable, DeepseekAndGlmPiecesTileEveryTensorOnce) {
 
 // The MLA parameters of DeepSeek-V3 at TP 8, rank 3, as vLLM holds them.
 TEST(ShardingTable, DeepseekMlaParamsAtTp8) {
-  auto t = ShardingTable::Build(Model("deepseek-v3"), 3, 8);
+  auto t = ShardingTable::Build(Model("deepseek-v3"), 3, 8, {}, Drafter::kMtp);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   auto param = [&](const std::string& name) -> const WorkerParam& {
     int i = t->FindParam(name);
@@ -126,7 +130,9 @@ TEST(ShardingTable, DeepseekMlaParamsAtTp8) {
   EXPECT_EQ(param("model.layers.2.mlp.gate_up_proj.weight").meta.shape, (Shape{2 * 2304, 7168}));
   EXPECT_EQ(param("model.layers.61.mtp_block.self_attn.o_proj.weight").pieces[0].hf_name,
             "model.layers.61.self_attn.o_proj.weight");
-  EXPECT_EQ(param("model.layers.61.shared_head.head.weight").meta.shape, (Shape{129280 / 8, 7168}));
+  // The drafter's embed_tokens and head are the target's parameters, not its own.
+  EXPECT_LT(t->FindParam("model.layers.61.shared_head.head.weight"), 0);
+  EXPECT_LT(t->FindParam("model.layers.61.embed_tokens.weight"), 0);
   // Bytes of the rank: the model's bytes split 8 ways, plus what every rank holds whole.
   int64_t whole = 0, split = 0;
   for (const TensorMeta& m : t->hf_tensors()) {
@@ -135,6 +141,53 @@ TEST(ShardingTable, DeepseekMlaParamsAtTp8) {
     (p.length == m.shape[p.dim] ? whole : split) += static_cast<int64_t>(m.nbytes());
   }
   EXPECT_EQ(t->param_bytes(), whole + split / 8);
+}
+
+// Without a drafter the MTP layers' tensors are the model's but no parameter holds them;
+// with one, its own layers are parameters and its embed_tokens / head alias the target's.
+TEST(ShardingTable, MtpDrafterOwnsItsLayersAndAliasesEmbedAndHead) {
+  const ModelConfig c = Model("deepseek-v3-tiny");  // 3 layers + MTP layer 3
+  auto plain = ShardingTable::Build(c, 0, 2);
+  auto mtp = ShardingTable::Build(c, 0, 2, {}, Drafter::kMtp);
+  ASSERT_TRUE(plain.ok() && mtp.ok());
+  EXPECT_EQ(plain->hf_tensors(), mtp->hf_tensors());  // the same stream either way
+  const std::string eh = "model.layers.3.eh_proj.weight";
+  ASSERT_GE(plain->FindHf(eh), 0);
+  EXPECT_TRUE(plain->PiecesOf(eh).empty());
+  EXPECT_FALSE(plain->Serves(eh));
+  EXPECT_TRUE(plain->Serves("model.layers.2.mlp.gate.weight"));
+  EXPECT_TRUE(mtp->Serves(eh));
+  ASSERT_EQ(mtp->PiecesOf(eh).size(), 1u);
+  const auto mtp_tensors = std::ranges::count_if(
+      plain->hf_tensors(), [&](const TensorMeta& m) { return MtpLayerOf(c, m.name) >= 0; });
+  EXPECT_GT(mtp_tensors, 0);
+  EXPECT_EQ(plain->served_hf_tensors().size(), plain->hf_tensors().size() - static_cast<size_t>(mtp_tensors));
+  EXPECT_EQ(mtp->served_hf_tensors().size(), mtp->hf_tensors().size());
+  // The drafter's own parameters are exactly the MTP layer's, and the target's are unchanged.
+  int64_t own = 0;
+  for (size_t i = 0; i < mtp->params().size(); ++i) {
+    const std::string& name = mtp->params()[i].meta.name;
+    EXPECT_EQ(mtp->IsDrafterParam(static_cast<int>(i)), name.starts_with("model.layers.3.")) << name;
+    if (mtp->IsDrafterParam(static_cast<int>(i))) {
+      own += static_cast<int64_t>(mtp->params()[i].meta.nbytes());
+    } else {
+      EXPECT_GE(plain->FindParam(name), 0) << name;
+    }
+  }
+  EXPECT_EQ(mtp->param_bytes(), plain->param_bytes() + own);
+  const auto own_params = std::ranges::count_if(
+      mtp->params(), [](const WorkerParam& p) { return p.meta.name.starts_with("model.layers.3."); });
+  EXPECT_EQ(mtp->params().size(), plain->params().size() + static_cast<size_t>(own_params));
+  const std::vector<DrafterAlias> aliases = mtp->drafter_aliases();
+  ASSERT_EQ(aliases.size(), 2u);
+  EXPECT_EQ(aliases[0].name, "model.layers.3.embed_tokens.weight");
+  EXPECT_EQ(mtp->params()[aliases[0].param].meta.name, "model.embed_tokens.weight");
+  EXPECT_EQ(aliases[1].name, "model.layers.3.shared_head.head.weight");
+  EXPECT_EQ(mtp->params()[aliases[1].param].meta.name, "lm_head.weight");
+  EXPECT_TRUE(plain->drafter_aliases().empty());
+  // A model without MTP layers has no drafter to hold.
+  EXPECT_EQ(ShardingTable::Build(Model("qwen3-tiny"), 0, 1, {}, Drafter::kMtp).status().message(),
+            "model qwen3-tiny has no MTP layers (num_nextn_predict_layers is 0), so it has no MTP drafter");
 }
 
 // With expert parallelism a worker holds its experts whole, and no one else's.

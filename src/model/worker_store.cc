@@ -90,10 +90,15 @@ std::string SliceString(const ShardPiece& p, const TensorMeta& hf) {
 }  // namespace
 
 Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& config, int tp_rank,
-                                                         int tp_size, const Device& device) {
-  WSYNC_ASSIGN_OR_RETURN(ShardingTable table, ShardingTable::Build(config, tp_rank, tp_size));
+                                                         int tp_size, const Device& device, Drafter drafter) {
+  WSYNC_ASSIGN_OR_RETURN(ShardingTable table, ShardingTable::Build(config, tp_rank, tp_size, {}, drafter));
   std::unique_ptr<WorkerStore> store(new WorkerStore(std::move(table)));
   store->device_ = device;
+  if (drafter != Drafter::kNone) {
+    const ShardingTable& t = store->table_;
+    store->drafter_tracker_ =
+        std::make_unique<LayerTracker>(t, [&t](int param) { return t.IsDrafterParam(param); }, "drafter");
+  }
   const std::vector<WorkerParam>& params = store->table_.params();
   for (const WorkerParam& p : params) store->param_bytes_ += p.meta.nbytes();
   if (device.is_cpu()) {
@@ -119,9 +124,23 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
   return store;
 }
 
+std::vector<WorkerStore::DrafterParam> WorkerStore::drafter_params() const {
+  std::vector<DrafterParam> out;
+  const std::vector<WorkerParam>& params = table_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (table_.IsDrafterParam(static_cast<int>(i))) {
+      out.push_back({params[i].meta.name, param_data_[i], params[i].meta.nbytes(), -1});
+    }
+  }
+  for (const DrafterAlias& a : table_.drafter_aliases()) {
+    out.push_back({a.name, param_data_[a.param], params[a.param].meta.nbytes(), a.param});
+  }
+  return out;
+}
+
 Result<std::unique_ptr<WorkerStore>> WorkerStore::CopyToHost() const {
   WSYNC_RETURN_IF_ERROR(CheckResident("reading back"));
-  WSYNC_ASSIGN_OR_RETURN(auto host, Create(config(), tp_rank(), tp_size()));
+  WSYNC_ASSIGN_OR_RETURN(auto host, Create(config(), tp_rank(), tp_size(), {}, table_.drafter()));
   if (device_.is_cpu()) {
     for (size_t i = 0; i < params_.size(); ++i) {
       std::memcpy(host->param_data_[i], param_data_[i], params_[i].meta.nbytes());
@@ -177,8 +196,22 @@ Status WorkerStore::CheckLoad(const TensorRef& hf) const {
   return Status::Ok();
 }
 
+void WorkerStore::BeginDrafterUpdate() {
+  if (drafter_tracker_) drafter_tracker_->Reset();
+}
+
+Result<bool> WorkerStore::FinishDrafterUpdate() {
+  if (!drafter_tracker_) return false;
+  Status complete = drafter_tracker_->CheckComplete();
+  const bool whole = drafter_tracker_->completed_layers() == drafter_tracker_->num_layers();
+  drafter_tracker_->Reset();
+  WSYNC_RETURN_IF_ERROR(complete.WithContext("the MTP drafter was not reloaded whole"));
+  return whole;
+}
+
 Status WorkerStore::Load(const TensorRef& hf) {
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
+  if (drafter_tracker_) drafter_tracker_->MarkHf(hf.name);
   const std::byte* src = hf.bytes.data();
   if (!device_.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
@@ -217,6 +250,7 @@ Status WorkerStore::LoadPiece(int param, int piece, std::span<const std::byte> p
     return InvalidArgument(fmt::format("piece {} of {} arrived on {}; the shards are on {}", piece, name,
                                        where.ToString(), device_.ToString()));
   }
+  if (drafter_tracker_) drafter_tracker_->MarkPiece(param, piece);
   std::byte* dst = param_data_[param];
   if (!device_.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
@@ -238,6 +272,7 @@ Status WorkerStore::ChunkLanded() {
 
 Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
+  if (drafter_tracker_) drafter_tracker_->MarkHf(hf.name);
   const std::byte* src = hf.bytes.data();
   for (auto [i, k] : table_.PiecesOf(hf.name)) {
     const PieceRuns r = table_.Runs(i, k);
@@ -389,7 +424,7 @@ Result<std::map<std::string, std::string>> AllHfDigests(
   // Device stores are read back in blocks: each thread holds one at a time.
   const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
   const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
-  return DigestEach(group[0]->hf_tensors(), threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
+  return DigestEach(group[0]->table().served_hf_tensors(), threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
     return HfDigestWith(group, m.name, algorithm, block_bytes, scratch);
   });
 }

@@ -44,6 +44,7 @@
 #include "core/digest.h"
 #include "core/offload_file.h"
 #include "model/config.h"
+#include "model/layer_tracker.h"
 #include "model/sharding.h"
 #include "model/worker_sink.h"
 #include "wsync/device_runtime.h"
@@ -57,8 +58,11 @@ class WorkerStore final : public WorkerSink {
   // Builds the table of worker tp_rank of tp_size and allocates its zeroed parameters on
   // `device`. Host parameters are prefaulted here, so the first Load() into them costs
   // no more than any later one (Create takes the time instead).
+  // Drafter::kMtp adds the MTP drafter's own parameters; its embed_tokens and
+  // shared_head.head are the target's (drafter_param_data()).
   static Result<std::unique_ptr<WorkerStore>> Create(const ModelConfig& config, int tp_rank,
-                                                     int tp_size, const Device& device = {});
+                                                     int tp_size, const Device& device = {},
+                                                     Drafter drafter = Drafter::kNone);
   WorkerStore(const WorkerStore&) = delete;
   WorkerStore& operator=(const WorkerStore&) = delete;
 
@@ -72,6 +76,23 @@ class WorkerStore final : public WorkerSink {
   const std::vector<HostTensor>& params() const { return params_; }
   // Address of parameter i's bytes on device(), for any store; stable for its lifetime.
   std::byte* param_data(size_t i) const { return param_data_[i]; }
+  // The drafter's parameters as the drafter sees them: its own (table().IsDrafterParam)
+  // and its aliases of target parameters, each with the address it reads; an alias's
+  // address is the target parameter's. Empty without a drafter.
+  struct DrafterParam {
+    std::string name;
+    std::byte* data = nullptr;
+    size_t bytes = 0;
+    int shares = -1;  // the target parameter an alias is; -1 for the drafter's own
+  };
+  std::vector<DrafterParam> drafter_params() const;
+  // Drafter reload tracking (model/layer_tracker.h over the drafter's own parameters):
+  // every landing (Load, PlanLoad, LoadPiece) marks its pieces. BeginDrafterUpdate
+  // forgets the marks; FinishDrafterUpdate answers whether this update reloaded every
+  // drafter layer whole (false: it touched none), FailedPrecondition naming each drafter
+  // layer it touched but did not complete. A store without a drafter answers false.
+  void BeginDrafterUpdate();
+  Result<bool> FinishDrafterUpdate();
   // Writable bytes of params()[i] of a host store (post-processing, fault-injection tests).
   std::span<std::byte> mutable_param_bytes(size_t i) { return params_[i].storage.span(); }
 
@@ -129,6 +150,9 @@ class WorkerStore final : public WorkerSink {
   Status CheckResident(std::string_view what) const;
 
   ShardingTable table_;
+  // The drafter's layers landed in this update; marked from const PlanLoad too, since
+  // the planned copies are the landing.
+  mutable std::unique_ptr<LayerTracker> drafter_tracker_;
   Device device_;
   std::vector<HostTensor> params_;     // host stores
   DeviceBuffer device_storage_;        // CUDA stores: every parameter

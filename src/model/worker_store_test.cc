@@ -50,10 +50,10 @@ struct Group {
   std::vector<const WorkerStore*> view;
 };
 
-Group MakeGroup(const ModelConfig& c, int tp) {
+Group MakeGroup(const ModelConfig& c, int tp, Drafter drafter = Drafter::kNone) {
   Group g;
   for (int r = 0; r < tp; ++r) {
-    auto s = WorkerStore::Create(c, r, tp);
+    auto s = WorkerStore::Create(c, r, tp, {}, drafter);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     g.view.push_back(s->get());
     g.stores.push_back(std::move(s).value());
@@ -97,6 +97,85 @@ TEST(WorkerStore, LoadThenReadBackIsIdentity) {
       }
     }
   }
+}
+
+// An MTP model's stream lands whole either way; only a drafter server holds (and reads
+// back) the MTP layer, and its embed_tokens / head are the target's memory.
+TEST(WorkerStore, MtpDrafterHoldsItsLayersAndSharesEmbedAndHead) {
+  const ModelConfig c = Model("glm4-moe-tiny");  // layers 0-2, MTP layer 3
+  const std::vector<HostTensor> hf = FilledHf(c);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp=" + std::to_string(tp));
+    Group plain = MakeGroup(c, tp), mtp = MakeGroup(c, tp, Drafter::kMtp);
+    for (Group* g : {&plain, &mtp}) {
+      for (auto& s : g->stores) s->BeginDrafterUpdate();
+      for (const HostTensor& t : hf) {
+        for (auto& s : g->stores) ASSERT_TRUE(s->Load(t.ref()).ok()) << t.meta.name;
+      }
+    }
+    for (auto& s : plain.stores) EXPECT_FALSE(*s->FinishDrafterUpdate());
+    for (auto& s : mtp.stores) EXPECT_TRUE(*s->FinishDrafterUpdate());
+    auto plain_sums = AllHfDigests(plain.view, DigestAlgorithm::kXxh3_128, 2);
+    auto mtp_sums = AllHfDigests(mtp.view, DigestAlgorithm::kXxh3_128, 2);
+    ASSERT_TRUE(plain_sums.ok() && mtp_sums.ok());
+    size_t mtp_tensors = 0;
+    for (const HostTensor& t : hf) {
+      const std::string want = HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes);
+      EXPECT_EQ(mtp_sums->at(t.meta.name), want) << t.meta.name;
+      if (MtpLayerOf(c, t.meta.name) >= 0) {
+        ++mtp_tensors;
+        EXPECT_FALSE(plain_sums->contains(t.meta.name)) << t.meta.name;
+      } else {
+        EXPECT_EQ(plain_sums->at(t.meta.name), want) << t.meta.name;
+      }
+    }
+    EXPECT_GT(mtp_tensors, 10u);
+    EXPECT_EQ(plain_sums->size() + mtp_tensors, hf.size());
+    // The aliases read the target's parameters' own addresses: no second copy.
+    const WorkerStore& s = *mtp.stores[0];
+    size_t own = 0, aliases = 0;
+    for (const WorkerStore::DrafterParam& p : s.drafter_params()) {
+      if (p.shares < 0) {
+        own += p.bytes;
+        continue;
+      }
+      ++aliases;
+      EXPECT_EQ(p.data, s.param_data(p.shares)) << p.name;
+      EXPECT_TRUE(p.name == "model.layers.3.embed_tokens.weight" || p.name == "model.layers.3.shared_head.head.weight")
+          << p.name;
+    }
+    EXPECT_EQ(aliases, 2u);
+    EXPECT_EQ(s.param_bytes(), plain.stores[0]->param_bytes() + own);
+  }
+}
+
+// A drafter layer touched but not completed by an update is named; one never touched
+// leaves the drafter as it was (FinishDrafterUpdate answers false).
+TEST(WorkerStore, DrafterLayerMustLandWhole) {
+  const ModelConfig c = Model("deepseek-v3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c);
+  auto s = *WorkerStore::Create(c, 0, 2, {}, Drafter::kMtp);
+  s->BeginDrafterUpdate();
+  for (const HostTensor& t : hf) {
+    if (t.meta.name == "model.layers.3.mlp.experts.5.up_proj.weight") continue;
+    ASSERT_TRUE(s->Load(t.ref()).ok());
+  }
+  Result<bool> partial = s->FinishDrafterUpdate();
+  EXPECT_EQ(partial.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(partial.status().message().find("model.layers.3: 1 of "), std::string::npos) << partial.status().message();
+  EXPECT_NE(partial.status().message().find("mlp.experts.5.up_proj.weight"), std::string::npos);
+  EXPECT_NE(partial.status().message().find("the MTP drafter was not reloaded whole"), std::string::npos);
+  // The next update starts afresh: only target tensors touch no drafter layer.
+  s->BeginDrafterUpdate();
+  for (const HostTensor& t : hf) {
+    if (MtpLayerOf(c, t.meta.name) < 0) ASSERT_TRUE(s->Load(t.ref()).ok());
+  }
+  EXPECT_FALSE(*s->FinishDrafterUpdate());
+  // Planned copies (the ipc backend's batched landing) count as landing.
+  s->BeginDrafterUpdate();
+  std::vector<WorkerSink::ByteCopy> copies;
+  for (const HostTensor& t : hf) ASSERT_TRUE(s->PlanLoad(t.ref(), &copies).ok());
+  EXPECT_TRUE(*s->FinishDrafterUpdate());
 }
 
 TEST(WorkerStore, ShardBytesLandWhereTheTableSays) {

@@ -100,7 +100,8 @@ void CopyRuns(const PieceRuns& r, const std::byte* param, std::byte* hf) {
 
 bool IsFp8Quantized(std::string_view hf_name) {
   // model.layers.N.self_attn.{q,k,v,o}_proj.weight, model.layers.N.mlp.{gate,up,down}_proj.weight,
-  // model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight.
+  // model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight,
+  // model.layers.N.mlp.shared_experts.{gate,up,down}_proj.weight.
   std::string_view n = hf_name;
   auto eat = [&n](std::string_view prefix) {
     if (!n.starts_with(prefix)) return false;
@@ -124,6 +125,7 @@ bool IsFp8Quantized(std::string_view hf_name) {
   if (eat("self_attn.")) return eat_any({"q", "k", "v", "o"}) && n == "_proj.weight";
   if (!eat("mlp.")) return false;
   if (eat("experts.") && !eat_index()) return false;
+  (void)eat("shared_experts.");
   return eat_any({"gate", "up", "down"}) && n == "_proj.weight";
 }
 

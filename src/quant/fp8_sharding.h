@@ -1,11 +1,14 @@
 // FP8 block quantization of a TP worker's parameters, and the Hugging Face FP8 checkpoint
 // convention their digests follow.
 //
-// Which tensors: the linear weights vLLM's Fp8 config quantizes in a Qwen3 / Qwen3-MoE
-// model (LinearBase and FusedMoE layers): self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj
-// and every expert's mlp.experts.E.{gate,up,down}_proj. The embeddings, lm_head, the norms
-// and the MoE router mlp.gate (a ReplicatedLinear built with quant_config=None) stay in the
-// model dtype. IsFp8Quantized() is that rule, for HF names.
+// Which tensors: the linear weights vLLM's Fp8 config quantizes in a Qwen3 / Qwen3-MoE /
+// GLM-4.5 model (LinearBase and FusedMoE layers): self_attn.{q,k,v,o}_proj,
+// mlp.{gate,up,down}_proj, every expert's mlp.experts.E.{gate,up,down}_proj and the shared
+// experts' mlp.shared_experts.{gate,up,down}_proj, MTP layers' decoder layers included. The
+// embeddings, lm_head, the norms, the MoE router mlp.gate (a ReplicatedLinear built with
+// quant_config=None) and an MTP layer's eh_proj (a plain linear) stay in the model dtype;
+// so do DeepSeek-V3's MLA projections (q_a/q_b/kv_a/kv_b_proj), which this rule does not
+// cover yet. IsFp8Quantized() is that rule, for HF names.
 //
 // Block grid: per HF tensor [rows, cols], 128x128 blocks from its origin (quant/fp8_block.h).
 // A worker parameter (fused qkv_proj / gate_up_proj, a TP shard, stacked experts [E, R, C])

@@ -52,7 +52,8 @@ ShardingTable Table(const ModelConfig& c, int rank, int tp) {
 TEST(Fp8ShardingTest, QuantizesTheLinearWeightsOnly) {
   for (const char* yes : {"model.layers.0.self_attn.q_proj.weight", "model.layers.12.self_attn.o_proj.weight",
                           "model.layers.3.mlp.gate_proj.weight", "model.layers.3.mlp.down_proj.weight",
-                          "model.layers.1.mlp.experts.127.up_proj.weight"}) {
+                          "model.layers.1.mlp.experts.127.up_proj.weight",
+                          "model.layers.4.mlp.shared_experts.gate_proj.weight"}) {
     EXPECT_TRUE(IsFp8Quantized(yes)) << yes;
   }
   for (const char* no : {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
@@ -62,7 +63,8 @@ TEST(Fp8ShardingTest, QuantizesTheLinearWeightsOnly) {
                          "model.layers..self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight.x",
                          "model.layers.0.mlp.experts..up_proj.weight", "model.layers.0.mlp.experts.up_proj.weight",
                          "model.layers.0.self_attn.qk_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
-                         "model.layers.0.mlp.experts.w13_weight", "model.layers.0.self_attn.qkv_proj.weight"}) {
+                         "model.layers.0.mlp.experts.w13_weight", "model.layers.0.self_attn.qkv_proj.weight",
+                         "model.layers.3.eh_proj.weight", "model.layers.0.mlp.shared_experts.0.up_proj.weight"}) {
     EXPECT_FALSE(IsFp8Quantized(no)) << no;
   }
   EXPECT_EQ(Fp8ScaleInvName("model.layers.0.mlp.up_proj.weight"), "model.layers.0.mlp.up_proj.weight_scale_inv");

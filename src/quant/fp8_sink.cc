@@ -17,101 +17,18 @@
 #endif
 
 namespace wsync {
-namespace {
 
-// "model.layers.3" for "model.layers.3.self_attn.qkv_proj.weight"; the name itself
-// outside a decoder layer.
-std::string LayerOf(std::string_view name) {
-  constexpr std::string_view kLayers = "model.layers.";
-  if (!name.starts_with(kLayers)) return std::string(name);
-  const size_t dot = name.find('.', kLayers.size());
-  return std::string(dot == std::string_view::npos ? name : name.substr(0, dot));
-}
-
-}  // namespace
-
-// ---- Fp8LayerTracker ----
-
-Fp8LayerTracker::Fp8LayerTracker(const ShardingTable& table) : table_(table) {
-  const size_t n = table.params().size();
-  layer_of_.assign(n, -1);
-  landed_.resize(n);
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < n; ++i) {
-    if (!IsFp8Param(table, static_cast<int>(i))) continue;
-    const std::string layer = LayerOf(table.params()[i].meta.name);
-    auto [it, added] = index.emplace(layer, layers_.size());
-    if (added) layers_.emplace_back().name = layer;
-    Layer& l = layers_[it->second];
-    l.params.push_back(static_cast<int>(i));
-    l.pieces += table.params()[i].pieces.size();
-    layer_of_[i] = static_cast<int>(it->second);
-    landed_[i].assign(table.params()[i].pieces.size(), 0);
-  }
-}
-
-void Fp8LayerTracker::MarkPiece(int param, int piece) {
-  if (param < 0 || static_cast<size_t>(param) >= layer_of_.size() || layer_of_[param] < 0) return;
-  std::vector<uint8_t>& marks = landed_[param];
-  if (piece < 0 || static_cast<size_t>(piece) >= marks.size() || marks[piece]) return;
-  marks[piece] = 1;
-  Layer& l = layers_[layer_of_[param]];
-  if (l.landed++ == 0) dirty_.push_back(static_cast<size_t>(layer_of_[param]));
-}
+Fp8LayerTracker::Fp8LayerTracker(const ShardingTable& table)
+    : LayerTracker(table, [&table](int param) { return IsFp8Param(table, param); }, "quantized") {}
 
 void Fp8LayerTracker::MarkHf(std::string_view hf_name) {
-  if (!IsFp8Quantized(hf_name)) return;
-  for (auto [i, k] : table_.PiecesOf(hf_name)) MarkPiece(i, k);
-}
-
-std::vector<int> Fp8LayerTracker::TakeCompleted() {
-  std::vector<int> out;
-  for (size_t li : dirty_) {
-    Layer& l = layers_[li];
-    if (l.taken || l.landed != l.pieces) continue;
-    l.taken = true;
-    out.insert(out.end(), l.params.begin(), l.params.end());
-  }
-  return out;
+  if (IsFp8Quantized(hf_name)) LayerTracker::MarkHf(hf_name);
 }
 
 Status Fp8LayerTracker::CheckComplete() const {
-  std::vector<std::string> problems;
-  for (size_t li : dirty_) {
-    const Layer& l = layers_[li];
-    if (l.landed == l.pieces) continue;
-    // The layer's quantized HF tensors, in table order; those with a piece not landed.
-    std::vector<std::string> all, missing;
-    for (int p : l.params) {
-      const std::vector<ShardPiece>& pieces = table_.params()[p].pieces;
-      for (size_t k = 0; k < pieces.size(); ++k) {
-        const std::string& hf = pieces[k].hf_name;
-        if (std::ranges::find(all, hf) == all.end()) all.push_back(hf);
-        if (!landed_[p][k] && std::ranges::find(missing, hf) == missing.end()) missing.push_back(hf);
-      }
-    }
-    std::vector<std::string> shown;
-    for (const std::string& m : missing) {
-      shown.push_back(m.size() > l.name.size() + 1 && m.starts_with(l.name) ? m.substr(l.name.size() + 1) : m);
-    }
-    problems.push_back(fmt::format("{}: {} of {} quantized tensors incomplete ({})", l.name, missing.size(),
-                                   all.size(), fmt::join(shown, ", ")));
-  }
-  if (problems.empty()) return Status::Ok();
-  return FailedPrecondition(fmt::format(
-      "fp8: tp rank {}: {} layer(s) touched by this update did not land every quantized tensor, so they were not "
-      "quantized: {}",
-      table_.tp_rank(), problems.size(), fmt::join(problems, "; ")));
-}
-
-void Fp8LayerTracker::Reset() {
-  for (size_t li : dirty_) {
-    Layer& l = layers_[li];
-    for (int p : l.params) std::ranges::fill(landed_[p], 0);
-    l.landed = 0;
-    l.taken = false;
-  }
-  dirty_.clear();
+  Status s = LayerTracker::CheckComplete();
+  if (s.ok()) return s;
+  return FailedPrecondition(fmt::format("fp8: {}, so they were not quantized", s.message()));
 }
 
 // ---- Fp8WorkerSink ----
@@ -383,7 +300,12 @@ Result<std::map<std::string, std::string>> AllFp8HfDigests(std::span<const Fp8Wo
     stores.push_back(&s->store());
   }
   WSYNC_RETURN_IF_ERROR(CheckTpGroup(stores, /*devices=*/true));
-  const std::vector<TensorMeta> tensors = Fp8HfTensors(stores[0]->config());
+  std::vector<TensorMeta> tensors = Fp8HfTensors(stores[0]->config());
+  // An MTP layer's tensors without a drafter are held by no parameter.
+  std::erase_if(tensors, [&](const TensorMeta& m) {
+    const std::optional<Fp8HfPart> part = ParseFp8HfName(m.name);
+    return !stores[0]->table().Serves(part ? std::string_view(part->hf_name) : std::string_view(m.name));
+  });
   const bool on_host = std::ranges::all_of(stores, [](const WorkerStore* s) { return s->device().is_cpu(); });
   if (block_bytes == 0) block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
   return DigestEach(tensors, threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {

@@ -44,6 +44,7 @@
 
 #include "core/digest.h"
 #include "core/parallel.h"
+#include "model/layer_tracker.h"
 #include "model/sharding.h"
 #include "model/worker_sink.h"
 #include "model/worker_store.h"
@@ -53,43 +54,14 @@
 
 namespace wsync {
 
-class Fp8LayerTracker {
+// The completion rule over the quantized parameters (IsFp8Param).
+class Fp8LayerTracker : public LayerTracker {
  public:
-  // The quantized parameters of `table`, grouped by decoder layer (the param name's
-  // "model.layers.N" prefix; a quantized parameter outside a layer is a group of its own).
   explicit Fp8LayerTracker(const ShardingTable& table);
-
-  // Marks the pieces of every quantized parameter that HF tensor `hf_name` fills (nothing
-  // for a tensor that is not quantized) / one piece. Indices outside the table are ignored
-  // (the store refuses them first).
+  // Marks nothing for a tensor that is not quantized.
   void MarkHf(std::string_view hf_name);
-  void MarkPiece(int param, int piece);
-  // The layers complete since the last call (each returned once per update), as the
-  // parameter indices to quantize.
-  std::vector<int> TakeCompleted();
-  // OK when every touched layer is complete; otherwise FailedPrecondition naming each
-  // incomplete layer, e.g. "model.layers.3: 1 of 7 quantized tensors incomplete
-  // (mlp.up_proj.weight)" (HF tensors with a piece on this worker that did not land).
+  // LayerTracker's error, prefixed "fp8: " and ending ", so they were not quantized".
   Status CheckComplete() const;
-  // Forgets every mark (a new update).
-  void Reset();
-
-  size_t num_layers() const { return layers_.size(); }
-  const std::string& layer_name(size_t i) const { return layers_[i].name; }
-
- private:
-  struct Layer {
-    std::string name;         // "model.layers.3"
-    std::vector<int> params;  // quantized parameter indices
-    size_t pieces = 0;        // pieces of those parameters on this worker
-    size_t landed = 0;        // distinct pieces marked this update
-    bool taken = false;       // returned by TakeCompleted this update
-  };
-  const ShardingTable& table_;
-  std::vector<Layer> layers_;
-  std::vector<int> layer_of_;                    // per param: index in layers_, or -1
-  std::vector<std::vector<uint8_t>> landed_;     // per param, per piece
-  std::vector<size_t> dirty_;                    // layers touched this update
 };
 
 class Fp8WorkerSink final : public WorkerSink {

@@ -26,6 +26,10 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   if (o.quantization != "none" && o.quantization != "fp8") {
     return InvalidArgument(fmt::format("--quantization {}: expected none or fp8", o.quantization));
   }
+  if (o.speculative != "none" && o.speculative != "mtp") {
+    return InvalidArgument(fmt::format("--speculative {}: expected none or mtp", o.speculative));
+  }
+  const Drafter drafter = o.speculative == "mtp" ? Drafter::kMtp : Drafter::kNone;
   int workers = (o.dp_rank < 0 ? o.dp : 1) * o.tp;
   if (!o.device.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(o.device));
@@ -39,6 +43,10 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   std::unique_ptr<InferenceServer> s(new InferenceServer());
   s->options_ = o;
   WSYNC_ASSIGN_OR_RETURN(s->model_, LookupModel(o.model));
+  if (drafter == Drafter::kMtp && s->model_.num_nextn_predict_layers == 0) {
+    return InvalidArgument(fmt::format("--speculative mtp: model {} has no MTP layers (num_nextn_predict_layers is 0)",
+                                       s->model_.name));
+  }
   int first_dp = o.dp_rank < 0 ? 0 : o.dp_rank;
   int end_dp = o.dp_rank < 0 ? o.dp : o.dp_rank + 1;
   for (int dp = first_dp; dp < end_dp; ++dp) {
@@ -46,7 +54,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
       auto w = std::make_unique<Worker>();
       w->device = o.device;
       if (!o.device.is_cpu()) w->device.index += static_cast<int>(s->workers_.size());
-      WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp, w->device));
+      WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp, w->device, drafter));
       if (o.quantization == "fp8") {
         // The host quantization pool of each worker shares the process's threads.
         const size_t threads = std::max<size_t>(1, DefaultThreads() / static_cast<size_t>(workers));
@@ -148,19 +156,28 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
   return s;
 }
 
-Status InferenceServer::StartWeightUpdate() {
+Status InferenceServer::StartWeightUpdate() { return StartSession(/*draft=*/false); }
+
+Status InferenceServer::StartDraftWeightUpdate() {
+  if (options_.speculative == "none") {
+    return InvalidArgument("this server has no draft model (start it with --speculative mtp)");
+  }
+  return StartSession(/*draft=*/true);
+}
+
+Status InferenceServer::StartSession(bool draft) {
   auto no_generation_step = ExcludeGeneration();
   Status s = session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
-  if (s.ok() && options_.quantization == "fp8") {
+  if (s.ok()) {
     // Marks of an update that failed before its finish are forgotten.
-    (void)OnEachWorker("starting an fp8 update", [](Worker& w) {
-      w.fp8->BeginUpdate();
+    (void)OnEachWorker("starting an update's layer tracking", [](Worker& w) {
+      if (w.fp8) w.fp8->BeginUpdate();
+      w.store->BeginDrafterUpdate();
       return Status::Ok();
     });
-  }
-  if (s.ok()) {
     std::lock_guard lock(mu_);
     sync_window_.emplace();
+    draft_session_ = draft;
   }
   return s;
 }
@@ -183,7 +200,20 @@ Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
         } else {
           auto tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
           req.reject = CheckTensorsAgainstModel(*tensors, *workers_.front()->store);
-          if (req.reject.ok()) {
+          bool draft;
+          {
+            std::lock_guard lock(mu_);
+            draft = draft_session_;
+          }
+          for (size_t i = 0; draft && req.reject.ok() && i < tensors->size(); ++i) {
+            if (MtpLayerOf(model_, (*tensors)[i].name) < 0) {
+              req.reject = InvalidArgument(fmt::format(
+                  "draft session: tensor {} (update_info entry {}) is not one of the MTP drafter's; the target's "
+                  "tensors go in a /start_weight_update session",
+                  (*tensors)[i].name, i));
+            }
+          }
+          if (req.reject.ok() && !draft) {
             checked_info_ = update_info;
             checked_tensors_ = tensors;
           }
@@ -211,11 +241,43 @@ Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& wei
     for (Status& q : OnEachWorker("finishing fp8 quantization", [](Worker& w) { return w.fp8->FinishUpdate(); })) {
       if (s.ok() && !q.ok()) s = q;
     }
-    if (!s.ok()) WSYNC_LOG_WARN("finish_weight_update failed: {}", s.ToString());
   }
+  // --speculative mtp: a drafter layer the update touched must have landed whole.
+  std::atomic<bool> all_whole{options_.speculative != "none"};
+  for (Status& q : OnEachWorker("checking the drafter's layers", [&](Worker& w) -> Status {
+         WSYNC_ASSIGN_OR_RETURN(bool whole, w.store->FinishDrafterUpdate());
+         if (!whole) all_whole = false;
+         return Status::Ok();
+       })) {
+    if (s.ok() && !q.ok()) s = q;
+  }
+  const bool drafter_whole = all_whole;
+  bool draft;
+  {
+    std::lock_guard lock(mu_);
+    draft = draft_session_;
+    draft_session_ = false;
+  }
+  if (s.ok() && draft && !drafter_whole) {
+    s = FailedPrecondition("draft session: finish_weight_update before every MTP drafter layer landed");
+  }
+  if (!s.ok()) WSYNC_LOG_WARN("finish_weight_update failed: {}", s.ToString());
   if (s.ok()) {
     std::lock_guard lock(mu_);
-    if (weight_version) weight_version_ = *weight_version;
+    if (weight_version && !draft) weight_version_ = *weight_version;
+    if (drafter_whole) {
+      drafter_version_ = weight_version ? *weight_version : weight_version_;
+      ++drafter_reloads_;
+    } else if (options_.speculative != "none") {
+      WSYNC_LOG_WARN("sync finished without the MTP drafter's layers: the drafter still holds weight version '{}'",
+                     drafter_version_);
+    }
+    if (draft) {
+      sync_window_.reset();
+      WSYNC_LOG_INFO("draft session finished: the MTP drafter holds weight version '{}'", drafter_version_);
+      call.Done(s);
+      return s;
+    }
     ++syncs_;
     if (sync_window_) {
       last_sync_memory_ = sync_window_->Peak();
@@ -261,6 +323,16 @@ Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgo
   }
   call.Done(r.status(), false);
   return r;
+}
+
+std::vector<std::string> InferenceServer::TensorsNotHeld() const {
+  std::vector<std::string> out;
+  if (workers_.empty()) return out;
+  const ShardingTable& table = workers_.front()->store->table();
+  for (const TensorMeta& m : table.hf_tensors()) {
+    if (!table.Serves(m.name)) out.push_back(m.name);
+  }
+  return out;
 }
 
 void InferenceServer::SettleFp8() {
@@ -314,6 +386,7 @@ json InferenceServer::Health() const {
   ReceiverSession::Snapshot session = session_->Look();
   json generation = generator_->Health();
   json memory = Memory();
+  json speculative = Speculative();
   std::lock_guard lock(mu_);
   json out{{"status", "ok"},          {"server", "wsync"},
               {"model", model_.name},    {"backend", std::string(backend_->name())},
@@ -321,6 +394,7 @@ json InferenceServer::Health() const {
               {"dp_rank", options_.dp_rank},
               {"device", options_.device.ToString()},
               {"quantization", options_.quantization},
+              {"speculative", speculative},
               {"weight_version", weight_version_},
               {"syncs", syncs_},
               {"weights_consistent", session.consistent},
@@ -337,6 +411,40 @@ json InferenceServer::Health() const {
   out["generation"] = std::move(generation);
   out["memory"] = std::move(memory);
   return out;
+}
+
+json InferenceServer::Speculative() const {
+  if (options_.speculative == "none") return nullptr;
+  // The first replica's workers: what the drafter holds of its own, and the target
+  // memory its aliases read (the same address as the target parameter, or a copy).
+  size_t own_bytes = 0, own_params = 0;
+  json aliases = json::array();
+  for (int t = 0; t < options_.tp && t < static_cast<int>(workers_.size()); ++t) {
+    const WorkerStore& store = *workers_[t]->store;
+    for (const WorkerStore::DrafterParam& p : store.drafter_params()) {
+      if (p.shares < 0) {
+        own_bytes += p.bytes;
+        if (t == 0) ++own_params;
+        continue;
+      }
+      if (t != 0) continue;
+      aliases.push_back(json{{"drafter", p.name},
+                             {"target", store.table().params()[p.shares].meta.name},
+                             {"same_memory", p.data == store.param_data(static_cast<size_t>(p.shares))},
+                             {"bytes", p.bytes}});
+    }
+  }
+  std::vector<int64_t> layers;
+  for (int64_t l = model_.num_hidden_layers; l < model_.total_layers(); ++l) layers.push_back(l);
+  std::lock_guard lock(mu_);
+  return json{{"method", options_.speculative},
+              {"layers", layers},
+              {"own_parameters", own_params},
+              {"own_bytes", own_bytes},
+              {"shared_with_target", std::move(aliases)},
+              {"weight_version", drafter_version_.empty() ? json(nullptr) : json(drafter_version_)},
+              {"reloads", drafter_reloads_},
+              {"stale", drafter_version_ != weight_version_}};
 }
 
 // --- vLLM's runtime weight checker (conf) ---

@@ -55,6 +55,10 @@ class InferenceServer : public ControlService {
 
   Status InitWeightTransfer(const nlohmann::json& init_info, const std::string& peer_address) override;
   Status StartWeightUpdate() override;
+  // --speculative mtp: a session whose updates carry only the MTP drafter's tensors
+  // (SkyRL's draft session); it must reload every drafter layer and leaves the target's
+  // weight version as it is. Without a drafter: InvalidArgument.
+  Status StartDraftWeightUpdate() override;
   Status UpdateWeights(std::shared_ptr<const nlohmann::json> update_info) override;
   Status UpdateWeights(const nlohmann::json& update_info) {  // a copy; for tests
     return UpdateWeights(std::make_shared<const nlohmann::json>(update_info));
@@ -69,6 +73,7 @@ class InferenceServer : public ControlService {
   bool IsPaused() const override;
   Result<bool> ResetPrefixCache(bool reset_running_requests) override;
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
+  std::vector<std::string> TensorsNotHeld() const override;
   nlohmann::json Health() const override;
 
   // --- vLLM's runtime weight checker (conf; receiver/runtime_checker.h) ---
@@ -119,6 +124,11 @@ class InferenceServer : public ControlService {
   // --quantization fp8: waits for any layer quantization still running on the workers
   // (a failed or expired update may leave some) before the weights are read or released.
   void SettleFp8();
+  // Opens a session (StartWeightUpdate); `draft`: a draft session
+  // (/start_draft_weight_update), whose updates carry the drafter's tensors only.
+  Status StartSession(bool draft);
+  // The "speculative" object of /health: null without a drafter.
+  nlohmann::json Speculative() const;
 
   InferenceServerOptions options_;
   ModelConfig model_;
@@ -135,6 +145,12 @@ class InferenceServer : public ControlService {
   mutable std::mutex mu_;
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)
   int syncs_ = 0;             // GUARDED_BY(mu_): finished sessions
+  // --speculative mtp: whether the session open now is a draft session, and the weight
+  // version the drafter's layers were last reloaded whole at ("" while they hold no
+  // trainer's bytes: start-up weights, or discarded by sleep).
+  bool draft_session_ = false;               // GUARDED_BY(mu_)
+  std::string drafter_version_;              // GUARDED_BY(mu_)
+  int drafter_reloads_ = 0;                  // GUARDED_BY(mu_)
   // Peak extra memory (core/process_memory.h) of the session now open, of the last
   // finished sync and of the last checksum read-back; /health reports the last two.
   std::optional<MemoryWindow> sync_window_;         // GUARDED_BY(mu_)

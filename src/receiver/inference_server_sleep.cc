@@ -75,7 +75,7 @@ Status InferenceServer::LoadOnEveryWorker(const TensorRef& hf) {
 
 Status InferenceServer::FillSyntheticAtStart() {
   if (workers_.empty()) return Status::Ok();
-  const std::vector<TensorMeta>& tensors = workers_.front()->store->hf_tensors();
+  const std::vector<TensorMeta> tensors = workers_.front()->store->table().served_hf_tensors();
   size_t largest = 0, total = 0;
   for (const TensorMeta& t : tensors) {
     largest = std::max(largest, t.nbytes());
@@ -104,8 +104,14 @@ Status InferenceServer::LoadCheckpointAtStart() {
   if (!opened.ok()) return opened.status().WithContext(fmt::format("--checkpoint {}", dir));
   const CheckpointDir& ckpt = *opened;
   if (workers_.empty()) return Status::Ok();
-  const std::vector<TensorMeta>& want = workers_.front()->store->hf_tensors();
+  const std::vector<TensorMeta> want = workers_.front()->store->table().served_hf_tensors();
   for (const TensorMeta& t : ckpt.tensors()) {
+    // A Hugging Face MTP checkpoint repeats embed_tokens and lm_head in each MTP layer;
+    // the drafter reads the target's, so the copies are skipped.
+    if (MtpLayerOf(model_, t.name) >= 0 &&
+        (t.name.ends_with(".embed_tokens.weight") || t.name.ends_with(".shared_head.head.weight"))) {
+      continue;
+    }
     if (workers_.front()->store->table().FindHf(t.name) < 0) {
       WSYNC_ASSIGN_OR_RETURN(const SafetensorsFile* file, ckpt.FileOf(t.name));
       return InvalidArgument(fmt::format("--checkpoint {}: {} holds tensor {}, which model {} does not have", dir,
@@ -227,6 +233,9 @@ Status InferenceServer::WakeWeights() {
   {
     std::lock_guard lock(mu_);
     weights_sleep_ = WeightsSleep::kAwake;
+    // The drafter's layers were discarded with the target's: no trainer's bytes until a
+    // sync reloads them whole.
+    if (from == WeightsSleep::kDiscarded || !lost.ok()) drafter_version_.clear();
   }
   WSYNC_RETURN_IF_ERROR(session_->SetWeightsAsleep(""));
   return lost;
@@ -437,7 +446,7 @@ json InferenceServer::ServerInfo() const {
               {"generation", true},
               {"prefix_caching", PrefixCaching()},
               {"runtime_weight_checker", true},
-              {"draft_weight_updates", false}}},
+              {"draft_weight_updates", options_.speculative != "none"}}},
             {"memory", Memory()}};
   info["weight_version"] = WeightVersion();
   return info;

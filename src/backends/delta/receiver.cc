@@ -204,7 +204,8 @@ class DeltaReceiver final : public ReceiverBackend {
     return Status::Ok();
   }
 
-  // Loads every HF tensor of the model from the local checkpoint into one worker's shards.
+  // Loads every HF tensor of the model the worker holds (the drafter's layers included,
+  // in the same pass) from the local checkpoint into one worker's shards.
   // A CPU worker plans every copy first and runs them on `threads` threads in pieces of
   // at most kReloadPieceBytes (one copy thread alone would bound the pause); a
   // CUDA worker loads tensor by tensor. A sink that plans no copies (a ReceiverEngine's)
@@ -226,7 +227,10 @@ class DeltaReceiver final : public ReceiverBackend {
     std::vector<std::vector<std::byte>> converted;
     std::vector<std::byte> scratch;
     size_t lent_bytes = 0, lent_tensors = 0;  // since the last ChunkLanded
+    const ShardingTable* table = w.sink->sharding();
     for (const TensorMeta& want : wanted) {
+      // A tensor no parameter holds (an MTP layer's without a drafter) is not read.
+      if (table != nullptr && !table->Serves(want.name)) continue;
       Result<TensorRef> ref = ckpt.Ref(want.name);
       if (!ref.ok()) return NotFound(fmt::format("checkpoint {} has no tensor {}, which the model needs", dir, want.name));
       TensorRef r = *ref;

@@ -5,6 +5,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <tuple>
 #include <thread>
 
 #include <fmt/format.h>
@@ -44,6 +45,7 @@ struct Deployment {
   int first_consumer = 0;
   int first_server = 0;
   int servers = 1;
+  bool drafter = false;  // its workers hold an MTP drafter (serve --speculative mtp)
 };
 
 // What rank 0 learns of the fleet and tells the other ranks: the same plan follows on all.
@@ -63,7 +65,7 @@ struct FleetShape {
     json deps = json::array();
     for (const Deployment& d : deployments) {
       deps.push_back({{"tp", d.tp}, {"workers", d.workers}, {"first_consumer", d.first_consumer},
-                      {"first_server", d.first_server}, {"servers", d.servers}});
+                      {"first_server", d.first_server}, {"servers", d.servers}, {"drafter", d.drafter}});
     }
     return json{{"deployments", deps}, {"urls", urls}, {"num_consumers", num_consumers},
                 {"store_host", store_host}, {"store_port", store_port}, {"prefix", prefix}, {"nccl_id", nccl_id},
@@ -74,7 +76,8 @@ struct FleetShape {
     FleetShape f;
     for (const json& d : j.at("deployments")) {
       f.deployments.push_back({d.at("tp").get<int>(), d.at("workers").get<int>(), d.at("first_consumer").get<int>(),
-                               d.at("first_server").get<int>(), d.at("servers").get<int>()});
+                               d.at("first_server").get<int>(), d.at("servers").get<int>(),
+                               d.at("drafter").get<bool>()});
     }
     f.urls = j.at("urls").get<std::vector<std::string>>();
     f.num_consumers = j.at("num_consumers").get<int>();
@@ -123,6 +126,15 @@ int HealthTp(const json& health) {
   if (it == health.end() || !it->is_number_integer()) return -1;
   const int64_t tp = it->get<int64_t>();
   return tp >= 1 && tp <= kMaxShardedRanks ? static_cast<int>(tp) : -1;
+}
+
+// Whether a server's /health (a reply from the network) says it holds an MTP drafter:
+// "speculative" is an object whose "method" is "mtp".
+bool HealthDrafter(const json& health) {
+  auto it = health.find("speculative");
+  if (it == health.end() || !it->is_object()) return false;
+  auto m = it->find("method");
+  return m != it->end() && m->is_string() && m->get<std::string>() == "mtp";
 }
 
 // One copy a group's pack makes: slice `slice` of a send's layout, from the tensor it
@@ -356,6 +368,7 @@ class ShardedPlane final : public DataPlane {
       d.servers = dp;
       d.workers = fleet.world_sizes[first];
       d.tp = HealthTp(fleet.health[first]);
+      d.drafter = HealthDrafter(fleet.health[first]);
       d.first_consumer = ranks.rank_offsets[first] - 1;
       for (int s = first; s < first + dp; ++s) {
         const int tp = HealthTp(fleet.health[s]);
@@ -364,6 +377,15 @@ class ShardedPlane final : public DataPlane {
               "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but report tp {} "
               "and {}", shape.urls[first], shape.urls[s], dp, d.tp, tp));
         }
+        if (HealthDrafter(fleet.health[s]) != d.drafter) {
+          return InvalidArgument(fmt::format(
+              "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but only one holds an "
+              "MTP drafter (--speculative mtp)", shape.urls[first], shape.urls[s], dp));
+        }
+      }
+      if (d.drafter && config_.num_nextn_predict_layers == 0) {
+        return InvalidArgument(fmt::format("{} holds an MTP drafter, but model {} has no MTP layers", shape.urls[first],
+                                           config_.name));
       }
       if (d.tp < 1 || d.workers % d.tp != 0) {
         return InvalidArgument(fmt::format("{} reports {} workers at tp {}: not a whole number of TP groups",
@@ -393,9 +415,9 @@ class ShardedPlane final : public DataPlane {
       for (const Deployment& d : shape.deployments) {
         if (s < d.first_server || s >= d.first_server + d.servers) continue;
         const int tp = HealthTp(fleet.health[k]);
-        if (fleet.world_sizes[k] != d.workers || tp != d.tp) {
+        if (fleet.world_sizes[k] != d.workers || tp != d.tp || HealthDrafter(fleet.health[k]) != d.drafter) {
           return FailedPrecondition(fmt::format(
-              "{} now reports {} workers at tp {}; the fleet was planned with {} at tp {}: sync every server to "
+              "{} now reports {} workers at tp {} (or a drafter changed); the fleet was planned with {} at tp {}: sync every server to "
               "plan again", shape.urls[s], fleet.world_sizes[k], tp, d.workers, d.tp));
         }
       }
@@ -432,9 +454,10 @@ class ShardedPlane final : public DataPlane {
     for (const Deployment& d : fleet_.deployments) {
       for (int j = 0; j < d.workers; ++j) {
         const int tp_rank = j % d.tp;
-        auto key = std::make_pair(d.tp, tp_rank);
+        auto key = std::make_tuple(d.tp, tp_rank, d.drafter);
         if (!tables_.count(key)) {
-          WSYNC_ASSIGN_OR_RETURN(ShardingTable t, ShardingTable::Build(config_, tp_rank, d.tp));
+          WSYNC_ASSIGN_OR_RETURN(ShardingTable t, ShardingTable::Build(config_, tp_rank, d.tp, {},
+                                                                       d.drafter ? Drafter::kMtp : Drafter::kNone));
           tables_.emplace(key, std::make_unique<ShardingTable>(std::move(t)));
         }
         ConsumerSpot spot{d.first_consumer + j, j, d.workers};
@@ -727,7 +750,7 @@ class ShardedPlane final : public DataPlane {
   std::vector<size_t> held_;          // stream indices this rank holds, ascending
   std::vector<TensorMeta> held_meta_;
   FleetShape fleet_;
-  std::map<std::pair<int, int>, std::unique_ptr<ShardingTable>> tables_;  // by (tp, tp rank)
+  std::map<std::tuple<int, int, bool>, std::unique_ptr<ShardingTable>> tables_;  // by (tp, tp rank, drafter)
   std::vector<ConsumerPlan> plans_;                // by consumer id
   std::vector<const ShardingTable*> plan_table_;   // by consumer id
   ProducerPlan producer_;
