@@ -46,6 +46,10 @@ class WorkerSink {
   virtual Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
     return Unimplemented("this worker sink does not plan copies");
   }
+  // A backend that runs copies it planned (possibly planned at an earlier update and
+  // replayed) calls this every time they have run, with the HF tensors they landed, so
+  // that the sink knows what this update landed.
+  virtual void PlannedCopiesRan(std::span<const TensorMeta> tensors) {}
   // Slices (the sharded backend): a worker that keeps shards says which (its sharding
   // table; null when it takes whole HF tensors only).
   virtual const ShardingTable* sharding() const { return nullptr; }

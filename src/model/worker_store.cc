@@ -270,9 +270,13 @@ Status WorkerStore::ChunkLanded() {
   return rt->Synchronize().WithContext(fmt::format("landing slices in the shards on {}", device_.ToString()));
 }
 
+void WorkerStore::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
+  if (!drafter_tracker_) return;
+  for (const TensorMeta& m : tensors) drafter_tracker_->MarkHf(m.name);
+}
+
 Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
-  if (drafter_tracker_) drafter_tracker_->MarkHf(hf.name);
   const std::byte* src = hf.bytes.data();
   for (auto [i, k] : table_.PiecesOf(hf.name)) {
     const PieceRuns r = table_.Runs(i, k);

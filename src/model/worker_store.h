@@ -87,7 +87,7 @@ class WorkerStore final : public WorkerSink {
   };
   std::vector<DrafterParam> drafter_params() const;
   // Drafter reload tracking (model/layer_tracker.h over the drafter's own parameters):
-  // every landing (Load, PlanLoad, LoadPiece) marks its pieces. BeginDrafterUpdate
+  // every landing (Load, LoadPiece, PlannedCopiesRan) marks its pieces. BeginDrafterUpdate
   // forgets the marks; FinishDrafterUpdate answers whether this update reloaded every
   // drafter layer whole (false: it touched none), FailedPrecondition naming each drafter
   // layer it touched but did not complete. A store without a drafter answers false.
@@ -110,6 +110,7 @@ class WorkerStore final : public WorkerSink {
   // backends that run a whole chunk's copies in one batched device launch).
   bool PlansCopies() const override { return true; }
   Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const override;
+  void PlannedCopiesRan(std::span<const TensorMeta> tensors) override;
 
   // The sharded backend's slices (worker_sink.h). A CUDA store's copies complete in
   // ChunkLanded().
@@ -150,9 +151,8 @@ class WorkerStore final : public WorkerSink {
   Status CheckResident(std::string_view what) const;
 
   ShardingTable table_;
-  // The drafter's layers landed in this update; marked from const PlanLoad too, since
-  // the planned copies are the landing.
-  mutable std::unique_ptr<LayerTracker> drafter_tracker_;
+  // The drafter's layers landed in this update.
+  std::unique_ptr<LayerTracker> drafter_tracker_;
   Device device_;
   std::vector<HostTensor> params_;     // host stores
   DeviceBuffer device_storage_;        // CUDA stores: every parameter

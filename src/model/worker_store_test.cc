@@ -171,11 +171,21 @@ TEST(WorkerStore, DrafterLayerMustLandWhole) {
     if (MtpLayerOf(c, t.meta.name) < 0) ASSERT_TRUE(s->Load(t.ref()).ok());
   }
   EXPECT_FALSE(*s->FinishDrafterUpdate());
-  // Planned copies (the ipc backend's batched landing) count as landing.
+  // Planned copies (the ipc backend's batched landing, replayed from an earlier update)
+  // land when the backend says they ran, not when they are planned.
   s->BeginDrafterUpdate();
   std::vector<WorkerSink::ByteCopy> copies;
-  for (const HostTensor& t : hf) ASSERT_TRUE(s->PlanLoad(t.ref(), &copies).ok());
-  EXPECT_TRUE(*s->FinishDrafterUpdate());
+  std::vector<TensorMeta> metas;
+  for (const HostTensor& t : hf) {
+    ASSERT_TRUE(s->PlanLoad(t.ref(), &copies).ok());
+    metas.push_back(t.meta);
+  }
+  EXPECT_FALSE(*s->FinishDrafterUpdate());
+  for (int update = 0; update < 2; ++update) {
+    s->BeginDrafterUpdate();
+    s->PlannedCopiesRan(metas);
+    EXPECT_TRUE(*s->FinishDrafterUpdate());
+  }
 }
 
 TEST(WorkerStore, ShardBytesLandWhereTheTableSays) {

@@ -270,6 +270,7 @@ class DeltaReceiver final : public ReceiverBackend {
     ParallelFor(pieces.size(), threads, [&](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
     });
+    w.sink->PlannedCopiesRan(wanted);
     return Status::Ok();
   }
 

@@ -246,9 +246,11 @@ class IpcFakeGpu : public ::testing::Test {
     SetIpcDevicePlaneForTesting(nullptr);
     InstallCudaRuntime(nullptr);
   }
-  Server& StartServer(int tp, Device device = kCuda0) {
+  Server& StartServer(int tp, Device device = kCuda0, const std::string& model = "qwen3-tiny",
+                      const std::string& speculative = "none") {
     InferenceServerOptions o;
-    o.model = "qwen3-tiny";
+    o.model = model;
+    o.speculative = speculative;
     o.tp = tp;
     o.device = device;
     o.backend = "ipc";
@@ -330,6 +332,36 @@ TEST_F(IpcFakeGpu, PackedAndZeroCopySyncsLandBitExactWithPlansBuiltOnceAndMappin
     engine.reset();
     // The trainer's region is closed: the servers release their mappings.
     EXPECT_TRUE(Eventually([&] { return plane_.imports.load() == 0; }, 5)) << plane_.imports.load() << " left";
+  }
+}
+
+// The batched copies are planned once and replayed: every replay still tells the store
+// what landed, so the MTP drafter is reloaded by every sync, not only the first.
+TEST_F(IpcFakeGpu, ReplayedCopiesReloadTheMtpDrafterEverySync) {
+  Server& s = StartServer(1, kCuda0, "glm4-moe-tiny", "mtp");
+  auto trainer = std::move(*SyntheticTrainer::FromMetadata(HfTensors(*LookupModel("glm4-moe-tiny")), 6, 2));
+  auto source = std::move(*DeviceTensorSource::Create(kCuda0, trainer->metadata()));
+  uint64_t step = 0;
+  for (auto mode : {IpcTrainerOptions::Mode::kPacked, IpcTrainerOptions::Mode::kZeroCopy}) {
+    SCOPED_TRACE(mode == IpcTrainerOptions::Mode::kZeroCopy ? "zero-copy" : "packed");
+    IpcTrainerOptions ipc;
+    ipc.mode = mode;
+    auto engine = std::move(*CreateIpcTrainerWith(Options({&s}), ipc));
+    ASSERT_TRUE(engine->Init(trainer->metadata()).ok());
+    const int plans0 = plane_.plans.load();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(trainer->Step(++step).ok());
+      ASSERT_TRUE(source->Upload(trainer->tensors()).ok());
+      const std::string version = "v" + std::to_string(step);
+      auto st = engine->SendWeights(*source, version);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      ExpectHolds(*s.service, *trainer);
+      const nlohmann::json spec = s.service->Health()["speculative"];
+      EXPECT_EQ(spec["weight_version"], version) << spec.dump();
+      EXPECT_EQ(spec["stale"], false) << spec.dump();
+    }
+    EXPECT_GT(plane_.plans.load(), plans0);  // planned at the first sync of the layout
+    engine.reset();
   }
 }
 

@@ -468,6 +468,7 @@ class IpcReceiver final : public ReceiverBackend {
       std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, n, u.sync);
       WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what, plane.publisher));
       WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
+      w.sink->PlannedCopiesRan(std::span(*tensors).subspan(u.chunk_first(k), u.chunk_ends[k] - u.chunk_first(k)));
       landed.fetch_add(1);
       region.Ack(reader, seq);
     }
@@ -502,6 +503,7 @@ class IpcReceiver final : public ReceiverBackend {
       WSYNC_RETURN_IF_ERROR(LendChunk(w, plane.zc->data() + plane.zc_offset, *tensors, u, 0, tensors->size()));
     } else {
       WSYNC_RETURN_IF_ERROR(copies->Run().WithContext(fmt::format("landing {}", what)));
+      w.sink->PlannedCopiesRan(*tensors);
     }
     landed.fetch_add(1);
     region.Ack(reader, u.first_seq);
