@@ -98,6 +98,9 @@ Result<std::unique_ptr<WorkerStore>> WorkerStore::Create(const ModelConfig& conf
     const ShardingTable& t = store->table_;
     store->drafter_tracker_ =
         std::make_unique<LayerTracker>(t, [&t](int param) { return t.IsDrafterParam(param); }, "drafter");
+    for (int64_t l = config.num_hidden_layers; l < config.total_layers(); ++l) {
+      store->drafter_prefixes_.push_back(fmt::format("model.layers.{}.", l));
+    }
   }
   const std::vector<WorkerParam>& params = store->table_.params();
   for (const WorkerParam& p : params) store->param_bytes_ += p.meta.nbytes();
@@ -211,7 +214,7 @@ Result<bool> WorkerStore::FinishDrafterUpdate() {
 
 Status WorkerStore::Load(const TensorRef& hf) {
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
-  if (drafter_tracker_) drafter_tracker_->MarkHf(hf.name);
+  if (drafter_tracker_) MarkDrafter(hf.name);
   const std::byte* src = hf.bytes.data();
   if (!device_.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
@@ -270,9 +273,15 @@ Status WorkerStore::ChunkLanded() {
   return rt->Synchronize().WithContext(fmt::format("landing slices in the shards on {}", device_.ToString()));
 }
 
+void WorkerStore::MarkDrafter(std::string_view hf_name) {
+  for (const std::string& prefix : drafter_prefixes_) {
+    if (hf_name.starts_with(prefix)) return drafter_tracker_->MarkHf(hf_name);
+  }
+}
+
 void WorkerStore::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
   if (!drafter_tracker_) return;
-  for (const TensorMeta& m : tensors) drafter_tracker_->MarkHf(m.name);
+  for (const TensorMeta& m : tensors) MarkDrafter(m.name);
 }
 
 Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {

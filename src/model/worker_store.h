@@ -151,8 +151,11 @@ class WorkerStore final : public WorkerSink {
   Status CheckResident(std::string_view what) const;
 
   ShardingTable table_;
-  // The drafter's layers landed in this update.
+  // The drafter's layers landed in this update, and the HF name prefixes of its layers
+  // ("model.layers.N."): a name without one lands nothing of the drafter.
   std::unique_ptr<LayerTracker> drafter_tracker_;
+  std::vector<std::string> drafter_prefixes_;
+  void MarkDrafter(std::string_view hf_name);
   Device device_;
   std::vector<HostTensor> params_;     // host stores
   DeviceBuffer device_storage_;        // CUDA stores: every parameter

@@ -103,6 +103,22 @@ Status Fp8WorkerSink::LoadPiece(int param, int piece, std::span<const std::byte>
   return Status::Ok();
 }
 
+Status Fp8WorkerSink::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
+  if (store_->device().is_cpu()) return Unimplemented("a host fp8 sink does not plan copies");
+  return store_->PlanLoad(hf, out);
+}
+
+void Fp8WorkerSink::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
+  store_->PlannedCopiesRan(tensors);
+  for (const TensorMeta& m : tensors) tracker_.MarkHf(m.name);
+  const std::vector<int> done = tracker_.TakeCompleted();
+  if (done.empty()) return;
+  if (Status s = Quantize(done); !s.ok()) {
+    std::lock_guard lock(mu_);
+    if (first_error_.ok()) first_error_ = std::move(s);
+  }
+}
+
 Status Fp8WorkerSink::ChunkLanded() {
   WSYNC_RETURN_IF_ERROR(store_->ChunkLanded());
   const std::vector<int> done = tracker_.TakeCompleted();
@@ -178,6 +194,15 @@ void Fp8WorkerSink::BeginUpdate() {
 }
 
 Status Fp8WorkerSink::FinishUpdate() {
+  // A layer completed by a landing no ChunkLanded / PlannedCopiesRan followed is
+  // quantized now rather than left stale.
+  if (const std::vector<int> done = tracker_.TakeCompleted(); !done.empty()) {
+    if (Status s = Quantize(done); !s.ok()) {
+      (void)Wait();
+      tracker_.Reset();
+      return s;
+    }
+  }
   Status waited = Wait();
   Status complete = tracker_.CheckComplete();
   tracker_.Reset();

@@ -25,8 +25,10 @@
 // backends land through on an fp8 server: it forwards each Load / LoadPiece /
 // ChunkLanded to the store, marks the pieces, and quantizes completed layers on a thread
 // pool (host stores: QuantizeFp8Param) or on a side stream of the store's device (CUDA
-// stores, built with CUDA: QuantizeFp8ParamOnDevice). It plans no copies
-// (PlansCopies() is false), so that every backend lands through Load or LoadPiece and
+// stores, built with CUDA: QuantizeFp8ParamOnDevice). A CUDA sink plans copies like its
+// store (a backend batches a chunk's copies into one launch and reports them through
+// PlannedCopiesRan, which marks them and quantizes the layers they completed); a host
+// sink plans none, so that every backend lands through Load or LoadPiece and
 // every landed byte is seen. Called like any WorkerSink (worker_sink.h): from the
 // worker's thread, one call at a time; FinishUpdate / BeginUpdate / QuantizeAll on the
 // worker's thread too, outside the backend's calls.
@@ -75,7 +77,11 @@ class Fp8WorkerSink final : public WorkerSink {
   WorkerStore& store() const { return *store_; }
   const std::vector<TensorMeta>& hf_tensors() const override { return store_->hf_tensors(); }
   Status Load(const TensorRef& hf) override;
-  bool PlansCopies() const override { return false; }
+  bool PlansCopies() const override { return !store_->device().is_cpu(); }
+  Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const override;
+  // Marks the tensors and starts the quantization of the layers they completed; an error
+  // is kept for FinishUpdate.
+  void PlannedCopiesRan(std::span<const TensorMeta> tensors) override;
   const ShardingTable* sharding() const override { return &store_->table(); }
   Status LoadPiece(int param, int piece, std::span<const std::byte> packed, const Device& where) override;
   Status ChunkLanded() override;

@@ -260,7 +260,7 @@ class DeltaReceiver final : public ReceiverBackend {
       WSYNC_RETURN_IF_ERROR(plan ? w.sink->PlanLoad(r, &copies) : w.sink->Load(r));
     }
     if (lend && lent_tensors > 0) return w.sink->ChunkLanded().WithContext(w.label);
-    if (!plan) return Status::Ok();
+    if (!plan) return w.sink->ChunkLanded().WithContext(w.label);
     std::vector<WorkerStore::ByteCopy> pieces;
     for (const WorkerStore::ByteCopy& c : copies) {
       for (size_t off = 0; off < c.bytes; off += kReloadPieceBytes) {
