@@ -66,7 +66,8 @@ const std::vector<PublishedCase>& PublishedCases() {
       {"ckpt-engine-glm45-air", "checkpoint-engine README: GLM-4.5-Air broadcast, 8xH800 TP8",
        "MoonshotAI/checkpoint-engine README (perf_anchors.md row 3)", false, "glm-4.5-air", "fsdp:8@h800",
        "1x(8,1,1)@h800", P::kColocated, B::kIpc, Options(), false, 3.47, 3.47, "", true,
-       "As the Qwen3-235B row; GLM-4.5-Air's MTP layer is counted (the checkpoint holds it)."},
+       "As the Qwen3-235B row; GLM-4.5-Air's MTP layer is in the stream (the checkpoint holds it) and dropped "
+       "by servers without a drafter; its copies of embed_tokens and lm_head are not sent."},
       {"ckpt-engine-dsv3-fp8", "checkpoint-engine README: DeepSeek-V3.1 FP8, 16xH20 TP16",
        "MoonshotAI/checkpoint-engine README (perf_anchors.md row 5)", false, "deepseek-v3", "fsdp:16@h20",
        "1x(16,1,1)@h20", P::kColocated, B::kIpc, Options(), true, 10.19, 10.19, "", true,
