@@ -151,6 +151,9 @@ int main(int argc, char** argv) {
   p->add_flag("--verify", push.verify, "read checksums back from every server and compare");
   p->add_option("--verify-algorithm", push.verify_algorithm, "xxh3_128 or sha256")->capture_default_str();
   p->add_option("--weight-version", push.weight_version, "weight version the servers report after the last sync");
+  p->add_flag("--draft-session", push.trainer.draft_session,
+              "open every sync with /start_draft_weight_update (the MTP drafter's tensors only, e.g. a --checkpoint "
+              "of them); the servers' target weight version stays as it is");
   p->add_option("--api-key", push.trainer.api_key, "sent as 'Authorization: Bearer KEY'")->envname("WSYNC_API_KEY");
   std::string push_device = "cpu";
   p->add_option("--device", push_device, "where the trainer's tensors live: cpu or cuda:N")->capture_default_str();

@@ -53,6 +53,11 @@ struct TrainerOptions {
   int num_buffers = 2;               // packing overlaps the broadcast of the previous chunk
   double timeout_seconds = 300;      // bound on every wait
   std::string api_key;               // `Authorization: Bearer` on every call
+  // Open each sync with /start_draft_weight_update (SkyRL's draft session): the servers'
+  // MTP drafter alone, so the source must hold only MTP-layer tensors. wsync's servers
+  // reload the drafter in the ordinary session already; this is for trainers that send it
+  // apart.
+  bool draft_session = false;
   std::string store_host = "127.0.0.1";  // where the rendezvous store listens (servers dial it)
   Device device;
   int rank = 0;                      // trainer rank; rank 0 is the sender

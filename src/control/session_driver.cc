@@ -122,7 +122,10 @@ Status SessionDriver::InitAll(const json& init_info) const {
 }
 
 Status SessionDriver::Start() const {
-  return client_.Post(Path(route::kStartWeightUpdate), json::object(), policy_.Call()).status();
+  return client_
+      .Post(Path(draft_sessions_ ? route::kStartDraftWeightUpdate : route::kStartWeightUpdate), json::object(),
+            policy_.Call())
+      .status();
 }
 
 std::shared_ptr<SessionDriver::Pending> SessionDriver::UpdateAsync(std::shared_ptr<const std::string> body) const {

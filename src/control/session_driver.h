@@ -67,6 +67,9 @@ class SessionDriver {
 
   const std::vector<std::string>& urls() const { return client_.urls(); }
   size_t size() const { return client_.urls().size(); }
+  // Whether Start opens draft sessions (/start_draft_weight_update: the servers' MTP
+  // drafter alone, SkyRL's draft_session) instead of /start_weight_update.
+  void set_draft_sessions(bool draft) { draft_sessions_ = draft; }
   const DeadlinePolicy& deadlines() const { return policy_; }
 
   // --- fleet discovery (GET /health, GET /get_world_size) ---
@@ -130,6 +133,7 @@ class SessionDriver {
   FanOutClient client_;
   std::string api_key_;  // for calls to a subset of the servers
   DeadlinePolicy policy_;
+  bool draft_sessions_ = false;
 };
 
 // Whether one /server_info reply says the server caches prefixes (see PrefixCaching).

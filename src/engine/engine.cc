@@ -38,6 +38,7 @@ class Engine final : public TrainerEngine {
       : options_(options), plane_(std::move(plane)) {
     if (options_.rank == 0 && !options_.servers.empty()) {
       driver_ = std::make_unique<SessionDriver>(options_.servers, options_.api_key, options_.timeout_seconds);
+      driver_->set_draft_sessions(options_.draft_session);
     }
   }
   ~Engine() override { Shutdown(); }
@@ -93,6 +94,7 @@ class Engine final : public TrainerEngine {
         for (int i : live_) urls.push_back(options_.servers[i]);
         driver_ = std::make_unique<SessionDriver>(live_.empty() ? options_.servers : urls, options_.api_key,
                                                   options_.timeout_seconds);
+        driver_->set_draft_sessions(options_.draft_session);
       }
       if (initialized_ && Runs()) {
         WSYNC_LOG_INFO("trainer rank {}: syncing {}; initializing the data plane for them", options_.rank,

@@ -209,6 +209,43 @@ TEST_F(MtpTest, DraftSessionsCarryTheDrafterAlone) {
   EXPECT_NE(fin.body.find("draft session: finish_weight_update before every MTP drafter layer landed"),
             std::string::npos)
       << fin.Describe();
+
+  // A trainer that sends the target and the drafter apart: a target-only sync leaves the
+  // drafter stale; a draft session of the MTP tensors alone reloads it and leaves the
+  // target's weight version as it is.
+  const auto write = [&](const std::string& name, bool mtp) {
+    const fs::path d = dir() / name;
+    fs::create_directories(d);
+    std::vector<TensorRef> refs;
+    for (const HostTensor& t : (*trainer)->tensors()) {
+      if (IsMtp(t.meta.name) == mtp) refs.push_back(t.ref());
+    }
+    EXPECT_TRUE(WriteSafetensors((d / "model.safetensors").string(), refs).ok());
+    return d.string();
+  };
+  RunResult target = Push("push-target", {s}, {"--checkpoint", write("target", false), "--steps", "0",
+                                               "--weight-version", "v1"});
+  ASSERT_TRUE(target.success()) << target.description;
+  EXPECT_EQ(Health(s)["speculative"]["stale"], true);
+  RunResult draft = Push("push-draft", {s}, {"--checkpoint", write("drafter", true), "--steps", "0",
+                                             "--weight-version", "v1", "--draft-session"});
+  ASSERT_TRUE(draft.success()) << draft.description;
+  ExpectFreshDrafter(s, "v1");
+  EXPECT_EQ(Health(s)["weight_version"], "v1");
+  EXPECT_EQ(Health(s)["weights_consistent"], true);
+  ExpectServersHold({s}, DigestTensors((*trainer)->tensors(), kAlg), kAlg);
+  // A draft session's version does not move the target's.
+  RunResult again = Push("push-draft-2", {s}, {"--checkpoint", write("drafter", true), "--steps", "0",
+                                               "--weight-version", "v2", "--draft-session"});
+  ASSERT_TRUE(again.success()) << again.description;
+  EXPECT_EQ(Health(s)["weight_version"], "v1");
+  EXPECT_EQ(Health(s)["speculative"]["weight_version"], "v2");
+  // A draft session on a server without a drafter fails at its start, naming the fix.
+  RunResult plain_draft = Push("push-plain-draft", {plain}, {"--checkpoint", write("drafter", true), "--steps", "0",
+                                                             "--draft-session"});
+  EXPECT_FALSE(plain_draft.success()) << plain_draft.description;
+  EXPECT_NE((plain_draft.out + plain_draft.err).find("this server has no draft model"), std::string::npos)
+      << plain_draft.description;
 }
 
 TEST_F(MtpTest, AnIncompleteDrafterLayerFailsTheFinishNamingIt) {
