@@ -200,24 +200,25 @@ Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
         } else {
           auto tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
           req.reject = CheckTensorsAgainstModel(*tensors, *workers_.front()->store);
-          bool draft;
-          {
-            std::lock_guard lock(mu_);
-            draft = draft_session_;
-          }
-          for (size_t i = 0; draft && req.reject.ok() && i < tensors->size(); ++i) {
-            if (MtpLayerOf(model_, (*tensors)[i].name) < 0) {
-              req.reject = InvalidArgument(fmt::format(
-                  "draft session: tensor {} (update_info entry {}) is not one of the MTP drafter's; the target's "
-                  "tensors go in a /start_weight_update session",
-                  (*tensors)[i].name, i));
-            }
-          }
-          if (req.reject.ok() && !draft) {
+          if (req.reject.ok()) {
             checked_info_ = update_info;
             checked_tensors_ = tensors;
           }
           req.tensors = std::move(tensors);
+        }
+      }
+      // A draft session carries the drafter's tensors only, however the list was checked.
+      bool draft;
+      {
+        std::lock_guard lock(mu_);
+        draft = draft_session_;
+      }
+      for (size_t i = 0; draft && req.reject.ok() && i < req.tensors->size(); ++i) {
+        if (MtpLayerOf(model_, (*req.tensors)[i].name) < 0) {
+          req.reject = InvalidArgument(fmt::format(
+              "draft session: tensor {} (update_info entry {}) is not one of the MTP drafter's; the target's "
+              "tensors go in a /start_weight_update session",
+              (*req.tensors)[i].name, i));
         }
       }
     }

@@ -104,5 +104,32 @@ TEST_F(InferenceServerTest, AnotherBackendsInitInfoIsRefusedBeforeTheBackendSees
   EXPECT_EQ(peer_, "::1");
 }
 
+// The draft-session rule holds for a body the server already checked in an ordinary
+// session (the same bytes, served from the body cache as the same object).
+TEST(InferenceServerDraft, ADraftSessionRefusesATargetTensorEvenInABodyCheckedBefore) {
+  bool throwing = false;
+  std::string peer;
+  InferenceServerOptions o;
+  o.model = "deepseek-v3-tiny";
+  o.speculative = "mtp";
+  auto made = InferenceServer::Create(o, [&](std::string_view, ReceiverContext*) -> Result<std::unique_ptr<ReceiverBackend>> {
+    return std::unique_ptr<ReceiverBackend>(std::make_unique<ThrowingBackend>(&throwing, &peer));
+  });
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  InferenceServer& server = **made;
+  const auto body = std::make_shared<const json>(
+      json{{"names", {"model.norm.weight"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{256}}}});
+  ASSERT_TRUE(server.StartWeightUpdate().ok());
+  ASSERT_TRUE(server.UpdateWeights(body).ok());
+  ASSERT_TRUE(server.FinishWeightUpdate(std::nullopt).ok());
+  ASSERT_TRUE(server.StartDraftWeightUpdate().ok());
+  Status s = server.UpdateWeights(body);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("draft session: tensor model.norm.weight (update_info entry 0) is not one of the MTP "
+                             "drafter's"),
+            std::string::npos)
+      << s.ToString();
+}
+
 }  // namespace
 }  // namespace wsync
