@@ -111,9 +111,7 @@ Status Fp8WorkerSink::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) 
 void Fp8WorkerSink::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
   store_->PlannedCopiesRan(tensors);
   for (const TensorMeta& m : tensors) tracker_.MarkHf(m.name);
-  const std::vector<int> done = tracker_.TakeCompleted();
-  if (done.empty()) return;
-  if (Status s = Quantize(done); !s.ok()) {
+  if (Status s = QuantizeCompleted(); !s.ok()) {
     std::lock_guard lock(mu_);
     if (first_error_.ok()) first_error_ = std::move(s);
   }
@@ -121,9 +119,12 @@ void Fp8WorkerSink::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
 
 Status Fp8WorkerSink::ChunkLanded() {
   WSYNC_RETURN_IF_ERROR(store_->ChunkLanded());
+  return QuantizeCompleted();
+}
+
+Status Fp8WorkerSink::QuantizeCompleted() {
   const std::vector<int> done = tracker_.TakeCompleted();
-  if (done.empty()) return Status::Ok();
-  return Quantize(done);
+  return done.empty() ? Status::Ok() : Quantize(done);
 }
 
 Status Fp8WorkerSink::Quantize(const std::vector<int>& params) {
@@ -196,12 +197,10 @@ void Fp8WorkerSink::BeginUpdate() {
 Status Fp8WorkerSink::FinishUpdate() {
   // A layer completed by a landing no ChunkLanded / PlannedCopiesRan followed is
   // quantized now rather than left stale.
-  if (const std::vector<int> done = tracker_.TakeCompleted(); !done.empty()) {
-    if (Status s = Quantize(done); !s.ok()) {
-      (void)Wait();
-      tracker_.Reset();
-      return s;
-    }
+  if (Status s = QuantizeCompleted(); !s.ok()) {
+    (void)Wait();
+    tracker_.Reset();
+    return s;
   }
   Status waited = Wait();
   Status complete = tracker_.CheckComplete();

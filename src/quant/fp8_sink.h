@@ -117,6 +117,8 @@ class Fp8WorkerSink final : public WorkerSink {
   explicit Fp8WorkerSink(WorkerStore* store) : store_(store), tracker_(store->table()) {}
   // Starts the quantization of `params` (asynchronously); errors are kept for Wait().
   Status Quantize(const std::vector<int>& params);
+  // Starts the quantization of the layers completed since the last call (Quantize).
+  Status QuantizeCompleted();
   // Waits for every quantization started; their first error.
   Status Wait();
 

@@ -170,11 +170,13 @@ Status InferenceServer::StartSession(bool draft) {
   Status s = session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
   if (s.ok()) {
     // Marks of an update that failed before its finish are forgotten.
-    (void)OnEachWorker("starting an update's layer tracking", [](Worker& w) {
-      if (w.fp8) w.fp8->BeginUpdate();
-      w.store->BeginDrafterUpdate();
-      return Status::Ok();
-    });
+    if (options_.quantization == "fp8" || options_.speculative != "none") {
+      (void)OnEachWorker("starting an update's layer tracking", [](Worker& w) {
+        if (w.fp8) w.fp8->BeginUpdate();
+        w.store->BeginDrafterUpdate();
+        return Status::Ok();
+      });
+    }
     std::lock_guard lock(mu_);
     sync_window_.emplace();
     draft_session_ = draft;
@@ -245,12 +247,14 @@ Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& wei
   }
   // --speculative mtp: a drafter layer the update touched must have landed whole.
   std::atomic<bool> all_whole{options_.speculative != "none"};
-  for (Status& q : OnEachWorker("checking the drafter's layers", [&](Worker& w) -> Status {
-         WSYNC_ASSIGN_OR_RETURN(bool whole, w.store->FinishDrafterUpdate());
-         if (!whole) all_whole = false;
-         return Status::Ok();
-       })) {
-    if (s.ok() && !q.ok()) s = q;
+  if (all_whole) {
+    for (Status& q : OnEachWorker("checking the drafter's layers", [&](Worker& w) -> Status {
+           WSYNC_ASSIGN_OR_RETURN(bool whole, w.store->FinishDrafterUpdate());
+           if (!whole) all_whole = false;
+           return Status::Ok();
+         })) {
+      if (s.ok() && !q.ok()) s = q;
+    }
   }
   const bool drafter_whole = all_whole;
   bool draft;
