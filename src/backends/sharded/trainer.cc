@@ -436,6 +436,9 @@ class ShardedPlane final : public DataPlane {
       if (!store_) {
         WSYNC_ASSIGN_OR_RETURN(store_, StoreServer::Start(options_.store_host, 0));
       }
+      // The last group's keys go only now: another trainer rank may still be reading them
+      // after rank 0 and every server have joined.
+      if (!fleet_.prefix.empty()) store_->ErasePrefix(fleet_.prefix);
       shape->store_host = options_.store_host;
       shape->store_port = store_->port();
       shape->prefix = fmt::format("wsync-sharded-{}/{}", RandomHex(8), ++attempt_);
@@ -554,9 +557,7 @@ class ShardedPlane final : public DataPlane {
     std::shared_ptr<Pending> pending = init.driver->InitAsync(std::move(infos));
     WSYNC_RETURN_IF_ERROR(FinishConnect(StartConnect(deadline), pending.get()));
     WSYNC_RETURN_IF_ERROR(ReserveBuffers());
-    WSYNC_RETURN_IF_ERROR(pending->Wait(init.driver->deadlines().Http()).status());
-    if (store_) store_->ErasePrefix(fleet_.prefix);
-    return Status::Ok();
+    return pending->Wait(init.driver->deadlines().Http()).status();
   }
 
   using Connecting = std::future<Result<std::unique_ptr<Communicator>>>;
