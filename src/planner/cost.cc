@@ -61,6 +61,18 @@ struct Gather {
   double nic_bytes = 0;
 };
 
+// The share of a tensor that Megatron trainer rank `rank`, one of its owners, receives from
+// its TP peers in the held pass (held_plan.h): none of what it holds whole (norms, its own
+// experts at etp 1), the peers' part of what its TP group splits.
+double HeldMissing(const TrainerSpec& t, const ModelConfig& model, int rank, const TensorMeta& m) {
+  if (m.shape.size() < 2 || m.name.ends_with(".mlp.gate.weight")) return 0;  // norms, biases, routers: replicated
+  const int64_t e = ExpertIndex(m.name);
+  if (e < 0) return 1.0 - 1.0 / t.tp;
+  const int j = rank % (t.world / t.pp);
+  const int64_t per_ep = model.is_moe() ? model.num_experts / t.ep : 1;
+  return e / per_ep == (j / t.etp) % t.ep ? 1.0 - 1.0 / t.etp : 1.0;
+}
+
 // What trainer rank `rank` must receive to hold every tensor whole (the nccl sender and
 // the ipc publishers drain a pass of the whole model): for FSDP the other ranks' shards;
 // for Megatron its TP peers' shards of what its group holds, and whole tensors it holds
@@ -73,10 +85,6 @@ Gather GatherInto(int rank, const std::vector<TensorMeta>& tensors, const Owners
   const int node = f.trainer_node(rank);
   int same_node = 0;
   for (int r = 0; r < t.world; ++r) same_node += r != rank && f.trainer_node(r) == node;
-  const int stage_ranks = t.fsdp ? t.world : t.world / t.pp;
-  const int j = rank % stage_ranks;
-  const int my_ep = t.fsdp ? 0 : (j / t.etp) % t.ep;
-  const int64_t per_ep = model.is_moe() && !t.fsdp ? model.num_experts / t.ep : 1;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const double b = static_cast<double>(tensors[i].nbytes());
     if (t.fsdp) {
@@ -86,11 +94,7 @@ Gather GatherInto(int rank, const std::vector<TensorMeta>& tensors, const Owners
     }
     const std::vector<int>& owners = own.owner_sets[own.name_owner_class[i]];
     if (std::binary_search(owners.begin(), owners.end(), rank)) {
-      if (tensors[i].shape.size() < 2) continue;  // norms, biases: replicated
-      const int64_t e = ExpertIndex(tensors[i].name);
-      double missing = 1.0 - 1.0 / t.tp;
-      if (e >= 0) missing = e / per_ep == my_ep ? 1.0 - 1.0 / t.etp : 1.0;
-      g.nvlink_bytes += b * missing;  // from TP peers, on this node
+      g.nvlink_bytes += b * HeldMissing(t, model, rank, tensors[i]);  // from TP peers, on this node
       continue;
     }
     bool near = false;
@@ -374,7 +378,7 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
       for (; i < groups[g].end; ++i) {
         const double b = static_cast<double>(m.tensors[i].nbytes());
         for (int r : m.own.owner_sets[m.own.name_owner_class[i]]) {
-          gather[g][r] += f.trainer.fsdp ? b * (P - 1) / P : (m.tensors[i].shape.size() < 2 ? 0 : b * (f.trainer.tp - 1) / f.trainer.tp);
+          gather[g][r] += f.trainer.fsdp ? b * (P - 1) / P : b * HeldMissing(f.trainer, travel, r, m.tensors[i]);
         }
       }
     }

@@ -238,8 +238,12 @@ Result<Ownership> TrainerOwnership(const ModelConfig& model, const TrainerSpec& 
     }
     return t.pp - 1;
   };
-  // The expert-EP ranks a TP group (first stage-local rank j0) holds.
-  auto group_holds_ep_rank = [&](int j0, int ep_rank) {
+  // Whether stage-local rank j holds the experts of expert-EP rank `ep_rank` (held_plan.h):
+  // with etp 1 an expert is whole on its EP rank and only there; split over etp > 1
+  // members, every member of a TP group that has a piece of it holds it.
+  auto holds_ep_rank = [&](int j, int ep_rank) {
+    if (t.etp == 1) return j % t.ep == ep_rank;
+    const int j0 = j - j % t.tp;
     for (int m = j0; m < j0 + t.tp; ++m) {
       if ((m / t.etp) % t.ep == ep_rank) return true;
     }
@@ -266,7 +270,7 @@ Result<Ownership> TrainerOwnership(const ModelConfig& model, const TrainerSpec& 
     }
     for (int s : stages) {
       for (int j = 0; j < stage_ranks; ++j) {
-        const bool holds = expert < 0 || group_holds_ep_rank(j - j % t.tp, static_cast<int>(expert / per_ep));
+        const bool holds = expert < 0 || holds_ep_rank(j, static_cast<int>(expert / per_ep));
         if (holds) held[s * stage_ranks + j][i] = true;
       }
     }

@@ -93,11 +93,25 @@ std::vector<std::vector<std::string>> HeldRoundTrip(const ModelConfig& c, const 
     EXPECT_LE(memory->peak_buffer_bytes(), (layout.tp > 1 ? 2 : 1) * largest) << who;
     EXPECT_LT(memory->peak_buffer_bytes(), ModelBytes(models[0]->tensors())) << who;
   });
-  // Members of one TP group hold the same names; together the ranks hold the whole model.
+  // Members of one TP group differ only in the experts each holds whole (etp 1); together
+  // the ranks hold the whole model.
   std::set<std::string> all;
+  auto shared = [](const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (const std::string& n : names) {
+      if (n.find(".mlp.experts.") == std::string::npos) out.push_back(n);
+    }
+    return out;
+  };
   for (int r = 0; r < layout.world; ++r) {
     all.insert(held[r].begin(), held[r].end());
-    for (int m : TpGroupRanks(layout, r)) EXPECT_EQ(held[m], held[r]) << layout.Describe(r);
+    for (int m : TpGroupRanks(layout, r)) {
+      if (layout.etp == 1) {
+        EXPECT_EQ(shared(held[m]), shared(held[r])) << layout.Describe(r);
+      } else {
+        EXPECT_EQ(held[m], held[r]) << layout.Describe(r);
+      }
+    }
   }
   EXPECT_EQ(all.size(), HfTensors(c).size()) << c.name << " " << layout.ToString();
   return held;
@@ -108,7 +122,8 @@ TEST(HeldPass, MoeTp2Pp2Ep2EachRankYieldsItsHeldNames) {
   auto layout = *ParallelLayout::Parse("tp2pp2ep2", 8);
   auto held = HeldRoundTrip(c, layout, 2);
   // Stage 0 (ranks 0-3) has the embedding and layer 0, stage 1 layer 1, norm and lm_head;
-  // with etp 1 a TP group of two spans both EP ranks, so it holds every expert of its layer.
+  // with etp 1 an expert stays whole on its EP rank: expert 7 (EP rank 1) on the odd ranks
+  // only, although each TP group of two spans both EP ranks.
   const std::string embed = "model.embed_tokens.weight", head = "lm_head.weight";
   for (int r = 0; r < 8; ++r) {
     const bool first = r < 4;
@@ -116,7 +131,7 @@ TEST(HeldPass, MoeTp2Pp2Ep2EachRankYieldsItsHeldNames) {
     EXPECT_EQ(std::count(h.begin(), h.end(), embed), first ? 1 : 0) << r;
     EXPECT_EQ(std::count(h.begin(), h.end(), head), first ? 0 : 1) << r;
     const std::string expert = fmt::format("model.layers.{}.mlp.experts.7.down_proj.weight", first ? 0 : 1);
-    EXPECT_EQ(std::count(h.begin(), h.end(), expert), 1) << r;
+    EXPECT_EQ(std::count(h.begin(), h.end(), expert), r % 2) << r;
   }
 }
 
@@ -168,7 +183,8 @@ TEST(HeldPass, FsdpHeldPassIsTheFullPass) {
   });
 }
 
-// The plan: one copy per element, from the lowest member holding it.
+// The plan: one copy per element of a split tensor, from the lowest member holding it;
+// replicated tensors never cross the group.
 TEST(HeldPlan, LowestMemberSendsEachElementOnce) {
   ModelConfig c = Config("qwen3-tiny");
   auto layout = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep1", 2));
@@ -177,25 +193,69 @@ TEST(HeldPlan, LowestMemberSendsEachElementOnce) {
   for (const TensorMeta& m : layout->hf_tensors()) names.push_back(m.name);
   auto groups = LayerGroups(names);
   ASSERT_TRUE(groups.ok());
-  auto plan = PlanHeldPass(layout->hf_tensors(), *groups, 2, HeldPiecesOf(*layout, 1), "tp");
+  auto plan = PlanHeldPass(layout->hf_tensors(), *groups, 2, 1, HeldPiecesOf(*layout, 1), "tp");
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->size(), groups->size());
-  for (const HeldGroupPlan& g : *plan) {
-    // The members' contributions tile the group: every byte comes from one member.
-    EXPECT_EQ(g.contribution[0] + g.contribution[1], g.bytes) << (*groups)[g.group].key;
-    EXPECT_EQ(g.names.size(), (*groups)[g.group].size());
-  }
-  // Layer 0: member 1 sends its halves of the split weights only; the replicated norms
-  // come from member 0.
-  const HeldGroupPlan& layer0 = (*plan)[1];
   const auto& hf = layout->hf_tensors();
-  size_t replicated = 0, split = 0;
+  for (const HeldGroupPlan& g : *plan) {
+    EXPECT_EQ(g.names.size(), (*groups)[g.group].size());
+    // The contributions tile the split tensors; the replicated ones are member 1's own.
+    size_t replicated = 0;
+    for (int h : g.names) replicated += hf[h].shape.size() == 1 ? hf[h].nbytes() : 0;
+    EXPECT_EQ(g.contribution[0] + g.contribution[1] + replicated, g.bytes) << (*groups)[g.group].key;
+  }
+  // Layer 0: each member sends its half of the split weights; the norms are placed by
+  // member 1 from its own parameters.
+  const HeldGroupPlan& layer0 = (*plan)[1];
+  size_t replicated = 0, split = 0, own = 0;
   for (size_t i = 0; i < layer0.names.size(); ++i) {
     const TensorMeta& m = hf[layer0.names[i]];
     (m.shape.size() == 1 ? replicated : split) += m.nbytes();
   }
+  for (const HeldRun& r : layer0.own) own += static_cast<size_t>(r.runs.count * r.runs.run_bytes);
+  EXPECT_GT(replicated, 0u);
+  EXPECT_EQ(own, replicated);
   EXPECT_EQ(layer0.contribution[1], split / 2);
-  EXPECT_EQ(layer0.contribution[0], split / 2 + replicated);
+  EXPECT_EQ(layer0.contribution[0], split / 2);
+}
+
+// Under expert parallelism with etp 1 an expert is whole on its EP rank: only that member
+// holds it, nothing of it crosses the TP group, and its TP peer does not hold it.
+TEST(HeldPlan, AnExpertStaysOnItsOwnRank) {
+  ModelConfig c = Config("qwen3-moe-tiny");  // 8 experts
+  auto layout = MegatronLayout::Build(c, *ParallelLayout::Parse("tp2pp1ep2", 4));
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  std::vector<std::string> names;
+  for (const TensorMeta& m : layout->hf_tensors()) names.push_back(m.name);
+  auto groups = LayerGroups(names);
+  ASSERT_TRUE(groups.ok());
+  const auto& hf = layout->hf_tensors();
+  const int e0 = layout->FindHf("model.layers.0.mlp.experts.0.up_proj.weight");
+  const int e7 = layout->FindHf("model.layers.0.mlp.experts.7.up_proj.weight");
+  const int q = layout->FindHf("model.layers.0.self_attn.q_proj.weight");
+  ASSERT_GE(e0, 0);
+  ASSERT_GE(e7, 0);
+  for (int me : {0, 1}) {
+    auto plan = PlanHeldPass(hf, *groups, 2, me, HeldPiecesOf(*layout, me), "tp");
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const HeldGroupPlan& layer0 = (*plan)[1];
+    auto holds = [&](int h) { return std::find(layer0.names.begin(), layer0.names.end(), h) != layer0.names.end(); };
+    EXPECT_EQ(holds(e0), me == 0);
+    EXPECT_EQ(holds(e7), me == 1);
+    EXPECT_TRUE(holds(q));
+    // The exchanged bytes are the split tensors alone: every byte of the group is either
+    // a contribution or placed from the member's own parameters, experts among the latter.
+    size_t own = 0;
+    for (const HeldRun& r : layer0.own) own += static_cast<size_t>(r.runs.count * r.runs.run_bytes);
+    EXPECT_GE(own, 4 * 3 * hf[e0].nbytes()) << "member " << me;  // its 4 experts' 3 projections
+    EXPECT_EQ(layer0.contribution[0] + layer0.contribution[1] + own, layer0.bytes) << "member " << me;
+    auto held = layout->HeldNames(me);
+    std::vector<std::string> planned;
+    for (const HeldGroupPlan& g : *plan) {
+      for (int h : g.names) planned.push_back(hf[h].name);
+    }
+    EXPECT_EQ(planned, held) << "member " << me;
+  }
 }
 
 TEST(HeldPlan, TpGroupThatCannotAssembleATensorIsRefused) {
@@ -211,24 +271,27 @@ TEST(HeldPlan, TpGroupThatCannotAssembleATensorIsRefused) {
   // Columns [12, 16) of down_proj are on no member.
   std::vector<std::vector<HeldPiece>> pieces = {{piece(0, 1, 0, 8, 2, 8), piece(1, 1, 4, 8, 2, 8)},
                                                 {piece(0, 0, 0, 8, 2, 1)}};
-  auto plan = PlanHeldPass(hf, groups, 2, pieces, "the TP group of trainer ranks 2, 3");
+  auto plan = PlanHeldPass(hf, groups, 2, 0, pieces, "the TP group of trainer ranks 2, 3");
   EXPECT_THAT(plan.status(),
               StatusIs(StatusCode::kInvalidArgument,
                        "the TP group of trainer ranks 2, 3 cannot assemble model.layers.0.mlp.down_proj.weight by "
                        "itself: indices [12, 16) of its 16 along dim 1 are on no member"));
   // Slices along different dims cannot be stitched.
   pieces[0] = {piece(0, 1, 0, 16, 2, 8), piece(1, 0, 0, 8, 32, 1)};
-  EXPECT_THAT(PlanHeldPass(hf, groups, 2, pieces, "tp").status(),
+  EXPECT_THAT(PlanHeldPass(hf, groups, 2, 0, pieces, "tp").status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("along dims 1 and 0")));
   // Overlapping slices: member 1 sends only what member 0 lacks.
   pieces[0] = {piece(1, 1, 4, 12, 2, 8), piece(0, 1, 0, 8, 2, 8)};
-  auto ok = PlanHeldPass(hf, groups, 2, pieces, "tp");
+  auto ok = PlanHeldPass(hf, groups, 2, 1, pieces, "tp");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   ASSERT_EQ((*ok)[0].runs[1].size(), 1u);
   EXPECT_EQ((*ok)[0].runs[1][0].runs.hf_offset, 8 * 2);
   EXPECT_EQ((*ok)[0].runs[1][0].runs.dst_offset, 4 * 2);
   EXPECT_EQ((*ok)[0].contribution[1], 8u * 8 * 2);
-  EXPECT_EQ((*ok)[0].contribution[0], 8u * 8 * 2 + 16);
+  // The norm is member 0's alone (it holds it whole), so member 1 does not hold it.
+  EXPECT_EQ((*ok)[0].contribution[0], 8u * 8 * 2);
+  ASSERT_EQ((*ok)[0].names.size(), 1u);
+  EXPECT_TRUE((*ok)[0].own.empty());
 }
 
 // Rank 1 never starts its held pass: rank 0, its TP-group peer, fails within the timeout

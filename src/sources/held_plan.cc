@@ -43,12 +43,12 @@ void Merge(std::vector<Interval>& covered) {
 }  // namespace
 
 Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& hf,
-                                                const std::vector<LayerGroup>& groups, int members,
+                                                const std::vector<LayerGroup>& groups, int members, int me,
                                                 const std::vector<std::vector<HeldPiece>>& pieces,
                                                 std::string_view tp_group) {
-  if (pieces.size() != hf.size() || members < 1) {
-    return Internal(fmt::format("held-pass plan of {}: {} piece lists for {} tensors and {} members", tp_group,
-                                pieces.size(), hf.size(), members));
+  if (pieces.size() != hf.size() || members < 1 || me < 0 || me >= members) {
+    return Internal(fmt::format("held-pass plan of {} for member {}: {} piece lists for {} tensors and {} members",
+                                tp_group, me, pieces.size(), hf.size(), members));
   }
   auto cannot = [&](const TensorMeta& m, const std::string& why) {
     return InvalidArgument(fmt::format("{} cannot assemble {} by itself: {}", tp_group, m.name, why));
@@ -59,6 +59,11 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
     plan.group = g;
     plan.runs.resize(members);
     plan.contribution.assign(members, 0);
+    auto hold = [&](size_t h) {
+      plan.names.push_back(static_cast<int>(h));
+      plan.offsets.push_back(plan.bytes);
+      plan.bytes += hf[h].nbytes();
+    };
     for (size_t h = groups[g].begin; h < groups[g].end; ++h) {
       if (pieces[h].empty()) continue;
       const TensorMeta& m = hf[h];
@@ -70,7 +75,8 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
         return cannot(m, fmt::format("a slice along dim {} of a tensor of shape {}", dim, ShapeString(m.shape)));
       }
       const int64_t extent = m.shape[dim];
-      std::vector<Interval> covered;
+      // What each member holds by itself.
+      std::vector<std::vector<Interval>> alone(members);
       for (const HeldPiece& p : order) {
         if (p.dim != dim) return cannot(m, fmt::format("its members slice it along dims {} and {}", dim, p.dim));
         if (p.member < 0 || p.member >= members) {
@@ -82,6 +88,25 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
           return cannot(m, fmt::format("slice [{}, {}) along dim {} is outside its {} indices", p.start,
                                        p.start + p.length, dim, extent));
         }
+        alone[p.member].emplace_back(p.start, p.start + p.length);
+      }
+      std::vector<bool> whole(members, false);
+      bool any_whole = false;
+      for (int t = 0; t < members; ++t) {
+        whole[t] = CoversWhole(std::move(alone[t]), extent);
+        any_whole = any_whole || whole[t];
+      }
+      if (any_whole) {  // an own tensor
+        if (!whole[me]) continue;
+        for (const HeldPiece& p : order) {
+          if (p.member == me && p.length > 0) plan.own.push_back(HeldRun{p.param, plan.bytes, p.runs});
+        }
+        hold(h);
+        continue;
+      }
+      std::vector<Interval> covered;
+      for (const HeldPiece& p : order) {
+        if (p.length <= 0) continue;
         const int64_t inner = p.runs.run_bytes / p.length;  // bytes per index along dim
         for (const Interval& gap : Gaps(covered, p.start, p.start + p.length)) {
           HeldRun run{p.param, plan.bytes, p.runs};
@@ -99,13 +124,17 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
         return cannot(m, fmt::format("indices [{}, {}) of its {} along dim {} are on no member",
                                      missing.front().first, missing.front().second, extent, dim));
       }
-      plan.names.push_back(static_cast<int>(h));
-      plan.offsets.push_back(plan.bytes);
-      plan.bytes += m.nbytes();
+      hold(h);
     }
     if (!plan.names.empty()) plans.push_back(std::move(plan));
   }
   return plans;
+}
+
+bool CoversWhole(std::vector<Interval> slices, int64_t extent) {
+  if (slices.empty()) return false;
+  Merge(slices);
+  return Gaps(slices, 0, extent).empty();
 }
 
 std::vector<int> TpGroupRanks(const ParallelLayout& layout, int rank) {

@@ -2,15 +2,20 @@
 // a TP group sends which slice of which held HF tensor to the other members.
 //
 // A TP group is the tp ranks of one pipeline stage, one ep coordinate and one dp replica.
-// Between them its members hold whole HF tensors (MegatronLayout::HeldNames): attention
-// and dense MLP weights split over tp, norms and routers replicated on every member, and
-// the experts of the expert-EP ranks its members belong to (each expert split over etp
-// consecutive members when etp > 1). For every element of every held tensor the plan
-// picks ONE copy: the lowest member (by tp coordinate) holding it. A member's picked
-// slices in one layer group, in metadata order, are its contribution to that group,
-// packed back to back. In a pass, every member sends its contribution to every other
-// member and assembles all the group's held tensors from its own slices and the others'
-// contributions, so every member yields the same bytes.
+// Between them its members hold whole HF tensors (MegatronLayout::HeldNames). Two kinds:
+//  - OWN tensors: some member holds the whole tensor in its own parameters (norms and
+//    routers replicated on every member; an expert on its expert-EP rank when etp = 1).
+//    Exactly the members holding it whole hold it; they place it from their parameters
+//    and nothing of it crosses the group.
+//  - EXCHANGED tensors: no member holds them whole (attention and dense MLP weights split
+//    over tp; an expert split over etp > 1 consecutive members). Every member holds them.
+//    For every element the plan picks ONE copy: the lowest member (by tp coordinate)
+//    holding it. A member's picked slices in one layer group, in metadata order, are its
+//    contribution to that group, packed back to back. In a pass, every member sends its
+//    contribution to every other member and assembles the group's exchanged tensors from
+//    its own slices and the others' contributions, so every member yields the same bytes.
+// Keeping an expert on its own rank means a sender under expert parallelism sends the
+// experts it trained, and no TP peer receives experts it never sends.
 //
 // The plan is made once, when a source is built, from tables every rank shares; the
 // functions here are pure and thread-safe.
@@ -21,6 +26,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "model/sharding.h"
@@ -50,25 +56,32 @@ struct HeldRun {
   PieceRuns runs;
 };
 
-// One layer group of a held pass: the group's held tensors and who contributes what.
+// One layer group of member `me`'s held pass: the tensors it holds and who contributes what.
 struct HeldGroupPlan {
   size_t group = 0;             // index into the source's layer groups
-  std::vector<int> names;       // held HF indices of the group, in metadata order
-  std::vector<size_t> offsets;  // of each name in the assembled group, in bytes
-  size_t bytes = 0;             // the assembled group
+  std::vector<int> names;       // HF indices `me` holds in the group, in metadata order
+  std::vector<size_t> offsets;  // of each name in `me`'s assembled group, in bytes
+  size_t bytes = 0;             // `me`'s assembled group
   std::vector<std::vector<HeldRun>> runs;  // [member] its contribution, in packing order
   std::vector<size_t> contribution;        // [member] its contribution's packed bytes
+  std::vector<HeldRun> own;                // `me`'s own tensors, placed from its parameters
 };
 
-// The plan for one TP group of `members` ranks over `hf` (metadata order) and its layer
-// `groups`. pieces[h] lists what the members hold of HF tensor h, in any order; empty
-// means the group does not hold h. Groups with no held tensor get no plan. InvalidArgument
-// naming the tensor and `tp_group` when the members' slices of a held tensor leave
-// indices uncovered or slice it along different dims: the group cannot assemble it alone.
+// The plan of member `me` of one TP group of `members` ranks over `hf` (metadata order) and
+// its layer `groups`. pieces[h] lists what the members hold of HF tensor h, in any order;
+// empty means the group does not hold h. Groups in which `me` holds nothing get no plan.
+// Contributions are the same in every member's plan; names, offsets and `own` are `me`'s.
+// InvalidArgument naming the tensor and `tp_group` when the members' slices of a held
+// tensor leave indices uncovered or slice it along different dims: the group cannot
+// assemble it alone.
 Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& hf,
-                                                const std::vector<LayerGroup>& groups, int members,
+                                                const std::vector<LayerGroup>& groups, int members, int me,
                                                 const std::vector<std::vector<HeldPiece>>& pieces,
                                                 std::string_view tp_group);
+
+// Whether slices [first, second) along one dim cover all `extent` indices: a member whose
+// non-empty slices of a tensor do holds it whole (an OWN tensor). False for no slices.
+bool CoversWhole(std::vector<std::pair<int64_t, int64_t>> slices, int64_t extent);
 
 // The ranks of `rank`'s TP group, by tp coordinate.
 std::vector<int> TpGroupRanks(const ParallelLayout& layout, int rank);

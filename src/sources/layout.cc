@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "sources/held_plan.h"
+
 namespace wsync {
 
 Result<ParallelLayout> ParallelLayout::Parse(std::string_view text, int world) {
@@ -244,17 +246,38 @@ int MegatronLayout::FindHf(std::string_view name) const {
 }
 
 std::vector<std::string> MegatronLayout::HeldNames(int rank) const {
-  std::vector<char> held(hf_.size(), 0);
+  // [member][hf] the non-empty slices each member of the TP group holds.
+  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> slices(
+      layout_.tp, std::vector<std::vector<std::pair<int64_t, int64_t>>>(hf_.size()));
+  std::vector<char> in_group(hf_.size(), 0);
+  std::vector<int> dim(hf_.size(), 0);  // the pieces' dim; the held pass refuses mixed dims
   ParallelLayout::Coord c = layout_.CoordOf(rank);
+  const int me = c.tp;
   for (int t = 0; t < layout_.tp; ++t) {
     c.tp = t;
     for (const WorkerParam& p : params_[layout_.RankOf(c)]) {
-      for (const ShardPiece& piece : p.pieces) held[FindHf(piece.hf_name)] = 1;
+      for (const ShardPiece& piece : p.pieces) {
+        const int h = FindHf(piece.hf_name);
+        in_group[h] = 1;
+        dim[h] = piece.dim;
+        if (piece.length > 0) slices[t][h].emplace_back(piece.hf_start, piece.hf_start + piece.length);
+      }
     }
   }
+  // The held pass's rule (held_plan.h): a tensor some member holds whole is held by the
+  // members holding it whole; any other tensor the group has pieces of, by every member.
   std::vector<std::string> names;
   for (size_t i = 0; i < hf_.size(); ++i) {
-    if (held[i]) names.push_back(hf_[i].name);
+    if (!in_group[i]) continue;
+    bool any_whole = false, mine_whole = false;
+    for (int t = 0; t < layout_.tp; ++t) {
+      const Shape& shape = hf_[i].shape;
+      const int d = dim[i];
+      const bool whole = d >= 0 && static_cast<size_t>(d) < shape.size() && CoversWhole(slices[t][i], shape[d]);
+      any_whole = any_whole || whole;
+      mine_whole = mine_whole || (whole && t == me);
+    }
+    if (!any_whole || mine_whole) names.push_back(hf_[i].name);
   }
   return names;
 }

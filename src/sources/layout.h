@@ -99,9 +99,9 @@ class MegatronLayout {
   const std::vector<WorkerParam>& params(int rank) const { return params_[rank]; }
   // The primary pieces of HF tensor `hf`, rank-major; together they cover every element once.
   std::span<const ExportPiece> ExportPieces(int hf) const { return export_[hf]; }
-  // HF names whose pieces this rank's TP group holds (its stage's dense and replicated
-  // tensors, and the experts its members hold), in metadata order: what it produces
-  // without crossing stages or expert owners.
+  // HF names this rank's held pass yields (held_plan.h), in metadata order: what its TP
+  // group assembles of its stage's split tensors, and what it holds whole itself (norms,
+  // routers, its own experts when etp = 1). It never crosses stages or expert owners.
   std::vector<std::string> HeldNames(int rank) const;
   // Byte runs of params(rank)[param].pieces[piece] (hf_* in the HF tensor, dst_* in the param).
   PieceRuns Runs(int rank, int param, int piece) const;

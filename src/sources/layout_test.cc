@@ -201,9 +201,16 @@ TEST(MegatronLayout, ExpertGridFoldsOverTensorParallelRanks) {
       EXPECT_EQ(fc1->pieces[0].primary, rank / 2 == i % 2) << "rank " << rank << " expert " << i;
     }
   }
-  // Rank 0's TP group (ranks 0 and 1) holds every expert.
-  auto held = l->HeldNames(0);
-  EXPECT_NE(std::find(held.begin(), held.end(), "model.layers.0.mlp.experts.7.down_proj.weight"), held.end());
+  // Each rank holds the experts it has whole (etp 1), not its TP peer's: rank 0 experts
+  // 0..3, rank 1 (same TP group) experts 4..7.
+  auto has = [&](int rank, const std::string& n) {
+    auto held = l->HeldNames(rank);
+    return std::find(held.begin(), held.end(), n) != held.end();
+  };
+  EXPECT_TRUE(has(0, "model.layers.0.mlp.experts.3.down_proj.weight"));
+  EXPECT_FALSE(has(0, "model.layers.0.mlp.experts.7.down_proj.weight"));
+  EXPECT_TRUE(has(1, "model.layers.0.mlp.experts.7.down_proj.weight"));
+  EXPECT_TRUE(has(1, "model.layers.0.self_attn.q_proj.weight"));
 }
 
 TEST(MegatronLayout, ExpertTensorParallelErrors) {

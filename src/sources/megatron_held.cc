@@ -32,11 +32,13 @@ Status MegatronSource::PlanHeld() {
   for (int r = 0; r < l.world; ++r) {
     if (l.CoordOf(r).tp != 0) continue;
     std::vector<int> ranks = TpGroupRanks(l, r);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<HeldGroupPlan> plan,
-                           PlanHeldPass(hf, groups_, l.tp, HeldPiecesOf(*layout_, r), DescribeTpGroup(ranks)));
     auto mine = std::find(ranks.begin(), ranks.end(), me);
+    const int member = mine == ranks.end() ? 0 : static_cast<int>(mine - ranks.begin());
+    WSYNC_ASSIGN_OR_RETURN(std::vector<HeldGroupPlan> plan, PlanHeldPass(hf, groups_, l.tp, member,
+                                                                         HeldPiecesOf(*layout_, r),
+                                                                         DescribeTpGroup(ranks)));
     if (mine == ranks.end()) continue;
-    tp_member_ = static_cast<int>(mine - ranks.begin());
+    tp_member_ = member;
     tp_group_ = std::move(ranks);
     held_plan_ = std::move(plan);
   }
@@ -89,6 +91,7 @@ Status MegatronSource::LoadHeldGroup(size_t k, uint32_t tag, Deadline deadline) 
   if (exchanged.ok()) {
     // This member's own slices go straight from its parameters while the messages fly.
     PlaceRuns(plan.runs[me], params_, group_.data());
+    PlaceRuns(plan.own, params_, group_.data());
     if (batch) exchanged = batch->Wait(deadline);
   }
   if (!exchanged.ok()) {
