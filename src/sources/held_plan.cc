@@ -75,8 +75,6 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
         return cannot(m, fmt::format("a slice along dim {} of a tensor of shape {}", dim, ShapeString(m.shape)));
       }
       const int64_t extent = m.shape[dim];
-      // What each member holds by itself.
-      std::vector<std::vector<Interval>> alone(members);
       for (const HeldPiece& p : order) {
         if (p.dim != dim) return cannot(m, fmt::format("its members slice it along dims {} and {}", dim, p.dim));
         if (p.member < 0 || p.member >= members) {
@@ -88,15 +86,9 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
           return cannot(m, fmt::format("slice [{}, {}) along dim {} is outside its {} indices", p.start,
                                        p.start + p.length, dim, extent));
         }
-        alone[p.member].emplace_back(p.start, p.start + p.length);
       }
-      std::vector<bool> whole(members, false);
-      bool any_whole = false;
-      for (int t = 0; t < members; ++t) {
-        whole[t] = CoversWhole(std::move(alone[t]), extent);
-        any_whole = any_whole || whole[t];
-      }
-      if (any_whole) {  // an own tensor
+      const std::vector<bool> whole = HoldsWhole(order, members, extent);
+      if (std::find(whole.begin(), whole.end(), true) != whole.end()) {  // an own tensor
         if (!whole[me]) continue;
         for (const HeldPiece& p : order) {
           if (p.member == me && p.length > 0) plan.own.push_back(HeldRun{p.param, plan.bytes, p.runs});
@@ -131,10 +123,18 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
   return plans;
 }
 
-bool CoversWhole(std::vector<Interval> slices, int64_t extent) {
-  if (slices.empty()) return false;
-  Merge(slices);
-  return Gaps(slices, 0, extent).empty();
+std::vector<bool> HoldsWhole(std::span<const HeldPiece> pieces, int members, int64_t extent) {
+  std::vector<std::vector<Interval>> alone(members);
+  for (const HeldPiece& p : pieces) {
+    if (p.length > 0) alone[p.member].emplace_back(p.start, p.start + p.length);
+  }
+  std::vector<bool> whole(members, false);
+  for (int t = 0; t < members; ++t) {
+    if (alone[t].empty()) continue;
+    Merge(alone[t]);
+    whole[t] = Gaps(alone[t], 0, extent).empty();
+  }
+  return whole;
 }
 
 std::vector<int> TpGroupRanks(const ParallelLayout& layout, int rank) {

@@ -26,7 +26,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "model/sharding.h"
@@ -79,9 +78,10 @@ Result<std::vector<HeldGroupPlan>> PlanHeldPass(const std::vector<TensorMeta>& h
                                                 const std::vector<std::vector<HeldPiece>>& pieces,
                                                 std::string_view tp_group);
 
-// Whether slices [first, second) along one dim cover all `extent` indices: a member whose
-// non-empty slices of a tensor do holds it whole (an OWN tensor). False for no slices.
-bool CoversWhole(std::vector<std::pair<int64_t, int64_t>> slices, int64_t extent);
+// [member] whether that member's non-empty slices among `pieces` (one HF tensor's, sliced
+// along one dim of `extent` indices, members in [0, members)) cover the whole tensor. Any
+// true makes the tensor an OWN tensor, held by exactly those members.
+std::vector<bool> HoldsWhole(std::span<const HeldPiece> pieces, int members, int64_t extent);
 
 // The ranks of `rank`'s TP group, by tp coordinate.
 std::vector<int> TpGroupRanks(const ParallelLayout& layout, int rank);

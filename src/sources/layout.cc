@@ -246,38 +246,20 @@ int MegatronLayout::FindHf(std::string_view name) const {
 }
 
 std::vector<std::string> MegatronLayout::HeldNames(int rank) const {
-  // [member][hf] the non-empty slices each member of the TP group holds.
-  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> slices(
-      layout_.tp, std::vector<std::vector<std::pair<int64_t, int64_t>>>(hf_.size()));
-  std::vector<char> in_group(hf_.size(), 0);
-  std::vector<int> dim(hf_.size(), 0);  // the pieces' dim; the held pass refuses mixed dims
-  ParallelLayout::Coord c = layout_.CoordOf(rank);
-  const int me = c.tp;
-  for (int t = 0; t < layout_.tp; ++t) {
-    c.tp = t;
-    for (const WorkerParam& p : params_[layout_.RankOf(c)]) {
-      for (const ShardPiece& piece : p.pieces) {
-        const int h = FindHf(piece.hf_name);
-        in_group[h] = 1;
-        dim[h] = piece.dim;
-        if (piece.length > 0) slices[t][h].emplace_back(piece.hf_start, piece.hf_start + piece.length);
-      }
-    }
-  }
   // The held pass's rule (held_plan.h): a tensor some member holds whole is held by the
   // members holding it whole; any other tensor the group has pieces of, by every member.
+  const std::vector<std::vector<HeldPiece>> pieces = HeldPiecesOf(*this, rank);
+  const int me = layout_.CoordOf(rank).tp;
   std::vector<std::string> names;
   for (size_t i = 0; i < hf_.size(); ++i) {
-    if (!in_group[i]) continue;
-    bool any_whole = false, mine_whole = false;
-    for (int t = 0; t < layout_.tp; ++t) {
-      const Shape& shape = hf_[i].shape;
-      const int d = dim[i];
-      const bool whole = d >= 0 && static_cast<size_t>(d) < shape.size() && CoversWhole(slices[t][i], shape[d]);
-      any_whole = any_whole || whole;
-      mine_whole = mine_whole || (whole && t == me);
+    if (pieces[i].empty()) continue;
+    const Shape& shape = hf_[i].shape;
+    const int dim = pieces[i].front().dim;  // the held pass refuses mixed dims
+    if (dim >= 0 && static_cast<size_t>(dim) < shape.size()) {
+      const std::vector<bool> whole = HoldsWhole(pieces[i], layout_.tp, shape[dim]);
+      if (std::find(whole.begin(), whole.end(), true) != whole.end() && !whole[me]) continue;
     }
-    if (!any_whole || mine_whole) names.push_back(hf_[i].name);
+    names.push_back(hf_[i].name);
   }
   return names;
 }
