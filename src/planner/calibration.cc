@@ -41,7 +41,12 @@ std::vector<Derivation> Derive() {
   const double reload_s = Get("delta_reload_s");
   const double model_gb = Get("delta_model_gb");
   const double workers = Get("delta_workers");
-  const double cores = Get("delta_host_cores");
+  const double all_copy = Get("h200_host_all_core_copy_gb_per_s");
+  const double vm_cores = Get("vm_cores");
+  const double vm_chain = (vm_cores * Get("vm_raw_chain_2_hops_s") / (2 * model_gb) +
+                           vm_cores * Get("vm_raw_chain_4_hops_s") / (4 * model_gb)) / 2;
+  const double host_2 = Get("h200_host_raw_chain_2_hops_s") / model_gb;
+  const double host_4 = Get("h200_host_raw_chain_4_hops_s") / model_gb;
   return {
       {"link_efficiency", "nccl_raw_broadcast_gb_per_s / h200_nvlink_gb_per_s", raw_bcast / nvlink},
       {"nccl_chunk_turnaround_s", "(nccl_engine_data_ms - nccl_raw_ms) / nccl_chunks / 1000",
@@ -56,9 +61,16 @@ std::vector<Derivation> Derive() {
       {"delta_publish_cores", "delta_publish_wall_gb_per_s / delta_publish_gb_per_core", pub_wall / pub_core},
       {"delta_apply_gb_per_core", "delta_apply_gb_per_core", apply_core},
       {"delta_apply_cores", "delta_apply_wall_gb_per_s / delta_apply_gb_per_core", apply_wall / apply_core},
-      {"delta_reload_gb_per_core", "delta_model_gb * delta_workers / delta_reload_s / delta_host_cores",
-       model_gb * workers / reload_s / cores},
+      {"delta_core_copy_gb_per_s", "h200_host_core_copy_gb_per_s", Get("h200_host_core_copy_gb_per_s")},
+      {"delta_reload_efficiency", "delta_model_gb * delta_workers / delta_reload_s / h200_host_all_core_copy_gb_per_s",
+       model_gb * workers / reload_s / all_copy},
       {"delta_payload_ratio", "delta_payload_percent / 100", Get("delta_payload_percent") / 100},
+      {"loopback_hop_core_s_per_gb",
+       "mean of vm_cores * vm_raw_chain_H_hops_s / (H * delta_model_gb) over H = 2, 4", vm_chain},
+      {"loopback_chain_hop_s_per_gb",
+       "(h200_host_raw_chain_4_hops_s - h200_host_raw_chain_2_hops_s) / 2 / delta_model_gb", (host_4 - host_2) / 2},
+      {"loopback_chain_s_per_gb", "h200_host_raw_chain_2_hops_s / delta_model_gb - 2 * loopback_chain_hop_s_per_gb",
+       host_2 - (host_4 - host_2)},
       {"cpu_control_s", "http_three_calls_us / 1e6", Get("http_three_calls_us") / 1e6},
       {"pcie_efficiency", "pcie_practical_fraction", Get("pcie_practical_fraction")},
   };
@@ -83,16 +95,26 @@ const std::vector<Measurement>& Measurements() {
       {"ipc_packed_two_process_ms", 18.50, "ms", "same table: two processes, region hand-off, 18.52/18.49"},
       {"ipc_packed_engine_ms", 18.99, "ms", "same table: the engine start .. finish over HTTP"},
       {"ipc_packed_chunks", 14, "chunks", "same section: qwen3-8b, 1.155 GB slots"},
-      {"delta_publish_wall_gb_per_s", 5.66, "GB/s",
-       "benchmarks.md 'delta', 16-core H200 host, merge of delta-apply: publish 5.38/5.94 (median)"},
-      {"delta_publish_gb_per_core", 1.555, "GB/s", "same table: publish per core 1.46/1.65"},
-      {"delta_apply_wall_gb_per_s", 10.13, "GB/s", "same table: fetch + apply 9.15/11.11"},
-      {"delta_apply_gb_per_core", 2.97, "GB/s", "same table: apply per core 2.95/2.99"},
-      {"delta_reload_s", 0.085, "s", "same table: reload (paused) 0.091/0.079"},
+      {"delta_publish_wall_gb_per_s", 11.75, "GB/s",
+       "benchmarks.md 'Planner inputs on the H200 host': bench delta, publish wall on 16 threads 11.813/11.690"},
+      {"delta_publish_gb_per_core", 1.247, "GB/s", "same table: publish per core 1.279/1.215"},
+      {"delta_apply_wall_gb_per_s", 9.20, "GB/s", "same table: fetch + apply 9.220/9.185"},
+      {"delta_apply_gb_per_core", 2.649, "GB/s", "same table: apply per core 2.613/2.684"},
+      {"delta_reload_s", 0.072, "s", "same table: reload (paused) 0.075/0.069"},
       {"delta_model_gb", 1.192, "GB", "qwen3-0.6b bf16"},
       {"delta_workers", 2, "workers", "bench delta default: 2 servers x TP=1 on the host"},
-      {"delta_host_cores", 16, "cores", "the 16-core H200 host"},
-      {"delta_payload_percent", 3.04, "%", "benchmarks.md 'delta': compressed payload / model bytes, default step"},
+      {"delta_payload_percent", 3.05, "%", "same table: compressed payload / model bytes, default step"},
+      {"h200_host_core_copy_gb_per_s", 5.907, "GB/s",
+       "same section: bench ipc's one-thread memcpy floor, 5.907/6.185/5.381 (median)"},
+      {"h200_host_all_core_copy_gb_per_s", 28.66, "GB/s",
+       "same section: bench ipc's 16-thread memcpy floor, 28.664/26.417/29.856 (median)"},
+      {"h200_host_raw_chain_2_hops_s", 0.378, "s",
+       "same section: bench broadcast --servers 2, raw chained Gloo send/recv (3 ranks)"},
+      {"h200_host_raw_chain_4_hops_s", 0.470, "s", "same section: bench broadcast --servers 2 --tp 2, raw chain (5 ranks)"},
+      {"vm_raw_chain_2_hops_s", 0.648, "s",
+       "benchmarks.md 'Own CPU runs re-measured on a quiet VM': bench broadcast --servers 2, raw chain"},
+      {"vm_raw_chain_4_hops_s", 1.066, "s", "same table: bench broadcast --servers 2 --tp 2, raw chain"},
+      {"vm_cores", 2, "cores", "the 2-core VM"},
       {"http_three_calls_us", 298.5, "us",
        "benchmarks.md 'control plane': the three calls of one sync, libmicrohttpd, load 6-7"},
       {"pcie_practical_fraction", 0.7, "fraction",
@@ -115,8 +137,12 @@ Constants Calibrate() {
   c.delta_publish_cores = v["delta_publish_cores"];
   c.delta_apply_gb_per_core = v["delta_apply_gb_per_core"];
   c.delta_apply_cores = v["delta_apply_cores"];
-  c.delta_reload_gb_per_core = v["delta_reload_gb_per_core"];
+  c.delta_core_copy_gb_per_s = v["delta_core_copy_gb_per_s"];
+  c.delta_reload_efficiency = v["delta_reload_efficiency"];
   c.delta_payload_ratio = v["delta_payload_ratio"];
+  c.loopback_hop_core_s_per_gb = v["loopback_hop_core_s_per_gb"];
+  c.loopback_chain_s_per_gb = v["loopback_chain_s_per_gb"];
+  c.loopback_chain_hop_s_per_gb = v["loopback_chain_hop_s_per_gb"];
   c.cpu_control_s = v["cpu_control_s"];
   c.pcie_efficiency = v["pcie_efficiency"];
   return c;

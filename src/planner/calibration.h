@@ -37,13 +37,24 @@ struct Constants {
   double ipc_switch_per_chunk_s = 0;
   // ipc control plane (HTTP start .. finish around the copies), seconds.
   double ipc_control_s = 0;
-  // delta: rates per core and the cores' worth the parallel stages reach.
+  // delta: the codec's rates per core on the calibration host, the cores' worth its
+  // parallel stages reach there, and that host's one-thread memcpy (other hosts scale the
+  // per-core rates by theirs).
   double delta_publish_gb_per_core = 0;
   double delta_publish_cores = 0;
   double delta_apply_gb_per_core = 0;
   double delta_apply_cores = 0;
-  double delta_reload_gb_per_core = 0;
+  double delta_core_copy_gb_per_s = 0;
+  // The reload's rate over the host's all-core memcpy (it copies the mapped local
+  // checkpoint into the shards in pieces on every core).
+  double delta_reload_efficiency = 0;
   double delta_payload_ratio = 0;  // compressed payload / model bytes per step
+  // Gloo over loopback: core-seconds one hop's send and receive cost per GB (a host whose
+  // cores are all busy), and the time per GB a chain of H hops streams in when cores are
+  // free: loopback_chain_s_per_gb + H * loopback_chain_hop_s_per_gb.
+  double loopback_hop_core_s_per_gb = 0;
+  double loopback_chain_s_per_gb = 0;
+  double loopback_chain_hop_s_per_gb = 0;
   // Control plane of a CPU sync (the three HTTP calls), seconds.
   double cpu_control_s = 0;
   // PCIe host-to-device efficiency (achieved / link rate).

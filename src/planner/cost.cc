@@ -21,18 +21,21 @@ constexpr double kPieceBytes = 256.0 * (1 << 20);
 struct Rates {
   bool cpu = false;
   int cores = 1;
-  double copy = 0;         // one GPU's HBM copy; on a CPU host, one core's memcpy
+  double copy = 0;         // one GPU's HBM copy; on a CPU host, one thread's memcpy
+  double host_copy = 0;    // a CPU host's memcpy on all its cores at once
   double nvlink = 0;
   double nic = 0;          // per GPU (nics / gpus of the node); per host when CPU-only
   double pcie = 0;
-  double raw_nvlink = 0, raw_nic = 0, raw_copy = 0;  // GB/s, for utilisation
+  double raw_nvlink = 0, raw_nic = 0, raw_copy = 0, raw_host_copy = 0;  // GB/s, for utilisation
 };
 
 Rates RatesOf(const HardwareProfile& hw, const Constants& k) {
   Rates r;
   r.cpu = hw.gpus_per_node == 0;
   r.cores = hw.host_cores;
-  r.raw_copy = r.cpu ? hw.host_memory_gb_per_s / 2 : hw.hbm_gb_per_s / 2;
+  r.raw_host_copy = std::min(hw.host_memory_gb_per_s / 2, hw.core_copy_gb_per_s * hw.host_cores);
+  r.host_copy = r.raw_host_copy * kGB;
+  r.raw_copy = r.cpu ? hw.core_copy_gb_per_s : hw.hbm_gb_per_s / 2;
   r.copy = r.cpu ? r.raw_copy * kGB : r.raw_copy * k.hbm_copy_efficiency * kGB;
   r.raw_nvlink = hw.nvlink_gb_per_s;
   r.nvlink = hw.nvlink_gb_per_s * k.link_efficiency * kGB;
@@ -41,6 +44,14 @@ Rates RatesOf(const HardwareProfile& hw, const Constants& k) {
   r.nic = r.raw_nic * k.link_efficiency * kGB;
   r.pcie = hw.pcie_gb_per_s * k.pcie_efficiency * kGB;
   return r;
+}
+
+// The delta codec's calibrated per-core rates hold on the calibration host; another host's
+// cores run them in proportion to its one-thread memcpy (the passes stream the model
+// through memory). Hosts without a measured copy rate take the calibration host's.
+double CodecScale(const HardwareProfile& hw, const Constants& k) {
+  return hw.core_copy_gb_per_s > 0 && k.delta_core_copy_gb_per_s > 0 ? hw.core_copy_gb_per_s / k.delta_core_copy_gb_per_s
+                                                                      : 1.0;
 }
 
 int64_t ExpertIndex(std::string_view name) {
@@ -168,21 +179,35 @@ void PredictNccl(const Model& m, const ModelConfig& travel, const Fleet& f, cons
   p.assumptions.push_back(fmt::format("{} chunks of vLLM's packed cut at {} bytes, each completed before the next (calibrated turn-around)",
                                       chunks, buffer));
   if (rt.cpu && rs.cpu) {
-    // One host: every copy (pack, the chain's send and receive per hop, each worker's
-    // copy into its shard) competes for the host's cores.
+    // One host, a Gloo chain over loopback: trainer rank 0 packs each tensor into the
+    // buffer and the chain forwards it in pieces while the next is packed; every worker
+    // copies its shard out as pieces land. The sync is the larger of the host's CPU work
+    // spread over its cores and the chain's streaming time.
     double unpack = 0;
     for (int w = 0; w < W; ++w) unpack += static_cast<double>(ShardOf(m, f, w));
-    const double hops = 2.0 * M * W;
-    const double rate = rt.copy * rt.cores;
-    AddStep(p, "pack", "host memcpy", M, rt.raw_copy * rt.cores, M / rate);
-    AddStep(p, "wire", fmt::format("loopback chain through {} workers (a copy out and in per hop)", W), hops,
-            rt.raw_copy * rt.cores, hops / rate);
-    AddStep(p, "unpack", "host memcpy into shards", unpack, rt.raw_copy * rt.cores, unpack / rate);
+    const double hop_bytes = M * W;  // each of the W hops carries the model once
+    const double copy_core_s = (M + unpack) / rt.copy;
+    const double hop_core_s = hop_bytes / kGB * k.loopback_hop_core_s_per_gb;
+    const double cpu_s = (copy_core_s + hop_core_s) / rt.cores;
+    const double first = m.tensors.empty() ? 0 : static_cast<double>(m.tensors.front().nbytes());
+    const double chain_s = M / kGB * (k.loopback_chain_s_per_gb + k.loopback_chain_hop_s_per_gb * W);
+    const double stream_s = first / rt.copy + chain_s;
+    AddStep(p, "pack", "one trainer thread's memcpy into the buffer", M, rt.raw_copy, M / rt.copy);
+    AddStep(p, "wire", fmt::format("loopback chain through {} workers ({:.2f} core-s of sends and receives)", W, hop_core_s),
+            hop_bytes, 0, stream_s);
+    AddStep(p, "unpack", "memcpy into the shards, one thread per worker", unpack, rt.raw_copy, unpack / rt.copy / W);
     AddStep(p, "control", "HTTP start/update/finish", 0, 0, k.cpu_control_s);
-    p.seconds = (M + hops + unpack) / rate + k.cpu_control_s;
-    p.bottleneck = fmt::format("host CPU copies ({} cores)", rt.cores);
-    p.utilisation = (M + hops + unpack) / p.seconds / (rt.raw_copy * rt.cores * kGB);
-    p.assumptions.push_back("CPU-only host: every copy shares the host's cores at half its memory bandwidth each");
+    p.seconds = std::max(cpu_s, stream_s) + k.cpu_control_s;
+    if (cpu_s >= stream_s) {
+      p.bottleneck = fmt::format("host CPU ({} cores: copies {:.2f} core-s, loopback sends and receives {:.2f} core-s)",
+                                 rt.cores, copy_core_s, hop_core_s);
+      p.utilisation = cpu_s / p.seconds;
+    } else {
+      p.bottleneck = fmt::format("loopback chain's streaming through {} hops", W);
+      p.utilisation = stream_s / p.seconds;
+    }
+    p.assumptions.push_back("CPU-only host: every copy and every hop's send and receive share the host's cores; "
+                            "the chain streams at the calibrated loopback rate when cores are free");
     return;
   }
   const Gather g = GatherInto(0, m.tensors, m.own, travel, f);
@@ -228,7 +253,9 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
       return;
     }
   }
-  const size_t buffer = std::min<size_t>(PackedBufferSize(m.tensors, static_cast<size_t>(o.bucket_bytes)), m.bytes);
+  // A slot larger than the model with its tensors' alignment holds the model whole.
+  const size_t buffer = std::min<size_t>(PackedBufferSize(m.tensors, static_cast<size_t>(o.bucket_bytes)),
+                                         m.bytes + 256 * m.tensors.size());
   auto plan = CutChunks(m.tensors, ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, buffer, 256, "the ipc slot"});
   const double chunks = plan.ok() ? plan->chunks.size() : M / buffer;
   const bool zero_copy = f.trainer.world == 1 && !r.cpu && !o.ipc_packed;
@@ -237,15 +264,31 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
   p.received_per_worker_max = MaxShard(m);
   p.trainer_extra_bytes = zero_copy ? 0 : 2 * static_cast<int64_t>(buffer);
   if (r.cpu) {
-    double unpack = 0;
-    for (int w = 0; w < W; ++w) unpack += static_cast<double>(ShardOf(m, f, w));
-    const double pack_s = M / r.copy, unpack_s = shard / r.copy, all_s = (M + unpack) / (r.copy * r.cores);
+    // The slot ring on a CPU host: the trainer's thread packs chunk i into slot i % 2 once
+    // the workers have copied chunk i - 2 out of it; each worker's thread copies its share
+    // of chunk i once chunk i is packed and its copy of i - 1 is done.
+    constexpr int kSlots = 2;
+    const double share = M > 0 ? shard / M : 0;
+    const double out_rate = std::min({r.copy, r.host_copy / W, r.copy * r.cores / W});
+    std::vector<double> packed, copied;
+    double pack_s = 0, unpack_s = 0;
+    const std::vector<Chunk> one{Chunk{0, m.tensors.size(), static_cast<size_t>(m.bytes)}};
+    for (const Chunk& c : plan.ok() ? plan->chunks : one) {
+      const size_t i = packed.size();
+      const double start = std::max(i ? packed[i - 1] : 0, i >= kSlots ? copied[i - kSlots] : 0);
+      packed.push_back(start + c.bytes / r.copy);
+      copied.push_back(std::max(packed[i], i ? copied[i - 1] : 0) + c.bytes * share / out_rate);
+      pack_s += c.bytes / r.copy;
+      unpack_s += c.bytes * share / out_rate;
+    }
     AddStep(p, "pack", "one trainer thread's memcpy into the slots", M, r.raw_copy, pack_s);
-    AddStep(p, "unpack", "one thread per worker copying out of the slots", shard, r.raw_copy, unpack_s);
+    AddStep(p, "unpack", "one thread per worker copying out of the slots", shard * W, r.raw_copy, unpack_s);
     AddStep(p, "control", "HTTP start/update/finish", 0, 0, k.cpu_control_s);
-    p.seconds = std::max({pack_s, unpack_s, all_s}) + k.cpu_control_s;
+    p.seconds = copied.back() + k.cpu_control_s;
     NameBottleneck(p, {0, 1});
-    p.assumptions.push_back("CPU host: pack and copy-out overlap chunk by chunk on free cores");
+    p.assumptions.push_back(fmt::format("CPU host: {} chunks through a ring of {} slots, the pack of one beside the "
+                                        "copy-out of the one before",
+                                        packed.size(), kSlots));
     return;
   }
   Gather g;
@@ -282,8 +325,10 @@ void PredictDelta(const Model& m, const Fleet& f, const Constants& k, Prediction
   const Rates rs = RatesOf(f.server_hw, k);
   const double M = static_cast<double>(m.bytes);
   const double payload = M * k.delta_payload_ratio;
-  const double pub_rate = k.delta_publish_gb_per_core * std::min<double>(f.trainer_hw.host_cores, k.delta_publish_cores) * kGB;
-  const double apply_rate = k.delta_apply_gb_per_core * std::min<double>(f.server_hw.host_cores, k.delta_apply_cores) * kGB;
+  const double pub_rate = k.delta_publish_gb_per_core * CodecScale(f.trainer_hw, k) *
+                          std::min<double>(f.trainer_hw.host_cores, k.delta_publish_cores) * kGB;
+  const double apply_rate = k.delta_apply_gb_per_core * CodecScale(f.server_hw, k) *
+                            std::min<double>(f.server_hw.host_cores, k.delta_apply_cores) * kGB;
   std::map<int, double> node_shards;
   for (int w = 0; w < f.num_workers(); ++w) node_shards[f.worker_node(w)] += static_cast<double>(ShardOf(m, f, w));
   bool remote = false;
@@ -293,10 +338,10 @@ void PredictDelta(const Model& m, const Fleet& f, const Constants& k, Prediction
   std::string reload_on;
   if (rs.cpu) {
     for (const auto& [node, bytes] : node_shards) {
-      const double s = bytes / (k.delta_reload_gb_per_core * f.server_hw.host_cores * kGB);
+      const double s = bytes / (rs.host_copy * k.delta_reload_efficiency);
       if (s > reload_s) reload_s = s, reload_bytes = bytes;
     }
-    reload_on = fmt::format("host copies on {} cores", f.server_hw.host_cores);
+    reload_on = fmt::format("host memcpy on all {} cores", f.server_hw.host_cores);
   } else {
     reload_bytes = static_cast<double>(MaxShard(m));
     reload_s = reload_bytes / rs.pcie;
@@ -311,7 +356,8 @@ void PredictDelta(const Model& m, const Fleet& f, const Constants& k, Prediction
   AddStep(p, "wire", remote ? "sync dir read over one server NIC" : "sync dir on the local file system", payload,
           remote ? rs.raw_nic : 0, fetch_s);
   AddStep(p, "unpack", "fetch + apply into each node's local checkpoint", M, 0, M / apply_rate);
-  AddStep(p, "post-process", fmt::format("reload into the shards ({})", reload_on), reload_bytes, rs.cpu ? 0 : f.server_hw.pcie_gb_per_s, reload_s);
+  AddStep(p, "post-process", fmt::format("reload into the shards ({})", reload_on), reload_bytes,
+          rs.cpu ? rs.raw_host_copy : f.server_hw.pcie_gb_per_s, reload_s);
   AddStep(p, "control", "HTTP calls", 0, 0, k.cpu_control_s);
   p.seconds = M / pub_rate + fetch_s + M / apply_rate + reload_s + k.cpu_control_s;
   const Step* worst = &p.steps[0];

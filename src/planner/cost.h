@@ -15,7 +15,8 @@
 //   - links run at calibration's link_efficiency of their per-direction rate; a GPU has
 //     nics_per_node / gpus_per_node NICs; nothing else shares a link during the sync;
 //   - copies run at hbm_copy_efficiency of half the HBM bandwidth (each byte read and
-//     written); on CPU-only hosts at half the host memory bandwidth per core;
+//     written); on CPU-only hosts a thread copies at the profile's core_copy_gb_per_s and
+//     all cores together at most half the host memory bandwidth;
 //   - --dtype fp8 moves one byte per element of every tensor (block scales, < 0.03% of
 //     the bytes, and tensors kept in bf16 are not counted separately);
 //   - deployments of one shape route identically, so one deployment's plans stand for all.

@@ -30,7 +30,7 @@ constexpr NumberField kNumbers[] = {
     {"hbm_gb_per_s", kMaxRate, false},         {"nvlink_gb_per_s", kMaxRate, false},
     {"pcie_gb_per_s", kMaxRate, false},        {"nics_per_node", kMaxCount, true},
     {"nic_gb_per_s", kMaxRate, false},         {"host_memory_gb_per_s", kMaxRate, false},
-    {"host_cores", kMaxCount, true},
+    {"host_cores", kMaxCount, true},           {"core_copy_gb_per_s", kMaxRate, false},
 };
 
 Status Bad(std::string_view origin, const std::string& what) {
@@ -92,6 +92,7 @@ Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::st
     else if (n == "nic_gb_per_s") p.nic_gb_per_s = v;
     else if (n == "host_memory_gb_per_s") p.host_memory_gb_per_s = v;
     else if (n == "host_cores") p.host_cores = static_cast<int>(v);
+    else if (n == "core_copy_gb_per_s") p.core_copy_gb_per_s = v;
   }
   // Zero means "none": a CPU-only host has no GPU figures, a single host no NICs.
   const bool gpus = p.gpus_per_node > 0;
@@ -111,6 +112,9 @@ Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::st
   }
   if (p.host_cores < 1 || !(p.host_memory_gb_per_s > 0)) {
     return Bad(origin, "fields host_cores and host_memory_gb_per_s must be positive");
+  }
+  if (!gpus && !(p.core_copy_gb_per_s > 0)) {
+    return Bad(origin, "field core_copy_gb_per_s must be positive on a CPU-only host (gpus_per_node 0)");
   }
   return p;
 }

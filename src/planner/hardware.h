@@ -30,8 +30,11 @@ struct HardwareProfile {
   double pcie_gb_per_s = 0;        // host <-> GPU link per GPU, per direction
   int nics_per_node = 0;           // inter-node NICs
   double nic_gb_per_s = 0;         // per NIC, per direction
-  double host_memory_gb_per_s = 0; // the node's host DRAM bandwidth
+  double host_memory_gb_per_s = 0; // the node's host DRAM bandwidth (reads + writes, all cores)
   int host_cores = 0;              // CPU cores of the node
+  // One core's memcpy, bytes copied per second (the CPU paths' per-thread copy rate;
+  // required on CPU-only hosts, 0 where unmeasured on GPU nodes).
+  double core_copy_gb_per_s = 0;
   // Field name -> where its figure comes from.
   std::map<std::string, std::string> sources;
 };

@@ -50,8 +50,12 @@ Constants RoundConstants() {
   k.delta_publish_cores = 4;
   k.delta_apply_gb_per_core = 2;
   k.delta_apply_cores = 4;
-  k.delta_reload_gb_per_core = 1;
+  k.delta_core_copy_gb_per_s = 5;
+  k.delta_reload_efficiency = 1;
   k.delta_payload_ratio = 0.05;
+  k.loopback_hop_core_s_per_gb = 0.5;
+  k.loopback_chain_s_per_gb = 0.2;
+  k.loopback_chain_hop_s_per_gb = 0.05;
   k.cpu_control_s = 0.0003;
   k.pcie_efficiency = 0.8;
   return k;
@@ -72,7 +76,7 @@ TEST(Hardware, ShippedProfilesParse) {
     auto p = LoadHardwareProfile(name, DefaultHardwareDir());
     ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
     EXPECT_EQ(p->name, name);
-    EXPECT_EQ(p->sources.size(), 9u) << name;
+    EXPECT_EQ(p->sources.size(), 10u) << name;
   }
   auto h800 = LoadHardwareProfile("h800", DefaultHardwareDir());
   EXPECT_EQ(h800->nvlink_gb_per_s, 200);
@@ -87,10 +91,10 @@ TEST(Hardware, ShippedProfilesParse) {
 std::string Profile(const std::string& replace_from = "", const std::string& replace_to = "") {
   std::string text = R"({"name": "x", "description": "d", "gpus_per_node": 8, "gpu_memory_gb": 80,
     "hbm_gb_per_s": 3350, "nvlink_gb_per_s": 450, "pcie_gb_per_s": 63, "nics_per_node": 8,
-    "nic_gb_per_s": 50, "host_memory_gb_per_s": 614, "host_cores": 112,
+    "nic_gb_per_s": 50, "host_memory_gb_per_s": 614, "host_cores": 112, "core_copy_gb_per_s": 0,
     "sources": {"gpus_per_node": "a", "gpu_memory_gb": "a", "hbm_gb_per_s": "a", "nvlink_gb_per_s": "a",
       "pcie_gb_per_s": "a", "nics_per_node": "a", "nic_gb_per_s": "a", "host_memory_gb_per_s": "a",
-      "host_cores": "a"}})";
+      "core_copy_gb_per_s": "a", "host_cores": "a"}})";
   if (!replace_from.empty()) text.replace(text.find(replace_from), replace_from.size(), replace_to);
   return text;
 }
@@ -110,6 +114,18 @@ TEST(Hardware, FieldsAreChecked) {
       {{"\"host_cores\": 112", "\"host_cores\": \"112\""}, "p.json: field host_cores must be a number, got \"112\""},
       {{"\"name\": \"x\"", "\"name\": \"\""}, "p.json: field name must be a non-empty string"},
   };
+  // A CPU-only host: no GPU figures, and a core's copy rate, which its CPU paths use.
+  std::string cpu = Profile("\"gpus_per_node\": 8, \"gpu_memory_gb\": 80,\n    \"hbm_gb_per_s\": 3350, "
+                            "\"nvlink_gb_per_s\": 450, \"pcie_gb_per_s\": 63",
+                            "\"gpus_per_node\": 0, \"gpu_memory_gb\": 0, \"hbm_gb_per_s\": 0, \"nvlink_gb_per_s\": 0, "
+                            "\"pcie_gb_per_s\": 0");
+  EXPECT_EQ(ParseHardwareProfile(cpu, "c.json").status().message(),
+            "c.json: field core_copy_gb_per_s must be positive on a CPU-only host (gpus_per_node 0)");
+  const std::string zero = "\"core_copy_gb_per_s\": 0,";
+  cpu.replace(cpu.find(zero), zero.size(), "\"core_copy_gb_per_s\": 8,");
+  auto ok = ParseHardwareProfile(cpu, "c.json");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->core_copy_gb_per_s, 8);
   for (const auto& [edit, message] : cases) {
     auto p = ParseHardwareProfile(Profile(edit.first, edit.second), "p.json");
     ASSERT_FALSE(p.ok()) << message;
@@ -272,6 +288,85 @@ TEST(Predict, DeltaByHand) {
   EXPECT_EQ(p->received_per_worker_max, static_cast<int64_t>(M * 0.05));
 }
 
+// A CPU-only host with round figures: one thread copies 10 GB/s, all its cores 25.
+HardwareProfile RoundHost(int cores) {
+  HardwareProfile h;
+  h.name = "round-host";
+  h.gpus_per_node = 0;
+  h.nics_per_node = 0;
+  h.host_memory_gb_per_s = 50;
+  h.host_cores = cores;
+  h.core_copy_gb_per_s = 10;
+  return h;
+}
+
+Fleet HostFleet(const char* servers, int cores, Placement placement) {
+  Fleet f = MakeFleet("fsdp:1@round-host", servers, placement);
+  f.trainer_hw = f.server_hw = RoundHost(cores);
+  return f;
+}
+
+// The CPU chain on a busy host costs its CPU work over the cores; on a host with cores to
+// spare, the chain's streaming after the first tensor is packed.
+TEST(Predict, CpuBroadcastByHand) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const double M = static_cast<double>(ModelBytes(c));
+  const double first = static_cast<double>(HfTensors(c).front().nbytes());
+  const Constants k = RoundConstants();
+  auto busy = Predict(c, HostFleet("2x(1,1,1)@round-host", 2, Placement::kPacked), Backend::kNccl, PlanOptions{}, k);
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  // Copies: pack M and two whole shards at 10 GB/s; two hops of M at 0.5 core-s per GB.
+  const double cpu = (3 * M / 10e9 + 2 * M / 1e9 * 0.5) / 2;
+  const double stream = first / 10e9 + M / 1e9 * (0.2 + 2 * 0.05);
+  ASSERT_GT(cpu, stream);
+  EXPECT_NEAR(busy->seconds, cpu + 0.0003, 1e-12);
+  EXPECT_NE(busy->bottleneck.find("host CPU (2 cores"), std::string::npos) << busy->bottleneck;
+  auto spare = Predict(c, HostFleet("2x(1,1,1)@round-host", 64, Placement::kPacked), Backend::kNccl, PlanOptions{}, k);
+  ASSERT_TRUE(spare.ok()) << spare.status().ToString();
+  EXPECT_NEAR(spare->seconds, stream + 0.0003, 1e-12);
+  EXPECT_EQ(spare->bottleneck, "loopback chain's streaming through 2 hops");
+}
+
+// ipc on a CPU host is a pipeline over two slots: with chunks a, b, the pack of b runs
+// beside the copy-out of a, so the sync is a + max(a, b) + b at the one-thread rate.
+TEST(Predict, CpuIpcIsAChunkPipeline) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<TensorMeta> tensors = HfTensors(c);
+  const double M = static_cast<double>(ModelBytes(c));
+  PlanOptions o;
+  o.bucket_bytes = static_cast<int64_t>(M * 0.6);
+  auto cut = CutChunks(tensors, ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, PackedBufferSize(tensors, o.bucket_bytes),
+                                         256, "the ipc slot"});
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  ASSERT_EQ(cut->chunks.size(), 2u);
+  const double a = cut->chunks[0].bytes, b = cut->chunks[1].bytes;
+  auto p = Predict(c, HostFleet("1x(1,1,1)@round-host", 2, Placement::kColocated), Backend::kIpc, o, RoundConstants());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_NEAR(p->seconds, (a + std::max(a, b) + b) / 10e9 + 0.0003, 1e-12);
+  // A slot that holds the model: its pack and its copy-out run in series.
+  o.bucket_bytes = static_cast<int64_t>(2 * M);
+  auto whole = Predict(c, HostFleet("1x(1,1,1)@round-host", 2, Placement::kColocated), Backend::kIpc, o,
+                       RoundConstants());
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  auto one = CutChunks(tensors, ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, static_cast<size_t>(2 * M), 256,
+                                         "the ipc slot"});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ASSERT_EQ(one->chunks.size(), 1u);
+  EXPECT_NEAR(whole->seconds, 2.0 * one->chunks[0].bytes / 10e9 + 0.0003, 1e-12);
+}
+
+// delta on a CPU host: the codec's rates scale with the host's one-thread copy (here 10
+// against the calibration host's 5), the reload is a copy on all cores.
+TEST(Predict, CpuDeltaByHand) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const double M = static_cast<double>(ModelBytes(c));
+  auto p = Predict(c, HostFleet("2x(1,1,1)@round-host", 2, Placement::kPacked), Backend::kDelta, PlanOptions{},
+                   RoundConstants());
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  // publish 1 GB/s/core x 2 x 2 cores; apply 2 x 2 x 2; reload 2M at min(50 / 2, 2 x 10).
+  EXPECT_NEAR(p->seconds, M / 4e9 + M / 8e9 + 2 * M / 20e9 + 0.0003, 1e-12);
+}
+
 // sharded, one producer and one worker across nodes: every group is bound by the NIC, so
 // the sync is the plan's bytes over one NIC plus the control plane.
 TEST(Predict, ShardedByHand) {
@@ -316,9 +411,14 @@ TEST(Calibration, EveryConstantComesFromTheTable) {
   EXPECT_NEAR(k.nccl_chunk_turnaround_s, (51.2 - 44.40) / 12 / 1000, 1e-12);
   EXPECT_NEAR(k.gpu_control_s, 0.001, 1e-12);
   EXPECT_NEAR(k.ipc_switch_per_chunk_s, (18.50 - 16.25) / 14 / 1000, 1e-12);
+  EXPECT_NEAR(k.delta_reload_efficiency, 1.192 * 2 / 0.072 / 28.66, 1e-12);
+  EXPECT_NEAR(k.loopback_hop_core_s_per_gb, (2 * 0.648 / (2 * 1.192) + 2 * 1.066 / (4 * 1.192)) / 2, 1e-12);
+  EXPECT_NEAR(k.loopback_chain_hop_s_per_gb, (0.470 - 0.378) / 2 / 1.192, 1e-12);
+  EXPECT_NEAR(k.loopback_chain_s_per_gb + 2 * k.loopback_chain_hop_s_per_gb, 0.378 / 1.192, 1e-12);
   for (double v : {k.link_efficiency, k.hbm_copy_efficiency, k.ipc_control_s, k.delta_publish_cores,
-                   k.delta_apply_cores, k.delta_reload_gb_per_core, k.delta_payload_ratio, k.cpu_control_s,
-                   k.pcie_efficiency}) {
+                   k.delta_apply_cores, k.delta_core_copy_gb_per_s, k.delta_reload_efficiency, k.delta_payload_ratio,
+                   k.cpu_control_s, k.pcie_efficiency, k.loopback_hop_core_s_per_gb, k.loopback_chain_s_per_gb,
+                   k.loopback_chain_hop_s_per_gb}) {
     EXPECT_GT(v, 0);
   }
   EXPECT_NE(CalibrationReport().find("| link_efficiency | nccl_raw_broadcast_gb_per_s / h200_nvlink_gb_per_s | 0.819778 |"),
@@ -332,9 +432,20 @@ TEST(Calibration, EveryConstantComesFromTheTable) {
 // is set per case.
 TEST(Published, PredictionsWithinTolerance) {
   const std::map<std::string, double> tolerance = {
-      {"rdt-kimi-k2", 0.25},           {"own-gpu-nccl", 0.15},
-      {"own-gpu-ipc-zero-copy", 0.15}, {"own-gpu-ipc-packed", 0.15},    {"own-delta-h200-host", 0.15},
+      {"rdt-kimi-k2", 0.25},
+      {"own-gpu-nccl", 0.15},
+      {"own-gpu-ipc-zero-copy", 0.15},
+      {"own-gpu-ipc-packed", 0.15},
+      {"own-delta-h200-host", 0.15},
+      {"own-delta-vm", 0.15},
       {"own-cpu-broadcast-tp1", 0.15},
+      {"own-cpu-broadcast-tp2", 0.15},
+      {"own-cpu-broadcast-host-tp1", 0.15},
+      {"own-cpu-broadcast-host-tp2", 0.15},
+      {"own-cpu-ipc", 0.15},
+      {"own-cpu-ipc-quarter", 0.15},
+      {"own-cpu-ipc-host", 0.15},
+      {"own-cpu-ipc-host-quarter", 0.15},
   };
   const Constants k = Calibrate();
   int checked = 0;

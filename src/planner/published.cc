@@ -74,21 +74,51 @@ const std::vector<PublishedCase>& PublishedCases() {
        "One TP16 instance over two nodes: wsync's ipc plane serves one host, so wsync has no colocated "
        "backend for it."},
       {"nemo-rl-reshard", "NeMo-RL nccl_reshard: Qwen3-235B TP4xPP8xEP16 to TP8xDP16",
-       "issue 19 (NeMo-RL reshard figure, 4.56-4.85 s)", false, "qwen3-235b-a22b", "tp4pp8ep16:128@h100",
-       "16x(8,1,1)@h100", P::kDisaggregated, B::kSharded, Options(), false, 4.56, 4.85, "", true,
-       "DGX H100 assumed (NeMo-RL's refit blog runs DGX H100 with CX-7); 16 TP8 deployments; wsync's sharded "
-       "backend stands in for shard-to-shard nccl_reshard."},
+       "issue 19 (NeMo-RL reshard figure, 4.56-4.85 s; NVIDIA-NeMo/RL PRs #2413, #2971, #3720)", false,
+       "qwen3-235b-a22b", "tp4pp8ep16:128@h100", "16x(8,1,1)@h100", P::kDisaggregated, B::kSharded, Options(), false,
+       4.56, 4.85, "", false,
+       "DGX H100 (the PRs' runs). wsync's sharded backend stands in for nccl_reshard, which differs in ways its "
+       "sources leave open: it moves the dominant tensors shard to shard (95% of the bytes for Qwen3-30B) and the "
+       "rest by a packed broadcast; it runs one reshard lane per pipeline stage (PR #3720), and whether the 8 "
+       "lanes send at once is not stated. wsync's plan has them take turns (the figure below); if all 8 sent at "
+       "once, the same per-rank bytes would take about 1.5 s. The figure is from the Python fallback path "
+       "(xferdtensor_python_impl)."},
       // wsync's own runs (docs/benchmarks.md).
-      {"own-cpu-broadcast-tp1", "wsync bench broadcast, 2 servers x TP=1 (CPU, Gloo)",
-       "docs/benchmarks.md 'broadcast (nccl backend over Gloo, CPU)'", true, "qwen3-0.6b", "fsdp:1@vm2",
-       "2x(1,1,1)@vm2", P::kPacked, B::kNccl, Options(), false, 1.045, 1.045, "", true,
-       "A prediction: only the VM's one-thread memcpy rate enters (load average 2-4, +-15% run to run)."},
-      {"own-cpu-broadcast-tp2", "wsync bench broadcast, 2 servers x TP=2 (CPU, Gloo)",
-       "docs/benchmarks.md 'broadcast (nccl backend over Gloo, CPU)'", true, "qwen3-0.6b", "fsdp:1@vm2",
-       "2x(2,1,1)@vm2", P::kPacked, B::kNccl, Options(), false, 1.954, 1.954, "", true, "A prediction, as above."},
-      {"own-cpu-ipc", "wsync bench ipc, TP=1, 1 GiB (CPU)", "docs/benchmarks.md 'ipc' (CPU table)", true,
-       "qwen3-0.6b", "fsdp:1@vm2", "1x(1,1,1)@vm2", P::kColocated, B::kIpc, Options(), false, 0.633, 0.633, "",
-       true, "A prediction (load average ~5 during the run)."},
+      {"own-cpu-broadcast-tp1", "wsync bench broadcast, 2 servers x TP=1 (CPU, Gloo), 2-core VM",
+       "docs/benchmarks.md 'Own CPU runs re-measured on a quiet VM'", true, "qwen3-0.6b", "fsdp:1@vm2",
+       "2x(1,1,1)@vm2", P::kPacked, B::kNccl, Options(), false, 0.874, 0.874, "", true,
+       "A prediction: the VM's one-thread memcpy and the loopback hop's CPU cost (the mean of this run's and the "
+       "TP=2 run's raw Gloo chains) enter; the engine's pack, unpack and overlap are the model's."},
+      {"own-cpu-broadcast-tp2", "wsync bench broadcast, 2 servers x TP=2 (CPU, Gloo), 2-core VM",
+       "docs/benchmarks.md 'Own CPU runs re-measured on a quiet VM'", true, "qwen3-0.6b", "fsdp:1@vm2",
+       "2x(2,1,1)@vm2", P::kPacked, B::kNccl, Options(), false, 1.301, 1.301, "", true, "A prediction, as above."},
+      {"own-cpu-broadcast-host-tp1", "wsync bench broadcast, 2 servers x TP=1 (CPU, Gloo), 16-core H200 host",
+       "docs/benchmarks.md 'Planner inputs on the H200 host and the VM'", true, "qwen3-0.6b",
+       "fsdp:1@nvidia-h200-host", "2x(1,1,1)@nvidia-h200-host", P::kPacked, B::kNccl, Options(), false, 0.422, 0.422,
+       "", true,
+       "Partly calibrated: the raw Gloo chains of this run and the TP=2 run set the chain's streaming rate; the "
+       "engine's overhead over them (packing the first tensor before the wire starts) is the model's."},
+      {"own-cpu-broadcast-host-tp2", "wsync bench broadcast, 2 servers x TP=2 (CPU, Gloo), 16-core H200 host",
+       "docs/benchmarks.md 'Planner inputs on the H200 host and the VM'", true, "qwen3-0.6b",
+       "fsdp:1@nvidia-h200-host", "2x(2,1,1)@nvidia-h200-host", P::kPacked, B::kNccl, Options(), false, 0.516, 0.516,
+       "", true, "Partly calibrated, as above."},
+      {"own-cpu-ipc", "wsync bench ipc, TP=1, 1 GiB slots (CPU), 2-core VM",
+       "docs/benchmarks.md 'Own CPU runs re-measured on a quiet VM'", true, "qwen3-0.6b", "fsdp:1@vm2",
+       "1x(1,1,1)@vm2", P::kColocated, B::kIpc, Options(), false, 0.287, 0.287, "", true,
+       "A prediction from the VM's one-thread memcpy alone: the slot ring's chunk pipeline (1.074 + 0.118 GB)."},
+      {"own-cpu-ipc-quarter", "wsync bench ipc, TP=1, 0.25 GiB slots (CPU), 2-core VM",
+       "docs/benchmarks.md 'Own CPU runs re-measured on a quiet VM'", true, "qwen3-0.6b", "fsdp:1@vm2",
+       "1x(1,1,1)@vm2", P::kColocated, B::kIpc, Options(0.25), false, 0.203, 0.203, "", true,
+       "A prediction, as above, with smaller slots: the pack of one chunk runs beside the copy-out of the one "
+       "before."},
+      {"own-cpu-ipc-host", "wsync bench ipc, TP=1, 1 GiB slots (CPU), 16-core H200 host",
+       "docs/benchmarks.md 'Planner inputs on the H200 host and the VM'", true, "qwen3-0.6b",
+       "fsdp:1@nvidia-h200-host", "1x(1,1,1)@nvidia-h200-host", P::kColocated, B::kIpc, Options(), false, 0.359,
+       0.368, "", true, "A prediction from the host's one-thread memcpy alone."},
+      {"own-cpu-ipc-host-quarter", "wsync bench ipc, TP=1, 0.25 GiB slots (CPU), 16-core H200 host",
+       "docs/benchmarks.md 'Planner inputs on the H200 host and the VM'", true, "qwen3-0.6b",
+       "fsdp:1@nvidia-h200-host", "1x(1,1,1)@nvidia-h200-host", P::kColocated, B::kIpc, Options(0.25), false, 0.238,
+       0.238, "", true, "A prediction, as above."},
       {"own-gpu-nccl", "wsync push/serve nccl, qwen3-8b, 2x H200", "docs/benchmarks.md 'broadcast on GPUs', session 3",
        true, "qwen3-8b", "fsdp:1@nvidia-h200-x2", "1x(1,1,1)@nvidia-h200-x2", P::kPacked, B::kNccl, Options(),
        false, 0.0522, 0.0522, "", true,
@@ -103,12 +133,15 @@ const std::vector<PublishedCase>& PublishedCases() {
        "1x(1,1,1)@nvidia-h200", P::kColocated, B::kIpc, Options(1.155, 1, true), false, 0.01934, 0.01943, "", true,
        "Partly calibrated: the per-chunk hand-off cost comes from the two-process probe of the same section."},
       {"own-delta-h200-host", "wsync bench delta, 2 CPU servers, 16-core H200 host",
-       "docs/benchmarks.md 'delta', end of session (430034f)", true, "qwen3-0.6b", "fsdp:1@nvidia-h200-host",
-       "2x(1,1,1)@nvidia-h200-host", P::kPacked, B::kDelta, Options(), false, 0.387, 0.435, "", true,
+       "docs/benchmarks.md 'Planner inputs on the H200 host and the VM'", true, "qwen3-0.6b",
+       "fsdp:1@nvidia-h200-host", "2x(1,1,1)@nvidia-h200-host", P::kPacked, B::kDelta, Options(), false, 0.305,
+       0.309, "", true,
        "The calibration run itself (publish, apply and reload rates), so agreement is by construction."},
-      {"own-delta-vm", "wsync bench delta, 2 CPU servers, 2-core VM", "docs/benchmarks.md 'delta' (first table, after)",
-       true, "qwen3-0.6b", "fsdp:1@vm2", "2x(1,1,1)@vm2", P::kPacked, B::kDelta, Options(), false, 0.95, 1.02, "",
-       true, "A prediction from the H200 host's per-core rates on 2 cores (an older build: delta-speed)."},
+      {"own-delta-vm", "wsync bench delta, 2 CPU servers, 2-core VM",
+       "docs/benchmarks.md 'Own CPU runs re-measured on a quiet VM'", true, "qwen3-0.6b", "fsdp:1@vm2",
+       "2x(1,1,1)@vm2", P::kPacked, B::kDelta, Options(), false, 0.59, 0.68, "", true,
+       "A prediction from the H200 host's calibration: its per-core codec rates scaled by the VM's one-thread "
+       "memcpy against the host's (8.0 / 5.9), on the VM's 2 cores; the reload at the VM's all-core memcpy."},
   };
   return kCases;
 }
