@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,8 @@ struct PlanArgs {
   std::string plot;
   bool published = false;
   bool calibrate = false;
+  std::string doc;
+  bool check = false;
 };
 
 [[noreturn]] void Exit(int code) {
@@ -141,7 +144,48 @@ int RunPublished(const PlanArgs& a) {
   return 0;
 }
 
+// Regenerates (or, with --check, compares) docs/plan.md's generated blocks.
+int RunDoc(const PlanArgs& a) {
+  std::ifstream in(a.doc, std::ios::binary);
+  if (!in) return Fail(fmt::format("--doc {}: cannot be read", a.doc), 1);
+  const std::string old((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto start = std::chrono::steady_clock::now();
+  auto results = RunPublishedCases(Calibrate(), a.hardware_dir);
+  if (!results.ok()) return Fail(results.status().message(), 1);
+  std::string published = RenderComparison(*results);
+  published += fmt::format("\nAll cases planned in {:.1f} s.\n",
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::string calibration = CalibrationReport();
+  for (size_t at = 0; (at = calibration.find("## ", at)) != std::string::npos; at += 4) {
+    if (at == 0 || calibration[at - 1] == '\n') calibration.insert(at, "#");
+  }
+  auto doc = SpliceBlock(old, "wsync plan --calibrate", calibration);
+  if (doc.ok()) doc = SpliceBlock(*doc, "wsync plan --published", published);
+  if (!doc.ok()) return Fail(fmt::format("--doc {}: {}", a.doc, doc.status().message()), 1);
+  if (a.check) {
+    const std::string want = MaskTimings(*doc), have = MaskTimings(old);
+    if (want == have) {
+      fmt::print("wsync plan: {} is current\n", a.doc);
+      return 0;
+    }
+    size_t line = 1, i = 0;
+    while (i < want.size() && i < have.size() && want[i] == have[i]) line += want[i++] == '\n';
+    return Fail(fmt::format("--doc {} is stale from line {} on; regenerate it with `wsync plan --doc {} --plot "
+                            "docs/plan.png`",
+                            a.doc, line, a.doc),
+                1);
+  }
+  std::ofstream out(a.doc, std::ios::binary | std::ios::trunc);
+  out << *doc;
+  if (!out.flush()) return Fail(fmt::format("--doc {}: cannot be written", a.doc), 1);
+  fmt::print(stderr, "wsync plan: wrote {}\n", a.doc);
+  if (!a.plot.empty()) return Plot("published", ComparisonCsv(*results), a.plot);
+  return 0;
+}
+
 int RunPlan(const PlanArgs& a) {
+  if (a.check && a.doc.empty()) return Fail("--check needs --doc FILE");
+  if (!a.doc.empty()) return RunDoc(a);
   if (a.calibrate) {
     fmt::print("{}", CalibrationReport());
     return 0;
@@ -236,7 +280,8 @@ void AddPlanCommand(CLI::App& app) {
       "  wsync plan --model qwen3-235b-a22b --trainer tp4pp2ep8:16@h100 --servers '1x(1,16,16)@h100'\n"
       "  wsync plan --model kimi-k2 --trainer tp8pp8ep32:256@h100 --servers '4x(32,1,32)@h100' --backend sharded\n"
       "  wsync plan --model glm-4.5-air --trainer fsdp:8@h800 --servers '1x(8,1,1)@h800' --placement colocated\n"
-      "  wsync plan --published --plot docs/plan.png     (the table of docs/plan.md)\n"
+      "  wsync plan --doc docs/plan.md --plot docs/plan.png   (docs/plan.md's generated tables)\n"
+      "  wsync plan --published                          (the table alone, on stdout)\n"
       "  wsync plan --calibrate                          (the constants, from docs/benchmarks.md)\n"
       "Hardware profiles: data/hardware/<name>.json (h100, h200, h800, h20, ...) or a path to one.");
   c->add_option("--model", args->model, "registered model (qwen3-235b-a22b, deepseek-v3, kimi-k2, glm-4.5-air, qwen3-30b-a3b, ...) or a config.json directory");
@@ -261,6 +306,10 @@ void AddPlanCommand(CLI::App& app) {
                 "against published); needs /usr/bin/python3 with matplotlib");
   c->add_flag("--published", args->published, "plan the published cases and wsync's own runs (docs/plan.md)");
   c->add_flag("--calibrate", args->calibrate, "print the calibration: inputs from docs/benchmarks.md and constants");
+  c->add_option("--doc", args->doc,
+                "rewrite the generated blocks of a document (docs/plan.md: the calibration and the published "
+                "table, between <!-- BEGIN/END wsync plan --calibrate|--published --> lines)");
+  c->add_flag("--check", args->check, "with --doc: write nothing, exit 1 if the document's blocks are stale");
   c->final_callback([args] { Exit(RunPlan(*args)); });
 }
 

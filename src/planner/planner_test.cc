@@ -426,6 +426,25 @@ TEST(Calibration, EveryConstantComesFromTheTable) {
       << CalibrationReport();
 }
 
+TEST(PlanDoc, SpliceReplacesOnlyBetweenItsMarkers) {
+  const std::string doc = "intro\n<!-- BEGIN wsync plan --published -->\nold table\n<!-- END wsync plan --published -->\nafter\n";
+  auto out = SpliceBlock(doc, "wsync plan --published", "new table\n| a | 1.23 s |\n");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out,
+            "intro\n<!-- BEGIN wsync plan --published -->\nnew table\n| a | 1.23 s |\n<!-- END wsync plan --published -->\nafter\n");
+  EXPECT_EQ(SpliceBlock(doc, "wsync plan --calibrate", "x").status().message(),
+            "marker 'wsync plan --calibrate' not found: the block goes between a line '<!-- BEGIN wsync plan "
+            "--calibrate -->' and a line '<!-- END wsync plan --calibrate -->'");
+  EXPECT_EQ(SpliceBlock(doc + doc, "wsync plan --published", "x").status().message(),
+            "marker 'wsync plan --published' appears more than once");
+  EXPECT_EQ(SpliceBlock("<!-- END m -->\n<!-- BEGIN m -->\n", "m", "x").status().message(),
+            "marker 'm': END comes before BEGIN");
+  // Timings differ from run to run; the predictions and the published figures do not.
+  EXPECT_EQ(MaskTimings("| x | 6.22 s | 2.57 s | 1.27 s |\nAll cases planned in 17.7 s.\n"),
+            "| x | 6.22 s | 2.57 s | (time) |\nAll cases planned in (time).\n");
+  EXPECT_NE(MaskTimings("| x | 6.22 s | 2.57 s | 1.27 s |\n"), MaskTimings("| x | 6.22 s | 2.58 s | 1.27 s |\n"));
+}
+
 // The cases the calibrated model predicts within the tolerance (25% for published
 // results, 15% for wsync's own runs); docs/plan.md reports every case, these included.
 // The constants are the calibration's, the hardware the shipped profiles': nothing here

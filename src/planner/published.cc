@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <regex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -211,6 +212,31 @@ std::string ComparisonCsv(const std::vector<CaseResult>& results) {
                        r.c->published_lo, r.c->published_hi, r.prediction.seconds);
   }
   return out;
+}
+
+Result<std::string> SpliceBlock(std::string_view doc, std::string_view name, std::string_view block) {
+  const std::string begin = fmt::format("<!-- BEGIN {} -->\n", name), end = fmt::format("<!-- END {} -->\n", name);
+  const size_t b = doc.find(begin), e = doc.find(end);
+  if (b == std::string_view::npos || e == std::string_view::npos) {
+    return InvalidArgument(fmt::format("marker '{}' not found: the block goes between a line '{}' and a line '{}'",
+                                       name, begin.substr(0, begin.size() - 1), end.substr(0, end.size() - 1)));
+  }
+  if (doc.find(begin, b + 1) != std::string_view::npos || doc.find(end, e + 1) != std::string_view::npos) {
+    return InvalidArgument(fmt::format("marker '{}' appears more than once", name));
+  }
+  if (e < b) return InvalidArgument(fmt::format("marker '{}': END comes before BEGIN", name));
+  std::string out(doc.substr(0, b + begin.size()));
+  out += block;
+  if (!block.empty() && block.back() != '\n') out += '\n';
+  out += doc.substr(e);
+  return out;
+}
+
+std::string MaskTimings(std::string_view text) {
+  static const std::regex kColumn(R"(\| [0-9]+\.[0-9]+ s \|$)", std::regex::multiline);
+  static const std::regex kTotal(R"(All cases planned in [0-9]+\.[0-9]+ s\.)");
+  std::string out = std::regex_replace(std::string(text), kColumn, "| (time) |");
+  return std::regex_replace(out, kTotal, "All cases planned in (time).");
 }
 
 }  // namespace wsync::planner

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "planner/calibration.h"
@@ -48,5 +49,16 @@ Result<std::vector<CaseResult>> RunPublishedCases(const Constants& k, const std:
 
 std::string RenderComparison(const std::vector<CaseResult>& results);
 std::string ComparisonCsv(const std::vector<CaseResult>& results);
+
+// docs/plan.md keeps each generated block between two marker lines,
+// "<!-- BEGIN <name> -->" and "<!-- END <name> -->" (name: "wsync plan --calibrate",
+// "wsync plan --published"). SpliceBlock returns `doc` with the lines between the markers
+// replaced by `block`; InvalidArgument names the marker when either is missing, repeated
+// or out of order.
+Result<std::string> SpliceBlock(std::string_view doc, std::string_view name, std::string_view block);
+
+// `text` with what changes from run to run masked: the "planned in" column of the tables
+// and the total planning time.
+std::string MaskTimings(std::string_view text);
 
 }  // namespace wsync::planner
