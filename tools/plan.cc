@@ -133,14 +133,27 @@ int Plot(const std::string& kind, const std::string& csv, const std::string& png
   return 0;
 }
 
-int RunPublished(const PlanArgs& a) {
+// The published cases planned, and their markdown as `--published` prints it (with the
+// planner's own wall time).
+struct PublishedRun {
+  std::vector<CaseResult> results;
+  std::string markdown;
+};
+
+Result<PublishedRun> PlanPublished(const PlanArgs& a) {
   const auto start = std::chrono::steady_clock::now();
-  auto results = RunPublishedCases(Calibrate(), a.hardware_dir);
-  if (!results.ok()) return Fail(results.status().message(), 1);
-  fmt::print("{}", RenderComparison(*results));
-  fmt::print("\nAll cases planned in {:.1f} s.\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  if (!a.plot.empty()) return Plot("published", ComparisonCsv(*results), a.plot);
+  WSYNC_ASSIGN_OR_RETURN(std::vector<CaseResult> results, RunPublishedCases(Calibrate(), a.hardware_dir));
+  std::string markdown = RenderComparison(results);
+  markdown += fmt::format("\nAll cases planned in {:.1f} s.\n",
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return PublishedRun{std::move(results), std::move(markdown)};
+}
+
+int RunPublished(const PlanArgs& a) {
+  auto run = PlanPublished(a);
+  if (!run.ok()) return Fail(run.status().message(), 1);
+  fmt::print("{}", run->markdown);
+  if (!a.plot.empty()) return Plot("published", ComparisonCsv(run->results), a.plot);
   return 0;
 }
 
@@ -149,18 +162,10 @@ int RunDoc(const PlanArgs& a) {
   std::ifstream in(a.doc, std::ios::binary);
   if (!in) return Fail(fmt::format("--doc {}: cannot be read", a.doc), 1);
   const std::string old((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto start = std::chrono::steady_clock::now();
-  auto results = RunPublishedCases(Calibrate(), a.hardware_dir);
-  if (!results.ok()) return Fail(results.status().message(), 1);
-  std::string published = RenderComparison(*results);
-  published += fmt::format("\nAll cases planned in {:.1f} s.\n",
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  std::string calibration = CalibrationReport();
-  for (size_t at = 0; (at = calibration.find("## ", at)) != std::string::npos; at += 4) {
-    if (at == 0 || calibration[at - 1] == '\n') calibration.insert(at, "#");
-  }
-  auto doc = SpliceBlock(old, "wsync plan --calibrate", calibration);
-  if (doc.ok()) doc = SpliceBlock(*doc, "wsync plan --published", published);
+  auto run = PlanPublished(a);
+  if (!run.ok()) return Fail(run.status().message(), 1);
+  auto doc = SpliceBlock(old, "wsync plan --calibrate", CalibrationReport());
+  if (doc.ok()) doc = SpliceBlock(*doc, "wsync plan --published", run->markdown);
   if (!doc.ok()) return Fail(fmt::format("--doc {}: {}", a.doc, doc.status().message()), 1);
   if (a.check) {
     const std::string want = MaskTimings(*doc), have = MaskTimings(old);
@@ -179,7 +184,7 @@ int RunDoc(const PlanArgs& a) {
   out << *doc;
   if (!out.flush()) return Fail(fmt::format("--doc {}: cannot be written", a.doc), 1);
   fmt::print(stderr, "wsync plan: wrote {}\n", a.doc);
-  if (!a.plot.empty()) return Plot("published", ComparisonCsv(*results), a.plot);
+  if (!a.plot.empty()) return Plot("published", ComparisonCsv(run->results), a.plot);
   return 0;
 }
 

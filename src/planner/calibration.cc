@@ -149,11 +149,11 @@ Constants Calibrate() {
 }
 
 std::string CalibrationReport() {
-  std::string out = "## Inputs (docs/benchmarks.md)\n\n| input | value | unit | source |\n|---|---|---|---|\n";
+  std::string out = "### Inputs (docs/benchmarks.md)\n\n| input | value | unit | source |\n|---|---|---|---|\n";
   for (const Measurement& m : Measurements()) {
     out += fmt::format("| {} | {:g} | {} | {} |\n", m.key, m.value, m.unit, m.source);
   }
-  out += "\n## Constants\n\n| constant | formula | value |\n|---|---|---|\n";
+  out += "\n### Constants\n\n| constant | formula | value |\n|---|---|---|\n";
   for (const Derivation& d : Derive()) out += fmt::format("| {} | {} | {:.6g} |\n", d.constant, d.formula, d.value);
   return out;
 }

@@ -64,7 +64,8 @@ struct Constants {
 // The constants from Measurements().
 Constants Calibrate();
 
-// Markdown: every input with its source, then every constant with its formula and value.
+// Markdown at docs/plan.md's level (### headings): every input with its source, then every
+// constant with its formula and value.
 std::string CalibrationReport();
 
 }  // namespace wsync::planner

@@ -176,8 +176,6 @@ void PredictNccl(const Model& m, const ModelConfig& travel, const Fleet& f, cons
   p.trainer_extra_bytes = 2 * static_cast<int64_t>(buffer);
   p.worker_extra_bytes = 2 * static_cast<int64_t>(buffer);
   p.assumptions.push_back("trainer rank 0 alone sends; it first receives what it does not hold (other ranks drain their pass)");
-  p.assumptions.push_back(fmt::format("{} chunks of vLLM's packed cut at {} bytes, each completed before the next (calibrated turn-around)",
-                                      chunks, buffer));
   if (rt.cpu && rs.cpu) {
     // One host, a Gloo chain over loopback: trainer rank 0 packs each tensor into the
     // buffer and the chain forwards it in pieces while the next is packed; every worker
@@ -210,6 +208,8 @@ void PredictNccl(const Model& m, const ModelConfig& travel, const Fleet& f, cons
                             "the chain streams at the calibrated loopback rate when cores are free");
     return;
   }
+  p.assumptions.push_back(fmt::format("{} chunks of vLLM's packed cut at {} bytes, each completed before the next (calibrated turn-around)",
+                                      chunks, buffer));
   const Gather g = GatherInto(0, m.tensors, m.own, travel, f);
   bool all_local = true;
   for (int w = 0; w < W; ++w) all_local = all_local && f.worker_node(w) == f.trainer_node(0);
@@ -271,18 +271,18 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
     const double share = M > 0 ? shard / M : 0;
     const double out_rate = std::min({r.copy, r.host_copy / W, r.copy * r.cores / W});
     std::vector<double> packed, copied;
-    double pack_s = 0, unpack_s = 0;
+    double slot_bytes = 0;  // the model with each tensor's alignment in its slot
     const std::vector<Chunk> one{Chunk{0, m.tensors.size(), static_cast<size_t>(m.bytes)}};
     for (const Chunk& c : plan.ok() ? plan->chunks : one) {
       const size_t i = packed.size();
       const double start = std::max(i ? packed[i - 1] : 0, i >= kSlots ? copied[i - kSlots] : 0);
       packed.push_back(start + c.bytes / r.copy);
       copied.push_back(std::max(packed[i], i ? copied[i - 1] : 0) + c.bytes * share / out_rate);
-      pack_s += c.bytes / r.copy;
-      unpack_s += c.bytes * share / out_rate;
+      slot_bytes += c.bytes;
     }
-    AddStep(p, "pack", "one trainer thread's memcpy into the slots", M, r.raw_copy, pack_s);
-    AddStep(p, "unpack", "one thread per worker copying out of the slots", shard * W, r.raw_copy, unpack_s);
+    AddStep(p, "pack", "one trainer thread's memcpy into the slots", M, r.raw_copy, slot_bytes / r.copy);
+    AddStep(p, "unpack", "one thread per worker copying out of the slots", shard * W, r.raw_copy,
+            slot_bytes * share / out_rate);
     AddStep(p, "control", "HTTP start/update/finish", 0, 0, k.cpu_control_s);
     p.seconds = copied.back() + k.cpu_control_s;
     NameBottleneck(p, {0, 1});

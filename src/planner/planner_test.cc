@@ -288,7 +288,8 @@ TEST(Predict, DeltaByHand) {
   EXPECT_EQ(p->received_per_worker_max, static_cast<int64_t>(M * 0.05));
 }
 
-// A CPU-only host with round figures: one thread copies 10 GB/s, all its cores 25.
+// A CPU-only host with round figures: one thread copies 10 GB/s, all its cores together at
+// most 25 (half of 50 GB/s of reads and writes).
 HardwareProfile RoundHost(int cores) {
   HardwareProfile h;
   h.name = "round-host";
