@@ -1,0 +1,115 @@
+#include "core/json_limits.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace wsync {
+
+using nlohmann::json;
+
+Status CheckJsonDepth(std::string_view text, std::string_view what, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  bool top_is_object = false;
+  // The last string that ended at depth 1 of an object: the top-level field being read.
+  size_t key_begin = 0;
+  size_t key_end = 0;
+  size_t string_begin = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+        if (depth == 1 && top_is_object) {
+          key_begin = string_begin;
+          key_end = i;
+        }
+      }
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        string_begin = i + 1;
+        break;
+      case '[':
+      case '{':
+        if (depth == 0) top_is_object = c == '{';
+        if (++depth > max_depth) {
+          if (top_is_object && key_end > key_begin) {
+            std::string_view key = text.substr(key_begin, std::min<size_t>(key_end - key_begin, 64));
+            return InvalidArgument(fmt::format("{}: field '{}' nests deeper than {} levels", what, key, max_depth));
+          }
+          return InvalidArgument(fmt::format("{}: JSON nests deeper than {} levels", what, max_depth));
+        }
+        break;
+      case ']':
+      case '}':
+        if (depth > 0) --depth;
+        break;
+      default:
+        break;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<json> ParseUntrustedJson(std::string_view text, std::string_view what, int max_depth) {
+  WSYNC_RETURN_IF_ERROR(CheckJsonDepth(text, what, max_depth));
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    return InvalidArgument(fmt::format("malformed JSON in {}: {}", what, e.what()));
+  } catch (const std::bad_alloc&) {
+    return PayloadTooLarge(fmt::format("{}: out of memory parsing {} bytes of JSON", what, text.size()));
+  }
+}
+
+std::string JsonExcerpt(const json& v, size_t max_chars) {
+  try {
+    switch (v.type()) {
+      case json::value_t::array:
+        return fmt::format("a list of {} items", v.size());
+      case json::value_t::object:
+        return fmt::format("an object of {} fields", v.size());
+      case json::value_t::string: {
+        const std::string& s = v.get_ref<const std::string&>();
+        if (s.size() <= max_chars) return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+        // Cut on a code point boundary, so the cut never lands inside a UTF-8 sequence.
+        size_t cut = max_chars;
+        while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+        std::string shown = json(s.substr(0, cut)).dump(-1, ' ', false, json::error_handler_t::replace);
+        shown.pop_back();  // the closing quote
+        return fmt::format("{}...\" ({} bytes)", shown, s.size());
+      }
+      default:
+        return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, max_chars);
+    }
+  } catch (...) {
+    return "(a value)";
+  }
+}
+
+Result<std::string> BoundedStringField(const json& obj, const char* field, std::string_view where, size_t max_bytes,
+                                       std::string_view fallback) {
+  if (!obj.is_object()) return std::string(fallback);
+  auto it = obj.find(field);
+  if (it == obj.end() || it->is_null()) return std::string(fallback);
+  if (!it->is_string()) {
+    return InvalidArgument(fmt::format("{}: field '{}' must be a string, not {}", where, field, it->type_name()));
+  }
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.size() > max_bytes) {
+    return InvalidArgument(
+        fmt::format("{}: field '{}' is {} bytes, over the limit of {}", where, field, s.size(), max_bytes));
+  }
+  return s;
+}
+
+}  // namespace wsync

@@ -1,0 +1,82 @@
+#include "core/json_limits.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+std::string Nested(int depth, std::string_view inner = "1") {
+  return std::string(depth, '[') + std::string(inner) + std::string(depth, ']');
+}
+
+TEST(JsonLimits, DepthAtTheLimitParses) {
+  Result<json> j = ParseUntrustedJson(Nested(kMaxJsonDepth), "test");
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_TRUE(j->is_array());
+}
+
+TEST(JsonLimits, DeepNestingIsRefusedNamingTheField) {
+  std::string body = R"({"prompt":"a","max_tokens":)" + Nested(100000) + "}";
+  Result<json> j = ParseUntrustedJson(body, "body of /v1/completions");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(j.status().message(), "body of /v1/completions: field 'max_tokens' nests deeper than 64 levels");
+}
+
+TEST(JsonLimits, DeepObjectsAndTopLevelArrays) {
+  std::string objects;
+  for (int i = 0; i < 70; ++i) objects += R"({"a":)";
+  objects += "1" + std::string(70, '}');
+  Result<json> j = ParseUntrustedJson(objects, "config.json");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().message(), "config.json: field 'a' nests deeper than 64 levels");
+  j = ParseUntrustedJson(Nested(65), "x");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().message(), "x: JSON nests deeper than 64 levels");
+}
+
+TEST(JsonLimits, BracketsInsideStringsDoNotCount) {
+  std::string s = R"({"k":")" + std::string(1000, '[') + R"(\"]]", "n": [1]})";
+  Result<json> j = ParseUntrustedJson(s, "x");
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)["n"][0], 1);
+}
+
+TEST(JsonLimits, MalformedIsInvalidArgument) {
+  Result<json> j = ParseUntrustedJson("{\"a\":", "body of /pause");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(j.status().message().rfind("malformed JSON in body of /pause: ", 0), 0u) << j.status().message();
+}
+
+TEST(JsonLimits, ExcerptIsShortAndFlat) {
+  EXPECT_EQ(JsonExcerpt(json::parse(Nested(60))), "a list of 1 items");
+  EXPECT_EQ(JsonExcerpt(json{{"a", 1}, {"b", 2}}), "an object of 2 fields");
+  EXPECT_EQ(JsonExcerpt(json(2.5)), "2.5");
+  EXPECT_EQ(JsonExcerpt(json("abc")), "\"abc\"");
+  std::string shown = JsonExcerpt(json(std::string(100000, 'x')), 8);
+  EXPECT_EQ(shown, "\"xxxxxxxx...\" (100000 bytes)");
+  // A cut never splits a UTF-8 sequence.
+  shown = JsonExcerpt(json(std::string("\xc3\xa9\xc3\xa9\xc3\xa9")), 3);
+  EXPECT_EQ(shown, "\"\xc3\xa9...\" (6 bytes)");
+}
+
+TEST(JsonLimits, BoundedStringField) {
+  json body{{"new_version", std::string(65536, 'v')}, {"n", 3}, {"ok", "v1"}};
+  Result<std::string> s = BoundedStringField(body, "new_version", "body of /update_weight_version", 256);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(),
+            "body of /update_weight_version: field 'new_version' is 65536 bytes, over the limit of 256");
+  s = BoundedStringField(body, "n", "b", 256);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(), "b: field 'n' must be a string, not number");
+  EXPECT_EQ(*BoundedStringField(body, "ok", "b", 2), "v1");
+  EXPECT_EQ(*BoundedStringField(body, "absent", "b", 2, "dflt"), "dflt");
+}
+
+}  // namespace
+}  // namespace wsync
