@@ -84,8 +84,9 @@ int main(int argc, char** argv) {
                 "open HTTP connections at most; beyond it new connections wait in the listen queue until one closes")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   s->add_option("--http-threads", serve.http_threads,
-                "threads for the routes that may block (init, update, ...); read-only routes such as /health never "
-                "wait for them")
+                "threads for the calls that last as long as generation does (/v1/completions, /pause and /sleep "
+                "with mode=wait); the trainer's session calls (init, update, finish, ...) and read-only routes such "
+                "as /health have threads of their own and never wait for them")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   s->add_option("--session-lease", serve.session_lease,
                 "seconds a weight-update session may go without a call before it expires, so that the next "

@@ -115,8 +115,10 @@ struct HttpServerOptions {
   // Open connections at most; beyond it the server stops accepting and new connections
   // wait in the kernel's listen queue until one closes.
   int max_connections = 1024;
-  // Threads that run the routes that may block (init, update, ...): that many such calls
-  // at once, the rest queue. The read-only routes (GET /health, ...) have threads apart.
+  // Threads that run the calls that last as long as generation does (/v1/completions,
+  // /pause and /sleep with mode=wait): that many such calls at once, the rest queue. The
+  // trainer's session and control calls (init, update, finish, ...) and the read-only
+  // routes (GET /health, ...) have threads apart, so these never starve a sync.
   int worker_threads = 32;
   // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
   // the connection is cut instead.

@@ -3,13 +3,16 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <charconv>
+#include <span>
 #include <exception>
 #include <type_traits>
 
 #include <fmt/format.h>
 
 #include "control/routes.h"
+#include "core/json_limits.h"
 #include "core/log.h"
 
 namespace wsync {
@@ -111,35 +114,56 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
 
 enum class Method { kGet, kPost };
 
+// The top-level body fields a route reads; the parser keeps no other (a body padded with
+// unread fields costs no parsed memory). kAllFields: the route hands its body to a backend,
+// which reads fields of its own.
+using Fields = std::span<const std::string_view>;
+constexpr std::string_view kNoFieldNames[] = {""};
+constexpr Fields kNoFields{kNoFieldNames, 0};
+constexpr Fields kAllFields{};
+constexpr std::string_view kInitFields[] = {"init_info"};
+constexpr std::string_view kUpdateFields[] = {"update_info"};
+constexpr std::string_view kFinishFields[] = {"weight_version"};
+constexpr std::string_view kVersionFields[] = {"new_version"};
+constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm"};
+constexpr std::string_view kAbortFields[] = {"request_ids"};
+constexpr std::string_view kRpcFields[] = {"method"};
+constexpr std::string_view kCompletionFields[] = {"model", "prompt", "max_tokens", "n", "stream", "request_id"};
+
 struct Route {
   std::string_view path;
   Method method;
-  bool reads_only;  // reads state only
+  HttpLane lane;
+  Fields fields = kNoFields;
 };
 
+constexpr HttpLane kRead = HttpLane::kRead;
+constexpr HttpLane kCtl = HttpLane::kControl;
+constexpr HttpLane kGen = HttpLane::kGeneration;
+
 constexpr Route kRoutes[] = {
-    {route::kInitWeightTransfer, Method::kPost, false},
-    {route::kStartWeightUpdate, Method::kPost, false},
-    {route::kStartDraftWeightUpdate, Method::kPost, false},
-    {route::kUpdateWeights, Method::kPost, false},
-    {route::kFinishWeightUpdate, Method::kPost, false},
-    {route::kUpdateWeightVersion, Method::kPost, false},
-    {route::kFetchWeights, Method::kPost, false},
-    {route::kPause, Method::kPost, false},
-    {route::kResume, Method::kPost, false},
-    {route::kResetPrefixCache, Method::kPost, false},
-    {route::kWeightChecker, Method::kPost, false},
-    {route::kGetWorldSize, Method::kGet, true},
-    {route::kWeightInfo, Method::kGet, true},
-    {route::kIsPaused, Method::kGet, true},
-    {route::kHealth, Method::kGet, true},
-    {route::kSleep, Method::kPost, false},
-    {route::kWakeUp, Method::kPost, false},
-    {route::kIsSleeping, Method::kGet, true},
-    {route::kAbortRequests, Method::kPost, false},
-    {route::kServerInfo, Method::kGet, true},
-    {route::kCollectiveRpc, Method::kPost, false},
-    {route::kCompletions, Method::kPost, false},
+    {route::kInitWeightTransfer, Method::kPost, kCtl, kInitFields},
+    {route::kStartWeightUpdate, Method::kPost, kCtl},
+    {route::kStartDraftWeightUpdate, Method::kPost, kCtl},
+    {route::kUpdateWeights, Method::kPost, kCtl, kUpdateFields},
+    {route::kFinishWeightUpdate, Method::kPost, kCtl, kFinishFields},
+    {route::kUpdateWeightVersion, Method::kPost, kCtl, kVersionFields},
+    {route::kFetchWeights, Method::kPost, kCtl, kAllFields},
+    {route::kPause, Method::kPost, kGen},
+    {route::kResume, Method::kPost, kCtl},
+    {route::kResetPrefixCache, Method::kPost, kCtl},
+    {route::kWeightChecker, Method::kPost, kCtl, kCheckerFields},
+    {route::kGetWorldSize, Method::kGet, kRead},
+    {route::kWeightInfo, Method::kGet, kRead},
+    {route::kIsPaused, Method::kGet, kRead},
+    {route::kHealth, Method::kGet, kRead},
+    {route::kSleep, Method::kPost, kGen},
+    {route::kWakeUp, Method::kPost, kCtl},
+    {route::kIsSleeping, Method::kGet, kRead},
+    {route::kAbortRequests, Method::kPost, kCtl, kAbortFields},
+    {route::kServerInfo, Method::kGet, kRead},
+    {route::kCollectiveRpc, Method::kPost, kCtl, kRpcFields},
+    {route::kCompletions, Method::kPost, kGen, kCompletionFields},
 };
 
 const Route* FindRoute(const HttpRequest& req) {
@@ -197,29 +221,41 @@ const std::string* HttpRequest::header(std::string_view lower_name) const {
   return it == headers.end() ? nullptr : &it->second;
 }
 
-// The last large body parsed on each path, kept so that a trainer sending the same
-// update_info every sync (the same tensor list, step after step) pays for parsing it once
-// (parsing lies on the critical path of every sync). Only bodies the
-// route accepted are kept, and only up to kMaxBytes; only byte-identical bodies hit; the
-// parsed value is shared read-only.
+// The last /update_weights body parsed, kept so that a trainer sending the same update_info
+// every sync (the same tensor list, step after step) pays for parsing it once (parsing lies
+// on the critical path of every sync). Only that route's bodies are kept, only bodies the
+// route accepted, and only up to a size whose parsed form stays within a small multiple of
+// the body limit (a parsed body takes about 17 times its text); only byte-identical bodies
+// hit; the parsed value is shared read-only. Replacing the entry frees the old one.
 class HttpRouter::BodyCache {
  public:
   static constexpr size_t kMinBytes = 4096;
-  static constexpr size_t kMaxBytes = size_t{64} << 20;
-  std::shared_ptr<const json> Find(const std::string& path, const std::string& body) {
-    std::lock_guard lock(mu_);
-    auto it = entries_.find(path);
-    if (it == entries_.end() || it->second.first != body) return nullptr;
-    return it->second.second;
+  static constexpr size_t kMaxBytes = size_t{16} << 20;
+  static bool Holds(size_t body_bytes, size_t max_body_bytes) {
+    return body_bytes >= kMinBytes && body_bytes <= std::min(kMaxBytes, max_body_bytes / 8);
   }
-  void Put(const std::string& path, const std::string& body, std::shared_ptr<const json> parsed) {
+  std::shared_ptr<const json> Find(const std::string& body) {
     std::lock_guard lock(mu_);
-    entries_[path] = {body, std::move(parsed)};
+    if (body_ != body) return nullptr;
+    return parsed_;
+  }
+  void Put(const std::string& body, std::shared_ptr<const json> parsed) {
+    std::string old_body;
+    std::shared_ptr<const json> old_parsed;
+    {
+      std::lock_guard lock(mu_);
+      old_body.swap(body_);
+      old_parsed.swap(parsed_);
+      body_ = body;
+      parsed_ = std::move(parsed);
+    }
+    // The replaced entry is freed here, outside the lock.
   }
 
  private:
   std::mutex mu_;
-  std::map<std::string, std::pair<std::string, std::shared_ptr<const json>>> entries_;  // GUARDED_BY(mu_)
+  std::string body_;                    // GUARDED_BY(mu_)
+  std::shared_ptr<const json> parsed_;  // GUARDED_BY(mu_)
 };
 
 HttpRouter::HttpRouter(HttpRouterOptions options, ControlService* service)
@@ -236,10 +272,20 @@ HttpResponse HttpRouter::Error(const Status& s) {
                             {"code", code}}}});
 }
 
-bool HttpRouter::ReadsOnly(const HttpRequest& head) {
+HttpLane HttpRouter::LaneOf(const HttpRequest& head) {
   const Route* r = FindRoute(head);
-  return r && r->reads_only;
+  if (!r) return HttpLane::kControl;  // answered 404 at once
+  if (r->lane != HttpLane::kGeneration) return r->lane;
+  // /pause and /sleep wait for requests in flight only in mode 'wait'; otherwise they end
+  // them, which must never queue behind the requests they end.
+  if (r->path == route::kPause || r->path == route::kSleep) {
+    auto it = head.params.find("mode");
+    if (it == head.params.end() || it->second != "wait") return HttpLane::kControl;
+  }
+  return r->lane;
 }
+
+bool HttpRouter::ReadsOnly(const HttpRequest& head) { return LaneOf(head) == HttpLane::kRead; }
 
 // Both sides are hashed to fixed-size digests first, so the comparison takes the same
 // time whatever the header's length or content.
@@ -323,18 +369,21 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   bool allow_empty = false;
   for (std::string_view p : kEmptyOk) allow_empty |= path == p;
   std::shared_ptr<const json> body;
-  bool cacheable = req.body.size() >= BodyCache::kMinBytes && req.body.size() <= BodyCache::kMaxBytes;
+  bool cacheable = path == route::kUpdateWeights && BodyCache::Holds(req.body.size(), options_.max_body_bytes);
   bool from_cache = false;
   if (req.body.empty()) {
     if (!allow_empty) return Error(InvalidArgument(fmt::format("{} needs a JSON body", path)));
     body = std::make_shared<const json>(json::object());
   } else {
-    if (cacheable) from_cache = (body = cache_->Find(path, req.body)) != nullptr;
+    if (cacheable) from_cache = (body = cache_->Find(req.body)) != nullptr;
     if (!body) {
-      json parsed = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_discarded()) return Error(InvalidArgument(fmt::format("malformed JSON body for {}", path)));
-      if (!parsed.is_object()) return Error(InvalidArgument(fmt::format("body of {} must be a JSON object", path)));
-      body = std::make_shared<const json>(std::move(parsed));
+      const std::string what = fmt::format("body of {}", path);
+      const Route* r = FindRoute(req);
+      Result<json> parsed = r && r->fields.data() == nullptr ? ParseUntrustedJson(req.body, what)
+                            : ParseUntrustedObject(req.body, what, r ? r->fields : kNoFields);
+      if (!parsed.ok()) return Error(parsed.status());
+      if (!parsed->is_object()) return Error(InvalidArgument(fmt::format("{} must be a JSON object", what)));
+      body = std::make_shared<const json>(std::move(*parsed));
     }
   }
   const json& b = *body;
@@ -363,8 +412,8 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kFinishWeightUpdate) {
       std::optional<std::string> version;
       if (auto it = b.find("weight_version"); it != b.end() && !it->is_null()) {
-        if (!it->is_string()) return InvalidArgument("field 'weight_version' must be a string");
-        version = it->get<std::string>();
+        WSYNC_ASSIGN_OR_RETURN(version, BoundedStringField(b, "weight_version", "body of /finish_weight_update",
+                                                           kMaxWeightVersionBytes));
       }
       WSYNC_RETURN_IF_ERROR(svc->FinishWeightUpdate(version));
       return json{{"message", "Weight update finished"}};
@@ -372,8 +421,10 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kUpdateWeightVersion) {
       auto it = b.find("new_version");
       if (it == b.end() || !it->is_string()) return InvalidArgument("field 'new_version' must be a string");
-      svc->SetWeightVersion(it->get<std::string>());
-      return json{{"success", true}, {"new_version", *it}};
+      WSYNC_ASSIGN_OR_RETURN(std::string version, BoundedStringField(b, "new_version", "body of /update_weight_version",
+                                                                     kMaxWeightVersionBytes));
+      svc->SetWeightVersion(version);
+      return json{{"success", true}, {"new_version", version}};
     }
     if (path == route::kFetchWeights) return svc->FetchWeights(b);
     if (path == route::kPause) {
@@ -414,8 +465,13 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       std::vector<std::string> ids;
       if (auto it = b.find("request_ids"); it != b.end() && !it->is_null()) {
         if (!it->is_array()) return InvalidArgument("field 'request_ids' must be a list of strings");
-        for (const json& id : *it) {
+        for (size_t i = 0; i < it->size(); ++i) {
+          const json& id = (*it)[i];
           if (!id.is_string()) return InvalidArgument("field 'request_ids' must be a list of strings");
+          if (id.get_ref<const std::string&>().size() > kMaxRequestIdBytes) {
+            return InvalidArgument(fmt::format("field 'request_ids': entry {} is {} bytes, over the limit of {}", i,
+                                               id.get_ref<const std::string&>().size(), kMaxRequestIdBytes));
+          }
           ids.push_back(id.get<std::string>());
         }
       }
@@ -436,7 +492,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   }();
 
   // Only a body its route accepted stays cached: a refused one, however large, is let go.
-  if (cacheable && !from_cache && out.ok()) cache_->Put(path, req.body, body);
+  if (cacheable && !from_cache && out.ok()) cache_->Put(req.body, body);
   if (!out.ok()) return Error(out.status());
   if (out->is_null()) return HttpResponse{200, ""};  // vLLM's empty 200 (/sleep, /wake_up)
   return Reply(200, *out);

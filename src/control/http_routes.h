@@ -55,6 +55,16 @@ struct HttpRequest {
   const std::string* header(std::string_view lower_name) const;
 };
 
+// Which set of server threads runs a route, so that no kind of call can take the threads
+// another kind needs (http_server.h says how many each has).
+enum class HttpLane {
+  kRead,        // GET routes that only read state (/health, /weight_info, ...)
+  kControl,     // the trainer's session and control calls: init, start, update, finish,
+                // versions, the checker, resume, abort, pause/sleep other than mode=wait
+  kGeneration,  // calls that last as long as generation does: /v1/completions, and
+                // /pause and /sleep with mode=wait
+};
+
 struct HttpResponse {
   int status = 200;
   std::string body;  // JSON, valid UTF-8
@@ -78,6 +88,8 @@ class HttpRouter {
   // The reply to a whole request. May block for as long as the service call does (an init
   // rendezvous, an update), unless ReadsOnly() says the route only reads state.
   HttpResponse Handle(const HttpRequest& req) noexcept;
+  // The lane of a request, from its head (method, path, query).
+  static HttpLane LaneOf(const HttpRequest& head);
   // True for the routes that only read state (GET /health, /weight_info, /is_paused,
   // /get_world_size): quick, so a server may keep them apart from calls that block.
   static bool ReadsOnly(const HttpRequest& head);

@@ -560,7 +560,7 @@ class BlockingInitService : public RecordingService {
   Gate gate;
 };
 
-TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
+TEST(HttpServer, CallsThatBlockHoldAWorkerOfTheirLaneAndNothingElse) {
   BlockingInitService svc;
   HttpServerOptions o;
   o.worker_threads = 3;
@@ -574,20 +574,42 @@ TEST(HttpServer, CallsThatBlockHoldAWorkerEachAndNothingElse) {
     });
   };
   std::vector<std::future<int>> inits;
-  for (int i = 0; i < 3; ++i) inits.push_back(post("/init_weight_transfer_engine", R"({"init_info":{}})"));
-  svc.gate.WaitForWaiting(3);
-  // Every worker is taken: the read-only routes still answer, a fourth POST waits.
+  for (int i = 0; i < kControlWorkers; ++i) inits.push_back(post("/init_weight_transfer_engine", R"({"init_info":{}})"));
+  svc.gate.WaitForWaiting(kControlWorkers);
+  // Every control worker is taken: the read-only routes and the generation lane still
+  // answer, one more control call waits.
   httplib::Client cli("127.0.0.1", server->port());
   auto t = std::chrono::steady_clock::now();
   EXPECT_EQ(cli.Get("/health")->status, 200);
   EXPECT_EQ(cli.Get("/get_world_size")->status, 200);
   EXPECT_EQ(cli.Get("/nope")->status, 404);
+  EXPECT_NE(cli.Post("/v1/completions", R"({"prompt":"a"})", "application/json")->status, 0);
+  EXPECT_EQ(cli.Post("/pause?mode=wait")->status, 200);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), 2.0);
   std::future<int> start = post("/start_weight_update", "{}");
   EXPECT_EQ(start.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
   svc.gate.Release();
   for (auto& f : inits) EXPECT_EQ(f.get(), 200);
   EXPECT_EQ(start.get(), 200);
+}
+
+TEST(HttpRouter, LanesKeepGenerationApartFromTheSession) {
+  auto lane = [](const char* method, const char* path, std::map<std::string, std::string> params = {}) {
+    HttpRequest r;
+    r.method = method;
+    r.path = path;
+    r.params = std::move(params);
+    return HttpRouter::LaneOf(r);
+  };
+  EXPECT_EQ(lane("GET", "/health"), HttpLane::kRead);
+  EXPECT_EQ(lane("POST", "/update_weights"), HttpLane::kControl);
+  EXPECT_EQ(lane("POST", "/finish_weight_update"), HttpLane::kControl);
+  EXPECT_EQ(lane("POST", "/resume"), HttpLane::kControl);
+  EXPECT_EQ(lane("POST", "/v1/completions"), HttpLane::kGeneration);
+  EXPECT_EQ(lane("POST", "/pause", {{"mode", "wait"}}), HttpLane::kGeneration);
+  EXPECT_EQ(lane("POST", "/pause"), HttpLane::kControl);
+  EXPECT_EQ(lane("POST", "/pause", {{"mode", "abort"}}), HttpLane::kControl);
+  EXPECT_EQ(lane("POST", "/sleep", {{"mode", "wait"}}), HttpLane::kGeneration);
 }
 
 // A service whose Health() blocks, as one holding its lock across a slow call would.

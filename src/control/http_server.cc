@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <malloc.h>
+
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -35,6 +37,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kNoDeadline = INT64_MAX;
 constexpr uint64_t kReserveBytes = uint64_t{4} << 20;
+// Bodies at least this large are followed by a malloc_trim(3) once handled, so that the
+// memory of a large parsed body goes back to the system instead of staying with the heap.
+constexpr size_t kTrimAfterBytes = size_t{1} << 20;
 
 int64_t NowNs() { return Clock::now().time_since_epoch().count(); }
 int64_t InNs(double seconds) {
@@ -98,14 +103,46 @@ struct ConnState {
   std::atomic<int64_t> deadline{kNoDeadline};
 };
 
-// One request, from its headers to its reply (MHD's per-request context).
+// One request, from its request line to its reply (MHD's per-request context).
 struct RequestState {
+  ~RequestState() {
+    if (held) held->fetch_sub(charged);
+  }
   HttpRequest req;
+  bool head_done = false;  // the head has been read into `req`
+  // Why the request target is refused (an encoded NUL, too many query arguments), found
+  // before MHD splits the query; empty when it is not.
+  std::string target_refusal;
   ConnState* conn = nullptr;
   uint64_t received = 0;  // body bytes, counted as they arrive
   bool too_large = false;
+  bool over_budget = false;  // the server's budget of body bytes would be passed
+  // Body bytes this request holds of the server's budget, returned when it ends.
+  std::atomic<uint64_t>* held = nullptr;
+  uint64_t charged = 0;
   std::optional<HttpResponse> response;  // set by a worker before it resumes the connection
 };
+
+// Why a request target (as received: path and query still percent-encoded) is refused, or
+// "" when it is not. A NUL byte would cut a C string short (`/sleep?level=1%00x` read as
+// level=1), so an encoded one is refused anywhere in the target; a query of more than
+// kMaxQueryArgs arguments is refused before it is split.
+std::string TargetRefusal(const char* uri) {
+  if (!uri) return "";
+  std::string_view t(uri);
+  for (size_t i = 0; i + 2 < t.size(); ++i) {
+    if (t[i] == '%' && t[i + 1] == '0' && t[i + 2] == '0') {
+      return "the request target holds an encoded NUL byte (%00), which no path or query value may hold";
+    }
+  }
+  size_t q = t.find('?');
+  if (q == std::string_view::npos) return "";
+  size_t args = 1 + static_cast<size_t>(std::count(t.begin() + q, t.end(), '&'));
+  if (args > kMaxQueryArgs) {
+    return fmt::format("the query has {} arguments, more than the limit of {}", args, kMaxQueryArgs);
+  }
+  return "";
+}
 
 MHD_Result Queue(MHD_Connection* c, const HttpResponse& r) {
   MHD_Response* resp = MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()),
@@ -117,15 +154,15 @@ MHD_Result Queue(MHD_Connection* c, const HttpResponse& r) {
   return ok;
 }
 
-MHD_Result CollectInto(void* cls, MHD_ValueKind, const char* key, const char* value) {
-  auto* m = static_cast<std::map<std::string, std::string>*>(cls);
-  m->emplace(key ? key : "", value ? value : "");
-  return MHD_YES;
-}
-
-MHD_Result CollectQuery(void* cls, MHD_ValueKind, const char* key, const char* value) {
-  auto* v = static_cast<std::vector<std::pair<std::string, std::string>>*>(cls);
-  v->emplace_back(key ? key : "", value ? value : "");
+// Query arguments with their lengths as decoded, so that a NUL inside a name or value is
+// kept (and refused by the route's parser) instead of cutting it short.
+MHD_Result CollectQuery(void* cls, MHD_ValueKind, const char* key, size_t key_size, const char* value,
+                        size_t value_size) {
+  auto* req = static_cast<HttpRequest*>(cls);
+  std::string k = key ? std::string(key, key_size) : std::string();
+  std::string v = value ? std::string(value, value_size) : std::string();
+  req->params.emplace(k, v);
+  req->query.emplace_back(std::move(k), std::move(v));
   return MHD_YES;
 }
 
@@ -151,6 +188,11 @@ std::string PeerAddress(MHD_Connection* c) {
 }
 
 // The announced Content-Length, when there is one (MHD has checked its syntax).
+uint64_t BodyBudget(const HttpServerOptions& o) {
+  const uint64_t limit = o.max_body_bytes;
+  return std::max<uint64_t>(limit > UINT64_MAX / 2 ? UINT64_MAX : 2 * limit, uint64_t{64} << 20);
+}
+
 std::optional<uint64_t> ContentLength(const HttpRequest& req) {
   const std::string* v = req.header("content-length");
   if (!v) return std::nullopt;
@@ -169,13 +211,45 @@ struct HttpControlServer::Impl {
   Impl(const HttpServerOptions& o, ControlService* service)
       : options(o),
         router(HttpRouterOptions{o.api_key, o.max_body_bytes}, service),
+        body_budget(BodyBudget(o)),
         pool(std::max(1, o.worker_threads)),
+        control_pool(kControlWorkers),
         read_pool(kReadWorkers) {}
 
   HttpServerOptions options;
   HttpRouter router;
-  WorkerPool pool;       // routes that may block
-  WorkerPool read_pool;  // routes that only read state
+  const uint64_t body_budget;
+  std::atomic<uint64_t> body_bytes_held{0};  // request bodies being read or handled
+  WorkerPool pool;          // HttpLane::kGeneration
+  WorkerPool control_pool;  // HttpLane::kControl
+  WorkerPool read_pool;     // HttpLane::kRead
+
+  WorkerPool& PoolFor(HttpLane lane) {
+    switch (lane) {
+      case HttpLane::kRead: return read_pool;
+      case HttpLane::kControl: return control_pool;
+      case HttpLane::kGeneration: return pool;
+    }
+    return pool;
+  }
+
+  // Takes `n` more body bytes for `st` from the budget; false (and nothing taken) when the
+  // budget would be passed.
+  bool Charge(RequestState* st, uint64_t n) {
+    uint64_t held = body_bytes_held.load();
+    do {
+      if (held + n > body_budget) return false;
+    } while (!body_bytes_held.compare_exchange_weak(held, held + n));
+    st->held = &body_bytes_held;
+    st->charged += n;
+    return true;
+  }
+  HttpResponse OverBudget(const HttpRequest& head) const {
+    return HttpRouter::Error(Unavailable(fmt::format(
+        "{}: the server holds {} bytes of request bodies, and this one would pass its budget of {} bytes "
+        "(twice the body limit); retry once the calls in flight end",
+        head.path, body_bytes_held.load(), body_budget)));
+  }
   MHD_Daemon* daemon = nullptr;
   std::atomic<bool> stopping{false};
 
@@ -232,8 +306,12 @@ struct HttpControlServer::Impl {
     if (!st) return;
     // The next request on this connection (or its idle time) has the header deadline.
     if (st->conn) st->conn->deadline = InNs(self->options.header_timeout_seconds);
+    const bool large = st->received >= kTrimAfterBytes;
     delete st;
     *req_cls = nullptr;
+    // The body and what the route parsed of it are freed by now; the heap gives the memory
+    // back to the system instead of keeping it for the next large body.
+    if (large) malloc_trim(0);
   }
 
   static void Log(void*, const char* fmt, va_list ap) {
@@ -242,6 +320,26 @@ struct HttpControlServer::Impl {
     std::string line(buf);
     while (!line.empty() && line.back() == '\n') line.pop_back();
     WSYNC_LOG_DEBUG("http: {}", line);
+  }
+
+  // MHD's URI callback: runs once the request line is read, before MHD decodes the path or
+  // splits the query. Its return value is the request's context (OnRequest's *req_cls).
+  static void* OnUri(void* cls, const char* uri, MHD_Connection*) {
+    auto* st = new (std::nothrow) RequestState;
+    if (!st) return nullptr;
+    try {
+      st->target_refusal = TargetRefusal(uri);
+    } catch (...) {
+      st->target_refusal = "the request target could not be read";
+    }
+    if (!st->target_refusal.empty() && uri) {
+      // The query is dropped before MHD splits it: the request is refused whatever it says,
+      // and a query of many thousand arguments would exhaust the connection's memory pool
+      // (MHD then closes the connection without a reply). MHD hands the request line in
+      // its own writable read buffer.
+      if (char* q = std::strchr(const_cast<char*>(uri), '?')) q[1] = '\0';
+    }
+    return st;
   }
 
   static MHD_Result OnRequest(void* cls, MHD_Connection* c, const char* url, const char* method,
@@ -258,14 +356,15 @@ struct HttpControlServer::Impl {
   MHD_Result Request(MHD_Connection* c, const char* url, const char* method, const char* upload_data,
                      size_t* upload_data_size, void** req_cls) {
     auto* st = static_cast<RequestState*>(*req_cls);
-    if (!st) {
+    if (!st || !st->head_done) {
       // The head is complete; nothing of the body has been read.
-      auto owned = std::make_unique<RequestState>();
+      std::unique_ptr<RequestState> owned(st ? st : new RequestState);
+      *req_cls = nullptr;
       st = owned.get();
+      st->head_done = true;
       st->req.method = method ? method : "";
       st->req.path = url ? url : "";
-      MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectInto, &st->req.params);
-      MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, CollectQuery, &st->req.query);
+      MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, CollectQuery, &st->req);
       MHD_get_connection_values(c, MHD_HEADER_KIND, CollectHeader, &st->req.headers);
       st->req.remote_addr = PeerAddress(c);
       if (const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT)) {
@@ -279,6 +378,9 @@ struct HttpControlServer::Impl {
       // and the connection closed without reading it.
       const uint64_t limit = options.max_body_bytes;
       bool drain = length && *length > limit && *length - limit <= options.discard_bytes;
+      if (!st->target_refusal.empty()) {
+        return Queue(c, HttpRouter::Error(InvalidArgument(fmt::format("{}: {}", st->req.path, st->target_refusal))));
+      }
       if (std::optional<HttpResponse> refused = router.Admit(st->req, drain ? std::nullopt : length)) {
         return Queue(c, *refused);
       }
@@ -301,14 +403,30 @@ struct HttpControlServer::Impl {
         uint64_t over = st->received > options.max_body_bytes ? st->received - options.max_body_bytes : 0;
         return over > options.discard_bytes ? MHD_NO : MHD_YES;
       }
-      st->req.body.append(upload_data, n);
+      // Bytes are taken from the budget as they arrive (an announced size reserves none, so
+      // connections that stall hold none of it).
+      if (st->over_budget) return MHD_YES;  // counted, not kept: answered 503 at its end
+      if (!Charge(st, n)) {
+        std::string().swap(st->req.body);
+        st->over_budget = true;
+        return MHD_YES;
+      }
+      // Growth is capped at the body limit, so a body of unannounced size never holds a
+      // buffer of twice the limit.
+      std::string& body = st->req.body;
+      if (body.size() + n > body.capacity()) {
+        body.reserve(std::min<uint64_t>(options.max_body_bytes, std::max<uint64_t>(body.size() + n,
+                                                                                    2 * body.capacity())));
+      }
+      body.append(upload_data, n);
       return MHD_YES;
     }
     // The body is complete, or a worker has resumed the connection with the reply.
     if (st->response) return Queue(c, *st->response);
     if (st->conn) st->conn->deadline = kNoDeadline;  // the route runs; the service bounds it
     if (st->too_large) return Queue(c, router.TooLarge(st->req));
-    WorkerPool& workers = HttpRouter::ReadsOnly(st->req) ? read_pool : pool;
+    if (st->over_budget) return Queue(c, OverBudget(st->req));
+    WorkerPool& workers = PoolFor(HttpRouter::LaneOf(st->req));
     bool queued = !stopping.load() && workers.Submit([c] { MHD_suspend_connection(c); },
                                                   [this, c, st] {
                                                     st->response = router.Handle(st->req);
@@ -361,6 +479,7 @@ Result<std::unique_ptr<HttpControlServer>> HttpControlServer::Start(const HttpSe
       MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
       MHD_OPTION_NOTIFY_COMPLETED, &Impl::OnCompleted, &impl,
       MHD_OPTION_NOTIFY_CONNECTION, &Impl::OnConnection, &impl,
+      MHD_OPTION_URI_LOG_CALLBACK, &Impl::OnUri, &impl,
       MHD_OPTION_EXTERNAL_LOGGER, &Impl::Log, &impl,
       MHD_OPTION_END);
   if (!impl.daemon) {
@@ -386,6 +505,7 @@ void HttpControlServer::Stop() {
   if (impl.daemon) listen_fd = MHD_quiesce_daemon(impl.daemon);
   // In-flight calls finish and resume their connections before the daemon goes.
   impl.pool.Shutdown();
+  impl.control_pool.Shutdown();
   impl.read_pool.Shutdown();
   if (impl.daemon) MHD_stop_daemon(impl.daemon);
   impl.daemon = nullptr;

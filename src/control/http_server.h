@@ -18,13 +18,22 @@
 //    however slowly bytes trickle in.
 // No route runs on the I/O thread: each runs on a worker while its connection is
 // suspended, so a call that blocks for minutes (an init rendezvous, an update) holds one
-// worker and nothing else. Routes that only read state (GET /health, /weight_info,
-// /is_paused, /get_world_size) have workers of their own (kReadWorkers), so they answer
-// while every one of the worker_threads is taken by a long call, and a service call that
-// blocks where it should not (a lock held across a slow call) stalls only them. A reaper
-// thread enforces the deadlines (shutdown(2) of a late connection's socket). Start()
-// returns once the socket is listening; Stop() stops accepting, lets in-flight calls
-// finish, and joins every thread.
+// worker and nothing else. Workers come in three sets, one per HttpLane (http_routes.h):
+// worker_threads for the calls that last as long as generation does (/v1/completions,
+// /pause and /sleep with mode=wait), kControlWorkers for the trainer's session and
+// control calls, kReadWorkers for the routes that only read state (GET /health,
+// /weight_info, /is_paused, /get_world_size). So however many completions and waiting
+// pauses are in flight, a sync's init/start/update/finish has a worker, /health answers,
+// and a service call that blocks where it should not stalls only its own lane.
+// Memory: the bodies being read or handled at once hold at most twice max_body_bytes (at
+// least 64 MiB), counted as bytes arrive; a body that would pass that budget is read to
+// its end without being kept and answered 503. A chunked body's buffer grows to the body
+// limit at most. After a large body is handled the heap's free memory is returned to the
+// system. The request target is refused (400) when it holds an encoded NUL (%00) or more
+// than kMaxQueryArgs query arguments.
+// A reaper thread enforces the deadlines (shutdown(2) of a late connection's socket).
+// Start() returns once the socket is listening; Stop() stops accepting, lets in-flight
+// calls finish, and joins every thread.
 // Protocol errors found by the library itself (a malformed request line, headers over
 // its memory limit) get the library's own small non-JSON replies.
 #pragma once
@@ -41,6 +50,11 @@ namespace wsync {
 
 // Threads for the read-only routes (GET /health, ...), apart from worker_threads.
 inline constexpr int kReadWorkers = 2;
+// Threads for the trainer's session and control calls (HttpLane::kControl), apart from
+// worker_threads: completions and waiting pauses can never take them.
+inline constexpr int kControlWorkers = 8;
+// Query arguments a request may carry; more is a 400.
+inline constexpr size_t kMaxQueryArgs = 64;
 
 // HttpServerOptions (the listening address, limits and deadlines) is public: wsync/server.h.
 

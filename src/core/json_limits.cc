@@ -71,6 +71,24 @@ Result<json> ParseUntrustedJson(std::string_view text, std::string_view what, in
   }
 }
 
+Result<json> ParseUntrustedObject(std::string_view text, std::string_view what,
+                                  std::span<const std::string_view> fields, int max_depth) {
+  WSYNC_RETURN_IF_ERROR(CheckJsonDepth(text, what, max_depth));
+  try {
+    json j = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (depth != 1 || event != json::parse_event_t::key) return true;
+      const std::string& key = parsed.get_ref<const std::string&>();
+      return std::find(fields.begin(), fields.end(), key) != fields.end();
+    });
+    if (!j.is_object()) return InvalidArgument(fmt::format("{} must be a JSON object", what));
+    return j;
+  } catch (const json::exception& e) {
+    return InvalidArgument(fmt::format("malformed JSON in {}: {}", what, e.what()));
+  } catch (const std::bad_alloc&) {
+    return PayloadTooLarge(fmt::format("{}: out of memory parsing {} bytes of JSON", what, text.size()));
+  }
+}
+
 std::string JsonExcerpt(const json& v, size_t max_chars) {
   try {
     switch (v.type()) {

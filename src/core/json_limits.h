@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,14 @@ Status CheckJsonDepth(std::string_view text, std::string_view what, int max_dept
 // in <what>: <parser's message>"); never throws.
 Result<nlohmann::json> ParseUntrustedJson(std::string_view text, std::string_view what,
                                           int max_depth = kMaxJsonDepth);
+
+// As ParseUntrustedJson, for text that must be an object of which only `fields` are read:
+// the parser skips every other top-level field without building it, so a body padded with
+// fields no one reads costs no memory beyond its text. InvalidArgument when the text is not
+// an object.
+Result<nlohmann::json> ParseUntrustedObject(std::string_view text, std::string_view what,
+                                            std::span<const std::string_view> fields,
+                                            int max_depth = kMaxJsonDepth);
 
 // A short, valid-UTF-8 description of `v` for an error message: a scalar as JSON cut to
 // `max_chars` (with "..."), an array as "a list of N items", an object as "an object of N

@@ -46,6 +46,19 @@ TEST(JsonLimits, BracketsInsideStringsDoNotCount) {
   EXPECT_EQ((*j)["n"][0], 1);
 }
 
+TEST(JsonLimits, ParseUntrustedObjectKeepsOnlyTheNamedFields) {
+  constexpr std::string_view kFields[] = {"a", "b"};
+  Result<json> j = ParseUntrustedObject(R"({"a":{"x":1},"pad":[[1],[2]],"b":[1,{"pad":2}],"c":3})", "x", kFields);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(*j, json::parse(R"({"a":{"x":1},"b":[1,{"pad":2}]})"));
+  j = ParseUntrustedObject("[1]", "body of /pause", kFields);
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().message(), "body of /pause must be a JSON object");
+  j = ParseUntrustedObject(R"({"pad":)" + Nested(100) + "}", "body of /pause", kFields);
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().message(), "body of /pause: field 'pad' nests deeper than 64 levels");
+}
+
 TEST(JsonLimits, MalformedIsInvalidArgument) {
   Result<json> j = ParseUntrustedJson("{\"a\":", "body of /pause");
   ASSERT_FALSE(j.ok());

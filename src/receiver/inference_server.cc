@@ -193,7 +193,7 @@ Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
   req.tensors = kNoTensors;
   Status s = CatchAll("update_weights", [&]() -> Status {
     if (req.reject.ok() && !backend_->ParsesOwnUpdateInfo()) {
-      if (update_info == checked_info_) {
+      if (update_info == checked_info_.lock()) {
         req.tensors = checked_tensors_;  // the same body as an update already checked
       } else {
         Result<std::vector<TensorMeta>> parsed = ParseTensorList(*update_info);

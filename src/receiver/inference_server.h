@@ -138,8 +138,10 @@ class InferenceServer : public ControlService {
   std::unique_ptr<ReceiverSession> session_;
   // The last update_info whose tensor list parsed and matched the model, and that list:
   // a trainer sending the same body every sync is checked once. Used by the update call
-  // that holds the session (ReceiverSession::BeginUpdate).
-  std::shared_ptr<const nlohmann::json> checked_info_;
+  // that holds the session (ReceiverSession::BeginUpdate). Not an owner of the body: the
+  // HTTP router decides how long a parsed body lives (its identity cache), and an expired
+  // body matches nothing.
+  std::weak_ptr<const nlohmann::json> checked_info_;
   std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
 
   mutable std::mutex mu_;

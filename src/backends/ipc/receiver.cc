@@ -202,7 +202,7 @@ class IpcReceiver final : public ReceiverBackend {
   // The update's ipc fields, checked against its tensors and the session; a body already
   // checked for this session (the same object, see UpdateRequest) is not parsed again.
   Result<IpcUpdateInfo> ParseAndValidate(const UpdateRequest& req, const std::shared_ptr<Session>& session) {
-    if (req.update_info == checked_.info && req.tensors == checked_.tensors && session == checked_.session.lock()) {
+    if (req.update_info == checked_.info.lock() && req.tensors == checked_.tensors && session == checked_.session.lock()) {
       return checked_.update;
     }
     checked_ = Checked{};
@@ -536,7 +536,7 @@ class IpcReceiver final : public ReceiverBackend {
   // The last update that passed ParseAndValidate (used by Update only, which the server
   // never runs twice at once).
   struct Checked {
-    std::shared_ptr<const json> info;
+    std::weak_ptr<const json> info;  // not an owner: the request's body is the router's to keep
     std::shared_ptr<const std::vector<TensorMeta>> tensors;
     std::weak_ptr<Session> session;  // not an owner: a released session's mapping goes
     IpcUpdateInfo update;
