@@ -285,6 +285,21 @@ HttpLane HttpRouter::LaneOf(const HttpRequest& head) {
   return r->lane;
 }
 
+std::string HttpRouter::TargetRefusal(std::string_view target) {
+  for (size_t i = 0; i + 2 < target.size(); ++i) {
+    if (target[i] == '%' && target[i + 1] == '0' && target[i + 2] == '0') {
+      return "the request target holds an encoded NUL byte (%00), which no path or query value may hold";
+    }
+  }
+  size_t q = target.find('?');
+  if (q == std::string_view::npos) return "";
+  size_t args = 1 + static_cast<size_t>(std::count(target.begin() + q, target.end(), '&'));
+  if (args > kMaxQueryArgs) {
+    return fmt::format("the query has {} arguments, more than the limit of {}", args, kMaxQueryArgs);
+  }
+  return "";
+}
+
 bool HttpRouter::ReadsOnly(const HttpRequest& head) { return LaneOf(head) == HttpLane::kRead; }
 
 // Both sides are hashed to fixed-size digests first, so the comparison takes the same

@@ -36,6 +36,9 @@
 
 namespace wsync {
 
+// Query arguments a request may carry; more is a 400 (HttpRouter::TargetRefusal).
+inline constexpr size_t kMaxQueryArgs = 64;
+
 // The HTTP status code for a Status code; the one place this mapping lives.
 int HttpStatusFor(StatusCode code);
 
@@ -93,6 +96,13 @@ class HttpRouter {
   // True for the routes that only read state (GET /health, /weight_info, /is_paused,
   // /get_world_size): quick, so a server may keep them apart from calls that block.
   static bool ReadsOnly(const HttpRequest& head);
+
+  // Why a request target (the request line's path and query as received, still
+  // percent-encoded) is refused with a 400, or "" when it is not. A NUL byte would cut a C
+  // string short (`/sleep?level=1%00x` read as level=1), so an encoded one is refused
+  // anywhere in the target; a query of more than kMaxQueryArgs arguments is refused before
+  // it is split.
+  static std::string TargetRefusal(std::string_view target);
 
   // A JSON error reply; `message` may hold any bytes.
   static HttpResponse Error(const Status& status);

@@ -163,6 +163,7 @@ HttpRequest Parse(std::string_view in) {
   std::string_view line = Take(in, '\n');
   req.method = std::string(Take(line, ' '));
   std::string_view target = line;
+  (void)wsync::HttpRouter::TargetRefusal(target);
   std::string_view path = Take(target, '?');
   req.path = PercentDecode(path);
   while (!target.empty()) {

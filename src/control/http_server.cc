@@ -123,27 +123,6 @@ struct RequestState {
   std::optional<HttpResponse> response;  // set by a worker before it resumes the connection
 };
 
-// Why a request target (as received: path and query still percent-encoded) is refused, or
-// "" when it is not. A NUL byte would cut a C string short (`/sleep?level=1%00x` read as
-// level=1), so an encoded one is refused anywhere in the target; a query of more than
-// kMaxQueryArgs arguments is refused before it is split.
-std::string TargetRefusal(const char* uri) {
-  if (!uri) return "";
-  std::string_view t(uri);
-  for (size_t i = 0; i + 2 < t.size(); ++i) {
-    if (t[i] == '%' && t[i + 1] == '0' && t[i + 2] == '0') {
-      return "the request target holds an encoded NUL byte (%00), which no path or query value may hold";
-    }
-  }
-  size_t q = t.find('?');
-  if (q == std::string_view::npos) return "";
-  size_t args = 1 + static_cast<size_t>(std::count(t.begin() + q, t.end(), '&'));
-  if (args > kMaxQueryArgs) {
-    return fmt::format("the query has {} arguments, more than the limit of {}", args, kMaxQueryArgs);
-  }
-  return "";
-}
-
 MHD_Result Queue(MHD_Connection* c, const HttpResponse& r) {
   MHD_Response* resp = MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()),
                                                        MHD_RESPMEM_MUST_COPY);
@@ -328,7 +307,7 @@ struct HttpControlServer::Impl {
     auto* st = new (std::nothrow) RequestState;
     if (!st) return nullptr;
     try {
-      st->target_refusal = TargetRefusal(uri);
+      st->target_refusal = HttpRouter::TargetRefusal(uri ? uri : "");
     } catch (...) {
       st->target_refusal = "the request target could not be read";
     }

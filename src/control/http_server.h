@@ -53,8 +53,6 @@ inline constexpr int kReadWorkers = 2;
 // Threads for the trainer's session and control calls (HttpLane::kControl), apart from
 // worker_threads: completions and waiting pauses can never take them.
 inline constexpr int kControlWorkers = 8;
-// Query arguments a request may carry; more is a 400.
-inline constexpr size_t kMaxQueryArgs = 64;
 
 // HttpServerOptions (the listening address, limits and deadlines) is public: wsync/server.h.
 
