@@ -1,11 +1,15 @@
 #include "engine/engine.h"
 
+#include <chrono>
+#include <cstdio>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/env_knobs.h"
 #include "core/log.h"
 #include "core/stopwatch.h"
 
@@ -192,6 +196,11 @@ class Engine final : public TrainerEngine {
       return s;
     }
     sync.stats.start_seconds = phase.Lap();
+    if (const char* fault = WSYNC_ENV("WSYNC_FAULT_TRAINER_STALL"); fault && std::string_view(fault) == "after-start") {
+      std::fprintf(stderr, "wsync fault injection: stalled after start_weight_update\n");
+      std::fflush(stderr);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     std::shared_ptr<SessionDriver::Pending> update = driver_->UpdateAsync(sync.update_body);
     Status s = plane_->Transfer(sync, *update);
     if (s.ok()) s = update->Wait(driver_->deadlines().Http()).status();

@@ -74,7 +74,8 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   s->context_.tp_size = o.tp;
   s->context_.timeout_seconds = o.timeout_seconds;
   s->context_.backend_config = o.backend_config;
-  s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds));
+  s->session_ = std::make_unique<ReceiverSession>(o.session_lease_seconds.value_or(o.timeout_seconds),
+                                                 [] { return ReceiverSession::Clock::now(); }, o.timeout_seconds);
   s->set_url("");
   WSYNC_RETURN_IF_ERROR(s->FillWeightsAtStart());
   if (o.quantization == "fp8") {
@@ -84,6 +85,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   }
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
   WSYNC_RETURN_IF_ERROR(s->CreateGenerator());
+  s->watchdog_ = std::thread([p = s.get()] { p->WatchSessions(); });
   return s;
 }
 
@@ -94,7 +96,30 @@ InferenceServer::~InferenceServer() {
     shutting_down_ = true;
   }
   shutdown_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
   if (backend_) backend_->Shutdown();
+}
+
+void InferenceServer::WatchSessions() {
+  std::unique_lock lock(mu_);
+  while (!shutting_down_) {
+    shutdown_cv_.wait_for(lock, std::chrono::seconds(1));
+    if (shutting_down_) break;
+    lock.unlock();
+    if (session_->ExpireIfIdle()) ResumeAfterLostTrainer("its session expired");
+    lock.lock();
+  }
+}
+
+void InferenceServer::ResumeAfterLostTrainer(const char* why) {
+  if (!IsPaused()) return;
+  Status s = Resume();
+  if (s.ok()) {
+    WSYNC_LOG_WARN("generation was paused by a trainer that is gone ({}): resumed", why);
+  } else {
+    WSYNC_LOG_WARN("generation was paused by a trainer that is gone ({}), and resuming failed: {}", why,
+                   s.ToString());
+  }
 }
 
 void InferenceServer::set_url(const std::string& url) {
@@ -128,8 +153,10 @@ auto CatchAll(const char* route, F&& f) -> decltype(f()) {
 }  // namespace
 
 Status InferenceServer::InitWeightTransfer(const json& init_info, const std::string& peer_address) {
-  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call,
-                         session_->BeginExclusive("init_weight_transfer_engine", /*refuse_in_session=*/true));
+  bool took_over = false;
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginInit(peer_address, &took_over));
+  // A dead trainer's pause ends with its session.
+  if (took_over) ResumeAfterLostTrainer("its session was taken over by a new trainer's init");
   // Another backend's init_info is named as such before this backend's parser sees it.
   if (Status mismatch = CheckInitInfoBackend(backend_->name(), init_info); !mismatch.ok()) {
     WSYNC_LOG_WARN("init_weight_transfer_engine refused: {}", mismatch.message());
@@ -318,7 +345,8 @@ void InferenceServer::SetWeightVersion(std::string version) {
 }
 
 Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgorithm algorithm) {
-  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call,
+                         session_->BeginExclusive("weight_checker", /*refuse_in_session=*/true));
   WSYNC_RETURN_IF_ERROR(CheckWeightsReadable("weight_checker"));
   const MemoryWindow window;
   auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
@@ -404,7 +432,8 @@ json InferenceServer::Health() const {
               {"syncs", syncs_},
               {"weights_consistent", session.consistent},
               {"session_active", session.active},
-              {"expired_sessions", session.expired_sessions}};
+              {"expired_sessions", session.expired_sessions},
+              {"taken_over_sessions", session.taken_over_sessions}};
   auto peak = [](const std::optional<MemoryPeak>& p) -> json {
     if (!p) return nullptr;
     return json{{"host_peak_extra_bytes", p->host_bytes},
@@ -464,7 +493,8 @@ Result<json> InferenceServer::CheckRuntimeWeights(std::string_view action, const
     return FailedPrecondition(fmt::format("weight_checker '{}': the engine is paused (POST /resume first); "
                                           "runtime weights are checked only while it serves", action));
   }
-  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("weight_checker"));
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call,
+                         session_->BeginExclusive("weight_checker", /*refuse_in_session=*/true));
   const MemoryWindow window;
   Result<json> r = CatchAll("weight_checker", [&] { return CheckRuntimeWeightsHeld(action, baseline); });
   {
@@ -489,7 +519,7 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     // Marked first: a reset that fails half-way has changed weights too. No generation
     // step reads them meanwhile.
     std::unique_lock<std::shared_mutex> no_readers = ExcludeGeneration();
-    session_->MarkInconsistent();
+    session_->MarkDiscarded("weight_checker 'reset' overwrote the runtime parameters with random values");
     WSYNC_RETURN_IF_ERROR(RandomizeRuntimeParams(workers, seed, threads));
     WSYNC_LOG_INFO("weight_checker: reset every runtime parameter of {} worker(s) to random values", workers.size());
     return json{{"status", "reset"}};

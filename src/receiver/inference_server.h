@@ -24,6 +24,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/process_memory.h"
@@ -160,6 +161,12 @@ class InferenceServer : public ControlService {
   std::optional<MemoryPeak> last_checksum_memory_;  // GUARDED_BY(mu_)
   bool shutting_down_ = false;  // GUARDED_BY(mu_)
   std::condition_variable shutdown_cv_;
+  // Expires the session of a vanished trainer as soon as its lease runs out (not only when
+  // the next call looks), and resumes a pause that trainer left behind.
+  void WatchSessions();
+  // Resumes generation if it is paused: the trainer that paused it is gone (`why`).
+  void ResumeAfterLostTrainer(const char* why);
+  std::thread watchdog_;
 
   // --- runtime weight checker (conf) ---
   Result<nlohmann::json> CheckRuntimeWeightsHeld(std::string_view action, const nlohmann::json* baseline);

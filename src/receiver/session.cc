@@ -6,8 +6,8 @@
 
 namespace wsync {
 
-ReceiverSession::ReceiverSession(double lease_seconds, NowFn now)
-    : lease_seconds_(lease_seconds), now_(std::move(now)) {}
+ReceiverSession::ReceiverSession(double lease_seconds, NowFn now, double wait_seconds)
+    : lease_seconds_(lease_seconds), now_(std::move(now)), wait_seconds_(wait_seconds) {}
 
 ReceiverSession::Call::Call(Call&& other) noexcept
     : owner_(other.owner_), kind_(other.kind_), session_(other.session_), done_(other.done_) {
@@ -33,7 +33,15 @@ void ReceiverSession::Release(const Call& call) {
     OutcomeLocked(call, Internal("the call ended without an outcome"), true);
   }
   busy_with_ = nullptr;
+  busy_in_session_ = false;
   if (call.session_ != 0 && call.session_ == session_) last_call_ = now_();
+  idle_cv_.notify_all();
+}
+
+void ReceiverSession::WaitForOutsideCallLocked(std::unique_lock<std::mutex>& lock) {
+  if (busy_with_ == nullptr || busy_in_session_ || wait_seconds_ <= 0) return;
+  idle_cv_.wait_for(lock, std::chrono::duration<double>(wait_seconds_),
+                    [&] { return busy_with_ == nullptr || busy_in_session_; });
 }
 
 void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, bool may_have_landed) {
@@ -92,6 +100,32 @@ Result<ReceiverSession::Call> ReceiverSession::BeginExclusive(const char* what, 
   return Call(this, Call::Kind::kExclusive, 0);
 }
 
+Result<ReceiverSession::Call> ReceiverSession::BeginInit(const std::string& peer, bool* took_over) {
+  *took_over = false;
+  {
+    std::lock_guard lock(mu_);
+    ExpireIfIdleLocked();
+    if (active_ && busy_with_ == nullptr) {
+      const double idle = std::chrono::duration<double>(now_() - last_call_).count();
+      active_ = false;
+      ++taken_over_;
+      if (session_touched_) dirty_ = true;
+      expiry_note_ = fmt::format(
+          "the session was taken over by a new init_weight_transfer_engine{} {:.1f} s after its last call{}",
+          peer.empty() ? std::string() : fmt::format(" from {}", peer), idle,
+          session_touched_ ? "; its updates left the weights inconsistent until the next session finishes" : "");
+      WSYNC_LOG_WARN("weight-update session {}: {}", session_, expiry_note_);
+      *took_over = true;
+    } else if (active_) {
+      return FailedPrecondition(fmt::format(
+          "init_weight_transfer_engine refused: the active weight update's {} is in progress (a new trainer "
+          "takes over once it ends: by its deadline, or as soon as its data plane sees the old trainer gone)",
+          busy_with_));
+    }
+  }
+  return BeginExclusive("init_weight_transfer_engine", /*refuse_in_session=*/true);
+}
+
 Status ReceiverSession::Start(const std::function<Status()>& open) {
   std::lock_guard lock(mu_);
   ExpireIfIdleLocked();
@@ -117,7 +151,8 @@ Status ReceiverSession::Start(const std::function<Status()>& open) {
 }
 
 Result<ReceiverSession::Call> ReceiverSession::BeginUpdate(Status* outside) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  if (active_) WaitForOutsideCallLocked(lock);
   if (busy_with_ != nullptr) {
     return FailedPrecondition(fmt::format("update_weights refused: {} is in progress", busy_with_));
   }
@@ -129,11 +164,13 @@ Result<ReceiverSession::Call> ReceiverSession::BeginUpdate(Status* outside) {
                              : fmt::format("start_weight_update must be called before update_weights: {}", expiry_note_));
   }
   busy_with_ = "update_weights";
+  busy_in_session_ = active_;
   return Call(this, Call::Kind::kUpdate, active_ ? session_ : 0);
 }
 
 Result<ReceiverSession::Call> ReceiverSession::BeginFinish() {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  if (active_) WaitForOutsideCallLocked(lock);
   if (busy_with_ != nullptr) {
     return FailedPrecondition(fmt::format("finish_weight_update refused: {} is in progress", busy_with_));
   }
@@ -144,6 +181,7 @@ Result<ReceiverSession::Call> ReceiverSession::BeginFinish() {
     return FailedPrecondition(std::move(msg));
   }
   busy_with_ = "finish_weight_update";
+  busy_in_session_ = true;
   return Call(this, Call::Kind::kFinish, session_);
 }
 
@@ -171,7 +209,15 @@ ReceiverSession::Snapshot ReceiverSession::Look() const {
   s.discarded = discarded_;
   s.busy_with = busy_with_ != nullptr ? busy_with_ : "";
   s.expired_sessions = expired_ + (expired ? 1 : 0);
+  s.taken_over_sessions = taken_over_;
   return s;
+}
+
+bool ReceiverSession::ExpireIfIdle() {
+  std::lock_guard lock(mu_);
+  const int before = expired_;
+  ExpireIfIdleLocked();
+  return expired_ != before;
 }
 
 void ReceiverSession::MarkInconsistent() {

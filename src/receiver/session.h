@@ -12,6 +12,12 @@
 //   lease   a session whose trainer vanished (killed between start and finish) must not
 //           block the next trainer: a session with no call in flight for longer than
 //           `lease_seconds` since its last call expires, and the next start succeeds.
+//   takeover  a new init (a new trainer) ends an active session that has no call in
+//           flight at once: the newest trainer wins, the old one's next call gets 409
+//           naming the takeover, and weights its updates touched are inconsistent until
+//           the new trainer's session finishes. While a call of the session is in flight
+//           the init is refused (409 naming the call): that call ends by its own deadline
+//           or when its data plane sees the trainer gone.
 //           A call in flight (an update receiving for minutes) is never expired: the
 //           lease counts from the end of the session's last call. Expiry is decided when
 //           a call or /health looks at the session; an expired session's late update or
@@ -20,6 +26,11 @@
 //           session that did not finish (a data-phase failure, an update that threw, an
 //           expired session that had an update) until the next finished session. A
 //           refused update (bad payload, wrong state, a peer's veto) lands nothing.
+//   checker the weight checker (checksum, reset, compare) is refused while a session is
+//           active, so neither a poll nor a reset can interleave with a trainer's
+//           updates; a session's update or finish that finds a checker call (or another
+//           call outside the session) in flight waits for it, up to `wait_seconds`,
+//           instead of failing.
 //   asleep  while the weights sleep (/sleep level >= 1), start_weight_update and init
 //           are refused (FailedPrecondition naming the fix) until the weights wake.
 //   discarded  weights woken without their bytes (sleep level 2, or an offload that could
@@ -30,6 +41,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -44,8 +56,10 @@ class ReceiverSession {
   using Clock = std::chrono::steady_clock;
   using NowFn = std::function<Clock::time_point()>;
 
-  // lease_seconds <= 0: sessions never expire. `now` is the clock (tests pass a fake).
-  explicit ReceiverSession(double lease_seconds, NowFn now = [] { return Clock::now(); });
+  // lease_seconds <= 0: sessions never expire. `wait_seconds`: how long an update or
+  // finish waits for a call outside the session to end (0: refused at once). `now` is the
+  // clock (tests pass a fake).
+  explicit ReceiverSession(double lease_seconds, NowFn now = [] { return Clock::now(); }, double wait_seconds = 0);
   ReceiverSession(const ReceiverSession&) = delete;
   ReceiverSession& operator=(const ReceiverSession&) = delete;
 
@@ -75,6 +89,10 @@ class ReceiverSession {
   // init, fetch, checksum: FailedPrecondition naming `what` while another call runs; init
   // (`refuse_in_session`) also while a session is active.
   Result<Call> BeginExclusive(const char* what, bool refuse_in_session = false);
+  // init_weight_transfer_engine from `peer`: as BeginExclusive(refuse_in_session), except
+  // that an active session with no call in flight is taken over (ended) instead of
+  // refusing; `*took_over` says whether one was.
+  Result<Call> BeginInit(const std::string& peer, bool* took_over);
   // start_weight_update: FailedPrecondition while a session is active (an expired one is
   // closed first). Does not wait for a call in flight outside the session (init).
   // `open` (the backend's Start, which must not block) runs under the object's lock once
@@ -101,9 +119,12 @@ class ReceiverSession {
     std::string discarded;    // why the weights hold no trainer's bytes; empty otherwise
     std::string busy_with;    // the call in flight; empty when idle
     int expired_sessions = 0;
+    int taken_over_sessions = 0;
   };
   // What /health reports, expiry applied as of now (without changing the state).
   Snapshot Look() const;
+  // Applies expiry now: true when an active session's lease ran out just now.
+  bool ExpireIfIdle();
 
   // The weights were changed outside a session (the weight checker's reset): they are
   // inconsistent until the next session finishes.
@@ -113,13 +134,18 @@ class ReceiverSession {
   // Closes an active session whose lease ran out. Needs mu_.
   void ExpireIfIdleLocked();
   bool ExpiredLocked(Clock::time_point now) const;
+  // Waits (releasing mu_) up to wait_seconds_ for a call outside the session to end. Needs
+  // mu_ held through `lock`.
+  void WaitForOutsideCallLocked(std::unique_lock<std::mutex>& lock);
   // Applies a call's outcome to the session it belongs to. Needs mu_.
   void OutcomeLocked(const Call& call, const Status& outcome, bool may_have_landed);
   void Release(const Call& call);
 
   const double lease_seconds_;
   const NowFn now_;
+  const double wait_seconds_;
   mutable std::mutex mu_;
+  std::condition_variable idle_cv_;     // notified when a call ends
   bool active_ = false;                 // GUARDED_BY(mu_)
   uint64_t session_ = 0;                // GUARDED_BY(mu_): id of the current or last session
   const char* busy_with_ = nullptr;     // GUARDED_BY(mu_): the call in flight
@@ -127,6 +153,8 @@ class ReceiverSession {
   bool session_touched_ = false;        // GUARDED_BY(mu_): an update ran in this session
   Clock::time_point last_call_;         // GUARDED_BY(mu_): end of the session's last call
   int expired_ = 0;                     // GUARDED_BY(mu_)
+  int taken_over_ = 0;                  // GUARDED_BY(mu_)
+  bool busy_in_session_ = false;        // GUARDED_BY(mu_): the call in flight is an update or finish
   std::string expiry_note_;             // GUARDED_BY(mu_): why the last session ended
   std::string asleep_;                  // GUARDED_BY(mu_): the refusal while the weights sleep
   std::string discarded_;               // GUARDED_BY(mu_): see MarkDiscarded

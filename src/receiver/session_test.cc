@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <stdexcept>
+#include <thread>
 
 namespace wsync {
 namespace {
@@ -327,6 +329,109 @@ TEST(Session, ABackendStartThatFailsLeavesTheSessionClosed) {
   EXPECT_EQ(session.Start([] { return Unavailable("backend down"); }).code(), StatusCode::kUnavailable);
   EXPECT_FALSE(session.Look().active);
   EXPECT_TRUE(session.Start().ok());
+}
+
+// A new trainer's init ends an active session that has no call in flight: the newest
+// trainer wins, the old one's late calls are refused naming the takeover, and what its
+// updates touched stays inconsistent until the new trainer's session finishes.
+TEST_F(SessionTest, ANewInitTakesOverASessionWithNoCallInFlight) {
+  ASSERT_TRUE(session_.Start().ok());
+  Status outside;
+  {
+    auto update = session_.BeginUpdate(&outside);
+    ASSERT_TRUE(update.ok());
+    update->Done(Status::Ok());
+  }
+  Advance(0.5);
+  bool took_over = false;
+  {
+    auto init = session_.BeginInit("127.0.0.2", &took_over);
+    ASSERT_TRUE(init.ok()) << init.status().ToString();
+    EXPECT_TRUE(took_over);
+    init->Done(Status::Ok());
+  }
+  ReceiverSession::Snapshot s = session_.Look();
+  EXPECT_FALSE(s.active);
+  EXPECT_FALSE(s.consistent);
+  EXPECT_EQ(s.taken_over_sessions, 1);
+  Result<ReceiverSession::Call> late = session_.BeginFinish();
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().message(),
+            "finish_weight_update called without an active weight update; call start_weight_update first: the "
+            "session was taken over by a new init_weight_transfer_engine from 127.0.0.2 0.5 s after its last call; "
+            "its updates left the weights inconsistent until the next session finishes");
+  // The new trainer's session makes them consistent again.
+  ASSERT_TRUE(session_.Start().ok());
+  {
+    auto update = session_.BeginUpdate(&outside);
+    update->Done(Status::Ok());
+  }
+  session_.BeginFinish()->Done(Status::Ok());
+  EXPECT_TRUE(session_.Look().consistent);
+}
+
+TEST_F(SessionTest, ANewInitWaitsOutACallInFlightByRefusing) {
+  ASSERT_TRUE(session_.Start().ok());
+  Status outside;
+  auto update = session_.BeginUpdate(&outside);
+  ASSERT_TRUE(update.ok());
+  bool took_over = true;
+  Result<ReceiverSession::Call> init = session_.BeginInit("127.0.0.2", &took_over);
+  ASSERT_FALSE(init.ok());
+  EXPECT_FALSE(took_over);
+  EXPECT_EQ(init.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(init.status().message().find("the active weight update's update_weights is in progress"),
+            std::string::npos)
+      << init.status().message();
+  update->Done(Status::Ok());
+}
+
+// The checker never interleaves with a trainer's session: refused while one is active; a
+// reset outside a session marks the weights until a session that lands updates finishes,
+// and a session with no update cannot clear it.
+TEST_F(SessionTest, TheCheckerIsRefusedInASessionAndItsResetIsClearedOnlyByLandedUpdates) {
+  ASSERT_TRUE(session_.Start().ok());
+  Result<ReceiverSession::Call> checker = session_.BeginExclusive("weight_checker", /*refuse_in_session=*/true);
+  ASSERT_FALSE(checker.ok());
+  EXPECT_EQ(checker.status().message(), "weight_checker called during an active weight update; finish it first");
+  session_.BeginFinish()->Done(Status::Ok());
+
+  session_.MarkDiscarded("weight_checker 'reset' overwrote the runtime parameters with random values");
+  EXPECT_FALSE(session_.Look().consistent);
+  ASSERT_TRUE(session_.Start().ok());
+  session_.BeginFinish()->Done(Status::Ok());
+  EXPECT_FALSE(session_.Look().consistent) << "a finish with no update cannot clear a mark it did not cause";
+  ASSERT_TRUE(session_.Start().ok());
+  Status outside;
+  session_.BeginUpdate(&outside)->Done(Status::Ok());
+  session_.BeginFinish()->Done(Status::Ok());
+  EXPECT_TRUE(session_.Look().consistent);
+}
+
+// An update that finds a call outside the session in flight (a checksum that began
+// before start) waits for it instead of failing the trainer's sync.
+TEST(SessionWaitTest, AnUpdateWaitsForACallOutsideTheSession) {
+  ReceiverSession session(10, [] { return Clock::now(); }, /*wait_seconds=*/5);
+  std::optional<ReceiverSession::Call> checksum;
+  {
+    auto c = session.BeginExclusive("weight_checker", true);
+    ASSERT_TRUE(c.ok());
+    checksum.emplace(std::move(*c));
+  }
+  ASSERT_TRUE(session.Start().ok());
+  std::thread ends([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    checksum->Done(Status::Ok(), false);
+    checksum.reset();
+  });
+  Status outside;
+  auto t = Clock::now();
+  Result<ReceiverSession::Call> update = session.BeginUpdate(&outside);
+  ASSERT_TRUE(update.ok()) << update.status().ToString();
+  EXPECT_TRUE(outside.ok());
+  EXPECT_GE(Clock::now() - t, std::chrono::milliseconds(150));
+  update->Done(Status::Ok());
+  ends.join();
 }
 
 }  // namespace

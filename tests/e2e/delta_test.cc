@@ -3,6 +3,7 @@
 // servers' /weight_checker compared with digests the test computes itself. Late joiners,
 // corruption, a crashed apply, a broken chain, empty deltas and two servers sharing one
 // local checkpoint are driven through the HTTP routes directly.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -144,6 +145,45 @@ TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
   RunResult again = PushDelta("again", {a}, 1);
   EXPECT_FALSE(again.success());
   EXPECT_NE(again.err.find("fresh --sync-dir"), std::string::npos) << again.description;
+}
+
+// A trainer killed inside its session (after it paused generation and started the
+// update) leaves neither the session nor the pause behind: the pause ends when the
+// session's lease runs out, without any call, and a fresh trainer takes over at once.
+TEST_F(DeltaTest, ATrainerKilledInsideASessionLeavesNoPauseAndIsTakenOver) {
+  WriteBase("qwen3-tiny", 3);
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartDelta("serve", local("a"), {"--session-lease", "2"}));
+  E2E_ASSERT_OK_AND_ASSIGN(
+      Subprocess * dying,
+      SpawnWsync("dying",
+                 {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync(), "--model", model_, "--seed",
+                  "3", "--steps", "1", "--timeout", "60"},
+                 {{"WSYNC_FAULT_TRAINER_STALL", "after-start"}}));
+  for (int i = 0; i < 1200 && dying->Stderr().find("stalled after start_weight_update") == std::string::npos; ++i) {
+    ASSERT_TRUE(dying->Running()) << dying->Describe();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(HttpGet(s.url, "/is_paused").json.value("is_paused", false), true);
+  dying->Signal(SIGKILL);
+  ASSERT_TRUE(dying->Wait(Deadline::InSeconds(10)).has_value());
+  auto t = std::chrono::steady_clock::now();
+  bool resumed = false;
+  while (!resumed && std::chrono::steady_clock::now() - t < std::chrono::seconds(10)) {
+    resumed = HttpGet(s.url, "/is_paused").json.value("is_paused", true) == false;
+    if (!resumed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  std::printf("[takeover] delta: the dead trainer's pause ended %.1f s after the SIGKILL (lease 2 s)\n", took);
+  EXPECT_TRUE(resumed) << s.process->Describe();
+  EXPECT_NE(s.process->Stderr().find("generation was paused by a trainer that is gone"), std::string::npos);
+
+  const std::string sync2 = (fs::path(root()) / "sync2").string();
+  RunResult fresh = RunWsync("fresh", {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync2, "--model",
+                                       model_, "--seed", "3", "--steps", "1", "--verify", "--timeout", "60"},
+                             120);
+  ASSERT_TRUE(fresh.success()) << fresh.description;
+  ExpectServersHold({s}, Want(1), DigestAlgorithm::kXxh3_128);
+  EXPECT_EQ(HttpGet(s.url, "/is_paused").json.value("is_paused", true), false);
 }
 
 // Two trainer ranks (`push --trainer-ranks 2`): rank 0 publishes what its FSDP or TP
