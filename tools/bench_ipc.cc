@@ -27,6 +27,8 @@
 #include "core/parallel.h"
 #include "model/config.h"
 #include "push.h"
+
+#include "engine/verify.h"
 #include "synthetic/synthetic.h"
 #include "wsync/device_runtime.h"
 #include "wsync/source.h"

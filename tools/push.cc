@@ -13,6 +13,7 @@
 #include "control/session_driver.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "engine/verify.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "push_ranks.h"
@@ -90,113 +91,6 @@ void PrintMemorySummary(const std::vector<SyncRow>& rows, const SyntheticTrainer
 
 }  // namespace
 
-namespace {
-
-// fn(ref, scratch) -> Result<T> for every tensor, in parallel, one scratch per thread;
-// the first failure in tensor order is returned.
-template <typename T, typename Fn>
-Result<std::vector<T>> DigestAll(const std::vector<TensorRef>& refs, const std::vector<size_t>& which, Fn fn) {
-  std::vector<T> out(refs.size());
-  std::vector<Status> failed(refs.size());
-  ParallelFor(which.size(), DefaultThreads(), [&](size_t b, size_t e) {
-    std::vector<std::byte> scratch;
-    for (size_t k = b; k < e; ++k) {
-      const size_t i = which[k];
-      Result<T> d = fn(refs[i], scratch);
-      if (d.ok()) {
-        out[i] = *std::move(d);
-      } else {
-        failed[i] = d.status();
-      }
-    }
-  });
-  for (Status& s : failed) WSYNC_RETURN_IF_ERROR(s);
-  return out;
-}
-
-// Whether a server's checksums follow the FP8 checkpoint convention for the trainer's
-// (unquantized, 2-D) tensor `m`.
-bool HoldsFp8(const json& sums, const TensorMeta& m) {
-  return m.shape.size() == 2 && IsFp8QuantizableDType(m.dtype) && IsFp8Quantized(m.name) &&
-         sums.contains(Fp8ScaleInvName(m.name));
-}
-
-}  // namespace
-
-Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm alg) {
-  SessionDriver driver(trainer.servers, trainer.api_key, trainer.timeout_seconds);
-  auto pending = driver.ChecksumsAsync(DigestAlgorithmName(alg));
-  // The trainer's digests, computed while the servers compute theirs.
-  const auto& meta = source.metadata();
-  std::vector<TensorRef> refs;
-  WSYNC_ASSIGN_OR_RETURN(auto stream, source.Iterate());
-  TensorRef t;
-  for (;;) {
-    WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-    if (!more) break;
-    refs.push_back(t);
-  }
-  if (refs.size() != meta.size()) return Internal("source iteration changed length");
-  std::vector<size_t> every(refs.size());
-  for (size_t i = 0; i < every.size(); ++i) every[i] = i;
-  // Tensors on a GPU are read back in bounded blocks, one scratch per thread.
-  WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> mine,
-                         DigestAll<std::string>(refs, every, [&](const TensorRef& r, std::vector<std::byte>& scratch) {
-                           return TensorHexDigest(alg, r, scratch);
-                         }));
-  WSYNC_ASSIGN_OR_RETURN(std::vector<json> replies, pending->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
-  // Servers holding FP8 weights (serve --quantization fp8) report a quantized tensor as
-  // NAME (e4m3 bytes) and NAME_scale_inv: the trainer quantizes its own tensor to match.
-  std::vector<size_t> quantized;
-  for (size_t i = 0; i < meta.size(); ++i) {
-    if (std::ranges::any_of(replies, [&](const json& r) { return HoldsFp8(r["checksums"], meta[i]); })) {
-      quantized.push_back(i);
-    }
-  }
-  std::vector<Fp8Digests> fp8;
-  if (!quantized.empty()) {
-    WSYNC_ASSIGN_OR_RETURN(fp8, DigestAll<Fp8Digests>(refs, quantized,
-                                                      [&](const TensorRef& r, std::vector<std::byte>& scratch) {
-                                                        return Fp8TensorDigests(alg, r, scratch);
-                                                      }));
-  }
-  for (size_t s = 0; s < replies.size(); ++s) {
-    const json& sums = replies[s]["checksums"];
-    // Tensors the server checks and drops (an MTP layer's on a server without a drafter).
-    std::set<std::string> not_held;
-    if (auto it = replies[s].find("not_held"); it != replies[s].end() && it->is_array()) {
-      for (const json& n : *it) {
-        if (n.is_string()) not_held.insert(n.get<std::string>());
-      }
-    }
-    std::vector<std::string> bad;
-    auto expect = [&](const std::string& name, const std::string& want) {
-      if (not_held.contains(name)) return;
-      auto it = sums.find(name);
-      if (it == sums.end()) {
-        bad.push_back(name + " (missing)");
-      } else if (*it != want) {
-        bad.push_back(name);
-      }
-    };
-    for (size_t i = 0; i < meta.size(); ++i) {
-      if (HoldsFp8(sums, meta[i])) {
-        expect(meta[i].name, fp8[i].weight);
-        expect(Fp8ScaleInvName(meta[i].name), fp8[i].scale_inv);
-      } else {
-        expect(meta[i].name, mine[i]);
-      }
-    }
-    if (!bad.empty()) {
-      return DataLoss(fmt::format("{}: {} of {} tensors differ from the trainer's ({}): {}{}",
-                                  trainer.servers[s], bad.size(), meta.size(),
-                                  DigestAlgorithmName(alg),
-                                  fmt::join(bad.begin(), bad.begin() + std::min<size_t>(bad.size(), 5), ", "),
-                                  bad.size() > 5 ? ", ..." : ""));
-    }
-  }
-  return Status::Ok();
-}
 
 Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   size_t threads = args.threads ? args.threads : DefaultThreads();

@@ -43,7 +43,4 @@ struct SyncRow {
 // Returns the rows; an error names the server, tensor or wait that failed.
 Result<std::vector<SyncRow>> RunPush(const PushArgs& args);
 
-// Compares every server's /weight_checker checksums with the source's own digests.
-Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm algorithm);
-
 }  // namespace wsync::cli

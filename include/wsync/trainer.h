@@ -86,6 +86,10 @@ struct SyncStats {
   double start_seconds = 0;     // POST /start_weight_update
   double transfer_seconds = 0;  // update_weights + data plane
   double finish_seconds = 0;    // POST /finish_weight_update
+  // Every server's read-back digests matched the source's (set by the callers that
+  // verify: `push --verify`, Python's send_weights(verify=True)); false when not checked.
+  bool verified = false;
+  double verify_seconds = 0;    // the read-back verification, when verified
 };
 
 class TrainerEngine {

@@ -35,7 +35,8 @@ def test_adamw_steps_sync_into_two_servers(wsync_server, toy_model_dir):
             assert stats.bytes == sum(t.numel() * t.element_size() for t in model.state_dict().values())
             assert stats.chunks > 1 and stats.seconds > 0
             assert set(stats.as_dict()) == {"seconds", "start_seconds", "transfer_seconds",
-                                            "finish_seconds", "bytes", "tensors", "chunks"}
+                                            "finish_seconds", "bytes", "tensors", "chunks",
+                                            "verified", "verify_seconds"}
             assert "SyncStats(seconds=" in repr(stats)
             for s in servers:
                 assert s.health().get("weight_version") == f"step-{step}"

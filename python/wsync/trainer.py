@@ -103,7 +103,7 @@ class TrainerEngine:
         """
         self._engine.init(source_or_metadata)
 
-    def send_weights(self, source, weight_version=None):
+    def send_weights(self, source, weight_version=None, verify=False):
         """Syncs ``source`` to every server in one pass over it; returns a ``SyncStats``.
 
         The source's metadata must list the tensors ``init`` saw (any order). Each tensor
@@ -115,8 +115,14 @@ class TrainerEngine:
         not contiguous: named), ``wsync.AbortedError`` (the source raised: the original
         exception is ``__cause__``), ``wsync.UnavailableError`` (a server cannot be
         reached: named), ``wsync.DeadlineExceededError``, ...
+
+        ``verify=True`` then checks the sync by read-back: every server digests every
+        tensor it holds (xxh3-128) while this rank digests a second pass over ``source``,
+        and any difference raises ``wsync.DataLossError`` naming the server and the
+        tensors; ``stats.verified`` says it passed. Every rank must pass the same
+        ``verify`` (the second pass may be a collective: other ranks drain it).
         """
-        return self._engine.send_weights(source, weight_version)
+        return self._engine.send_weights(source, weight_version, bool(verify))
 
     def shutdown(self):
         """Tears the data plane down. Idempotent; the engine takes no call after it."""

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "engine/verify.h"
 #include "model/config.h"
 #include "python/bindings.h"
 #include "python/errors.h"
@@ -107,14 +108,17 @@ py::dict StatsDict(const SyncStats& s) {
   d["bytes"] = s.bytes;
   d["tensors"] = s.tensors;
   d["chunks"] = s.chunks;
+  d["verified"] = s.verified;
+  d["verify_seconds"] = s.verify_seconds;
   return d;
 }
 
 std::string StatsRepr(const SyncStats& s) {
   return fmt::format(
       "SyncStats(seconds={:.4f}, start_seconds={:.4f}, transfer_seconds={:.4f}, finish_seconds={:.4f}, "
-      "bytes={}, tensors={}, chunks={})",
-      s.seconds, s.start_seconds, s.transfer_seconds, s.finish_seconds, s.bytes, s.tensors, s.chunks);
+      "bytes={}, tensors={}, chunks={}, verified={})",
+      s.seconds, s.start_seconds, s.transfer_seconds, s.finish_seconds, s.bytes, s.tensors, s.chunks,
+      s.verified ? "True" : "False");
 }
 
 // One trainer rank's engine. Every call runs the engine on a thread of its own (see
@@ -159,7 +163,7 @@ class PyTrainerEngine {
     initialized_ = true;
   }
 
-  SyncStats SendWeights(py::object source, std::optional<std::string> weight_version) {
+  SyncStats SendWeights(py::object source, std::optional<std::string> weight_version, bool verify) {
     CheckOpen();
     if (!initialized_) Init(source);
     auto control = std::make_shared<PassControl>();
@@ -182,7 +186,35 @@ class PyTrainerEngine {
       adapter.reset();
     }
     if (!r.ok()) RaiseStatus(RootCause(r.status(), control->source_status()), control->TakeError());
+    if (verify) Verify(source, &*r);
     return *r;
+  }
+
+  // Read-back verification of the sync just made: rank 0 compares every server's digests
+  // with its own of a second pass over `source`; every other rank makes that pass too
+  // (its iterator may be a collective) and discards it.
+  void Verify(py::object source, SyncStats* stats) {
+    auto control = std::make_shared<PassControl>();
+    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control, options_.device);
+    if (!created.ok()) RaiseStatus(created.status(), control->TakeError());
+    std::unique_ptr<PySource> adapter = std::move(created).value();
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = RunWithSignals<Status>(*control, [&]() -> Status {
+      if (options_.rank == 0) return VerifyServers(options_, *adapter, DigestAlgorithm::kXxh3_128);
+      WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> stream, adapter->Iterate());
+      TensorRef t;
+      for (;;) {
+        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+        if (!more) return Status::Ok();
+      }
+    });
+    {
+      py::gil_scoped_release release;
+      adapter.reset();
+    }
+    if (!s.ok()) RaiseStatus(RootCause(s, control->source_status()), control->TakeError());
+    stats->verified = options_.rank == 0;
+    stats->verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   void Shutdown() {
@@ -274,6 +306,9 @@ void BindTrainer(py::module_& m) {
       .def_readonly("bytes", &SyncStats::bytes, "Model bytes sent.")
       .def_readonly("tensors", &SyncStats::tensors, "Tensors sent.")
       .def_readonly("chunks", &SyncStats::chunks, "Packed chunks (or payload files) sent.")
+      .def_readonly("verified", &SyncStats::verified,
+                    "Every server's read-back digests matched the source's (send_weights(verify=True) on rank 0).")
+      .def_readonly("verify_seconds", &SyncStats::verify_seconds, "The read-back verification, in seconds.")
       .def("as_dict", &StatsDict, "The fields as a dict.")
       .def("__repr__", &StatsRepr);
 
@@ -283,7 +318,8 @@ void BindTrainer(py::module_& m) {
            py::arg("world_size"), py::arg("packed"), py::arg("num_buffers"), py::arg("store_host"),
            py::arg("progress"), py::arg("backend_options"))
       .def("init", &PyTrainerEngine::Init, py::arg("source_or_metadata"))
-      .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none())
+      .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none(),
+           py::arg("verify") = false)
       .def("shutdown", &PyTrainerEngine::Shutdown)
       .def_property_readonly("closed", &PyTrainerEngine::closed);
 
