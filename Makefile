@@ -11,7 +11,7 @@ LAUNCHER := $(shell command -v ccache >/dev/null 2>&1 && echo \
 
 DEB_PACKAGES := build-essential cmake pkg-config libgloo-dev libcpp-httplib-dev \
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev libzstd-dev \
-  libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libmicrohttpd-dev \
+  libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libmicrohttpd-dev prometheus-cpp-dev \
   clang libclang-rt-dev \
   python3-dev pybind11-dev libdlpack-dev python3-torch python3-numpy python3-pytest \
   python3-venv python3-pip python3-setuptools python3-wheel python3-matplotlib

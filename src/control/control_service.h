@@ -6,7 +6,7 @@
 // (reference/vllm_weight_transfer.md §2). Implementations must be thread-safe: the HTTP
 // server calls them from its worker threads, and long calls (init, update) block one
 // worker until their own deadline. The read-only calls (WorldSize, WeightVersion,
-// IsPaused, Health) run on a few threads of their own so that /health answers during
+// IsPaused, Health, Metrics) run on a few threads of their own so that /health answers during
 // long calls: they must not wait for those calls (no lock held across a slow call;
 // IsSleeping and ServerInfo too).
 // Implementations answer every failure as a Status; an exception escaping one is a bug
@@ -113,6 +113,9 @@ class ControlService {
   }
   // GET /server_info: configuration, capabilities and memory (read-only, quick).
   virtual nlohmann::json ServerInfo() const { return Health(); }
+  // GET /metrics: the Prometheus text exposition (format 0.0.4, valid UTF-8) of the
+  // server's counters (read-only, quick: it must not wait for a long call).
+  virtual Result<std::string> Metrics() const { return Unimplemented("this server exports no metrics"); }
 
   // GET /health body (liveness; never requires the API key).
   virtual nlohmann::json Health() const = 0;

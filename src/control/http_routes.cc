@@ -162,6 +162,7 @@ constexpr Route kRoutes[] = {
     {route::kIsSleeping, Method::kGet, kRead},
     {route::kAbortRequests, Method::kPost, kCtl, kAbortFields},
     {route::kServerInfo, Method::kGet, kRead},
+    {route::kMetrics, Method::kGet, kRead},
     {route::kCollectiveRpc, Method::kPost, kCtl, kRpcFields},
     {route::kCompletions, Method::kPost, kGen, kCompletionFields},
 };
@@ -373,6 +374,11 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kHealth) return Reply(200, svc->Health());
     if (path == route::kIsSleeping) return Reply(200, json{{"is_sleeping", svc->IsSleeping()}});
     if (path == route::kServerInfo) return Reply(200, svc->ServerInfo());
+    if (path == route::kMetrics) {
+      Result<std::string> text = svc->Metrics();
+      if (!text.ok()) return Error(text.status());
+      return HttpResponse{200, std::move(*text), kPrometheusContentType};
+    }
     return Error(NotFound(fmt::format("no route {} {}", req.method, path)));
   }
 

@@ -12,7 +12,8 @@
 // TooLarge() when a body of unannounced size (chunked) passes the limit. Handle() runs the
 // whole request, Admit() included. Neither ever throws: any exception, from parsing or from
 // the service, becomes a 500 JSON reply, and every reply is valid UTF-8 JSON whatever bytes
-// the request held (invalid sequences become U+FFFD).
+// the request held (invalid sequences become U+FFFD), except GET /metrics's 200, which is
+// Prometheus text (kPrometheusContentType).
 //
 // Errors are `{"error": {"message", "type", "code"}}`, the status from HttpStatusFor().
 // Thread-safe: Handle() may run on many threads at once (the service must be thread-safe,
@@ -61,16 +62,20 @@ struct HttpRequest {
 // Which set of server threads runs a route, so that no kind of call can take the threads
 // another kind needs (http_server.h says how many each has).
 enum class HttpLane {
-  kRead,        // GET routes that only read state (/health, /weight_info, ...)
+  kRead,        // GET routes that only read state (/health, /weight_info, /metrics, ...)
   kControl,     // the trainer's session and control calls: init, start, update, finish,
                 // versions, the checker, resume, abort, pause/sleep other than mode=wait
   kGeneration,  // calls that last as long as generation does: /v1/completions, and
                 // /pause and /sleep with mode=wait
 };
 
+// The Content-Type of GET /metrics: Prometheus's text exposition format.
+inline constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+
 struct HttpResponse {
   int status = 200;
-  std::string body;  // JSON, valid UTF-8
+  std::string body;  // valid UTF-8: JSON, unless content_type says otherwise
+  std::string_view content_type = "application/json";  // a literal: the reply never owns it
 };
 
 struct HttpRouterOptions {
@@ -94,7 +99,7 @@ class HttpRouter {
   // The lane of a request, from its head (method, path, query).
   static HttpLane LaneOf(const HttpRequest& head);
   // True for the routes that only read state (GET /health, /weight_info, /is_paused,
-  // /get_world_size): quick, so a server may keep them apart from calls that block.
+  // /get_world_size, /metrics, ...): quick, so a server may keep them apart from calls that block.
   static bool ReadsOnly(const HttpRequest& head);
 
   // Why a request target (the request line's path and query as received, still

@@ -121,6 +121,10 @@ class FakeControlService : public wsync::ControlService {
     return json{{"object", "text_completion"}, {"choices", json::array()}};
   }
   json ServerInfo() const override { return {{"capabilities", {{"prefix_caching", false}}}}; }
+  wsync::Result<std::string> Metrics() const override {
+    return std::string("# TYPE wsync_weight_update_session_active gauge\nwsync_weight_update_session_active ") +
+           (active_ ? "1" : "0") + "\n";
+  }
 
  private:
   bool active_ = false;
@@ -188,6 +192,12 @@ HttpRequest Parse(std::string_view in) {
 
 void CheckReply(const HttpResponse& r, const std::string& path = "") {
   if (r.status < 200 || r.status > 599) std::abort();
+  if (r.content_type == wsync::kPrometheusContentType) {
+    // Only the metrics route's 200 is text: whole lines.
+    if (r.status != 200 || path != "/metrics" || r.body.empty() || r.body.back() != '\n') std::abort();
+    return;
+  }
+  if (r.content_type != "application/json") std::abort();
   if (r.status == 200 && r.body.empty() && (path == "/sleep" || path == "/wake_up")) return;
   json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) std::abort();

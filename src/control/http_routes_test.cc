@@ -84,7 +84,15 @@ class RecordingService : public ControlService {
     return json{{"match", true}, {"mismatches", json::array()}};
   }
   json Health() const override { return {{"status", "ok"}}; }
+  Result<std::string> Metrics() const override { return metrics; }
 
+  std::string metrics =
+      "# HELP wsync_weight_update_sessions_started_total Sessions started.\n"
+      "# TYPE wsync_weight_update_sessions_started_total counter\n"
+      "wsync_weight_update_sessions_started_total{backend=\"nccl\",model=\"toy\"} 2\n"
+      "# HELP wsync_weight_version_info The weight version.\n"
+      "# TYPE wsync_weight_version_info gauge\n"
+      "wsync_weight_version_info{version=\"a\\\"b\"} 1\n";
   std::string runtime_action;
   json runtime_baseline;
   json last_init;
@@ -226,6 +234,59 @@ TEST_F(HttpRoutes, ApiKeyGuardsAllButHealth) {
   EXPECT_NE(r->body.find("Bearer"), std::string::npos);
   EXPECT_EQ(cli.Get("/get_world_size", {{"Authorization", "Bearer wrong"}})->status, 401);
   EXPECT_EQ(cli.Get("/get_world_size", {{"Authorization", "Bearer s3cret"}})->status, 200);
+}
+
+// GET /metrics answers the service's exposition as Prometheus text, behind the API key
+// like every route but /health; a service without metrics answers 501 in JSON.
+TEST_F(HttpRoutes, MetricsArePrometheusText) {
+  auto cli = Cli();
+  auto r = cli.Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(r->body, svc_.metrics);
+  // Line by line: comments are HELP or TYPE, samples are `name{labels} value`.
+  std::vector<std::string> names;
+  size_t begin = 0;
+  while (begin < r->body.size()) {
+    size_t end = r->body.find('\n', begin);
+    ASSERT_NE(end, std::string::npos) << "the last line ends with a newline";
+    std::string line = r->body.substr(begin, end - begin);
+    begin = end + 1;
+    if (line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0) continue;
+    size_t brace = line.find('{');
+    size_t close = line.rfind("} ");
+    ASSERT_TRUE(brace != std::string::npos && close != std::string::npos && close > brace) << line;
+    names.push_back(line.substr(0, brace));
+    double value = std::stod(line.substr(close + 2));
+    EXPECT_GE(value, 0) << line;
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"wsync_weight_update_sessions_started_total", "wsync_weight_version_info"}));
+  EXPECT_EQ(cli.Post("/metrics")->status, 404);
+
+  Serve("s3cret");
+  auto keyed = Cli();
+  EXPECT_EQ(keyed.Get("/metrics")->status, 401);
+  r = keyed.Get("/metrics", {{"Authorization", "Bearer s3cret"}});
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, svc_.metrics);
+}
+
+TEST(HttpRouter, AServiceWithoutMetricsAnswers501Json) {
+  class NoMetrics : public RecordingService {
+   public:
+    Result<std::string> Metrics() const override { return ControlService::Metrics(); }
+  } svc;
+  HttpRouter router({}, &svc);
+  HttpRequest req;
+  req.method = "GET";
+  req.path = "/metrics";
+  HttpResponse r = router.Handle(req);
+  EXPECT_EQ(r.status, 501);
+  EXPECT_EQ(r.content_type, "application/json");
+  EXPECT_EQ(json::parse(r.body)["error"]["message"], "this server exports no metrics");
+  EXPECT_EQ(HttpRouter::LaneOf(req), HttpLane::kRead);
 }
 
 TEST_F(HttpRoutes, FanOutClientCarriesServerMessages) {

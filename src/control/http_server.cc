@@ -127,7 +127,8 @@ MHD_Result Queue(MHD_Connection* c, const HttpResponse& r) {
   MHD_Response* resp = MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()),
                                                        MHD_RESPMEM_MUST_COPY);
   if (!resp) return MHD_NO;
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  const std::string content_type(r.content_type);
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
   MHD_Result ok = MHD_queue_response(c, static_cast<unsigned int>(r.status), resp);
   MHD_destroy_response(resp);
   return ok;

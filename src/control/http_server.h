@@ -1,4 +1,5 @@
-// HttpControlServer: serves a ControlService over HTTP/1.1 JSON (libmicrohttpd).
+// HttpControlServer: serves a ControlService over HTTP/1.1 JSON (libmicrohttpd); GET
+// /metrics answers Prometheus text.
 //
 // Binds 127.0.0.1 unless told otherwise. The routes, the API key check and the error JSON
 // are HttpRouter's (http_routes.h); this class moves bytes. One epoll thread reads every
@@ -22,7 +23,7 @@
 // worker_threads for the calls that last as long as generation does (/v1/completions,
 // /pause and /sleep with mode=wait), kControlWorkers for the trainer's session and
 // control calls, kReadWorkers for the routes that only read state (GET /health,
-// /weight_info, /is_paused, /get_world_size). So however many completions and waiting
+// /weight_info, /is_paused, /get_world_size, /metrics, ...). So however many completions and waiting
 // pauses are in flight, a sync's init/start/update/finish has a worker, /health answers,
 // and a service call that blocks where it should not stalls only its own lane.
 // Memory: the bodies being read or handled at once hold at most twice max_body_bytes (at

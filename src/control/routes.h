@@ -1,7 +1,7 @@
 // The control-plane routes, by name: the one place their paths are spelled.
 //
 // vLLM's dev-mode RLHF routes (reference/vllm_weight_transfer.md §2) plus wsync's
-// /fetch_weights (delta), /health and the reference server's toy /v1/completions. The server's router (http_routes.cc) and the
+// /fetch_weights (delta), /metrics, /health and the reference server's toy /v1/completions. The server's router (http_routes.cc) and the
 // trainer's session driver both name routes through these constants; no other code
 // spells a route.
 #pragma once
@@ -30,6 +30,8 @@ inline constexpr std::string_view kWakeUp = "/wake_up";
 inline constexpr std::string_view kIsSleeping = "/is_sleeping";
 inline constexpr std::string_view kAbortRequests = "/abort_requests";
 inline constexpr std::string_view kServerInfo = "/server_info";
+// The Prometheus text exposition (format 0.0.4) of the server's counters.
+inline constexpr std::string_view kMetrics = "/metrics";
 inline constexpr std::string_view kCollectiveRpc = "/collective_rpc";
 // The toy generation route (OpenAI completions shape) of the reference server.
 inline constexpr std::string_view kCompletions = "/v1/completions";

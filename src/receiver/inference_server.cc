@@ -84,6 +84,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
     }
   }
   WSYNC_ASSIGN_OR_RETURN(s->backend_, make_backend(o.backend, &s->context_));
+  s->metrics_ = std::make_unique<ServerMetrics>(std::string(s->backend_->name()), s->model_.name);
   WSYNC_RETURN_IF_ERROR(s->CreateGenerator());
   s->watchdog_ = std::thread([p = s.get()] { p->WatchSessions(); });
   return s;
@@ -152,7 +153,25 @@ auto CatchAll(const char* route, F&& f) -> decltype(f()) {
 
 }  // namespace
 
+Status InferenceServer::Measured(WeightOperation op, const std::function<Status()>& call) {
+  Status s = metrics_->Measure(op, call);
+  if (s.code() == StatusCode::kDataLoss) metrics_->VerificationFailed(ServerMetrics::Check::kData);
+  return s;
+}
+
 Status InferenceServer::InitWeightTransfer(const json& init_info, const std::string& peer_address) {
+  return Measured(WeightOperation::kInit, [&] { return InitNow(init_info, peer_address); });
+}
+
+Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
+  return Measured(WeightOperation::kUpdate, [&] { return UpdateNow(std::move(update_info)); });
+}
+
+Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& weight_version) {
+  return Measured(WeightOperation::kFinish, [&] { return FinishNow(weight_version); });
+}
+
+Status InferenceServer::InitNow(const json& init_info, const std::string& peer_address) {
   bool took_over = false;
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginInit(peer_address, &took_over));
   // A dead trainer's pause ends with its session.
@@ -183,13 +202,17 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
   return s;
 }
 
-Status InferenceServer::StartWeightUpdate() { return StartSession(/*draft=*/false); }
+Status InferenceServer::StartWeightUpdate() {
+  return Measured(WeightOperation::kStart, [&] { return StartSession(/*draft=*/false); });
+}
 
 Status InferenceServer::StartDraftWeightUpdate() {
-  if (options_.speculative == "none") {
-    return InvalidArgument("this server has no draft model (start it with --speculative mtp)");
-  }
-  return StartSession(/*draft=*/true);
+  return Measured(WeightOperation::kStartDraft, [&] {
+    if (options_.speculative == "none") {
+      return InvalidArgument("this server has no draft model (start it with --speculative mtp)");
+    }
+    return StartSession(/*draft=*/true);
+  });
 }
 
 Status InferenceServer::StartSession(bool draft) {
@@ -211,7 +234,7 @@ Status InferenceServer::StartSession(bool draft) {
   return s;
 }
 
-Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
+Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
   if (update_info == nullptr) return InvalidArgument("update_info is missing");
   static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
   UpdateRequest req;
@@ -259,10 +282,15 @@ Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
                  s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kAborted;
   call.Done(s, req.reject.ok() && !refused);
   if (!s.ok()) WSYNC_LOG_WARN("update_weights failed: {}", s.ToString());
+  if (s.ok() && !req.tensors->empty()) {
+    uint64_t bytes = 0;
+    for (const TensorMeta& t : *req.tensors) bytes += t.nbytes();
+    metrics_->AddReceived(req.tensors->size(), bytes);
+  }
   return s;
 }
 
-Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& weight_version) {
+Status InferenceServer::FinishNow(const std::optional<std::string>& weight_version) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginFinish());
   Status s = CatchAll("finish_weight_update", [&] { return backend_->Finish(); });
   if (options_.quantization == "fp8") {
@@ -327,6 +355,7 @@ Result<json> InferenceServer::FetchWeights(const json& body) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("fetch_weights"));
   Result<json> r = CatchAll("fetch_weights", [&] { return backend_->Fetch(body); });
   call.Done(r.status());
+  if (r.status().code() == StatusCode::kDataLoss) metrics_->VerificationFailed(ServerMetrics::Check::kData);
   return r;
 }
 
@@ -350,6 +379,7 @@ Result<std::map<std::string, std::string>> InferenceServer::Checksums(DigestAlgo
   WSYNC_RETURN_IF_ERROR(CheckWeightsReadable("weight_checker"));
   const MemoryWindow window;
   auto r = CatchAll("weight_checker", [&] { return ChecksumsHeld(algorithm); });
+  if (r.status().code() == StatusCode::kDataLoss) metrics_->VerificationFailed(ServerMetrics::Check::kReplicas);
   {
     std::lock_guard lock(mu_);
     last_checksum_memory_ = window.Peak();
@@ -570,7 +600,19 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     if (!kept) return InvalidArgument("weight_checker 'compare': the baseline was used by a concurrent compare");
     mismatches = DigestMismatches(sums, json(*kept));
   }
+  if (!mismatches.empty()) metrics_->VerificationFailed(ServerMetrics::Check::kCompare);
   return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
+}
+
+Result<std::string> InferenceServer::Metrics() const {
+  ServerMetrics::State state;
+  state.session = session_->Look();
+  json generation = generator_->Health();
+  state.paused = generation.value("paused", false);
+  state.requests_running = generation.value("running", int64_t{0});
+  state.requests_waiting = generation.value("waiting", int64_t{0});
+  state.weight_version = WeightVersion();
+  return metrics_->Text(state);
 }
 
 }  // namespace wsync

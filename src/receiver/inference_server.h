@@ -33,6 +33,7 @@
 #include "receiver/session.h"
 #include "receiver/backend.h"
 #include "receiver/generation.h"
+#include "receiver/server_metrics.h"
 #include "wsync/server.h"
 
 namespace wsync {
@@ -76,6 +77,9 @@ class InferenceServer : public ControlService {
   Result<std::map<std::string, std::string>> Checksums(DigestAlgorithm algorithm) override;
   std::vector<std::string> TensorsNotHeld() const override;
   nlohmann::json Health() const override;
+  // GET /metrics (server_metrics.h): the weight-update operations measured as they run,
+  // how sessions ended, the weights' state and the generation's queue, as of now.
+  Result<std::string> Metrics() const override;
 
   // --- vLLM's runtime weight checker (conf; receiver/runtime_checker.h) ---
   // POST /weight_checker without an "algorithm": "checksum" -> {"checksums", "engines",
@@ -121,6 +125,13 @@ class InferenceServer : public ControlService {
  private:
   struct Worker;
   InferenceServer() = default;
+  // Runs `call` as operation `op` of the metrics (duration, in flight, outcome); a
+  // DataLoss answer counts as a verification failure of the received data.
+  Status Measured(WeightOperation op, const std::function<Status()>& call);
+  // The bodies of the measured calls.
+  Status InitNow(const nlohmann::json& init_info, const std::string& peer_address);
+  Status UpdateNow(std::shared_ptr<const nlohmann::json> update_info);
+  Status FinishNow(const std::optional<std::string>& weight_version);
   Result<std::map<std::string, std::string>> ChecksumsHeld(DigestAlgorithm algorithm);
   // --quantization fp8: waits for any layer quantization still running on the workers
   // (a failed or expired update may leave some) before the weights are read or released.
@@ -137,6 +148,7 @@ class InferenceServer : public ControlService {
   ReceiverContext context_;
   std::unique_ptr<ReceiverBackend> backend_;
   std::unique_ptr<ReceiverSession> session_;
+  std::unique_ptr<ServerMetrics> metrics_;  // set once in Create; thread-safe itself
   // The last update_info whose tensor list parsed and matched the model, and that list:
   // a trainer sending the same body every sync is checked once. Used by the update call
   // that holds the session (ReceiverSession::BeginUpdate). Not an owner of the body: the

@@ -53,6 +53,7 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
       session_touched_ = true;
     } else {
       active_ = false;  // a failed update ends the session
+      ++failed_update_;
       if (may_have_landed) dirty_ = true;
       expiry_note_.clear();
     }
@@ -60,6 +61,7 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
     if (!mine) return;
     active_ = false;
     expiry_note_.clear();
+    ++(outcome.ok() ? finished_ : failed_finish_);
     if (outcome.ok()) {
       dirty_ = false;
       if (session_touched_) discarded_.clear();
@@ -144,6 +146,7 @@ Status ReceiverSession::Start(const std::function<Status()>& open) {
   if (open) WSYNC_RETURN_IF_ERROR(open());
   active_ = true;
   ++session_;
+  ++started_;
   session_touched_ = false;
   expiry_note_.clear();
   last_call_ = now_();
@@ -208,6 +211,10 @@ ReceiverSession::Snapshot ReceiverSession::Look() const {
   s.consistent = !dirty_ && !(expired && session_touched_) && discarded_.empty();
   s.discarded = discarded_;
   s.busy_with = busy_with_ != nullptr ? busy_with_ : "";
+  s.started_sessions = started_;
+  s.finished_sessions = finished_;
+  s.failed_update_sessions = failed_update_;
+  s.failed_finish_sessions = failed_finish_;
   s.expired_sessions = expired_ + (expired ? 1 : 0);
   s.taken_over_sessions = taken_over_;
   return s;

@@ -118,6 +118,12 @@ class ReceiverSession {
     bool consistent = true;   // weights_consistent
     std::string discarded;    // why the weights hold no trainer's bytes; empty otherwise
     std::string busy_with;    // the call in flight; empty when idle
+    // How sessions ended, since the server started: every started session is finished,
+    // failed (one of the four reasons) or active.
+    int started_sessions = 0;
+    int finished_sessions = 0;       // finish_weight_update answered OK
+    int failed_update_sessions = 0;  // ended by an update that failed (refusals included)
+    int failed_finish_sessions = 0;  // ended by a finish_weight_update that failed
     int expired_sessions = 0;
     int taken_over_sessions = 0;
   };
@@ -152,6 +158,10 @@ class ReceiverSession {
   bool dirty_ = false;                  // GUARDED_BY(mu_)
   bool session_touched_ = false;        // GUARDED_BY(mu_): an update ran in this session
   Clock::time_point last_call_;         // GUARDED_BY(mu_): end of the session's last call
+  int started_ = 0;                     // GUARDED_BY(mu_)
+  int finished_ = 0;                    // GUARDED_BY(mu_)
+  int failed_update_ = 0;               // GUARDED_BY(mu_)
+  int failed_finish_ = 0;               // GUARDED_BY(mu_)
   int expired_ = 0;                     // GUARDED_BY(mu_)
   int taken_over_ = 0;                  // GUARDED_BY(mu_)
   bool busy_in_session_ = false;        // GUARDED_BY(mu_): the call in flight is an update or finish

@@ -57,6 +57,54 @@ TEST_F(SessionTest, LifecycleAndRefusals) {
   EXPECT_TRUE(s.busy_with.empty());
 }
 
+// Every started session ends one way, and the snapshot counts each: finished, failed by
+// an update, failed by a finish, expired, taken over (/metrics reports these).
+TEST_F(SessionTest, CountsHowSessionsEnd) {
+  Status outside;
+  auto finish = [&](const Status& outcome) {
+    auto call = session_.BeginFinish();
+    ASSERT_TRUE(call.ok());
+    call->Done(outcome);
+  };
+  ASSERT_TRUE(session_.Start().ok());
+  finish(Status::Ok());
+  ASSERT_TRUE(session_.Start().ok());
+  {
+    auto update = session_.BeginUpdate(&outside);
+    ASSERT_TRUE(update.ok());
+    update->Done(InvalidArgument("bad tensor list"), false);
+  }
+  ASSERT_TRUE(session_.Start().ok());
+  finish(Internal("backend finish failed"));
+  ASSERT_TRUE(session_.Start().ok());
+  Advance(11);
+  EXPECT_EQ(session_.Look().expired_sessions, 1);  // as of now, before anything applies it
+  ASSERT_TRUE(session_.Start().ok());  // closes the expired one
+  bool took_over = false;
+  {
+    auto init = session_.BeginInit("", &took_over);
+    ASSERT_TRUE(init.ok());
+    init->Done(Status::Ok());
+  }
+  EXPECT_TRUE(took_over);
+  // Refused calls outside a session end nothing.
+  {
+    auto update = session_.BeginUpdate(&outside);
+    ASSERT_TRUE(update.ok());
+    update->Done(outside, false);
+  }
+  EXPECT_FALSE(session_.BeginFinish().ok());
+  ASSERT_TRUE(session_.Start().ok());
+  ReceiverSession::Snapshot s = session_.Look();
+  EXPECT_TRUE(s.active);
+  EXPECT_EQ(s.started_sessions, 6);
+  EXPECT_EQ(s.finished_sessions, 1);
+  EXPECT_EQ(s.failed_update_sessions, 1);
+  EXPECT_EQ(s.failed_finish_sessions, 1);
+  EXPECT_EQ(s.expired_sessions, 1);
+  EXPECT_EQ(s.taken_over_sessions, 1);
+}
+
 // A call that ends by an exception (no Done) frees the server, ends its session and marks
 // the weights inconsistent: nothing answers "in progress" afterwards.
 TEST_F(SessionTest, ACallThatThrowsFreesTheServer) {
