@@ -10,6 +10,7 @@
 
 #include "core/parallel.h"
 #include "core/prefault.h"
+#include "model/dropped_names.h"
 
 namespace wsync {
 namespace {
@@ -212,7 +213,12 @@ Result<bool> WorkerStore::FinishDrafterUpdate() {
   return whole;
 }
 
+bool WorkerStore::IsDropped(std::string_view hf_name) const {
+  return table_.FindHf(hf_name) < 0 && !DroppedNameReason(hf_name, config()).empty();
+}
+
 Status WorkerStore::Load(const TensorRef& hf) {
+  if (IsDropped(hf.name)) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   if (drafter_tracker_) MarkDrafter(hf.name);
   const std::byte* src = hf.bytes.data();
@@ -281,10 +287,13 @@ void WorkerStore::MarkDrafter(std::string_view hf_name) {
 
 void WorkerStore::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
   if (!drafter_tracker_) return;
-  for (const TensorMeta& m : tensors) MarkDrafter(m.name);
+  for (const TensorMeta& m : tensors) {
+    if (!IsDropped(m.name)) MarkDrafter(m.name);
+  }
 }
 
 Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
+  if (IsDropped(hf.name)) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   const std::byte* src = hf.bytes.data();
   for (auto [i, k] : table_.PiecesOf(hf.name)) {
