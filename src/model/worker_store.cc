@@ -174,8 +174,11 @@ Status WorkerStore::CheckHf(std::string_view name, DType dtype,
   }
   const TensorMeta& want = table_.hf_tensors()[idx];
   if (want.dtype != dtype) {
-    return InvalidArgument(fmt::format("dtype of {} is {}, update says {}", name,
-                                       TorchName(want.dtype), TorchName(dtype)));
+    // The fix is the trainer's: a cast as it sends (the Python sources' dtype= argument).
+    return InvalidArgument(fmt::format("dtype of {} is {}, update says {}: send it as {} (Python: "
+                                       "StateDictSource(..., dtype=torch.{}) casts each tensor as it is sent)",
+                                       name, TorchName(want.dtype), TorchName(dtype), TorchName(want.dtype),
+                                       TorchName(want.dtype)));
   }
   if (!std::ranges::equal(want.shape, shape)) {
     return InvalidArgument(fmt::format("shape of {} is {}, update says {}", name,
