@@ -335,6 +335,11 @@ TEST_F(MtpTest, AnHfCheckpointsPerLayerCopiesAreLeftOutAndTheDrafterSharesTheTar
   const Digests held = DigestTensors(tensors, kAlg);
   EXPECT_EQ(copied.at("model.layers.3.embed_tokens.weight"), held.at("model.embed_tokens.weight"));
   EXPECT_EQ(copied.at("model.layers.3.shared_head.head.weight"), held.at("lm_head.weight"));
+
+  // serve --checkpoint skips the copies by the same rule.
+  E2E_ASSERT_OK_AND_ASSIGN(Server loaded, StartServer("from-ckpt", {"--model", model, "--speculative", "mtp",
+                                                                    "--checkpoint", ckpt.string()}));
+  ExpectServersHold({loaded}, held, kAlg);
 }
 
 TEST_F(MtpTest, SleepLevel2LeavesTheDrafterStaleUntilASync) {
