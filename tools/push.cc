@@ -16,6 +16,7 @@
 #include "engine/verify.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/dropped_names.h"
 #include "push_ranks.h"
 #include "quant/fp8_block.h"
 #include "quant/fp8_digest.h"
@@ -104,7 +105,25 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
   if (!args.checkpoint.empty()) {
     WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(args.checkpoint));
     fmt::print(stderr, "loading checkpoint {} ({} tensors)\n", args.checkpoint, ckpt.tensors().size());
-    WSYNC_ASSIGN_OR_RETURN(trainer, SyntheticTrainer::FromCheckpoint(ckpt, threads, args.seed, args.trainer.device));
+    // What every server drops (model/dropped_names.h) is not sent; the checkpoint's own
+    // config.json, when it has one, says whether lm_head is tied.
+    Result<ModelConfig> own = LookupModel(args.checkpoint);
+    const bool tied = own.ok() && own->tie_word_embeddings;
+    std::vector<std::string> dropped;
+    auto skip = [&](std::string_view name) {
+      std::string_view reason = DroppedNameReason(name, tied);
+      if (reason.empty()) return false;
+      WSYNC_LOG_DEBUG("push: not sending {} ({})", name, reason);
+      dropped.emplace_back(name);
+      return true;
+    };
+    WSYNC_ASSIGN_OR_RETURN(trainer,
+                           SyntheticTrainer::FromCheckpoint(ckpt, threads, args.seed, args.trainer.device, skip));
+    if (!dropped.empty()) {
+      fmt::print(stderr, "  not sending {} tensor(s) the servers drop: {}{}\n", dropped.size(),
+                 fmt::join(dropped.begin(), dropped.begin() + std::min<size_t>(dropped.size(), 4), ", "),
+                 dropped.size() > 4 ? ", ..." : "");
+    }
   } else {
     if (args.model.empty()) return InvalidArgument("give --checkpoint DIR or --model NAME");
     WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel(args.model));

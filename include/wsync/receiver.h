@@ -60,7 +60,11 @@ struct ReceiverEngineOptions {
   nlohmann::json backend_config = nlohmann::json::object();
   // The tensors the worker expects (HF names, dtypes, shapes). Empty: any tensor list an
   // update names is accepted and receive buffers are reserved at the first update; set:
-  // every update tensor must be one of these, and buffers are reserved at Init.
+  // every update tensor must be one of these, and buffers are reserved at Init. Either
+  // way a name the rule of model/dropped_names.h drops (rotary buffers, an MTP layer's
+  // copies of embed_tokens and lm_head; lm_head.weight when metadata lists
+  // model.embed_tokens.weight without it) is accepted and never lent to the callback,
+  // unless metadata lists it.
   std::vector<TensorMeta> metadata;
   // An update whose tensors add up to more bytes is refused (update_info is the
   // trainer's word; this bounds what it can make the worker allocate). Default 1 TiB.

@@ -49,7 +49,11 @@ class ReceiverEngine:
         metadata: optional list of ``(hf_name, dtype, shape)`` the worker holds (dtype a
             torch dtype or its name). Given, every update must name only these tensors
             and receive buffers are reserved at ``init``; omitted, the worker takes any
-            tensor list and reserves buffers at the first update.
+            tensor list and reserves buffers at the first update. Either way the names
+            servers drop (``rotary_emb.inv_freq``, an MTP layer's copies of embed_tokens
+            and the head; ``lm_head.weight`` when metadata lists
+            ``model.embed_tokens.weight`` without it: a tied model)
+            are taken and never passed to ``load_weights``, unless metadata lists them.
         max_update_bytes: an update whose tensors add up to more is refused (default
             1 TiB).
         label: names the worker in messages (default ``"worker <rank>"``).

@@ -71,6 +71,53 @@ def _detached(tensor):
     return detach() if callable(detach) else tensor
 
 
+def _is_floating(tensor):
+    is_floating_point = getattr(tensor, "is_floating_point", None)
+    if callable(is_floating_point):
+        return is_floating_point()
+    return getattr(getattr(tensor, "dtype", None), "kind", None) == "f"  # numpy
+
+
+def _cast(tensor, name):
+    """A new tensor holding ``tensor`` cast to dtype ``name`` ("bfloat16"), or ``tensor``
+    itself when it is already of that dtype. torch casts torch tensors; numpy casts numpy
+    arrays, except to bfloat16, which numpy lacks (torch casts those and yields a torch
+    tensor)."""
+    if dtype_name(tensor.dtype) == name:
+        return tensor
+    if hasattr(tensor, "to") and hasattr(tensor, "is_floating_point"):
+        import torch
+        return tensor.to(getattr(torch, name))
+    if name == "bfloat16":
+        import torch
+        return torch.from_numpy(tensor).to(torch.bfloat16)
+    return tensor.astype(name)
+
+
+_CAST_TARGETS = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+
+
+def _cast_target(dtype, name=None):
+    target = dtype_name(dtype)
+    if target not in _CAST_TARGETS:
+        where = f" (for {name})" if name else ""
+        raise ValueError(f"dtype={dtype!r}{where}: a source casts to one of {', '.join(_CAST_TARGETS)}")
+    return target
+
+
+def _cast_rule(dtype):
+    """``dtype=`` as a function ``(name, tensor) -> dtype name or None`` (None: as it is)."""
+    if dtype is None:
+        return None
+    if callable(dtype) and not isinstance(dtype, type):
+        def rule(name, tensor):
+            target = dtype(name)
+            return None if target is None else _cast_target(target, name)
+        return rule
+    target = _cast_target(dtype)
+    return lambda name, tensor: target if _is_floating(tensor) else None
+
+
 class _Source:
     """What the shipped sources share: metadata, storage and one pass over ``_pairs()``.
 
@@ -86,24 +133,37 @@ class _Source:
         """The flat tensor given as ``storage=``, or None."""
         return self._storage
 
+    _cast_to = None  # (name, tensor) -> dtype name or None; set by sources that cast
+
     @property
     def yields_ready_tensors(self):
-        """True unless tensors are copied as they are sent: each pass synchronizes first."""
-        return not self._copy
+        """True unless tensors are copied or cast as they are sent: each pass synchronizes
+        first."""
+        return not (self._copy or self._cast_to)
+
+    def _target_dtype(self, name, tensor):
+        """The dtype name ``tensor`` is sent as."""
+        target = self._cast_to(name, tensor) if self._cast_to else None
+        return target or dtype_name(tensor.dtype)
 
     def __iter__(self):
         items = self._pairs()
-        if not self._copy:
+        if self.yields_ready_tensors:
             _synchronize_cuda([t for _, t in items])
         for name, tensor in items:
-            yield name, (_contiguous(tensor) if self._copy else tensor)
+            # One new tensor at a time: the engine holds a yielded tensor only until it
+            # asks for the next, so a cast or a copy is freed once it is sent.
+            if self._cast_to is not None:
+                yield name, _contiguous(_cast(tensor, self._target_dtype(name, tensor)))
+            else:
+                yield name, (_contiguous(tensor) if self._copy else tensor)
 
 
 class StateDictSource(_Source):
     """The tensors of a ``torch.nn.Module`` (its ``state_dict()``) or of a mapping.
 
     ``StateDictSource(module_or_state_dict, name_map=None, copy_non_contiguous=False,
-    storage=None)``
+    storage=None, dtype=None)``
 
     * ``module_or_state_dict``: a module (its ``state_dict()`` is read at every pass, so one
       source serves every step) or a mapping ``{name: tensor}`` (torch or numpy).
@@ -114,16 +174,28 @@ class StateDictSource(_Source):
       sent (one tensor at a time) instead of failing the sync with an error naming it.
     * ``storage``: a tensor that holds every parameter at fixed offsets (a flat buffer the
       trainer allocated its parameters in); ``storage()`` returns it for zero-copy export.
+    * ``dtype``: the dtype the servers hold (``torch.bfloat16`` or ``"bfloat16"``): every
+      floating-point tensor is cast to it as it is sent, one tensor at a time (the source
+      never holds a cast copy of the whole model), and ``metadata()`` reports it. Integer
+      tensors are sent as they are. A callable ``name -> dtype or None`` chooses per
+      tensor (None: as it is), for a model whose servers keep some tensors in another
+      dtype (DeepSeek-V3's float32 ``e_score_correction_bias``). The servers then hold
+      exactly ``tensor.to(dtype)``. Not with ``storage``.
 
     Tensors are detached (no autograd) and yielded in the state dict's order.
     """
 
-    def __init__(self, module_or_state_dict, name_map=None, copy_non_contiguous=False, storage=None):
+    def __init__(self, module_or_state_dict, name_map=None, copy_non_contiguous=False, storage=None,
+                 dtype=None):
+        if dtype is not None and storage is not None:
+            raise ValueError("StateDictSource: dtype= casts each tensor as it is sent, so no storage= "
+                             "holds them; give one or the other")
         self._target = module_or_state_dict
         self._name_map = name_map
         self._copy = copy_non_contiguous
         self._storage = storage
-        self._metadata = [(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in self._items()]
+        self._cast_to = _cast_rule(dtype)
+        self._metadata = [(name, self._target_dtype(name, t), tuple(t.shape)) for name, t in self._items()]
 
     def _items(self):
         state = self._target.state_dict() if hasattr(self._target, "state_dict") else self._target

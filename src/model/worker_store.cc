@@ -10,6 +10,7 @@
 
 #include "core/parallel.h"
 #include "core/prefault.h"
+#include "model/dropped_names.h"
 
 namespace wsync {
 namespace {
@@ -173,8 +174,11 @@ Status WorkerStore::CheckHf(std::string_view name, DType dtype,
   }
   const TensorMeta& want = table_.hf_tensors()[idx];
   if (want.dtype != dtype) {
-    return InvalidArgument(fmt::format("dtype of {} is {}, update says {}", name,
-                                       TorchName(want.dtype), TorchName(dtype)));
+    // The fix is the trainer's: a cast as it sends (the Python sources' dtype= argument).
+    return InvalidArgument(fmt::format("dtype of {} is {}, update says {}: send it as {} (Python: "
+                                       "StateDictSource(..., dtype=torch.{}) casts each tensor as it is sent)",
+                                       name, TorchName(want.dtype), TorchName(dtype), TorchName(want.dtype),
+                                       TorchName(want.dtype)));
   }
   if (!std::ranges::equal(want.shape, shape)) {
     return InvalidArgument(fmt::format("shape of {} is {}, update says {}", name,
@@ -212,7 +216,12 @@ Result<bool> WorkerStore::FinishDrafterUpdate() {
   return whole;
 }
 
+bool WorkerStore::IsDropped(std::string_view hf_name) const {
+  return table_.FindHf(hf_name) < 0 && !DroppedNameReason(hf_name, config()).empty();
+}
+
 Status WorkerStore::Load(const TensorRef& hf) {
+  if (IsDropped(hf.name)) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   if (drafter_tracker_) MarkDrafter(hf.name);
   const std::byte* src = hf.bytes.data();
@@ -281,10 +290,13 @@ void WorkerStore::MarkDrafter(std::string_view hf_name) {
 
 void WorkerStore::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
   if (!drafter_tracker_) return;
-  for (const TensorMeta& m : tensors) MarkDrafter(m.name);
+  for (const TensorMeta& m : tensors) {
+    if (!IsDropped(m.name)) MarkDrafter(m.name);
+  }
 }
 
 Status WorkerStore::PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const {
+  if (IsDropped(hf.name)) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   const std::byte* src = hf.bytes.data();
   for (auto [i, k] : table_.PiecesOf(hf.name)) {

@@ -102,6 +102,8 @@ class WorkerStore final : public WorkerSink {
   // Copies every piece of one full HF tensor into the parameters. Checks name, dtype,
   // shape and byte count first; on error nothing is written. A host store loads host
   // tensors; a CUDA store loads host or CUDA tensors, with its copies complete on return.
+  // A name model/dropped_names.h drops lands nothing and is no error (PlanLoad plans no
+  // copy of it).
   Status Load(const TensorRef& hf) override;
 
   // One contiguous copy Load() makes.
@@ -146,6 +148,8 @@ class WorkerStore final : public WorkerSink {
  private:
   explicit WorkerStore(ShardingTable table) : table_(std::move(table)) {}
   Status CheckHf(std::string_view name, DType dtype, std::span<const int64_t> shape) const;
+  // A name the model has no tensor of and the rule of model/dropped_names.h drops.
+  bool IsDropped(std::string_view hf_name) const;
   Status CheckLoad(const TensorRef& hf) const;
   // FailedPrecondition naming `what` while the parameters sleep.
   Status CheckResident(std::string_view what) const;

@@ -235,7 +235,9 @@ TEST(WorkerStore, CheckHfMessages) {
   EXPECT_EQ(shape.message(),
             "shape of model.layers.3.mlp.up_proj.weight is [3072, 1024], update says [1024, 3072]");
   Status dtype = s->CheckHf({"model.norm.weight", DType::kF32, {1024}});
-  EXPECT_EQ(dtype.message(), "dtype of model.norm.weight is bfloat16, update says float32");
+  EXPECT_EQ(dtype.message(),
+            "dtype of model.norm.weight is bfloat16, update says float32: send it as bfloat16 (Python: "
+            "StateDictSource(..., dtype=torch.bfloat16) casts each tensor as it is sent)");
   EXPECT_TRUE(s->CheckHf({"model.norm.weight", DType::kBF16, {1024}}).ok());
 }
 

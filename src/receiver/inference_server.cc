@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "wsync/device_runtime.h"
+#include "model/dropped_names.h"
 #include "model/worker_store.h"
 #include "receiver/backend_mismatch.h"
 #include "receiver/runtime_checker.h"
@@ -266,11 +267,15 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
         draft = draft_session_;
       }
       for (size_t i = 0; draft && req.reject.ok() && i < req.tensors->size(); ++i) {
-        if (MtpLayerOf(model_, (*req.tensors)[i].name) < 0) {
+        const std::string& name = (*req.tensors)[i].name;
+        // A dropped name (model/dropped_names.h) lands nothing, in any session.
+        const bool dropped =
+            workers_.front()->store->table().FindHf(name) < 0 && !DroppedNameReason(name, model_).empty();
+        if (!dropped && MtpLayerOf(model_, name) < 0) {
           req.reject = InvalidArgument(fmt::format(
               "draft session: tensor {} (update_info entry {}) is not one of the MTP drafter's; the target's "
               "tensors go in a /start_weight_update session",
-              (*req.tensors)[i].name, i));
+              name, i));
         }
       }
     }

@@ -16,6 +16,7 @@
 #include "model/worker_store.h"
 #include "receiver/inference_server.h"
 #include "receiver/inference_server_worker.h"
+#include "receiver/update_info.h"
 #include "receiver/worker_fanout.h"
 #include "synthetic/synthetic.h"
 #include "wsync/device_runtime.h"
@@ -106,12 +107,9 @@ Status InferenceServer::LoadCheckpointAtStart() {
   if (workers_.empty()) return Status::Ok();
   const std::vector<TensorMeta> want = workers_.front()->store->table().served_hf_tensors();
   for (const TensorMeta& t : ckpt.tensors()) {
-    // A Hugging Face MTP checkpoint repeats embed_tokens and lm_head in each MTP layer;
-    // the drafter reads the target's, so the copies are skipped.
-    if (MtpLayerOf(model_, t.name) >= 0 &&
-        (t.name.ends_with(".embed_tokens.weight") || t.name.ends_with(".shared_head.head.weight"))) {
-      continue;
-    }
+    // What the model has no tensor of and the rule drops (MTP layers' copies of
+    // embed_tokens and lm_head, rotary buffers, a tied lm_head) is skipped.
+    if (IsDroppedBy(*workers_.front()->store, t.name)) continue;
     if (workers_.front()->store->table().FindHf(t.name) < 0) {
       WSYNC_ASSIGN_OR_RETURN(const SafetensorsFile* file, ckpt.FileOf(t.name));
       return InvalidArgument(fmt::format("--checkpoint {}: {} holds tensor {}, which model {} does not have", dir,

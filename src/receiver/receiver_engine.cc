@@ -8,6 +8,8 @@
 
 #include "control/tensor_list.h"
 #include "core/checked_math.h"
+#include "core/log.h"
+#include "model/dropped_names.h"
 #include "model/worker_sink.h"
 #include "receiver/backend.h"
 #include "receiver/worker_thread.h"
@@ -20,14 +22,26 @@ using nlohmann::json;
 
 // The ReceiverEngine's WorkerSink: collects the views of one chunk and hands them to the
 // callback of the receive in progress when the backend says the chunk is complete.
+// Names model/dropped_names.h drops are not lent unless the worker's metadata lists them.
 class LendingSink final : public WorkerSink {
  public:
-  explicit LendingSink(std::vector<TensorMeta> expected) : expected_(std::move(expected)) {}
+  explicit LendingSink(std::vector<TensorMeta> expected) : expected_(std::move(expected)) {
+    for (const TensorMeta& m : expected_) names_.insert(m.name);
+    // A worker that lists embed_tokens without lm_head.weight reads lm_head from embed_tokens.
+    tied_ = names_.contains("model.embed_tokens.weight") && !names_.contains("lm_head.weight");
+  }
 
   const std::vector<TensorMeta>& hf_tensors() const override { return expected_; }
 
+  // Why the worker drops `name` (the rule's phrase), or empty when it is lent.
+  std::string_view DropReason(std::string_view name) const {
+    if (names_.contains(name)) return {};
+    return DroppedNameReason(name, tied_);
+  }
+
   Status Load(const TensorRef& hf) override {
     if (on_chunk_ == nullptr) return Internal(fmt::format("tensor {} arrived outside a receive", hf.name));
+    if (!DropReason(hf.name).empty()) return Status::Ok();
     size_t want = static_cast<size_t>(NumElements(hf.shape)) * ItemSize(hf.dtype);
     if (hf.bytes.size() != want) {
       return Internal(fmt::format("tensor {} arrived with {} bytes, its dtype and shape need {}", hf.name,
@@ -53,6 +67,8 @@ class LendingSink final : public WorkerSink {
 
  private:
   const std::vector<TensorMeta> expected_;
+  std::unordered_set<std::string_view> names_;  // into expected_
+  bool tied_ = false;
   const ChunkCallback* on_chunk_ = nullptr;
   std::vector<TensorRef> chunk_;  // the current chunk's views
 };
@@ -100,7 +116,7 @@ struct ReceiverEngine::State {
   }
 
   // The update's tensor list, checked: unique names, a bounded byte total, and each
-  // tensor one of `metadata` when the worker named its tensors.
+  // tensor one of `metadata` when the worker named its tensors, or one the sink drops.
   Status Check(const std::vector<TensorMeta>& tensors) const {
     std::unordered_set<std::string_view> seen;
     uint64_t total = 0;
@@ -114,6 +130,10 @@ struct ReceiverEngine::State {
                                            "(max_update_bytes)", options.max_update_bytes, t.name, options.label));
       }
       total = *sum;
+      if (std::string_view reason = sink->DropReason(t.name); !reason.empty()) {
+        WSYNC_LOG_DEBUG("{}: update_info: dropping {} ({})", options.label, t.name, reason);
+        continue;
+      }
       if (!expected_by_name.empty()) {
         auto it = expected_by_name.find(t.name);
         if (it == expected_by_name.end()) {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "core/log.h"
+#include "model/dropped_names.h"
 #include "model/worker_store.h"
 
 namespace wsync {
@@ -14,9 +16,18 @@ Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const Wo
     if (!seen.insert(t.name).second) {
       return InvalidArgument(fmt::format("tensor {} is listed twice in update_info", t.name));
     }
+    if (IsDroppedBy(store, t.name)) continue;
     WSYNC_RETURN_IF_ERROR(store.CheckHf(t));
   }
   return Status::Ok();
+}
+
+bool IsDroppedBy(const WorkerStore& store, std::string_view hf_name) {
+  if (store.table().FindHf(hf_name) >= 0) return false;
+  std::string_view reason = DroppedNameReason(hf_name, store.config());
+  if (reason.empty()) return false;
+  WSYNC_LOG_DEBUG("update_info: dropping {} ({})", hf_name, reason);
+  return true;
 }
 
 }  // namespace wsync

@@ -2,6 +2,7 @@
 // against the model it serves. Pure; thread-safe.
 #pragma once
 
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -14,7 +15,13 @@ namespace wsync {
 
 class WorkerStore;
 
-// Every tensor must exist in the model with this dtype and shape, and appear once.
+// Every tensor must appear once, and exist in the model with this dtype and shape unless
+// the rule of model/dropped_names.h drops it (admitted unchecked; WorkerStore::Load lands
+// nothing of it).
 Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const WorkerStore& store);
+
+// Whether the store's model has no tensor `hf_name` and the rule drops it; logs the drop
+// at debug level with the name and the reason.
+bool IsDroppedBy(const WorkerStore& store, std::string_view hf_name);
 
 }  // namespace wsync

@@ -186,15 +186,18 @@ Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::FromMetadata(std::ve
   return trainer;
 }
 
-Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::FromCheckpoint(const CheckpointDir& ckpt,
-                                                                           size_t threads, uint64_t seed,
-                                                                           const Device& device) {
+Result<std::unique_ptr<SyntheticTrainer>> SyntheticTrainer::FromCheckpoint(
+    const CheckpointDir& ckpt, size_t threads, uint64_t seed, const Device& device,
+    const std::function<bool(std::string_view)>& skip) {
   std::vector<std::span<const std::byte>> bytes;
+  std::vector<TensorMeta> kept;
   for (const TensorMeta& m : ckpt.tensors()) {
+    if (skip && skip(m.name)) continue;
     WSYNC_ASSIGN_OR_RETURN(std::span<const std::byte> b, ckpt.Bytes(m.name));
     bytes.push_back(b);
+    kept.push_back(m);
   }
-  std::unique_ptr<SyntheticTrainer> trainer(new SyntheticTrainer(ckpt.tensors(), seed, threads, device));
+  std::unique_ptr<SyntheticTrainer> trainer(new SyntheticTrainer(std::move(kept), seed, threads, device));
   WSYNC_RETURN_IF_ERROR(trainer->Prepare());
   SyntheticTrainer& t = *trainer;
   WSYNC_RETURN_IF_ERROR(t.ForEachChunk(t.all_chunks_, Access::kWrite,

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "format/safetensors.h"
@@ -62,10 +63,11 @@ class SyntheticTrainer {
                                                                 uint64_t seed, size_t threads,
                                                                 const Device& device = Device{});
   // Starts from a copy of a checkpoint's tensors, in CheckpointDir::tensors() order, on
-  // `device`. `seed` keys the updates.
-  static Result<std::unique_ptr<SyntheticTrainer>> FromCheckpoint(const CheckpointDir& ckpt,
-                                                                  size_t threads, uint64_t seed = 0,
-                                                                  const Device& device = Device{});
+  // `device`. `seed` keys the updates. `skip`, when given, names tensors left out (not
+  // copied, not sent).
+  static Result<std::unique_ptr<SyntheticTrainer>> FromCheckpoint(
+      const CheckpointDir& ckpt, size_t threads, uint64_t seed = 0, const Device& device = Device{},
+      const std::function<bool(std::string_view)>& skip = nullptr);
 
   SyntheticTrainer(const SyntheticTrainer&) = delete;
   SyntheticTrainer& operator=(const SyntheticTrainer&) = delete;

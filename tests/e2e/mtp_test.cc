@@ -5,6 +5,8 @@
 // and a server's weight bytes grow by the drafter's own layers only). A server without a
 // drafter checks and drops the MTP tensors; a draft session carries the drafter alone; a
 // drafter layer an update leaves incomplete fails the finish, naming the layer.
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -282,6 +284,62 @@ TEST_F(MtpTest, AnIncompleteDrafterLayerFailsTheFinishNamingIt) {
   RunResult full = Push("push-whole", {s}, {"--checkpoint", whole, "--steps", "0", "--weight-version", "w1"});
   ASSERT_TRUE(full.success()) << full.description;
   ExpectFreshDrafter(s, "w1");
+}
+
+// A Hugging Face MTP checkpoint (GLM-4.5 / DeepSeek-V3 layout) repeats embed_tokens and
+// lm_head inside each MTP layer. push --checkpoint leaves the copies out (the servers drop
+// them: model/dropped_names.h), and the drafter reads the target's two tensors.
+TEST_F(MtpTest, AnHfCheckpointsPerLayerCopiesAreLeftOutAndTheDrafterSharesTheTargets) {
+  const std::string model = "glm4-moe-tiny";  // layers 0-2, MTP layer 3
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("srv", {"--model", model, "--speculative", "mtp"}));
+  E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel(model));
+  auto trainer = SyntheticTrainer::FromMetadata(HfTensors(config), 45, DefaultThreads());
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  const std::vector<HostTensor>& tensors = (*trainer)->tensors();
+  const auto find = [&](std::string_view name) -> const HostTensor& {
+    return *std::find_if(tensors.begin(), tensors.end(), [&](const HostTensor& t) { return t.meta.name == name; });
+  };
+  // The copies, byte for byte, written where a checkpoint has them: first in layer 3.
+  std::vector<HostTensor> copies;
+  for (auto [copy, of] : {std::pair{"model.layers.3.embed_tokens.weight", "model.embed_tokens.weight"},
+                          std::pair{"model.layers.3.shared_head.head.weight", "lm_head.weight"}}) {
+    const HostTensor& src = find(of);
+    HostTensor c = *HostTensor::Zeros(TensorMeta{copy, src.meta.dtype, src.meta.shape});
+    std::memcpy(c.storage.data(), src.storage.data(), src.meta.nbytes());
+    copies.push_back(std::move(c));
+  }
+  std::vector<TensorRef> refs;
+  for (const HostTensor& t : tensors) {
+    if (t.meta.name == "model.layers.3.enorm.weight") {
+      for (const HostTensor& c : copies) refs.push_back(c.ref());
+    }
+    refs.push_back(t.ref());
+  }
+  ASSERT_EQ(refs.size(), tensors.size() + 2);
+  const fs::path ckpt = dir() / "hf-mtp";
+  fs::create_directories(ckpt);
+  ASSERT_TRUE(WriteSafetensors((ckpt / "model.safetensors").string(), refs).ok());
+
+  RunResult push = Push("push-hf-mtp", {s}, {"--checkpoint", ckpt.string(), "--steps", "0", "--verify",
+                                             "--weight-version", "hf1"});
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_NE(push.err.find("not sending 2 tensor(s) the servers drop: model.layers.3.embed_tokens.weight, "
+                          "model.layers.3.shared_head.head.weight"),
+            std::string::npos)
+      << push.description;
+  EXPECT_TRUE(HasVerifiedTable(push.out, 1)) << push.out;
+  ExpectServersHold({s}, DigestTensors(tensors, kAlg), kAlg);
+  ExpectFreshDrafter(s, "hf1");
+  // The drafter's embedding and head are the target's: the copies' digests.
+  const Digests copied = DigestTensors(copies, kAlg);
+  const Digests held = DigestTensors(tensors, kAlg);
+  EXPECT_EQ(copied.at("model.layers.3.embed_tokens.weight"), held.at("model.embed_tokens.weight"));
+  EXPECT_EQ(copied.at("model.layers.3.shared_head.head.weight"), held.at("lm_head.weight"));
+
+  // serve --checkpoint skips the copies by the same rule.
+  E2E_ASSERT_OK_AND_ASSIGN(Server loaded, StartServer("from-ckpt", {"--model", model, "--speculative", "mtp",
+                                                                    "--checkpoint", ckpt.string()}));
+  ExpectServersHold({loaded}, held, kAlg);
 }
 
 TEST_F(MtpTest, SleepLevel2LeavesTheDrafterStaleUntilASync) {
