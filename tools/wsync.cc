@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   p->add_option("--api-key", push.trainer.api_key, "sent as 'Authorization: Bearer KEY'")->envname("WSYNC_API_KEY");
   std::string push_device = "cpu";
   p->add_option("--device", push_device, "where the trainer's tensors live: cpu or cuda:N")->capture_default_str();
-  p->add_option("--store-host", push.trainer.store_host, "address the servers use to reach the trainer's rendezvous")->capture_default_str();
+  p->add_option("--store-host", push.trainer.store_host, "literal IPv4/IPv6 address the servers use to reach the trainer's rendezvous (servers refuse names)")->capture_default_str();
   p->add_option("--threads", push.threads, "worker threads for weights and digests (0: all cores)")->capture_default_str();
   // Each backend's own settings (TrainerOptions::backend_options): the generic flag, and
   // named flags for the common ones.

@@ -134,6 +134,12 @@ def test_engine_refuses_bad_options_and_updates_naming_them():
             rx.receive_weights(update, lambda weights: None)
         with pytest.raises(wsync.FailedPreconditionError, match="no ipc staging region is mapped"):
             rx.receive_weights(dict(update, shapes=[[8]]), lambda weights: None)
+        deep = []
+        for _ in range(70):
+            deep = [deep]
+        with pytest.raises(wsync.InvalidArgumentError,
+                           match="^update_info: field 'shapes' nests deeper than 64 levels$"):
+            rx.receive_weights(dict(update, shapes=deep), lambda weights: None)
 
 
 def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):

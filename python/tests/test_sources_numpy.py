@@ -52,3 +52,13 @@ def test_numpy_metadata_may_name_dtypes_as_objects():
     assert wsync.dtype_name(np.float32) == "float32"
     assert wsync.dtype_name(np.dtype("float16")) == "float16"
     assert wsync.dtype_name("torch.bfloat16") == "bfloat16"
+
+
+def test_model_metadata_refuses_a_deeply_nested_config(tmp_path):
+    """A config.json nested 100,000 deep is a ValueError naming the file and the field,
+    not a crash of the interpreter."""
+    (tmp_path / "config.json").write_text(
+        '{"architectures": ["Qwen3ForCausalLM"], "rope_scaling": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(ValueError) as e:
+        wsync.model_metadata(str(tmp_path))
+    assert str(e.value) == f"{tmp_path / 'config.json'}: field 'rope_scaling' nests deeper than 64 levels"

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
@@ -61,24 +63,20 @@ std::string Text(const Ip& ip) {
   return buf;
 }
 
-// A host name as DNS allows it (letters, digits, '-', '.'), or a numeric address.
-bool PlausibleHost(std::string_view host) {
+// A host name as DNS allows it (letters, digits, '-', '.').
+bool PlausibleHostName(std::string_view host) {
   if (host.empty() || host.size() > 253) return false;
   return std::all_of(host.begin(), host.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-           c == '.' || c == ':' || c == '[' || c == ']';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.';
   });
 }
 
-// Every address `host` resolves to; empty when it does not resolve.
-std::vector<Ip> Resolve(std::string_view host) {
-  if (auto ip = ParseNumeric(host)) return {*ip};
-  if (!PlausibleHost(host)) return {};
+std::vector<Ip> ResolveName(const std::string& name) {
+  if (!PlausibleHostName(name)) return {};
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  std::string name(host);
   if (getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) return {};
   std::vector<Ip> out;
   for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
@@ -90,6 +88,19 @@ std::vector<Ip> Resolve(std::string_view host) {
   }
   freeaddrinfo(res);
   return out;
+}
+
+// The addresses of an --allow-store-host entry (never of a request's text): a literal
+// address as it is, a name resolved once per process (a name that does not resolve admits
+// nothing, and is not asked again).
+std::vector<Ip> FlagAddresses(const std::string& entry) {
+  if (auto ip = ParseNumeric(entry)) return {*ip};
+  static std::mutex mu;
+  static std::map<std::string, std::vector<Ip>>* resolved = new std::map<std::string, std::vector<Ip>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = resolved->find(entry);
+  if (it == resolved->end()) it = resolved->emplace(entry, ResolveName(entry)).first;
+  return it->second;
 }
 
 // `text` cut for a message: it comes from a request body.
@@ -108,27 +119,19 @@ bool IsLoopbackAddress(std::string_view address) {
 
 Result<std::string> AdmitStoreHost(std::string_view host, std::string_view peer_address,
                                    const std::vector<std::string>& allowed_hosts) {
-  std::vector<Ip> addrs = Resolve(host);
-  if (addrs.empty()) {
-    return InvalidArgument(fmt::format("init_info gloo_store_host '{}' does not resolve to an address", Shown(host)));
+  std::optional<Ip> addr = ParseNumeric(host);
+  if (!addr) {
+    return InvalidArgument(fmt::format(
+        "init_info gloo_store_host '{}' is not a literal IPv4 or IPv6 address: a server never resolves a "
+        "host name a request names; send the address of the trainer's store",
+        Shown(host)));
   }
   std::optional<Ip> peer = ParseNumeric(peer_address);
-  if (peer) {
-    for (const Ip& a : addrs) {
-      if (a == *peer) return Text(a);
-    }
-    if (IsLoopback(*peer)) {
-      for (const Ip& a : addrs) {
-        if (IsLoopback(a)) return Text(a);
-      }
-    }
-  }
+  if (peer && (*addr == *peer || (IsLoopback(*peer) && IsLoopback(*addr)))) return Text(*addr);
   for (const std::string& entry : allowed_hosts) {
-    if (entry == "*" || entry == host) return Text(addrs.front());
-    for (const Ip& e : Resolve(entry)) {
-      for (const Ip& a : addrs) {
-        if (a == e) return Text(a);
-      }
+    if (entry == "*") return Text(*addr);
+    for (const Ip& e : FlagAddresses(entry)) {
+      if (e == *addr) return Text(*addr);
     }
   }
   return InvalidArgument(fmt::format(

@@ -1,7 +1,9 @@
-// Which rendezvous store a server may dial: the init request's own peer, loopback for a
-// loopback peer, or what --allow-store-host admits.
+// Which rendezvous store a server may dial: a literal address (never a name a request
+// chose), the init request's own peer, loopback for a loopback peer, or what
+// --allow-store-host admits.
 #include "comm/store_address.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace wsync {
@@ -17,9 +19,25 @@ TEST(StoreAddress, ALoopbackPeerMayNameLoopback) {
   EXPECT_EQ(*AdmitStoreHost("127.0.0.1", "127.0.0.1", {}), "127.0.0.1");
   EXPECT_EQ(*AdmitStoreHost("127.0.0.5", "127.0.0.1", {}), "127.0.0.5");
   EXPECT_EQ(*AdmitStoreHost("::1", "127.0.0.1", {}), "::1");
-  Result<std::string> local = AdmitStoreHost("localhost", "127.0.0.1", {});
-  ASSERT_TRUE(local.ok()) << local.status().ToString();
-  EXPECT_TRUE(IsLoopbackAddress(*local)) << *local;  // the numeric address, not the name
+  EXPECT_EQ(*AdmitStoreHost("[::1]", "::1", {}), "::1");
+  EXPECT_EQ(*AdmitStoreHost("::ffff:127.0.0.1", "127.0.0.1", {}), "127.0.0.1");  // canonical form
+}
+
+// A host name in a request is refused before any lookup, even one that would resolve to
+// the peer; only literal addresses are compared.
+TEST(StoreAddress, RequestHostNamesAreNeverResolved) {
+  for (const char* name : {"localhost", "ip6-localhost", "example.com", "10.1.2.3.nip.io", "0x7f000001"}) {
+    Result<std::string> r = AdmitStoreHost(name, "127.0.0.1", {});
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), fmt::format("init_info gloo_store_host '{}' is not a literal IPv4 or IPv6 "
+                                                "address: a server never resolves a host name a request names; "
+                                                "send the address of the trainer's store",
+                                                name));
+  }
+  // Not even when the allow-list names the same host: the request must send the address.
+  EXPECT_FALSE(AdmitStoreHost("localhost", "10.1.2.3", {"localhost"}).ok());
+  EXPECT_FALSE(AdmitStoreHost("store.example", "10.1.2.3", {"*"}).ok());
 }
 
 TEST(StoreAddress, OtherHostsAreRefusedNamingTheFlag) {
@@ -43,6 +61,9 @@ TEST(StoreAddress, TheAllowListAdmits) {
   EXPECT_EQ(*AdmitStoreHost("10.9.9.9", "", {"10.0.0.1", "10.9.9.9"}), "10.9.9.9");
   EXPECT_EQ(*AdmitStoreHost("10.9.9.9", "10.1.2.3", {"*"}), "10.9.9.9");
   EXPECT_FALSE(AdmitStoreHost("10.9.9.8", "10.1.2.3", {"10.9.9.9"}).ok());
+  // A flag entry may be a name (the operator's choice): its addresses admit.
+  EXPECT_EQ(*AdmitStoreHost("127.0.0.1", "10.1.2.3", {"localhost"}), "127.0.0.1");
+  EXPECT_FALSE(AdmitStoreHost("10.9.9.9", "10.1.2.3", {"localhost"}).ok());
 }
 
 TEST(StoreAddress, UnresolvableOrHostileHostsAreRefused) {

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "core/json_limits.h"
+
 namespace wsync {
 namespace {
 
@@ -80,30 +82,38 @@ class FanOut final : public FanOutClient::Pending {
   bool any_failed_ = false;
 };
 
-// wsync servers put the Status code's name in error.type; other servers do not.
-std::optional<StatusCode> ErrorTypeOf(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("error") || !j["error"].is_object()) return std::nullopt;
-  const json& type = j["error"].value("type", json());
-  if (!type.is_string()) return std::nullopt;
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-    if (StatusCodeName(static_cast<StatusCode>(c)) == type.get<std::string>()) return static_cast<StatusCode>(c);
-  }
-  return std::nullopt;
-}
+// How much of an error reply's message a Status keeps: a server's reply is untrusted.
+constexpr size_t kMaxReplyMessageBytes = 4096;
 
-std::string ErrorMessageOf(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
-  if (!j.is_discarded() && j.is_object()) {
+// An error reply's code and message. wsync servers put the Status code's name in
+// error.type and the message in error.message; other servers send {"error": "..."},
+// FastAPI {"detail": ...}, or text. The body is parsed depth-bounded, so the one dump
+// below recurses at most kMaxJsonDepth deep.
+std::pair<std::optional<StatusCode>, std::string> ErrorOf(const std::string& body) {
+  Result<json> parsed = ParseUntrustedJson(body, "error reply");
+  if (parsed.ok() && parsed->is_object()) {
+    const json& j = *parsed;
     if (auto e = j.find("error"); e != j.end()) {
-      if (e->is_object() && e->contains("message") && (*e)["message"].is_string()) {
-        return (*e)["message"].get<std::string>();
+      if (e->is_string()) return {std::nullopt, TextExcerpt(e->get_ref<const std::string&>(), kMaxReplyMessageBytes)};
+      if (e->is_object()) {
+        std::optional<StatusCode> code;
+        if (auto type = e->find("type"); type != e->end() && type->is_string()) {
+          for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+            if (StatusCodeName(static_cast<StatusCode>(c)) == type->get_ref<const std::string&>()) {
+              code = static_cast<StatusCode>(c);
+            }
+          }
+        }
+        if (auto m = e->find("message"); m != e->end() && m->is_string()) {
+          return {code, TextExcerpt(m->get_ref<const std::string&>(), kMaxReplyMessageBytes)};
+        }
       }
-      if (e->is_string()) return e->get<std::string>();
     }
-    if (auto d = j.find("detail"); d != j.end()) return d->dump();  // FastAPI's shape
+    if (auto d = j.find("detail"); d != j.end()) {
+      return {std::nullopt, TextExcerpt(d->dump(-1, ' ', false, json::error_handler_t::replace), kMaxReplyMessageBytes)};
+    }
   }
-  return body.size() > 500 ? body.substr(0, 500) + "..." : body;
+  return {std::nullopt, TextExcerpt(body, 500)};
 }
 
 }  // namespace
@@ -195,13 +205,14 @@ Result<json> DoRequest(FanOutClient::Connections& connections, const std::string
     return Unavailable(fmt::format("{}: {}", what, httplib::to_string(err)));
   }
   if (res->status < 200 || res->status >= 300) {
-    return Status(ErrorTypeOf(res->body).value_or(StatusCodeForHttp(res->status)),
-                  fmt::format("{} -> {}: {}", what, res->status, ErrorMessageOf(res->body)));
+    auto [code, message] = ErrorOf(res->body);
+    return Status(code.value_or(StatusCodeForHttp(res->status)),
+                  fmt::format("{} -> {}: {}", what, res->status, message));
   }
   if (res->body.empty()) return json::object();
-  json j = json::parse(res->body, nullptr, false);
-  if (j.is_discarded()) return Internal(fmt::format("{}: reply is not JSON", what));
-  return j;
+  Result<json> j = ParseUntrustedJson(res->body, "reply");
+  if (!j.ok()) return Internal(fmt::format("{}: {}", what, j.status().message()));
+  return std::move(*j);
 }
 
 }  // namespace

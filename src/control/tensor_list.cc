@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/json_limits.h"
 #include "core/shape_math.h"
 
 namespace wsync {
@@ -33,6 +34,10 @@ Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
   for (size_t i = 0; i < out.size(); ++i) {
     const json& n = (*names)[i];
     if (!n.is_string()) return InvalidArgument(fmt::format("names[{}] must be a string", i));
+    if (n.get_ref<const std::string&>().size() > kMaxNameBytes) {
+      return InvalidArgument(fmt::format("names[{}] is {} bytes, over the limit of {}", i,
+                                         n.get_ref<const std::string&>().size(), kMaxNameBytes));
+    }
     out[i].name = n.get<std::string>();
     const json& d = (*dtypes)[i];
     if (!d.is_string()) {
@@ -47,11 +52,11 @@ Result<std::vector<TensorMeta>> ParseTensorList(const json& info) {
     if (!s.is_array()) {
       return InvalidArgument(fmt::format("shapes[{}] ({}) must be a list of integers", i, out[i].name));
     }
-    for (const json& dim : s) {
+    for (size_t k = 0; k < s.size(); ++k) {
+      const json& dim = s[k];
       if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
-        return InvalidArgument(fmt::format(
-            "shapes[{}] ({}) must be a list of non-negative integers, got {}", i, out[i].name,
-            s.dump()));
+        return InvalidArgument(fmt::format("shapes[{}] ({}) must be a list of non-negative integers; item {} is {}",
+                                           i, out[i].name, k, JsonExcerpt(dim)));
       }
       out[i].shape.push_back(dim.get<int64_t>());
     }

@@ -16,8 +16,10 @@
 
 namespace wsync {
 
-// Refuses lists of unequal length, non-string names or dtypes, unknown dtypes, negative or
-// non-integer dimensions and shapes whose byte count overflows int64.
+// Refuses lists of unequal length, non-string names or dtypes, names longer than
+// kMaxNameBytes (core/json_limits.h), unknown dtypes, negative or non-integer dimensions
+// and shapes whose byte count overflows int64. Errors show a refused value as a flat
+// excerpt (JsonExcerpt), never the whole list.
 Result<std::vector<TensorMeta>> ParseTensorList(const nlohmann::json& update_info);
 // {"names", "dtype_names", "shapes"} of `tensors`, in order.
 nlohmann::json TensorListJson(const std::vector<TensorMeta>& tensors);

@@ -6,14 +6,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "core/shape_math.h"
 #include "control/tensor_list.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return 0;
-  wsync::Result<std::vector<wsync::TensorMeta>> tensors = wsync::ParseTensorList(j);
-  if (!tensors.ok()) return 0;
+  // The bounded parser every request body goes through (core/json_limits.h).
+  wsync::Result<nlohmann::json> j =
+      wsync::ParseUntrustedJson(std::string_view(reinterpret_cast<const char*>(data), size), "update_info");
+  if (!j.ok()) return 0;
+  wsync::Result<std::vector<wsync::TensorMeta>> tensors = wsync::ParseTensorList(*j);
+  if (!tensors.ok()) {
+    (void)nlohmann::json(tensors.status().message()).dump();  // throws on a message that is not UTF-8
+    return 0;
+  }
   for (const wsync::TensorMeta& t : *tensors) {
     if (!wsync::CheckedNumBytes(t.shape, t.dtype)) std::abort();
     if (t.numel() < 0) std::abort();

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/json_limits.h"
+
 namespace wsync {
 namespace {
 
@@ -48,6 +50,32 @@ TEST(TensorList, MalformedListsNameTheField) {
   EXPECT_NE(ErrorOf(info).find("dtype_names[0] (w)"), std::string::npos);
   info = {{"names", {"w"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {5}}};
   EXPECT_NE(ErrorOf(info).find("shapes[0] (w)"), std::string::npos);
+}
+
+// Names are bounded; refused values are shown flat, so a deep or long value never makes
+// a long message or a recursive dump.
+TEST(TensorList, LongNamesAndDeepValuesAreRefusedFlat) {
+  json info = {{"names", {std::string(kMaxNameBytes + 1, 'n')}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{1}}}};
+  EXPECT_EQ(ErrorOf(info), "names[0] is 1025 bytes, over the limit of 1024");
+  info["names"] = {std::string(kMaxNameBytes, 'n')};
+  EXPECT_TRUE(ParseTensorList(info).ok());
+  info = {{"names", {"w"}}, {"dtype_names", {std::string(100000, 'd')}}, {"shapes", {{1}}}};
+  EXPECT_EQ(ErrorOf(info), "dtype_names[0] (w): unknown dtype '" + std::string(64, 'd') + "... (100000 bytes)'");
+  json deep = json::array();
+  for (int i = 0; i < 60; ++i) deep = json::array({deep});
+  info = {{"names", {"w"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{2, deep}}}};
+  EXPECT_EQ(ErrorOf(info), "shapes[0] (w) must be a list of non-negative integers; item 1 is a list of 1 items");
+}
+
+// update_info as a request carries it: text nested 100,000 deep is refused by the bounded
+// parser before ParseTensorList sees it, naming the field.
+TEST(TensorList, DeepUpdateInfoTextIsRefusedBeforeParsing) {
+  const std::string text = R"({"names": ["w"], "dtype_names": ["bfloat16"], "shapes": )" +
+                           std::string(100000, '[') + std::string(100000, ']') + "}";
+  Result<json> j = ParseUntrustedJson(text, "update_info");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(j.status().message(), "update_info: field 'shapes' nests deeper than 64 levels");
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <array>
 #include <string>
 
+#include "core/json_limits.h"
+
 namespace wsync {
 namespace {
 
@@ -49,14 +51,14 @@ Result<DType> DTypeFromTorchName(std::string_view name) {
   if (bare == "half") return DType::kF16;
   if (bare == "float") return DType::kF32;
   if (bare == "double") return DType::kF64;
-  return InvalidArgument("unknown dtype '" + std::string(name) + "'");
+  return InvalidArgument("unknown dtype '" + TextExcerpt(name) + "'");
 }
 
 Result<DType> DTypeFromSafetensorsName(std::string_view name) {
   for (const auto& row : kDTypes) {
     if (row.safetensors == name) return row.dtype;
   }
-  return InvalidArgument("unsupported safetensors dtype '" + std::string(name) + "'");
+  return InvalidArgument("unsupported safetensors dtype '" + TextExcerpt(name) + "'");
 }
 
 }  // namespace wsync

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "wsync/status.h"
 
 namespace wsync {
@@ -39,10 +40,8 @@ inline Result<int64_t> JsonIntInRange(const nlohmann::json& v, std::string_view 
     return i;
   }
   // Not an integer: a float (even 2.0), a string, a bool, null, a list or an object. The
-  // value is dumped with a bound on its length: it may be a large body.
-  std::string shown = v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
-  if (shown.size() > 64) shown = shown.substr(0, 64) + "...";
-  return InvalidArgument(fmt::format("{} must be an integer in [{}, {}], got {}", name, min, max, shown));
+  // value is shown as a flat excerpt: it may be a large or deeply nested body.
+  return InvalidArgument(fmt::format("{} must be an integer in [{}, {}], got {}", name, min, max, JsonExcerpt(v)));
 }
 
 // obj[field] as above; nullopt when the field is absent or null.

@@ -43,7 +43,7 @@ Status CheckJsonDepth(std::string_view text, std::string_view what, int max_dept
         if (depth == 0) top_is_object = c == '{';
         if (++depth > max_depth) {
           if (top_is_object && key_end > key_begin) {
-            std::string_view key = text.substr(key_begin, std::min<size_t>(key_end - key_begin, 64));
+            std::string key = TextExcerpt(text.substr(key_begin, key_end - key_begin));
             return InvalidArgument(fmt::format("{}: field '{}' nests deeper than {} levels", what, key, max_depth));
           }
           return InvalidArgument(fmt::format("{}: JSON nests deeper than {} levels", what, max_depth));
@@ -128,6 +128,13 @@ Result<std::string> BoundedStringField(const json& obj, const char* field, std::
         fmt::format("{}: field '{}' is {} bytes, over the limit of {}", where, field, s.size(), max_bytes));
   }
   return s;
+}
+
+std::string TextExcerpt(std::string_view text, size_t max_chars) {
+  if (text.size() <= max_chars) return std::string(text);
+  size_t cut = max_chars;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return fmt::format("{}... ({} bytes)", text.substr(0, cut), text.size());
 }
 
 }  // namespace wsync

@@ -63,4 +63,9 @@ std::string JsonExcerpt(const nlohmann::json& v, size_t max_chars = 64);
 Result<std::string> BoundedStringField(const nlohmann::json& obj, const char* field, std::string_view where,
                                        size_t max_bytes, std::string_view fallback = {});
 
+// `text` (a field name, a tensor name: untrusted text shown unquoted) for an error message:
+// as is when at most `max_chars` bytes, otherwise its first `max_chars` bytes, cut on a
+// UTF-8 code point boundary, then "... (N bytes)". Never throws.
+std::string TextExcerpt(std::string_view text, size_t max_chars = 64);
+
 }  // namespace wsync

@@ -91,5 +91,16 @@ TEST(JsonLimits, BoundedStringField) {
   EXPECT_EQ(*BoundedStringField(body, "absent", "b", 2, "dflt"), "dflt");
 }
 
+TEST(JsonLimits, TextExcerpt) {
+  EXPECT_EQ(TextExcerpt("model.layers.0.mlp"), "model.layers.0.mlp");
+  EXPECT_EQ(TextExcerpt(std::string(100, 'n'), 4), "nnnn... (100 bytes)");
+  // A cut never splits a UTF-8 sequence.
+  EXPECT_EQ(TextExcerpt("\xc3\xa9\xc3\xa9\xc3\xa9", 3), "\xc3\xa9... (6 bytes)");
+  // The field named by a depth error is cut the same way.
+  std::string key(100, 'k');
+  Status s = CheckJsonDepth("{\"" + key + "\": [[[1]]]}", "t", 2);
+  EXPECT_EQ(s.message(), "t: field '" + std::string(64, 'k') + "... (100 bytes)' nests deeper than 2 levels");
+}
+
 }  // namespace
 }  // namespace wsync

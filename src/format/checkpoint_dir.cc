@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "core/syscall.h"
 #include "format/safetensors.h"
 
@@ -50,10 +51,10 @@ Result<std::map<std::string, std::string>> ReadWeightMap(const std::string& path
   if (!in) return ErrnoStatus(errno, fmt::format("reading {}", path), StatusCode::kInternal);
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object()) {
-    return InvalidArgument(fmt::format("{} is not a JSON object", path));
-  }
+  Result<nlohmann::json> parsed = ParseUntrustedJson(text.str(), path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& index = *parsed;
+  if (!index.is_object()) return InvalidArgument(fmt::format("{} is not a JSON object", path));
   auto wm = index.find("weight_map");
   if (wm == index.end() || !wm->is_object()) {
     return InvalidArgument(fmt::format("{} has no \"weight_map\" object", path));
@@ -61,14 +62,15 @@ Result<std::map<std::string, std::string>> ReadWeightMap(const std::string& path
   std::map<std::string, std::string> out;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string()) {
-      return InvalidArgument(fmt::format("{}: weight_map entry of {} is not a file name", path, it.key()));
+      return InvalidArgument(fmt::format("{}: weight_map entry of {} is not a file name", path,
+                                                     TextExcerpt(it.key(), kMaxNameBytes)));
     }
     std::string file = it->get<std::string>();
     // The map names files inside the directory; refuse anything that leaves it.
     if (file.empty() || file.front() == '/' || file == ".." || file.starts_with("../") ||
         file.find("/../") != std::string::npos || file.ends_with("/..")) {
       return InvalidArgument(fmt::format("{}: weight_map maps {} to '{}', outside the directory", path,
-                                         it.key(), file));
+                                         TextExcerpt(it.key(), kMaxNameBytes), TextExcerpt(file, kMaxNameBytes)));
     }
     out.emplace(it.key(), std::move(file));
   }

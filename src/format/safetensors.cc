@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "core/shape_math.h"
 #include "core/syscall.h"
 
@@ -48,7 +49,9 @@ std::optional<uint64_t> AsU64(const json& v) {
 // bytes from `data_begin`; errors name the tensor (the caller adds the file).
 Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint64_t data_begin,
                                     uint64_t data_size, const SafetensorsHeaderOptions& o) {
-  auto bad = [&](std::string_view why) { return InvalidArgument(fmt::format("tensor {}: {}", name, why)); };
+  auto bad = [&](std::string_view why) {
+    return InvalidArgument(fmt::format("tensor {}: {}", TextExcerpt(name, kMaxNameBytes), why));
+  };
   if (!v.is_object()) return bad("entry is not an object");
   auto dtype_it = v.find("dtype");
   auto shape_it = v.find("shape");
@@ -75,7 +78,8 @@ Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint
   auto begin = AsU64((*offs_it)[0]);
   auto end = AsU64((*offs_it)[1]);
   if (!begin || !end || *begin > *end) {
-    return bad(o.quote_file ? fmt::format("data_offsets {} are not ordered non-negative integers", offs_it->dump())
+    return bad(o.quote_file ? fmt::format("data_offsets [{}, {}] are not ordered non-negative integers",
+                                          JsonExcerpt((*offs_it)[0]), JsonExcerpt((*offs_it)[1]))
                             : "data_offsets are not ordered non-negative integers");
   }
   if (*end > data_size) {
@@ -121,6 +125,9 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, u
                                                  std::string_view path, const SafetensorsHeaderOptions& o) {
   const uint64_t data_begin = 8 + static_cast<uint64_t>(header_json.size());
   if (data_begin > file_size) return DataLoss(fmt::format("{}: the header runs past the end of the file", path));
+  // The depth bound of every untrusted JSON (core/json_limits.h); the parse below keeps
+  // its own wording, which quotes the parser only when the file may be quoted.
+  WSYNC_RETURN_IF_ERROR(CheckJsonDepth(header_json, fmt::format("{}: header", path)));
   json header;
   try {
     header = json::parse(header_json.begin(), header_json.end());
@@ -141,7 +148,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json, u
       if (!it->is_object()) return InvalidArgument(fmt::format("{}: __metadata__ is not an object", path));
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string()) {
-          return InvalidArgument(o.quote_file ? fmt::format("{}: __metadata__ value of {} is not a string", path, m.key())
+          return InvalidArgument(o.quote_file ? fmt::format("{}: __metadata__ value of {} is not a string", path, TextExcerpt(m.key()))
                                               : fmt::format("{}: a __metadata__ value is not a string", path));
         }
         out.metadata[m.key()] = m->get<std::string>();

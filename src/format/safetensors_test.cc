@@ -286,6 +286,29 @@ TEST_F(SafetensorsTest, CorruptHeadersNameFileAndTensor) {
   ExpectOpenError(Path("absent.safetensors"), StatusCode::kNotFound, {"absent.safetensors"});
 }
 
+// A header nested 100,000 deep is refused before parsing, with or without quoting the
+// file; a deep value inside a field is described flat, never dumped.
+TEST_F(SafetensorsTest, DeepHeadersAreRefused) {
+  const std::string p = Path("deep.safetensors");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  WriteRaw(p, R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})", 8);
+  auto f = SafetensorsFile::Open(p);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.status().message(), p + ": header: field 'w' nests deeper than 64 levels");
+
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[[[[8]]],0]}})";
+  WriteRaw(p, header, 8);
+  f = SafetensorsFile::Open(p);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().message(),
+            p + ": tensor w: data_offsets [a list of 1 items, 0] are not ordered non-negative integers");
+  auto h = ParseSafetensorsHeader(header, 8 + header.size() + 8, "sync/x.safetensors",
+                                  SafetensorsHeaderOptions{.quote_file = false});
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().message(), "sync/x.safetensors: tensor w: data_offsets are not ordered non-negative integers");
+}
+
 // Shapes whose element count overflows int64, even partially (a zero dimension after
 // huge ones), are refused: numel() and nbytes() of every tensor read are then defined.
 TEST_F(SafetensorsTest, ShapesThatOverflowInt64AreRefused) {
@@ -419,6 +442,15 @@ TEST_F(SafetensorsTest, CheckpointDirWithIndex) {
 
   std::ofstream(Path("model.safetensors.index.json")) << "{not json";
   EXPECT_EQ(CheckpointDir::Open(dir_).status().code(), StatusCode::kInvalidArgument);
+
+  std::ofstream(Path("model.safetensors.index.json"))
+      << R"({"metadata": )" << std::string(100000, '[') << std::string(100000, ']') << "}";
+  auto deep = CheckpointDir::Open(dir_);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(deep.status().message().find("model.safetensors.index.json: field 'metadata' nests deeper than 64 levels"),
+            std::string::npos)
+      << deep.status().message();
 }
 
 TEST_F(SafetensorsTest, EmptyOrMissingDirIsNotFound) {

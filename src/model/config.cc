@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
+#include "core/json_limits.h"
 #include "core/shape_math.h"
 
 namespace wsync {
@@ -113,7 +114,7 @@ Result<int64_t> IntField(const nlohmann::json& j, std::string_view origin, const
   }
   if (!it->is_number_integer()) {
     return InvalidArgument(
-        fmt::format("{}: field {} must be an integer, got {}", origin, field, it->dump()));
+        fmt::format("{}: field {} must be an integer, got {}", origin, field, JsonExcerpt(*it)));
   }
   return it->get<int64_t>();
 }
@@ -124,7 +125,7 @@ Result<bool> BoolField(const nlohmann::json& j, std::string_view origin, const c
   if (it == j.end() || it->is_null()) return false;
   if (!it->is_boolean()) {
     return InvalidArgument(
-        fmt::format("{}: field {} must be a boolean, got {}", origin, field, it->dump()));
+        fmt::format("{}: field {} must be a boolean, got {}", origin, field, JsonExcerpt(*it)));
   }
   return it->get<bool>();
 }
@@ -309,17 +310,16 @@ Status ValidateConfig(const ModelConfig& c) {
 }
 
 Result<ModelConfig> ParseHfConfig(std::string_view json_text, std::string_view origin) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument(fmt::format("{}: not a JSON object", origin));
-  }
+  // A config.json is untrusted: it comes with a checkpoint from anywhere.
+  WSYNC_ASSIGN_OR_RETURN(nlohmann::json j, ParseUntrustedJson(json_text, origin));
+  if (!j.is_object()) return InvalidArgument(fmt::format("{}: not a JSON object", origin));
   ModelConfig c;
   c.name = std::string(origin);
   auto arch = j.find("architectures");
   if (arch == j.end()) return InvalidArgument(fmt::format("{}: missing field architectures", origin));
   if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
     return InvalidArgument(fmt::format(
-        "{}: field architectures must list exactly one architecture, got {}", origin, arch->dump()));
+        "{}: field architectures must list exactly one architecture, got {}", origin, JsonExcerpt(*arch)));
   }
   c.architecture = (*arch)[0].get<std::string>();
   if (!KnownArchitecture(c.architecture)) {
@@ -357,20 +357,20 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text, std::string_view o
   if (auto tie = j.find("tie_word_embeddings"); tie != j.end() && !tie->is_null()) {
     if (!tie->is_boolean()) {
       return InvalidArgument(fmt::format("{}: field tie_word_embeddings must be a boolean, got {}",
-                                         origin, tie->dump()));
+                                         origin, JsonExcerpt(*tie)));
     }
     c.tie_word_embeddings = tie->get<bool>();
   }
   for (const char* field : {"torch_dtype", "dtype"}) {
     auto it = j.find(field);
     if (it == j.end() || it->is_null()) continue;
-    std::string name = it->is_string() ? it->get<std::string>() : it->dump();
+    const std::string name = it->is_string() ? it->get<std::string>() : std::string();
     if (name == "bfloat16") c.dtype = DType::kBF16;
     else if (name == "float16") c.dtype = DType::kF16;
     else if (name == "float32") c.dtype = DType::kF32;
     else {
-      return InvalidArgument(fmt::format(
-          "{}: field {} is '{}', expected bfloat16, float16 or float32", origin, field, name));
+      return InvalidArgument(fmt::format("{}: field {} is {}, expected bfloat16, float16 or float32", origin,
+                                         field, JsonExcerpt(*it)));
     }
     break;
   }

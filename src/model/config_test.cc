@@ -156,7 +156,14 @@ TEST(ConfigJson, BadValues) {
   EXPECT_EQ(wrong_type.status().message(), "c.json: field vocab_size must be an integer, got \"many\"");
   auto not_json = ParseHfConfig("{", "c.json");
   ASSERT_FALSE(not_json.ok());
-  EXPECT_EQ(not_json.status().message(), "c.json: not a JSON object");
+  EXPECT_TRUE(Contains(not_json.status().message(), "malformed JSON in c.json: ")) << not_json.status().message();
+  auto not_object = ParseHfConfig("[1]", "c.json");
+  ASSERT_FALSE(not_object.ok());
+  EXPECT_EQ(not_object.status().message(), "c.json: not a JSON object");
+  auto nested_arch = ParseHfConfig(R"({"architectures": [["Qwen3ForCausalLM"]]})", "c.json");
+  ASSERT_FALSE(nested_arch.ok());
+  EXPECT_EQ(nested_arch.status().message(),
+            "c.json: field architectures must list exactly one architecture, got a list of 1 items");
   std::string text = kMoeJson;
   text.replace(text.find("\"mlp_only_layers\": []"), 21, "\"mlp_only_layers\": [0]");
   auto mixed = ParseHfConfig(text, "c.json");
@@ -199,6 +206,29 @@ TEST(ConfigJson, SizesThatOverflowOrRunAwayAreRefused) {
   auto huge = ParseHfConfig(text, "c.json");
   ASSERT_FALSE(huge.ok());
   EXPECT_TRUE(Contains(huge.status().message(), "overflow int64")) << huge.status().message();
+}
+
+// A config.json nested 100,000 deep is refused before parsing, naming the file and the
+// field; no error path recurses over it.
+TEST(ConfigJson, DeepNestingIsRefused) {
+  const int kDepth = 100000;
+  std::string text = R"({"architectures": ["Qwen3ForCausalLM"], "rope_scaling": )";
+  text += std::string(kDepth, '[') + std::string(kDepth, ']') + "}";
+  TempConfig t(text);
+  auto c = LookupModel(t.dir());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(), t.file() + ": field 'rope_scaling' nests deeper than 64 levels");
+  // The same value one level under the limit parses; the field is not one wsync reads.
+  std::string shallow = kDenseJson;
+  shallow.insert(shallow.rfind('}'), R"(, "rope_scaling": )" + std::string(63, '[') + std::string(63, ']'));
+  EXPECT_TRUE(ParseHfConfig(shallow, "c.json").ok()) << ParseHfConfig(shallow, "c.json").status().ToString();
+  // A deep value in a field wsync reads is described flat, never dumped.
+  std::string deep_field = R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": )" +
+                           std::string(60, '[') + std::string(60, ']') + "}";
+  auto v = ParseHfConfig(deep_field, "c.json");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().message(), "c.json: field vocab_size must be an integer, got a list of 1 items");
 }
 
 TEST(ConfigJson, DirectoryWithoutConfig) {

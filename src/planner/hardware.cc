@@ -10,6 +10,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
+
 namespace wsync::planner {
 namespace {
 
@@ -40,12 +42,12 @@ Status Bad(std::string_view origin, const std::string& what) {
 }  // namespace
 
 Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::string_view origin) {
-  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Bad(origin, "not a JSON object");
+  WSYNC_ASSIGN_OR_RETURN(nlohmann::json j, ParseUntrustedJson(json_text, origin));
+  if (!j.is_object()) return Bad(origin, "not a JSON object");
   std::set<std::string> known{"name", "description", "sources"};
   for (const NumberField& f : kNumbers) known.insert(f.name);
   for (const auto& [key, value] : j.items()) {
-    if (!known.count(key)) return Bad(origin, fmt::format("unknown field {}", key));
+    if (!known.count(key)) return Bad(origin, fmt::format("unknown field {}", TextExcerpt(key)));
   }
   HardwareProfile p;
   for (const char* field : {"name", "description"}) {
@@ -64,7 +66,7 @@ Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::st
     const nlohmann::json& value = item.value();
     bool is_number = std::any_of(std::begin(kNumbers), std::end(kNumbers),
                                  [&](const NumberField& f) { return key == f.name; });
-    if (!is_number) return Bad(origin, fmt::format("sources names {}, which is not a figure", key));
+    if (!is_number) return Bad(origin, fmt::format("sources names {}, which is not a figure", TextExcerpt(key)));
     if (!value.is_string() || value.get<std::string>().empty()) {
       return Bad(origin, fmt::format("sources.{} must be a non-empty string", key));
     }
@@ -73,13 +75,13 @@ Result<HardwareProfile> ParseHardwareProfile(std::string_view json_text, std::st
   for (const NumberField& f : kNumbers) {
     auto it = j.find(f.name);
     if (it == j.end()) return Bad(origin, fmt::format("missing field {}", f.name));
-    if (!it->is_number()) return Bad(origin, fmt::format("field {} must be a number, got {}", f.name, it->dump()));
+    if (!it->is_number()) return Bad(origin, fmt::format("field {} must be a number, got {}", f.name, JsonExcerpt(*it)));
     const double v = it->get<double>();
     if (!(v >= 0) || v > f.max) {
-      return Bad(origin, fmt::format("field {} is {}, must be in [0, {}]", f.name, it->dump(), f.max));
+      return Bad(origin, fmt::format("field {} is {}, must be in [0, {}]", f.name, JsonExcerpt(*it), f.max));
     }
     if (f.integer && !it->is_number_integer()) {
-      return Bad(origin, fmt::format("field {} must be an integer, got {}", f.name, it->dump()));
+      return Bad(origin, fmt::format("field {} must be an integer, got {}", f.name, JsonExcerpt(*it)));
     }
     if (!p.sources.count(f.name)) return Bad(origin, fmt::format("field {} has no entry in sources", f.name));
     const std::string_view n = f.name;

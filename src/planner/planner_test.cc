@@ -133,6 +133,12 @@ TEST(Hardware, FieldsAreChecked) {
     EXPECT_EQ(p.status().message(), message);
   }
   EXPECT_EQ(ParseHardwareProfile("[1]", "p.json").status().message(), "p.json: not a JSON object");
+  // Nesting is bounded before parsing; a deep value is described flat, never dumped.
+  const std::string deep = "{\"sources\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_EQ(ParseHardwareProfile(deep, "p.json").status().message(),
+            "p.json: field 'sources' nests deeper than 64 levels");
+  auto listed = ParseHardwareProfile(Profile("\"host_cores\": 112", "\"host_cores\": [[[112]]]"), "p.json");
+  EXPECT_EQ(listed.status().message(), "p.json: field host_cores must be a number, got a list of 1 items");
 }
 
 TEST(FleetSyntax, TrainerAndServers) {

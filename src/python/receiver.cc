@@ -17,6 +17,7 @@
 #include "python/dlpack.h"
 #include "python/errors.h"
 #include "core/digest.h"
+#include "core/json_limits.h"
 #include "model/config.h"
 #include "receiver/backend.h"
 #include "wsync/dtype.h"
@@ -29,9 +30,11 @@ namespace {
 
 using nlohmann::json;
 
+// Payloads come from a Python front, which may pass on what a request carried: parsed
+// depth-bounded (core/json_limits.h).
 json ParseJson(const std::string& text, const char* what) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) RaiseStatus(InvalidArgument(fmt::format("{} must be a JSON object", what)));
+  json j = ValueOrRaise(ParseUntrustedJson(text, what));
+  if (!j.is_object()) RaiseStatus(InvalidArgument(fmt::format("{} must be a JSON object", what)));
   return j;
 }
 

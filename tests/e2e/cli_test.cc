@@ -1,5 +1,7 @@
 // The `wsync` command line itself: help texts name the main flags, and bad flags or
 // arguments fail fast with a message instead of starting anything.
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,27 @@ TEST_F(CliTest, ServeWithAnUnknownModelExitsNonZeroNamingIt) {
   EXPECT_FALSE(r.timed_out) << r.description;
   EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;
   EXPECT_NE(r.err.find("no-such-model"), std::string::npos) << r.description;
+}
+
+// A config.json nested 100,000 deep is an error naming the file and the field in every
+// command that loads a model directory, never a crash.
+TEST_F(CliTest, ADeeplyNestedConfigIsAnErrorInEveryCommand) {
+  const std::filesystem::path model = dir() / "deep_model";
+  std::filesystem::create_directories(model);
+  std::ofstream(model / "config.json") << R"({"architectures": ["Qwen3ForCausalLM"], "rope_scaling": )"
+                                       << std::string(100000, '[') << std::string(100000, ']') << "}";
+  const std::string want = (model / "config.json").string() + ": field 'rope_scaling' nests deeper than 64 levels";
+  const std::vector<std::vector<std::string>> commands = {
+      {"serve", "--host", "127.0.0.1", "--port", "0", "--model", model.string()},
+      {"push", "--servers", "http://127.0.0.1:1", "--model", model.string(), "--timeout", "10"},
+      {"plan", "--model", model.string(), "--trainer", "fsdp:8@h800", "--servers", "1x(8,1,1)@h800"},
+  };
+  for (const std::vector<std::string>& args : commands) {
+    RunResult r = RunWsync("deep_" + args[0], args, 60);
+    EXPECT_FALSE(r.timed_out) << r.description;
+    EXPECT_TRUE(r.exit.exited && r.exit.code != 0) << r.description;  // exited, not killed by a signal
+    EXPECT_NE((r.err + r.out).find(want), std::string::npos) << r.description << "\n" << r.err;
+  }
 }
 
 TEST_F(CliTest, PushToAnUnreachableServerExitsNonZeroNamingIt) {

@@ -17,6 +17,7 @@
 #include "backends/delta/manifest.h"
 #include "backends/delta/payload_file.h"
 #include "core/checked_math.h"
+#include "core/json_limits.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/stopwatch.h"
@@ -47,6 +48,9 @@ struct LocalCheckpoint::SyncDir {
 };
 
 Result<CheckpointState> ParseCheckpointState(std::string_view text) {
+  // The depth bound of all untrusted JSON (core/json_limits.h); any fault in the state
+  // file is DataLoss.
+  if (Status deep = CheckJsonDepth(text, "the state"); !deep.ok()) return DataLoss(deep.message());
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return DataLoss("the state is not a JSON object");
   CheckpointState s;

@@ -482,6 +482,10 @@ TEST(ParseCheckpointStateTest, WrongTypesAreDataLossNeverAnException) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << bad;
   }
+  auto deep = ParseCheckpointState(R"({"sync_dir": )" + std::string(100000, '[') + std::string(100000, ']') + "}");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(deep.status().message(), "the state: field 'sync_dir' nests deeper than 64 levels");
 }
 
 }  // namespace

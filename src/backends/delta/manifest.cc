@@ -12,6 +12,7 @@
 #include "backends/delta/confined_dir.h"
 #include "backends/delta/fs.h"
 #include "core/checked_math.h"
+#include "core/json_limits.h"
 
 namespace wsync::delta {
 namespace {
@@ -43,7 +44,7 @@ Result<int64_t> VersionField(const json& j, const char* key) {
 
 // A string field of a record: at most kMaxManifestStringBytes, so that messages which
 // name a tensor, a key or a dtype stay short.
-constexpr size_t kMaxManifestStringBytes = 1024;
+constexpr size_t kMaxManifestStringBytes = kMaxNameBytes;
 
 Result<std::string> StringField(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
@@ -141,6 +142,9 @@ std::string DeltaManifest::ToJson() const {
 }
 
 Result<DeltaManifest> DeltaManifest::Parse(const std::string& text) {
+  // The depth bound of all untrusted JSON (core/json_limits.h); malformed text keeps this
+  // file's wording, which never quotes the parser (and with it, the sync directory).
+  WSYNC_RETURN_IF_ERROR(CheckJsonDepth(text, "manifest"));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return InvalidArgument("manifest is not a JSON object");
   DeltaManifest m;
@@ -151,7 +155,7 @@ Result<DeltaManifest> DeltaManifest::Parse(const std::string& text) {
                                           : it->get<int64_t>() >= 1 && it->get<int64_t>() <= kManifestFormatVersion;
     if (!known) {
       return FailedPrecondition(fmt::format("manifest format_version {} is not one this wsync reads (1..{})",
-                                            it->dump(), kManifestFormatVersion));
+                                            JsonExcerpt(*it), kManifestFormatVersion));
     }
     m.format_version = static_cast<int>(it->get<int64_t>());
   }

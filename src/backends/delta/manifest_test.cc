@@ -147,5 +147,18 @@ TEST(DeltaManifestTest, HostileManifestsAreRefused) {
   }
 }
 
+// A manifest nested 100,000 deep is refused before parsing, naming the field.
+TEST(DeltaManifestTest, DeepNestingIsRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto r = DeltaManifest::Parse(R"({"version": 1, "base_version": 0, "tensors": )" + deep + "}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "manifest: field 'tensors' nests deeper than 64 levels");
+  // 63 levels under the top object parse (and are then refused as a field of the wrong type).
+  const std::string deepest = std::string(63, '[') + std::string(63, ']');
+  r = DeltaManifest::Parse(R"({"version": 1, "base_version": 0, "tensors": [], "payload_files": )" + deepest + "}");
+  EXPECT_EQ(r.status().message(), "payload_files[0] is not a string");
+}
+
 }  // namespace
 }  // namespace wsync::delta

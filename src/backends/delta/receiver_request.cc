@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "backends/delta/manifest.h"
+#include "core/json_limits.h"
 
 namespace wsync::delta {
 namespace {
@@ -54,7 +55,7 @@ Result<DeltaInitRequest> ParseDeltaInit(const json& init_info) {
     if (it->is_number_unsigned() ? it->get<uint64_t>() > static_cast<uint64_t>(kManifestFormatVersion)
                                  : it->get<int64_t>() > kManifestFormatVersion) {
       return FailedPrecondition(fmt::format("init_info format_version {} is newer than this server reads ({})",
-                                            it->dump(), kManifestFormatVersion));
+                                            JsonExcerpt(*it), kManifestFormatVersion));
     }
     r.format_version = it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
     if (r.format_version < 1) {

@@ -10,6 +10,7 @@
 
 #include "backends/delta/confined_dir.h"
 #include "backends/delta/receiver_request.h"
+#include "core/json_limits.h"
 
 namespace {
 
@@ -25,11 +26,14 @@ void CheckBelow(const std::string& requested) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
+  // The bounded parser every request body goes through (core/json_limits.h).
+  wsync::Result<nlohmann::json> parsed =
+      wsync::ParseUntrustedJson(std::string_view(reinterpret_cast<const char*>(data), size), "body");
+  if (!parsed.ok()) {
     CheckBelow(std::string(reinterpret_cast<const char*>(data), size));
     return 0;
   }
+  const nlohmann::json& j = *parsed;
   auto init = wsync::delta::ParseDeltaInit(j);
   if (init.ok() && init->sync_dir) CheckBelow(*init->sync_dir);
   auto fetch = wsync::delta::ParseDeltaFetch(j);

@@ -12,14 +12,17 @@
 
 #include "backends/ipc/protocol.h"
 #include "core/checked_math.h"
+#include "core/json_limits.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace wsync;
   using nlohmann::json;
   if (size < 1) return 0;
   std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return 0;
+  // The bounded parser every request body goes through (core/json_limits.h).
+  Result<json> parsed = ParseUntrustedJson(text, "ipc payload");
+  if (!parsed.ok() || !parsed->is_object()) return 0;
+  const json& j = *parsed;
   if (data[0] % 2 == 0) {
     Result<IpcInitInfo> info = IpcInitInfo::Parse(j);
     if (!info.ok()) {

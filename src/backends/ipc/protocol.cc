@@ -14,6 +14,7 @@
 
 #include "control/init_payloads.h"
 #include "core/checked_math.h"
+#include "core/json_limits.h"
 #include "plan/packing.h"
 
 namespace wsync {
@@ -44,12 +45,12 @@ Status Read(const json& j, const char* where, const char* field, bool required, 
   } else if constexpr (std::is_integral_v<T>) {
     // Exactly representable in T, never narrowed: 4294967297 is not an int 1, -7 no size.
     if (!it->is_number_integer()) {
-      return InvalidArgument(fmt::format("{} '{}' must be an integer, got {}", where, field, IpcClip(it->dump(), 200)));
+      return InvalidArgument(fmt::format("{} '{}' must be an integer, got {}", where, field, JsonExcerpt(*it)));
     }
     std::optional<T> v = it->is_number_unsigned() ? CheckedCast<T>(it->get<uint64_t>())
                                                   : CheckedCast<T>(it->get<int64_t>());
     if (!v) {
-      return InvalidArgument(fmt::format("{} '{}' = {} is outside {}..{}", where, field, it->dump(),
+      return InvalidArgument(fmt::format("{} '{}' = {} is outside {}..{}", where, field, JsonExcerpt(*it),
                                          std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
     }
     *out = *v;
@@ -61,7 +62,7 @@ Status Read(const json& j, const char* where, const char* field, bool required, 
   } else {
     ok = it->is_string();
   }
-  if (!ok) return InvalidArgument(fmt::format("{} '{}' has the wrong type: {}", where, field, IpcClip(it->dump(), 200)));
+  if (!ok) return InvalidArgument(fmt::format("{} '{}' has the wrong type: {}", where, field, JsonExcerpt(*it)));
   *out = it->get<T>();
   return Status::Ok();
 }
@@ -75,7 +76,8 @@ Result<std::vector<uint64_t>> ReadU64List(const json& j, const char* field) {
   for (size_t i = 0; i < it->size(); ++i) {
     const json& v = (*it)[i];
     if (!IsNonNegativeInteger(v)) {
-      return InvalidArgument(fmt::format("update_info {}[{}] must be a non-negative integer, got {}", field, i, v.dump()));
+      return InvalidArgument(fmt::format("update_info {}[{}] must be a non-negative integer, got {}", field, i,
+                                         JsonExcerpt(v)));
     }
     out.push_back(v.get<uint64_t>());
   }
@@ -97,11 +99,15 @@ json IpcBufferDesc::ToJson() const {
 }
 
 Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key, const char* parent) {
+  if (key.size() > kMaxNameBytes) {
+    return InvalidArgument(fmt::format("{} buffers has a device key of {} bytes, over the limit of {}", parent,
+                                       key.size(), kMaxNameBytes));
+  }
   std::string where = fmt::format("{} buffers['{}']", parent, key);
   if (!j.is_object()) return InvalidArgument(where + " must be an object");
   static const std::set<std::string> kKnown = {"kind", "offset", "stride", "handle", "publisher"};
   for (const auto& [k, _] : j.items()) {
-    if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, k));
+    if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, TextExcerpt(k)));
   }
   std::optional<std::string> kind;
   std::optional<uint64_t> offset, stride;
@@ -116,7 +122,7 @@ Result<IpcBufferDesc> IpcBufferDesc::Parse(const json& j, const std::string& key
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "stride", true, &stride));
   WSYNC_RETURN_IF_ERROR(Read(j, where.c_str(), "handle", false, &handle));
   if (*kind != "shm" && *kind != "cuda_ipc" && *kind != "cuda_fd" && *kind != "none") {
-    return InvalidArgument(fmt::format("{} kind '{}' is not one of shm, cuda_ipc, cuda_fd, none", where, *kind));
+    return InvalidArgument(fmt::format("{} kind '{}' is not one of shm, cuda_ipc, cuda_fd, none", where, TextExcerpt(*kind)));
   }
   IpcBufferDesc d;
   d.kind = *kind;
@@ -156,7 +162,9 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
         "handles; use a wsync trainer (`wsync push --backend ipc`)");
   }
   for (const auto& [key, _] : j.items()) {
-    if (!kKnown.contains(key)) return InvalidArgument(fmt::format("init_info has unknown field '{}'", key));
+    if (!kKnown.contains(key)) {
+      return InvalidArgument(fmt::format("init_info has unknown field '{}'", TextExcerpt(key)));
+    }
   }
   std::optional<int> version, num_slots, reader_offset, reader_count;
   std::optional<bool> packed;
@@ -263,7 +271,7 @@ Result<IpcZeroCopy> ParseZeroCopy(const json& j) {
   if (!j.is_object()) return InvalidArgument("update_info 'zero_copy' must be an object");
   static const std::set<std::string> kKnown = {"generation", "bytes", "buffers"};
   for (const auto& [k, _] : j.items()) {
-    if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, k));
+    if (!kKnown.contains(k)) return InvalidArgument(fmt::format("{} has unknown field '{}'", where, TextExcerpt(k)));
   }
   std::optional<uint64_t> generation, bytes;
   WSYNC_RETURN_IF_ERROR(Read(j, where, "generation", true, &generation));
@@ -303,6 +311,9 @@ Result<IpcUpdateInfo> IpcUpdateInfo::Parse(const json& j) {
                                        *version, kIpcProtocolVersion));
   }
   WSYNC_RETURN_IF_ERROR(Read(j, where, "session", true, &session));
+  if (!IsSessionId(*session)) {
+    return InvalidArgument(fmt::format("update_info session '{}' is not 32 lowercase hex digits", TextExcerpt(*session)));
+  }
   IpcUpdateInfo u;
   u.session = *session;
   WSYNC_ASSIGN_OR_RETURN(u.tensor_sizes, ReadU64List(j, "tensor_sizes"));

@@ -119,7 +119,8 @@ struct IpcBufferDesc {
 
   bool operator==(const IpcBufferDesc&) const = default;
   nlohmann::json ToJson() const;
-  // `parent` names the object holding the entry in messages.
+  // `parent` names the object holding the entry in messages. A device key is at most
+  // kMaxNameBytes (core/json_limits.h).
   static Result<IpcBufferDesc> Parse(const nlohmann::json& j, const std::string& key,
                                      const char* parent = "init_info");
 };
@@ -171,7 +172,7 @@ struct IpcUpdateInfo {
   // (all but sync and first_seq, which travel in the control region).
   void AddTo(nlohmann::json* update_info) const;
   // Parses the ipc fields (sync and first_seq stay 0); rejects vLLM's torch-pickled
-  // handles with a clear message.
+  // handles with a clear message, and a session that is not 32 lowercase hex digits.
   static Result<IpcUpdateInfo> Parse(const nlohmann::json& update_info);
   // Checks the update against the tensors the server parsed and the mapped slots: sizes
   // match dtype x shape, chunks cover the tensors in order, every tensor lies inside its

@@ -1,8 +1,10 @@
 #include "backends/ipc/protocol.h"
 
+#include <tuple>
+
 #include <gtest/gtest.h>
 
-#include <tuple>
+#include "core/json_limits.h"
 
 namespace wsync {
 namespace {
@@ -167,6 +169,31 @@ TEST(IpcProtocol, IntegersAreReadAtTheirExactWidthAndRangeNeverNarrowed) {
   bad = u;
   bad["zero_copy"] = {{"generation", 1}, {"bytes", -1}};
   EXPECT_FALSE(IpcUpdateInfo::Parse(bad).ok());
+
+  // Text fields are bounded and refused values are shown flat: no message grows with, or
+  // recurses over, what the request sent.
+  bad = u;
+  bad["session"] = std::string(100000, 's');
+  EXPECT_EQ(IpcUpdateInfo::Parse(bad).status().message(),
+            "update_info session '" + std::string(64, 's') + "... (100000 bytes)' is not 32 lowercase hex digits");
+  json deep = json::array();
+  for (int i = 0; i < 60; ++i) deep = json::array({deep});
+  bad = u;
+  bad["tensor_sizes"] = {1, deep};
+  EXPECT_EQ(IpcUpdateInfo::Parse(bad).status().message(),
+            "update_info tensor_sizes[1] must be a non-negative integer, got a list of 1 items");
+  bad = u;
+  bad["wsync_ipc_protocol"] = deep;
+  EXPECT_EQ(IpcUpdateInfo::Parse(bad).status().message(),
+            "update_info 'wsync_ipc_protocol' must be an integer, got a list of 1 items");
+  j = good;
+  j["buffers"][std::string(kMaxNameBytes + 1, 'k')] = j["buffers"].begin().value();
+  EXPECT_EQ(IpcInitInfo::Parse(j).status().message(),
+            "init_info buffers has a device key of 1025 bytes, over the limit of 1024");
+  j = good;
+  j[std::string(100000, 'f')] = 1;
+  EXPECT_EQ(IpcInitInfo::Parse(j).status().message(),
+            "init_info has unknown field '" + std::string(64, 'f') + "... (100000 bytes)'");
 }
 
 TEST(IpcProtocol, CutIsBeforeTheOverflowingTensorAndOffsetsAreAligned) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/json_int.h"
+#include "core/json_limits.h"
 
 namespace wsync {
 
@@ -42,11 +43,7 @@ Status Read(const json& j, const char* field, bool required, std::optional<T>* o
   if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
   else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
   else ok = it->is_string();
-  if (!ok) {
-    std::string shown = it->dump(-1, ' ', true, json::error_handler_t::replace);
-    if (shown.size() > 64) shown = shown.substr(0, 64) + "...";
-    return InvalidArgument(fmt::format("init_info '{}' has the wrong type: {}", field, shown));
-  }
+  if (!ok) return InvalidArgument(fmt::format("init_info '{}' has the wrong type: {}", field, JsonExcerpt(*it)));
   *out = it->get<T>();
   return Status::Ok();
 }
@@ -109,8 +106,9 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_store_host", false, &info.gloo_store_host));
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_prefix", false, &info.gloo_prefix));
   WSYNC_RETURN_IF_ERROR(Read(j, "timeout_seconds", false, &timeout));
-  WSYNC_RETURN_IF_ERROR(CheckText("gloo_store_host", info.gloo_store_host, 253));
-  WSYNC_RETURN_IF_ERROR(CheckText("gloo_prefix", info.gloo_prefix, 256));
+  WSYNC_RETURN_IF_ERROR(CheckText("gloo_store_host", info.gloo_store_host, kMaxGlooStoreHostBytes));
+  WSYNC_RETURN_IF_ERROR(CheckText("gloo_prefix", info.gloo_prefix, kMaxGlooPrefixBytes));
+  WSYNC_RETURN_IF_ERROR(CheckText("nccl_unique_id_b64", info.nccl_unique_id_b64, kMaxNcclUniqueIdB64Bytes));
   info.world_size = static_cast<int>(*world_size);
   info.rank_offset = static_cast<int>(*rank_offset);
   if (packed) info.packed = *packed;
@@ -128,8 +126,9 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
                                          it->size(), info.world_size));
     }
     for (const json& l : *it) {
-      if (!l.is_string() || l.get_ref<const std::string&>().size() > 256) {
-        return InvalidArgument("init_info 'gloo_rank_labels' must be a list of strings of at most 256 bytes");
+      if (!l.is_string() || l.get_ref<const std::string&>().size() > kMaxGlooRankLabelBytes) {
+        return InvalidArgument(fmt::format("init_info 'gloo_rank_labels' must be a list of strings of at most {} bytes",
+                                           kMaxGlooRankLabelBytes));
       }
       info.gloo_rank_labels.push_back(l.get<std::string>());
     }

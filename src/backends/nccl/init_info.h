@@ -33,6 +33,12 @@ inline constexpr int64_t kMaxNcclWorldSize = kMaxBroadcastWorldSize;
 // Bounds on the packing fields, far above any real setting.
 inline constexpr int64_t kMaxNcclBufferBytes = int64_t{1} << 40;
 inline constexpr int64_t kMaxNcclNumBuffers = 1024;
+// Bounds on the text fields, in bytes: the base64 of a 128-byte ncclUniqueId is 172; a
+// store host is a literal address (comm/store_address.h) and fits a DNS name's 253.
+inline constexpr size_t kMaxNcclUniqueIdB64Bytes = 256;
+inline constexpr size_t kMaxGlooStoreHostBytes = 253;
+inline constexpr size_t kMaxGlooPrefixBytes = 256;
+inline constexpr size_t kMaxGlooRankLabelBytes = 256;
 // The piece size a wsync trainer asks of wsync servers: large enough for NCCL's full
 // bandwidth, small enough that packing and unpacking overlap the wire inside a chunk.
 inline constexpr int64_t kWsyncBroadcastPieceBytes = int64_t{256} << 20;
@@ -71,6 +77,8 @@ struct NcclInitInfo {
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one.
   // Integers are exact and range-checked (core/json_int.h): world_size in
   // [2, kMaxNcclWorldSize], rank_offset in [1, world_size), gloo_store_port in [1, 65535].
+  // Text fields are printable ASCII within the kMax*Bytes bounds above; a refused value is
+  // shown as a flat excerpt (core/json_limits.h).
   static Result<NcclInitInfo> Parse(const nlohmann::json& j);
 };
 

@@ -7,13 +7,16 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/nccl/init_info.h"
+#include "core/json_limits.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return 0;
-  wsync::Result<wsync::NcclInitInfo> info = wsync::NcclInitInfo::Parse(j);
+  // The bounded parser every request body goes through (core/json_limits.h).
+  wsync::Result<nlohmann::json> j =
+      wsync::ParseUntrustedJson(std::string_view(reinterpret_cast<const char*>(data), size), "init_info");
+  if (!j.ok()) return 0;
+  wsync::Result<wsync::NcclInitInfo> info = wsync::NcclInitInfo::Parse(*j);
   if (!info.ok()) {
-    (void)info.status().message();
+    (void)nlohmann::json(info.status().message()).dump();  // throws on a message that is not UTF-8
     return 0;
   }
   if (info->world_size < 2 || info->world_size > wsync::kMaxNcclWorldSize) std::abort();

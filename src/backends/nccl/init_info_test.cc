@@ -131,6 +131,23 @@ TEST(NcclInitInfo, IntegersAreExactAndRangeChecked) {
   EXPECT_TRUE(NcclInitInfo::Parse(j).ok()) << ErrorOf(j);
 }
 
+// Text fields are bounded, and a wrong-typed value is shown flat, never dumped.
+TEST(NcclInitInfo, TextFieldsAreBoundedAndValuesShownFlat) {
+  json j = {{"rank_offset", 1}, {"world_size", 2}, {"nccl_unique_id_b64", std::string(257, 'A')}};
+  EXPECT_EQ(ErrorOf(j), "init_info 'nccl_unique_id_b64' must have 1 to 256 characters, got 257");
+  j = GlooInit();
+  j["gloo_store_host"] = std::string(254, '1');
+  EXPECT_EQ(ErrorOf(j), "init_info 'gloo_store_host' must have 1 to 253 characters, got 254");
+  json deep = json::array();
+  for (int i = 0; i < 60; ++i) deep = json::array({deep});
+  j = GlooInit();
+  j["gloo_prefix"] = deep;
+  EXPECT_EQ(ErrorOf(j), "init_info 'gloo_prefix' has the wrong type: a list of 1 items");
+  j = GlooInit();
+  j["world_size"] = deep;
+  EXPECT_EQ(ErrorOf(j), "init_info 'world_size' must be an integer in [2, 65536], got a list of 1 items");
+}
+
 TEST(NcclInitInfo, RankLabelsAreCheckedBeforeTheyAreCopied) {
   json j = GlooInit();
   j["gloo_rank_labels"] = json::array({"a", "b", "c", "d"});

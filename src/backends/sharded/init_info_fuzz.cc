@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/sharded/init_info.h"
+#include "core/json_limits.h"
 
 namespace {
 
@@ -49,11 +50,13 @@ bool Consistent(const ShardedInitInfo& info) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return 0;
-  wsync::Result<ShardedInitInfo> info = ShardedInitInfo::Parse(j);
+  // The bounded parser every request body goes through (core/json_limits.h).
+  wsync::Result<nlohmann::json> j =
+      wsync::ParseUntrustedJson(std::string_view(reinterpret_cast<const char*>(data), size), "init_info");
+  if (!j.ok()) return 0;
+  wsync::Result<ShardedInitInfo> info = ShardedInitInfo::Parse(*j);
   if (!info.ok()) {
-    (void)info.status().message();
+    (void)nlohmann::json(info.status().message()).dump();  // throws on a message that is not UTF-8
     return 0;
   }
   if (!Consistent(*info)) std::abort();
