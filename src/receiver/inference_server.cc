@@ -554,7 +554,7 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     // Marked first: a reset that fails half-way has changed weights too. No generation
     // step reads them meanwhile.
     std::unique_lock<std::shared_mutex> no_readers = ExcludeGeneration();
-    session_->MarkDiscarded("weight_checker 'reset' overwrote the runtime parameters with random values");
+    session_->MarkOverwritten("weight_checker 'reset' overwrote the runtime parameters with random values");
     WSYNC_RETURN_IF_ERROR(RandomizeRuntimeParams(workers, seed, threads));
     WSYNC_LOG_INFO("weight_checker: reset every runtime parameter of {} worker(s) to random values", workers.size());
     return json{{"status", "reset"}};

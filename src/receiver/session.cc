@@ -64,7 +64,10 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
     ++(outcome.ok() ? finished_ : failed_finish_);
     if (outcome.ok()) {
       dirty_ = false;
-      if (session_touched_) discarded_.clear();
+      if (session_touched_) {
+        discarded_.clear();
+        overwritten_.clear();
+      }
     } else if (session_touched_ && may_have_landed) {
       dirty_ = true;
     }
@@ -208,7 +211,7 @@ ReceiverSession::Snapshot ReceiverSession::Look() const {
   bool expired = ExpiredLocked(now_());
   Snapshot s;
   s.active = active_ && !expired;
-  s.consistent = !dirty_ && !(expired && session_touched_) && discarded_.empty();
+  s.consistent = !dirty_ && !(expired && session_touched_) && discarded_.empty() && overwritten_.empty();
   s.discarded = discarded_;
   s.busy_with = busy_with_ != nullptr ? busy_with_ : "";
   s.started_sessions = started_;
@@ -225,6 +228,11 @@ bool ReceiverSession::ExpireIfIdle() {
   const int before = expired_;
   ExpireIfIdleLocked();
   return expired_ != before;
+}
+
+void ReceiverSession::MarkOverwritten(std::string why) {
+  std::lock_guard lock(mu_);
+  overwritten_ = std::move(why);
 }
 
 void ReceiverSession::MarkInconsistent() {

@@ -135,6 +135,10 @@ class ReceiverSession {
   // The weights were changed outside a session (the weight checker's reset): they are
   // inconsistent until the next session finishes.
   void MarkInconsistent();
+  // The weights were overwritten outside any session (`why`: the weight checker's reset),
+  // and still serve: they are inconsistent until a session that lands updates finishes (a
+  // session with no update cannot clear a mark it did not cause).
+  void MarkOverwritten(std::string why);
 
  private:
   // Closes an active session whose lease ran out. Needs mu_.
@@ -168,6 +172,7 @@ class ReceiverSession {
   std::string expiry_note_;             // GUARDED_BY(mu_): why the last session ended
   std::string asleep_;                  // GUARDED_BY(mu_): the refusal while the weights sleep
   std::string discarded_;               // GUARDED_BY(mu_): see MarkDiscarded
+  std::string overwritten_;             // GUARDED_BY(mu_): see MarkOverwritten
 };
 
 }  // namespace wsync

@@ -444,7 +444,7 @@ TEST_F(SessionTest, TheCheckerIsRefusedInASessionAndItsResetIsClearedOnlyByLande
   EXPECT_EQ(checker.status().message(), "weight_checker called during an active weight update; finish it first");
   session_.BeginFinish()->Done(Status::Ok());
 
-  session_.MarkDiscarded("weight_checker 'reset' overwrote the runtime parameters with random values");
+  session_.MarkOverwritten("weight_checker 'reset' overwrote the runtime parameters with random values");
   EXPECT_FALSE(session_.Look().consistent);
   ASSERT_TRUE(session_.Start().ok());
   session_.BeginFinish()->Done(Status::Ok());
