@@ -59,7 +59,7 @@ def test_storage_block_is_offered_and_tensors_sync_from_it(wsync_server, toy_mod
 
 def test_storage_that_is_not_a_tensor_is_refused(toy_model_dir):
     model = ToyQwen3(toy_model_dir, seed=14)
-    with wsync.TrainerEngine(servers=[], rank=1, world_size=2) as engine:
+    with wsync.TrainerEngine(servers=[], rank=1, world_size=2, group_port=0) as engine:
         with pytest.raises(wsync.InvalidArgumentError, match="storage"):
             engine.send_weights(wsync.StateDictSource(model, storage="not a tensor"))
 
@@ -68,6 +68,6 @@ def test_a_cuda_tensor_for_a_cpu_engine_is_named():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     pairs = [("w", torch.zeros(4, device="cuda:0"))]
-    with wsync.TrainerEngine(servers=[], rank=1, world_size=2) as engine:
+    with wsync.TrainerEngine(servers=[], rank=1, world_size=2, group_port=0) as engine:
         with pytest.raises(wsync.InvalidArgumentError, match="w lives on cuda:0"):
             engine.send_weights(wsync.TensorListSource(pairs))

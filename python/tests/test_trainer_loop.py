@@ -69,7 +69,7 @@ def test_other_ranks_only_drain_their_source(toy_model_dir):
             CountingSource.passes += 1
             yield from super().__iter__()
 
-    with wsync.TrainerEngine(servers=[], rank=1, world_size=2) as engine:
+    with wsync.TrainerEngine(servers=[], rank=1, world_size=2, group_port=0) as engine:
         for _ in range(2):
             stats = engine.send_weights(CountingSource(model))
             assert stats.bytes == 0

@@ -4,6 +4,7 @@ import os
 
 from wsync import _wsync
 from wsync._wsync import SyncStats
+from wsync.errors import InvalidArgumentError
 
 __all__ = ["TrainerEngine", "SyncStats"]
 
@@ -18,18 +19,34 @@ def _option_text(key, value):
     raise TypeError(f"backend option {key}={value!r}: give a str, number, bool or path")
 
 
+def _torch_distributed_ready():
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _broadcast_from_rank0(value):
+    """Rank 0's ``value`` on every rank of torch.distributed's default group."""
+    import torch.distributed as dist
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 class TrainerEngine:
     """Sends one trainer rank's weights to running inference servers, every step.
 
     ``TrainerEngine(backend="nccl", servers=[...], data_parallel_size=1, bucket_gb=1.0,
     timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
-    num_buffers=2, store_host="127.0.0.1", progress=None, **backend_options)``
+    num_buffers=2, store_host="127.0.0.1", group_port=None, progress=None,
+    **backend_options)``
 
     backend
         ``"nccl"`` (broadcast: NCCL on GPU, Gloo on CPU), ``"ipc"`` (colocated: CUDA IPC
-        or POSIX shared memory) or ``"delta"`` (XOR deltas through a shared directory);
-        ``wsync.trainer_backends()`` lists what this build has. Every server must run the
-        same backend (``wsync serve --backend ...``).
+        or POSIX shared memory), ``"delta"`` (XOR deltas through a shared directory) or
+        ``"sharded"`` (each server worker receives only the slices it holds: NCCL
+        point-to-point on GPU, Gloo on CPU); ``wsync.trainer_backends()`` lists what this
+        build has. Every server must run the same backend (``wsync serve --backend ...``).
     servers
         Base URLs of the inference servers, deployment-major (``[dep0_dp0, dep0_dp1, ...]``).
         Needed on rank 0 only.
@@ -49,22 +66,36 @@ class TrainerEngine:
         makes its one pass over its source per sync (so that collectives inside the
         source, such as an FSDP all-gather, run on every rank). The ``ipc`` backend's
         multi-GPU rank groups (every rank exporting its own GPU's slots) are not offered
-        from Python yet: with ``world_size > 1`` rank 0 alone exports.
+        from Python yet: with ``world_size > 1`` rank 0 alone exports. Every rank builds
+        its engine and calls ``send_weights`` the same number of times. See "One failure
+        ends every rank" below.
     packed, num_buffers
         Pack tensors into ``bucket_gb`` buffers (vLLM's packed mode) and how many buffers
         rotate, so packing overlaps the previous chunk's transfer.
     store_host
-        Address the rendezvous store listens on (servers dial it; ``nccl``).
+        Address rank 0's rendezvous stores listen on: the data plane's (servers dial it;
+        ``nccl``, ``sharded``) and, with ``world_size > 1``, the trainer group's (every
+        rank dials it: give rank 0's address on every rank).
+    group_port
+        With ``world_size > 1``: the port of the trainer group's store on rank 0. ``None``
+        (the default) lets rank 0 pick a free port and tells the other ranks through
+        ``torch.distributed`` (initialized, default group: one broadcast while the engines
+        are built, so build them on every rank at once). ``0`` opts out of the trainer
+        group: ranks then never learn each other's failures, and a failure on one rank
+        may leave the others in their sources' collectives.
     progress
         ``callable(dict)`` called after every chunk with ``bytes_done``, ``bytes_total``,
         ``chunks_done``, ``chunks_total`` (from the engine's thread, GIL held). An exception
         it raises aborts the sync.
     **backend_options
-        The backend's own settings (``wsync push --backend-option KEY=VALUE``): ``nccl``:
-        piece_mb; ``ipc``: mode, export_kind, backing, stall_after_chunks; ``delta``:
-        sync_dir (required), max_file_gb, publish_threads, base_checkpoint, base_model_path,
-        local_checkpoint_dir (the last two are SkyRL's init keys; see docs/protocol.md). An unknown key
-        raises ``wsync.InvalidArgumentError`` listing the known ones.
+        The backend's own settings, as keyword arguments: ``nccl``: piece_mb; ``ipc``:
+        mode, export_kind, backing, stall_after_chunks; ``delta``: sync_dir (required),
+        max_file_gb, publish_threads, base_checkpoint, base_model_path,
+        local_checkpoint_dir (the last two are SkyRL's init keys; see docs/protocol.md);
+        ``sharded``: model (required: the servers' model, a registered name or a
+        config.json directory), lookahead (chunks in flight, 0..64), stall_rank (fault
+        injection for tests). An unknown key raises ``wsync.InvalidArgumentError``
+        listing the known ones.
 
     Use it as a context manager, or call ``shutdown()``::
 
@@ -78,21 +109,66 @@ class TrainerEngine:
     every server (their sessions close; they keep serving their previous weights) and
     raises ``KeyboardInterrupt`` once the engine has stopped; the next sync works as usual.
     Errors raise ``wsync.Error`` subclasses (``wsync.errors``) carrying the server's own
-    message. Not thread-safe: one call at a time.
+    message: a server that cannot be reached is ``wsync.UnavailableError`` naming its URL
+    (``ConnectionError``), a malformed argument ``ValueError``. Not thread-safe: one call
+    at a time.
+
+    One failure ends every rank (``world_size > 1``). The ranks form a trainer group
+    through rank 0's store (``store_host``, ``group_port``). When a rank's part of a sync
+    fails (a dead server, a source that raises or disagrees with its metadata, a raising
+    progress callback), that rank
+
+    1. posts its cause to the group at once (unless another rank's cause came first:
+       then its failure is a consequence, and the group keeps the first);
+    2. keeps pulling its source to the end, discarding the tensors, for at most
+       ``timeout`` seconds, so that ranks whose iterators are collectives (an FSDP
+       all-gather per tensor) can finish theirs;
+    3. raises.
+
+    At the end of every sync each rank posts its outcome; a rank whose own part succeeded
+    waits for the others' and raises the first cause posted, naming its rank (for
+    example ``trainer rank 0 failed: http://...: connection refused ...``), with the same
+    exception class on every rank. A rank that gives no sign of life for ``timeout``
+    seconds raises ``wsync.DeadlineExceededError`` on the others, and a rank 0 whose
+    process is gone ``wsync.UnavailableError``. What wsync cannot do is finish a
+    collective for a rank whose source raised: the other ranks' iterators then return
+    when that rank's process exits or tears its process group down, or at
+    ``torch.distributed``'s own timeout (give ``init_process_group`` a ``timeout`` close
+    to this engine's).
     """
 
     def __init__(self, backend="nccl", servers=(), data_parallel_size=1, bucket_gb=1.0,
                  timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
-                 num_buffers=2, store_host="127.0.0.1", progress=None, **backend_options):
+                 num_buffers=2, store_host="127.0.0.1", group_port=None, progress=None,
+                 **backend_options):
         if isinstance(servers, str):
-            servers = [s for s in servers.split(",") if s]
+            servers = [s.strip() for s in servers.split(",") if s.strip()]
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress must be a callable taking a dict, not {type(progress).__name__}")
+        world_size, rank = int(world_size), int(rank)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise InvalidArgumentError(f"rank {rank} is outside world_size {world_size}")
+        share_port = world_size > 1 and group_port is None
+        if group_port is not None and int(group_port) < 0:
+            raise ValueError(f"group_port is {group_port}; give a port, 0 (no trainer group) or None")
+        if share_port and not _torch_distributed_ready():
+            raise ValueError("world_size > 1 needs group_port (the trainer group's port on rank 0) or an "
+                             "initialized torch.distributed to agree on one")
         self._options = dict(
             backend=backend, servers=list(servers), data_parallel_size=int(data_parallel_size),
             bucket_gb=float(bucket_gb), timeout=float(timeout), device=str(device), rank=int(rank),
             world_size=int(world_size), packed=bool(packed), num_buffers=int(num_buffers),
             store_host=store_host,
             backend_options={k: _option_text(k, v) for k, v in backend_options.items()})
-        self._engine = _wsync._TrainerEngine(api_key=api_key, progress=progress, **self._options)
+        # The native engine: -1 no trainer group, 0 rank 0 picks a free port.
+        port = 0 if share_port else -1 if world_size == 1 or int(group_port) == 0 else int(group_port)
+        if share_port and rank != 0:
+            port = _broadcast_from_rank0(None)
+        self._engine = _wsync._TrainerEngine(api_key=api_key, progress=progress, group_port=port,
+                                             **self._options)
+        if share_port and rank == 0:
+            _broadcast_from_rank0(self._engine.group_port)
+        self._options["group_port"] = self._engine.group_port or None
 
     def init(self, source_or_metadata):
         """Discovers the servers and builds the data plane for a model.

@@ -173,6 +173,18 @@ class FanOutClient::Connections {
 
 namespace {
 
+// What a failed request met, in words a user acts on.
+std::string DescribeHttpError(httplib::Error err) {
+  switch (err) {
+    case httplib::Error::Connection:
+      return "connection refused (no server listening there, or the host cannot be reached)";
+    case httplib::Error::ConnectionTimeout: return "connection timed out";
+    case httplib::Error::Read: return "the connection closed before a reply (the server died or dropped it)";
+    case httplib::Error::Write: return "the connection closed while sending the request";
+    default: return httplib::to_string(err);
+  }
+}
+
 Result<json> DoRequest(FanOutClient::Connections& connections, const std::string& url, const std::string& method,
                        const std::string& path, const std::string* body, const ClientOptions& options,
                        Deadline deadline) {
@@ -202,7 +214,7 @@ Result<json> DoRequest(FanOutClient::Connections& connections, const std::string
     if (err == httplib::Error::Read && deadline.expired()) {
       return DeadlineExceeded(fmt::format("{}: no answer within the deadline", what));
     }
-    return Unavailable(fmt::format("{}: {}", what, httplib::to_string(err)));
+    return Unavailable(fmt::format("{}: {}", what, DescribeHttpError(err)));
   }
   if (res->status < 200 || res->status >= 300) {
     auto [code, message] = ErrorOf(res->body);

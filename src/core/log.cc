@@ -12,6 +12,7 @@
 namespace wsync::log {
 
 void Init(std::string_view role) {
+  spdlog::drop("wsync");  // a second Init replaces the first
   auto logger = spdlog::stderr_color_mt("wsync");
   logger->set_pattern(fmt::format("[%H:%M:%S.%e] [%^%l%$] [{} pid {}] %v", role, getpid()));
   const char* level = WSYNC_ENV("WSYNC_LOG_LEVEL");

@@ -9,7 +9,8 @@
 
 namespace wsync::log {
 
-// Installs the stderr logger with `role` in every line. Call once from main().
+// Installs the stderr logger with `role` in every line, at WSYNC_LOG_LEVEL. Call once
+// from main() (or a Python extension's init); a later call replaces the logger.
 void Init(std::string_view role);
 
 }  // namespace wsync::log

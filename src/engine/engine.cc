@@ -1,5 +1,8 @@
 #include "engine/engine.h"
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <string_view>
@@ -87,7 +90,7 @@ class Engine final : public TrainerEngine {
         for (size_t i = 0; i < live.size(); ++i) {
           const bool in_range = live[i] >= 0 && (options_.rank != 0 || live[i] < static_cast<int>(options_.servers.size()));
           if (!in_range || (i > 0 && live[i] <= live[i - 1])) {
-            return InvalidArgument(fmt::format("live servers [{}]: give ascending indices of --servers (0..{})",
+            return InvalidArgument(fmt::format("live servers [{}]: give ascending indices into the servers (0..{})",
                                                fmt::join(live, ", "), options_.servers.size() - 1));
           }
         }
@@ -256,13 +259,44 @@ class Engine final : public TrainerEngine {
 
 }  // namespace
 
+Status CheckServerUrl(const std::string& url) {
+  std::string_view rest = url;
+  if (size_t scheme = rest.find("://"); scheme != std::string_view::npos) {
+    if (rest.substr(0, scheme) != "http") {
+      return InvalidArgument(fmt::format("server URL '{}': only http:// is spoken (give http://HOST:PORT)", url));
+    }
+    rest.remove_prefix(scheme + 3);
+  }
+  while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  const size_t colon = rest.rfind(':');
+  std::string_view host = colon == std::string_view::npos ? rest : rest.substr(0, colon);
+  std::string_view port = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+  if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
+  const bool host_ok = !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':';
+  });
+  int port_number = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), port_number);
+  const bool port_ok = !port.empty() && ec == std::errc() && end == port.data() + port.size() && port_number > 0 &&
+                       port_number < 65536;
+  if (!host_ok || !port_ok) {
+    return InvalidArgument(fmt::format("server URL '{}' is malformed: give http://HOST:PORT", url));
+  }
+  return Status::Ok();
+}
+
 Status CheckTrainerOptions(const TrainerOptions& options, bool servers_required) {
   if (options.rank < 0) return InvalidArgument(fmt::format("trainer rank {} is negative", options.rank));
   if (servers_required && options.rank == 0 && options.servers.empty()) {
-    return InvalidArgument("no servers given (--servers)");
+    return InvalidArgument("no servers given: rank 0 needs the servers' URLs");
   }
-  if (options.timeout_seconds <= 0) return InvalidArgument("--timeout must be positive");
-  if (options.bucket_gb <= 0) return InvalidArgument("--bucket-gb must be positive");
+  for (const std::string& url : options.servers) WSYNC_RETURN_IF_ERROR(CheckServerUrl(url));
+  if (options.timeout_seconds <= 0) {
+    return InvalidArgument(fmt::format("the timeout is {} s; it must be positive", options.timeout_seconds));
+  }
+  if (options.bucket_gb <= 0) {
+    return InvalidArgument(fmt::format("the bucket size is {} GB; it must be positive", options.bucket_gb));
+  }
   return Status::Ok();
 }
 

@@ -16,11 +16,15 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "engine/data_plane.h"
 #include "wsync/trainer.h"
 
 namespace wsync {
+
+// A server URL: [http://]HOST:PORT with an optional trailing '/'; else InvalidArgument.
+Status CheckServerUrl(const std::string& url);
 
 // Checks what every backend's options need (rank, servers on rank 0, timeout, bucket).
 Status CheckTrainerOptions(const TrainerOptions& options, bool servers_required = true);

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/log.h"
 #include "python/bindings.h"
 #include "wsync/trainer.h"
 #ifdef WSYNC_WITH_CUDA
@@ -12,6 +13,7 @@
 
 PYBIND11_MODULE(_wsync, m) {
   m.doc() = "wsync: weight sync from RL trainers into inference servers";
+  wsync::log::Init("python");  // WSYNC_LOG_LEVEL, read once at import
 #ifdef WSYNC_WITH_CUDA
   wsync::cuda::InstallDeviceRuntime();  // devices "cuda:N" work once the module is imported
 #endif

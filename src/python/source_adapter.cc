@@ -49,9 +49,9 @@ class PyStream final : public TensorStream {
   }
 
   Result<bool> Next(TensorRef* out) override {
+    std::lock_guard lock(mu_);
     if (control_->cancelled()) {
-      return Aborted(fmt::format("the trainer was interrupted (KeyboardInterrupt) after {} tensors of the source",
-                                 index_));
+      return Aborted(fmt::format("{} after {} tensors of the source", control_->cancel_reason(), index_));
     }
     if (control_->closed()) return Aborted("the Python call that ran this sync has returned");
     py::gil_scoped_acquire gil;
@@ -88,7 +88,35 @@ class PyStream final : public TensorStream {
     return true;
   }
 
+  // PySource::DrainRest's loop.
+  Status DrainRest(Deadline deadline) {
+    std::lock_guard lock(mu_);
+    if (current_) DropWithGil(current_->owner);
+    current_.reset();
+    size_t drained = 0;
+    for (;;) {
+      if (control_->interrupted()) return Aborted("the trainer was interrupted (KeyboardInterrupt) while draining");
+      if (control_->closed()) return Aborted("the Python call that ran this sync has returned");
+      if (deadline.expired()) {
+        return DeadlineExceeded(fmt::format("draining the source: still unfinished at the deadline after {} more "
+                                            "items (tensor #{})", drained, index_));
+      }
+      py::gil_scoped_acquire gil;
+      if (!iterator_) return Status::Ok();
+      PyObject* raw = PyIter_Next(iterator_.ptr());
+      if (raw == nullptr) {
+        if (PyErr_Occurred() == nullptr) return Status::Ok();
+        return Aborted(fmt::format("the source raised {} while draining it (tensor #{})", CaptureError(*control_),
+                                   index_));
+      }
+      Py_DECREF(raw);
+      ++index_;
+      ++drained;
+    }
+  }
+
  private:
+  std::mutex mu_;  // one puller at a time: the engine's threads and DrainRest
   py::object iterator_;
   std::shared_ptr<PassControl> control_;
   const std::shared_ptr<const std::vector<TensorMeta>> metadata_;  // a stream may outlive its PySource
@@ -96,6 +124,16 @@ class PyStream final : public TensorStream {
   const bool ready_;
   std::optional<BorrowedTensor> current_;    // the tensor lent by the last Next()
   size_t index_ = 0;
+};
+
+// A pass's stream as the engine sees it; the PySource keeps the PyStream for DrainRest.
+class SharedStream final : public TensorStream {
+ public:
+  explicit SharedStream(std::shared_ptr<PyStream> inner) : inner_(std::move(inner)) {}
+  Result<bool> Next(TensorRef* out) override { return inner_->Next(out); }
+
+ private:
+  std::shared_ptr<PyStream> inner_;
 };
 
 // The checked pass, whose first failure the PassControl keeps.
@@ -131,7 +169,23 @@ Result<py::object> CallSource(const py::object& source, const char* method, Pass
 
 }  // namespace
 
+struct PySource::Pass {
+  std::shared_ptr<PyStream> stream;
+};
+
 PassControl::~PassControl() { DropWithGil(error_); }
+
+void PassControl::Cancel(std::string reason, bool interrupt) {
+  std::lock_guard lock(mu_);
+  if (!cancelled_) cancel_reason_ = std::move(reason);
+  if (interrupt) interrupted_ = true;
+  cancelled_ = true;
+}
+
+std::string PassControl::cancel_reason() const {
+  std::lock_guard lock(mu_);
+  return cancel_reason_;
+}
 
 void PassControl::RecordStatus(const Status& status) {
   std::lock_guard lock(mu_);
@@ -231,12 +285,13 @@ Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::share
 }
 
 PySource::~PySource() {
+  last_.reset();
   DropWithGil(source_);
   if (storage_) DropWithGil(storage_->owner);
 }
 
 Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
-  if (control_->cancelled()) return Aborted("the trainer was interrupted (KeyboardInterrupt) before its source's pass");
+  if (control_->cancelled()) return Aborted(fmt::format("{} before the source's pass", control_->cancel_reason()));
   py::gil_scoped_acquire gil;
   py::object iterator;
   bool ready = false;
@@ -250,8 +305,19 @@ Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
     control_->RecordStatus(failed);
     return failed;
   }
-  return std::unique_ptr<TensorStream>(std::make_unique<RecordingStream>(
-      std::make_unique<PyStream>(std::move(iterator), control_, metadata_, device_, ready), metadata_, control_));
+  auto stream = std::make_shared<PyStream>(std::move(iterator), control_, metadata_, device_, ready);
+  last_ = std::make_shared<Pass>(Pass{stream});
+  return std::unique_ptr<TensorStream>(
+      std::make_unique<RecordingStream>(std::make_unique<SharedStream>(std::move(stream)), metadata_, control_));
+}
+
+Status PySource::DrainRest(Deadline deadline) {
+  if (!last_) {
+    Result<std::unique_ptr<TensorStream>> fresh = Iterate();
+    if (!fresh.ok()) return fresh.status();
+  }
+  std::shared_ptr<Pass> pass = last_;
+  return pass->stream->DrainRest(deadline);
 }
 
 std::optional<SourceStorage> PySource::storage() const {

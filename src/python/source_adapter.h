@@ -13,8 +13,8 @@
 // Each pass is checked against metadata() as it streams (CheckedStream), and its first
 // failure is kept in the PassControl. A Python exception raised by the iterator (or
 // iter()) fails the pass with Aborted carrying the exception's type and text; the
-// exception object itself is kept in the PassControl for the caller to chain as __cause__. Cancel() (Ctrl-C in the caller)
-// makes the next Next() fail with Aborted. Once the Python call that ran the sync returns,
+// exception object itself is kept in the PassControl for the caller to chain as __cause__. Cancel() (Ctrl-C in the caller, a raising progress callback)
+// makes the next Next() fail with Aborted, naming why. Once the Python call that ran the sync returns,
 // Close() makes every later Next() fail without touching Python (a data plane's thread may
 // outlive an aborted sync).
 #pragma once
@@ -28,6 +28,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "core/deadline.h"
 #include "python/dlpack.h"
 #include "wsync/source.h"
 #include "wsync/status.h"
@@ -39,8 +40,14 @@ namespace wsync::python {
 class PassControl {
  public:
   ~PassControl();
-  void Cancel() { cancelled_ = true; }
+  // Ends the pass: the next Next() fails with Aborted(`reason`), which says what stopped
+  // it ("the trainer was interrupted (KeyboardInterrupt)", "the progress callback raised
+  // ..."). The first reason stays.
+  // `interrupt`: Ctrl-C, which also ends DrainRest.
+  void Cancel(std::string reason, bool interrupt = false);
   bool cancelled() const { return cancelled_; }
+  bool interrupted() const { return interrupted_; }
+  std::string cancel_reason() const;
   void Close() { closed_ = true; }
   bool closed() const { return closed_; }
 
@@ -57,9 +64,11 @@ class PassControl {
 
  private:
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> interrupted_{false};
   std::atomic<bool> closed_{false};
   mutable std::mutex mu_;
   std::optional<Status> source_status_;  // GUARDED_BY(mu_)
+  std::string cancel_reason_;            // GUARDED_BY(mu_)
   pybind11::object error_;  // GUARDED_BY(mu_); touched only with the GIL held
 };
 
@@ -81,13 +90,23 @@ class PySource final : public WeightSource {
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   std::optional<SourceStorage> storage() const override;
 
+  // Pulls the rest of the latest pass (or a whole new pass when none started) straight from
+  // the Python iterator, discarding every item, until it ends, raises, Ctrl-C, or
+  // `deadline` passes between two items (an item blocked inside a collective is not
+  // interrupted). What lets other trainer ranks whose iterators are collectives finish
+  // theirs after this rank's sync failed. Thread-safe against a data plane's thread still
+  // pulling the same pass. GIL released on entry.
+  Status DrainRest(Deadline deadline);
+
  private:
+  struct Pass;
   PySource() = default;
   pybind11::object source_;
   std::shared_ptr<PassControl> control_;
   Device device_;
   std::shared_ptr<const std::vector<TensorMeta>> metadata_;
   std::optional<BorrowedTensor> storage_;
+  std::shared_ptr<Pass> last_;  // the latest pass Iterate() started
 };
 
 }  // namespace wsync::python

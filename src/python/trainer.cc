@@ -17,8 +17,10 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "engine/rank_outcomes.h"
 #include "engine/verify.h"
 #include "model/config.h"
+#include "core/log.h"
 #include "python/bindings.h"
 #include "python/errors.h"
 #include "python/source_adapter.h"
@@ -66,7 +68,7 @@ T RunWithSignals(PassControl& control, std::function<T()> work) {
         if (PyErr_CheckSignals() != 0) {
           if (!interrupt) {
             interrupt.emplace();
-            control.Cancel();
+            control.Cancel("the trainer was interrupted (KeyboardInterrupt)", /*interrupt=*/true);
           } else {
             PyErr_Clear();  // a second Ctrl-C while the first one winds the sync down
           }
@@ -125,7 +127,7 @@ std::string StatsRepr(const SyncStats& s) {
 // RunWithSignals); one call at a time.
 class PyTrainerEngine {
  public:
-  PyTrainerEngine(TrainerOptions options, int world_size, py::object progress)
+  PyTrainerEngine(TrainerOptions options, int world_size, int group_port, py::object progress)
       : options_(std::move(options)), world_size_(world_size), progress_(std::move(progress)) {
     if (world_size_ < 1) RaiseStatus(InvalidArgument(fmt::format("world_size is {}; it must be >= 1", world_size_)));
     if (options_.rank < 0 || options_.rank >= world_size_) {
@@ -137,6 +139,20 @@ class PyTrainerEngine {
     Result<std::unique_ptr<TrainerEngine>> engine = CreateTrainerEngine(options_);
     if (!engine.ok()) RaiseStatus(engine.status());
     engine_ = std::move(engine).value();
+    if (world_size_ > 1 && group_port >= 0) {  // -1: no trainer group
+      RankOutcomesOptions g;
+      g.rank = options_.rank;
+      g.world_size = world_size_;
+      g.store_host = options_.store_host;
+      g.store_port = group_port;
+      g.timeout_seconds = options_.timeout_seconds;
+      Result<std::unique_ptr<RankOutcomes>> outcomes = [&] {
+        py::gil_scoped_release release;
+        return RankOutcomes::Create(g);
+      }();
+      if (!outcomes.ok()) RaiseStatus(outcomes.status().WithContext("starting the trainer group"));
+      outcomes_ = std::move(outcomes).value();
+    }
   }
 
   ~PyTrainerEngine() {
@@ -163,56 +179,38 @@ class PyTrainerEngine {
     initialized_ = true;
   }
 
+  // One sync. With world_size > 1 it is a round of the trainer group (RunRound).
   SyncStats SendWeights(py::object source, std::optional<std::string> weight_version, bool verify) {
     CheckOpen();
-    if (!initialized_) Init(source);
-    auto control = std::make_shared<PassControl>();
-    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control, options_.device);
-    if (!created.ok()) RaiseStatus(created.status(), control->TakeError());
-    std::unique_ptr<PySource> adapter = std::move(created).value();
-    {
-      std::lock_guard lock(progress_mu_);
-      current_ = control;
-    }
-    Result<SyncStats> r = RunWithSignals<Result<SyncStats>>(
-        *control, [&] { return engine_->SendWeights(*adapter, weight_version); });
-    {
-      std::lock_guard lock(progress_mu_);
-      current_.reset();
-    }
-    {
-      // A data plane's thread may still hold the pass; it lets go of Python objects with the GIL.
-      py::gil_scoped_release release;
-      adapter.reset();
-    }
-    if (!r.ok()) RaiseStatus(RootCause(r.status(), control->source_status()), control->TakeError());
-    if (verify) Verify(source, &*r);
-    return *r;
+    ++syncs_;
+    SyncStats stats;
+    RunRound(fmt::format("{}/send", syncs_), source, [&](PySource& adapter) -> Status {
+      if (!initialized_) {
+        WSYNC_RETURN_IF_ERROR(engine_->Init(adapter.metadata()));
+        initialized_ = true;
+      }
+      Result<SyncStats> r = engine_->SendWeights(adapter, weight_version);
+      if (r.ok()) stats = *r;
+      return r.status();
+    });
+    if (verify) Verify(source, &stats);
+    return stats;
   }
 
   // Read-back verification of the sync just made: rank 0 compares every server's digests
   // with its own of a second pass over `source`; every other rank makes that pass too
   // (its iterator may be a collective) and discards it.
   void Verify(py::object source, SyncStats* stats) {
-    auto control = std::make_shared<PassControl>();
-    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control, options_.device);
-    if (!created.ok()) RaiseStatus(created.status(), control->TakeError());
-    std::unique_ptr<PySource> adapter = std::move(created).value();
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = RunWithSignals<Status>(*control, [&]() -> Status {
-      if (options_.rank == 0) return VerifyServers(options_, *adapter, DigestAlgorithm::kXxh3_128);
-      WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> stream, adapter->Iterate());
+    RunRound(fmt::format("{}/verify", syncs_), source, [&](PySource& adapter) -> Status {
+      if (options_.rank == 0) return VerifyServers(options_, adapter, DigestAlgorithm::kXxh3_128);
+      WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> stream, adapter.Iterate());
       TensorRef t;
       for (;;) {
         WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
         if (!more) return Status::Ok();
       }
     });
-    {
-      py::gil_scoped_release release;
-      adapter.reset();
-    }
-    if (!s.ok()) RaiseStatus(RootCause(s, control->source_status()), control->TakeError());
     stats->verified = options_.rank == 0;
     stats->verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -222,13 +220,84 @@ class PyTrainerEngine {
     py::gil_scoped_release release;
     engine_->Shutdown();
     engine_.reset();
+    outcomes_.reset();
   }
 
   bool closed() const { return engine_ == nullptr; }
+  int group_port() const { return outcomes_ ? outcomes_->port() : 0; }
 
  private:
   void CheckOpen() const {
     if (!engine_) RaiseStatus(FailedPrecondition("this TrainerEngine was shut down"));
+  }
+
+  // Runs `work` over one pass of `source` and raises its failure. With world_size > 1 the
+  // pass is a round of the trainer group: a rank that fails posts its cause at once, then
+  // keeps pulling its source to the end (discarding, bounded by the timeout) so that other
+  // ranks whose iterators are collectives can finish theirs; every rank then exchanges
+  // its outcome, and one rank's failure raises on every rank (RankOutcomes::End).
+  void RunRound(const std::string& round, py::object source, const std::function<Status(PySource&)>& work) {
+    auto control = std::make_shared<PassControl>();
+    if (outcomes_) outcomes_->Begin(round);
+    Status s;
+    std::optional<py::error_already_set> interrupt;
+    Result<std::unique_ptr<PySource>> created = PySource::Create(source, control, options_.device);
+    if (!created.ok()) {
+      s = created.status();
+    } else {
+      std::unique_ptr<PySource> adapter = std::move(created).value();
+      {
+        std::lock_guard lock(progress_mu_);
+        current_ = control;
+      }
+      try {
+        s = RunWithSignals<Status>(*control, [&]() -> Status {
+          Status r = work(*adapter);
+          if (!r.ok() && outcomes_) {
+            const Status cause = RootCause(r, control->source_status());
+            outcomes_->Fail(round, cause);
+            Status drained = adapter->DrainRest(Deadline::InSeconds(options_.timeout_seconds));
+            if (!drained.ok()) WSYNC_LOG_WARN("trainer rank {}: after the failed sync, {}", options_.rank, drained.ToString());
+          }
+          return r;
+        });
+      } catch (py::error_already_set& e) {
+        interrupt.emplace(std::move(e));
+        s = Aborted("the trainer was interrupted (KeyboardInterrupt)");
+      }
+      {
+        std::lock_guard lock(progress_mu_);
+        current_.reset();
+      }
+      {
+        // A data plane's thread may still hold the pass; it lets go of Python objects with the GIL.
+        py::gil_scoped_release release;
+        adapter.reset();
+      }
+      if (!s.ok()) {
+        s = RootCause(s, control->source_status());
+      } else if (control->cancelled()) {
+        // The progress callback raised after the last tensor had been read: the sync landed.
+        s = Aborted(fmt::format("{} (after the sync had completed)", control->cancel_reason()));
+      }
+    }
+    if (outcomes_) {
+      Status all;
+      {
+        py::gil_scoped_release release;
+        all = outcomes_->End(round, s);
+      }
+      if (interrupt) {
+        interrupt->restore();
+        throw py::error_already_set();
+      }
+      if (!all.ok() && (s.ok() || all.message() != s.message())) RaiseStatus(all, control->TakeError());
+    }
+    if (interrupt) {
+      interrupt->restore();
+      throw py::error_already_set();
+    }
+    if (!s.ok()) RaiseStatus(s, control->TakeError());
   }
 
   // From the engine's sending thread: calls the user's callback with the GIL; an exception
@@ -250,7 +319,7 @@ class PyTrainerEngine {
       progress_(d);
     } catch (py::error_already_set& e) {
       control->RecordError(e);
-      control->Cancel();
+      control->Cancel(fmt::format("the progress callback raised {}", DescribePythonError(e)));
     }
   }
 
@@ -261,13 +330,15 @@ class PyTrainerEngine {
   bool initialized_ = false;
   std::mutex progress_mu_;
   std::shared_ptr<PassControl> current_;  // GUARDED_BY(progress_mu_): the sync running now
+  std::unique_ptr<RankOutcomes> outcomes_;  // world_size > 1: the trainer group's outcome board
+  int syncs_ = 0;                           // send_weights calls, which name the group's rounds
 };
 
 std::unique_ptr<PyTrainerEngine> MakeEngine(std::string backend, std::vector<std::string> servers,
                                             int data_parallel_size, double bucket_gb, double timeout,
                                             std::optional<std::string> api_key, std::string device, int rank,
                                             int world_size, bool packed, int num_buffers, std::string store_host,
-                                            py::object progress, std::map<std::string, std::string> backend_options) {
+                                            int group_port, py::object progress, std::map<std::string, std::string> backend_options) {
   TrainerOptions o;
   o.backend = std::move(backend);
   o.servers = std::move(servers);
@@ -281,7 +352,7 @@ std::unique_ptr<PyTrainerEngine> MakeEngine(std::string backend, std::vector<std
   o.num_buffers = num_buffers;
   o.store_host = std::move(store_host);
   o.backend_options = std::move(backend_options);
-  return std::make_unique<PyTrainerEngine>(std::move(o), world_size, std::move(progress));
+  return std::make_unique<PyTrainerEngine>(std::move(o), world_size, group_port, std::move(progress));
 }
 
 py::list ModelMetadata(const std::string& name_or_dir) {
@@ -316,12 +387,13 @@ void BindTrainer(py::module_& m) {
       .def(py::init(&MakeEngine), py::arg("backend"), py::arg("servers"), py::arg("data_parallel_size"),
            py::arg("bucket_gb"), py::arg("timeout"), py::arg("api_key"), py::arg("device"), py::arg("rank"),
            py::arg("world_size"), py::arg("packed"), py::arg("num_buffers"), py::arg("store_host"),
-           py::arg("progress"), py::arg("backend_options"))
+           py::arg("group_port"), py::arg("progress"), py::arg("backend_options"))
       .def("init", &PyTrainerEngine::Init, py::arg("source_or_metadata"))
       .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none(),
            py::arg("verify") = false)
       .def("shutdown", &PyTrainerEngine::Shutdown)
-      .def_property_readonly("closed", &PyTrainerEngine::closed);
+      .def_property_readonly("closed", &PyTrainerEngine::closed)
+      .def_property_readonly("group_port", &PyTrainerEngine::group_port);
 
   m.def("model_metadata", &ModelMetadata, py::arg("name_or_config_dir"),
         "The Hugging Face tensors of a registered model ('qwen3-tiny', 'qwen3-0.6b', ...) or of a\n"

@@ -80,8 +80,8 @@ DeltaPublisher::~DeltaPublisher() = default;
 
 Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOptions options,
                                                                const std::vector<TensorMeta>& metadata) {
-  if (options.sync_dir.empty()) return InvalidArgument("delta: no sync directory given (--sync-dir)");
-  if (options.max_file_bytes == 0) return InvalidArgument("delta: --max-file-gb must be positive");
+  if (options.sync_dir.empty()) return InvalidArgument("delta: no sync directory given (option sync_dir)");
+  if (options.max_file_bytes == 0) return InvalidArgument("delta: the largest payload file (option max_file_gb) must be positive");
   std::error_code ec;
   std::filesystem::create_directories(options.sync_dir, ec);
   if (ec) return Internal(fmt::format("creating sync directory {}: {}", options.sync_dir, ec.message()));

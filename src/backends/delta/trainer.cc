@@ -28,7 +28,7 @@ class DeltaPlane final : public DataPlane {
     if (!published.empty()) {
       return FailedPrecondition(fmt::format(
           "sync dir {} already holds versions {}..{} of an earlier chain; a chain starts at the base checkpoint "
-          "and never rewrites a version: give a fresh --sync-dir", delta_.sync_dir, published.front(),
+          "and never rewrites a version: give a fresh sync_dir", delta_.sync_dir, published.front(),
           published.back()));
     }
     delta::DeltaPublisherOptions p;
@@ -171,8 +171,8 @@ class DeltaTrainerImpl final : public DeltaTrainer {
 Status CheckDeltaOptions(const TrainerOptions& options, const DeltaTrainerOptions& delta) {
   WSYNC_RETURN_IF_ERROR(CheckTrainerOptions(options, /*servers_required=*/false));
   // Only rank 0 publishes; the others drain their source.
-  if (options.rank == 0 && delta.sync_dir.empty()) return InvalidArgument("the delta backend needs --sync-dir");
-  if (delta.max_file_gb <= 0) return InvalidArgument("--max-file-gb must be positive");
+  if (options.rank == 0 && delta.sync_dir.empty()) return InvalidArgument("the delta backend needs a sync directory (option sync_dir)");
+  if (delta.max_file_gb <= 0) return InvalidArgument(fmt::format("delta option max_file_gb is {}; it must be positive", delta.max_file_gb));
   return Status::Ok();
 }
 
@@ -206,7 +206,7 @@ Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_serve
       return InvalidArgument(
           "this server is not a wsync server (its /health does not say \"server\": \"wsync\"), and SkyRL's delta "
           "receiver requires init_info 'base_model_path': give the delta trainer base_model_path (the servers' "
-          "path of the base checkpoint; --base-model-path) or base_checkpoint (--base-checkpoint)");
+          "path of the base checkpoint) or base_checkpoint");
     }
   } else {
     info["base_model_path"] = base;

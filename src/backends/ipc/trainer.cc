@@ -228,7 +228,7 @@ class IpcPlane final : public DataPlane {
       if (o.region->reader_pid(reader) == 0) {
         return FailedPrecondition(fmt::format(
             "no server took reader {} ({}) of the ipc session: do the servers' DP layouts match "
-            "--data-parallel-size {}?", reader, reader_labels_[reader], options_.data_parallel_size));
+            "data_parallel_size {}?", reader, reader_labels_[reader], options_.data_parallel_size));
       }
     }
     region_ = std::move(o.region);
@@ -868,7 +868,7 @@ class IpcPlane final : public DataPlane {
           if (!more) return Internal(fmt::format("source ended before tensor {}", meta[i].name));
           if (!t.device.is_cpu()) {
             return InvalidArgument(fmt::format("tensor {} is on {}, but this ipc trainer stages in host memory "
-                                               "(--device cpu); give the trainer the tensors' device",
+                                               "(device cpu); give the trainer the tensors' device",
                                                meta[i].name, t.device.ToString()));
           }
           CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads);
@@ -979,7 +979,7 @@ Result<std::unique_ptr<TrainerEngine>> CreateIpcTrainerWith(const TrainerOptions
     return InvalidArgument(fmt::format("ipc export kind '{}' is not cuda_ipc or cuda_fd", ipc.export_kind));
   }
   if (!options.packed) {
-    return Unimplemented("the ipc backend sends packed chunks only (--unpacked is not supported: "
+    return Unimplemented("the ipc backend sends packed chunks only (unpacked sends are not supported: "
                          "one handle per tensor keeps the whole model resident on the trainer)");
   }
   return NewTrainerEngine(options, std::make_unique<IpcPlane>(options, ipc));

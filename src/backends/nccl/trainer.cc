@@ -40,7 +40,7 @@ class NcclPlane final : public DataPlane {
     if (gpu) {
       if (!HasNccl()) {
         return Unimplemented(fmt::format("trainer device {}: this build has no NCCL (the GPU data plane); use "
-                                         "--device cpu", options_.device.ToString()));
+                                         "device cpu", options_.device.ToString()));
       }
       WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
     }
@@ -54,7 +54,7 @@ class NcclPlane final : public DataPlane {
     if (!wsync_servers_ && !gpu) {
       return FailedPrecondition(fmt::format(
           "{} is not a wsync server (its /health does not say \"server\": \"wsync\"): the CPU data plane "
-          "(Gloo) needs wsync servers; vLLM servers take the GPU path (push --device cuda:N)", fleet.other));
+          "(Gloo) needs wsync servers; vLLM servers take the GPU path (trainer device cuda:N)", fleet.other));
     }
     if (!wsync_servers_) {
       WSYNC_LOG_INFO("{} is not a wsync server: speaking plain vLLM (no preflight vote, one broadcast per chunk)",
@@ -256,7 +256,7 @@ class NcclPlane final : public DataPlane {
             continue;
           }
           if (!t.device.is_cpu()) {
-            return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors (push --device {})",
+            return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors (give the trainer device {})",
                                                t.name, t.device.ToString(), t.device.ToString()));
           }
           constexpr size_t kSlice = size_t{8} << 20;  // publish big tensors in slices

@@ -161,7 +161,7 @@ class ShardedPlane final : public DataPlane {
     me_ = options_.rank;
     if (!options_.device.is_cpu()) {
       if (!HasNccl()) {
-        return Unimplemented(fmt::format("trainer device {}: this build has no NCCL; use --device cpu",
+        return Unimplemented(fmt::format("trainer device {}: this build has no NCCL; use device cpu",
                                          options_.device.ToString()));
       }
       WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
@@ -374,12 +374,12 @@ class ShardedPlane final : public DataPlane {
         const int tp = HealthTp(fleet.health[s]);
         if (tp != d.tp) {
           return InvalidArgument(fmt::format(
-              "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but report tp {} "
+              "{} and {} are data-parallel servers of one deployment (data_parallel_size {}) but report tp {} "
               "and {}", shape.urls[first], shape.urls[s], dp, d.tp, tp));
         }
         if (HealthDrafter(fleet.health[s]) != d.drafter) {
           return InvalidArgument(fmt::format(
-              "{} and {} are data-parallel servers of one deployment (--data-parallel-size {}) but only one holds an "
+              "{} and {} are data-parallel servers of one deployment (data_parallel_size {}) but only one holds an "
               "MTP drafter (--speculative mtp)", shape.urls[first], shape.urls[s], dp));
         }
       }
@@ -794,7 +794,7 @@ Result<std::unique_ptr<TrainerEngine>> CreateShardedTrainerWith(const TrainerOpt
   WSYNC_RETURN_IF_ERROR(CheckTrainerOptions(options));
   if (sharded.model.empty()) {
     return InvalidArgument("the sharded backend plans from the servers' model: give its name or config.json "
-                           "directory (option model=..., wsync push --model)");
+                           "directory (backend option model)");
   }
   WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel(sharded.model));
   return NewTrainerEngine(options, std::make_unique<ShardedPlane>(options, sharded, std::move(config)));
