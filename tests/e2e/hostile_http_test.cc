@@ -180,6 +180,11 @@ class HostileHttpTest : public E2eTest, public ::testing::WithParamInterface<boo
   std::vector<std::string> KeyArgs() const {
     return GetParam() ? std::vector<std::string>{"--api-key", key()} : std::vector<std::string>{};
   }
+  // `wsync serve ARGS...`, with the key when the test case needs one.
+  Result<Server> Serve(std::vector<std::string> args) {
+    for (auto& k : KeyArgs()) args.push_back(k);
+    return StartServer("serve", std::move(args));
+  }
   // The server is up: GET /health answers 200 and the process runs.
   void ExpectAlive(const Server& s) {
     EXPECT_TRUE(s.process->Running()) << s.process->Describe();
@@ -202,11 +207,7 @@ INSTANTIATE_TEST_SUITE_P(ApiKey, HostileHttpTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "WithKey" : "NoKey"; });
 
 TEST_P(HostileHttpTest, InvalidUtf8InPathQueryHeadersAndJsonGetsJsonErrors) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
   const int denied = key().empty() ? 0 : 401;
@@ -259,11 +260,7 @@ TEST_P(HostileHttpTest, InvalidUtf8InPathQueryHeadersAndJsonGetsJsonErrors) {
 }
 
 TEST_P(HostileHttpTest, WeightCheckerFieldsOfTheWrongTypeAre400NamingTheField) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
   struct Case {
@@ -283,11 +280,7 @@ TEST_P(HostileHttpTest, WeightCheckerFieldsOfTheWrongTypeAre400NamingTheField) {
 }
 
 TEST_P(HostileHttpTest, BodiesOverTheLimitAre413HoweverTheyArriveAndEncodingsAreRefused) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny", "--max-body-mb", "1"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny", "--max-body-mb", "1"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
 
@@ -371,11 +364,7 @@ TEST_P(HostileHttpTest, BodiesOverTheLimitAre413HoweverTheyArriveAndEncodingsAre
 }
 
 TEST_P(HostileHttpTest, SixtyFourStalledConnectionsStarveNeitherHealthNorASync) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny", "--max-body-mb", "16"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny", "--max-body-mb", "16"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
 
@@ -468,11 +457,7 @@ std::string NestedArray(int depth) { return std::string(depth, '[') + std::strin
 // the field (never a crash); text fields the server keeps or repeats have length limits;
 // a query with an encoded NUL or thousands of arguments is a 400.
 TEST_P(HostileHttpTest, DeepNestingLongTextAndHostileQueriesAre400NamingTheField) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
   const std::string deep = NestedArray(100000);
@@ -528,11 +513,7 @@ TEST_P(HostileHttpTest, DeepNestingLongTextAndHostileQueriesAre400NamingTheField
 // every one of them taken (24 running completions and 8 waiting pauses, then 1 and 31), a
 // verified sync still lands within seconds.
 TEST_P(HostileHttpTest, CompletionsAndWaitingPausesNeverStarveASync) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny", "--token-interval-ms", "200"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny", "--token-interval-ms", "200"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
   const std::string completion = R"({"prompt":"a","max_tokens":1000})";
@@ -572,11 +553,7 @@ TEST_P(HostileHttpTest, CompletionsAndWaitingPausesNeverStarveASync) {
 // parsed is returned to the system once it is done: six routes taking a 15 MiB body
 // each leave the server's resident set within a small multiple of the body limit.
 TEST_P(HostileHttpTest, BodyMemoryIsBoundedByTheLimitAndReleased) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("serve", [&] {
-    std::vector<std::string> a = {"--model", "qwen3-tiny", "--max-body-mb", "16"};
-    for (auto& k : KeyArgs()) a.push_back(k);
-    return a;
-  }()));
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, Serve({"--model", "qwen3-tiny", "--max-body-mb", "16"}));
   const int port = PortOf(s.url);
   const std::string auth = AuthHeader(key());
   // Small elements cost the parsed form the most: about 14 times their text here.
