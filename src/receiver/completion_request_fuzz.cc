@@ -4,14 +4,20 @@
 // reply rendered from its prompt is valid JSON.
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "receiver/generation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  nlohmann::json j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return 0;
+  // As the router reads the body: depth-bounded, only the fields the route reads.
+  static constexpr std::string_view kFields[] = {"model", "prompt", "max_tokens", "n", "stream", "request_id"};
+  wsync::Result<nlohmann::json> parsed = wsync::ParseUntrustedObject(
+      std::string_view(reinterpret_cast<const char*>(data), size), "body of /v1/completions", kFields);
+  if (!parsed.ok()) return 0;
+  const nlohmann::json& j = *parsed;
   wsync::CompletionLimits limits;
   limits.model = "qwen3-tiny";
   limits.vocab_size = 4096;
