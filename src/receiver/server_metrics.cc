@@ -117,7 +117,7 @@ ServerMetrics::ServerMetrics(std::string backend, std::string model)
                              .Add(base);
   auto& checks = BuildCounter()
                      .Name("wsync_verification_failures_total")
-                     .Help("Verification failures, by the check that found them (data, replicas, compare).")
+                     .Help("Verification failures, by the check that found them (data, replicas, compare, inline).")
                      .Register(*registry_);
   for (size_t c = 0; c < std::size(kChecks); ++c) instruments_->checks[c] = &checks.Add(with("check", kChecks[c]));
 }
