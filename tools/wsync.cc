@@ -222,6 +222,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp; sharded: the trainer's layout (fsdp, tpXppYepZ)")->capture_default_str();
   b->add_option("--trainer-ranks", bench.trainer_ranks, "sources and sharded: trainer ranks (0: sources tp*pp*ep, sharded 4)")->capture_default_str();
+  b->add_option("--inline-verify", bench.inline_verify, "broadcast, ipc, delta, sharded: in-line verification of every sync (on or off)")
+      ->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
   wsync::cli::AddPlanCommand(app);
