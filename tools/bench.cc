@@ -193,6 +193,7 @@ int RunBench(const BenchArgs& a) {
   TrainerOptions o;
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.bucket_gb = a.bucket_gb;
+  o.inline_verify = a.inline_verify;
   auto engine = CreateTrainerEngine(o);
   if (!engine.ok()) return fail(engine.status());
   Stopwatch init_watch;

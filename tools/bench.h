@@ -22,6 +22,9 @@ struct BenchArgs {
   // ranks (0: tp*pp*ep, or 4 for fsdp), and the hidden spec of one rank process.
   std::string trainer_layout = "tp2pp2ep1";
   int trainer_ranks = 0;
+  // broadcast, ipc, delta, sharded: TrainerOptions::inline_verify of the bench's trainer
+  // (`--inline-verify on|off`), to measure what in-line verification costs.
+  bool inline_verify = true;
   std::string sources_child;
 };
 

@@ -65,6 +65,7 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   TrainerOptions o;
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.backend = "delta";
+  o.inline_verify = a.inline_verify;
   o.timeout_seconds = 600;
   DeltaTrainerOptions d;
   d.sync_dir = sync;

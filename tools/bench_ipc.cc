@@ -83,6 +83,7 @@ Result<GpuModeResult> RunGpuMode(const std::string& url, const Device& device, D
                                  const std::string& export_kind) {
   TrainerOptions o;
   o.backend = "ipc";
+  o.inline_verify = a.inline_verify;
   o.servers = {url};
   o.device = device;
   o.bucket_gb = a.bucket_gb;

@@ -58,6 +58,7 @@ Result<Measured> RunBackend(const BenchArgs& a, const std::string& backend, cons
   }
   TrainerOptions o;
   o.backend = backend;
+  o.inline_verify = a.inline_verify;
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.bucket_gb = a.bucket_gb;
   if (backend == "sharded") o.backend_options["model"] = a.model;

@@ -55,18 +55,24 @@ std::function<void(const SyncProgress&)> ProgressPrinter(std::shared_ptr<int> cu
 
 // "host+MB": this process's peak RSS above its RSS when the sync began; "dev+MB": the
 // same for the device memory wsync allocated (core/process_memory.h).
+// "inline": in-line verification, as "servers that verified / servers: tensors each
+// verified" ("off" with --no-inline-verify).
 void PrintHeader() {
-  fmt::print("{:>5} {:>10} {:>12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}\n", "sync", "changed", "bytes(MB)",
-             "seconds", "GB/s", "chunks", "host+MB", "dev+MB", "verified");
+  fmt::print("{:>5} {:>10} {:>12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "sync", "changed", "bytes(MB)",
+             "seconds", "GB/s", "chunks", "host+MB", "dev+MB", "verified", "inline");
   std::fflush(stdout);
 }
 
 void PrintRow(const SyncRow& r) {
   std::string changed = r.sync == 0 ? "initial" : fmt::format("{:.2f}%", 100 * r.changed_fraction);
-  fmt::print("{:>5} {:>10} {:>12.1f} {:>9.3f} {:>8.3f} {:>9} {:>9.1f} {:>9.1f} {:>9}\n", r.sync, changed,
+  const SyncStats& st = r.stats;
+  const size_t servers = st.inline_verified_servers + st.inline_unverified_servers;
+  const std::string inline_check =
+      servers == 0 ? "off" : fmt::format("{}/{}:{}", st.inline_verified_servers, servers, st.inline_verified_tensors);
+  fmt::print("{:>5} {:>10} {:>12.1f} {:>9.3f} {:>8.3f} {:>9} {:>9.1f} {:>9.1f} {:>9} {:>10}\n", r.sync, changed,
              r.stats.bytes / 1e6, r.stats.seconds,
              r.stats.seconds > 0 ? r.stats.bytes / r.stats.seconds / 1e9 : 0.0, r.stats.chunks,
-             r.sync_memory.host_bytes / 1e6, r.sync_memory.device_bytes / 1e6, r.verified);
+             r.sync_memory.host_bytes / 1e6, r.sync_memory.device_bytes / 1e6, r.verified, inline_check);
   std::fflush(stdout);
 }
 

@@ -35,6 +35,7 @@ int RunServe(const ServeArgs& a) {
   if (a.session_lease >= 0) o.session_lease_seconds = a.session_lease;
   if (!a.allowed_store_hosts.empty()) o.backend_config["allowed_store_hosts"] = a.allowed_store_hosts;
   o.fault_never_join = a.fault == "never-join";
+  o.fault_corrupt_landed = a.fault == "corrupt-landed";
   // A real process death in the data phase: the nccl receiver SIGKILLs this process once
   // its first worker has loaded one chunk of an update (what an OOM kill or a crashed
   // worker does to the trainer's group). Only the timing is chosen.

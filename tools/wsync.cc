@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
                 "embed_tokens/lm_head are the target's memory (a model without MTP layers is refused)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "mtp"}));
-  s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk)")->check(CLI::IsMember({"never-join", "die-mid-update"}));
+  s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk), corrupt-landed (every finish flips a bit of a landed tensor first)")->check(CLI::IsMember({"never-join", "die-mid-update", "corrupt-landed"}));
 
   PushArgs push;
   std::vector<std::string> servers;
@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
   p->add_option("--bucket-gb", push.trainer.bucket_gb, "packed buffer size in GiB (at least the largest tensor)")->capture_default_str();
   p->add_option("--timeout", push.trainer.timeout_seconds, "seconds any wait may take")->capture_default_str();
   p->add_flag("--verify", push.verify, "read checksums back from every server and compare");
+  p->add_flag("--inline-verify,!--no-inline-verify", push.trainer.inline_verify,
+              "send xxh3-128 digests of what each sync read to the servers that declare in-line verification; "
+              "they refuse to finish on a mismatch (default: on)");
   p->add_option("--verify-algorithm", push.verify_algorithm, "xxh3_128 or sha256")->capture_default_str();
   p->add_option("--weight-version", push.weight_version, "weight version the servers report after the last sync");
   p->add_flag("--draft-session", push.trainer.draft_session,
@@ -219,6 +222,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp; sharded: the trainer's layout (fsdp, tpXppYepZ)")->capture_default_str();
   b->add_option("--trainer-ranks", bench.trainer_ranks, "sources and sharded: trainer ranks (0: sources tp*pp*ep, sharded 4)")->capture_default_str();
+  b->add_option("--inline-verify", bench.inline_verify, "broadcast, ipc, delta, sharded: in-line verification of every sync (on or off)")
+      ->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
   wsync::cli::AddPlanCommand(app);

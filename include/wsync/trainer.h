@@ -74,6 +74,14 @@ struct TrainerOptions {
   // it does not know. `nccl`: piece_mb. `ipc`: mode, export_kind, backing,
   // stall_after_chunks. `delta`: sync_dir, max_file_gb, publish_threads, base_checkpoint.
   std::map<std::string, std::string> backend_options;
+  // In-line verification of every sync: rank 0 hashes (xxh3-128) each host tensor of its
+  // pass as it reads it and sends the digests with finish_weight_update to the servers
+  // whose /health declares "inline_verification"; such a server refuses to finish when
+  // what it holds differs (the sync fails naming the tensors; the server keeps its
+  // previous weight version and reports weights_consistent: false). Costs one hash pass
+  // over the model on each side; SyncStats says what was verified. `push
+  // --no-inline-verify` turns it off.
+  bool inline_verify = true;
   // Called from the sending thread after every chunk.
   std::function<void(const SyncProgress&)> progress;
 };
@@ -90,6 +98,19 @@ struct SyncStats {
   // verify: `push --verify`, Python's send_weights(verify=True)); false when not checked.
   bool verified = false;
   double verify_seconds = 0;    // the read-back verification, when verified
+  // In-line verification (TrainerOptions::inline_verify). inline_digests: the tensors
+  // this sync's pass hashed as it read them (host tensors; 0 when off or when no server
+  // declared support); each server that declares "inline_verification" in its /health
+  // gets them with finish and compares them with what it holds before it finishes.
+  // inline_verified_servers: those servers (every digest either matched or was named
+  // unverifiable by the server, e.g. a tensor it does not hold; a mismatch fails the
+  // sync); inline_unverified_servers: the servers that do not declare support (a vLLM
+  // engine, the Python worker server), whose sync is not verified in-line.
+  // inline_verified_tensors: the tensors the first verified server matched.
+  size_t inline_digests = 0;
+  size_t inline_verified_servers = 0;
+  size_t inline_unverified_servers = 0;
+  size_t inline_verified_tensors = 0;
 };
 
 class TrainerEngine {

@@ -55,6 +55,19 @@ class ControlService {
   virtual Status UpdateWeights(std::shared_ptr<const nlohmann::json> update_info) = 0;
   // POST /finish_weight_update [{"weight_version": "..."}].
   virtual Status FinishWeightUpdate(const std::optional<std::string>& weight_version) = 0;
+  // POST /finish_weight_update carrying the trainer's in-line digests: `digests` is the
+  // body's "wsync_digests" object ({HF name: lowercase hex}, untrusted) under
+  // `algorithm` (its "digest_algorithm"). A service that declares
+  // "inline_verification" in its /health compares them with what it holds before the
+  // session may finish (a mismatch fails the finish and leaves the weight version as it
+  // was) and returns the fields its reply adds ({"verified": {...}}). Default: the
+  // digests are ignored, as by a server that never declared support.
+  virtual Result<nlohmann::json> FinishWeightUpdateVerified(const std::optional<std::string>& weight_version,
+                                                            const nlohmann::json& digests,
+                                                            std::string_view algorithm) {
+    WSYNC_RETURN_IF_ERROR(FinishWeightUpdate(weight_version));
+    return nlohmann::json::object();
+  }
   // POST /fetch_weights (delta backend); other backends answer Unimplemented.
   virtual Result<nlohmann::json> FetchWeights(const nlohmann::json& body) {
     return Unimplemented("this server's backend has no /fetch_weights");

@@ -123,7 +123,7 @@ constexpr Fields kNoFields{kNoFieldNames, 0};
 constexpr Fields kAllFields{};
 constexpr std::string_view kInitFields[] = {"init_info"};
 constexpr std::string_view kUpdateFields[] = {"update_info"};
-constexpr std::string_view kFinishFields[] = {"weight_version"};
+constexpr std::string_view kFinishFields[] = {"weight_version", "wsync_digests", "digest_algorithm"};
 constexpr std::string_view kVersionFields[] = {"new_version"};
 constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm"};
 constexpr std::string_view kAbortFields[] = {"request_ids"};
@@ -436,8 +436,17 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
         WSYNC_ASSIGN_OR_RETURN(version, BoundedStringField(b, "weight_version", "body of /finish_weight_update",
                                                            kMaxWeightVersionBytes));
       }
-      WSYNC_RETURN_IF_ERROR(svc->FinishWeightUpdate(version));
-      return json{{"message", "Weight update finished"}};
+      auto digests = b.find("wsync_digests");
+      if (digests == b.end() || digests->is_null()) {
+        WSYNC_RETURN_IF_ERROR(svc->FinishWeightUpdate(version));
+        return json{{"message", "Weight update finished"}};
+      }
+      if (!digests->is_object()) return InvalidArgument("field 'wsync_digests' must be an object {name: hex}");
+      WSYNC_ASSIGN_OR_RETURN(std::string algorithm, BoundedStringField(b, "digest_algorithm",
+                                                                       "body of /finish_weight_update", 32));
+      WSYNC_ASSIGN_OR_RETURN(json reply, svc->FinishWeightUpdateVerified(version, *digests, algorithm));
+      reply["message"] = "Weight update finished";
+      return reply;
     }
     if (path == route::kUpdateWeightVersion) {
       auto it = b.find("new_version");

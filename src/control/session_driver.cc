@@ -33,6 +33,9 @@ SessionDriver::SessionDriver(std::vector<std::string> servers, std::string api_k
 Result<Fleet> SessionDriver::Discover() const {
   Fleet fleet;
   WSYNC_ASSIGN_OR_RETURN(fleet.health, client_.Get(Path(route::kHealth), policy_.Call()));
+  for (const json& h : fleet.health) {
+    fleet.inline_verification.push_back(h.is_object() && h.value("inline_verification", json()) == "xxh3_128");
+  }
   for (size_t i = 0; i < fleet.health.size(); ++i) {
     const json& h = fleet.health[i];
     if (!h.is_object() || h.value("server", "") != "wsync") {
@@ -140,6 +143,20 @@ Status SessionDriver::Finish(const std::optional<std::string>& weight_version) c
   json body = json::object();
   if (weight_version) body["weight_version"] = *weight_version;
   return client_.Post(Path(route::kFinishWeightUpdate), body, policy_.Call()).status();
+}
+
+Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std::string>& weight_version,
+                                                        const std::map<std::string, std::string>& digests,
+                                                        const std::vector<bool>& verifying) const {
+  json plain = json::object();
+  if (weight_version) plain["weight_version"] = *weight_version;
+  json with = plain;
+  with["wsync_digests"] = digests;
+  with["digest_algorithm"] = "xxh3_128";
+  std::vector<json> bodies;
+  for (size_t i = 0; i < size(); ++i) bodies.push_back(i < verifying.size() && verifying[i] ? with : plain);
+  Deadline deadline = policy_.Call();
+  return client_.PostAsync(Path(route::kFinishWeightUpdate), std::move(bodies), deadline)->Wait(deadline);
 }
 
 void SessionDriver::Close() const {

@@ -16,6 +16,7 @@
 // Thread-safe (the client is); a Pending may be waited on from any thread.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,9 @@ struct Fleet {
   // Every server says "server": "wsync" (else: a plain vLLM fleet, and `other` names the
   // first server that does not).
   bool wsync = true;
+  // Per server: whether its /health declares "inline_verification": "xxh3_128" (it
+  // takes digests with finish_weight_update; vLLM's own engines reject unknown keys).
+  std::vector<bool> inline_verification;
   std::string other;
   // Worker counts from /get_world_size?include_dp=true (filled by WorldSizes()).
   std::vector<int> world_sizes;
@@ -100,6 +104,12 @@ class SessionDriver {
   Status Update(const nlohmann::json& update_info) const;
   // POST /finish_weight_update, with "weight_version" when given.
   Status Finish(const std::optional<std::string>& weight_version) const;
+  // POST /finish_weight_update with the pass's digests to the servers marked in
+  // `verifying` (in server order; their body adds "wsync_digests" and
+  // "digest_algorithm": "xxh3_128"), the plain body to the others; every server's reply.
+  Result<std::vector<nlohmann::json>> FinishVerified(const std::optional<std::string>& weight_version,
+                                                     const std::map<std::string, std::string>& digests,
+                                                     const std::vector<bool>& verifying) const;
   // After a failed sync: a best-effort finish that ends any session still open (servers
   // whose failed update already ended theirs answer 409, which is expected), bounded by
   // Close().

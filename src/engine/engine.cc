@@ -5,6 +5,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -131,6 +132,10 @@ class Engine final : public TrainerEngine {
                      options_.rank);
       WSYNC_RETURN_IF_ERROR(InitPlane().WithContext("initializing the data plane again after a failed sync"));
     }
+    if (options_.rank == 0 && options_.inline_verify && driver_ &&
+        std::find(inline_servers_.begin(), inline_servers_.end(), true) != inline_servers_.end()) {
+      pass.CollectDigests();
+    }
     return options_.rank != 0 ? plane_->SyncOtherRank(sync) : Sync(sync, total);
   }
 
@@ -150,6 +155,7 @@ class Engine final : public TrainerEngine {
       WSYNC_RETURN_IF_ERROR(driver_->CheckBackend(fleet, options_.backend));
       // Which servers cache prefixes: their caches are reset every sync.
       prefix_caching_ = driver_->PrefixCaching();
+      inline_servers_ = fleet.inline_verification;
       for (size_t i = 0; i < prefix_caching_.size(); ++i) {
         if (prefix_caching_[i]) WSYNC_LOG_INFO("{} caches prefixes: each sync resets its cache", driver_->urls()[i]);
       }
@@ -229,8 +235,43 @@ class Engine final : public TrainerEngine {
         return reset.WithContext("resetting the servers' prefix caches before finish");
       }
     }
-    WSYNC_RETURN_IF_ERROR(driver_->Finish(sync.weight_version));
+    WSYNC_RETURN_IF_ERROR(Finish(sync));
     sync.stats.finish_seconds = phase.Lap();
+    return Status::Ok();
+  }
+
+  // finish_weight_update, with the pass's digests to the servers that verify in-line
+  // (SyncStats says how many did); a server that verified fewer tensors than it was sent
+  // without naming why fails the sync.
+  Status Finish(SyncContext& sync) {
+    const std::map<std::string, std::string>& digests = sync.pass.digests();
+    const bool verify = options_.inline_verify && sync.pass.complete() && !digests.empty() &&
+                        inline_servers_.size() == driver_->size();
+    if (!verify) {
+      if (options_.inline_verify) sync.stats.inline_unverified_servers = driver_->size();
+      return driver_->Finish(sync.weight_version);
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::vector<nlohmann::json> replies,
+                           driver_->FinishVerified(sync.weight_version, digests, inline_servers_));
+    sync.stats.inline_digests = digests.size();
+    for (size_t i = 0; i < driver_->size(); ++i) {
+      if (!inline_servers_[i]) {
+        ++sync.stats.inline_unverified_servers;
+        continue;
+      }
+      const nlohmann::json* v = i < replies.size() && replies[i].is_object() && replies[i].contains("verified")
+                                    ? &replies[i]["verified"] : nullptr;
+      const size_t tensors = v && v->is_object() ? v->value("tensors", size_t{0}) : 0;
+      const size_t unverifiable =
+          v && v->is_object() && v->contains("unverifiable") && (*v)["unverifiable"].is_object()
+              ? (*v)["unverifiable"].size() : 0;
+      if (tensors + unverifiable != digests.size()) {
+        return DataLoss(fmt::format("{} declares in-line verification but verified {} of the {} tensors it was "
+                                    "sent digests for ({} named unverifiable)",
+                                    driver_->urls()[i], tensors, digests.size(), unverifiable));
+      }
+      if (sync.stats.inline_verified_servers++ == 0) sync.stats.inline_verified_tensors = tensors;
+    }
     return Status::Ok();
   }
 
@@ -249,6 +290,7 @@ class Engine final : public TrainerEngine {
   std::unique_ptr<DataPlane> plane_;
   std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
   std::vector<bool> prefix_caching_;       // per server, probed at each InitPlane
+  std::vector<bool> inline_servers_;       // per server: declares in-line verification
   std::vector<TensorMeta> metadata_;       // what Init planned for
   std::optional<std::vector<std::string>> held_;  // the names Init's source held (nullopt: all)
   bool held_checked_ = false;  // Init(source): each sync's source must hold held_

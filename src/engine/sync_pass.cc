@@ -4,24 +4,32 @@
 
 #include <fmt/format.h>
 
+#include "core/digest.h"
+
 namespace wsync {
 
 class SyncPass::Outer final : public TensorStream {
  public:
-  explicit Outer(std::unique_ptr<TensorStream> checked, std::shared_ptr<const void> keep = nullptr)
-      : keep_(std::move(keep)), checked_(std::move(checked)) {}
+  Outer(std::unique_ptr<TensorStream> checked, bool digests, std::shared_ptr<const void> keep = nullptr)
+      : keep_(std::move(keep)), checked_(std::move(checked)), collect_digests_(digests) {}
   Result<bool> Next(TensorRef* out) override {
     if (failed_) return FailedPrecondition("the sync's pass already failed");
     Result<bool> more = checked_->Next(out);
     if (!more.ok()) failed_ = true;
     if (more.ok() && !*more) complete_ = true;
+    if (more.ok() && *more && collect_digests_ && out->device.is_cpu()) {
+      digests_.insert_or_assign(std::string(out->name), HexDigest(DigestAlgorithm::kXxh3_128, out->bytes));
+    }
     return more;
   }
   bool complete() const { return complete_; }
+  const std::map<std::string, std::string>& digests() const { return digests_; }
 
  private:
   std::shared_ptr<const void> keep_;  // what checked_ is checked against, when the pass owns it
   std::unique_ptr<TensorStream> checked_;
+  const bool collect_digests_;
+  std::map<std::string, std::string> digests_;
   bool failed_ = false;
   bool complete_ = false;
 };
@@ -79,7 +87,7 @@ SyncPass::~SyncPass() = default;
 Result<std::shared_ptr<TensorStream>> SyncPass::Stream() {
   if (!outer_) {
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
-    outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()));
+    outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()), collect_digests_);
   }
   return std::shared_ptr<TensorStream>(outer_);
 }
@@ -88,7 +96,7 @@ Result<std::shared_ptr<TensorStream>> SyncPass::HeldStream(const std::vector<Ten
   if (outer_) return FailedPrecondition("a sync makes one pass over its source");
   WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.IterateHeld());
   auto owned = std::make_shared<const std::vector<TensorMeta>>(held);
-  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), *owned), owned);
+  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), *owned), collect_digests_, owned);
   return std::shared_ptr<TensorStream>(outer_);
 }
 
@@ -107,5 +115,10 @@ Status SyncPass::ReadAll() {
 }
 
 bool SyncPass::complete() const { return outer_ && outer_->complete(); }
+
+const std::map<std::string, std::string>& SyncPass::digests() const {
+  static const std::map<std::string, std::string> kNone;
+  return outer_ ? outer_->digests() : kNone;
+}
 
 }  // namespace wsync

@@ -8,7 +8,9 @@
 // stream is read by one thread at a time.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "wsync/source.h"
@@ -43,6 +45,16 @@ class SyncPass {
   // Reads the whole pass, checked, discarding the tensors (a rank that sends nothing).
   Status ReadAll();
 
+  // In-line verification: from the start of the pass on, every tensor the pass yields
+  // from host memory is hashed with xxh3-128 as it is handed out (before the reader
+  // sees it), into digests(). Tensors on a device are not hashed (reading them back
+  // would cost a copy the data plane does not make); they are absent from digests().
+  // Call before the pass starts.
+  void CollectDigests() { collect_digests_ = true; }
+  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; complete
+  // once complete() is true.
+  const std::map<std::string, std::string>& digests() const;
+
   bool started() const { return outer_ != nullptr; }
   // Whether the pass has yielded every tensor of the metadata.
   bool complete() const;
@@ -53,6 +65,7 @@ class SyncPass {
   WeightSource& source_;
   std::shared_ptr<Outer> outer_;  // the pass's stream, once started
   std::unique_ptr<View> view_;
+  bool collect_digests_ = false;
 };
 
 }  // namespace wsync

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/digest.h"
+
 namespace wsync {
 namespace {
 
@@ -149,6 +151,36 @@ TEST(SyncPass, TheViewPassesOverTheHeldNamesOnceChecked) {
   while (*(*every)->Next(&t)) ++n;
   EXPECT_EQ(n, 3);
   EXPECT_TRUE(whole.complete());
+}
+
+}  // namespace
+}  // namespace wsync
+
+namespace wsync {
+namespace {
+
+// In-line verification: the pass hashes each host tensor it hands out, and only when asked.
+TEST(SyncPass, DigestsEveryHostTensorItYieldsWhenAsked) {
+  std::vector<HostTensor> tensors;
+  for (int i = 0; i < 3; ++i) {
+    HostTensor t = *HostTensor::Zeros(TensorMeta{"t" + std::to_string(i), DType::kF32, {2, 2}});
+    t.storage.span()[0] = static_cast<std::byte>(i + 1);
+    tensors.push_back(std::move(t));
+  }
+  std::vector<std::string> want;
+  for (const HostTensor& t : tensors) want.push_back(HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes));
+  HostTensorSource source(std::move(tensors));
+
+  SyncPass plain(source);
+  ASSERT_TRUE(plain.ReadAll().ok());
+  EXPECT_TRUE(plain.digests().empty());
+
+  SyncPass hashed(source);
+  hashed.CollectDigests();
+  ASSERT_TRUE(hashed.ReadAll().ok());
+  ASSERT_TRUE(hashed.complete());
+  ASSERT_EQ(hashed.digests().size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(hashed.digests().at("t" + std::to_string(i)), want[i]);
 }
 
 }  // namespace

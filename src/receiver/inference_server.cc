@@ -1,6 +1,7 @@
 #include "receiver/inference_server.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/log.h"
 #include "core/parallel.h"
@@ -172,6 +173,84 @@ Status InferenceServer::FinishWeightUpdate(const std::optional<std::string>& wei
   return Measured(WeightOperation::kFinish, [&] { return FinishNow(weight_version); });
 }
 
+Result<json> InferenceServer::FinishWeightUpdateVerified(const std::optional<std::string>& weight_version,
+                                                         const json& digests, std::string_view algorithm) {
+  json verified;
+  // Not Measured(): a DataLoss here is the in-line check's, not a payload's.
+  Status s = metrics_->Measure(WeightOperation::kFinish,
+                               [&] { return FinishNow(weight_version, &digests, algorithm, &verified); });
+  if (s.code() == StatusCode::kDataLoss) metrics_->VerificationFailed(ServerMetrics::Check::kInline);
+  WSYNC_RETURN_IF_ERROR(s);
+  return json{{"verified", std::move(verified)}};
+}
+
+std::string_view InferenceServer::InlineVerification() const {
+  return options_.quantization == "none" ? DigestAlgorithmName(DigestAlgorithm::kXxh3_128) : std::string_view();
+}
+
+Status InferenceServer::VerifyInline(const json& digests, std::string_view algorithm_name, json* verified) {
+  if (InlineVerification().empty() || algorithm_name != InlineVerification()) {
+    return InvalidArgument(fmt::format("digest_algorithm '{}': this server verifies in-line with '{}' only",
+                                       algorithm_name, InlineVerification().empty() ? "none" : InlineVerification()));
+  }
+  const DigestAlgorithm algorithm = DigestAlgorithm::kXxh3_128;
+  const ShardingTable& table = workers_.front()->store->table();
+  if (digests.size() > table.hf_tensors().size()) {
+    return InvalidArgument(fmt::format("wsync_digests names {} tensors; model {} has {}", digests.size(),
+                                       model_.name, table.hf_tensors().size()));
+  }
+  std::map<std::string_view, const TensorMeta*> by_name;
+  for (const TensorMeta& m : table.hf_tensors()) by_name.emplace(m.name, &m);
+  std::vector<TensorMeta> check;
+  std::vector<const std::string*> want;
+  json unverifiable = json::object();
+  for (const auto& [name, hex] : digests.items()) {
+    if (!hex.is_string() || hex.get_ref<const std::string&>().size() > 128) {
+      return InvalidArgument(fmt::format("wsync_digests[{}] must be a hex string", name.substr(0, 200)));
+    }
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      unverifiable[name.substr(0, 200)] = fmt::format("not a tensor of model {}", model_.name);
+    } else if (!table.Serves(name)) {
+      unverifiable[name] = "not held by this server";
+    } else {
+      check.push_back(*it->second);
+      want.push_back(&hex.get_ref<const std::string&>());
+    }
+  }
+  const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
+  std::vector<std::string> differ;
+  size_t differing = 0;
+  for (size_t begin = 0; begin < workers_.size(); begin += options_.tp) {
+    std::vector<const WorkerStore*> group;
+    for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[begin + t]->store.get());
+    const std::string replica = fmt::format("{} dp replica {}", context_.server_url.empty() ? "server"
+                                                                                           : context_.server_url,
+                                            workers_[begin]->dp_index);
+    Status replicas = CheckReplicas(group);
+    if (!replicas.ok()) return replicas.WithContext(fmt::format("in-line verification on {}", replica));
+    WSYNC_ASSIGN_OR_RETURN(auto sums, DigestEach(check, threads, [&](const TensorMeta& m, std::vector<std::byte>*) {
+                             return HfDigest(group, m.name, algorithm);
+                           }));
+    for (size_t i = 0; i < check.size(); ++i) {
+      const std::string& held = sums.at(check[i].name);
+      if (held == *want[i]) continue;
+      ++differing;
+      if (differ.size() < 5) {
+        differ.push_back(fmt::format("{} ({} holds {}, the trainer read {})", check[i].name, replica, held,
+                                     want[i]->substr(0, 64)));
+      }
+    }
+  }
+  if (differing > 0) {
+    return DataLoss(fmt::format("in-line verification: {} tensor(s) held differ from the trainer's {} digests: {}{}",
+                                differing, algorithm_name, fmt::join(differ, "; "),
+                                differing > differ.size() ? "; ..." : ""));
+  }
+  *verified = json{{"tensors", check.size()}, {"algorithm", algorithm_name}, {"unverifiable", std::move(unverifiable)}};
+  return Status::Ok();
+}
+
 Status InferenceServer::InitNow(const json& init_info, const std::string& peer_address) {
   bool took_over = false;
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginInit(peer_address, &took_over));
@@ -295,9 +374,18 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
   return s;
 }
 
-Status InferenceServer::FinishNow(const std::optional<std::string>& weight_version) {
+Status InferenceServer::FinishNow(const std::optional<std::string>& weight_version, const json* digests,
+                                  std::string_view algorithm, json* verified) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginFinish());
   Status s = CatchAll("finish_weight_update", [&] { return backend_->Finish(); });
+  if (s.ok() && options_.fault_corrupt_landed && embed_param_ >= 0 && workers_.front()->device.is_cpu()) {
+    workers_.front()->store->param_data(static_cast<size_t>(embed_param_))[0] ^= std::byte{1};
+    WSYNC_LOG_WARN("fault injection (--fault corrupt-landed): flipped a bit of model.embed_tokens.weight in {}",
+                   context_.workers.front().label);
+  }
+  if (s.ok() && digests != nullptr) {
+    s = CatchAll("finish_weight_update", [&] { return VerifyInline(*digests, algorithm, verified); });
+  }
   if (options_.quantization == "fp8") {
     // Every layer the update touched must have landed whole and been quantized; the
     // quantization in flight is waited for either way.
@@ -466,6 +554,7 @@ json InferenceServer::Health() const {
               {"weight_version", weight_version_},
               {"syncs", syncs_},
               {"weights_consistent", session.consistent},
+              {"inline_verification", InlineVerification().empty() ? json(nullptr) : json(InlineVerification())},
               {"session_active", session.active},
               {"expired_sessions", session.expired_sessions},
               {"taken_over_sessions", session.taken_over_sessions}};

@@ -66,6 +66,19 @@ class InferenceServer : public ControlService {
     return UpdateWeights(std::make_shared<const nlohmann::json>(update_info));
   }
   Status FinishWeightUpdate(const std::optional<std::string>& weight_version) override;
+  // In-line verification (control_service.h): before the session finishes, the HF digest
+  // of every named tensor is computed from what every replica's shards hold (and the
+  // TP-replicated copies are checked against their primaries); any difference fails the
+  // finish with DataLoss naming the tensors and the replica, the session ends with the
+  // weights inconsistent and the weight version unchanged. The reply says
+  // {"verified": {"tensors": N, "algorithm": A, "unverifiable": {name: why}}}; names
+  // this server does not hold are unverifiable, not verified.
+  Result<nlohmann::json> FinishWeightUpdateVerified(const std::optional<std::string>& weight_version,
+                                                    const nlohmann::json& digests,
+                                                    std::string_view algorithm) override;
+  // The algorithm /health declares under "inline_verification" ("" when none: an fp8
+  // server holds other bytes than it received).
+  std::string_view InlineVerification() const;
   Result<nlohmann::json> FetchWeights(const nlohmann::json& body) override;
   int WorldSize(bool include_dp) const override;
   std::string WeightVersion() const override;
@@ -131,7 +144,12 @@ class InferenceServer : public ControlService {
   // The bodies of the measured calls.
   Status InitNow(const nlohmann::json& init_info, const std::string& peer_address);
   Status UpdateNow(std::shared_ptr<const nlohmann::json> update_info);
-  Status FinishNow(const std::optional<std::string>& weight_version);
+  // `digests` (null: none) are checked as FinishWeightUpdateVerified says; `verified`
+  // receives the reply's "verified" object.
+  Status FinishNow(const std::optional<std::string>& weight_version, const nlohmann::json* digests = nullptr,
+                   std::string_view algorithm = {}, nlohmann::json* verified = nullptr);
+  // The comparison itself: DataLoss on a difference, InvalidArgument on a malformed map.
+  Status VerifyInline(const nlohmann::json& digests, std::string_view algorithm, nlohmann::json* verified);
   Result<std::map<std::string, std::string>> ChecksumsHeld(DigestAlgorithm algorithm);
   // --quantization fp8: waits for any layer quantization still running on the workers
   // (a failed or expired update may leave some) before the weights are read or released.

@@ -17,7 +17,7 @@ constexpr WeightOperation kAllOperations[] = {WeightOperation::kInit, WeightOper
                                               WeightOperation::kStartDraft, WeightOperation::kUpdate,
                                               WeightOperation::kFinish};
 constexpr std::string_view kOutcomes[] = {"ok", "refused", "failed"};
-constexpr std::string_view kChecks[] = {"data", "replicas", "compare"};
+constexpr std::string_view kChecks[] = {"data", "replicas", "compare", "inline"};
 // vLLM's buckets for the operation durations, in seconds.
 const std::vector<double> kDurationBuckets = {0.01, 0.1, 1, 10, 30, 60, 120, 300, 600};
 
@@ -66,7 +66,7 @@ struct ServerMetrics::Instruments {
   prometheus::Counter* outcomes[kWeightOperations][3];
   prometheus::Counter* tensors;
   prometheus::Counter* bytes;
-  prometheus::Counter* checks[3];
+  prometheus::Counter* checks[std::size(kChecks)];
 };
 
 ServerMetrics::ServerMetrics(std::string backend, std::string model)
@@ -117,9 +117,9 @@ ServerMetrics::ServerMetrics(std::string backend, std::string model)
                              .Add(base);
   auto& checks = BuildCounter()
                      .Name("wsync_verification_failures_total")
-                     .Help("Verification failures, by the check that found them (data, replicas, compare).")
+                     .Help("Verification failures, by the check that found them (data, replicas, compare, inline).")
                      .Register(*registry_);
-  for (int c = 0; c < 3; ++c) instruments_->checks[c] = &checks.Add(with("check", kChecks[c]));
+  for (size_t c = 0; c < std::size(kChecks); ++c) instruments_->checks[c] = &checks.Add(with("check", kChecks[c]));
 }
 
 ServerMetrics::~ServerMetrics() = default;

@@ -73,6 +73,7 @@ class ServerMetrics {
     kData,      // "data": a received payload failed its checksum (a call answered DataLoss)
     kReplicas,  // "replicas": a checksum read-back found data-parallel replicas differing
     kCompare,   // "compare": a /weight_checker compare found mismatching parameters
+    kInline,    // "inline": a finish found held tensors differing from the trainer's digests
   };
   void VerificationFailed(Check check);
 
