@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/delta/base_digest.h"
 #include "backends/delta/local_checkpoint.h"
 #include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
@@ -191,9 +192,11 @@ class DeltaReceiver final : public ReceiverBackend {
     }
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     std::vector<std::unique_ptr<LocalCheckpoint>> stores;
+    if (!base_digests_ || base_digests_->checkpoint() != base) base_digests_ = std::make_shared<delta::BaseDigests>(base);
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       delta::LocalCheckpointOptions o;
       o.base_checkpoint = base;
+      o.base_digests = base_digests_;
       o.root = root;
       o.sync_root = Flag(ctx_->backend_config, "sync_root");
       WSYNC_ASSIGN_OR_RETURN(auto s, LocalCheckpoint::Open(std::move(o), deadline));
@@ -277,6 +280,7 @@ class DeltaReceiver final : public ReceiverBackend {
   ReceiverContext* ctx_;
   std::string sync_dir_;                                 // from init, the default for fetches
   std::vector<std::unique_ptr<LocalCheckpoint>> stores_;  // one per worker, used on its thread
+  std::shared_ptr<delta::BaseDigests> base_digests_;      // the base's, shared by stores_
 };
 
 }  // namespace

@@ -123,11 +123,16 @@ class DeltaPlane final : public DataPlane {
     stats->start_seconds = report_.pause_seconds + report_.start_seconds;
     stats->transfer_seconds = p.seconds + report_.fetch_seconds + report_.update_seconds;
     stats->finish_seconds = report_.finish_seconds + report_.resume_seconds;
+    if (p.full_version) {
+      WSYNC_LOG_INFO("delta: version {} is the full version of the trainer's first weights (base digest {}): a "
+                     "record for each of its {} tensors, none changed", p.version, publisher_->base_digest(),
+                     p.changed_tensors);
+    }
     WSYNC_LOG_INFO("delta: version {}: {} of {} tensors changed, {:.1f} MB compressed of {:.1f} MB ({:.2f}%); "
                    "publish {:.3f} s ({:.2f} GB/s on {} threads; source {:.3f} s, encode {:.3f} s summed over "
                    "threads, write {:.3f} s, {:.3f} CPU s), fetch {:.3f} s, pause {:.3f} s, start {:.3f} s, "
                    "reload {:.3f} s, finish {:.3f} s, resume {:.3f} s, total {:.3f} s",
-                   p.version, p.changed_tensors, p.tensors, p.compressed_bytes / 1e6, p.model_bytes / 1e6,
+                   p.version, p.full_version ? 0 : p.changed_tensors, p.tensors, p.compressed_bytes / 1e6, p.model_bytes / 1e6,
                    p.model_bytes ? 100.0 * p.compressed_bytes / p.model_bytes : 0.0, p.seconds,
                    p.seconds > 0 ? p.model_bytes / p.seconds / 1e9 : 0.0, p.threads, p.stage_seconds,
                    p.encode_cpu_seconds, p.write_seconds, p.cpu_seconds, report_.fetch_seconds,

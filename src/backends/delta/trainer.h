@@ -20,6 +20,8 @@
 // keys), so every server gets those two, and only servers whose GET /health says
 // "server": "wsync" also get wsync's `sync_dir` and `format_version` (DeltaInitPayload).
 // A wsync server takes its directories from its own flags and only compares these two.
+// Without base_checkpoint the first sync publishes a full version (publisher.h), which
+// any server on another base refuses at the fetch.
 //
 // Init() refuses a sync directory that already holds published versions: a chain starts
 // at the base checkpoint, and a trainer never rewrites a version that servers may have
