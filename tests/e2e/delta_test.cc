@@ -54,6 +54,10 @@ class DeltaTest : public E2eTest {
   void WriteBase(const std::string& model, uint64_t seed, std::optional<DType> disk = std::nullopt) {
     model_ = model;
     seed_ = seed;
+    WriteCheckpoint(base(), seed, disk);
+  }
+  void WriteCheckpoint(const std::string& where, uint64_t seed, std::optional<DType> disk = std::nullopt) {
+    const std::string& model = model_;
     E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel(model));
     E2E_ASSERT_OK_AND_ASSIGN(auto trainer, SyntheticTrainer::FromMetadata(HfTensors(config), seed, DefaultThreads()));
     std::vector<TensorRef> refs;
@@ -70,9 +74,9 @@ class DeltaTest : public E2eTest {
       }
       refs.push_back(r);
     }
-    fs::create_directories(base());
+    fs::create_directories(where);
     fs::create_directories(root());
-    Status s = WriteSafetensors((fs::path(base()) / "model.safetensors").string(), refs);
+    Status s = WriteSafetensors((fs::path(where) / "model.safetensors").string(), refs);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
@@ -317,6 +321,31 @@ TEST_F(DeltaTest, AFirstSyncOverAnotherBaseFailsNamingBothBasesAndTheFix) {
   EXPECT_TRUE(HasVerifiedTable(told.out, 2)) << told.out;
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests(model_, 4, 1, DigestAlgorithm::kXxh3_128));
   ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+}
+
+// A trainer told a base checkpoint that is not the servers' fails at init, naming both.
+TEST_F(DeltaTest, ABaseCheckpointThatIsNotTheServersFailsTheInitNamingBoth) {
+  WriteBase("qwen3-tiny", 3);
+  const std::string other = (dir() / "other-base").string();
+  WriteCheckpoint(other, 4);
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartDelta("tp1", local("a"), {"--checkpoint", base()}));
+  const Digests a = Want(0);
+  ExpectServersHold({s}, a, DigestAlgorithm::kXxh3_128);
+  E2E_ASSERT_OK_AND_ASSIGN(Digests b, ExpectedSyntheticDigests(model_, 4, 0, DigestAlgorithm::kXxh3_128));
+  RunResult push = RunWsync("push", {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync(),
+                                     "--base-checkpoint", other, "--model", model_, "--seed", "4", "--steps", "1",
+                                     "--verify", "--timeout", "120"},
+                            300);
+  EXPECT_FALSE(push.success()) << push.description;
+  const std::string err = push.out + push.err;
+  EXPECT_NE(err.find(fmt::format("the trainer's base checkpoint {} has base_digest {}, this server's base checkpoint "
+                                 "{} has base_digest {} (over its {} tensors)", other, BaseDigest(b), base(),
+                                 BaseDigest(a), a.size())),
+            std::string::npos) << push.description;
+  EXPECT_NE(err.find("wsync push --base-checkpoint DIR"), std::string::npos) << push.description;
+  EXPECT_EQ(err.find("delta: version 1"), std::string::npos) << "no sync after a failed init";
+  std::cout << "[e2e] the push said: " << push.err.substr(push.err.rfind('\n', push.err.size() - 2) + 1);
+  ExpectServersHold({s}, a, DigestAlgorithm::kXxh3_128);
 }
 
 TEST_F(DeltaTest, ALateServerCatchesUpThroughTheWholeChain) {

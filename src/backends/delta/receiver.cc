@@ -73,6 +73,7 @@ class DeltaReceiver final : public ReceiverBackend {
       }
     }
     WSYNC_RETURN_IF_ERROR(Open());
+    if (init.base_digest) WSYNC_RETURN_IF_ERROR(CheckBase(*init.base_digest, init.base_model_path.value_or("")));
     if (init.sync_dir) sync_dir_ = *init.sync_dir;
     return Status::Ok();
   }
@@ -175,6 +176,20 @@ class DeltaReceiver final : public ReceiverBackend {
                                          "--sync-root DIR (a directory the sync dirs lie below)", sync_dir));
     }
     return delta::PathBelow(root, sync_dir).status();
+  }
+
+  // The trainer's base checkpoint (`trainer_base` as its init names it) must be this
+  // server's, byte for byte: base_digest.h.
+  Status CheckBase(const std::string& theirs, const std::string& trainer_base) const {
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const delta::TensorDigests> base, base_digests_->Get());
+    const std::string mine = delta::CombineDigests(*base);
+    if (mine == theirs) return Status::Ok();
+    return FailedPrecondition(fmt::format(
+        "the trainer's base is not this server's: the trainer's base checkpoint{} has base_digest {}, this server's "
+        "base checkpoint {} has base_digest {} (over its {} tensors); a delta over another base would leave every "
+        "tensor the trainer does not change wrong. To fix: {}",
+        trainer_base.empty() ? std::string() : " " + trainer_base, theirs, base_digests_->checkpoint(), mine,
+        base->size(), delta::BaseMismatchFix(base_digests_->checkpoint())));
   }
 
   // The local checkpoint from the serve flags alone: the base (--base-checkpoint), the

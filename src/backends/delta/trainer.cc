@@ -46,7 +46,7 @@ class DeltaPlane final : public DataPlane {
       for (size_t i = 0; i < init.driver->size(); ++i) {
         const json* health = init.fleet && i < init.fleet->health.size() ? &init.fleet->health[i] : nullptr;
         const bool wsync = health && health->is_object() && health->value("server", "") == "wsync";
-        Result<json> info = DeltaInitPayload(delta_, wsync);
+        Result<json> info = DeltaInitPayload(delta_, wsync, publisher_->base_digest());
         if (!info.ok()) return info.status().WithContext(init.driver->urls()[i]);
         infos.push_back(std::move(*info));
       }
@@ -201,7 +201,7 @@ std::string DefaultSkyrlLocalCheckpointDir(const std::string& sync_dir) {
       .string();
 }
 
-Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server) {
+Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server, const std::string& base_digest) {
   const std::string& base = delta.base_model_path.empty() ? delta.base_checkpoint : delta.base_model_path;
   const std::string local =
       delta.local_checkpoint_dir.empty() ? DefaultSkyrlLocalCheckpointDir(delta.sync_dir) : delta.local_checkpoint_dir;
@@ -220,6 +220,7 @@ Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_serve
   if (wsync_server) {
     info["sync_dir"] = delta.sync_dir;
     info["format_version"] = delta::kManifestFormatVersion;
+    if (!base_digest.empty()) info["base_digest"] = base_digest;
   }
   return info;
 }
