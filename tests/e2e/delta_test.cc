@@ -10,12 +10,15 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/digest.h"
 #include "core/dtype_convert.h"
 #include "core/parallel.h"
 #include "e2e_test_base.h"
@@ -36,6 +39,14 @@ std::string ReadAll(const fs::path& p) {
 
 void WriteAll(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
+// A base's identity as the protocol defines it: the xxh3-128 hex of the lines
+// "<name>\0<tensor's xxh3-128 hex>\n", names in byte order.
+std::string BaseDigest(const Digests& tensors) {
+  std::string lines;
+  for (const auto& [name, hex] : tensors) lines += name + std::string(1, '\0') + hex + "\n";
+  return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(lines.data(), lines.size())));
+}
+
 class DeltaTest : public E2eTest {
  protected:
   // The base checkpoint: SyntheticTrainer(model, seed) weights, as one safetensors file;
@@ -43,6 +54,10 @@ class DeltaTest : public E2eTest {
   void WriteBase(const std::string& model, uint64_t seed, std::optional<DType> disk = std::nullopt) {
     model_ = model;
     seed_ = seed;
+    WriteCheckpoint(base(), seed, disk);
+  }
+  void WriteCheckpoint(const std::string& where, uint64_t seed, std::optional<DType> disk = std::nullopt) {
+    const std::string& model = model_;
     E2E_ASSERT_OK_AND_ASSIGN(ModelConfig config, LookupModel(model));
     E2E_ASSERT_OK_AND_ASSIGN(auto trainer, SyntheticTrainer::FromMetadata(HfTensors(config), seed, DefaultThreads()));
     std::vector<TensorRef> refs;
@@ -59,9 +74,9 @@ class DeltaTest : public E2eTest {
       }
       refs.push_back(r);
     }
-    fs::create_directories(base());
+    fs::create_directories(where);
     fs::create_directories(root());
-    Status s = WriteSafetensors((fs::path(base()) / "model.safetensors").string(), refs);
+    Status s = WriteSafetensors((fs::path(where) / "model.safetensors").string(), refs);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
@@ -134,9 +149,14 @@ TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
   ASSERT_TRUE(push.success()) << push.description;
   EXPECT_TRUE(HasVerifiedTable(push.out, 4));  // every sync verified, 0 (empty delta) .. 3
   ExpectServersHold({a, b}, Want(3), DigestAlgorithm::kXxh3_128);
+  // Sync 0 sends the base itself: the full version, a zero patch and the digest of every
+  // tensor, and the base's digest.
   json m1 = json::parse(ReadAll(fs::path(sync()) / "delta-00000001" / "manifest.json"));
   EXPECT_EQ(m1["base_version"], 0);
-  EXPECT_TRUE(m1["tensors"].empty());  // sync 0 sends the base itself: an empty delta
+  const Digests base_digests = Want(0);
+  EXPECT_EQ(m1["base_digest"], BaseDigest(base_digests));
+  ASSERT_EQ(m1["tensors"].size(), base_digests.size());
+  for (const json& r : m1["tensors"]) EXPECT_EQ(r["checksum"], base_digests.at(r["name"])) << r["name"];
   json m4 = json::parse(ReadAll(fs::path(sync()) / "delta-00000004" / "manifest.json"));
   EXPECT_EQ(m4["version"], 4);
   EXPECT_FALSE(m4["tensors"].empty());
@@ -247,6 +267,85 @@ TEST_F(DeltaTest, ATrainerStartingFromOtherWeightsThanTheBaseSyncsBitExact) {
   EXPECT_FALSE(m1["tensors"].empty()) << "seed 9's weights differ from the seed-3 base";
   // Without the flag the first pass would be taken as version 0 and the server, still on
   // the seed-3 base, would be left behind: the flag is what makes this run correct.
+}
+
+// The issue-32 defect: a trainer whose first weights (seed 4) are not the servers' base
+// (seed 3), and which is not told the servers' base, must fail its first sync naming
+// both bases and the fix, and leave the server on its base; told the base, it syncs.
+TEST_F(DeltaTest, AFirstSyncOverAnotherBaseFailsNamingBothBasesAndTheFix) {
+  WriteBase("qwen3-tiny", 3);
+  // The server serves its base from the start, as a deployed one does.
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartDelta("tp2", local("a"), {"--tp", "2", "--checkpoint", base()}));
+  const Digests a = Want(0);
+  ExpectServersHold({s}, a, DigestAlgorithm::kXxh3_128);
+  E2E_ASSERT_OK_AND_ASSIGN(Digests b, ExpectedSyntheticDigests(model_, 4, 0, DigestAlgorithm::kXxh3_128));
+  RunResult push = RunWsync("push", {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync(),
+                                     "--model", model_, "--seed", "4", "--steps", "1", "--verify", "--timeout", "120"},
+                            300);
+  EXPECT_FALSE(push.success()) << push.description;
+  const std::string err = push.out + push.err;
+  EXPECT_NE(err.find("the trainer's base is not this server's"), std::string::npos) << push.description;
+  EXPECT_NE(err.find(fmt::format("base_digest {} over {} tensors", BaseDigest(b), b.size())), std::string::npos)
+      << push.description;
+  EXPECT_NE(err.find(fmt::format("base checkpoint {} has base_digest {} over the same tensors", base(), BaseDigest(a))),
+            std::string::npos) << push.description;
+  EXPECT_NE(err.find(fmt::format("{} of them differ", a.size())), std::string::npos) << push.description;
+  EXPECT_NE(err.find("wsync push --base-checkpoint DIR"), std::string::npos) << push.description;
+  EXPECT_NE(err.find("start the servers with --base-checkpoint"), std::string::npos) << push.description;
+  EXPECT_EQ(err.find("delta: version 2"), std::string::npos) << "nothing after the failed first sync";
+  std::cout << "[e2e] the push said: " << push.err.substr(push.err.rfind('\n', push.err.size() - 2) + 1);
+  ExpectServersHold({s}, a, DigestAlgorithm::kXxh3_128);
+  EXPECT_FALSE(fs::exists(fs::path(local("a")) / "weights"));  // refused before anything was copied
+  json state = json::parse(ReadAll(fs::path(local("a")) / ".skyrl_weight_sync" / "state.json"));
+  EXPECT_EQ(state["version"], 0) << state.dump();
+  EXPECT_FALSE(state["write_in_progress"].get<bool>()) << state.dump();
+
+  // A reader that ignores base_digest (SkyRL's) applies the zero patches and fails every
+  // tensor's checksum instead of serving its own base.
+  fs::path m1 = fs::path(sync()) / "delta-00000001" / "manifest.json";
+  json manifest = json::parse(ReadAll(m1));
+  manifest.erase("base_digest");
+  WriteAll(m1, manifest.dump());
+  HttpReply f = Fetch(s, 1);
+  EXPECT_EQ(f.status, 500) << f.Describe();
+  EXPECT_NE(f.ErrorMessage().find(fmt::format("{} of {} tensors failed verification", a.size(), a.size())),
+            std::string::npos) << f.Describe();
+
+  // Told the servers' base, the same trainer syncs bit-exact (a fresh chain).
+  const std::string sync2 = (fs::path(root()) / "sync2").string();
+  RunResult told = RunWsync("told", {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync2,
+                                     "--base-checkpoint", base(), "--model", model_, "--seed", "4", "--steps", "1",
+                                     "--verify", "--timeout", "120"},
+                            300);
+  ASSERT_TRUE(told.success()) << told.description << "\n--- server ---\n" << s.process->Describe();
+  EXPECT_TRUE(HasVerifiedTable(told.out, 2)) << told.out;
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests(model_, 4, 1, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+}
+
+// A trainer told a base checkpoint that is not the servers' fails at init, naming both.
+TEST_F(DeltaTest, ABaseCheckpointThatIsNotTheServersFailsTheInitNamingBoth) {
+  WriteBase("qwen3-tiny", 3);
+  const std::string other = (dir() / "other-base").string();
+  WriteCheckpoint(other, 4);
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartDelta("tp1", local("a"), {"--checkpoint", base()}));
+  const Digests a = Want(0);
+  ExpectServersHold({s}, a, DigestAlgorithm::kXxh3_128);
+  E2E_ASSERT_OK_AND_ASSIGN(Digests b, ExpectedSyntheticDigests(model_, 4, 0, DigestAlgorithm::kXxh3_128));
+  RunResult push = RunWsync("push", {"push", "--servers", s.url, "--backend", "delta", "--sync-dir", sync(),
+                                     "--base-checkpoint", other, "--model", model_, "--seed", "4", "--steps", "1",
+                                     "--verify", "--timeout", "120"},
+                            300);
+  EXPECT_FALSE(push.success()) << push.description;
+  const std::string err = push.out + push.err;
+  EXPECT_NE(err.find(fmt::format("the trainer's base checkpoint {} has base_digest {}, this server's base checkpoint "
+                                 "{} has base_digest {} (over its {} tensors)", other, BaseDigest(b), base(),
+                                 BaseDigest(a), a.size())),
+            std::string::npos) << push.description;
+  EXPECT_NE(err.find("wsync push --base-checkpoint DIR"), std::string::npos) << push.description;
+  EXPECT_EQ(err.find("delta: version 1"), std::string::npos) << "no sync after a failed init";
+  std::cout << "[e2e] the push said: " << push.err.substr(push.err.rfind('\n', push.err.size() - 2) + 1);
+  ExpectServersHold({s}, a, DigestAlgorithm::kXxh3_128);
 }
 
 TEST_F(DeltaTest, ALateServerCatchesUpThroughTheWholeChain) {
@@ -556,6 +655,10 @@ TEST_F(DeltaTest, Qwen3_0_6bStepsSyncBitExact) {
   EXPECT_TRUE(HasVerifiedTable(push.out, 3));
   ExpectServersHold({a}, Want(2), DigestAlgorithm::kXxh3_128);
   std::cout << "[e2e] qwen3-0.6b delta push (3 syncs) took " << push.seconds << " s\n";
+  // The first sync's phases, as the trainer logs them.
+  const std::string both = push.out + push.err;
+  size_t at = both.find("delta: version 1:");
+  if (at != std::string::npos) std::cout << "[e2e] first sync: " << both.substr(at, both.find('\n', at) - at) << "\n";
 }
 
 }  // namespace

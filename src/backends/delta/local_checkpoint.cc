@@ -102,6 +102,7 @@ Result<std::unique_ptr<LocalCheckpoint>> LocalCheckpoint::Open(LocalCheckpointOp
   if (options.root.empty()) return InvalidArgument("delta: no local checkpoint directory given (--local-checkpoint-dir)");
   Result<CheckpointDir> base = CheckpointDir::Open(options.base_checkpoint);
   if (!base.ok()) return base.status().WithContext("delta: base checkpoint");
+  if (!options.base_digests) options.base_digests = std::make_shared<BaseDigests>(options.base_checkpoint, options.threads);
   std::unique_ptr<LocalCheckpoint> c(new LocalCheckpoint(std::move(options)));
   for (const TensorMeta& t : base->tensors()) c->base_bytes_ += t.nbytes();
   std::error_code ec;
@@ -254,6 +255,38 @@ Result<FetchReport> LocalCheckpoint::Fetch(int64_t target, const std::string& sy
   return report;
 }
 
+Result<bool> LocalCheckpoint::CheckFullVersion(const DeltaManifest& m, const std::string& dir,
+                                               const std::string& sync_dir) const {
+  TensorDigests theirs;
+  for (const DeltaTensorRecord& r : m.tensors) {
+    if (r.checksum_algorithm != DigestAlgorithm::kXxh3_128) {
+      return InvalidArgument(fmt::format("{}/manifest.json has a base_digest, but {}'s checksum is not xxh3-128", dir,
+                                         r.name));
+    }
+    theirs.emplace(r.name, r.checksum);
+  }
+  if (CombineDigests(theirs) != m.base_digest) {
+    return InvalidArgument(fmt::format("{}/manifest.json: base_digest {} is not the digest of its records' checksums "
+                                       "(a full version's records name the base's bytes)", dir, m.base_digest));
+  }
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const TensorDigests> base, options_.base_digests->Get());
+  TensorDigests mine;  // the server's base over the records' tensors ("" where it lacks one)
+  std::vector<std::string> differ;
+  for (const DeltaTensorRecord& r : m.tensors) {
+    auto it = base->find(r.name);
+    mine.emplace(r.name, it == base->end() ? std::string() : it->second);
+    if (it != base->end() && it->second != r.checksum) differ.push_back(r.name);
+  }
+  if (differ.empty()) return true;  // a tensor the base lacks is skipped, as in any version
+  return FailedPrecondition(fmt::format(
+      "the trainer's base is not this server's: version {} of {} is the full version of the trainer's first "
+      "weights, which it took as version 0 (it was given no base checkpoint), base_digest {} over {} tensors; this "
+      "server's base checkpoint {} has base_digest {} over the same tensors, and {} of them differ ({}{}); nothing "
+      "was applied. To fix: {}", m.version, sync_dir, m.base_digest, m.tensors.size(), options_.base_checkpoint,
+      CombineDigests(mine), differ.size(), fmt::join(differ.begin(), differ.begin() + std::min<size_t>(3, differ.size()), ", "),
+      differ.size() > 3 ? ", ..." : "", BaseMismatchFix(options_.base_checkpoint)));
+}
+
 Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport* report) {
   auto tf = Clock::now();
   std::string dir = VersionDir(sync.name, v);
@@ -271,6 +304,13 @@ Status LocalCheckpoint::ApplyVersion(int64_t v, const SyncDir& sync, FetchReport
   if (m.base_version != v - 1) {
     return FailedPrecondition(fmt::format("{}/manifest.json has base_version {}, but the local checkpoint is at "
                                           "version {}: refusing a delta against another base", dir, m.base_version, v - 1));
+  }
+  if (!m.base_digest.empty() && m.base_version == 0) {
+    WSYNC_ASSIGN_OR_RETURN(bool unchanged, CheckFullVersion(m, dir, sync.name));
+    if (unchanged) {
+      report->fetch_seconds += SecondsSince(tf);
+      return Status::Ok();
+    }
   }
   if (m.tensors.empty()) return Status::Ok();
   // What the version may make this server read: the compressed bytes its records claim

@@ -24,6 +24,11 @@
 // are checked, payload files are mapped from the sync directory, and each patch is XORed
 // into the memory-mapped weights in place and its checksum verified, on `threads`
 // threads. Only when every version verified does the state say `version = target`.
+// A full version (a manifest with base_digest over base_version 0, base_digest.h) is
+// checked against the base's own digests before anything is touched: when every record's
+// checksum is its base tensor's digest the version leaves the base as it is and nothing
+// is applied (nor copied); otherwise the fetch fails (FailedPrecondition) naming both
+// bases' digests, the differing tensors and the fix.
 // The weights' mappings are kept between fetches; a file found replaced at its path
 // (a reset here or by another process of the host) is mapped again.
 //
@@ -40,6 +45,8 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/delta/base_digest.h"
+#include "backends/delta/manifest.h"
 #include "backends/delta/payload_file.h"
 #include "core/deadline.h"
 #include "wsync/status.h"
@@ -53,6 +60,9 @@ struct LocalCheckpointOptions {
   // are resolved). Empty: the caller vouches for the sync dir (library use, tests, bench).
   std::string sync_root;
   size_t threads = 0;           // apply threads; 0: every core
+  // The base's digests, computed at the first use; a server shares one among its
+  // workers' instances. Null: Open() makes one of its own.
+  std::shared_ptr<BaseDigests> base_digests;
   // Test seam: called on an apply thread after each tensor is patched and verified
   // (crash-recovery tests end the process here).
   std::function<void(std::string_view tensor)> after_tensor_applied;
@@ -132,6 +142,8 @@ class LocalCheckpoint {
   struct SyncDir;
   Result<SyncDir> OpenSyncDir(const std::string& sync_dir) const;
   Status ApplyVersion(int64_t version, const SyncDir& sync, FetchReport* report);
+  // Checks a full version against the base (see above); true when it changes nothing.
+  Result<bool> CheckFullVersion(const DeltaManifest& m, const std::string& dir, const std::string& sync_dir) const;
 
   LocalCheckpointOptions options_;
   uint64_t base_bytes_ = 0;  // tensor bytes of the base: bounds what a version may make us read

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/delta/base_digest.h"
 #include "backends/delta/confined_dir.h"
 #include "backends/delta/fs.h"
 #include "core/checked_math.h"
@@ -138,6 +139,7 @@ std::string DeltaManifest::ToJson() const {
                  {"total_compressed_num_bytes", total_compressed_num_bytes},
                  {"payload_files", payload_files},
                  {"format_version", format_version}};
+  if (!base_digest.empty()) j["base_digest"] = base_digest;
   return j.dump();
 }
 
@@ -186,6 +188,13 @@ Result<DeltaManifest> DeltaManifest::Parse(const std::string& text) {
       }
       m.payload_files.push_back(f.get<std::string>());
     }
+  }
+  if (auto it = j.find("base_digest"); it != j.end()) {
+    if (!it->is_string() || !IsDigestHex(it->get_ref<const std::string&>())) {
+      return InvalidArgument(fmt::format("field 'base_digest' must be {} lowercase hex digits (xxh3-128)",
+                                         kDigestHexChars));
+    }
+    m.base_digest = it->get<std::string>();
   }
   std::set<std::string_view> names;
   for (const DeltaTensorRecord& r : m.tensors) {

@@ -8,9 +8,10 @@
 // manifest.json: {"version", "base_version", "tensors": [{"name", "dtype" (torch name),
 // "shape", "uncompressed_num_bytes", "compressed_num_bytes", "payload_file",
 // "payload_key", "checksum", "checksum_algorithm"}], "total_uncompressed_num_bytes",
-// "total_compressed_num_bytes", "payload_files"} plus wsync's "format_version". SkyRL's
-// reader ignores unknown top-level keys (and fails on unknown record keys, so records
-// carry none); a manifest without "format_version" is SkyRL's, read as version 1.
+// "total_compressed_num_bytes", "payload_files"} plus wsync's "format_version" and, on
+// a full version, "base_digest" (base_digest.h). SkyRL's reader ignores unknown
+// top-level keys (and fails on unknown record keys, so records carry none); a manifest
+// without "format_version" is SkyRL's, read as version 1.
 // Version 0 is the base checkpoint and has no directory. Pure functions and value types;
 // thread-safe.
 #pragma once
@@ -59,6 +60,10 @@ struct DeltaManifest {
   uint64_t total_compressed_num_bytes = 0;
   std::vector<std::string> payload_files;
   int format_version = kManifestFormatVersion;
+  // "" (absent), or on a version with base_version 0: the digest of the trainer's base
+  // over the tensors of the records, each an all-zero patch whose checksum is that
+  // tensor's digest (base_digest.h). Written only when set.
+  std::string base_digest;
 
   // Keys in SkyRL's order (dataclass field order), plus "format_version" last.
   std::string ToJson() const;
@@ -66,7 +71,8 @@ struct DeltaManifest {
   // A format_version newer than this build reads is FailedPrecondition; a record's
   // unknown checksum algorithm or dtype, a shape whose byte size overflows, a tensor
   // with two records, and a payload file that is not a plain file name of the version
-  // directory (IsPlainFileName) are InvalidArgument.
+  // directory (IsPlainFileName), and a base_digest that is not 32 lowercase hex digits
+  // are InvalidArgument.
   static Result<DeltaManifest> Parse(const std::string& text);
 };
 

@@ -27,6 +27,32 @@ DeltaManifest Sample() {
   return m;
 }
 
+// A full version's base_digest: written last and only when set, read back, and refused
+// unless it is 32 lowercase hex digits; a manifest without it (SkyRL's) has none.
+TEST(DeltaManifestTest, BaseDigestRoundTripsAndIsChecked) {
+  DeltaManifest m = Sample();
+  m.base_version = 0;
+  m.version = 1;
+  EXPECT_FALSE(nlohmann::json::parse(m.ToJson()).contains("base_digest"));
+  EXPECT_TRUE(DeltaManifest::Parse(m.ToJson())->base_digest.empty());
+  m.base_digest = "0123456789abcdef0123456789abcdef";
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(m.ToJson());
+  EXPECT_EQ(std::prev(j.end()).key(), "base_digest");
+  EXPECT_EQ(j["base_digest"], m.base_digest);
+  auto back = DeltaManifest::Parse(m.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->base_digest, m.base_digest);
+  for (const nlohmann::json& bad : {nlohmann::json(42), nlohmann::json(""), nlohmann::json(std::string(31, 'a')),
+                                    nlohmann::json(std::string(33, 'a')), nlohmann::json("0123456789ABCDEF0123456789abcdef"),
+                                    nlohmann::json("0123456789abcdeg0123456789abcdef"), nlohmann::json(nullptr)}) {
+    nlohmann::json t = nlohmann::json::parse(m.ToJson());
+    t["base_digest"] = bad;
+    auto r = DeltaManifest::Parse(t.dump());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad.dump();
+    EXPECT_NE(r.status().message().find("base_digest"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(DeltaManifestTest, NamesFollowSkyRL) {
   EXPECT_EQ(VersionDirName(7), "delta-00000007");
   EXPECT_EQ(VersionDir("/sync", 12), "/sync/delta-00000012");

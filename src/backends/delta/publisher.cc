@@ -4,11 +4,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/delta/base_digest.h"
 #include "backends/delta/codec.h"
 #include "backends/delta/fs.h"
 #include "core/dtype_convert.h"
@@ -143,16 +146,21 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
     plan->free_staging.push_back(s);
   }
   if (base) {
-    // The snapshot starts as the base's bytes; copies run on every core.
+    // The snapshot starts as the base's bytes, copied block by block as they are hashed
+    // for the base's digest, on every core.
+    std::map<std::string_view, size_t> entry_of;
+    for (size_t i = 0; i < plan->entries.size(); ++i) {
+      if (!plan->entries[i].skip) entry_of.emplace(plan->entries[i].disk.name, i);
+    }
+    std::vector<std::optional<size_t>> target(base->tensors().size());
+    for (size_t j = 0; j < target.size(); ++j) {
+      if (auto it = entry_of.find(base->tensors()[j].name); it != entry_of.end()) target[j] = it->second;
+    }
     Plan* pl = plan.get();
-    const CheckpointDir* b = &*base;
-    ParallelFor(pl->entries.size(), threads, [pl, b](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) {
-        if (pl->entries[i].skip) continue;
-        std::span<const std::byte> bytes = *b->Bytes(pl->entries[i].disk.name);
-        std::memcpy(pl->Snap(i).data(), bytes.data(), bytes.size());
-      }
+    TensorDigests digests = DigestCheckpoint(*base, threads, [pl, &target](size_t j, size_t off, std::span<const std::byte> block) {
+      if (target[j]) std::memcpy(pl->Snap(*target[j]).data() + off, block.data(), block.size());
     });
+    p->base_digest_ = CombineDigests(digests);
     p->snapshot_ready_ = true;
   }
   p->plan_ = std::move(plan);
@@ -201,15 +209,25 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
   manifest.version = stats.version;
   manifest.base_version = stats.base_version;
   if (!snapshot_ready_) {
-    // Version 0 is this first pass: the snapshot takes it and version 1 is empty.
+    // Version 0 is this first pass: the snapshot takes it and version 1 is its full
+    // version (a zero patch and the digest of every tensor).
     auto ts = Clock::now();
     Status s = InitSnapshotFromFirstPass(source, &stats);
     stats.stage_seconds = SecondsSince(ts);
+    Pass pass(plan_->entries.size());
+    if (s.ok()) {
+      EncodeFullVersion(pass, &stats);
+      s = WritePayloads(pass, dir, &manifest, &stats);
+    }
+    TensorDigests digests;
+    for (const DeltaTensorRecord& r : manifest.tensors) digests.emplace(r.name, r.checksum);
+    manifest.base_digest = CombineDigests(digests);
     if (s.ok()) s = WriteManifest(dir, manifest, &stats);
     if (!s.ok()) {
       std::filesystem::remove_all(dir, ec);
       return s.WithContext(fmt::format("publishing version {} to {}", stats.version, dir));
     }
+    base_digest_ = manifest.base_digest;
     snapshot_ready_ = true;
   } else {
     Pass pass(plan_->entries.size());
@@ -288,6 +306,26 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
   stats.seconds = SecondsSince(t0);
   stats.cpu_seconds = ProcessCpuSeconds() - cpu0;
   return stats;
+}
+
+void DeltaPublisher::EncodeFullVersion(Pass& pass, PublishStats* stats) {
+  Plan* pl = plan_.get();
+  {
+    TaskGroup group(*pl->pool);
+    for (size_t i = 0; i < pl->entries.size(); ++i) {
+      if (pl->entries[i].skip) continue;
+      group.Submit([pl, &pass, i](size_t) {
+        auto t0 = Clock::now();
+        Pass::Slot& slot = pass.slots[i];
+        slot.enc.checksum = HexDigest(DigestAlgorithm::kXxh3_128, pl->Snap(i));
+        slot.enc.compressed = zstd::FrameWriter::ZeroFrame(pl->Snap(i).size());
+        slot.enc.changed = true;  // a record, though its patch changes nothing
+        slot.cpu_seconds = SecondsSince(t0);
+      });
+    }
+  }
+  for (const Pass::Slot& slot : pass.slots) stats->encode_cpu_seconds += slot.cpu_seconds;
+  stats->full_version = true;
 }
 
 // One task per part of options_.part_bytes and one that hashes the whole tensor; the

@@ -11,9 +11,13 @@
 // its bytes (read once at Create), tensors are cast to its on-disk dtype (bf16/f16/f32
 // among themselves) and checked against its shapes, and names it lacks are skipped with
 // a warning, as SkyRL does. Without it, version 0 is the source's FIRST pass: the first
-// Publish() copies it into the snapshot and publishes an empty version 1, which is right
-// exactly when the trainer starts from the servers' base checkpoint (`wsync push
-// --checkpoint BASE`, or synthetic weights written as the base).
+// Publish() copies it into the snapshot and publishes a "full version" 1 that changes
+// nothing but names every byte: a record per tensor with an all-zero patch and the
+// checksum of the first pass's bytes, and the manifest's base_digest (base_digest.h).
+// That is right exactly when the trainer starts from the servers' base checkpoint
+// (`wsync push --checkpoint BASE`, or synthetic weights written as the base); a server
+// on any other base fails that version's checks instead of serving its own base.
+// base_digest() is version 0's digest, for the init of wsync servers.
 //
 // The hot loops run on a pool of `threads` threads (DeltaCodec, one per thread): the
 // calling thread iterates the source and stages each tensor (a copy into one of a few
@@ -74,6 +78,7 @@ struct PublishStats {
   int64_t base_version = 0;
   size_t tensors = 0;             // tensors processed
   size_t changed_tensors = 0;     // records in the manifest
+  bool full_version = false;      // a record for every tensor, all-zero patches (see above)
   size_t skipped_tensors = 0;     // absent from the base checkpoint
   uint64_t model_bytes = 0;       // bytes processed, in on-disk dtypes
   uint64_t changed_bytes = 0;     // nonzero bytes of all patches
@@ -100,6 +105,10 @@ class DeltaPublisher {
   Result<PublishStats> Publish(WeightSource& source);
 
   int64_t version() const { return version_; }
+  // The digest of version 0 (base_digest.h): over every tensor of the base checkpoint
+  // (known from Create()), or without one over every tensor of the source's first pass
+  // ("" until the first Publish()).
+  const std::string& base_digest() const { return base_digest_; }
   const DeltaPublisherOptions& options() const { return options_; }
 
  private:
@@ -107,6 +116,8 @@ class DeltaPublisher {
   struct Pass;
   explicit DeltaPublisher(DeltaPublisherOptions options);
   Status InitSnapshotFromFirstPass(WeightSource& source, PublishStats* stats);
+  // The records of the full version 1 (see above): every tensor's digest and zero frame.
+  void EncodeFullVersion(Pass& pass, PublishStats* stats);
   Status WritePayloads(Pass& pass, const std::string& dir, DeltaManifest* manifest, PublishStats* stats);
   Status WriteManifest(const std::string& dir, const DeltaManifest& manifest, PublishStats* stats);
   void Rollback(Pass& pass);
@@ -117,6 +128,7 @@ class DeltaPublisher {
   std::unique_ptr<Plan> plan_;
   int64_t version_ = 0;
   bool snapshot_ready_ = false;
+  std::string base_digest_;
   bool broken_ = false;  // an encode failed mid-tensor: the snapshot can no longer be trusted
 };
 

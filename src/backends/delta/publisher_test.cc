@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "backends/delta/base_digest.h"
 #include "backends/delta/fs.h"
 #include "backends/delta/testing.h"
 #include "format/safetensors.h"
@@ -55,12 +56,27 @@ TEST(DeltaPublisherTest, FirstPassIsVersionZeroThenEachStepIsAVerifiableDelta) {
   auto first = (*pub)->Publish(trainer->source());
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(first->version, 1);
-  EXPECT_EQ(first->changed_tensors, 0u);
+  // Version 1 is the full version of the first pass: a record per tensor whose patch
+  // changes nothing and whose checksum is the tensor's digest, and the base's digest.
+  EXPECT_TRUE(first->full_version);
+  EXPECT_EQ(first->changed_tensors, trainer->tensors().size());
+  EXPECT_EQ(first->changed_bytes, 0u);
+  EXPECT_LT(first->compressed_bytes, first->model_bytes / 1000);
   auto m1 = ReadManifest(o.sync_dir, 1);
   ASSERT_TRUE(m1.ok()) << m1.status().ToString();
   EXPECT_EQ(m1->base_version, 0);
-  EXPECT_TRUE(m1->tensors.empty());
-  EXPECT_TRUE(m1->payload_files.empty());
+  ASSERT_EQ(m1->tensors.size(), trainer->tensors().size());
+  TensorDigests digests;
+  for (const HostTensor& t : trainer->tensors()) {
+    digests[t.meta.name] = HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes);
+    auto it = std::find_if(m1->tensors.begin(), m1->tensors.end(), [&](const auto& r) { return r.name == t.meta.name; });
+    ASSERT_NE(it, m1->tensors.end()) << t.meta.name;
+    EXPECT_EQ(it->checksum, digests[t.meta.name]);
+    std::vector<std::byte> bytes(t.ref().bytes.begin(), t.ref().bytes.end());
+    EXPECT_EQ(Patched(o.sync_dir, *m1, *it, bytes), bytes) << t.meta.name;
+  }
+  EXPECT_EQ(m1->base_digest, CombineDigests(digests));
+  EXPECT_EQ((*pub)->base_digest(), m1->base_digest);
 
   auto old = Copy(trainer->tensors());
   ASSERT_TRUE(trainer->Step(1).ok());
@@ -205,6 +221,9 @@ TEST(DeltaPublisherTest, XorsInTheBaseCheckpointsOnDiskDtypeAndSkipsNamesItLacks
   o.base_checkpoint = dir / "base";
   auto pub = DeltaPublisher::Create(o, source.metadata());
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  // The base's digest, over its tensors in their on-disk dtype, is known at once.
+  EXPECT_EQ((*pub)->base_digest(),
+            CombineDigests({{"a", HexDigest(DigestAlgorithm::kXxh3_128, std::vector<std::byte>(64 * 64 * 4))}}));
   uint16_t one = 0x3f80;  // bf16 1.0
   std::memcpy(source.tensors()[0].storage.data() + 10, &one, 2);
   auto st = (*pub)->Publish(source);
@@ -213,6 +232,7 @@ TEST(DeltaPublisherTest, XorsInTheBaseCheckpointsOnDiskDtypeAndSkipsNamesItLacks
   auto m = ReadManifest(o.sync_dir, 1);
   ASSERT_TRUE(m.ok());
   ASSERT_EQ(m->tensors.size(), 1u);
+  EXPECT_TRUE(m->base_digest.empty());  // a base the trainer was given is checked at init
   EXPECT_EQ(m->tensors[0].dtype, DType::kF32);
   EXPECT_EQ(m->tensors[0].uncompressed_num_bytes, 64u * 64 * 4);
   std::vector<std::byte> f32(64 * 64 * 4);

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/delta/base_digest.h"
 #include "backends/delta/local_checkpoint.h"
 #include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
@@ -72,6 +73,7 @@ class DeltaReceiver final : public ReceiverBackend {
       }
     }
     WSYNC_RETURN_IF_ERROR(Open());
+    if (init.base_digest) WSYNC_RETURN_IF_ERROR(CheckBase(*init.base_digest, init.base_model_path.value_or("")));
     if (init.sync_dir) sync_dir_ = *init.sync_dir;
     return Status::Ok();
   }
@@ -176,6 +178,20 @@ class DeltaReceiver final : public ReceiverBackend {
     return delta::PathBelow(root, sync_dir).status();
   }
 
+  // The trainer's base checkpoint (`trainer_base` as its init names it) must be this
+  // server's, byte for byte: base_digest.h.
+  Status CheckBase(const std::string& theirs, const std::string& trainer_base) const {
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const delta::TensorDigests> base, base_digests_->Get());
+    const std::string mine = delta::CombineDigests(*base);
+    if (mine == theirs) return Status::Ok();
+    return FailedPrecondition(fmt::format(
+        "the trainer's base is not this server's: the trainer's base checkpoint{} has base_digest {}, this server's "
+        "base checkpoint {} has base_digest {} (over its {} tensors); a delta over another base would leave every "
+        "tensor the trainer does not change wrong. To fix: {}",
+        trainer_base.empty() ? std::string() : " " + trainer_base, theirs, base_digests_->checkpoint(), mine,
+        base->size(), delta::BaseMismatchFix(base_digests_->checkpoint())));
+  }
+
   // The local checkpoint from the serve flags alone: the base (--base-checkpoint), the
   // local directory (--local-checkpoint-dir, else one under $TMPDIR named after the base)
   // and the sync root (--sync-root).
@@ -191,9 +207,11 @@ class DeltaReceiver final : public ReceiverBackend {
     }
     Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
     std::vector<std::unique_ptr<LocalCheckpoint>> stores;
+    if (!base_digests_ || base_digests_->checkpoint() != base) base_digests_ = std::make_shared<delta::BaseDigests>(base);
     for (size_t i = 0; i < ctx_->workers.size(); ++i) {
       delta::LocalCheckpointOptions o;
       o.base_checkpoint = base;
+      o.base_digests = base_digests_;
       o.root = root;
       o.sync_root = Flag(ctx_->backend_config, "sync_root");
       WSYNC_ASSIGN_OR_RETURN(auto s, LocalCheckpoint::Open(std::move(o), deadline));
@@ -277,6 +295,7 @@ class DeltaReceiver final : public ReceiverBackend {
   ReceiverContext* ctx_;
   std::string sync_dir_;                                 // from init, the default for fetches
   std::vector<std::unique_ptr<LocalCheckpoint>> stores_;  // one per worker, used on its thread
+  std::shared_ptr<delta::BaseDigests> base_digests_;      // the base's, shared by stores_
 };
 
 }  // namespace

@@ -5,7 +5,9 @@
 //        "base_model_path"?, "local_checkpoint_dir"?}}: opens the local checkpoint from
 //        the serve flags alone (--base-checkpoint, --local-checkpoint-dir); SkyRL's two
 //        path keys are accepted and never opened (a differing one is logged). sync_dir
-//        becomes the fetches' default.
+//        becomes the fetches' default. wsync's "base_digest" (base_digest.h) must be the
+//        digest of this server's base checkpoint, computed at the first need (hashing
+//        it) and kept: a differing one fails the init (409) naming both bases.
 //   POST /fetch_weights {"target_version": N, "sync_dir": DIR}: runs while the server keeps
 //        generating. Every worker fetches at once, each through its own LocalCheckpoint;
 //        the host's writer lock lets one apply and the rest find it done. Answers SkyRL's

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/delta/base_digest.h"
 #include "backends/delta/manifest.h"
 #include "core/json_limits.h"
 
@@ -65,6 +66,13 @@ Result<DeltaInitRequest> ParseDeltaInit(const json& init_info) {
   WSYNC_ASSIGN_OR_RETURN(r.sync_dir, OptionalPath(init_info, "sync_dir", "init_info"));
   WSYNC_ASSIGN_OR_RETURN(r.base_model_path, OptionalPath(init_info, "base_model_path", "init_info"));
   WSYNC_ASSIGN_OR_RETURN(r.local_checkpoint_dir, OptionalPath(init_info, "local_checkpoint_dir", "init_info"));
+  if (auto it = init_info.find("base_digest"); it != init_info.end() && !it->is_null()) {
+    if (!it->is_string() || !IsDigestHex(it->get_ref<const std::string&>())) {
+      return InvalidArgument(fmt::format("init_info: field 'base_digest' must be {} lowercase hex digits (xxh3-128)",
+                                         kDigestHexChars));
+    }
+    r.base_digest = it->get<std::string>();
+  }
   return r;
 }
 

@@ -25,11 +25,14 @@ struct DeltaInitRequest {
   std::optional<std::string> base_model_path;
   std::optional<std::string> local_checkpoint_dir;
   int64_t format_version = 1;
+  // wsync's: the digest of the trainer's base checkpoint (base_digest.h).
+  std::optional<std::string> base_digest;
 };
 
 // init_info must be an object; each known key, when present and not null, must have its
 // type (strings of at most kMaxRequestPathBytes, an integer format_version no newer than
-// this build reads: FailedPrecondition). Unknown keys are ignored, so SkyRL's exact init
+// this build reads: FailedPrecondition, a base_digest of 32 lowercase hex digits).
+// Unknown keys are ignored, so SkyRL's exact init
 // ({base_model_path, local_checkpoint_dir, cloud_download_workers, checkpoint_load_format,
 // multi_thread_safetensors_max_workers}: no sync_dir) is accepted; the sync dir then comes
 // with each fetch.

@@ -46,7 +46,7 @@ class DeltaPlane final : public DataPlane {
       for (size_t i = 0; i < init.driver->size(); ++i) {
         const json* health = init.fleet && i < init.fleet->health.size() ? &init.fleet->health[i] : nullptr;
         const bool wsync = health && health->is_object() && health->value("server", "") == "wsync";
-        Result<json> info = DeltaInitPayload(delta_, wsync);
+        Result<json> info = DeltaInitPayload(delta_, wsync, publisher_->base_digest());
         if (!info.ok()) return info.status().WithContext(init.driver->urls()[i]);
         infos.push_back(std::move(*info));
       }
@@ -123,11 +123,16 @@ class DeltaPlane final : public DataPlane {
     stats->start_seconds = report_.pause_seconds + report_.start_seconds;
     stats->transfer_seconds = p.seconds + report_.fetch_seconds + report_.update_seconds;
     stats->finish_seconds = report_.finish_seconds + report_.resume_seconds;
+    if (p.full_version) {
+      WSYNC_LOG_INFO("delta: version {} is the full version of the trainer's first weights (base digest {}): a "
+                     "record for each of its {} tensors, none changed", p.version, publisher_->base_digest(),
+                     p.changed_tensors);
+    }
     WSYNC_LOG_INFO("delta: version {}: {} of {} tensors changed, {:.1f} MB compressed of {:.1f} MB ({:.2f}%); "
                    "publish {:.3f} s ({:.2f} GB/s on {} threads; source {:.3f} s, encode {:.3f} s summed over "
                    "threads, write {:.3f} s, {:.3f} CPU s), fetch {:.3f} s, pause {:.3f} s, start {:.3f} s, "
                    "reload {:.3f} s, finish {:.3f} s, resume {:.3f} s, total {:.3f} s",
-                   p.version, p.changed_tensors, p.tensors, p.compressed_bytes / 1e6, p.model_bytes / 1e6,
+                   p.version, p.full_version ? 0 : p.changed_tensors, p.tensors, p.compressed_bytes / 1e6, p.model_bytes / 1e6,
                    p.model_bytes ? 100.0 * p.compressed_bytes / p.model_bytes : 0.0, p.seconds,
                    p.seconds > 0 ? p.model_bytes / p.seconds / 1e9 : 0.0, p.threads, p.stage_seconds,
                    p.encode_cpu_seconds, p.write_seconds, p.cpu_seconds, report_.fetch_seconds,
@@ -196,7 +201,7 @@ std::string DefaultSkyrlLocalCheckpointDir(const std::string& sync_dir) {
       .string();
 }
 
-Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server) {
+Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server, const std::string& base_digest) {
   const std::string& base = delta.base_model_path.empty() ? delta.base_checkpoint : delta.base_model_path;
   const std::string local =
       delta.local_checkpoint_dir.empty() ? DefaultSkyrlLocalCheckpointDir(delta.sync_dir) : delta.local_checkpoint_dir;
@@ -215,6 +220,7 @@ Result<json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_serve
   if (wsync_server) {
     info["sync_dir"] = delta.sync_dir;
     info["format_version"] = delta::kManifestFormatVersion;
+    if (!base_digest.empty()) info["base_digest"] = base_digest;
   }
   return info;
 }

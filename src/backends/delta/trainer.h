@@ -18,8 +18,11 @@
 // Init payload: SkyRL's delta receiver (its DeltaTransferInitInfo) takes exactly
 // `base_model_path` and `local_checkpoint_dir` (both required strings; it refuses unknown
 // keys), so every server gets those two, and only servers whose GET /health says
-// "server": "wsync" also get wsync's `sync_dir` and `format_version` (DeltaInitPayload).
-// A wsync server takes its directories from its own flags and only compares these two.
+// "server": "wsync" also get wsync's `sync_dir` and `format_version` (DeltaInitPayload),
+// and with base_checkpoint set its `base_digest` (base_digest.h): such a server refuses
+// the init when its own base differs. A wsync server takes its directories from its own
+// flags and only compares these. Without base_checkpoint the first sync publishes a full
+// version (publisher.h), which any server on another base refuses at the fetch.
 //
 // Init() refuses a sync directory that already holds published versions: a chain starts
 // at the base checkpoint, and a trainer never rewrites a version that servers may have
@@ -89,9 +92,11 @@ class DeltaTrainer : public TrainerEngine {
 std::string DefaultSkyrlLocalCheckpointDir(const std::string& sync_dir);
 
 // The init_info of one server: {base_model_path, local_checkpoint_dir} for any server,
-// plus {sync_dir, format_version} for a wsync one. InvalidArgument when a server that is
-// not wsync would get no base_model_path (SkyRL requires it).
-Result<nlohmann::json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server);
+// plus {sync_dir, format_version} for a wsync one, and its base_digest when
+// `base_digest` is not empty. InvalidArgument when a server that is not wsync would get
+// no base_model_path (SkyRL requires it).
+Result<nlohmann::json> DeltaInitPayload(const DeltaTrainerOptions& delta, bool wsync_server,
+                                        const std::string& base_digest = "");
 
 Result<DeltaTrainerOptions> ParseDeltaTrainerOptions(const std::map<std::string, std::string>& values);
 

@@ -107,6 +107,10 @@ TEST(DeltaInitPayload, ANonWsyncServerGetsExactlySkyrlsKeys) {
   EXPECT_EQ(*DeltaInitPayload(d, true),
             json({{"base_model_path", "/models/base"}, {"local_checkpoint_dir", "/var/ckpt"},
                   {"sync_dir", "/shared/sync"}, {"format_version", delta::kManifestFormatVersion}}));
+  // The base's digest goes to wsync servers only (SkyRL's init refuses unknown keys).
+  const std::string digest(32, 'a');
+  EXPECT_FALSE(DeltaInitPayload(d, false, digest)->contains("base_digest"));
+  EXPECT_EQ((*DeltaInitPayload(d, true, digest))["base_digest"], digest);
   d.base_model_path = "/srv/models/base";  // the servers' own path wins
   EXPECT_EQ((*DeltaInitPayload(d, false))["base_model_path"], "/srv/models/base");
   d.base_model_path.clear();

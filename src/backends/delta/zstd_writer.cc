@@ -355,6 +355,22 @@ void FrameWriter::Begin(uint64_t content_size, std::vector<uint8_t>* out, size_t
   *used_ += WriteFrameHeader(content_size, Reserve(kMaxFrameHeader + 4));
 }
 
+std::vector<uint8_t> FrameWriter::ZeroFrame(uint64_t content_size) {
+  const uint64_t blocks = std::max<uint64_t>(1, (content_size + kMaxBlock - 1) / kMaxBlock);
+  std::vector<uint8_t> out(kMaxFrameHeader + 4 * blocks);
+  size_t used = WriteFrameHeader(content_size, out.data());
+  uint64_t n = content_size;
+  do {
+    size_t b = static_cast<size_t>(std::min<uint64_t>(n, kMaxBlock));
+    n -= b;
+    PutBlockHeader(out.data() + used, n == 0, 1, b);
+    out[used + 3] = 0;
+    used += 4;
+  } while (n > 0);
+  out.resize(used);
+  return out;
+}
+
 void FrameWriter::AddZeros(uint64_t n, bool last) {
   do {
     size_t b = static_cast<size_t>(std::min<uint64_t>(n, kMaxBlock));

@@ -150,6 +150,9 @@ class FrameWriter {
   void AddBlock(const uint8_t* patch, size_t n, bool last, const uint64_t* masks = nullptr, Prefetch ahead = {});
   // Appends `n` zero bytes (any size) as RLE blocks.
   void AddZeros(uint64_t n, bool last);
+  // The whole frame of an all-zero patch of `content_size` bytes (header and RLE blocks:
+  // 4 bytes per kMaxBlock), which leaves a tensor as it is.
+  static std::vector<uint8_t> ZeroFrame(uint64_t content_size);
 
  private:
   struct Seq {
@@ -157,7 +160,7 @@ class FrameWriter {
     uint32_t ml;
   };
   uint8_t* Reserve(size_t n);
-  void PutBlockHeader(uint8_t* p, bool last, unsigned type, size_t size);
+  static void PutBlockHeader(uint8_t* p, bool last, unsigned type, size_t size);
   // Fill seqs_, lits_ and return the literal count.
   size_t Scan(const uint8_t* patch, size_t n, const uint64_t* masks, Prefetch& ahead);
   size_t WriteLiterals(const uint8_t* lit, size_t n, uint8_t* out);
