@@ -36,7 +36,10 @@ def test_adamw_steps_sync_into_two_servers(wsync_server, toy_model_dir):
             assert stats.chunks > 1 and stats.seconds > 0
             assert set(stats.as_dict()) == {"seconds", "start_seconds", "transfer_seconds",
                                             "finish_seconds", "bytes", "tensors", "chunks",
-                                            "verified", "verify_seconds"}
+                                            "verified", "verify_seconds", "inline_digests",
+                                            "inline_verified_servers", "inline_unverified_servers",
+                                            "inline_verified_tensors"}
+            assert stats.inline_verified_servers == 2 and stats.inline_verified_tensors == len(want)
             assert "SyncStats(seconds=" in repr(stats)
             for s in servers:
                 assert s.health().get("weight_version") == f"step-{step}"

@@ -38,6 +38,12 @@ def test_verify_true_checks_every_server_by_read_back(wsync_server, toy_model_di
         assert_servers_hold(servers, sha256_digests(model.state_dict().items()))
         unchecked = engine.send_weights(wsync.StateDictSource(model), weight_version="v2")
         assert unchecked.verified is False
+        assert unchecked.inline_verified_servers == 2 and unchecked.inline_digests == len(model.state_dict())
+    with wsync.TrainerEngine(backend="nccl", servers=[s.url for s in servers], timeout=60,
+                             inline_verify=False) as engine:
+        off = engine.send_weights(wsync.StateDictSource(model), weight_version="v3")
+        assert off.inline_digests == 0 and off.inline_verified_servers == 0
+    with wsync.TrainerEngine(backend="nccl", servers=[s.url for s in servers], timeout=60) as engine:
 
         name = "model.layers.0.mlp.up_proj.weight"
         with pytest.raises(wsync.DataLossError) as e:

@@ -39,7 +39,7 @@ class TrainerEngine:
     ``TrainerEngine(backend="nccl", servers=[...], data_parallel_size=1, bucket_gb=1.0,
     timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
     num_buffers=2, store_host="127.0.0.1", group_port=None, progress=None,
-    **backend_options)``
+    inline_verify=True, **backend_options)``
 
     backend
         ``"nccl"`` (broadcast: NCCL on GPU, Gloo on CPU), ``"ipc"`` (colocated: CUDA IPC
@@ -87,6 +87,11 @@ class TrainerEngine:
         ``callable(dict)`` called after every chunk with ``bytes_done``, ``bytes_total``,
         ``chunks_done``, ``chunks_total`` (from the engine's thread, GIL held). An exception
         it raises aborts the sync.
+    inline_verify
+        Hash every tensor as the sync's pass reads it (xxh3-128) and send the digests with
+        finish to the servers that declare in-line verification; such a server refuses to
+        finish a sync whose shards differ (``wsync.DataLossError`` naming the tensors).
+        ``SyncStats.inline_verified_servers`` counts the servers that checked it.
     **backend_options
         The backend's own settings, as keyword arguments: ``nccl``: piece_mb; ``ipc``:
         mode, export_kind, backing, stall_after_chunks; ``delta``: sync_dir (required),
@@ -140,7 +145,7 @@ class TrainerEngine:
     def __init__(self, backend="nccl", servers=(), data_parallel_size=1, bucket_gb=1.0,
                  timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
                  num_buffers=2, store_host="127.0.0.1", group_port=None, progress=None,
-                 **backend_options):
+                 inline_verify=True, **backend_options):
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
         if progress is not None and not callable(progress):
@@ -158,7 +163,7 @@ class TrainerEngine:
             backend=backend, servers=list(servers), data_parallel_size=int(data_parallel_size),
             bucket_gb=float(bucket_gb), timeout=float(timeout), device=str(device), rank=int(rank),
             world_size=int(world_size), packed=bool(packed), num_buffers=int(num_buffers),
-            store_host=store_host,
+            store_host=store_host, inline_verify=bool(inline_verify),
             backend_options={k: _option_text(k, v) for k, v in backend_options.items()})
         # The native engine: -1 no trainer group, 0 rank 0 picks a free port.
         port = 0 if share_port else -1 if world_size == 1 or int(group_port) == 0 else int(group_port)

@@ -112,6 +112,10 @@ py::dict StatsDict(const SyncStats& s) {
   d["chunks"] = s.chunks;
   d["verified"] = s.verified;
   d["verify_seconds"] = s.verify_seconds;
+  d["inline_digests"] = s.inline_digests;
+  d["inline_verified_servers"] = s.inline_verified_servers;
+  d["inline_unverified_servers"] = s.inline_unverified_servers;
+  d["inline_verified_tensors"] = s.inline_verified_tensors;
   return d;
 }
 
@@ -338,7 +342,8 @@ std::unique_ptr<PyTrainerEngine> MakeEngine(std::string backend, std::vector<std
                                             int data_parallel_size, double bucket_gb, double timeout,
                                             std::optional<std::string> api_key, std::string device, int rank,
                                             int world_size, bool packed, int num_buffers, std::string store_host,
-                                            int group_port, py::object progress, std::map<std::string, std::string> backend_options) {
+                                            int group_port, py::object progress, bool inline_verify,
+                                            std::map<std::string, std::string> backend_options) {
   TrainerOptions o;
   o.backend = std::move(backend);
   o.servers = std::move(servers);
@@ -351,6 +356,7 @@ std::unique_ptr<PyTrainerEngine> MakeEngine(std::string backend, std::vector<std
   o.packed = packed;
   o.num_buffers = num_buffers;
   o.store_host = std::move(store_host);
+  o.inline_verify = inline_verify;
   o.backend_options = std::move(backend_options);
   return std::make_unique<PyTrainerEngine>(std::move(o), world_size, group_port, std::move(progress));
 }
@@ -380,6 +386,14 @@ void BindTrainer(py::module_& m) {
       .def_readonly("verified", &SyncStats::verified,
                     "Every server's read-back digests matched the source's (send_weights(verify=True) on rank 0).")
       .def_readonly("verify_seconds", &SyncStats::verify_seconds, "The read-back verification, in seconds.")
+      .def_readonly("inline_digests", &SyncStats::inline_digests,
+                    "Tensors this rank hashed in the sync's pass and sent with finish (in-line verification).")
+      .def_readonly("inline_verified_servers", &SyncStats::inline_verified_servers,
+                    "Servers that checked the digests against what their shards hold, and matched.")
+      .def_readonly("inline_unverified_servers", &SyncStats::inline_unverified_servers,
+                    "Servers that do not declare in-line verification (a vLLM server): not checked in-line.")
+      .def_readonly("inline_verified_tensors", &SyncStats::inline_verified_tensors,
+                    "Tensors the first verified server matched.")
       .def("as_dict", &StatsDict, "The fields as a dict.")
       .def("__repr__", &StatsRepr);
 
@@ -387,7 +401,7 @@ void BindTrainer(py::module_& m) {
       .def(py::init(&MakeEngine), py::arg("backend"), py::arg("servers"), py::arg("data_parallel_size"),
            py::arg("bucket_gb"), py::arg("timeout"), py::arg("api_key"), py::arg("device"), py::arg("rank"),
            py::arg("world_size"), py::arg("packed"), py::arg("num_buffers"), py::arg("store_host"),
-           py::arg("group_port"), py::arg("progress"), py::arg("backend_options"))
+           py::arg("group_port"), py::arg("progress"), py::arg("inline_verify"), py::arg("backend_options"))
       .def("init", &PyTrainerEngine::Init, py::arg("source_or_metadata"))
       .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none(),
            py::arg("verify") = false)

@@ -195,7 +195,9 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
   }
   const DigestAlgorithm algorithm = DigestAlgorithm::kXxh3_128;
   const ShardingTable& table = workers_.front()->store->table();
-  if (digests.size() > table.hf_tensors().size()) {
+  // Names the server drops (model/dropped_names.h: a rotary buffer per layer, MTP copies,
+  // a tied head) come on top of the model's own tensors, at most one or two per layer.
+  if (digests.size() > 2 * table.hf_tensors().size() + 16) {
     return InvalidArgument(fmt::format("wsync_digests names {} tensors; model {} has {}", digests.size(),
                                        model_.name, table.hf_tensors().size()));
   }
@@ -210,7 +212,9 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
     }
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      unverifiable[name.substr(0, 200)] = fmt::format("not a tensor of model {}", model_.name);
+      std::string_view dropped = DroppedNameReason(name, model_);
+      unverifiable[name.substr(0, 200)] = dropped.empty() ? fmt::format("not a tensor of model {}", model_.name)
+                                                          : fmt::format("dropped: {}", dropped);
     } else if (!table.Serves(name)) {
       unverifiable[name] = "not held by this server";
     } else {

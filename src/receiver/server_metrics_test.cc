@@ -122,10 +122,11 @@ TEST_F(ServerMetricsTest, EventsAreCountedExactly) {
             "wsync_weight_update_received_tensors_total{backend=\"nccl\",model=\"qwen3-toy\"} 5\n");
   EXPECT_EQ(Family(text, "wsync_verification_failures_total"),
             "# HELP wsync_verification_failures_total Verification failures, by the check that found them (data, "
-            "replicas, compare).\n"
+            "replicas, compare, inline).\n"
             "# TYPE wsync_verification_failures_total counter\n"
             "wsync_verification_failures_total{backend=\"nccl\",check=\"compare\",model=\"qwen3-toy\"} 0\n"
             "wsync_verification_failures_total{backend=\"nccl\",check=\"data\",model=\"qwen3-toy\"} 1\n"
+            "wsync_verification_failures_total{backend=\"nccl\",check=\"inline\",model=\"qwen3-toy\"} 0\n"
             "wsync_verification_failures_total{backend=\"nccl\",check=\"replicas\",model=\"qwen3-toy\"} 0\n");
 }
 

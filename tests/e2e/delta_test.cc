@@ -164,7 +164,7 @@ TEST_F(DeltaTest, StepsSyncBitExactThroughTheSyncDirIntoTwoServers) {
   // A second run in the same sync dir is refused: versions are never rewritten.
   RunResult again = PushDelta("again", {a}, 1);
   EXPECT_FALSE(again.success());
-  EXPECT_NE(again.err.find("fresh --sync-dir"), std::string::npos) << again.description;
+  EXPECT_NE(again.err.find("give a fresh sync_dir"), std::string::npos) << again.description;
 }
 
 // A trainer killed inside its session (after it paused generation and started the
