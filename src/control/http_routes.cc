@@ -115,12 +115,9 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
 enum class Method { kGet, kPost };
 
 // The top-level body fields a route reads; the parser keeps no other (a body padded with
-// unread fields costs no parsed memory). kAllFields: the route hands its body to a backend,
-// which reads fields of its own.
+// unread fields costs no parsed memory). A route with `all_fields` hands its body to a
+// backend, which reads fields of its own.
 using Fields = std::span<const std::string_view>;
-constexpr std::string_view kNoFieldNames[] = {""};
-constexpr Fields kNoFields{kNoFieldNames, 0};
-constexpr Fields kAllFields{};
 constexpr std::string_view kInitFields[] = {"init_info"};
 constexpr std::string_view kUpdateFields[] = {"update_info"};
 constexpr std::string_view kFinishFields[] = {"weight_version", "wsync_digests", "digest_algorithm"};
@@ -134,7 +131,8 @@ struct Route {
   std::string_view path;
   Method method;
   HttpLane lane;
-  Fields fields = kNoFields;
+  Fields fields = {};
+  bool all_fields = false;
 };
 
 constexpr HttpLane kRead = HttpLane::kRead;
@@ -148,7 +146,7 @@ constexpr Route kRoutes[] = {
     {route::kUpdateWeights, Method::kPost, kCtl, kUpdateFields},
     {route::kFinishWeightUpdate, Method::kPost, kCtl, kFinishFields},
     {route::kUpdateWeightVersion, Method::kPost, kCtl, kVersionFields},
-    {route::kFetchWeights, Method::kPost, kCtl, kAllFields},
+    {route::kFetchWeights, Method::kPost, kCtl, {}, /*all_fields=*/true},
     {route::kPause, Method::kPost, kGen},
     {route::kResume, Method::kPost, kCtl},
     {route::kResetPrefixCache, Method::kPost, kCtl},
@@ -301,7 +299,17 @@ std::string HttpRouter::TargetRefusal(std::string_view target) {
   return "";
 }
 
-bool HttpRouter::ReadsOnly(const HttpRequest& head) { return LaneOf(head) == HttpLane::kRead; }
+Result<json> HttpRouter::ParseBody(std::string_view path, std::string_view body) {
+  const std::string what = fmt::format("body of {}", path);
+  const Route* r = nullptr;
+  for (const Route& candidate : kRoutes) {
+    if (candidate.method == Method::kPost && candidate.path == path) r = &candidate;
+  }
+  WSYNC_ASSIGN_OR_RETURN(json parsed, r && r->all_fields ? ParseUntrustedJson(body, what)
+                                                         : ParseUntrustedObject(body, what, r ? r->fields : Fields{}));
+  if (!parsed.is_object()) return InvalidArgument(fmt::format("{} must be a JSON object", what));
+  return parsed;
+}
 
 // Both sides are hashed to fixed-size digests first, so the comparison takes the same
 // time whatever the header's length or content.
@@ -398,12 +406,8 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   } else {
     if (cacheable) from_cache = (body = cache_->Find(req.body)) != nullptr;
     if (!body) {
-      const std::string what = fmt::format("body of {}", path);
-      const Route* r = FindRoute(req);
-      Result<json> parsed = r && r->fields.data() == nullptr ? ParseUntrustedJson(req.body, what)
-                            : ParseUntrustedObject(req.body, what, r ? r->fields : kNoFields);
+      Result<json> parsed = ParseBody(path, req.body);
       if (!parsed.ok()) return Error(parsed.status());
-      if (!parsed->is_object()) return Error(InvalidArgument(fmt::format("{} must be a JSON object", what)));
       body = std::make_shared<const json>(std::move(*parsed));
     }
   }

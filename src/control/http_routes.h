@@ -94,13 +94,15 @@ class HttpRouter {
   // The 413 for a body that passed max_body_bytes while it arrived.
   HttpResponse TooLarge(const HttpRequest& head) const noexcept;
   // The reply to a whole request. May block for as long as the service call does (an init
-  // rendezvous, an update), unless ReadsOnly() says the route only reads state.
+  // rendezvous, an update), unless LaneOf() says the route only reads state (kRead).
   HttpResponse Handle(const HttpRequest& req) noexcept;
   // The lane of a request, from its head (method, path, query).
   static HttpLane LaneOf(const HttpRequest& head);
-  // True for the routes that only read state (GET /health, /weight_info, /is_paused,
-  // /get_world_size, /metrics, ...): quick, so a server may keep them apart from calls that block.
-  static bool ReadsOnly(const HttpRequest& head);
+  // The JSON body of a POST to `path` as the route reads it: depth-bounded, and only the
+  // top-level fields the route reads are built (the rest are skipped by the parser);
+  // InvalidArgument naming "body of PATH" for malformed text, excessive nesting, or a body
+  // that is not an object.
+  static Result<nlohmann::json> ParseBody(std::string_view path, std::string_view body);
 
   // Why a request target (the request line's path and query as received, still
   // percent-encoded) is refused with a 400, or "" when it is not. A NUL byte would cut a C

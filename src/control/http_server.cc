@@ -167,12 +167,13 @@ std::string PeerAddress(MHD_Connection* c) {
   return buf;
 }
 
-// The announced Content-Length, when there is one (MHD has checked its syntax).
+// Bytes of request bodies the server holds at once: twice the body limit, at least 64 MiB.
 uint64_t BodyBudget(const HttpServerOptions& o) {
   const uint64_t limit = o.max_body_bytes;
   return std::max<uint64_t>(limit > UINT64_MAX / 2 ? UINT64_MAX : 2 * limit, uint64_t{64} << 20);
 }
 
+// The announced Content-Length, when there is one (MHD has checked its syntax).
 std::optional<uint64_t> ContentLength(const HttpRequest& req) {
   const std::string* v = req.header("content-length");
   if (!v) return std::nullopt;

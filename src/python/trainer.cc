@@ -208,12 +208,7 @@ class PyTrainerEngine {
     const auto t0 = std::chrono::steady_clock::now();
     RunRound(fmt::format("{}/verify", syncs_), source, [&](PySource& adapter) -> Status {
       if (options_.rank == 0) return VerifyServers(options_, adapter, DigestAlgorithm::kXxh3_128);
-      WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> stream, adapter.Iterate());
-      TensorRef t;
-      for (;;) {
-        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-        if (!more) return Status::Ok();
-      }
+      return adapter.DrainRest(Deadline::InSeconds(options_.timeout_seconds));
     });
     stats->verified = options_.rank == 0;
     stats->verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

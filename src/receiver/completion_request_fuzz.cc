@@ -8,14 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/json_limits.h"
+#include "control/http_routes.h"
 #include "receiver/generation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // As the router reads the body: depth-bounded, only the fields the route reads.
-  static constexpr std::string_view kFields[] = {"model", "prompt", "max_tokens", "n", "stream", "request_id"};
-  wsync::Result<nlohmann::json> parsed = wsync::ParseUntrustedObject(
-      std::string_view(reinterpret_cast<const char*>(data), size), "body of /v1/completions", kFields);
+  wsync::Result<nlohmann::json> parsed = wsync::HttpRouter::ParseBody(
+      "/v1/completions", std::string_view(reinterpret_cast<const char*>(data), size));
   if (!parsed.ok()) return 0;
   const nlohmann::json& j = *parsed;
   wsync::CompletionLimits limits;

@@ -94,6 +94,10 @@ void ReceiverSession::ExpireIfIdleLocked() {
 Result<ReceiverSession::Call> ReceiverSession::BeginExclusive(const char* what, bool refuse_in_session) {
   std::lock_guard lock(mu_);
   ExpireIfIdleLocked();
+  return BeginExclusiveLocked(what, refuse_in_session);
+}
+
+Result<ReceiverSession::Call> ReceiverSession::BeginExclusiveLocked(const char* what, bool refuse_in_session) {
   if (refuse_in_session && active_) {
     return FailedPrecondition(fmt::format("{} called during an active weight update; finish it first", what));
   }
@@ -107,28 +111,28 @@ Result<ReceiverSession::Call> ReceiverSession::BeginExclusive(const char* what, 
 
 Result<ReceiverSession::Call> ReceiverSession::BeginInit(const std::string& peer, bool* took_over) {
   *took_over = false;
-  {
-    std::lock_guard lock(mu_);
-    ExpireIfIdleLocked();
-    if (active_ && busy_with_ == nullptr) {
-      const double idle = std::chrono::duration<double>(now_() - last_call_).count();
-      active_ = false;
-      ++taken_over_;
-      if (session_touched_) dirty_ = true;
-      expiry_note_ = fmt::format(
-          "the session was taken over by a new init_weight_transfer_engine{} {:.1f} s after its last call{}",
-          peer.empty() ? std::string() : fmt::format(" from {}", peer), idle,
-          session_touched_ ? "; its updates left the weights inconsistent until the next session finishes" : "");
-      WSYNC_LOG_WARN("weight-update session {}: {}", session_, expiry_note_);
-      *took_over = true;
-    } else if (active_) {
-      return FailedPrecondition(fmt::format(
-          "init_weight_transfer_engine refused: the active weight update's {} is in progress (a new trainer "
-          "takes over once it ends: by its deadline, or as soon as its data plane sees the old trainer gone)",
-          busy_with_));
-    }
+  std::lock_guard lock(mu_);
+  ExpireIfIdleLocked();
+  if (active_ && busy_with_ != nullptr) {
+    return FailedPrecondition(fmt::format(
+        "init_weight_transfer_engine refused: the active weight update's {} is in progress (a new trainer "
+        "takes over once it ends: by its deadline, or as soon as its data plane sees the old trainer gone)",
+        busy_with_));
   }
-  return BeginExclusive("init_weight_transfer_engine", /*refuse_in_session=*/true);
+  if (active_) {
+    const double idle = std::chrono::duration<double>(now_() - last_call_).count();
+    active_ = false;
+    ++taken_over_;
+    if (session_touched_) dirty_ = true;
+    expiry_note_ = fmt::format(
+        "the session was taken over by a new init_weight_transfer_engine{} {:.1f} s after its last call{}",
+        peer.empty() ? std::string() : fmt::format(" from {}", peer), idle,
+        session_touched_ ? "; its updates left the weights inconsistent until the next session finishes" : "");
+    WSYNC_LOG_WARN("weight-update session {}: {}", session_, expiry_note_);
+    *took_over = true;
+  }
+  // Under the same lock as the takeover: no start can slip in between.
+  return BeginExclusiveLocked("init_weight_transfer_engine", /*refuse_in_session=*/true);
 }
 
 Status ReceiverSession::Start(const std::function<Status()>& open) {
@@ -233,11 +237,6 @@ bool ReceiverSession::ExpireIfIdle() {
 void ReceiverSession::MarkOverwritten(std::string why) {
   std::lock_guard lock(mu_);
   overwritten_ = std::move(why);
-}
-
-void ReceiverSession::MarkInconsistent() {
-  std::lock_guard lock(mu_);
-  dirty_ = true;
 }
 
 }  // namespace wsync

@@ -132,9 +132,6 @@ class ReceiverSession {
   // Applies expiry now: true when an active session's lease ran out just now.
   bool ExpireIfIdle();
 
-  // The weights were changed outside a session (the weight checker's reset): they are
-  // inconsistent until the next session finishes.
-  void MarkInconsistent();
   // The weights were overwritten outside any session (`why`: the weight checker's reset),
   // and still serve: they are inconsistent until a session that lands updates finishes (a
   // session with no update cannot clear a mark it did not cause).
@@ -143,6 +140,8 @@ class ReceiverSession {
  private:
   // Closes an active session whose lease ran out. Needs mu_.
   void ExpireIfIdleLocked();
+  // BeginExclusive's checks and claim. Needs mu_.
+  Result<Call> BeginExclusiveLocked(const char* what, bool refuse_in_session);
   bool ExpiredLocked(Clock::time_point now) const;
   // Waits (releasing mu_) up to wait_seconds_ for a call outside the session to end. Needs
   // mu_ held through `lock`.
