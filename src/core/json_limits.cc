@@ -60,10 +60,15 @@ Status CheckJsonDepth(std::string_view text, std::string_view what, int max_dept
   return Status::Ok();
 }
 
-Result<json> ParseUntrustedJson(std::string_view text, std::string_view what, int max_depth) {
+namespace {
+
+// `text` parsed after CheckJsonDepth(), through `keep` (nlohmann's parser callback; null:
+// everything is built). Errors are values.
+Result<json> ParseBounded(std::string_view text, std::string_view what, int max_depth,
+                          const json::parser_callback_t& keep) {
   WSYNC_RETURN_IF_ERROR(CheckJsonDepth(text, what, max_depth));
   try {
-    return json::parse(text);
+    return json::parse(text, keep);
   } catch (const json::exception& e) {
     return InvalidArgument(fmt::format("malformed JSON in {}: {}", what, e.what()));
   } catch (const std::bad_alloc&) {
@@ -71,22 +76,30 @@ Result<json> ParseUntrustedJson(std::string_view text, std::string_view what, in
   }
 }
 
+// The length of the longest prefix of `text` of at most `max_chars` bytes that does not end
+// inside a UTF-8 sequence.
+size_t CodePointCut(std::string_view text, size_t max_chars) {
+  size_t cut = std::min(max_chars, text.size());
+  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
+}  // namespace
+
+Result<json> ParseUntrustedJson(std::string_view text, std::string_view what, int max_depth) {
+  return ParseBounded(text, what, max_depth, nullptr);
+}
+
 Result<json> ParseUntrustedObject(std::string_view text, std::string_view what,
                                   std::span<const std::string_view> fields, int max_depth) {
-  WSYNC_RETURN_IF_ERROR(CheckJsonDepth(text, what, max_depth));
-  try {
-    json j = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth != 1 || event != json::parse_event_t::key) return true;
-      const std::string& key = parsed.get_ref<const std::string&>();
-      return std::find(fields.begin(), fields.end(), key) != fields.end();
-    });
-    if (!j.is_object()) return InvalidArgument(fmt::format("{} must be a JSON object", what));
-    return j;
-  } catch (const json::exception& e) {
-    return InvalidArgument(fmt::format("malformed JSON in {}: {}", what, e.what()));
-  } catch (const std::bad_alloc&) {
-    return PayloadTooLarge(fmt::format("{}: out of memory parsing {} bytes of JSON", what, text.size()));
-  }
+  WSYNC_ASSIGN_OR_RETURN(json j, ParseBounded(text, what, max_depth,
+                                              [&](int depth, json::parse_event_t event, json& parsed) {
+                                                if (depth != 1 || event != json::parse_event_t::key) return true;
+                                                const std::string& key = parsed.get_ref<const std::string&>();
+                                                return std::find(fields.begin(), fields.end(), key) != fields.end();
+                                              }));
+  if (!j.is_object()) return InvalidArgument(fmt::format("{} must be a JSON object", what));
+  return j;
 }
 
 std::string JsonExcerpt(const json& v, size_t max_chars) {
@@ -99,10 +112,8 @@ std::string JsonExcerpt(const json& v, size_t max_chars) {
       case json::value_t::string: {
         const std::string& s = v.get_ref<const std::string&>();
         if (s.size() <= max_chars) return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
-        // Cut on a code point boundary, so the cut never lands inside a UTF-8 sequence.
-        size_t cut = max_chars;
-        while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-        std::string shown = json(s.substr(0, cut)).dump(-1, ' ', false, json::error_handler_t::replace);
+        std::string shown =
+            json(s.substr(0, CodePointCut(s, max_chars))).dump(-1, ' ', false, json::error_handler_t::replace);
         shown.pop_back();  // the closing quote
         return fmt::format("{}...\" ({} bytes)", shown, s.size());
       }
@@ -132,9 +143,7 @@ Result<std::string> BoundedStringField(const json& obj, const char* field, std::
 
 std::string TextExcerpt(std::string_view text, size_t max_chars) {
   if (text.size() <= max_chars) return std::string(text);
-  size_t cut = max_chars;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return fmt::format("{}... ({} bytes)", text.substr(0, cut), text.size());
+  return fmt::format("{}... ({} bytes)", text.substr(0, CodePointCut(text, max_chars)), text.size());
 }
 
 }  // namespace wsync
