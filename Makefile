@@ -22,7 +22,7 @@ ASAN_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE
   -DWSYNC_SANITIZE=ON -DWSYNC_FUZZ=ON -DWSYNC_WITH_CUDA=OFF
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build test demo bench clean build-asan test-asan fuzz
+.PHONY: all deps venv build test demo bench clean build-asan test-asan fuzz
 
 all: build
 
@@ -33,8 +33,20 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-build: deps
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(LAUNCHER)
+# The virtual environment for tests of torch 2.x, transformers and vLLM (python/tests_venv):
+# Debian's interpreter, packages pinned in python/requirements-venv.txt, pip's cache kept.
+VENV ?= .venv
+VENV_REQS := python/requirements-venv.txt
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: $(VENV_REQS)
+	@$(MAKE) --no-print-directory deps
+	[ -x $(VENV)/bin/python ] || /usr/bin/python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -r $(VENV_REQS)
+	touch $@
+
+build: deps venv
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(LAUNCHER) -DWSYNC_VENV_PYTHON=$(abspath $(VENV))/bin/python
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build

@@ -9,6 +9,14 @@ Trainer side: ``TrainerEngine``, ``SyncStats``, ``StateDictSource``, ``TensorLis
 vLLM-shaped HTTP front over receivers). Errors: ``wsync.Error`` and one subclass per status (``wsync.errors``).
 """
 
+# torch, where installed, loads before the extension: a CUDA build of torch brings its own
+# NCCL, newer than the system one the extension links, and the first library loaded under
+# the name libnccl.so.2 serves both.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 from wsync import errors
 from wsync._wsync import trainer_backends
 from wsync.errors import *  # noqa: F401,F403  (the exception classes)
