@@ -75,6 +75,44 @@ Result<int> IntParam(const HttpRequest& req, const char* name, int fallback, int
   return value;
 }
 
+// A boolean named in the query or as a body field (a JSON boolean); the query's when both
+// name it and they differ is refused, so no reading of the request is ambiguous. False
+// when neither does.
+Result<bool> QueryOrBodyBool(const HttpRequest& req, const json& body, const char* name) {
+  WSYNC_ASSIGN_OR_RETURN(bool from_query, BoolParam(req, name, false));
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return from_query;
+  if (!it->is_boolean()) {
+    return InvalidArgument(fmt::format("field '{}' must be a boolean, not {}", name, it->type_name()));
+  }
+  bool from_body = it->get<bool>();
+  if (req.params.count(name) && from_query != from_body) {
+    return InvalidArgument(fmt::format("{} is {} in the query and {} in the body; name it once", name, from_query,
+                                       from_body));
+  }
+  return from_body;
+}
+
+// The "update_info" of POST /update_weights: one object for every worker, or vLLM's list
+// form, one object per worker indexed by global worker rank (the service picks its
+// workers' entries and bounds the list by its world size).
+Result<const json*> UpdateInfoField(const json& body) {
+  auto it = body.find("update_info");
+  if (it == body.end()) return InvalidArgument("missing field 'update_info'");
+  if (it->is_object()) return &*it;
+  if (!it->is_array()) {
+    return InvalidArgument(fmt::format("field 'update_info' must be an object or a list of objects, not {}",
+                                       it->type_name()));
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    if (!(*it)[i].is_object()) {
+      return InvalidArgument(fmt::format("field 'update_info': entry {} must be an object, not {}", i,
+                                         (*it)[i].type_name()));
+    }
+  }
+  return &*it;
+}
+
 // POST /weight_checker. `action` is required. A body naming an `algorithm` asks for
 // wsync's whole-HF-tensor digests (checksum, or compare with an explicit baseline);
 // otherwise the request is vLLM's, over each worker's runtime parameters.
@@ -90,7 +128,17 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
   const json* baseline = nullptr;
   if (auto bl = b.find("baseline"); bl != b.end() && !bl->is_null()) {
     if (!bl->is_object()) return InvalidArgument("field 'baseline' must be an object of name: digest");
+    for (const auto& [key, value] : bl->items()) {
+      if (!value.is_string()) {
+        return InvalidArgument(fmt::format("field 'baseline': the digest of {} must be a string, not {}",
+                                           TextExcerpt(key), value.type_name()));
+      }
+    }
     baseline = &*bl;
+  }
+  // vLLM's words and status: a compare names its baseline (a null one is none).
+  if (action == "compare" && baseline == nullptr) {
+    return InvalidArgument("action='compare' requires a 'baseline' object");
   }
   if (!b.contains("algorithm")) return svc->CheckRuntimeWeights(action, baseline);
   WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "sha256"));
@@ -98,9 +146,6 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
   if (!alg.ok()) return InvalidArgument(fmt::format("field 'algorithm': {}", alg.status().message()));
   if (action == "reset") {
     return InvalidArgument("weight_checker action 'reset' takes no 'algorithm' (it overwrites runtime parameters)");
-  }
-  if (action == "compare" && baseline == nullptr) {
-    return InvalidArgument("weight_checker 'compare' with an 'algorithm' needs a field 'baseline'");
   }
   WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
   if (action == "checksum") {
@@ -125,6 +170,7 @@ constexpr std::string_view kVersionFields[] = {"new_version"};
 constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm"};
 constexpr std::string_view kAbortFields[] = {"request_ids"};
 constexpr std::string_view kRpcFields[] = {"method"};
+constexpr std::string_view kResetCacheFields[] = {"reset_running_requests", "reset_external"};
 constexpr std::string_view kCompletionFields[] = {"model", "prompt", "max_tokens", "n", "stream", "request_id"};
 
 struct Route {
@@ -149,7 +195,7 @@ constexpr Route kRoutes[] = {
     {route::kFetchWeights, Method::kPost, kCtl, {}, /*all_fields=*/true},
     {route::kPause, Method::kPost, kGen},
     {route::kResume, Method::kPost, kCtl},
-    {route::kResetPrefixCache, Method::kPost, kCtl},
+    {route::kResetPrefixCache, Method::kPost, kCtl, kResetCacheFields},
     {route::kWeightChecker, Method::kPost, kCtl, kCheckerFields},
     {route::kGetWorldSize, Method::kGet, kRead},
     {route::kWeightInfo, Method::kGet, kRead},
@@ -157,6 +203,7 @@ constexpr Route kRoutes[] = {
     {route::kHealth, Method::kGet, kRead},
     {route::kSleep, Method::kPost, kGen},
     {route::kWakeUp, Method::kPost, kCtl},
+    {route::kReleaseKvCacheMemory, Method::kPost, kCtl},
     {route::kIsSleeping, Method::kGet, kRead},
     {route::kAbortRequests, Method::kPost, kCtl, kAbortFields},
     {route::kServerInfo, Method::kGet, kRead},
@@ -194,6 +241,7 @@ std::vector<std::string> DigestMismatches(const std::map<std::string, std::strin
   for (const auto& [key, _] : current) {
     if (!baseline.contains(key)) out.push_back(key);
   }
+  std::sort(out.begin(), out.end());  // vLLM sorts them
   return out;
 }
 
@@ -394,7 +442,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   static constexpr std::string_view kEmptyOk[] = {route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
                                                   route::kFinishWeightUpdate, route::kPause, route::kResume,
                                                   route::kResetPrefixCache, route::kSleep, route::kWakeUp,
-                                                  route::kAbortRequests};
+                                                  route::kReleaseKvCacheMemory, route::kAbortRequests};
   bool allow_empty = false;
   for (std::string_view p : kEmptyOk) allow_empty |= path == p;
   std::shared_ptr<const json> body;
@@ -429,7 +477,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       return json{{"message", "Draft weight update started"}};
     }
     if (path == route::kUpdateWeights) {
-      WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "update_info"));
+      WSYNC_ASSIGN_OR_RETURN(const json* info, UpdateInfoField(b));
       // The field shares the body's lifetime, and its identity: the same body, the same info.
       WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(std::shared_ptr<const json>(body, info)));
       return json{{"message", "Weights updated"}};
@@ -474,8 +522,8 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       return json{{"status", "resumed"}};
     }
     if (path == route::kResetPrefixCache) {
-      WSYNC_ASSIGN_OR_RETURN(bool running, BoolParam(req, "reset_running_requests", false));
-      WSYNC_ASSIGN_OR_RETURN(bool external, BoolParam(req, "reset_external", false));
+      WSYNC_ASSIGN_OR_RETURN(bool running, QueryOrBodyBool(req, b, "reset_running_requests"));
+      WSYNC_ASSIGN_OR_RETURN(bool external, QueryOrBodyBool(req, b, "reset_external"));
       (void)external;  // no external (connector) cache here
       WSYNC_ASSIGN_OR_RETURN(bool success, svc->ResetPrefixCache(running));
       return json{{"success", success}};
@@ -485,7 +533,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       WSYNC_ASSIGN_OR_RETURN(int level, IntParam(req, "level", 1, 0, 2));
       auto it = req.params.find("mode");
       WSYNC_RETURN_IF_ERROR(svc->Sleep(level, it == req.params.end() ? "abort" : it->second));
-      return json(nullptr);  // vLLM answers an empty 200
+      return json{{"status", "sleeping"}, {"level", level}};
     }
     if (path == route::kWakeUp) {
       std::vector<std::string> tags;
@@ -493,7 +541,11 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
         if (name == "tags") tags.push_back(value);
       }
       WSYNC_RETURN_IF_ERROR(svc->WakeUp(tags));
-      return json(nullptr);
+      return json{{"status", svc->IsSleeping() ? "sleeping" : "awake"}, {"tags", tags.empty() ? json(nullptr) : json(tags)}};
+    }
+    if (path == route::kReleaseKvCacheMemory) {
+      WSYNC_RETURN_IF_ERROR(svc->ReleaseKvCacheMemory());
+      return json{{"status", "kv_cache_released"}};
     }
     if (path == route::kAbortRequests) {
       std::vector<std::string> ids;

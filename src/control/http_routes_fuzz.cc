@@ -93,7 +93,7 @@ class FakeControlService : public wsync::ControlService {
     if (action == "checksum") {
       bool created = !baseline_;
       baseline_ = true;
-      return json{{"checksums", {{"dp0:pp0:pcp0:tp0:ep0:w", "00"}}}, {"engines", json::array()},
+      return json{{"checksums", {{"dp0:pp0:pcp0:tp0:w", "00"}}}, {"engines", json::array()},
                   {"baseline_created", created}};
     }
     if (baseline == nullptr && !baseline_) return wsync::InvalidArgument("compare: no baseline");

@@ -80,7 +80,7 @@ class RecordingService : public ControlService {
     runtime_baseline = baseline ? *baseline : json();
     if (paused) return FailedPrecondition("weight_checker: the engine is paused");
     if (action == "reset") return json{{"status", "reset"}};
-    if (action == "checksum") return json{{"checksums", {{"dp0:pp0:pcp0:tp0:ep0:w", "00"}}}};
+    if (action == "checksum") return json{{"checksums", {{"dp0:pp0:pcp0:tp0:w", "00"}}}};
     return json{{"match", true}, {"mismatches", json::array()}};
   }
   json Health() const override { return {{"status", "ok"}}; }
@@ -432,27 +432,36 @@ TEST(HttpRouter, WeightCheckerWithoutAnAlgorithmIsVllmsRuntimeChecker) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(svc.runtime_action, "checksum");
   EXPECT_TRUE(svc.runtime_baseline.is_null());
-  EXPECT_EQ(Body(r)["checksums"]["dp0:pp0:pcp0:tp0:ep0:w"], "00");
+  EXPECT_EQ(Body(r)["checksums"]["dp0:pp0:pcp0:tp0:w"], "00");
 
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"reset"})"));
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r), json({{"status", "reset"}}));
   EXPECT_EQ(svc.runtime_action, "reset");
 
-  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare"})"));
-  EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(svc.runtime_action, "compare");
-  EXPECT_TRUE(svc.runtime_baseline.is_null());  // the stored baseline
+  // vLLM's 400 and words for a compare without a baseline (a null one is none), for both checkers.
+  for (const char* body : {R"({"action":"compare"})", R"({"action":"compare","baseline":null})",
+                           R"({"action":"compare","algorithm":"sha256"})"}) {
+    svc.runtime_action.clear();
+    r = router.Handle(Req("POST", "/weight_checker", body));
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_EQ(Message(r), "action='compare' requires a 'baseline' object") << r.body;
+    EXPECT_EQ(svc.runtime_action, "");  // refused before the service is asked
+  }
+  // A baseline is {name: digest string}, as vLLM's dict[str, str].
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"k":1}})"));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(Message(r).find("field 'baseline': the digest of k must be a string, not number"), std::string::npos)
+      << r.body;
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"k":"ab"}})"));
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(svc.runtime_baseline, json({{"k", "ab"}}));
   EXPECT_EQ(Body(r), json({{"match", true}, {"mismatches", json::array()}}));
 
+  // The service's 409 (a weight session is open, or the weights sleep) passes through.
   svc.paused = true;
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum"})"));
   EXPECT_EQ(r.status, 409) << r.body;
-  EXPECT_NE(Message(r).find("paused"), std::string::npos) << r.body;
-  // wsync's digests are still answered while paused: a trainer verifies inside its pause.
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum","algorithm":"sha256"})"));
   EXPECT_EQ(r.status, 200) << r.body;
 

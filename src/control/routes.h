@@ -27,6 +27,7 @@ inline constexpr std::string_view kIsPaused = "/is_paused";
 inline constexpr std::string_view kHealth = "/health";
 inline constexpr std::string_view kSleep = "/sleep";
 inline constexpr std::string_view kWakeUp = "/wake_up";
+inline constexpr std::string_view kReleaseKvCacheMemory = "/release_kv_cache_memory";
 inline constexpr std::string_view kIsSleeping = "/is_sleeping";
 inline constexpr std::string_view kAbortRequests = "/abort_requests";
 inline constexpr std::string_view kServerInfo = "/server_info";
