@@ -361,17 +361,23 @@ class WorkerServer:
         return {"message": "Weight update started"}
 
     def update(self, body):
-        info = body.object_text("update_info")  # the JSON text, handed on as it came
-        value = body.get("update_info") if self._any_not_native("receive_weights") else None
+        # One object for every worker, or vLLM's list form: one per worker, indexed by
+        # global worker rank (here the worker's index: one DP replica).
+        infos = body.update_infos(len(self.engines))  # JSON texts, handed on as they came
+        values = [None] * len(infos)
+        if self._any_not_native("receive_weights"):
+            value = body.get("update_info")
+            values = value if isinstance(value, list) else [value]
         self._begin("update_weights", in_session=True)
 
         def receive(i, engine):
+            k = i if len(infos) > 1 else 0
             try:
                 native = _native_of(engine, "receive_weights")
                 if native:
-                    native.receive(info, self.models[i].load_weights)
+                    native.receive(infos[k], self.models[i].load_weights)
                 else:
-                    engine.receive_weights(value, self.models[i].load_weights)
+                    engine.receive_weights(values[k], self.models[i].load_weights)
             except errors.Error:
                 raise
             except Exception as e:  # noqa: BLE001  (the model's own exception, reported as such)
@@ -449,6 +455,11 @@ class WorkerServer:
         if action not in ("checksum", "compare", "reset"):
             raise RouteError(400, "INVALID_ARGUMENT",
                              f"unknown weight_checker action {action!r} (field 'action': checksum, reset or compare)")
+        baseline = None
+        if body.get("baseline") is not None:
+            baseline = body.digests("baseline")
+        if action == "compare" and baseline is None:  # vLLM's words and status
+            raise RouteError(400, "INVALID_ARGUMENT", "action='compare' requires a 'baseline' object")
         if "algorithm" not in body:
             raise RouteError(501, "UNIMPLEMENTED",
                              f"weight_checker '{action}' without an 'algorithm' is vLLM's runtime-parameter checker, "
@@ -464,12 +475,10 @@ class WorkerServer:
         if algorithm not in ("sha256", "xxh3_128", "xxh3-128"):
             raise RouteError(400, "INVALID_ARGUMENT",
                              f"field 'algorithm': unknown digest algorithm '{algorithm}' (use sha256 or xxh3_128)")
-        baseline = body.digests("baseline") if action == "compare" else None
         sums = self.checksums(algorithm.replace("-", "_"))
         if action == "checksum":
             return {"checksums": sums}
-        mismatches = [n for n, h in sums.items() if baseline.get(n) != h]
-        mismatches += [n for n in baseline if n not in sums]
+        mismatches = sorted(n for n in sums.keys() | baseline.keys() if sums.get(n) != baseline.get(n))
         return {"match": not mismatches, "mismatches": mismatches}
 
     def pause(self, query):
@@ -485,11 +494,23 @@ class WorkerServer:
             self._paused = False
         return {"status": "resumed"}
 
-    def reset_prefix_cache(self, query):
+    def reset_prefix_cache(self, query, body):
+        # Each flag from the query or the body (a JSON boolean); both naming it differently is a 400.
         for name in ("reset_running_requests", "reset_external"):
             value = query.get(name, "false")
             if value not in ("true", "True", "1", "false", "False", "0"):
                 raise RouteError(400, "INVALID_ARGUMENT", f"query parameter {name}={value} is not a boolean")
+            in_body = body.get(name)
+            if in_body is None:
+                continue
+            if not isinstance(in_body, bool):
+                raise RouteError(400, "INVALID_ARGUMENT",
+                                 f"field '{name}' must be a boolean, not {_type_name(in_body)}")
+            from_query = value in ("true", "True", "1")
+            if name in query and from_query != in_body:
+                raise RouteError(400, "INVALID_ARGUMENT",
+                                 f"{name} is {str(from_query).lower()} in the query and {str(in_body).lower()} "
+                                 "in the body; name it once")
         return {"success": True}  # vLLM's reply; this front keeps no prefix cache
 
     def server_info(self):
@@ -517,7 +538,7 @@ class WorkerServer:
     _POST_ROUTES = frozenset((
         "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
         "/fetch_weights", "/weight_checker", "/pause", "/resume", "/reset_prefix_cache", "/update_weight_version",
-        "/sleep", "/wake_up", "/abort_requests", "/v1/completions", "/collective_rpc",
+        "/sleep", "/wake_up", "/release_kv_cache_memory", "/abort_requests", "/v1/completions", "/collective_rpc",
         "/start_draft_weight_update"))
 
     @classmethod
@@ -552,10 +573,11 @@ class WorkerServer:
                 "/weight_checker": lambda: self.weight_checker(body),
                 "/pause": lambda: self.pause(query),
                 "/resume": self.resume,
-                "/reset_prefix_cache": lambda: self.reset_prefix_cache(query),
+                "/reset_prefix_cache": lambda: self.reset_prefix_cache(query, body),
                 "/update_weight_version": lambda: self.set_version(body),
                 "/sleep": lambda: self.unsupported(path, "sleep mode (its models' memory is their own)"),
                 "/wake_up": lambda: self.unsupported(path, "sleep mode (its models' memory is their own)"),
+                "/release_kv_cache_memory": lambda: self.unsupported(path, "KV cache (it does not generate)"),
                 "/abort_requests": lambda: self.unsupported(path, "requests to abort (it does not generate)"),
                 "/v1/completions": lambda: self.unsupported(path, "generation"),
                 "/collective_rpc": lambda: self.collective_rpc(body),
@@ -716,6 +738,43 @@ def _object_fields(data, what, max_depth=MAX_JSON_DEPTH, max_fields=MAX_BODY_FIE
     return fields
 
 
+def _array_items(data, max_items):
+    """(n, [(start, end)] of each element) of the JSON array `data` of n elements, whose
+    structure the body's scan has checked (strings closed, brackets balanced, depth bounded),
+    found in one linear pass that builds no values; the list is None when n > max_items."""
+    import numpy as np
+    text = data.replace(b"\\\\", b"  ").replace(b'\\"', b"  ") if b"\\" in data else data
+    arr = np.frombuffer(text, dtype=np.uint8)
+    marks, steps = _scan_tables()
+    cuts, n_cuts, parity, depth = [], 0, 0, 0
+    for lo in range(0, len(arr), _SCAN_BLOCK):
+        a = arr[lo:lo + _SCAN_BLOCK]
+        pos = np.flatnonzero(marks[a])
+        if not pos.size:
+            continue
+        c = a[pos]
+        outside = ((np.cumsum(c == 0x22, dtype=np.int32) + parity) & 1) == 0
+        level = np.cumsum(steps[c] * outside, dtype=np.int32) + depth
+        at = pos[outside & (level == 1) & (c == 0x2C)]
+        n_cuts += int(at.size)
+        if n_cuts < max_items:  # positions are kept only while the list may still fit
+            cuts.extend((at + lo).tolist())
+        parity, depth = int(not outside[-1]), int(level[-1])
+    close = _last_non_space(arr, 0, len(arr)) - 1  # the closing ']'
+    if not n_cuts and _NON_SPACE.search(data, 1, close) is None:
+        return 0, []  # []
+    if n_cuts + 1 > max_items:
+        return n_cuts + 1, None
+    bounds = [0, *cuts, close]
+    items = []
+    for a_, b_ in zip(bounds, bounds[1:]):
+        first = _NON_SPACE.search(data, a_ + 1, b_)
+        if first is None:
+            raise RouteError(400, "INVALID_ARGUMENT", "field 'update_info': a list entry is empty")
+        items.append((first.start(), _last_non_space(arr, first.start(), b_)))
+    return len(items), items
+
+
 class _Body:
     """A request's JSON object body: its top-level fields located, each decoded only when a
     route reads it (a field no route reads costs nothing beyond the body's own bytes)."""
@@ -785,6 +844,40 @@ class _Body:
             raise RouteError(400, "INVALID_ARGUMENT", f"missing field '{name}'")
         if not text.startswith(b"{"):
             raise RouteError(400, "INVALID_ARGUMENT", f"field '{name}' must be an object")
+        return text
+
+    def update_infos(self, world_size):
+        """The JSON texts of field 'update_info': [the object] when it is one, else vLLM's list
+        form, which must hold exactly `world_size` objects (one per worker, by rank). The list
+        is scanned, not decoded: a list longer than the world is refused before any entry is
+        built."""
+        text = self.object_or_list_text("update_info")
+        if text.startswith(b"{"):
+            return [text]
+        n, items = _array_items(text, world_size)
+        if n != world_size:
+            raise RouteError(400, "INVALID_ARGUMENT",
+                             f"update_info is a list of {n} entries; vLLM's list form takes one per worker "
+                             f"of the deployment, indexed by global worker rank, and this one has {world_size} "
+                             "(/get_world_size)")
+        texts = []
+        for k, (start, end) in enumerate(items):
+            item = bytes(memoryview(text)[start:end])
+            if not item.startswith(b"{"):
+                kind = {0x5B: "array", 0x22: "string", 0x74: "boolean", 0x66: "boolean", 0x6E: "null"}.get(
+                    item[0], "number")
+                raise RouteError(400, "INVALID_ARGUMENT", f"field 'update_info': entry {k} must be an object, not {kind}")
+            texts.append(item)
+        return texts
+
+    def object_or_list_text(self, name):
+        """The JSON text of field `name`, which must be an object or a list."""
+        text = self.raw(name)
+        if text is None:
+            raise RouteError(400, "INVALID_ARGUMENT", f"missing field '{name}'")
+        if not text.startswith((b"{", b"[")):
+            raise RouteError(400, "INVALID_ARGUMENT", f"field '{name}' must be an object or a list of objects, not "
+                                                      f"{_type_name(self.get(name))}")
         return text
 
     def digests(self, name):
