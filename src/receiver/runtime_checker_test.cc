@@ -263,6 +263,31 @@ TEST_F(RuntimeCheckerServer, ResetRandomizesAndLeavesTheWeightsInconsistentUntil
   EXPECT_TRUE(Consistent());
 }
 
+// vLLM's list form of update_info lands as the object form does; the list is bounded by
+// the world (TP 2 x DP 2) and a refused one ends the session.
+TEST_F(RuntimeCheckerServer, ListFormUpdateInfoLandsAndIsBoundedByTheWorld) {
+  auto store = *WorkerStore::Create(*LookupModel("qwen3-tiny"), 0, 1);
+  data_.insert_or_assign("model.norm.weight", Filled(*store, "model.norm.weight", 3));
+  const TensorMeta& m = data_.at("model.norm.weight").meta;
+  const json one = {{"names", {m.name}}, {"dtype_names", {"bfloat16"}}, {"shapes", {m.shape}}};
+  const json before = Check("checksum")->at("checksums");
+  ASSERT_TRUE(server_->StartWeightUpdate().ok());
+  Status s = server_->UpdateWeights(std::make_shared<const json>(json(std::vector<json>(4, one))));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(server_->FinishWeightUpdate(std::nullopt).ok());
+  Result<json> cmp = Check("compare", &before);
+  ASSERT_TRUE(cmp.ok());
+  EXPECT_EQ((*cmp)["mismatches"].size(), 4u);  // model.norm.weight on every worker
+
+  for (const json& bad : {json(std::vector<json>(3, one)), json(std::vector<json>(5, one)),
+                          json::array({one, one, one, json::object()})}) {
+    ASSERT_TRUE(server_->StartWeightUpdate().ok());
+    Status r = server_->UpdateWeights(std::make_shared<const json>(bad));
+    EXPECT_EQ(r.code(), StatusCode::kInvalidArgument) << r.ToString();
+    EXPECT_FALSE(server_->Health()["session_active"].get<bool>()) << "a refused update ends the session";
+  }
+}
+
 TEST_F(RuntimeCheckerServer, AnswersWhilePausedAsVllmDoes) {
   ASSERT_TRUE(server_->Pause("keep", false).ok());
   Result<json> sums = Check("checksum");
