@@ -2,7 +2,8 @@
 same rules (docs/protocol.md, "Parity with vLLM"): list-form update_info (one entry per
 worker, exactly the world size), /weight_checker compare needing its baseline (vLLM's 400
 and words), sorted mismatches, /reset_prefix_cache flags from the query or the body, and
-/release_kv_cache_memory known (501: this front has no KV cache). Exact status codes and
+/release_kv_cache_memory known (501: this front has no KV cache), and
+/shutdown_weight_transfer_engine refused inside a session. Exact status codes and
 error bodies, over HTTP on loopback against an in-process server.
 """
 
@@ -139,3 +140,13 @@ def test_release_kv_cache_memory_is_a_known_route_this_front_does_not_have(two_w
     assert http_json(server.url, "/release_kv_cache_memory", {}) == error(
         501, "UNIMPLEMENTED", "/release_kv_cache_memory: wsync.worker_server has no KV cache (it does not generate)")
     assert http_json(server.url, "/weight_info") == (200, {"weight_version": "default"})
+
+
+def test_shutdown_weight_transfer_engine_refuses_inside_a_session_as_vllm(two_workers):
+    server, _ = two_workers
+    assert http_json(server.url, "/start_weight_update", {})[0] == 200
+    assert http_json(server.url, "/shutdown_weight_transfer_engine", {}) == error(
+        409, "FAILED_PRECONDITION", "Cannot release a trainer connection during a weight update")
+    assert http_json(server.url, "/finish_weight_update", {})[0] == 200
+    assert http_json(server.url, "/shutdown_weight_transfer_engine", {}) == (
+        200, {"message": "Weight transfer shut down"})

@@ -349,6 +349,20 @@ class WorkerServer:
             self._end()
         return {"message": "Weight transfer initialized"}
 
+    def shutdown_transfer(self):
+        """Releases every engine's data plane (vLLM's /shutdown_weight_transfer_engine); a
+        later init sets it up again."""
+        with self._mu:
+            self._expire_idle_session()
+            if self._active:  # vLLM's words
+                raise RouteError(409, "FAILED_PRECONDITION", "Cannot release a trainer connection during a weight update")
+        self._begin("shutdown_weight_transfer_engine", in_session=False)
+        try:
+            self._on_every_worker("shutdown_weight_transfer_engine", lambda i, engine: engine.shutdown())
+        finally:
+            self._end()
+        return {"message": "Weight transfer shut down"}
+
     def start_update(self):
         with self._mu:
             self._expire_idle_session()
@@ -536,7 +550,7 @@ class WorkerServer:
     _GET_ROUTES = frozenset(("/health", "/get_world_size", "/weight_info", "/is_paused", "/is_sleeping",
                              "/server_info"))
     _POST_ROUTES = frozenset((
-        "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
+        "/init_weight_transfer_engine", "/shutdown_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
         "/fetch_weights", "/weight_checker", "/pause", "/resume", "/reset_prefix_cache", "/update_weight_version",
         "/sleep", "/wake_up", "/release_kv_cache_memory", "/abort_requests", "/v1/completions", "/collective_rpc",
         "/start_draft_weight_update"))
@@ -566,6 +580,7 @@ class WorkerServer:
         elif method == "POST":
             routes = {
                 "/init_weight_transfer_engine": lambda: self.init(body, peer),
+                "/shutdown_weight_transfer_engine": self.shutdown_transfer,
                 "/start_weight_update": self.start_update,
                 "/update_weights": lambda: self.update(body),
                 "/finish_weight_update": lambda: self.finish(body),

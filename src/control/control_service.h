@@ -44,6 +44,10 @@ class ControlService {
   // the peer's own address, or hosts the server's flags admit.
   virtual Status InitWeightTransfer(const nlohmann::json& init_info,
                                     const std::string& peer_address) = 0;
+  // POST /shutdown_weight_transfer_engine: releases the data plane init set up (the
+  // trainer's connection) without stopping the server; a later init sets it up again.
+  // FailedPrecondition while a weight update is active.
+  virtual Status ShutdownWeightTransfer() { return Unimplemented("this server cannot release its data plane"); }
   // POST /start_weight_update; FailedPrecondition if a session is already active.
   virtual Status StartWeightUpdate() = 0;
   // /start_draft_weight_update: a session for the speculative drafter's weights.

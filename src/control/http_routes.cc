@@ -187,6 +187,7 @@ constexpr HttpLane kGen = HttpLane::kGeneration;
 
 constexpr Route kRoutes[] = {
     {route::kInitWeightTransfer, Method::kPost, kCtl, kInitFields},
+    {route::kShutdownWeightTransfer, Method::kPost, kCtl},
     {route::kStartWeightUpdate, Method::kPost, kCtl},
     {route::kStartDraftWeightUpdate, Method::kPost, kCtl},
     {route::kUpdateWeights, Method::kPost, kCtl, kUpdateFields},
@@ -439,7 +440,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   }
 
   // POST: the body is a JSON object; an empty body is `{}` where the route allows it.
-  static constexpr std::string_view kEmptyOk[] = {route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
+  static constexpr std::string_view kEmptyOk[] = {route::kShutdownWeightTransfer, route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
                                                   route::kFinishWeightUpdate, route::kPause, route::kResume,
                                                   route::kResetPrefixCache, route::kSleep, route::kWakeUp,
                                                   route::kReleaseKvCacheMemory, route::kAbortRequests};
@@ -467,6 +468,10 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       WSYNC_LOG_DEBUG("init_weight_transfer_engine from {}", req.remote_addr);
       WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info, req.remote_addr));
       return json{{"message", "Weight transfer initialized"}};
+    }
+    if (path == route::kShutdownWeightTransfer) {
+      WSYNC_RETURN_IF_ERROR(svc->ShutdownWeightTransfer());
+      return json{{"message", "Weight transfer shut down"}};
     }
     if (path == route::kStartWeightUpdate) {
       WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());

@@ -11,6 +11,7 @@
 namespace wsync::route {
 
 inline constexpr std::string_view kInitWeightTransfer = "/init_weight_transfer_engine";
+inline constexpr std::string_view kShutdownWeightTransfer = "/shutdown_weight_transfer_engine";
 inline constexpr std::string_view kStartWeightUpdate = "/start_weight_update";
 inline constexpr std::string_view kStartDraftWeightUpdate = "/start_draft_weight_update";
 inline constexpr std::string_view kUpdateWeights = "/update_weights";

@@ -165,6 +165,19 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
   return Measured(WeightOperation::kInit, [&] { return InitNow(init_info, peer_address); });
 }
 
+Status InferenceServer::ShutdownWeightTransfer() {
+  // vLLM's Worker.shutdown_weight_transfer_engine refuses inside a session in these words.
+  if (session_->Look().active) return FailedPrecondition("Cannot release a trainer connection during a weight update");
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("shutdown_weight_transfer_engine"));
+  Status s = CatchAll("shutdown_weight_transfer_engine", [&] {
+    backend_->Shutdown();
+    return Status::Ok();
+  });
+  call.Done(s, false);
+  if (s.ok()) WSYNC_LOG_INFO("shutdown_weight_transfer_engine: the data plane is released until the next init");
+  return s;
+}
+
 Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
   return Measured(WeightOperation::kUpdate, [&] { return UpdateNow(std::move(update_info)); });
 }

@@ -121,6 +121,7 @@ class InferenceServer : public ControlService {
   Status WakeUp(const std::vector<std::string>& tags) override;
   bool IsSleeping() const override;
   Status ReleaseKvCacheMemory() override;
+  Status ShutdownWeightTransfer() override;
   nlohmann::json ServerInfo() const override;
   // The "memory" object of /health and /server_info: host_rss_bytes (this process),
   // weights_bytes (every worker's parameters), weights_resident_bytes (backed by memory

@@ -4,7 +4,8 @@
 // session like any bad payload), /weight_checker compare (vLLM's 400 without a baseline,
 // sorted mismatches, vLLM's keys), /release_kv_cache_memory after a completed pause,
 // /reset_prefix_cache flags from the query or the body, vLLM's /sleep and /wake_up bodies,
-// validation failures as 400, and the wrong-state 409s that wsync keeps.
+// /shutdown_weight_transfer_engine, validation failures as 400, and the wrong-state 409s
+// that wsync keeps.
 #include <string>
 #include <vector>
 
@@ -165,6 +166,15 @@ TEST_F(VllmParityTest, SharedRoutesAnswerVllmsCodesAndBodies) {
                  ErrorBody(409, "FAILED_PRECONDITION",
                            "finish_weight_update called without an active weight update; call start_weight_update "
                            "first")));
+
+  // /shutdown_weight_transfer_engine: refused inside a session in vLLM's words (wsync's 409),
+  // else the data plane is released (an update then needs a new init).
+  ASSERT_EQ(HttpPost(u, "/start_weight_update", "").status, 200);
+  EXPECT_TRUE(Is(HttpPost(u, "/shutdown_weight_transfer_engine", ""), 409,
+                 ErrorBody(409, "FAILED_PRECONDITION", "Cannot release a trainer connection during a weight update")));
+  ASSERT_EQ(HttpPost(u, "/finish_weight_update", "").status, 200);
+  EXPECT_TRUE(Is(HttpPost(u, "/shutdown_weight_transfer_engine", ""), 200,
+                 json{{"message", "Weight transfer shut down"}}));
   ExpectCleanShutdown(s);
 }
 
