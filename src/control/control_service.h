@@ -27,9 +27,9 @@
 
 namespace wsync {
 
-// The keys of `baseline` whose digest differs in `current` or that `current` lacks, then
-// the keys of `current` that `baseline` lacks: /weight_checker's "mismatches", for both
-// checkers. Non-string baseline values never match.
+// The keys of `baseline` whose digest differs in `current` or that `current` lacks, and
+// the keys of `current` that `baseline` lacks, sorted (as vLLM lists them):
+// /weight_checker's "mismatches", for both checkers. Non-string baseline values never match.
 std::vector<std::string> DigestMismatches(const std::map<std::string, std::string>& current,
                                           const nlohmann::json& baseline);
 
