@@ -1,13 +1,14 @@
 """`wsync.worker_server` answers the vLLM 0.32 routes it shares with `wsync serve` by the
-same rules (docs/protocol.md, "Parity with vLLM"): list-form update_info (one entry per
-worker, exactly the world size), /weight_checker compare needing its baseline (vLLM's 400
-and words), sorted mismatches, /reset_prefix_cache flags from the query or the body, and
-/release_kv_cache_memory known (501: this front has no KV cache), and
-/shutdown_weight_transfer_engine refused inside a session. Exact status codes and
-error bodies, over HTTP on loopback against an in-process server.
+same rules (docs/protocol.md, "Parity with vLLM 0.32"): list-form update_info (one entry
+per worker, exactly the world size), /weight_checker compare needing its baseline (vLLM's
+400 and words), sorted mismatches, /reset_prefix_cache flags from the query or the body,
+/release_kv_cache_memory known (501: this front has no KV cache),
+/shutdown_weight_transfer_engine refused inside a session, and a wrong method 405. Exact
+status codes and error bodies, over HTTP on loopback against an in-process server.
 """
 
-import json
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -150,3 +151,15 @@ def test_shutdown_weight_transfer_engine_refuses_inside_a_session_as_vllm(two_wo
     assert http_json(server.url, "/finish_weight_update", {})[0] == 200
     assert http_json(server.url, "/shutdown_weight_transfer_engine", {}) == (
         200, {"message": "Weight transfer shut down"})
+
+
+def test_a_routes_path_under_another_method_is_vllms_405_with_allow(two_workers):
+    server, _ = two_workers
+    assert http_json(server.url, "/update_weights") == error(
+        405, "METHOD_NOT_ALLOWED", "GET /update_weights: method not allowed; use POST")
+    assert http_json(server.url, "/weight_info", {}) == error(
+        405, "METHOD_NOT_ALLOWED", "POST /weight_info: method not allowed; use GET")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(server.url + "/start_weight_update", timeout=10)
+    assert refused.value.code == 405 and refused.value.headers["Allow"] == "POST"
+    assert http_json(server.url, "/no_such_route") == error(404, "NOT_FOUND", "no route GET /no_such_route")

@@ -998,7 +998,8 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 # HTTP status -> wsync status name, for refusals made before a route runs.
-_CODE_OF_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 413: "PAYLOAD_TOO_LARGE",
+_CODE_OF_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+                   413: "PAYLOAD_TOO_LARGE",
                    415: "UNSUPPORTED_MEDIA_TYPE", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE"}
 
 
@@ -1029,12 +1030,14 @@ def _handler_for(server):
             self._reply(code, {"error": {"message": text, "type": _CODE_OF_STATUS.get(code, "INVALID_ARGUMENT"),
                                          "code": code}}, close=True)
 
-        def _reply(self, status, body, close=False):
+        def _reply(self, status, body, close=False, allow=None):
             data = json.dumps(body).encode()
             self._reader.deadline = None
             self.connection.settimeout(server.body_timeout)  # for the client to take the reply
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
+            if allow:
+                self.send_header("Allow", allow)
             self.send_header("Content-Length", str(len(data)))
             if close:
                 self.send_header("Connection", "close")  # also sets close_connection
@@ -1133,6 +1136,7 @@ def _handler_for(server):
             target = self.path
             path = target.split("?", 1)[0].split("%00", 1)[0]
             self._unread = True
+            allow = None  # the Allow header of a 405
             charged = [0]  # body bytes taken from the server's budget
             try:
                 try:
@@ -1150,6 +1154,11 @@ def _handler_for(server):
                             raise RouteError(401, "UNAUTHENTICATED",
                                              f"{path} needs 'Authorization: Bearer <api key>'")
                     if not server.has_route(method, path):
+                        other = "POST" if method == "GET" else "GET"
+                        if server.has_route(other, path):  # vLLM's 405, with Allow
+                            allow = other
+                            raise RouteError(405, "METHOD_NOT_ALLOWED",
+                                             f"{method} {path}: method not allowed; use {other}")
                         raise RouteError(404, "NOT_FOUND", f"no route {method} {path}")
                     encoding = (self.headers.get("Content-Encoding") or "identity").strip()
                     if encoding.lower() not in ("identity", ""):
@@ -1173,7 +1182,7 @@ def _handler_for(server):
                 server._release(charged[0])
             # A request refused before its body was read closes its connection: the body's
             # bytes would be read as the next request.
-            self._reply(status, reply, close=self._unread)
+            self._reply(status, reply, close=self._unread, allow=allow)
 
         def do_GET(self):
             self._handle("GET")

@@ -26,7 +26,15 @@ std::string Dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-HttpResponse Reply(int status, const json& body) { return HttpResponse{status, Dump(body)}; }
+HttpResponse Response(int status, std::string body, std::string_view content_type = "application/json") {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  r.content_type = content_type;
+  return r;
+}
+
+HttpResponse Reply(int status, const json& body) { return Response(status, Dump(body)); }
 
 std::string Sha256(std::string_view s) {
   std::string out(SHA256_DIGEST_LENGTH, '\0');
@@ -375,7 +383,20 @@ std::optional<HttpResponse> HttpRouter::Admit(const HttpRequest& head,
     if (!Authorized(head)) {
       return Error(Unauthenticated(fmt::format("{} needs 'Authorization: Bearer <api key>'", head.path)));
     }
-    if (!FindRoute(head)) return Error(NotFound(fmt::format("no route {} {}", head.method, head.path)));
+    if (!FindRoute(head)) {
+      for (const Route& r : kRoutes) {
+        if (r.path != head.path) continue;
+        const std::string_view allowed = r.method == Method::kGet ? "GET" : "POST";
+        HttpResponse refused = Reply(405, json{{"error",
+                                                {{"message", fmt::format("{} {}: method not allowed; use {}",
+                                                                         head.method, head.path, allowed)},
+                                                 {"type", "METHOD_NOT_ALLOWED"},
+                                                 {"code", 405}}}});
+        refused.allow = allowed;
+        return refused;
+      }
+      return Error(NotFound(fmt::format("no route {} {}", head.method, head.path)));
+    }
     if (content_length && *content_length > options_.max_body_bytes) return TooLarge(head);
     if (const std::string* enc = head.header("content-encoding"); enc && *enc != "identity" && !enc->empty()) {
       HttpResponse r = Reply(415, json{{"error",
@@ -396,7 +417,7 @@ HttpResponse HttpRouter::TooLarge(const HttpRequest& head) const noexcept {
   try {
     return Error(PayloadTooLarge(fmt::format("body of {} exceeds {} bytes", head.path, options_.max_body_bytes)));
   } catch (...) {
-    return HttpResponse{413, R"({"error":{"message":"body too large","type":"PAYLOAD_TOO_LARGE","code":413}})"};
+    return Response(413, R"({"error":{"message":"body too large","type":"PAYLOAD_TOO_LARGE","code":413}})");
   }
 }
 
@@ -413,7 +434,7 @@ HttpResponse HttpRouter::Handle(const HttpRequest& req) noexcept {
     }
   } catch (...) {
   }
-  return HttpResponse{500, R"({"error":{"message":"internal error","type":"INTERNAL","code":500}})"};
+  return Response(500, R"({"error":{"message":"internal error","type":"INTERNAL","code":500}})");
 }
 
 HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
@@ -434,7 +455,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kMetrics) {
       Result<std::string> text = svc->Metrics();
       if (!text.ok()) return Error(text.status());
-      return HttpResponse{200, std::move(*text), kPrometheusContentType};
+      return Response(200, std::move(*text), kPrometheusContentType);
     }
     return Error(NotFound(fmt::format("no route {} {}", req.method, path)));
   }
@@ -585,7 +606,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   // Only a body its route accepted stays cached: a refused one, however large, is let go.
   if (cacheable && !from_cache && out.ok()) cache_->Put(req.body, body);
   if (!out.ok()) return Error(out.status());
-  if (out->is_null()) return HttpResponse{200, ""};  // vLLM's empty 200 (/sleep, /wake_up)
+  if (out->is_null()) return Response(200, "");  // an empty 200
   return Reply(200, *out);
 }
 

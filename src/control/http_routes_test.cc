@@ -263,7 +263,9 @@ TEST_F(HttpRoutes, MetricsArePrometheusText) {
   }
   EXPECT_EQ(names,
             (std::vector<std::string>{"wsync_weight_update_sessions_started_total", "wsync_weight_version_info"}));
-  EXPECT_EQ(cli.Post("/metrics")->status, 404);
+  auto post_metrics = cli.Post("/metrics");
+  EXPECT_EQ(post_metrics->status, 405);
+  EXPECT_EQ(post_metrics->get_header_value("Allow"), "GET");
 
   Serve("s3cret");
   auto keyed = Cli();
@@ -497,7 +499,7 @@ TEST(HttpRouter, CollectiveRpcNamesTheMethodItDoesNotRun) {
     EXPECT_NE(Message(r).find("method"), std::string::npos) << body << " -> " << r.body;
   }
   EXPECT_EQ(router.Handle(Req("POST", "/collective_rpc", "")).status, 400);
-  EXPECT_EQ(router.Handle(Req("GET", "/collective_rpc")).status, 404);
+  EXPECT_EQ(router.Handle(Req("GET", "/collective_rpc")).status, 405);
 }
 
 TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {
@@ -510,8 +512,16 @@ TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {
   EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), std::nullopt), std::nullopt);
   EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), 1001)->status, 413);
   EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), UINT64_MAX)->status, 413);
-  EXPECT_EQ(router.Admit(Req("GET", "/update_weights", "", auth), 0)->status, 404);
-  EXPECT_EQ(router.Admit(Req("DELETE", "/health"), 0)->status, 404);
+  // A route's path under another method is vLLM's 405, with Allow; an unknown path 404.
+  std::optional<HttpResponse> wrong = router.Admit(Req("GET", "/update_weights", "", auth), 0);
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 405);
+  EXPECT_EQ(wrong->allow, "POST");
+  EXPECT_EQ(Message(*wrong), "GET /update_weights: method not allowed; use POST");
+  EXPECT_EQ(Body(*wrong)["error"]["type"], "METHOD_NOT_ALLOWED");
+  EXPECT_EQ(router.Admit(Req("DELETE", "/health"), 0)->allow, "GET");
+  EXPECT_EQ(router.Admit(Req("GET", "/nothing_here", "", auth), 0)->status, 404);
+  EXPECT_TRUE(router.Admit(Req("GET", "/nothing_here", "", auth), 0)->allow.empty());
   auto gz = auth;
   gz["content-encoding"] = "gzip";
   std::optional<HttpResponse> r = router.Admit(Req("POST", "/update_weights", "", gz), 10);

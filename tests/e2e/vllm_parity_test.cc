@@ -4,8 +4,8 @@
 // session like any bad payload), /weight_checker compare (vLLM's 400 without a baseline,
 // sorted mismatches, vLLM's keys), /release_kv_cache_memory after a completed pause,
 // /reset_prefix_cache flags from the query or the body, vLLM's /sleep and /wake_up bodies,
-// /shutdown_weight_transfer_engine, validation failures as 400, and the wrong-state 409s
-// that wsync keeps.
+// /shutdown_weight_transfer_engine, validation failures as 400, a wrong method as 405, and
+// the wrong-state 409s that wsync keeps.
 #include <string>
 #include <vector>
 
@@ -155,6 +155,14 @@ TEST_F(VllmParityTest, SharedRoutesAnswerVllmsCodesAndBodies) {
                  ErrorBody(400, "INVALID_ARGUMENT", "missing field 'update_info'")));
   EXPECT_TRUE(IsError(HttpPostJson(u, "/finish_weight_update", {{"weight_version", 3}}), 400, {"weight_version"}));
   EXPECT_TRUE(IsError(HttpPostJson(u, "/update_weight_version", json::object()), 400, {"new_version"}));
+
+  // A route's path under another method is vLLM's 405; an unknown path 404.
+  EXPECT_TRUE(Is(HttpGet(u, "/update_weights"), 405,
+                 ErrorBody(405, "METHOD_NOT_ALLOWED", "GET /update_weights: method not allowed; use POST")));
+  EXPECT_TRUE(Is(HttpPost(u, "/weight_info", ""), 405,
+                 ErrorBody(405, "METHOD_NOT_ALLOWED", "POST /weight_info: method not allowed; use GET")));
+  EXPECT_TRUE(Is(HttpGet(u, "/no_such_route"), 404,
+                 ErrorBody(404, "NOT_FOUND", "no route GET /no_such_route")));
 
   // Wrong session state: wsync keeps 409 where vLLM's RPC layer answers 500.
   ASSERT_EQ(HttpPost(u, "/start_weight_update", "").status, 200);
