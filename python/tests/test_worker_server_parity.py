@@ -77,6 +77,9 @@ def test_refused_update_info_lists_are_400_and_reach_no_worker(two_workers, upda
     reply = http_json(server.url, "/update_weights", {"update_info": update_info})
     assert reply == error(400, "INVALID_ARGUMENT", message)
     assert [e.received for e in engines] == [[], []]
+    # A list of the wrong length ends the session, as a worker's IndexError does in vLLM;
+    # a value of the wrong type is a validation error, which leaves it open.
+    assert server.health()["session_active"] is not message.startswith("update_info is a list of")
 
 
 def test_a_list_far_longer_than_the_world_is_refused_without_decoding_it(two_workers):

@@ -377,7 +377,17 @@ class WorkerServer:
     def update(self, body):
         # One object for every worker, or vLLM's list form: one per worker, indexed by
         # global worker rank (here the worker's index: one DP replica).
-        infos = body.update_infos(len(self.engines))  # JSON texts, handed on as they came
+        n, infos = body.update_infos(len(self.engines))  # JSON texts, handed on as they came
+        if infos is None:
+            # Past validation, as a worker's IndexError is in vLLM: the session ends.
+            with self._mu:
+                self._expire_idle_session()
+                if self._active and self._busy is None:
+                    self._active = False
+            raise RouteError(400, "INVALID_ARGUMENT",
+                             f"update_info is a list of {n} entries; vLLM's list form takes one per worker of the "
+                             f"deployment, indexed by global worker rank, and this one has {len(self.engines)} "
+                             "(/get_world_size)")
         values = [None] * len(infos)
         if self._any_not_native("receive_weights"):
             value = body.get("update_info")
@@ -862,19 +872,16 @@ class _Body:
         return text
 
     def update_infos(self, world_size):
-        """The JSON texts of field 'update_info': [the object] when it is one, else vLLM's list
-        form, which must hold exactly `world_size` objects (one per worker, by rank). The list
-        is scanned, not decoded: a list longer than the world is refused before any entry is
-        built."""
+        """(n, JSON texts) of field 'update_info': (1, [the object]) when it is one, else
+        vLLM's list form of n entries, which must be objects (a 400 otherwise); the texts are
+        None unless n is `world_size` (one per worker, by rank). The list is scanned, not
+        decoded: a list longer than the world is refused before any entry is built."""
         text = self.object_or_list_text("update_info")
         if text.startswith(b"{"):
-            return [text]
+            return 1, [text]
         n, items = _array_items(text, world_size)
         if n != world_size:
-            raise RouteError(400, "INVALID_ARGUMENT",
-                             f"update_info is a list of {n} entries; vLLM's list form takes one per worker "
-                             f"of the deployment, indexed by global worker rank, and this one has {world_size} "
-                             "(/get_world_size)")
+            return n, None
         texts = []
         for k, (start, end) in enumerate(items):
             item = bytes(memoryview(text)[start:end])
@@ -883,7 +890,7 @@ class _Body:
                     item[0], "number")
                 raise RouteError(400, "INVALID_ARGUMENT", f"field 'update_info': entry {k} must be an object, not {kind}")
             texts.append(item)
-        return texts
+        return n, texts
 
     def object_or_list_text(self, name):
         """The JSON text of field `name`, which must be an object or a list."""
