@@ -461,10 +461,11 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   }
 
   // POST: the body is a JSON object; an empty body is `{}` where the route allows it.
-  static constexpr std::string_view kEmptyOk[] = {route::kShutdownWeightTransfer, route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
-                                                  route::kFinishWeightUpdate, route::kPause, route::kResume,
-                                                  route::kResetPrefixCache, route::kSleep, route::kWakeUp,
-                                                  route::kReleaseKvCacheMemory, route::kAbortRequests};
+  static constexpr std::string_view kEmptyOk[] = {route::kShutdownWeightTransfer, route::kStartWeightUpdate,
+                                                  route::kStartDraftWeightUpdate, route::kFinishWeightUpdate,
+                                                  route::kPause, route::kResume, route::kResetPrefixCache,
+                                                  route::kSleep, route::kWakeUp, route::kReleaseKvCacheMemory,
+                                                  route::kAbortRequests};
   bool allow_empty = false;
   for (std::string_view p : kEmptyOk) allow_empty |= path == p;
   std::shared_ptr<const json> body;
@@ -567,7 +568,8 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
         if (name == "tags") tags.push_back(value);
       }
       WSYNC_RETURN_IF_ERROR(svc->WakeUp(tags));
-      return json{{"status", svc->IsSleeping() ? "sleeping" : "awake"}, {"tags", tags.empty() ? json(nullptr) : json(tags)}};
+      return json{{"status", svc->IsSleeping() ? "sleeping" : "awake"},
+                  {"tags", tags.empty() ? json(nullptr) : json(tags)}};
     }
     if (path == route::kReleaseKvCacheMemory) {
       WSYNC_RETURN_IF_ERROR(svc->ReleaseKvCacheMemory());

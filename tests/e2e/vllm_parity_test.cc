@@ -142,8 +142,8 @@ TEST_F(VllmParityTest, SharedRoutesAnswerVllmsCodesAndBodies) {
   EXPECT_TRUE(Is(HttpPost(u, "/reset_prefix_cache", ""), 200, ok));
   EXPECT_TRUE(Is(HttpPost(u, "/reset_prefix_cache?reset_running_requests=true", ""), 200, ok));
   EXPECT_TRUE(Is(HttpPostJson(u, "/reset_prefix_cache", {{"reset_running_requests", true}}), 200, ok));
-  EXPECT_TRUE(Is(HttpPostJson(u, "/reset_prefix_cache?reset_running_requests=false", {{"reset_running_requests", true}}),
-                 400,
+  const json running = {{"reset_running_requests", true}};
+  EXPECT_TRUE(Is(HttpPostJson(u, "/reset_prefix_cache?reset_running_requests=false", running), 400,
                  ErrorBody(400, "INVALID_ARGUMENT",
                            "reset_running_requests is false in the query and true in the body; name it once")));
   EXPECT_TRUE(Is(HttpPostJson(u, "/reset_prefix_cache", {{"reset_external", "yes"}}), 400,
