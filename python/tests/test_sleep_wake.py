@@ -80,7 +80,7 @@ def test_level_one_offloads_the_weights_and_wake_brings_back_the_same_bytes(wsyn
     rss_awake = rss_bytes(pid)
     assert rss_awake > weights
 
-    assert post(server.url, "/sleep?level=1") == (200, "")
+    assert post(server.url, "/sleep?level=1") == (200, '{"level":1,"status":"sleeping"}')
     assert is_sleeping(server) and is_paused(server)
     rss_asleep = rss_bytes(pid)
     assert rss_awake - rss_asleep >= SHARE * weights, (rss_awake, rss_asleep, weights)
@@ -98,7 +98,7 @@ def test_level_one_offloads_the_weights_and_wake_brings_back_the_same_bytes(wsyn
         status, body = http_json(server.url, path, payload)
         assert status == 409 and "POST /wake_up?tags=weights first" in body["error"]["message"], (path, status, body)
 
-    assert post(server.url, "/wake_up?tags=weights") == (200, "")
+    assert post(server.url, "/wake_up?tags=weights") == (200, '{"status":"sleeping","tags":["weights"]}')
     assert is_sleeping(server) and is_paused(server)  # the KV cache still sleeps
     rss_woken = rss_bytes(pid)
     assert rss_woken - rss_asleep >= SHARE * weights, (rss_asleep, rss_woken, weights)
@@ -107,7 +107,7 @@ def test_level_one_offloads_the_weights_and_wake_brings_back_the_same_bytes(wsyn
     assert server.checksums("sha256") == before
     assert server.health()["weights_consistent"] is True
 
-    assert post(server.url, "/wake_up?tags=kv_cache") == (200, "")
+    assert post(server.url, "/wake_up?tags=kv_cache") == (200, '{"status":"awake","tags":["kv_cache"]}')
     assert not is_sleeping(server) and not is_paused(server)
     assert memory(server)["sleep"] == {"weights": "awake", "kv_cache": "awake", "scheduling": "awake"}
 
@@ -122,7 +122,7 @@ def test_discard_wake_weights_sync_wake_kv_cache_refills_and_verifies(wsync_serv
     rss_awake = rss_bytes(pid)
 
     # SkyRL's colocated bracket: discard (level 2), wake the weights, sync, wake the KV cache.
-    assert post(server.url, "/sleep?level=2") == (200, "")
+    assert post(server.url, "/sleep?level=2") == (200, '{"level":2,"status":"sleeping"}')
     rss_asleep = rss_bytes(pid)
     assert rss_awake - rss_asleep >= SHARE * weights, (rss_awake, rss_asleep, weights)
     mem = memory(server)
@@ -130,7 +130,7 @@ def test_discard_wake_weights_sync_wake_kv_cache_refills_and_verifies(wsync_serv
     status, body = http_json(server.url, "/start_weight_update", {})
     assert status == 409 and "POST /wake_up?tags=weights first" in body["error"]["message"], body
 
-    assert post(server.url, "/wake_up?tags=weights") == (200, "")
+    assert post(server.url, "/wake_up?tags=weights") == (200, '{"status":"sleeping","tags":["weights"]}')
     assert rss_bytes(pid) - rss_asleep >= SHARE * weights
     health = server.health()
     assert health["weights_consistent"] is False, health
@@ -145,5 +145,5 @@ def test_discard_wake_weights_sync_wake_kv_cache_refills_and_verifies(wsync_serv
     health = server.health()
     assert health["weights_consistent"] is True and health["weight_version"] == "refilled", health
 
-    assert post(server.url, "/wake_up?tags=kv_cache") == (200, "")
+    assert post(server.url, "/wake_up?tags=kv_cache") == (200, '{"status":"awake","tags":["kv_cache"]}')
     assert not is_sleeping(server) and not is_paused(server)

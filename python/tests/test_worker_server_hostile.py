@@ -461,4 +461,4 @@ def test_update_info_reaches_engines_as_text_or_as_a_value(serve):
     reply = exchange(port_of(native.url), request("POST", "/update_weights", b'{"update_info": {"names": [1,]}}'))
     assert reply[0] == 400 and reply[1]["error"]["type"] == "INVALID_ARGUMENT", reply
     assert_error(exchange(port_of(native.url), request("POST", "/update_weights", b'{"update_info": [1]}')), 400,
-                 "field 'update_info' must be an object")
+                 "field 'update_info': entry 0 must be an object, not number")

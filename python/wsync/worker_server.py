@@ -349,6 +349,20 @@ class WorkerServer:
             self._end()
         return {"message": "Weight transfer initialized"}
 
+    def shutdown_transfer(self):
+        """Releases every engine's data plane (vLLM's /shutdown_weight_transfer_engine); a
+        later init sets it up again."""
+        with self._mu:
+            self._expire_idle_session()
+            if self._active:  # vLLM's words
+                raise RouteError(409, "FAILED_PRECONDITION", "Cannot release a trainer connection during a weight update")
+        self._begin("shutdown_weight_transfer_engine", in_session=False)
+        try:
+            self._on_every_worker("shutdown_weight_transfer_engine", lambda i, engine: engine.shutdown())
+        finally:
+            self._end()
+        return {"message": "Weight transfer shut down"}
+
     def start_update(self):
         with self._mu:
             self._expire_idle_session()
@@ -361,17 +375,33 @@ class WorkerServer:
         return {"message": "Weight update started"}
 
     def update(self, body):
-        info = body.object_text("update_info")  # the JSON text, handed on as it came
-        value = body.get("update_info") if self._any_not_native("receive_weights") else None
+        # One object for every worker, or vLLM's list form: one per worker, indexed by
+        # global worker rank (here the worker's index: one DP replica).
+        n, infos = body.update_infos(len(self.engines))  # JSON texts, handed on as they came
+        if infos is None:
+            # Past validation, as a worker's IndexError is in vLLM: the session ends.
+            with self._mu:
+                self._expire_idle_session()
+                if self._active and self._busy is None:
+                    self._active = False
+            raise RouteError(400, "INVALID_ARGUMENT",
+                             f"update_info is a list of {n} entries; vLLM's list form takes one per worker of the "
+                             f"deployment, indexed by global worker rank, and this one has {len(self.engines)} "
+                             "(/get_world_size)")
+        values = [None] * len(infos)
+        if self._any_not_native("receive_weights"):
+            value = body.get("update_info")
+            values = value if isinstance(value, list) else [value]
         self._begin("update_weights", in_session=True)
 
         def receive(i, engine):
+            k = i if len(infos) > 1 else 0
             try:
                 native = _native_of(engine, "receive_weights")
                 if native:
-                    native.receive(info, self.models[i].load_weights)
+                    native.receive(infos[k], self.models[i].load_weights)
                 else:
-                    engine.receive_weights(value, self.models[i].load_weights)
+                    engine.receive_weights(values[k], self.models[i].load_weights)
             except errors.Error:
                 raise
             except Exception as e:  # noqa: BLE001  (the model's own exception, reported as such)
@@ -449,6 +479,11 @@ class WorkerServer:
         if action not in ("checksum", "compare", "reset"):
             raise RouteError(400, "INVALID_ARGUMENT",
                              f"unknown weight_checker action {action!r} (field 'action': checksum, reset or compare)")
+        baseline = None
+        if body.get("baseline") is not None:
+            baseline = body.digests("baseline")
+        if action == "compare" and baseline is None:  # vLLM's words and status
+            raise RouteError(400, "INVALID_ARGUMENT", "action='compare' requires a 'baseline' object")
         if "algorithm" not in body:
             raise RouteError(501, "UNIMPLEMENTED",
                              f"weight_checker '{action}' without an 'algorithm' is vLLM's runtime-parameter checker, "
@@ -464,12 +499,10 @@ class WorkerServer:
         if algorithm not in ("sha256", "xxh3_128", "xxh3-128"):
             raise RouteError(400, "INVALID_ARGUMENT",
                              f"field 'algorithm': unknown digest algorithm '{algorithm}' (use sha256 or xxh3_128)")
-        baseline = body.digests("baseline") if action == "compare" else None
         sums = self.checksums(algorithm.replace("-", "_"))
         if action == "checksum":
             return {"checksums": sums}
-        mismatches = [n for n, h in sums.items() if baseline.get(n) != h]
-        mismatches += [n for n in baseline if n not in sums]
+        mismatches = sorted(n for n in sums.keys() | baseline.keys() if sums.get(n) != baseline.get(n))
         return {"match": not mismatches, "mismatches": mismatches}
 
     def pause(self, query):
@@ -485,11 +518,23 @@ class WorkerServer:
             self._paused = False
         return {"status": "resumed"}
 
-    def reset_prefix_cache(self, query):
+    def reset_prefix_cache(self, query, body):
+        # Each flag from the query or the body (a JSON boolean); both naming it differently is a 400.
         for name in ("reset_running_requests", "reset_external"):
             value = query.get(name, "false")
             if value not in ("true", "True", "1", "false", "False", "0"):
                 raise RouteError(400, "INVALID_ARGUMENT", f"query parameter {name}={value} is not a boolean")
+            in_body = body.get(name)
+            if in_body is None:
+                continue
+            if not isinstance(in_body, bool):
+                raise RouteError(400, "INVALID_ARGUMENT",
+                                 f"field '{name}' must be a boolean, not {_type_name(in_body)}")
+            from_query = value in ("true", "True", "1")
+            if name in query and from_query != in_body:
+                raise RouteError(400, "INVALID_ARGUMENT",
+                                 f"{name} is {str(from_query).lower()} in the query and {str(in_body).lower()} "
+                                 "in the body; name it once")
         return {"success": True}  # vLLM's reply; this front keeps no prefix cache
 
     def server_info(self):
@@ -515,9 +560,9 @@ class WorkerServer:
     _GET_ROUTES = frozenset(("/health", "/get_world_size", "/weight_info", "/is_paused", "/is_sleeping",
                              "/server_info"))
     _POST_ROUTES = frozenset((
-        "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
+        "/init_weight_transfer_engine", "/shutdown_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
         "/fetch_weights", "/weight_checker", "/pause", "/resume", "/reset_prefix_cache", "/update_weight_version",
-        "/sleep", "/wake_up", "/abort_requests", "/v1/completions", "/collective_rpc",
+        "/sleep", "/wake_up", "/release_kv_cache_memory", "/abort_requests", "/v1/completions", "/collective_rpc",
         "/start_draft_weight_update"))
 
     @classmethod
@@ -545,6 +590,7 @@ class WorkerServer:
         elif method == "POST":
             routes = {
                 "/init_weight_transfer_engine": lambda: self.init(body, peer),
+                "/shutdown_weight_transfer_engine": self.shutdown_transfer,
                 "/start_weight_update": self.start_update,
                 "/update_weights": lambda: self.update(body),
                 "/finish_weight_update": lambda: self.finish(body),
@@ -552,10 +598,11 @@ class WorkerServer:
                 "/weight_checker": lambda: self.weight_checker(body),
                 "/pause": lambda: self.pause(query),
                 "/resume": self.resume,
-                "/reset_prefix_cache": lambda: self.reset_prefix_cache(query),
+                "/reset_prefix_cache": lambda: self.reset_prefix_cache(query, body),
                 "/update_weight_version": lambda: self.set_version(body),
                 "/sleep": lambda: self.unsupported(path, "sleep mode (its models' memory is their own)"),
                 "/wake_up": lambda: self.unsupported(path, "sleep mode (its models' memory is their own)"),
+                "/release_kv_cache_memory": lambda: self.unsupported(path, "KV cache (it does not generate)"),
                 "/abort_requests": lambda: self.unsupported(path, "requests to abort (it does not generate)"),
                 "/v1/completions": lambda: self.unsupported(path, "generation"),
                 "/collective_rpc": lambda: self.collective_rpc(body),
@@ -716,6 +763,43 @@ def _object_fields(data, what, max_depth=MAX_JSON_DEPTH, max_fields=MAX_BODY_FIE
     return fields
 
 
+def _array_items(data, max_items):
+    """(n, [(start, end)] of each element) of the JSON array `data` of n elements, whose
+    structure the body's scan has checked (strings closed, brackets balanced, depth bounded),
+    found in one linear pass that builds no values; the list is None when n > max_items."""
+    import numpy as np
+    text = data.replace(b"\\\\", b"  ").replace(b'\\"', b"  ") if b"\\" in data else data
+    arr = np.frombuffer(text, dtype=np.uint8)
+    marks, steps = _scan_tables()
+    cuts, n_cuts, parity, depth = [], 0, 0, 0
+    for lo in range(0, len(arr), _SCAN_BLOCK):
+        a = arr[lo:lo + _SCAN_BLOCK]
+        pos = np.flatnonzero(marks[a])
+        if not pos.size:
+            continue
+        c = a[pos]
+        outside = ((np.cumsum(c == 0x22, dtype=np.int32) + parity) & 1) == 0
+        level = np.cumsum(steps[c] * outside, dtype=np.int32) + depth
+        at = pos[outside & (level == 1) & (c == 0x2C)]
+        n_cuts += int(at.size)
+        if n_cuts < max_items:  # positions are kept only while the list may still fit
+            cuts.extend((at + lo).tolist())
+        parity, depth = int(not outside[-1]), int(level[-1])
+    close = _last_non_space(arr, 0, len(arr)) - 1  # the closing ']'
+    if not n_cuts and _NON_SPACE.search(data, 1, close) is None:
+        return 0, []  # []
+    if n_cuts + 1 > max_items:
+        return n_cuts + 1, None
+    bounds = [0, *cuts, close]
+    items = []
+    for a_, b_ in zip(bounds, bounds[1:]):
+        first = _NON_SPACE.search(data, a_ + 1, b_)
+        if first is None:
+            raise RouteError(400, "INVALID_ARGUMENT", "field 'update_info': a list entry is empty")
+        items.append((first.start(), _last_non_space(arr, first.start(), b_)))
+    return len(items), items
+
+
 class _Body:
     """A request's JSON object body: its top-level fields located, each decoded only when a
     route reads it (a field no route reads costs nothing beyond the body's own bytes)."""
@@ -785,6 +869,37 @@ class _Body:
             raise RouteError(400, "INVALID_ARGUMENT", f"missing field '{name}'")
         if not text.startswith(b"{"):
             raise RouteError(400, "INVALID_ARGUMENT", f"field '{name}' must be an object")
+        return text
+
+    def update_infos(self, world_size):
+        """(n, JSON texts) of field 'update_info': (1, [the object]) when it is one, else
+        vLLM's list form of n entries, which must be objects (a 400 otherwise); the texts are
+        None unless n is `world_size` (one per worker, by rank). The list is scanned, not
+        decoded: a list longer than the world is refused before any entry is built."""
+        text = self.object_or_list_text("update_info")
+        if text.startswith(b"{"):
+            return 1, [text]
+        n, items = _array_items(text, world_size)
+        if n != world_size:
+            return n, None
+        texts = []
+        for k, (start, end) in enumerate(items):
+            item = bytes(memoryview(text)[start:end])
+            if not item.startswith(b"{"):
+                kind = {0x5B: "array", 0x22: "string", 0x74: "boolean", 0x66: "boolean", 0x6E: "null"}.get(
+                    item[0], "number")
+                raise RouteError(400, "INVALID_ARGUMENT", f"field 'update_info': entry {k} must be an object, not {kind}")
+            texts.append(item)
+        return n, texts
+
+    def object_or_list_text(self, name):
+        """The JSON text of field `name`, which must be an object or a list."""
+        text = self.raw(name)
+        if text is None:
+            raise RouteError(400, "INVALID_ARGUMENT", f"missing field '{name}'")
+        if not text.startswith((b"{", b"[")):
+            raise RouteError(400, "INVALID_ARGUMENT", f"field '{name}' must be an object or a list of objects, not "
+                                                      f"{_type_name(self.get(name))}")
         return text
 
     def digests(self, name):
@@ -890,7 +1005,8 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 # HTTP status -> wsync status name, for refusals made before a route runs.
-_CODE_OF_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 413: "PAYLOAD_TOO_LARGE",
+_CODE_OF_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+                   413: "PAYLOAD_TOO_LARGE",
                    415: "UNSUPPORTED_MEDIA_TYPE", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE"}
 
 
@@ -921,12 +1037,14 @@ def _handler_for(server):
             self._reply(code, {"error": {"message": text, "type": _CODE_OF_STATUS.get(code, "INVALID_ARGUMENT"),
                                          "code": code}}, close=True)
 
-        def _reply(self, status, body, close=False):
+        def _reply(self, status, body, close=False, allow=None):
             data = json.dumps(body).encode()
             self._reader.deadline = None
             self.connection.settimeout(server.body_timeout)  # for the client to take the reply
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
+            if allow:
+                self.send_header("Allow", allow)
             self.send_header("Content-Length", str(len(data)))
             if close:
                 self.send_header("Connection", "close")  # also sets close_connection
@@ -1025,6 +1143,7 @@ def _handler_for(server):
             target = self.path
             path = target.split("?", 1)[0].split("%00", 1)[0]
             self._unread = True
+            allow = None  # the Allow header of a 405
             charged = [0]  # body bytes taken from the server's budget
             try:
                 try:
@@ -1042,6 +1161,11 @@ def _handler_for(server):
                             raise RouteError(401, "UNAUTHENTICATED",
                                              f"{path} needs 'Authorization: Bearer <api key>'")
                     if not server.has_route(method, path):
+                        other = "POST" if method == "GET" else "GET"
+                        if server.has_route(other, path):  # vLLM's 405, with Allow
+                            allow = other
+                            raise RouteError(405, "METHOD_NOT_ALLOWED",
+                                             f"{method} {path}: method not allowed; use {other}")
                         raise RouteError(404, "NOT_FOUND", f"no route {method} {path}")
                     encoding = (self.headers.get("Content-Encoding") or "identity").strip()
                     if encoding.lower() not in ("identity", ""):
@@ -1065,7 +1189,7 @@ def _handler_for(server):
                 server._release(charged[0])
             # A request refused before its body was read closes its connection: the body's
             # bytes would be read as the next request.
-            self._reply(status, reply, close=self._unread)
+            self._reply(status, reply, close=self._unread, allow=allow)
 
         def do_GET(self):
             self._handle("GET")

@@ -27,9 +27,9 @@
 
 namespace wsync {
 
-// The keys of `baseline` whose digest differs in `current` or that `current` lacks, then
-// the keys of `current` that `baseline` lacks: /weight_checker's "mismatches", for both
-// checkers. Non-string baseline values never match.
+// The keys of `baseline` whose digest differs in `current` or that `current` lacks, and
+// the keys of `current` that `baseline` lacks, sorted (as vLLM lists them):
+// /weight_checker's "mismatches", for both checkers. Non-string baseline values never match.
 std::vector<std::string> DigestMismatches(const std::map<std::string, std::string>& current,
                                           const nlohmann::json& baseline);
 
@@ -44,11 +44,18 @@ class ControlService {
   // the peer's own address, or hosts the server's flags admit.
   virtual Status InitWeightTransfer(const nlohmann::json& init_info,
                                     const std::string& peer_address) = 0;
+  // POST /shutdown_weight_transfer_engine: releases the data plane init set up (the
+  // trainer's connection) without stopping the server; a later init sets it up again.
+  // FailedPrecondition while a weight update is active.
+  virtual Status ShutdownWeightTransfer() { return Unimplemented("this server cannot release its data plane"); }
   // POST /start_weight_update; FailedPrecondition if a session is already active.
   virtual Status StartWeightUpdate() = 0;
   // /start_draft_weight_update: a session for the speculative drafter's weights.
   virtual Status StartDraftWeightUpdate() { return InvalidArgument("this server has no draft model"); }
-  // POST /update_weights {"update_info": {...}}; returns after the data has landed. A
+  // POST /update_weights {"update_info": {...}}; returns after the data has landed.
+  // `update_info` is an object, or vLLM's list form: an array of objects (the HTTP layer
+  // checks that much), one per worker indexed by global worker rank (dp_index * TP +
+  // tp_rank), which the service bounds by its world size before using any entry. A
   // byte-identical body arrives as the same object as the previous one (the HTTP layer
   // keeps the last parsed body), so what a service derives from it may be kept and
   // reused while it holds the pointer.
@@ -96,15 +103,17 @@ class ControlService {
   // them as "not_held" when there are any.
   virtual std::vector<std::string> TensorsNotHeld() const { return {}; }
   // POST /weight_checker with no "algorithm": vLLM's weight checker over each worker's
-  // runtime parameters (keys "dp{d}:pp{p}:pcp{c}:tp{t}:ep{e}:{param}", SHA-256).
+  // runtime parameters (keys "dp{d}:pp{p}:pcp{c}:tp{t}:{param}", SHA-256).
   // `action` is "checksum", "reset" or "compare"; `baseline` is the compare body's
-  // explicit baseline or nullptr (then the one the first checksum saved). The reply body.
+  // baseline, an object of strings, never nullptr for compare (the HTTP layer answers
+  // vLLM's 400 without one). The reply body.
   virtual Result<nlohmann::json> CheckRuntimeWeights(std::string_view action, const nlohmann::json* baseline) {
     return Unimplemented("this server has no runtime weight checker; name an 'algorithm'");
   }
 
   // POST /sleep?level=0|1|2&mode=: vLLM's sleep (level 0 pauses scheduling; 1 also
-  // offloads the weights and drops the KV cache; 2 discards both). An empty reply.
+  // offloads the weights and drops the KV cache; 2 discards both). The HTTP layer answers
+  // vLLM's {"status": "sleeping", "level": N}.
   virtual Status Sleep(int level, std::string_view mode) {
     return Unimplemented("this server has no sleep mode");
   }
@@ -113,6 +122,11 @@ class ControlService {
   virtual Status WakeUp(const std::vector<std::string>& tags) {
     return Unimplemented("this server has no sleep mode");
   }
+  // POST /release_kv_cache_memory: vLLM's discard of the KV cache (the prefix cache with
+  // it) after a completed pause: FailedPrecondition unless generation is paused with no
+  // request left, or while any memory sleeps. The cache then sleeps (tag kv_cache) until
+  // /wake_up brings it back, which also resumes scheduling once nothing sleeps.
+  virtual Status ReleaseKvCacheMemory() { return Unimplemented("this server has no KV cache to release"); }
   // GET /is_sleeping: true until every tag is awake.
   virtual bool IsSleeping() const { return false; }
   // POST /abort_requests {"request_ids": [...]} (empty: all): the number aborted.

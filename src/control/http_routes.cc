@@ -26,7 +26,15 @@ std::string Dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-HttpResponse Reply(int status, const json& body) { return HttpResponse{status, Dump(body)}; }
+HttpResponse Response(int status, std::string body, std::string_view content_type = "application/json") {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  r.content_type = content_type;
+  return r;
+}
+
+HttpResponse Reply(int status, const json& body) { return Response(status, Dump(body)); }
 
 std::string Sha256(std::string_view s) {
   std::string out(SHA256_DIGEST_LENGTH, '\0');
@@ -75,6 +83,44 @@ Result<int> IntParam(const HttpRequest& req, const char* name, int fallback, int
   return value;
 }
 
+// A boolean named in the query or as a body field (a JSON boolean); the query's when both
+// name it and they differ is refused, so no reading of the request is ambiguous. False
+// when neither does.
+Result<bool> QueryOrBodyBool(const HttpRequest& req, const json& body, const char* name) {
+  WSYNC_ASSIGN_OR_RETURN(bool from_query, BoolParam(req, name, false));
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return from_query;
+  if (!it->is_boolean()) {
+    return InvalidArgument(fmt::format("field '{}' must be a boolean, not {}", name, it->type_name()));
+  }
+  bool from_body = it->get<bool>();
+  if (req.params.count(name) && from_query != from_body) {
+    return InvalidArgument(fmt::format("{} is {} in the query and {} in the body; name it once", name, from_query,
+                                       from_body));
+  }
+  return from_body;
+}
+
+// The "update_info" of POST /update_weights: one object for every worker, or vLLM's list
+// form, one object per worker indexed by global worker rank (the service picks its
+// workers' entries and bounds the list by its world size).
+Result<const json*> UpdateInfoField(const json& body) {
+  auto it = body.find("update_info");
+  if (it == body.end()) return InvalidArgument("missing field 'update_info'");
+  if (it->is_object()) return &*it;
+  if (!it->is_array()) {
+    return InvalidArgument(fmt::format("field 'update_info' must be an object or a list of objects, not {}",
+                                       it->type_name()));
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    if (!(*it)[i].is_object()) {
+      return InvalidArgument(fmt::format("field 'update_info': entry {} must be an object, not {}", i,
+                                         (*it)[i].type_name()));
+    }
+  }
+  return &*it;
+}
+
 // POST /weight_checker. `action` is required. A body naming an `algorithm` asks for
 // wsync's whole-HF-tensor digests (checksum, or compare with an explicit baseline);
 // otherwise the request is vLLM's, over each worker's runtime parameters.
@@ -90,7 +136,17 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
   const json* baseline = nullptr;
   if (auto bl = b.find("baseline"); bl != b.end() && !bl->is_null()) {
     if (!bl->is_object()) return InvalidArgument("field 'baseline' must be an object of name: digest");
+    for (const auto& [key, value] : bl->items()) {
+      if (!value.is_string()) {
+        return InvalidArgument(fmt::format("field 'baseline': the digest of {} must be a string, not {}",
+                                           TextExcerpt(key), value.type_name()));
+      }
+    }
     baseline = &*bl;
+  }
+  // vLLM's words and status: a compare names its baseline (a null one is none).
+  if (action == "compare" && baseline == nullptr) {
+    return InvalidArgument("action='compare' requires a 'baseline' object");
   }
   if (!b.contains("algorithm")) return svc->CheckRuntimeWeights(action, baseline);
   WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "sha256"));
@@ -98,9 +154,6 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
   if (!alg.ok()) return InvalidArgument(fmt::format("field 'algorithm': {}", alg.status().message()));
   if (action == "reset") {
     return InvalidArgument("weight_checker action 'reset' takes no 'algorithm' (it overwrites runtime parameters)");
-  }
-  if (action == "compare" && baseline == nullptr) {
-    return InvalidArgument("weight_checker 'compare' with an 'algorithm' needs a field 'baseline'");
   }
   WSYNC_ASSIGN_OR_RETURN(auto sums, svc->Checksums(*alg));
   if (action == "checksum") {
@@ -125,6 +178,7 @@ constexpr std::string_view kVersionFields[] = {"new_version"};
 constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm"};
 constexpr std::string_view kAbortFields[] = {"request_ids"};
 constexpr std::string_view kRpcFields[] = {"method"};
+constexpr std::string_view kResetCacheFields[] = {"reset_running_requests", "reset_external"};
 constexpr std::string_view kCompletionFields[] = {"model", "prompt", "max_tokens", "n", "stream", "request_id"};
 
 struct Route {
@@ -141,6 +195,7 @@ constexpr HttpLane kGen = HttpLane::kGeneration;
 
 constexpr Route kRoutes[] = {
     {route::kInitWeightTransfer, Method::kPost, kCtl, kInitFields},
+    {route::kShutdownWeightTransfer, Method::kPost, kCtl},
     {route::kStartWeightUpdate, Method::kPost, kCtl},
     {route::kStartDraftWeightUpdate, Method::kPost, kCtl},
     {route::kUpdateWeights, Method::kPost, kCtl, kUpdateFields},
@@ -149,7 +204,7 @@ constexpr Route kRoutes[] = {
     {route::kFetchWeights, Method::kPost, kCtl, {}, /*all_fields=*/true},
     {route::kPause, Method::kPost, kGen},
     {route::kResume, Method::kPost, kCtl},
-    {route::kResetPrefixCache, Method::kPost, kCtl},
+    {route::kResetPrefixCache, Method::kPost, kCtl, kResetCacheFields},
     {route::kWeightChecker, Method::kPost, kCtl, kCheckerFields},
     {route::kGetWorldSize, Method::kGet, kRead},
     {route::kWeightInfo, Method::kGet, kRead},
@@ -157,6 +212,7 @@ constexpr Route kRoutes[] = {
     {route::kHealth, Method::kGet, kRead},
     {route::kSleep, Method::kPost, kGen},
     {route::kWakeUp, Method::kPost, kCtl},
+    {route::kReleaseKvCacheMemory, Method::kPost, kCtl},
     {route::kIsSleeping, Method::kGet, kRead},
     {route::kAbortRequests, Method::kPost, kCtl, kAbortFields},
     {route::kServerInfo, Method::kGet, kRead},
@@ -194,6 +250,7 @@ std::vector<std::string> DigestMismatches(const std::map<std::string, std::strin
   for (const auto& [key, _] : current) {
     if (!baseline.contains(key)) out.push_back(key);
   }
+  std::sort(out.begin(), out.end());  // vLLM sorts them
   return out;
 }
 
@@ -326,7 +383,20 @@ std::optional<HttpResponse> HttpRouter::Admit(const HttpRequest& head,
     if (!Authorized(head)) {
       return Error(Unauthenticated(fmt::format("{} needs 'Authorization: Bearer <api key>'", head.path)));
     }
-    if (!FindRoute(head)) return Error(NotFound(fmt::format("no route {} {}", head.method, head.path)));
+    if (!FindRoute(head)) {
+      for (const Route& r : kRoutes) {
+        if (r.path != head.path) continue;
+        const std::string_view allowed = r.method == Method::kGet ? "GET" : "POST";
+        HttpResponse refused = Reply(405, json{{"error",
+                                                {{"message", fmt::format("{} {}: method not allowed; use {}",
+                                                                         head.method, head.path, allowed)},
+                                                 {"type", "METHOD_NOT_ALLOWED"},
+                                                 {"code", 405}}}});
+        refused.allow = allowed;
+        return refused;
+      }
+      return Error(NotFound(fmt::format("no route {} {}", head.method, head.path)));
+    }
     if (content_length && *content_length > options_.max_body_bytes) return TooLarge(head);
     if (const std::string* enc = head.header("content-encoding"); enc && *enc != "identity" && !enc->empty()) {
       HttpResponse r = Reply(415, json{{"error",
@@ -347,7 +417,7 @@ HttpResponse HttpRouter::TooLarge(const HttpRequest& head) const noexcept {
   try {
     return Error(PayloadTooLarge(fmt::format("body of {} exceeds {} bytes", head.path, options_.max_body_bytes)));
   } catch (...) {
-    return HttpResponse{413, R"({"error":{"message":"body too large","type":"PAYLOAD_TOO_LARGE","code":413}})"};
+    return Response(413, R"({"error":{"message":"body too large","type":"PAYLOAD_TOO_LARGE","code":413}})");
   }
 }
 
@@ -364,7 +434,7 @@ HttpResponse HttpRouter::Handle(const HttpRequest& req) noexcept {
     }
   } catch (...) {
   }
-  return HttpResponse{500, R"({"error":{"message":"internal error","type":"INTERNAL","code":500}})"};
+  return Response(500, R"({"error":{"message":"internal error","type":"INTERNAL","code":500}})");
 }
 
 HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
@@ -385,15 +455,16 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kMetrics) {
       Result<std::string> text = svc->Metrics();
       if (!text.ok()) return Error(text.status());
-      return HttpResponse{200, std::move(*text), kPrometheusContentType};
+      return Response(200, std::move(*text), kPrometheusContentType);
     }
     return Error(NotFound(fmt::format("no route {} {}", req.method, path)));
   }
 
   // POST: the body is a JSON object; an empty body is `{}` where the route allows it.
-  static constexpr std::string_view kEmptyOk[] = {route::kStartWeightUpdate, route::kStartDraftWeightUpdate,
-                                                  route::kFinishWeightUpdate, route::kPause, route::kResume,
-                                                  route::kResetPrefixCache, route::kSleep, route::kWakeUp,
+  static constexpr std::string_view kEmptyOk[] = {route::kShutdownWeightTransfer, route::kStartWeightUpdate,
+                                                  route::kStartDraftWeightUpdate, route::kFinishWeightUpdate,
+                                                  route::kPause, route::kResume, route::kResetPrefixCache,
+                                                  route::kSleep, route::kWakeUp, route::kReleaseKvCacheMemory,
                                                   route::kAbortRequests};
   bool allow_empty = false;
   for (std::string_view p : kEmptyOk) allow_empty |= path == p;
@@ -420,6 +491,10 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       WSYNC_RETURN_IF_ERROR(svc->InitWeightTransfer(*info, req.remote_addr));
       return json{{"message", "Weight transfer initialized"}};
     }
+    if (path == route::kShutdownWeightTransfer) {
+      WSYNC_RETURN_IF_ERROR(svc->ShutdownWeightTransfer());
+      return json{{"message", "Weight transfer shut down"}};
+    }
     if (path == route::kStartWeightUpdate) {
       WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());
       return json{{"message", "Weight update started"}};
@@ -429,7 +504,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       return json{{"message", "Draft weight update started"}};
     }
     if (path == route::kUpdateWeights) {
-      WSYNC_ASSIGN_OR_RETURN(const json* info, ObjectField(b, "update_info"));
+      WSYNC_ASSIGN_OR_RETURN(const json* info, UpdateInfoField(b));
       // The field shares the body's lifetime, and its identity: the same body, the same info.
       WSYNC_RETURN_IF_ERROR(svc->UpdateWeights(std::shared_ptr<const json>(body, info)));
       return json{{"message", "Weights updated"}};
@@ -474,8 +549,8 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       return json{{"status", "resumed"}};
     }
     if (path == route::kResetPrefixCache) {
-      WSYNC_ASSIGN_OR_RETURN(bool running, BoolParam(req, "reset_running_requests", false));
-      WSYNC_ASSIGN_OR_RETURN(bool external, BoolParam(req, "reset_external", false));
+      WSYNC_ASSIGN_OR_RETURN(bool running, QueryOrBodyBool(req, b, "reset_running_requests"));
+      WSYNC_ASSIGN_OR_RETURN(bool external, QueryOrBodyBool(req, b, "reset_external"));
       (void)external;  // no external (connector) cache here
       WSYNC_ASSIGN_OR_RETURN(bool success, svc->ResetPrefixCache(running));
       return json{{"success", success}};
@@ -485,7 +560,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       WSYNC_ASSIGN_OR_RETURN(int level, IntParam(req, "level", 1, 0, 2));
       auto it = req.params.find("mode");
       WSYNC_RETURN_IF_ERROR(svc->Sleep(level, it == req.params.end() ? "abort" : it->second));
-      return json(nullptr);  // vLLM answers an empty 200
+      return json{{"status", "sleeping"}, {"level", level}};
     }
     if (path == route::kWakeUp) {
       std::vector<std::string> tags;
@@ -493,7 +568,12 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
         if (name == "tags") tags.push_back(value);
       }
       WSYNC_RETURN_IF_ERROR(svc->WakeUp(tags));
-      return json(nullptr);
+      return json{{"status", svc->IsSleeping() ? "sleeping" : "awake"},
+                  {"tags", tags.empty() ? json(nullptr) : json(tags)}};
+    }
+    if (path == route::kReleaseKvCacheMemory) {
+      WSYNC_RETURN_IF_ERROR(svc->ReleaseKvCacheMemory());
+      return json{{"status", "kv_cache_released"}};
     }
     if (path == route::kAbortRequests) {
       std::vector<std::string> ids;
@@ -528,7 +608,7 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
   // Only a body its route accepted stays cached: a refused one, however large, is let go.
   if (cacheable && !from_cache && out.ok()) cache_->Put(req.body, body);
   if (!out.ok()) return Error(out.status());
-  if (out->is_null()) return HttpResponse{200, ""};  // vLLM's empty 200 (/sleep, /wake_up)
+  if (out->is_null()) return Response(200, "");  // an empty 200
   return Reply(200, *out);
 }
 

@@ -7,7 +7,8 @@
 //
 // A request goes through two steps. Admit() looks at the head alone (method, path,
 // headers, announced body size) and refuses what needs no body to refuse: 401 without the
-// key, 404 for no route, 413 for a Content-Length over the limit, 415 for a
+// key, 404 for no route, 405 (with Allow) for a route's path under another method, as
+// vLLM's server answers it, 413 for a Content-Length over the limit, 415 for a
 // Content-Encoding other than identity. The server calls it before reading any body, and
 // TooLarge() when a body of unannounced size (chunked) passes the limit. Handle() runs the
 // whole request, Admit() included. Neither ever throws: any exception, from parsing or from
@@ -76,6 +77,7 @@ struct HttpResponse {
   int status = 200;
   std::string body;  // valid UTF-8: JSON, unless content_type says otherwise
   std::string_view content_type = "application/json";  // a literal: the reply never owns it
+  std::string_view allow;  // the Allow header of a 405 ("GET" or "POST"), a literal; empty: none
 };
 
 struct HttpRouterOptions {

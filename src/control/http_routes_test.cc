@@ -80,7 +80,7 @@ class RecordingService : public ControlService {
     runtime_baseline = baseline ? *baseline : json();
     if (paused) return FailedPrecondition("weight_checker: the engine is paused");
     if (action == "reset") return json{{"status", "reset"}};
-    if (action == "checksum") return json{{"checksums", {{"dp0:pp0:pcp0:tp0:ep0:w", "00"}}}};
+    if (action == "checksum") return json{{"checksums", {{"dp0:pp0:pcp0:tp0:w", "00"}}}};
     return json{{"match", true}, {"mismatches", json::array()}};
   }
   json Health() const override { return {{"status", "ok"}}; }
@@ -263,7 +263,9 @@ TEST_F(HttpRoutes, MetricsArePrometheusText) {
   }
   EXPECT_EQ(names,
             (std::vector<std::string>{"wsync_weight_update_sessions_started_total", "wsync_weight_version_info"}));
-  EXPECT_EQ(cli.Post("/metrics")->status, 404);
+  auto post_metrics = cli.Post("/metrics");
+  EXPECT_EQ(post_metrics->status, 405);
+  EXPECT_EQ(post_metrics->get_header_value("Allow"), "GET");
 
   Serve("s3cret");
   auto keyed = Cli();
@@ -432,27 +434,36 @@ TEST(HttpRouter, WeightCheckerWithoutAnAlgorithmIsVllmsRuntimeChecker) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(svc.runtime_action, "checksum");
   EXPECT_TRUE(svc.runtime_baseline.is_null());
-  EXPECT_EQ(Body(r)["checksums"]["dp0:pp0:pcp0:tp0:ep0:w"], "00");
+  EXPECT_EQ(Body(r)["checksums"]["dp0:pp0:pcp0:tp0:w"], "00");
 
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"reset"})"));
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r), json({{"status", "reset"}}));
   EXPECT_EQ(svc.runtime_action, "reset");
 
-  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare"})"));
-  EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(svc.runtime_action, "compare");
-  EXPECT_TRUE(svc.runtime_baseline.is_null());  // the stored baseline
+  // vLLM's 400 and words for a compare without a baseline (a null one is none), for both checkers.
+  for (const char* body : {R"({"action":"compare"})", R"({"action":"compare","baseline":null})",
+                           R"({"action":"compare","algorithm":"sha256"})"}) {
+    svc.runtime_action.clear();
+    r = router.Handle(Req("POST", "/weight_checker", body));
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_EQ(Message(r), "action='compare' requires a 'baseline' object") << r.body;
+    EXPECT_EQ(svc.runtime_action, "");  // refused before the service is asked
+  }
+  // A baseline is {name: digest string}, as vLLM's dict[str, str].
+  r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"k":1}})"));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(Message(r).find("field 'baseline': the digest of k must be a string, not number"), std::string::npos)
+      << r.body;
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"compare","baseline":{"k":"ab"}})"));
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(svc.runtime_baseline, json({{"k", "ab"}}));
   EXPECT_EQ(Body(r), json({{"match", true}, {"mismatches", json::array()}}));
 
+  // The service's 409 (a weight session is open, or the weights sleep) passes through.
   svc.paused = true;
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum"})"));
   EXPECT_EQ(r.status, 409) << r.body;
-  EXPECT_NE(Message(r).find("paused"), std::string::npos) << r.body;
-  // wsync's digests are still answered while paused: a trainer verifies inside its pause.
   r = router.Handle(Req("POST", "/weight_checker", R"({"action":"checksum","algorithm":"sha256"})"));
   EXPECT_EQ(r.status, 200) << r.body;
 
@@ -488,7 +499,7 @@ TEST(HttpRouter, CollectiveRpcNamesTheMethodItDoesNotRun) {
     EXPECT_NE(Message(r).find("method"), std::string::npos) << body << " -> " << r.body;
   }
   EXPECT_EQ(router.Handle(Req("POST", "/collective_rpc", "")).status, 400);
-  EXPECT_EQ(router.Handle(Req("GET", "/collective_rpc")).status, 404);
+  EXPECT_EQ(router.Handle(Req("GET", "/collective_rpc")).status, 405);
 }
 
 TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {
@@ -501,8 +512,16 @@ TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {
   EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), std::nullopt), std::nullopt);
   EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), 1001)->status, 413);
   EXPECT_EQ(router.Admit(Req("POST", "/update_weights", "", auth), UINT64_MAX)->status, 413);
-  EXPECT_EQ(router.Admit(Req("GET", "/update_weights", "", auth), 0)->status, 404);
-  EXPECT_EQ(router.Admit(Req("DELETE", "/health"), 0)->status, 404);
+  // A route's path under another method is vLLM's 405, with Allow; an unknown path 404.
+  std::optional<HttpResponse> wrong = router.Admit(Req("GET", "/update_weights", "", auth), 0);
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 405);
+  EXPECT_EQ(wrong->allow, "POST");
+  EXPECT_EQ(Message(*wrong), "GET /update_weights: method not allowed; use POST");
+  EXPECT_EQ(Body(*wrong)["error"]["type"], "METHOD_NOT_ALLOWED");
+  EXPECT_EQ(router.Admit(Req("DELETE", "/health"), 0)->allow, "GET");
+  EXPECT_EQ(router.Admit(Req("GET", "/nothing_here", "", auth), 0)->status, 404);
+  EXPECT_TRUE(router.Admit(Req("GET", "/nothing_here", "", auth), 0)->allow.empty());
   auto gz = auth;
   gz["content-encoding"] = "gzip";
   std::optional<HttpResponse> r = router.Admit(Req("POST", "/update_weights", "", gz), 10);

@@ -129,6 +129,7 @@ MHD_Result Queue(MHD_Connection* c, const HttpResponse& r) {
   if (!resp) return MHD_NO;
   const std::string content_type(r.content_type);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
+  if (!r.allow.empty()) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, std::string(r.allow).c_str());
   MHD_Result ok = MHD_queue_response(c, static_cast<unsigned int>(r.status), resp);
   MHD_destroy_response(resp);
   return ok;

@@ -11,6 +11,7 @@
 namespace wsync::route {
 
 inline constexpr std::string_view kInitWeightTransfer = "/init_weight_transfer_engine";
+inline constexpr std::string_view kShutdownWeightTransfer = "/shutdown_weight_transfer_engine";
 inline constexpr std::string_view kStartWeightUpdate = "/start_weight_update";
 inline constexpr std::string_view kStartDraftWeightUpdate = "/start_draft_weight_update";
 inline constexpr std::string_view kUpdateWeights = "/update_weights";
@@ -27,6 +28,7 @@ inline constexpr std::string_view kIsPaused = "/is_paused";
 inline constexpr std::string_view kHealth = "/health";
 inline constexpr std::string_view kSleep = "/sleep";
 inline constexpr std::string_view kWakeUp = "/wake_up";
+inline constexpr std::string_view kReleaseKvCacheMemory = "/release_kv_cache_memory";
 inline constexpr std::string_view kIsSleeping = "/is_sleeping";
 inline constexpr std::string_view kAbortRequests = "/abort_requests";
 inline constexpr std::string_view kServerInfo = "/server_info";

@@ -78,4 +78,38 @@ json TensorListJson(const std::vector<TensorMeta>& tensors) {
   return j;
 }
 
+Result<std::shared_ptr<const nlohmann::json>> SelectUpdateInfo(std::shared_ptr<const nlohmann::json> info,
+                                                                int world_size, const std::vector<int>& ranks) {
+  if (info == nullptr || !info->is_array()) return info;
+  const size_t n = info->size();
+  if (world_size < 1 || n != static_cast<size_t>(world_size)) {
+    return InvalidArgument(fmt::format(
+        "update_info is a list of {} entries; vLLM's list form takes one per worker of the deployment, "
+        "indexed by global worker rank, and this one has {} (/get_world_size)",
+        n, world_size));
+  }
+  const nlohmann::json* first = nullptr;
+  int first_rank = -1;
+  for (int rank : ranks) {
+    if (rank < 0 || static_cast<size_t>(rank) >= n) {
+      return Internal(fmt::format("worker rank {} is outside the world of {}", rank, world_size));
+    }
+    const nlohmann::json& entry = (*info)[static_cast<size_t>(rank)];
+    if (!entry.is_object()) {
+      return InvalidArgument(fmt::format("update_info entry {} must be an object, not {}", rank, entry.type_name()));
+    }
+    if (first == nullptr) {
+      first = &entry;
+      first_rank = rank;
+    } else if (entry != *first) {
+      return InvalidArgument(fmt::format(
+          "update_info entries {} and {} (workers of this server) differ; its backend takes one update_info "
+          "for all of its workers, so their entries must be equal",
+          first_rank, rank));
+    }
+  }
+  if (first == nullptr) return Internal("a server without workers");
+  return std::shared_ptr<const nlohmann::json>(info, first);
+}
+
 }  // namespace wsync

@@ -165,6 +165,19 @@ Status InferenceServer::InitWeightTransfer(const json& init_info, const std::str
   return Measured(WeightOperation::kInit, [&] { return InitNow(init_info, peer_address); });
 }
 
+Status InferenceServer::ShutdownWeightTransfer() {
+  // vLLM's Worker.shutdown_weight_transfer_engine refuses inside a session in these words.
+  if (session_->Look().active) return FailedPrecondition("Cannot release a trainer connection during a weight update");
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginExclusive("shutdown_weight_transfer_engine"));
+  Status s = CatchAll("shutdown_weight_transfer_engine", [&] {
+    backend_->Shutdown();
+    return Status::Ok();
+  });
+  call.Done(s, false);
+  if (s.ok()) WSYNC_LOG_INFO("shutdown_weight_transfer_engine: the data plane is released until the next init");
+  return s;
+}
+
 Status InferenceServer::UpdateWeights(std::shared_ptr<const json> update_info) {
   return Measured(WeightOperation::kUpdate, [&] { return UpdateNow(std::move(update_info)); });
 }
@@ -321,8 +334,22 @@ Status InferenceServer::StartSession(bool draft) {
 Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
   if (update_info == nullptr) return InvalidArgument("update_info is missing");
   static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
+  static const auto kNoInfo = std::make_shared<const json>(json::object());
   UpdateRequest req;
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginUpdate(&req.reject));
+  if (update_info->is_array()) {
+    // A refused list goes the way of any refused payload: the backend votes no, the
+    // session ends.
+    std::vector<int> ranks;
+    for (const auto& w : workers_) ranks.push_back(w->dp_index * options_.tp + w->tp_rank);
+    Result<std::shared_ptr<const json>> mine = SelectUpdateInfo(update_info, WorldSize(true), ranks);
+    if (mine.ok()) {
+      update_info = std::move(*mine);
+    } else {
+      if (req.reject.ok()) req.reject = mine.status();
+      update_info = kNoInfo;
+    }
+  }
   req.update_info = update_info;
   req.tensors = kNoTensors;
   Status s = CatchAll("update_weights", [&]() -> Status {
@@ -612,14 +639,11 @@ json InferenceServer::Speculative() const {
 // --- vLLM's runtime weight checker (conf) ---
 
 Result<json> InferenceServer::CheckRuntimeWeights(std::string_view action, const json* baseline) {
-  // vLLM refuses while the engine is paused or asleep: the weights may be changing or gone.
+  // Paused is fine (nothing changes the weights outside a session, which BeginExclusive
+  // refuses); asleep is not: the weights are offloaded or gone.
   if (IsSleeping()) {
     return FailedPrecondition(fmt::format("weight_checker '{}': the engine is sleeping (POST /wake_up first); "
                                           "its weights are not resident", action));
-  }
-  if (IsPaused()) {
-    return FailedPrecondition(fmt::format("weight_checker '{}': the engine is paused (POST /resume first); "
-                                          "runtime weights are checked only while it serves", action));
   }
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call,
                          session_->BeginExclusive("weight_checker", /*refuse_in_session=*/true));
@@ -656,11 +680,7 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     return InvalidArgument(fmt::format("unknown weight_checker action '{}' (checksum, reset or compare)", action));
   }
   if (action == "compare" && baseline == nullptr) {
-    std::lock_guard lock(mu_);
-    if (!runtime_baseline_) {
-      return InvalidArgument("weight_checker 'compare': no baseline; run {\"action\": \"checksum\"} first or send "
-                             "a 'baseline' object");
-    }
+    return InvalidArgument("action='compare' requires a 'baseline' object");
   }
   WSYNC_ASSIGN_OR_RETURN(auto sums, RuntimeParamDigests(workers, threads));
   if (action == "checksum") {
@@ -675,29 +695,9 @@ Result<json> InferenceServer::CheckRuntimeWeightsHeld(std::string_view action, c
     }
     json engines = json::array();
     for (auto& [dp, engine] : by_dp) engines.push_back(std::move(engine));
-    bool created = false;
-    {
-      std::lock_guard lock(mu_);
-      if (!runtime_baseline_) {
-        runtime_baseline_ = sums;
-        created = true;
-      }
-    }
-    return json{{"checksums", sums}, {"engines", std::move(engines)}, {"baseline_created", created}};
+    return json{{"checksums", sums}, {"engines", std::move(engines)}};
   }
-  std::vector<std::string> mismatches;
-  if (baseline != nullptr) {
-    mismatches = DigestMismatches(sums, *baseline);
-  } else {
-    std::optional<std::map<std::string, std::string>> kept;
-    {
-      std::lock_guard lock(mu_);
-      kept = std::move(runtime_baseline_);
-      runtime_baseline_.reset();
-    }
-    if (!kept) return InvalidArgument("weight_checker 'compare': the baseline was used by a concurrent compare");
-    mismatches = DigestMismatches(sums, json(*kept));
-  }
+  std::vector<std::string> mismatches = DigestMismatches(sums, *baseline);
   if (!mismatches.empty()) metrics_->VerificationFailed(ServerMetrics::Check::kCompare);
   return json{{"match", mismatches.empty()}, {"mismatches", mismatches}};
 }

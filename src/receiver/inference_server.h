@@ -95,12 +95,11 @@ class InferenceServer : public ControlService {
   Result<std::string> Metrics() const override;
 
   // --- vLLM's runtime weight checker (conf; receiver/runtime_checker.h) ---
-  // POST /weight_checker without an "algorithm": "checksum" -> {"checksums", "engines",
-  // "baseline_created"} (the first checksum since the last compare is kept as the
-  // baseline), "reset" -> {"status": "reset"} (random values; weights_consistent false
-  // until a sync finishes), "compare" -> {"match", "mismatches"} against `baseline` when
-  // given, else against the kept one, which it then drops (InvalidArgument without
-  // either). FailedPrecondition (409) while paused or sleeping, as vLLM.
+  // POST /weight_checker without an "algorithm": "checksum" -> {"checksums", "engines"
+  // (one object per DP engine)}, "reset" -> {"status": "reset"} (random values;
+  // weights_consistent false until a sync finishes), "compare" -> {"match", "mismatches"}
+  // against `baseline` (InvalidArgument without one, as vLLM). FailedPrecondition (409)
+  // while sleeping (the weights are not resident) or while a weight session is open.
   Result<nlohmann::json> CheckRuntimeWeights(std::string_view action, const nlohmann::json* baseline) override;
   // ---- Generation (generation.h): /v1/completions, pause, /abort_requests, the prefix
   // cache. Pause/Resume/IsPaused/ResetPrefixCache above drive the same Generator.
@@ -121,6 +120,8 @@ class InferenceServer : public ControlService {
   Status Sleep(int level, std::string_view mode) override;
   Status WakeUp(const std::vector<std::string>& tags) override;
   bool IsSleeping() const override;
+  Status ReleaseKvCacheMemory() override;
+  Status ShutdownWeightTransfer() override;
   nlohmann::json ServerInfo() const override;
   // The "memory" object of /health and /server_info: host_rss_bytes (this process),
   // weights_bytes (every worker's parameters), weights_resident_bytes (backed by memory
@@ -200,10 +201,8 @@ class InferenceServer : public ControlService {
 
   // --- runtime weight checker (conf) ---
   Result<nlohmann::json> CheckRuntimeWeightsHeld(std::string_view action, const nlohmann::json* baseline);
-  // The digests of the first checksum since the last compare; runtime_resets_ seeds each
-  // reset's values.
-  std::optional<std::map<std::string, std::string>> runtime_baseline_;  // GUARDED_BY(mu_)
-  uint64_t runtime_resets_ = 0;                                          // GUARDED_BY(mu_)
+  // Seeds each reset's values.
+  uint64_t runtime_resets_ = 0;  // GUARDED_BY(mu_)
   // ---- Generation (inference_server_generation.cc) ----
   Status CreateGenerator();
   // Worker i's store and thread (workers_ is dp-major: the first replica comes first).

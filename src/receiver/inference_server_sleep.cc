@@ -356,6 +356,34 @@ Status InferenceServer::WakeUp(const std::vector<std::string>& tags) {
   return Status::Ok();
 }
 
+Status InferenceServer::ReleaseKvCacheMemory() {
+  std::lock_guard call_lock(sleep_call_mu_);
+  // vLLM's EngineCore.release_kv_cache_memory: a completed pause, everything resident.
+  json generation = generator_->Health();
+  if (!IsPaused() || generation.value("running", int64_t{0}) != 0 || generation.value("waiting", int64_t{0}) != 0) {
+    return FailedPrecondition(fmt::format(
+        "release_kv_cache_memory() requires a completed pause first (POST /pause?mode=abort or mode=wait; "
+        "paused: {}, requests running: {}, waiting: {})",
+        IsPaused(), generation.value("running", int64_t{0}), generation.value("waiting", int64_t{0})));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (weights_sleep_ != WeightsSleep::kAwake || kv_asleep_) {
+      return FailedPrecondition(fmt::format(
+          "release_kv_cache_memory() requires all executor memory to be resident (weights {}, kv cache {}); "
+          "POST /wake_up first",
+          WeightsName(static_cast<int>(weights_sleep_)), kv_asleep_ ? "discarded" : "awake"));
+    }
+  }
+  generator_->ResetPrefixCache(/*reset_running_requests=*/true);
+  WSYNC_RETURN_IF_ERROR(DropKvCache().WithContext("release_kv_cache_memory"));
+  std::lock_guard lock(mu_);
+  kv_asleep_ = true;
+  sleep_paused_ = true;  // the wake that brings the cache back resumes scheduling, as vLLM's
+  WSYNC_LOG_INFO("release_kv_cache_memory: the KV cache is discarded until /wake_up");
+  return Status::Ok();
+}
+
 bool InferenceServer::IsSleeping() const {
   std::lock_guard lock(mu_);
   return weights_sleep_ != WeightsSleep::kAwake || kv_asleep_ || scheduling_asleep_;

@@ -111,7 +111,7 @@ Status ForEachParam(const std::vector<ParamTask>& tasks, size_t threads, size_t 
 }  // namespace
 
 std::string RuntimeParamKey(int dp_rank, int tp_rank, std::string_view param) {
-  return fmt::format("dp{}:pp0:pcp0:tp{}:ep0:{}", dp_rank, tp_rank, param);
+  return fmt::format("dp{}:pp0:pcp0:tp{}:{}", dp_rank, tp_rank, param);
 }
 
 std::vector<std::string> RuntimeParamNames(const RuntimeWorker& worker) {

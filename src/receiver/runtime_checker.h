@@ -3,8 +3,8 @@
 // holds them (fused qkv_proj and gate_up_proj, padded vocab-parallel embeddings: the
 // WorkerStore's params, model/sharding.h), not of HF tensors.
 //
-// Keys follow vLLM: "dp{dp}:pp{pp}:pcp{pcp}:tp{tp}:ep{ep}:{param}"; this server has no
-// pipeline, context or expert parallelism, so pp, pcp and ep are 0. A digest is the
+// Keys follow vLLM's Worker._weight_checksum_prefix: "dp{dp}:pp{pp}:pcp{pcp}:tp{tp}:{param}";
+// this server has no pipeline or context parallelism, so pp and pcp are 0. A digest is the
 // SHA-256 (lowercase hex) of the parameter's bytes as held, padding rows included.
 //
 // A CUDA store is read (and written) in pieces of at most `piece_bytes` through a host

@@ -1,8 +1,8 @@
 // vLLM's runtime weight checker: digests of each worker's parameters as held, keyed
 // vLLM's way, checked against SHA-256 computed here from the bytes the test loaded; the
-// random reset; and InferenceServer's /weight_checker semantics (baseline kept by the
-// first checksum, used once by compare, 400 without one, 409 while paused, reset marking
-// the weights inconsistent until a sync finishes).
+// random reset; and InferenceServer's /weight_checker semantics (vLLM 0.32's: compare
+// needs the baseline it is sent, 400 without one; the checker answers while paused; reset
+// marks the weights inconsistent until a sync finishes).
 #include "receiver/runtime_checker.h"
 
 #include <gtest/gtest.h>
@@ -58,9 +58,9 @@ TEST(RuntimeChecker, Fp8ParametersAreCheckedAsFp8BytesAndScales) {
   const int qkv = 1;  // model.layers.0.self_attn.qkv_proj.weight
   ASSERT_EQ(t.params()[qkv].meta.name, "model.layers.0.self_attn.qkv_proj.weight");
   const Fp8ParamLayout& l = *sink->layout(qkv);
-  EXPECT_EQ(sums->at("dp0:pp0:pcp0:tp0:ep0:model.layers.0.self_attn.qkv_proj.weight"),
+  EXPECT_EQ(sums->at("dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.weight"),
             Sha(std::as_bytes(std::span(sink->weight_data(qkv), l.weight.nbytes()))));
-  EXPECT_EQ(sums->at("dp0:pp0:pcp0:tp0:ep0:model.layers.0.self_attn.qkv_proj.weight_scale_inv"),
+  EXPECT_EQ(sums->at("dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.weight_scale_inv"),
             Sha(std::as_bytes(std::span(sink->scale_data(qkv), l.scale_inv.nbytes() / sizeof(float)))));
   // The reset overwrites the fp8 bytes (never a NaN code) and the scales (finite).
   ASSERT_TRUE(RandomizeRuntimeParams(workers, 9, 2).ok());
@@ -87,14 +87,14 @@ TEST(RuntimeChecker, KeysAreVllmsAndDigestsAreSha256OfTheParameterAsHeld) {
   ASSERT_EQ(sums->size(), 2 * params.size());
   for (int tp = 0; tp < 2; ++tp) {
     for (const WorkerParam& p : group[tp]->table().params()) {
-      std::string key = fmt::format("dp3:pp0:pcp0:tp{}:ep0:{}", tp, p.meta.name);
+      std::string key = fmt::format("dp3:pp0:pcp0:tp{}:{}", tp, p.meta.name);
       ASSERT_TRUE(sums->contains(key)) << key;
       EXPECT_EQ(key, RuntimeParamKey(3, tp, p.meta.name));
     }
   }
   auto norm_bytes = norm.storage.span().first(norm.meta.nbytes());
-  EXPECT_EQ(sums->at("dp3:pp0:pcp0:tp0:ep0:model.norm.weight"), Sha(norm_bytes));
-  EXPECT_EQ(sums->at("dp3:pp0:pcp0:tp1:ep0:model.norm.weight"), Sha(norm_bytes));
+  EXPECT_EQ(sums->at("dp3:pp0:pcp0:tp0:model.norm.weight"), Sha(norm_bytes));
+  EXPECT_EQ(sums->at("dp3:pp0:pcp0:tp1:model.norm.weight"), Sha(norm_bytes));
   // Rank r's embedding: rows [r*V/2, (r+1)*V/2) of the padded vocabulary.
   const int64_t vocab = embed.meta.shape[0], row = embed.meta.nbytes() / vocab;
   const int64_t padded = ShardingTable::PaddedVocab(vocab), half = padded / 2;
@@ -195,12 +195,12 @@ class RuntimeCheckerServer : public ::testing::Test {
   std::unique_ptr<ShardingTable> table_;
 };
 
-TEST_F(RuntimeCheckerServer, ChecksumKeepsTheFirstAsBaselineAndListsEveryEngine) {
+TEST_F(RuntimeCheckerServer, ChecksumListsEveryEngineAndCompareNeedsItsBaseline) {
   Result<json> first = Check("checksum");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   const size_t params = table_->params().size();
   ASSERT_EQ((*first)["checksums"].size(), 4 * params);
-  EXPECT_EQ((*first)["baseline_created"], true);
+  EXPECT_FALSE(first->contains("baseline_created"));  // nothing is kept server-side
   ASSERT_EQ((*first)["engines"].size(), 2u);
   for (int dp = 0; dp < 2; ++dp) {
     const json& engine = (*first)["engines"][dp];
@@ -210,21 +210,22 @@ TEST_F(RuntimeCheckerServer, ChecksumKeepsTheFirstAsBaselineAndListsEveryEngine)
       EXPECT_EQ((*first)["checksums"][key], hex);
     }
   }
-  EXPECT_EQ(Check("checksum")->at("baseline_created"), false);  // the first stays the baseline
-  // Nothing changed: compare matches, and uses the baseline up.
-  Result<json> same = Check("compare");
-  ASSERT_TRUE(same.ok()) << same.status().ToString();
-  EXPECT_EQ(*same, json({{"match", true}, {"mismatches", json::array()}}));
+  // Nothing changed: compare against the checksums matches, as often as asked.
+  const json baseline = (*first)["checksums"];
+  for (int i = 0; i < 2; ++i) {
+    Result<json> same = Check("compare", &baseline);
+    ASSERT_TRUE(same.ok()) << same.status().ToString();
+    EXPECT_EQ(*same, json({{"match", true}, {"mismatches", json::array()}}));
+  }
   Result<json> none = Check("compare");
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
-  EXPECT_NE(none.status().message().find("no baseline"), std::string::npos);
-  EXPECT_EQ(Check("checksum")->at("baseline_created"), true);  // a new cycle
+  EXPECT_EQ(none.status().message(), "action='compare' requires a 'baseline' object");
 }
 
 TEST_F(RuntimeCheckerServer, CompareAfterASyncNamesExactlyTheParametersThatChanged) {
-  ASSERT_TRUE(Check("checksum").ok());
+  const json baseline = Check("checksum")->at("checksums");
   SyncNorm(5);
-  Result<json> cmp = Check("compare");
+  Result<json> cmp = Check("compare", &baseline);
   ASSERT_TRUE(cmp.ok()) << cmp.status().ToString();
   EXPECT_EQ((*cmp)["match"], false);
   std::set<std::string> want;
@@ -238,6 +239,8 @@ TEST_F(RuntimeCheckerServer, CompareAfterASyncNamesExactlyTheParametersThatChang
   }
   ASSERT_EQ(want.size(), 4u);
   EXPECT_EQ((*cmp)["mismatches"].get<std::set<std::string>>(), want);
+  std::vector<std::string> listed = (*cmp)["mismatches"].get<std::vector<std::string>>();
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));  // vLLM sorts them
 }
 
 TEST_F(RuntimeCheckerServer, ResetRandomizesAndLeavesTheWeightsInconsistentUntilASync) {
@@ -248,14 +251,10 @@ TEST_F(RuntimeCheckerServer, ResetRandomizesAndLeavesTheWeightsInconsistentUntil
   ASSERT_TRUE(reset.ok()) << reset.status().ToString();
   EXPECT_EQ(*reset, json({{"status", "reset"}}));
   EXPECT_FALSE(Consistent());
-  // An explicit baseline is compared against and leaves the kept one alone.
   Result<json> cmp = Check("compare", &before);
   ASSERT_TRUE(cmp.ok());
   EXPECT_EQ((*cmp)["match"], false);
   EXPECT_EQ((*cmp)["mismatches"].size(), before.size());  // every parameter changed
-  Result<json> kept = Check("compare");  // the baseline the first checksum kept
-  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
-  EXPECT_EQ((*kept)["mismatches"].size(), before.size());
   // wsync's HF digests see the reset too: each rank's copy of a replicated tensor got
   // its own random values.
   auto hf_after = server_->Checksums(DigestAlgorithm::kSha256);
@@ -264,17 +263,50 @@ TEST_F(RuntimeCheckerServer, ResetRandomizesAndLeavesTheWeightsInconsistentUntil
   EXPECT_TRUE(Consistent());
 }
 
-TEST_F(RuntimeCheckerServer, PausedIs409ForVllmsCheckerButNotForWsyncDigests) {
-  ASSERT_TRUE(server_->Pause("keep", false).ok());
-  for (const char* action : {"checksum", "reset", "compare"}) {
-    Result<json> r = Check(action);
-    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << action;
-    EXPECT_NE(r.status().message().find("paused"), std::string::npos) << r.status().ToString();
+// vLLM's list form of update_info lands as the object form does; the list is bounded by
+// the world (TP 2 x DP 2) and a refused one ends the session.
+TEST_F(RuntimeCheckerServer, ListFormUpdateInfoLandsAndIsBoundedByTheWorld) {
+  auto store = *WorkerStore::Create(*LookupModel("qwen3-tiny"), 0, 1);
+  data_.insert_or_assign("model.norm.weight", Filled(*store, "model.norm.weight", 3));
+  const TensorMeta& m = data_.at("model.norm.weight").meta;
+  const json one = {{"names", {m.name}}, {"dtype_names", {"bfloat16"}}, {"shapes", {m.shape}}};
+  const json before = Check("checksum")->at("checksums");
+  ASSERT_TRUE(server_->StartWeightUpdate().ok());
+  Status s = server_->UpdateWeights(std::make_shared<const json>(json(std::vector<json>(4, one))));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(server_->FinishWeightUpdate(std::nullopt).ok());
+  Result<json> cmp = Check("compare", &before);
+  ASSERT_TRUE(cmp.ok());
+  EXPECT_EQ((*cmp)["mismatches"].size(), 4u);  // model.norm.weight on every worker
+
+  for (const json& bad : {json(std::vector<json>(3, one)), json(std::vector<json>(5, one)),
+                          json::array({one, one, one, json::object()})}) {
+    ASSERT_TRUE(server_->StartWeightUpdate().ok());
+    Status r = server_->UpdateWeights(std::make_shared<const json>(bad));
+    EXPECT_EQ(r.code(), StatusCode::kInvalidArgument) << r.ToString();
+    EXPECT_FALSE(server_->Health()["session_active"].get<bool>()) << "a refused update ends the session";
   }
-  EXPECT_TRUE(Consistent());  // the refused reset changed nothing
+}
+
+TEST_F(RuntimeCheckerServer, AnswersWhilePausedAsVllmDoes) {
+  ASSERT_TRUE(server_->Pause("keep", false).ok());
+  Result<json> sums = Check("checksum");
+  ASSERT_TRUE(sums.ok()) << sums.status().ToString();
+  const json baseline = (*sums)["checksums"];
+  Result<json> cmp = Check("compare", &baseline);
+  ASSERT_TRUE(cmp.ok()) << cmp.status().ToString();
+  EXPECT_EQ((*cmp)["match"], true);
   EXPECT_TRUE(server_->Checksums(DigestAlgorithm::kXxh3_128).ok());  // a trainer verifies inside its pause
   ASSERT_TRUE(server_->Resume().ok());
-  EXPECT_TRUE(Check("checksum").ok());
+}
+
+TEST_F(RuntimeCheckerServer, RefusedWhileAWeightSessionIsOpen) {
+  ASSERT_TRUE(server_->StartWeightUpdate().ok());
+  for (const char* action : {"checksum", "reset"}) {
+    Result<json> r = Check(action);
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << action << ": " << r.status().ToString();
+  }
+  EXPECT_TRUE(Consistent());  // the refused reset changed nothing
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ namespace wsync {
 
 class WorkerStore;
 
+
 // Every tensor must appear once, and exist in the model with this dtype and shape unless
 // the rule of model/dropped_names.h drops it (admitted unchecked; WorkerStore::Load lands
 // nothing of it).
