@@ -61,23 +61,96 @@ def reference_tokens(model, prompt=PROMPT, max_tokens=MAX_TOKENS):
     return out[0, len(prompt):].tolist()
 
 
-def vllm_layout_digests(model, prefix="dp0:pp0:pcp0:tp0:"):
-    """What vLLM's /weight_checker reports (sha256 of each vLLM parameter: q/k/v and
-    gate/up fused) for a worker holding `model`'s tensors at TP=1."""
+def _sha256(t):
+    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+LINEAR_SUFFIXES = ("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight")
+
+
+def vllm_layout_digests(model, tp=1):
+    """What vLLM's /weight_checker reports for a server holding `model`'s tensors: sha256 of
+    each worker's vLLM parameters (q/k/v and gate/up fused, TP shards), keyed
+    "dp0:pp0:pcp0:tp<r>:<name>". The vocabulary (512) needs no padding."""
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     out = {}
-    for name, t in sd.items():
-        if ".k_proj." in name or ".v_proj." in name or ".up_proj." in name:
-            continue
-        if ".q_proj." in name:
-            base = name.replace(".q_proj.", ".qkv_proj.")
-            t = torch.cat([sd[name], sd[name.replace("q_proj", "k_proj")], sd[name.replace("q_proj", "v_proj")]])
-            name = base
-        elif ".gate_proj." in name:
-            t = torch.cat([sd[name], sd[name.replace("gate_proj", "up_proj")]])
-            name = name.replace(".gate_proj.", ".gate_up_proj.")
-        out[prefix + name] = hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+    for rank in range(tp):
+        prefix = f"dp0:pp0:pcp0:tp{rank}:"
+
+        def rows(t):  # this rank's share along dim 0
+            return t.chunk(tp, dim=0)[rank]
+        for name, t in sd.items():
+            if ".k_proj." in name or ".v_proj." in name or ".up_proj." in name:
+                continue
+            if ".q_proj." in name:
+                parts = [sd[name.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+                name, t = name.replace(".q_proj.", ".qkv_proj."), torch.cat([rows(p) for p in parts])
+            elif ".gate_proj." in name:
+                parts = [sd[name.replace("gate_proj", p)] for p in ("gate_proj", "up_proj")]
+                name, t = name.replace(".gate_proj.", ".gate_up_proj."), torch.cat([rows(p) for p in parts])
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                t = t.chunk(tp, dim=1)[rank]
+            elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                t = rows(t)
+            out[prefix + name] = _sha256(t)
     return out
+
+
+def check_server_weights(server, model, tp=1):
+    """vLLM's own checker against the digests recomputed from `model`. vLLM on the CPU
+    empties linear layers' weights once it has prepacked them for its GEMM kernels: those
+    read back empty (completions check them); every other parameter must match."""
+    held, want = server.checksums(), vllm_layout_digests(model, tp)
+    assert set(held) == set(want)
+    emptied = {k for k, v in held.items() if v == EMPTY_SHA256}
+    assert all(k.endswith(LINEAR_SUFFIXES) for k in emptied), sorted(emptied)
+    assert {k: v for k, v in held.items() if k not in emptied} == {k: v for k, v in want.items() if k not in emptied}
+    assert any(k.endswith("embed_tokens.weight") for k in set(held) - emptied)
+
+
+def push_and_check(server, backend, seeds, timings, tp=1, **engine_options):
+    """A wsync.TrainerEngine pushes one policy per seed over `backend`, verifying each sync by
+    read-back; after each, vLLM's weights and its greedy completion are checked (the
+    completion against transformers'), and the completions must differ between versions."""
+    import wsync
+    tokens = []
+    with wsync.TrainerEngine(backend=backend, servers=[server.url], device="cpu", timeout=120.0,
+                             **engine_options) as engine:
+        for n, seed in enumerate(seeds):
+            model = policy(seed)
+            t0 = time.perf_counter()
+            stats = engine.send_weights(wsync.StateDictSource(model), weight_version=f"{backend}-{n}", verify=True)
+            timings.setdefault(f"{backend} tp{tp} sync+verify (s)", []).append(round(time.perf_counter() - t0, 3))
+            timings.setdefault(f"{backend} tp{tp} sync (s)", []).append(round(stats.seconds, 3))
+            assert stats.verified
+            workers = server.worker_stats()
+            assert len(workers) == tp
+            timings.setdefault(f"{backend} tp{tp} worker 0 (s)", []).append(
+                {k: round(workers[0][k], 4) for k in ("receive_seconds", "load_seconds", "copy_seconds",
+                                                      "digest_seconds", "finish_seconds")})
+            assert all(w["tensors"] == len(model.state_dict()) for w in workers)
+            check_server_weights(server, model, tp)
+            assert server.weight_version() == f"{backend}-{n}"
+            got = server.completion()
+            assert got == reference_tokens(model), f"{backend} version {n}: vLLM and transformers disagree"
+            tokens.append(got)
+    assert len({tuple(t) for t in tokens}) == len(tokens), f"completions did not change with the weights: {tokens}"
+
+
+def serve_fixture(tmp_path_factory, timings, tp=1, extra_env=None):
+    """Generator body of a module-scoped fixture: one server for the module."""
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir = write_model(str(root / "model"), seed=0)
+    srv = VllmServer(model_dir, str(root / "vllm.log"), tp=tp, extra_env=extra_env)
+    try:
+        srv.wait_ready()
+        timings[f"vllm tp{tp} start (s)"] = round(srv.start_seconds, 1)
+        yield srv
+    finally:
+        srv.stop()
+        for k, v in timings.items():
+            print(f"[timing] {k}: {v}")
 
 
 def free_port():
