@@ -52,3 +52,10 @@ def test_bad_init_info_is_refused_in_vllms_shape(server):
 
 def test_nccl_again_after_the_refusals(server):
     push_and_check(server, "nccl", [31, 32], TIMINGS)
+
+
+def test_delta_through_a_sync_directory(server):
+    # Versions are XOR deltas against the model directory the server started from; the
+    # workers fetch each one through a collective RPC, then reload it at update_weights.
+    sync_dir = f"{server.sync_root}/sync"
+    push_and_check(server, "delta", [51, 52, 53], TIMINGS, sync_dir=sync_dir, base_checkpoint=server.model_dir)

@@ -142,7 +142,14 @@ def serve_fixture(tmp_path_factory, timings, tp=1, extra_env=None):
     """Generator body of a module-scoped fixture: one server for the module."""
     root = tmp_path_factory.mktemp("vllm")
     model_dir = write_model(str(root / "model"), seed=0)
-    srv = VllmServer(model_dir, str(root / "vllm.log"), tp=tp, extra_env=extra_env)
+    # The delta backend's roots: the base checkpoint is the model directory itself.
+    sync_root = root / "shared"
+    sync_root.mkdir()
+    env = {"WSYNC_VLLM_OPTIONS": json.dumps({"base_checkpoint": model_dir, "sync_root": str(sync_root),
+                                             "local_checkpoint_dir": str(root / "local")})}
+    env.update(extra_env or {})
+    srv = VllmServer(model_dir, str(root / "vllm.log"), tp=tp, extra_env=env)
+    srv.sync_root = str(sync_root)
     try:
         srv.wait_ready()
         timings[f"vllm tp{tp} start (s)"] = round(srv.start_seconds, 1)

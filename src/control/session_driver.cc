@@ -199,6 +199,51 @@ Result<std::vector<json>> SessionDriver::Fetch(const json& body) const {
   return client_.Post(Path(route::kFetchWeights), body, policy_.Call());
 }
 
+Result<std::vector<json>> SessionDriver::Fetch(const json& body, const std::vector<bool>& vllm) const {
+  std::vector<std::string> plain_urls, vllm_urls;
+  for (size_t i = 0; i < size(); ++i) (i < vllm.size() && vllm[i] ? vllm_urls : plain_urls).push_back(urls()[i]);
+  if (vllm_urls.empty()) return Fetch(body);
+  Deadline deadline = policy_.Call();
+  std::shared_ptr<Pending> plain, rpc;
+  std::optional<FanOutClient> plain_client, vllm_client;
+  if (!plain_urls.empty()) {
+    plain_client.emplace(plain_urls, ClientOptions{api_key_, 10});
+    plain = plain_client->PostAsync(Path(route::kFetchWeights), std::vector<json>(plain_urls.size(), body), deadline);
+  }
+  vllm_client.emplace(vllm_urls, ClientOptions{api_key_, 10});
+  json call = {{"method", "wsync_fetch_weights"}, {"args", json::array({body.dump()})}};
+  rpc = vllm_client->PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm_urls.size(), call), deadline);
+  std::vector<json> plain_replies;
+  if (plain) {
+    WSYNC_ASSIGN_OR_RETURN(plain_replies, plain->Wait(deadline));
+  }
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> rpc_replies, rpc->Wait(deadline));
+  std::vector<json> out;
+  for (size_t i = 0, p = 0, v = 0; i < size(); ++i) {
+    if (!(i < vllm.size() && vllm[i])) {
+      out.push_back(p < plain_replies.size() ? plain_replies[p++] : json::object());
+      continue;
+    }
+    const json& reply = v < rpc_replies.size() ? rpc_replies[v++] : json();
+    auto results = reply.is_object() ? reply.find("results") : reply.end();
+    if (results == reply.end() || !results->is_array() || results->empty() || !results->front().is_object()) {
+      return Internal(fmt::format("{}: {} wsync_fetch_weights answered no per-worker results", urls()[i],
+                                  route::kCollectiveRpc));
+    }
+    json merged = results->front();
+    int64_t applied = 0;
+    for (const json& r : *results) {
+      if (r.is_object() && r.contains("applied_by_workers") && r["applied_by_workers"].is_number_integer()) {
+        applied += r["applied_by_workers"].get<int64_t>();
+      }
+    }
+    merged["applied_by_workers"] = applied;
+    merged["workers"] = results->size();
+    out.push_back(std::move(merged));
+  }
+  return out;
+}
+
 Status SessionDriver::Pause(std::string_view mode, bool clear_cache) const {
   return client_
       .Post(fmt::format("{}?mode={}&clear_cache={}", route::kPause, mode, clear_cache ? "true" : "false"),

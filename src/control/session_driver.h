@@ -132,6 +132,11 @@ class SessionDriver {
   // --- delta's flow ---
   // POST /fetch_weights with `body`; every server's reply.
   Result<std::vector<nlohmann::json>> Fetch(const nlohmann::json& body) const;
+  // The same where `vllm[i]` marks a vLLM server running wsync's plugin (it has no
+  // /fetch_weights): those get POST /collective_rpc {"method": "wsync_fetch_weights",
+  // "args": [body as JSON text]}, and their reply is the first worker's fetch reply with
+  // "applied_by_workers" summed and "workers" counted. Replies in server order.
+  Result<std::vector<nlohmann::json>> Fetch(const nlohmann::json& body, const std::vector<bool>& vllm) const;
   // POST /pause?mode=MODE&clear_cache=..., POST /resume.
   Status Pause(std::string_view mode, bool clear_cache) const;
   Status Resume() const;

@@ -7,7 +7,8 @@ the fusing (by the model's ``packed_modules_mapping`` and the layer's ``output_s
 gathers tensor-parallel shards over vLLM's TP group and cuts vocabulary padding, so the
 digests are those of the trainer's tensors.
 
-``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)`` and ``wsync_stats()``
+``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)``, ``wsync_stats()`` and
+``wsync_fetch_weights(body_json)`` (delta: wsync's ``/fetch_weights``, which vLLM lacks)
 to vLLM's worker base class, so that ``POST /collective_rpc {"method":
 "wsync_weight_digests", "args": ["xxh3_128"]}`` answers, from every worker, the reply
 shape of wsync's ``/weight_checker`` checksum action (``{"checksums": {hf_name: hex}}``).
@@ -122,9 +123,18 @@ def _worker_stats(self):
     return out
 
 
+def _worker_fetch_weights(self, body_json):
+    import json
+    engine = getattr(self, "weight_transfer_engine", None)
+    if engine is None or not hasattr(engine, "fetch_weights"):
+        raise RuntimeError("wsync_fetch_weights needs the wsync weight-transfer engine")
+    return engine.fetch_weights(json.loads(body_json))
+
+
 def install_worker_rpcs():
     """Adds the wsync_* collective RPCs to vLLM's worker base class (new names only)."""
     from vllm.v1.worker.worker_base import WorkerBase
-    for name, fn in (("wsync_weight_digests", _worker_weight_digests), ("wsync_stats", _worker_stats)):
+    for name, fn in (("wsync_weight_digests", _worker_weight_digests), ("wsync_stats", _worker_stats),
+                     ("wsync_fetch_weights", _worker_fetch_weights)):
         if not hasattr(WorkerBase, name):
             setattr(WorkerBase, name, fn)
