@@ -9,7 +9,8 @@ completion equals transformers' on the same weights.
 
 import pytest
 
-from vllm_server import push_and_check, request, requires_vllm, serve_fixture
+from vllm_server import (check_server_weights, policy, push_and_check, reference_tokens, request, requires_vllm,
+                         serve_fixture)
 
 pytestmark = [requires_vllm]
 
@@ -59,3 +60,30 @@ def test_delta_through_a_sync_directory(server):
     # workers fetch each one through a collective RPC, then reload it at update_weights.
     sync_dir = f"{server.sync_root}/sync"
     push_and_check(server, "delta", [51, 52, 53], TIMINGS, sync_dir=sync_dir, base_checkpoint=server.model_dir)
+
+
+def test_vllms_trainer_abstraction_selects_wsync_by_name(server):
+    # Trainer code written against vLLM's trainer engines (SkyRL's is): the entry point
+    # registers "wsync" here too, and vLLM's HTTP client names the server.
+    from vllm.distributed.weight_transfer.base import ModuleSource
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    from wsync.vllm.trainer_engine import WsyncTrainerInitInfo
+
+    model = policy(61)
+    info = WsyncTrainerInitInfo(rank=0, wsync_backend="nccl", verify=True, options={"timeout": 120.0})
+    engine = WeightTransferTrainerFactory.trainer_init(info, client=HTTPVLLMWeightSyncClient(server.url),
+                                                       source=ModuleSource(model))
+    try:
+        for n, seed in enumerate((61, 62), start=1):
+            model.load_state_dict(policy(seed).state_dict())
+            engine.send_weights()
+            assert engine.last_stats.verified
+            check_server_weights(server, model)
+            assert server.weight_version() == f"wsync-{n}"
+            assert server.completion() == reference_tokens(model)
+    finally:
+        engine.shutdown()
