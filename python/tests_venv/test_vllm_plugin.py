@@ -7,6 +7,12 @@ the trainer's tensors, the trainer's read-back verify passes, and vLLM's greedy
 completion equals transformers' on the same weights.
 """
 
+import os
+import subprocess
+import sys
+import threading
+import time
+
 import pytest
 
 from vllm_server import (check_server_weights, policy, push_and_check, reference_tokens, request, requires_vllm,
@@ -87,3 +93,58 @@ def test_vllms_trainer_abstraction_selects_wsync_by_name(server):
             assert server.completion() == reference_tokens(model)
     finally:
         engine.shutdown()
+
+
+def test_pause_keep_around_a_sync_with_a_request_in_flight(server):
+    # vLLM's layerwise reload takes the layers apart between start and finish, so a vLLM
+    # fleet is paused around a sync; mode=keep freezes a running request, which then
+    # finishes on the new weights after /resume.
+    import wsync
+    done = {}
+    thread = threading.Thread(target=lambda: done.setdefault("tokens", server.completion(max_tokens=240)))
+    thread.start()
+    time.sleep(0.2)
+    assert request(server.url, "/pause?mode=keep", {})[0] == 200
+    assert request(server.url, "/is_paused")[1] == {"is_paused": True}
+    model = policy(71)
+    with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=120.0) as engine:
+        assert engine.send_weights(wsync.StateDictSource(model), weight_version="paused", verify=True).verified
+    assert request(server.url, "/resume", {})[0] == 200
+    thread.join(120)
+    assert len(done["tokens"]) == 240
+    check_server_weights(server, model)
+    assert server.completion() == reference_tokens(model)
+
+
+def test_a_trainer_killed_inside_a_session_then_a_verified_sync(server):
+    import wsync
+    before = policy(80)
+    with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=60.0) as engine:
+        assert engine.send_weights(wsync.StateDictSource(before), verify=True).verified
+    # A trainer that stalls once start_weight_update succeeded, then dies there.
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from vllm_server import policy\n"
+            "import wsync\n"
+            "engine = wsync.TrainerEngine(backend='nccl', servers=[%r], device='cpu', timeout=60.0)\n"
+            "engine.send_weights(wsync.StateDictSource(policy(81)))\n") % (os.path.dirname(__file__), server.url)
+    env = dict(os.environ, WSYNC_FAULT_TRAINER_STALL="after-start")
+    dying = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        for line in dying.stderr:
+            if "stalled after start_weight_update" in line or time.monotonic() > deadline:
+                break
+        assert dying.poll() is None, "the trainer exited before stalling"
+    finally:
+        dying.kill()
+        dying.wait(30)
+    # vLLM keeps a session open until finish_weight_update (it has no lease): the next
+    # trainer's start is refused, naming why.
+    with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=60.0) as engine:
+        with pytest.raises(wsync.Error, match="already active"):
+            engine.send_weights(wsync.StateDictSource(policy(82)))
+    # Closing it puts back what the abandoned update took apart: the previous weights.
+    assert request(server.url, "/finish_weight_update", {})[0] == 200
+    check_server_weights(server, before)
+    assert server.completion() == reference_tokens(before)
+    push_and_check(server, "nccl", [82], TIMINGS)

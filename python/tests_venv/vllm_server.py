@@ -243,7 +243,7 @@ class VllmServer:
 
     # ---- what the server says ----------------------------------------------------------
     def completion(self, prompt=PROMPT, max_tokens=MAX_TOKENS):
-        status, reply = request(self.url, "/v1/completions", {
+        status, reply = request(self.url, "/v1/completions", timeout=300, body={
             "model": self.model_dir, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "return_token_ids": True, "ignore_eos": True})
         assert status == 200, reply

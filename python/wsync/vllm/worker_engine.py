@@ -163,6 +163,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         return pc.data_parallel_index * pc.world_size + pc.rank
 
     def init_transfer_engine(self, init_info: WsyncInitInfo) -> None:
+        # A trainer that vanished inside a session left the layers taken apart.
+        self._abort_reload()
         if self._rx is not None and self._rx.backend != init_info.backend:
             self._rx.shutdown()
             self._rx = None
@@ -219,10 +221,16 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         try:
             with disable_mtp_completeness_check():
                 self._rx.receive_weights(update_info.fields, load)
+        except BaseException:
+            # vLLM ends the session on this exception without finish_weight_update.
+            self._abort_reload()
+            raise
         finally:
             stats.receive_seconds += time.perf_counter() - t0
 
     def finish_weight_update(self) -> None:
+        if not self._reloading:
+            return  # the update failed and its reload was undone: nothing to finish
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
         t0 = time.perf_counter()
         try:
@@ -232,7 +240,26 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             self.stats.finish_seconds = time.perf_counter() - t0
         self.syncs += 1
 
+    def _abort_reload(self):
+        """Puts back every layer a failed or abandoned update took apart, with the tensors
+        it held before (vLLM's layerwise reload keeps them; a layer the update completed
+        keeps its new values, so a later sync must land). Idempotent."""
+        if not self._reloading:
+            return
+        self._reloading = False
+        from vllm.model_executor.model_loader.reload import layerwise
+        for layer in self.model.modules():
+            info = layerwise.LAYERWISE_INFO.get(layer)
+            if info is not None and info.can_load():
+                if info.kernel_tensors is not None:
+                    layerwise._place_kernel_tensors(layer, info)
+                info.reset()
+        layerwise.LOADING_LAYERS.clear()
+        if hasattr(self.model, "_original_do_torchao_reload"):
+            self.model._do_torchao_reload = self.model._original_do_torchao_reload
+
     def shutdown(self) -> None:
+        self._abort_reload()
         if self._rx is not None:
             self._rx.shutdown()
             self._rx = None
