@@ -25,3 +25,10 @@ def test_nccl_over_gloo_tp2(server):
 
 def test_ipc_over_shared_memory_tp2(server):
     push_and_check(server, "ipc", [43, 44], TIMINGS, tp=2)
+
+
+def test_delta_tp2(server):
+    # Both workers fetch each version into the one local checkpoint (one applies, the other
+    # finds it done), then each reloads it and slices its shard.
+    push_and_check(server, "delta", [45, 46], TIMINGS, tp=2, sync_dir=f"{server.sync_root}/sync",
+                   base_checkpoint=server.model_dir)
