@@ -20,7 +20,6 @@ each tensor is copied before ``load_weights`` sees it.
 
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,12 +128,13 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         super().__init__(config, vllm_config, device, model)
         self._rx = None
         self._reloading = False
-        self._lock = threading.Lock()
         self.stats = UpdateStats()
         self.syncs = 0
-        # xxh3-128 of the bytes each HF tensor last reached load_weights with: the read-back
-        # of weights vLLM empties after loading (wsync.vllm.digests).
+        # xxh3-128 of the bytes each HF tensor reached load_weights with in the last
+        # finished update: the read-back of weights vLLM empties after loading
+        # (wsync.vllm.digests). The update under way fills _landing; finish publishes it.
         self.landed = {}
+        self._landing = {}
         from wsync.vllm import digests
         digests.install_worker_rpcs()
 
@@ -180,6 +180,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
         initialize_layerwise_reload(self.model)
         self._reloading = True
+        self._landing = {}
         self.stats = UpdateStats()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
@@ -197,7 +198,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         copy = self._reloading
         model = self.model
 
-        landed = self.landed
+        landed = self._landing
 
         def load(chunk):
             t0 = time.perf_counter()
@@ -238,6 +239,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         finally:
             self._reloading = False
             self.stats.finish_seconds = time.perf_counter() - t0
+        self.landed.update(self._landing)
+        self._landing = {}
         self.syncs += 1
 
     def _abort_reload(self):
@@ -247,6 +250,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if not self._reloading:
             return
         self._reloading = False
+        self._landing = {}
         from vllm.model_executor.model_loader.reload import layerwise
         for layer in self.model.modules():
             info = layerwise.LAYERWISE_INFO.get(layer)
