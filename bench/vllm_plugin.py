@@ -53,14 +53,18 @@ def wsync_serve(model_dir, backend, log):
 
 
 def push(url, backend, model, repeats, vllm=None):
-    seconds, shares = [], []
+    seconds, shares, phases = [], [], []
     with wsync.TrainerEngine(backend=backend, servers=[url], device="cpu", timeout=300.0) as engine:
         engine.send_weights(wsync.StateDictSource(model))  # init and warm-up, not counted
         for _ in range(repeats):
-            seconds.append(engine.send_weights(wsync.StateDictSource(model)).seconds)
+            stats = engine.send_weights(wsync.StateDictSource(model))
+            seconds.append(stats.seconds)
+            phases.append((stats.start_seconds, stats.transfer_seconds, stats.finish_seconds))
             if vllm is not None:
                 w = vllm.worker_stats()[0]
                 shares.append((w["load_seconds"], w["receive_seconds"], w["copy_seconds"], w["digest_seconds"]))
+    phase = [round(statistics.median(p[i] for p in phases), 3) for i in range(3)]
+    print(f"  {backend} into {'vLLM' if vllm else 'wsync serve'}: start/transfer/finish medians {phase} s")
     return seconds, shares
 
 

@@ -34,7 +34,8 @@ def test_nccl_over_gloo(server):
 
 
 def test_ipc_over_shared_memory(server):
-    push_and_check(server, "ipc", [21, 22], TIMINGS)
+    # Slots of ~210 KB: layers span chunks, so vLLM's reload holds tensors across them.
+    push_and_check(server, "ipc", [21, 22], TIMINGS, bucket_gb=0.0002)
 
 
 def test_bad_init_info_is_refused_in_vllms_shape(server):
@@ -58,7 +59,8 @@ def test_bad_init_info_is_refused_in_vllms_shape(server):
 
 
 def test_nccl_again_after_the_refusals(server):
-    push_and_check(server, "nccl", [31, 32], TIMINGS)
+    # Buffers of ~210 KB: layers span chunks, so vLLM's reload holds tensors across them.
+    push_and_check(server, "nccl", [31, 32], TIMINGS, bucket_gb=0.0002)
 
 
 def test_delta_through_a_sync_directory(server):
@@ -139,12 +141,14 @@ def test_a_trainer_killed_inside_a_session_then_a_verified_sync(server):
         dying.kill()
         dying.wait(30)
     # vLLM keeps a session open until finish_weight_update (it has no lease): the next
-    # trainer's start is refused, naming why.
+    # trainer's start is refused, naming why, and the finish its failure posts closes that
+    # session (the init before it put back what the abandoned update took apart).
     with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=60.0) as engine:
         with pytest.raises(wsync.Error, match="already active"):
             engine.send_weights(wsync.StateDictSource(policy(82)))
-    # Closing it puts back what the abandoned update took apart: the previous weights.
-    assert request(server.url, "/finish_weight_update", {})[0] == 200
+    # Closing by hand is harmless either way (refused once the trainer's finish closed it).
+    status, reply = request(server.url, "/finish_weight_update", {})
+    assert status == 200 or "without a matching start_weight_update" in reply["error"]["message"], reply
     check_server_weights(server, before)
     assert server.completion() == reference_tokens(before)
     push_and_check(server, "nccl", [82], TIMINGS)

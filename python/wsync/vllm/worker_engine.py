@@ -14,8 +14,9 @@ world_size + rank`` of the trainer's group, as vLLM numbers workers.
 
 Received tensors are views of wsync's receive buffers, valid only during one chunk's
 callback. vLLM's layerwise reload keeps the tensors handed to ``load_weights`` until a
-layer has all its weights, which may be in a later chunk, so inside the reload bracket
-each tensor is copied before ``load_weights`` sees it.
+layer has all its weights, which may be in a later chunk, so after each chunk the engine
+copies what the reload still holds for layers it has not completed (usually only a layer
+split across two chunks).
 """
 
 import json
@@ -40,6 +41,9 @@ OPTIONS_ENV = "WSYNC_VLLM_OPTIONS"
 DEFAULT_STORE_HOSTS = ["127.0.0.1", "::1", "localhost"]
 # The bound on every wait of the receiving core, seconds (the trainer's own, if shorter, wins).
 DEFAULT_TIMEOUT = 300.0
+
+# Marks a tensor the engine copied out of a receive buffer (see _own_pending).
+_OWNED = "_wsync_owned"
 
 # Fields that name each wsync backend's init_info, checked in this order.
 _BACKEND_FIELDS = (
@@ -109,7 +113,7 @@ class UpdateStats:
 
     receive_seconds: float = 0.0      # update_weights calls, start to end (data plane included)
     load_seconds: float = 0.0         # inside the model's load_weights
-    copy_seconds: float = 0.0         # copying received views for the layerwise reload
+    copy_seconds: float = 0.0         # copying views the layerwise reload still holds after a chunk
     digest_seconds: float = 0.0       # xxh3-128 of each landed tensor (read-back of emptied weights)
     finish_seconds: float = 0.0       # finish_weight_update (layerwise reload's tail)
     tensors: int = 0
@@ -205,14 +209,14 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             for name, tensor in chunk:
                 landed[name] = tensor_digest(tensor, "xxh3_128")
             t1 = time.perf_counter()
-            if copy:
-                chunk = [(name, tensor.clone()) for name, tensor in chunk]
-            t2 = time.perf_counter()
             model.load_weights(chunk)
+            t2 = time.perf_counter()
+            if copy:
+                self._own_pending()
             t3 = time.perf_counter()
             stats.digest_seconds += t1 - t0
-            stats.copy_seconds += t2 - t1
-            stats.load_seconds += t3 - t2
+            stats.load_seconds += t2 - t1
+            stats.copy_seconds += t3 - t2
             stats.chunks += 1
             stats.tensors += len(chunk)
             stats.bytes += sum(t.numel() * t.element_size() for _, t in chunk)
@@ -242,6 +246,22 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self.landed.update(self._landing)
         self._landing = {}
         self.syncs += 1
+
+    def _own_pending(self):
+        """Copies the received tensors vLLM's layerwise reload still holds for layers it
+        has not completed: they view receive buffers that the next chunk reuses. A layer
+        whose weights all arrived was processed inside load_weights and holds none."""
+        from vllm.model_executor.model_loader.reload import layerwise
+        for layer in self.model.modules():
+            info = layerwise.LAYERWISE_INFO.get(layer)
+            if info is None or not info.can_load() or not info.loaded_weights:
+                continue
+            for _, bound in info.loaded_weights:
+                for key, value in bound.arguments.items():
+                    if isinstance(value, torch.Tensor) and not value.is_meta and not getattr(value, _OWNED, False):
+                        owned = value.clone()
+                        setattr(owned, _OWNED, True)
+                        bound.arguments[key] = owned
 
     def _abort_reload(self):
         """Puts back every layer a failed or abandoned update took apart, with the tensors
