@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 import torch
 
-# Bound on a server's start (a cold start on a loaded 2-core machine takes ~1.5 min).
-START_TIMEOUT = float(os.environ.get("WSYNC_TEST_VLLM_START_TIMEOUT", "420"))
+# Bound on a server's start, seconds (1-3 minutes on a loaded 2-core machine).
+START_TIMEOUT = 420.0
 MODEL_SIZES = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM CPU: head_dim >= 32
                    max_position_embeddings=256, tie_word_embeddings=False)
