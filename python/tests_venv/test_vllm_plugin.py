@@ -152,3 +152,15 @@ def test_a_trainer_killed_inside_a_session_then_a_verified_sync(server):
     check_server_weights(server, before)
     assert server.completion() == reference_tokens(before)
     push_and_check(server, "nccl", [82], TIMINGS)
+
+
+def test_the_cli_pushes_a_checkpoint_and_verifies_it(server):
+    # `wsync push --verify` against vLLM: the model directory the server started from, whose
+    # safetensors are the weights of policy(0).
+    out = subprocess.run([os.environ.get("WSYNC_BIN", "wsync"), "push", "--servers", server.url, "--backend", "nccl",
+                          "--checkpoint", server.model_dir, "--verify", "--timeout", "120"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    model = policy(0)
+    check_server_weights(server, model)
+    assert server.completion() == reference_tokens(model)
