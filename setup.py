@@ -54,7 +54,7 @@ SCRATCH = os.path.join(ROOT, "build", "setuptools")
 os.makedirs(SCRATCH, exist_ok=True)
 
 setup(
-    packages=["wsync"],
+    packages=["wsync", "wsync.vllm"],
     package_dir={"": "python"},
     distclass=BinaryDistribution,
     cmdclass={"build_py": BuildWithCMake},

@@ -31,11 +31,17 @@ def test_pip_install_into_a_venv(tmp_path):
     check = subprocess.run(
         [python, "-c", "import wsync, sys; print(wsync.__file__); print(sorted(wsync.trainer_backends()));"
                        "print(wsync.TrainerEngine.__doc__.splitlines()[0]);"
-                       "print(len(wsync.model_metadata('qwen3-tiny')))"],
+                       "print(len(wsync.model_metadata('qwen3-tiny')));"
+                       "import importlib.metadata as m, importlib.util as u;"
+                       "print([e.value for e in m.entry_points(group='vllm.general_plugins') if e.name == 'wsync']);"
+                       "print(u.find_spec('wsync.vllm.worker_engine').origin)"],
         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert check.returncode == 0, check.stderr
-    path, backends, doc, count = check.stdout.splitlines()
+    path, backends, doc, count, plugin, engine = check.stdout.splitlines()
     assert Path(path).is_relative_to(venv), path
     assert {"nccl", "ipc", "delta"} <= set(eval(backends))
     assert "Sends one trainer rank" in doc
     assert int(count) == len(wsync.model_metadata("qwen3-tiny"))
+    # vLLM finds the plugin through the installed package's entry point.
+    assert eval(plugin) == ["wsync.vllm:register"]
+    assert Path(engine).is_relative_to(venv), engine

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -30,9 +31,40 @@ SessionDriver::SessionDriver(std::vector<std::string> servers, std::string api_k
   policy_.timeout_seconds = timeout_seconds;
 }
 
+std::optional<json> VllmWsyncHealth(const json& server_info) {
+  if (!server_info.is_object()) return std::nullopt;
+  auto config = server_info.find("vllm_config");
+  if (config == server_info.end() || !config->is_object()) return std::nullopt;
+  auto transfer = config->find("weight_transfer_config");
+  if (transfer == config->end() || !transfer->is_object() || transfer->value("backend", json()) != "wsync") {
+    return std::nullopt;
+  }
+  // The server's workers: TP x PP of each of its DP ranks (vLLM's parallel_config).
+  auto size = [&](const char* field) {
+    auto parallel = config->find("parallel_config");
+    if (parallel == config->end() || !parallel->is_object()) return 1;
+    auto it = parallel->find(field);
+    return it != parallel->end() && it->is_number_integer() && *it >= 1 && *it <= kMaxBroadcastWorldSize
+               ? it->get<int>()
+               : 1;
+  };
+  return json{{"server", "wsync"}, {"frontend", "vllm"}, {"tp", size("tensor_parallel_size")},
+              {"pp", size("pipeline_parallel_size")}, {"dp", size("data_parallel_size")}, {"dp_rank", -1}};
+}
+
 Result<Fleet> SessionDriver::Discover() const {
   Fleet fleet;
   WSYNC_ASSIGN_OR_RETURN(fleet.health, client_.Get(Path(route::kHealth), policy_.Call()));
+  // A vLLM server runs wsync's receiving core when its weight-transfer engine is wsync's
+  // plugin: its /health is empty, its /server_info (dev mode) names the engine.
+  for (size_t i = 0; i < fleet.health.size() && i < urls().size(); ++i) {
+    const json& h = fleet.health[i];
+    if (h.is_object() && h.contains("server")) continue;
+    FanOutClient one({urls()[i]}, ClientOptions{api_key_, 10});
+    Result<std::vector<json>> info = one.Get(Path(route::kServerInfo) + "?config_format=json", policy_.Call());
+    if (!info.ok() || info->empty()) continue;
+    if (std::optional<json> health = VllmWsyncHealth(info->front())) fleet.health[i] = *std::move(health);
+  }
   for (const json& h : fleet.health) {
     fleet.inline_verification.push_back(h.is_object() && h.value("inline_verification", json()) == "xxh3_128");
   }
@@ -167,6 +199,51 @@ Result<std::vector<json>> SessionDriver::Fetch(const json& body) const {
   return client_.Post(Path(route::kFetchWeights), body, policy_.Call());
 }
 
+Result<std::vector<json>> SessionDriver::Fetch(const json& body, const std::vector<bool>& vllm) const {
+  std::vector<std::string> plain_urls, vllm_urls;
+  for (size_t i = 0; i < size(); ++i) (i < vllm.size() && vllm[i] ? vllm_urls : plain_urls).push_back(urls()[i]);
+  if (vllm_urls.empty()) return Fetch(body);
+  Deadline deadline = policy_.Call();
+  std::shared_ptr<Pending> plain, rpc;
+  std::optional<FanOutClient> plain_client, vllm_client;
+  if (!plain_urls.empty()) {
+    plain_client.emplace(plain_urls, ClientOptions{api_key_, 10});
+    plain = plain_client->PostAsync(Path(route::kFetchWeights), std::vector<json>(plain_urls.size(), body), deadline);
+  }
+  vllm_client.emplace(vllm_urls, ClientOptions{api_key_, 10});
+  json call = {{"method", "wsync_fetch_weights"}, {"args", json::array({body.dump()})}};
+  rpc = vllm_client->PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm_urls.size(), call), deadline);
+  std::vector<json> plain_replies;
+  if (plain) {
+    WSYNC_ASSIGN_OR_RETURN(plain_replies, plain->Wait(deadline));
+  }
+  WSYNC_ASSIGN_OR_RETURN(std::vector<json> rpc_replies, rpc->Wait(deadline));
+  std::vector<json> out;
+  for (size_t i = 0, p = 0, v = 0; i < size(); ++i) {
+    if (!(i < vllm.size() && vllm[i])) {
+      out.push_back(p < plain_replies.size() ? plain_replies[p++] : json::object());
+      continue;
+    }
+    const json& reply = v < rpc_replies.size() ? rpc_replies[v++] : json();
+    auto results = reply.is_object() ? reply.find("results") : reply.end();
+    if (results == reply.end() || !results->is_array() || results->empty() || !results->front().is_object()) {
+      return Internal(fmt::format("{}: {} wsync_fetch_weights answered no per-worker results", urls()[i],
+                                  route::kCollectiveRpc));
+    }
+    json merged = results->front();
+    int64_t applied = 0;
+    for (const json& r : *results) {
+      if (r.is_object() && r.contains("applied_by_workers") && r["applied_by_workers"].is_number_integer()) {
+        applied += r["applied_by_workers"].get<int64_t>();
+      }
+    }
+    merged["applied_by_workers"] = applied;
+    merged["workers"] = results->size();
+    out.push_back(std::move(merged));
+  }
+  return out;
+}
+
 Status SessionDriver::Pause(std::string_view mode, bool clear_cache) const {
   return client_
       .Post(fmt::format("{}?mode={}&clear_cache={}", route::kPause, mode, clear_cache ? "true" : "false"),
@@ -251,6 +328,43 @@ std::shared_ptr<SessionDriver::Pending> SessionDriver::ChecksumsAsync(std::strin
   return client_.PostAsync(Path(route::kWeightChecker),
                            std::vector<json>(size(), json{{"action", "checksum"}, {"algorithm", algorithm}}),
                            policy_.Call());
+}
+
+std::shared_ptr<SessionDriver::Pending> SessionDriver::WorkerChecksumsAsync(std::string_view algorithm) const {
+  json body = {{"method", "wsync_weight_digests"}, {"args", json::array({algorithm})}};
+  return client_.PostAsync(Path(route::kCollectiveRpc), std::vector<json>(size(), body), policy_.Call());
+}
+
+Result<json> MergeWorkerChecksums(const json& reply, std::string_view server) {
+  auto results = reply.is_object() ? reply.find("results") : reply.end();
+  if (results == reply.end() || !results->is_array() || results->empty()) {
+    return Internal(fmt::format("{}: {} wsync_weight_digests answered no per-worker results", server,
+                                route::kCollectiveRpc));
+  }
+  json merged = json::object();
+  std::set<std::string> not_held;
+  for (size_t w = 0; w < results->size(); ++w) {
+    const json& r = (*results)[w];
+    auto sums = r.is_object() ? r.find("checksums") : r.end();
+    if (sums == r.end() || !sums->is_object()) {
+      return Internal(fmt::format("{}: worker {} answered wsync_weight_digests without 'checksums'", server, w));
+    }
+    for (const auto& [name, hex] : sums->items()) {
+      auto it = merged.find(name);
+      if (it != merged.end() && *it != hex) {
+        return Internal(fmt::format("{}: workers disagree about {} (worker {} differs from an earlier one)", server,
+                                    name, w));
+      }
+      merged[name] = hex;
+    }
+    if (auto it = r.find("not_held"); it != r.end() && it->is_array()) {
+      for (const json& n : *it) {
+        if (n.is_string()) not_held.insert(n.get<std::string>());
+      }
+    }
+  }
+  for (const auto& [name, _] : merged.items()) not_held.erase(name);
+  return json{{"checksums", std::move(merged)}, {"not_held", not_held}};
 }
 
 std::shared_ptr<const std::string> UpdateBody(const std::vector<TensorMeta>& tensors, const json& extra) {

@@ -62,6 +62,17 @@ struct Fleet {
   std::vector<int> world_sizes;
 };
 
+// The /health a vLLM server running wsync's plugin would give, from its /server_info
+// reply (vLLM's config as JSON): {"server": "wsync", "frontend": "vllm", "tp", "pp", "dp",
+// "dp_rank": -1}; nullopt when the reply is not such a server's.
+std::optional<nlohmann::json> VllmWsyncHealth(const nlohmann::json& server_info);
+
+// {"checksums": {name: hex}, "not_held": [name, ...]} of a /collective_rpc
+// wsync_weight_digests reply ({"results": [{"checksums", "not_held"}, ...]}, one per
+// worker: every worker reads back the whole model; a name some worker digests is held). Internal naming the server when the reply has no such result or two
+// workers disagree about a tensor.
+Result<nlohmann::json> MergeWorkerChecksums(const nlohmann::json& reply, std::string_view server);
+
 class SessionDriver {
  public:
   // A fan-out call in flight: Wait() returns every server's reply or the first error.
@@ -77,7 +88,10 @@ class SessionDriver {
   const DeadlinePolicy& deadlines() const { return policy_; }
 
   // --- fleet discovery (GET /health, GET /get_world_size) ---
-  // /health of every server and whether all are wsync servers.
+  // /health of every server and whether all are wsync servers. A vLLM server whose
+  // weight-transfer engine is wsync's plugin (/server_info?config_format=json says
+  // weight_transfer_config.backend "wsync") counts as a wsync server, with the health
+  // VllmWsyncHealth() makes of its config.
   Result<Fleet> Discover() const;
   // Fills fleet->world_sizes (each a positive int within kMaxBroadcastWorldSize).
   Status WorldSizes(Fleet* fleet) const;
@@ -118,6 +132,11 @@ class SessionDriver {
   // --- delta's flow ---
   // POST /fetch_weights with `body`; every server's reply.
   Result<std::vector<nlohmann::json>> Fetch(const nlohmann::json& body) const;
+  // The same where `vllm[i]` marks a vLLM server running wsync's plugin (it has no
+  // /fetch_weights): those get POST /collective_rpc {"method": "wsync_fetch_weights",
+  // "args": [body as JSON text]}, and their reply is the first worker's fetch reply with
+  // "applied_by_workers" summed and "workers" counted. Replies in server order.
+  Result<std::vector<nlohmann::json>> Fetch(const nlohmann::json& body, const std::vector<bool>& vllm) const;
   // POST /pause?mode=MODE&clear_cache=..., POST /resume.
   Status Pause(std::string_view mode, bool clear_cache) const;
   Status Resume() const;
@@ -138,6 +157,10 @@ class SessionDriver {
   // Starts every server's checksum of every tensor with `algorithm` (xxh3_128, sha256);
   // each reply holds {"checksums": {name: hex}}.
   std::shared_ptr<Pending> ChecksumsAsync(std::string_view algorithm) const;
+  // The same from vLLM servers running wsync's plugin (Fleet health "frontend": "vllm"):
+  // POST /collective_rpc {"method": "wsync_weight_digests", "args": [algorithm]}, whose
+  // reply holds one {"checksums"} per worker; MergeWorkerChecksums() makes one of them.
+  std::shared_ptr<Pending> WorkerChecksumsAsync(std::string_view algorithm) const;
 
  private:
   FanOutClient client_;

@@ -157,5 +157,42 @@ TEST(SessionDriver, ErrorsNameTheServerAndCloseEndsSessions) {
   EXPECT_NEAR(driver.deadlines().server_timeout(), 8.75, 1e-9);
 }
 
+TEST(SessionDriver, AVllmServerRunningTheWsyncEngineCountsAsAWsyncServer) {
+  json info = {{"vllm_config",
+                {{"weight_transfer_config", {{"backend", "wsync"}}},
+                 {"parallel_config", {{"tensor_parallel_size", 2}, {"pipeline_parallel_size", 1},
+                                      {"data_parallel_size", 1}}}}}};
+  std::optional<json> health = VllmWsyncHealth(info);
+  ASSERT_TRUE(health.has_value());
+  EXPECT_EQ((*health)["server"], "wsync");
+  EXPECT_EQ((*health)["frontend"], "vllm");
+  EXPECT_EQ((*health)["tp"], 2);
+  EXPECT_EQ((*health)["dp"], 1);
+  EXPECT_FALSE(health->contains("backend"));  // any wsync backend, chosen by each init
+  info["vllm_config"]["weight_transfer_config"]["backend"] = "nccl";
+  EXPECT_FALSE(VllmWsyncHealth(info).has_value());
+  EXPECT_FALSE(VllmWsyncHealth(json{{"vllm_config", "text form"}}).has_value());
+  // A size from the network outside [1, kMaxBroadcastWorldSize] reads as 1.
+  info["vllm_config"]["weight_transfer_config"]["backend"] = "wsync";
+  info["vllm_config"]["parallel_config"]["tensor_parallel_size"] = 4294967298;
+  EXPECT_EQ((*VllmWsyncHealth(info))["tp"], 1);
+}
+
+TEST(SessionDriver, WorkerChecksumsMergeAndDisagreementsAreNamed) {
+  json reply = {{"results",
+                 {{{"checksums", {{"a", "1"}, {"b", "2"}}}, {"not_held", {"c"}}},
+                  {{"checksums", {{"a", "1"}, {"c", "3"}}}, {"not_held", json::array()}}}}};
+  Result<json> merged = MergeWorkerChecksums(reply, "http://s");
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  EXPECT_EQ((*merged)["checksums"], (json{{"a", "1"}, {"b", "2"}, {"c", "3"}}));
+  EXPECT_EQ((*merged)["not_held"], json::array());  // worker 1 holds c
+  reply["results"][1]["checksums"]["a"] = "9";
+  Result<json> bad = MergeWorkerChecksums(reply, "http://s");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("http://s: workers disagree about a"), std::string::npos);
+  EXPECT_FALSE(MergeWorkerChecksums(json{{"results", json::array()}}, "http://s").ok());
+  EXPECT_FALSE(MergeWorkerChecksums(json{{"results", {{{"no", 1}}}}}, "http://s").ok());
+}
+
 }  // namespace
 }  // namespace wsync

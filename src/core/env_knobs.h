@@ -19,13 +19,16 @@ struct EnvKnob {
   std::string_view help;
 };
 
-inline constexpr std::array<EnvKnob, 7> kEnvKnobs = {{
+inline constexpr std::array<EnvKnob, 8> kEnvKnobs = {{
     {"WSYNC_LOG_LEVEL", "info", "log level of any wsync process: trace, debug, info, warn, error, off"},
     {"WSYNC_API_KEY", "", "serve/push --api-key, kept out of the command line"},
     {"WSYNC_BIN", "", "tests: the wsync CLI the end-to-end tests start (set by CTest)"},
     {"WSYNC_CUDA_CHILD", "", "tests: marks the child process a CUDA test starts"},
     {"WSYNC_IPC_RANK1_ORDERS", "", "tests: the orders of rank 1 in the two-GPU ipc test's child"},
     {"WSYNC_WRITE_FUZZ_SEEDS", "", "tests: a directory the sparse-apply test writes fuzz seeds to"},
+    {"WSYNC_VLLM_OPTIONS", "", "vLLM plugin (wsync.vllm): the server's receiver settings as a JSON object "
+                               "(allowed_store_hosts, ipc_shm_dir, base_checkpoint, local_checkpoint_dir, "
+                               "sync_root), which vLLM's --weight-transfer-config cannot carry"},
     {"WSYNC_FAULT_TRAINER_STALL", "", "tests: 'after-start' makes a trainer stall, until killed, once its servers' "
                                       "start_weight_update succeeded (a trainer that dies inside a session)"},
 }};

@@ -1,6 +1,7 @@
 #include "engine/verify.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -54,7 +55,27 @@ bool HoldsFp8(const json& sums, const TensorMeta& m) {
 
 Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm alg) {
   SessionDriver driver(trainer.servers, trainer.api_key, trainer.timeout_seconds);
-  auto pending = driver.ChecksumsAsync(DigestAlgorithmName(alg));
+  // wsync servers answer /weight_checker by HF name; vLLM servers running wsync's plugin
+  // answer the same through a collective RPC to their workers. One fan-out per kind, in
+  // flight while the trainer digests.
+  WSYNC_ASSIGN_OR_RETURN(Fleet fleet, driver.Discover());
+  std::vector<std::string> plain_urls, vllm_urls;
+  std::vector<bool> is_vllm(trainer.servers.size(), false);
+  for (size_t i = 0; i < trainer.servers.size(); ++i) {
+    is_vllm[i] = i < fleet.health.size() && fleet.health[i].is_object() &&
+                 fleet.health[i].value("frontend", json()) == "vllm";
+    (is_vllm[i] ? vllm_urls : plain_urls).push_back(trainer.servers[i]);
+  }
+  std::optional<SessionDriver> plain, vllm;
+  std::shared_ptr<SessionDriver::Pending> pending, pending_vllm;
+  if (!plain_urls.empty()) {
+    plain.emplace(plain_urls, trainer.api_key, trainer.timeout_seconds);
+    pending = plain->ChecksumsAsync(DigestAlgorithmName(alg));
+  }
+  if (!vllm_urls.empty()) {
+    vllm.emplace(vllm_urls, trainer.api_key, trainer.timeout_seconds);
+    pending_vllm = vllm->WorkerChecksumsAsync(DigestAlgorithmName(alg));
+  }
   // The trainer's digests, computed while the servers compute theirs.
   const auto& meta = source.metadata();
   std::vector<TensorRef> refs;
@@ -73,7 +94,23 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
                          DigestAll<std::string>(refs, every, [&](const TensorRef& r, std::vector<std::byte>& scratch) {
                            return TensorHexDigest(alg, r, scratch);
                          }));
-  WSYNC_ASSIGN_OR_RETURN(std::vector<json> replies, pending->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
+  std::vector<json> plain_replies, vllm_replies;
+  if (pending) {
+    WSYNC_ASSIGN_OR_RETURN(plain_replies, pending->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
+  }
+  if (pending_vllm) {
+    WSYNC_ASSIGN_OR_RETURN(vllm_replies, pending_vllm->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
+  }
+  std::vector<json> replies;
+  for (size_t i = 0, p = 0, v = 0; i < trainer.servers.size(); ++i) {
+    if (!is_vllm[i]) {
+      replies.push_back(p < plain_replies.size() ? plain_replies[p++] : json::object());
+      continue;
+    }
+    WSYNC_ASSIGN_OR_RETURN(json merged, MergeWorkerChecksums(v < vllm_replies.size() ? vllm_replies[v++] : json(),
+                                                             trainer.servers[i]));
+    replies.push_back(std::move(merged));
+  }
   // Servers holding FP8 weights (serve --quantization fp8) report a quantized tensor as
   // NAME (e4m3 bytes) and NAME_scale_inv: the trainer quantizes its own tensor to match.
   std::vector<size_t> quantized;

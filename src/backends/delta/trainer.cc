@@ -43,9 +43,11 @@ class DeltaPlane final : public DataPlane {
     if (init.driver != nullptr) {
       // SkyRL's two keys to every server; wsync's own fields only to wsync servers.
       std::vector<json> infos;
+      vllm_.assign(init.driver->size(), false);
       for (size_t i = 0; i < init.driver->size(); ++i) {
         const json* health = init.fleet && i < init.fleet->health.size() ? &init.fleet->health[i] : nullptr;
         const bool wsync = health && health->is_object() && health->value("server", "") == "wsync";
+        vllm_[i] = wsync && health->value("frontend", "") == "vllm";
         Result<json> info = DeltaInitPayload(delta_, wsync, publisher_->base_digest());
         if (!info.ok()) return info.status().WithContext(init.driver->urls()[i]);
         infos.push_back(std::move(*info));
@@ -81,7 +83,7 @@ class DeltaPlane final : public DataPlane {
     if (sync.driver == nullptr) return Status::Ok();  // publishing alone
     Stopwatch phase;
     Result<std::vector<json>> fetched =
-        sync.driver->Fetch(json{{"target_version", version_}, {"sync_dir", delta_.sync_dir}, {"uri", uri}});
+        sync.driver->Fetch(json{{"target_version", version_}, {"sync_dir", delta_.sync_dir}, {"uri", uri}}, vllm_);
     if (!fetched.ok()) return fetched.status().WithContext(fmt::format("fetching version {}", version_));
     report_.fetch_replies = std::move(*fetched);
     report_.fetch_seconds = phase.Lap();
@@ -148,6 +150,8 @@ class DeltaPlane final : public DataPlane {
 
  private:
   DeltaTrainerOptions delta_;
+  // Per server: a vLLM server running wsync's plugin (it fetches through a collective RPC).
+  std::vector<bool> vllm_;
   std::unique_ptr<delta::DeltaPublisher> publisher_;
   DeltaSyncReport report_;  // the sync under way
   DeltaSyncReport last_;    // the last successful sync

@@ -1,0 +1,140 @@
+"""Read-back of a vLLM model's weights by Hugging Face name, for verification.
+
+vLLM's ``/weight_checker`` digests each of its own parameters (fused ``qkv_proj``,
+``gate_up_proj``, a tensor-parallel shard, a padded vocabulary) with sha256, keyed by
+worker and vLLM name; a trainer holds Hugging Face tensors. ``hf_tensors(model)`` undoes
+the fusing (by the model's ``packed_modules_mapping`` and the layer's ``output_sizes``),
+gathers tensor-parallel shards over vLLM's TP group and cuts vocabulary padding, so the
+digests are those of the trainer's tensors.
+
+``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)``, ``wsync_stats()`` and
+``wsync_fetch_weights(body_json)`` (delta: wsync's ``/fetch_weights``, which vLLM lacks)
+to vLLM's worker base class, so that ``POST /collective_rpc {"method":
+"wsync_weight_digests", "args": ["xxh3_128"]}`` answers, from every worker, the reply
+shape of wsync's ``/weight_checker`` checksum action (``{"checksums": {hf_name: hex}}``).
+They are collectives across the TP group: every worker of the server runs them (which
+collective_rpc does).
+
+vLLM on the CPU prepacks each linear layer's weight for its GEMM kernels after loading
+and leaves the parameter empty (``dispatch_cpu_unquantized_gemm(remove_weight=True)``):
+those weights cannot be read back. For them the reply gives the xxh3-128 digest of the
+bytes the worker handed to ``load_weights`` in the last update, and lists their names
+under ``"landed_only"``; asked for another algorithm, they are listed under
+``"not_held"`` (which a trainer's verify skips).
+"""
+
+import dataclasses
+
+import torch
+
+__all__ = ["hf_tensors", "weight_digests", "install_worker_rpcs"]
+
+ALGORITHMS = ("sha256", "xxh3_128")
+
+
+def _tp():
+    from vllm.distributed import get_tp_group
+    return get_tp_group()
+
+
+def _gather(tensor, dim):
+    group = _tp()
+    if group.world_size == 1:
+        return tensor
+    return group.all_gather(tensor.contiguous(), dim=dim)
+
+
+def _module_of(model, param_name):
+    module_name = param_name.rsplit(".", 1)[0]
+    return model.get_submodule(module_name)
+
+
+def hf_tensors(model):
+    """(hf_name, full tensor) for every parameter of a vLLM model, on every TP rank; a
+    parameter vLLM emptied after loading (CPU GEMM prepacking) comes as an empty tensor."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+    tp_size = _tp().world_size
+    for name, param in model.named_parameters():
+        module = _module_of(model, name)
+        leaf = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        data = param.detach()
+        subs = packed.get(leaf) if isinstance(module, ColumnParallelLinear) else None
+        if data.numel() == 0:
+            for sub in subs or [leaf]:
+                yield name.replace(f".{leaf}.", f".{sub}."), data
+            continue
+        if isinstance(module, VocabParallelEmbedding):
+            # The gathered rows are the padded vocabulary, shard after shard.
+            data = _gather(data, 0)
+            yield name, data[: getattr(module, "org_vocab_size", data.shape[0])]
+            continue
+        if subs:
+            if getattr(module, "num_kv_head_replicas", 1) != 1:
+                raise NotImplementedError(f"{name}: KV heads replicated across TP ranks are not read back")
+            sizes = [s // tp_size for s in module.output_sizes]
+            for sub, part in zip(subs, torch.split(data, sizes, dim=0)):
+                yield name.replace(f".{leaf}.", f".{sub}."), _gather(part, 0)
+            continue
+        if isinstance(module, ColumnParallelLinear) and tp_size > 1:
+            data = _gather(data, 0)
+        elif isinstance(module, RowParallelLinear) and tp_size > 1 and data.dim() == 2:
+            data = _gather(data, 1)
+        yield name, data
+
+
+def _hex(algorithm, tensor):
+    from wsync.worker_server import tensor_digest
+    return tensor_digest(tensor, algorithm)
+
+
+def weight_digests(model, algorithm="xxh3_128", landed=None):
+    """{"checksums": {hf_name: hex}, "landed_only": [...], "not_held": [...]} of a vLLM
+    model (a TP collective); `landed` is {hf_name: xxh3_128 hex} of the last update's
+    bytes, for the weights vLLM emptied (module doc)."""
+    algorithm = str(algorithm).replace("-", "_")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown digest algorithm {algorithm!r} (use sha256 or xxh3_128)")
+    landed = landed or {}
+    sums, landed_only, not_held = {}, [], []
+    for name, t in hf_tensors(model):
+        if t.numel() > 0:
+            sums[name] = _hex(algorithm, t)
+        elif algorithm == "xxh3_128" and name in landed:
+            sums[name] = landed[name]
+            landed_only.append(name)
+        else:
+            not_held.append(name)
+    return {"checksums": sums, "landed_only": landed_only, "not_held": not_held}
+
+
+def _worker_weight_digests(self, algorithm="xxh3_128"):
+    engine = getattr(self, "weight_transfer_engine", None)
+    return weight_digests(self.model_runner.get_model(), algorithm, getattr(engine, "landed", None))
+
+
+def _worker_stats(self):
+    engine = getattr(self, "weight_transfer_engine", None)
+    stats = getattr(engine, "stats", None)
+    out = dataclasses.asdict(stats) if stats is not None else {}
+    out["syncs"] = getattr(engine, "syncs", 0)
+    return out
+
+
+def _worker_fetch_weights(self, body_json):
+    import json
+    engine = getattr(self, "weight_transfer_engine", None)
+    if engine is None or not hasattr(engine, "fetch_weights"):
+        raise RuntimeError("wsync_fetch_weights needs the wsync weight-transfer engine")
+    return engine.fetch_weights(json.loads(body_json))
+
+
+def install_worker_rpcs():
+    """Adds the wsync_* collective RPCs to vLLM's worker base class (new names only)."""
+    from vllm.v1.worker.worker_base import WorkerBase
+    for name, fn in (("wsync_weight_digests", _worker_weight_digests), ("wsync_stats", _worker_stats),
+                     ("wsync_fetch_weights", _worker_fetch_weights)):
+        if not hasattr(WorkerBase, name):
+            setattr(WorkerBase, name, fn)
