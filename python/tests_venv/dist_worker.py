@@ -46,6 +46,24 @@ def full_state(model):
     return out
 
 
+def checkpoint_names(full):
+    """The test's own cut of transformers 5's fused experts into the checkpoint's per-expert
+    tensors ([E, 2I, H] gate then up; [E, H, I] down)."""
+    out = {}
+    for name, t in full.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{name[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = t[e, :half]
+                out[f"{name[:-len('gate_up_proj')]}{e}.up_proj.weight"] = t[e, half:]
+        elif name.endswith("mlp.experts.down_proj"):
+            for e in range(t.shape[0]):
+                out[f"{name[:-len('down_proj')]}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
+
+
 def build_model(spec):
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(spec["model_dir"])
@@ -85,7 +103,9 @@ def main():
         source = wsync.MegatronSource(engine, spec["model_dir"], spec["layout"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in range(spec["steps"]):
-        train_step(model, opt, rank, step, spec.get("mixed", False))
+        # A Megatron-style rank here trains the whole model replicated (every rank the same
+        # data) and lays it out into its own parameters with the engine's table.
+        train_step(model, opt, 0 if spec["source"] == "megatron" else rank, step, spec.get("mixed", False))
         fault = spec.get("faults", {}).get(str(step), {})
         if fault.get("kill_rank") == rank:
             os._exit(3)
@@ -108,7 +128,7 @@ def main():
         out["seconds"] = time.monotonic() - t0
         if rank == 0 and out["ok"]:
             want = {n: digest(t if cast is None or not t.is_floating_point() else t.to(cast))
-                    for n, t in full.items() if n not in spec.get("dropped", [])}
+                    for n, t in checkpoint_names(full).items() if n not in spec.get("dropped", [])}
             bad = {}
             for url in spec["servers"]:
                 got = checksums(url)

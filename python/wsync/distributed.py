@@ -22,26 +22,34 @@ Both are collectives: every rank of the trainer makes the same passes at the sam
 """
 
 import itertools
+import re
 
 from wsync import _wsync
 from wsync.sources import _cast, _cast_rule, _detached, dtype_name
 
-__all__ = ["DTensorSource", "MegatronSource", "assign_owners"]
+__all__ = ["DTensorSource", "MegatronSource", "assign_owners", "checkpoint_tensors"]
 
 
-def assign_owners(metadata, world_size):
+def assign_owners(metadata, world_size, inputs=None):
     """The trainer rank that holds each tensor of ``metadata`` (``[(name, dtype, shape)]``):
     whole layer groups (``wsync``'s, as the ``sharded`` plan cuts them), largest first, each
     to the rank holding the fewest bytes so far (lowest rank on ties). With fewer groups
-    than ranks, tensors are assigned one by one the same way. Deterministic: every rank
-    computes the same list."""
+    than ranks, tensors are assigned one by one the same way. ``inputs`` (per tensor, the
+    index of the source tensor it is cut from, non-decreasing) keeps the tensors cut from
+    one source tensor on one rank. Deterministic: every rank computes the same list."""
     import torch
     names = [m[0] for m in metadata]
     sizes = [torch.Size(m[2]).numel() * torch.empty((), dtype=getattr(torch, dtype_name(m[1]))).element_size()
              for m in metadata]
     units = _wsync.layer_groups(names)
     if len(units) < world_size:
-        units = [(i, i + 1) for i in range(len(names))]
+        inputs = inputs or list(range(len(names)))
+        units = []
+        for i, k in enumerate(inputs):
+            if units and inputs[units[-1][0]] == k:
+                units[-1] = (units[-1][0], i + 1)
+            else:
+                units.append((i, i + 1))
     if len(units) < world_size:
         raise ValueError(f"the model has {len(names)} tensors, fewer than the {world_size} trainer ranks: every "
                          f"rank of the sharded backend must hold one")
@@ -107,7 +115,8 @@ def _numel(box):
 class DTensorSource:
     """The weights of a DTensor (FSDP2) model, each rank describing its own shards.
 
-    ``DTensorSource(module_or_state_dict, name_map=None, dtype=None, group=None)``
+    ``DTensorSource(module_or_state_dict, name_map=None, dtype=None, group=None,
+    split_fused_experts=True)``
 
     * ``module_or_state_dict``: the rank's module (``state_dict()`` is read at every pass,
       so one source serves every step) or a mapping ``{name: tensor}``. Values are DTensors
@@ -118,25 +127,39 @@ class DTensorSource:
     * ``dtype``: the servers' dtype; floating-point tensors are cast as they are gathered
       (each rank casts its own shard first, so the gather moves the cast bytes).
     * ``group``: the ``torch.distributed`` group of the trainer ranks (default: the world).
+    * ``split_fused_experts``: transformers 5 keeps a MoE layer's experts fused
+      (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``);
+      the servers, as vLLM, load the checkpoint's per-expert tensors
+      (``mlp.experts.<e>.gate_proj.weight`` ...). Each fused tensor is sent as those
+      (views of the gathered tensor, no copy).
 
     ``held_names()`` / ``iter_held()`` are the ``sharded`` backend's pass (see the module's
     doc); ``__iter__`` is the broadcast backends' (gathered onto rank 0).
     ``peak_gather_bytes`` is the largest gather buffer a pass has held on this rank.
     """
 
-    def __init__(self, module_or_state_dict, name_map=None, dtype=None, group=None):
+    def __init__(self, module_or_state_dict, name_map=None, dtype=None, group=None, split_fused_experts=True):
         import torch.distributed as dist
         self._target = module_or_state_dict
         self._name_map = name_map
         self._cast_to = _cast_rule(dtype)
         self._group = group
+        self._split = split_fused_experts
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self._metadata, self._layouts = [], []
+        # Per source tensor: (its layout or None, its outputs [(name, cut)]); the metadata
+        # lists the outputs in order, each tagged with its source tensor.
+        self._inputs, self._metadata, self._input_of = [], [], []
         for name, tensor in self._items():
-            self._metadata.append((name, self._target_dtype(name, tensor), tuple(tensor.shape)))
-            self._layouts.append(_Layout(tensor, self.world_size) if _is_dtensor(tensor) else None)
-        self._owners = assign_owners(self._metadata, self.world_size)
+            dtype_out = self._target_dtype(name, tensor)
+            outputs = _cuts(name, tuple(tensor.shape)) if self._split else [(name, None, tuple(tensor.shape))]
+            layout = _Layout(tensor, self.world_size) if _is_dtensor(tensor) else None
+            self._inputs.append((name, layout, [(n, cut) for n, cut, _ in outputs]))
+            for n, _, shape in outputs:
+                self._metadata.append((n, dtype_out, shape))
+                self._input_of.append(len(self._inputs) - 1)
+        self._excluded = frozenset()
+        self._owners = assign_owners(self._metadata, self.world_size, self._input_of)
         self.peak_gather_bytes = 0
         self._scratch = None
 
@@ -145,19 +168,18 @@ class DTensorSource:
         return list(self._metadata)
 
     def without(self, names):
-        """The same source without the tensors ``names`` (never gathered nor sent): what the
-        ``sharded`` engine sends of a model whose servers drop some of its names."""
+        """The same source without the tensors ``names`` (never sent; a source tensor none of
+        whose outputs is left is not gathered): what the ``sharded`` engine sends of a model
+        whose servers drop some of its names."""
         import copy
         names = set(names)
         out = copy.copy(self)
         keep = [i for i, m in enumerate(self._metadata) if m[0] not in names]
         out._excluded = self._excluded | names
         out._metadata = [self._metadata[i] for i in keep]
-        out._layouts = [self._layouts[i] for i in keep]
-        out._owners = assign_owners(out._metadata, self.world_size)
+        out._input_of = [self._input_of[i] for i in keep]
+        out._owners = assign_owners(out._metadata, self.world_size, out._input_of)
         return out
-
-    _excluded = frozenset()
 
     def owners(self):
         """The rank that holds (gathers and sends) each tensor, in metadata order."""
@@ -167,22 +189,39 @@ class DTensorSource:
         """The names this rank holds for the ``sharded`` backend."""
         return [m[0] for m, owner in zip(self._metadata, self._owners) if owner == self.rank]
 
+    def _input_owners(self):
+        """Per source tensor still sent: its owner (None: nothing of it is sent)."""
+        owners = [None] * len(self._inputs)
+        for k, owner in zip(self._input_of, self._owners):
+            owners[k] = owner
+        return owners
+
     def iter_held(self):
         """The held pass: every tensor is gathered onto its owner; this rank yields its own."""
-        for i, (name, tensor) in enumerate(self._items()):
-            full = self._gather(i, name, tensor, self._owners[i])
+        owners = self._input_owners()
+        for k, (name, tensor) in enumerate(self._items()):
+            if owners[k] is None:
+                continue
+            full = self._gather(k, tensor, owners[k])
             if full is not None:
-                yield name, full
+                yield from self._outputs(k, full)
                 del full
 
     def __iter__(self):
-        for i, (name, tensor) in enumerate(self._items()):
-            full = self._gather(i, name, tensor, 0)
-            if self.rank == 0:
-                yield name, full
-            else:
-                yield name, self._placeholder(i)
+        owners = self._input_owners()
+        for k, (name, tensor) in enumerate(self._items()):
+            if owners[k] is None:
+                continue
+            full = self._gather(k, tensor, 0)
+            for out_name, view in self._outputs(k, full):
+                yield out_name, view if self.rank == 0 else self._placeholder(out_name)
             del full
+
+    def _outputs(self, k, full):
+        for out_name, cut in self._inputs[k][2]:
+            if out_name in self._excluded:
+                continue
+            yield out_name, (full if cut is None or full is None else cut(full))
 
     def _items(self):
         state = self._target.state_dict() if hasattr(self._target, "state_dict") else self._target
@@ -191,20 +230,19 @@ class DTensorSource:
                 name = self._name_map(name)
                 if name is None:
                     continue
-            if name in self._excluded:
-                continue
             yield name, _detached(tensor)
 
     def _target_dtype(self, name, tensor):
         target = self._cast_to(name, tensor) if self._cast_to else None
         return target or dtype_name(tensor.dtype)
 
-    def _gather(self, i, name, tensor, dst):
-        """The full tensor ``i`` on rank ``dst`` (None elsewhere): one gather of the local shards."""
+    def _gather(self, k, tensor, dst):
+        """Source tensor ``k`` whole on rank ``dst`` (None elsewhere): one gather of the
+        local shards."""
         import torch
         import torch.distributed as dist
-        target = self._metadata[i][1]
-        layout = self._layouts[i]
+        target = self._target_dtype(self._inputs[k][0], tensor)
+        layout = self._inputs[k][1]
         if layout is None:  # held whole by every rank
             return _cast(tensor, target).contiguous() if self.rank == dst else None
         local = _cast(tensor.to_local(), target).contiguous().reshape(-1)
@@ -217,7 +255,7 @@ class DTensorSource:
         flat = torch.empty(piece * self.world_size, dtype=send.dtype, device=send.device)
         self.peak_gather_bytes = max(self.peak_gather_bytes, flat.numel() * flat.element_size())
         dist.gather(send, list(flat.split(piece)), dst=group_dst, group=self._group)
-        shape = self._metadata[i][2]
+        shape = tuple(tensor.shape)
         total = 1
         for n in shape:
             total *= n
@@ -233,9 +271,10 @@ class DTensorSource:
             view.copy_(flat[r * piece:r * piece + layout.numel[r]].view([length for _, length in box]))
         return full
 
-    def _placeholder(self, i):
-        """A tensor of tensor ``i``'s dtype and shape over one reused scratch buffer."""
+    def _placeholder(self, name):
+        """A tensor of ``name``'s dtype and shape over one reused scratch buffer."""
         import torch
+        i = next(j for j, m in enumerate(self._metadata) if m[0] == name)
         _, dtype, shape = self._metadata[i]
         dt = getattr(torch, dtype)
         numel = 1
@@ -252,6 +291,37 @@ class DTensorSource:
     def __repr__(self):
         return (f"DTensorSource({len(self._metadata)} tensors, rank {self.rank} of {self.world_size}, "
                 f"holds {sum(o == self.rank for o in self._owners)})")
+
+
+_FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def checkpoint_tensors(state_dict):
+    """``(name, tensor)`` of a full model's ``state_dict`` under the checkpoint's names, as
+    vLLM loads them: transformers 5's fused MoE experts become per-expert views."""
+    for name, tensor in state_dict.items():
+        for out_name, cut, _ in _cuts(name, tuple(tensor.shape)):
+            yield out_name, tensor if cut is None else cut(tensor)
+
+
+def _cuts(name, shape):
+    """The checkpoint tensors a state-dict tensor stands for: [(name, cut, shape)], where
+    ``cut(full)`` is the view of the whole tensor (None: itself). transformers 5's fused
+    experts ([E, 2I, H] gate_up, gate first; [E, H, I] down) are cut per expert."""
+    m = _FUSED_EXPERTS.match(name)
+    if not m or len(shape) != 3:
+        return [(name, None, shape)]
+    prefix, kind = m.groups()
+    out = []
+    if kind == "gate_up_proj":
+        half = shape[1] // 2
+        for e in range(shape[0]):
+            out.append((f"{prefix}.{e}.gate_proj.weight", lambda t, e=e: t[e, :half], (half, shape[2])))
+            out.append((f"{prefix}.{e}.up_proj.weight", lambda t, e=e: t[e, half:], (half, shape[2])))
+    else:
+        for e in range(shape[0]):
+            out.append((f"{prefix}.{e}.down_proj.weight", lambda t, e=e: t[e], (shape[1], shape[2])))
+    return out
 
 
 def _is_dtensor(tensor):
@@ -328,11 +398,15 @@ class MegatronSource:
         return self._native.peak_buffer_bytes
 
     def load_hf(self, state_dict):
-        """Lays a full Hugging Face model (``{name: tensor}``, every tensor, CPU) out into this
-        rank's parameters, in the engine's buffers: a checkpoint's conversion. With
+        """Lays a full Hugging Face model (``{name: tensor}``, every tensor, CPU; names the
+        servers drop, such as a tied ``lm_head.weight``, are skipped, and transformers 5's
+        fused experts are cut per expert: ``checkpoint_tensors``) out into this rank's
+        parameters, in the engine's buffers: a checkpoint's conversion. With
         ``params=None`` the source sends what the last ``load_hf`` laid out."""
         self._hf_loaded = state_dict
-        self._native_for().load_hf([(n, _detached(t).contiguous()) for n, t in state_dict.items()])
+        pairs = list(checkpoint_tensors(state_dict))
+        dropped = set(_wsync.dropped_names([n for n, _ in pairs], self._model))
+        self._native_for().load_hf([(n, _detached(t).contiguous()) for n, t in pairs if n not in dropped])
 
     _hf_loaded = None
 
