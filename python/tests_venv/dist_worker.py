@@ -107,12 +107,12 @@ def main():
         # data) and lays it out into its own parameters with the engine's table.
         train_step(model, opt, 0 if spec["source"] == "megatron" else rank, step, spec.get("mixed", False))
         fault = spec.get("faults", {}).get(str(step), {})
-        if fault.get("kill_rank") == rank:
-            os._exit(3)
         if fault.get("wait_file"):
             while not os.path.exists(fault["wait_file"]):
                 time.sleep(0.02)
         full = full_state(model)  # a collective: every rank
+        if fault.get("kill_rank") == rank:
+            os._exit(3)
         if spec["source"] == "megatron":
             source.load_hf(full)
         run = source
@@ -140,6 +140,10 @@ def main():
         if rank == 0 and isinstance(source, wsync.DTensorSource):
             out["peak_gather_bytes"] = source.peak_gather_bytes
         print(json.dumps(out), flush=True)
+        if rank == 0 and spec.get("signal_dir"):
+            open(os.path.join(spec["signal_dir"], f"done{step}"), "w").close()
+        if not out["ok"] and spec.get("exit_on_failure"):
+            os._exit(0)  # a peer may be gone: no barrier, no teardown
         dist.barrier()
     engine.shutdown()
     dist.destroy_process_group()
@@ -153,6 +157,9 @@ class _Raising:
 
     def metadata(self):
         return self._s.metadata()
+
+    def without(self, names):
+        return _Raising(self._s.without(names))
 
     def held_names(self):
         return self._s.held_names()

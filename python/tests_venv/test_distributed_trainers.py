@@ -129,3 +129,88 @@ def test_moe_two_ranks_into_tp2(source, layout, wsync_server, tmp_path):
             "layout": layout, "steps": 2, "backend_options": {"model": model_dir}}
     results, _, logs = run_ranks(spec, tmp_path, world=2)
     assert_landed(results, logs, 2)
+
+
+def start_server(tmp_path, name, port, model_dir, tp):
+    """A sharded `wsync serve` on a given port (so that a restart keeps its URL)."""
+    ready = tmp_path / f"{name}.url"
+    ready.unlink(missing_ok=True)
+    cmd = [shared.wsync_bin(), "serve", "--host", "127.0.0.1", "--port", str(port), "--ready-file", str(ready),
+           "--backend", "sharded", "--model", model_dir, "--tp", str(tp)]
+    with open(tmp_path / f"{name}.log", "a") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, TMPDIR=str(tmp_path)))
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and ready.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / f"{name}.log").read_text()
+        time.sleep(0.05)
+    return proc, ready.read_text().strip()
+
+
+def assert_failed_everywhere(results, logs, step, words):
+    """Every rank's sync `step` failed within the engine timeout, naming one of `words`."""
+    for r, lines in enumerate(results):
+        line = next((x for x in lines if x["step"] == step), None)
+        assert line is not None and not line["ok"], f"rank {r}: {lines}\n" + stderr_of(logs)
+        assert line["seconds"] < TIMEOUT + SLACK, f"rank {r} took {line['seconds']:.1f} s: {line}"
+        assert any(w in line["message"] for w in words), f"rank {r}: {line}"
+
+
+def test_failures_end_every_rank_and_the_next_sync_lands(tmp_path):
+    """Sharded from 2 FSDP2 ranks into a TP=2 server. Step 1: rank 1's source raises after
+    its pass: both ranks raise naming it; step 2 lands. Step 3: the server is killed: both
+    ranks raise naming it; it restarts on its port and step 4 lands. Then rank 1 dies before
+    a sync: rank 0's call ends with a named error, and a fresh pair of ranks lands."""
+    model_dir = write_config(tmp_path / "model", dtype="float32")
+    port = free_port()
+    proc, url = start_server(tmp_path, "server", port, model_dir, 2)
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    try:
+        spec = {"backend": "sharded", "servers": [url], "model_dir": model_dir, "source": "dtensor",
+                "steps": 5, "backend_options": {"model": model_dir}, "dropped": ["lm_head.weight"],
+                "signal_dir": str(signals),
+                "faults": {"1": {"raise_rank": 1}, "3": {"wait_file": str(signals / "killed")},
+                           "4": {"wait_file": str(signals / "restarted")}}}
+        import threading
+
+        def restart():
+            deadline = time.monotonic() + 240
+            while not (signals / "done2").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.kill()
+            proc.wait()
+            (signals / "killed").touch()
+            while not (signals / "done3").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            restarted.append(start_server(tmp_path, "server", port, model_dir, 2)[0])
+            (signals / "restarted").touch()
+
+        restarted = []
+        helper = threading.Thread(target=restart, daemon=True)
+        helper.start()
+        results, _, logs = run_ranks(spec, tmp_path, world=2, tag="faults")
+        helper.join(timeout=60)
+        assert_failed_everywhere(results, logs, 1, ["gradient norm check failed"])
+        assert_failed_everywhere(results, logs, 3, [url])
+        for step in (0, 2, 4):
+            for r, lines in enumerate(results):
+                line = lines[step]
+                assert line["ok"], f"rank {r} step {step}: {line}\n" + stderr_of(logs)
+            assert results[0][step]["mismatch"] == {}, results[0][step]
+
+        spec = {"backend": "sharded", "servers": [url], "model_dir": model_dir, "source": "dtensor",
+                "steps": 2, "backend_options": {"model": model_dir}, "dropped": ["lm_head.weight"],
+                "exit_on_failure": True, "faults": {"1": {"kill_rank": 1}}}
+        results, _, logs = run_ranks(spec, tmp_path, world=2, tag="killed")
+        assert results[0][0]["ok"], results
+        line = results[0][1]
+        assert not line["ok"] and line["seconds"] < TIMEOUT + SLACK, line
+        assert "rank 1" in line["message"] or "Connection closed" in line["message"], line
+        spec = dict(spec, steps=1, faults={})
+        results, _, logs = run_ranks(spec, tmp_path, world=2, tag="after")
+        assert_landed(results, logs, 1)
+    finally:
+        for p in [proc] + restarted:
+            if p.poll() is None:
+                p.kill()

@@ -267,7 +267,9 @@ class TrainerEngine:
     def _prepared(self, source):
         """``source`` as the native engine takes it. The ``sharded`` plan covers the servers'
         tensors only, so the names its servers drop (``wsync._wsync.dropped_names``: a tied
-        ``lm_head.weight``, rotary buffers) are left out of its passes here, as vLLM skips them."""
+        ``lm_head.weight``, rotary buffers) are left out of its passes here, as vLLM skips them:
+        through the source's own ``without(names)`` when it has one (``DTensorSource``: those
+        tensors are then never gathered), else by filtering its passes."""
         from wsync.distributed import DTensorSource
         source = _native(source)
         model = self._options["backend_options"].get("model")
@@ -282,7 +284,7 @@ class TrainerEngine:
         dropped = _wsync.dropped_names(names, model)
         if not dropped:
             out = source
-        elif isinstance(source, DTensorSource):
+        elif isinstance(source, DTensorSource) or callable(getattr(source, "without", None)):
             out = source.without(dropped)
         else:
             out = _Without(source, dropped)
