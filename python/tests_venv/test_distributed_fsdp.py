@@ -29,3 +29,16 @@ def test_fsdp2_two_ranks_into_tp1_and_tp2(backend, wsync_server, tmp_path):
             "dropped": ["lm_head.weight"]}
     results, _, logs = run_ranks(spec, tmp_path)
     assert_landed(results, logs, 2)
+
+
+def test_fsdp2_four_ranks_sharded_into_two_tp2_servers(wsync_server, tmp_path):
+    """4 FSDP2 ranks, mixed precision (bf16 autocast, fp32 masters sent as bf16), each sending
+    the layer groups it owns into 2 servers x TP=2."""
+    model_dir = write_config(tmp_path / "model", dtype="bfloat16")
+    servers = [wsync_server(backend="sharded", model=model_dir, args=["--tp", "2"]) for _ in range(2)]
+    spec = {"backend": "sharded", "servers": [s.url for s in servers], "model_dir": model_dir,
+            "source": "dtensor", "steps": 2, "servers_dtype": "bfloat16", "mixed": True,
+            "backend_options": {"model": model_dir}, "dropped": ["lm_head.weight"]}
+    results, _, logs = run_ranks(spec, tmp_path, world=4)
+    assert_landed(results, logs, 2)
+    assert all(line["bytes"] > 0 for lines in results[1:] for line in lines), results
