@@ -57,7 +57,10 @@ def test_failures_end_every_rank_and_the_next_sync_lands(tmp_path):
         assert results[0][0]["ok"], results
         line = results[0][1]
         assert not line["ok"] and line["seconds"] < TIMEOUT + SLACK, line
-        assert "rank 1" in line["message"] or "Connection closed" in line["message"], line
+        # Whichever collective saw rank 1 go first names the broken connection: the source's
+        # gather (torch: "Connection closed by peer") or the engine's trainer group (gloo).
+        assert line["type"] in ("UnavailableError", "AbortedError", "DeadlineExceededError"), line
+        assert any(w in line["message"] for w in ("rank 1", "Connection", "connection")), line
         spec = dict(spec, steps=1, faults={})
         results, _, logs = run_ranks(spec, tmp_path, world=2, tag="after")
         assert_landed(results, logs, 1)

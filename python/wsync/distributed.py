@@ -160,7 +160,7 @@ class DTensorSource:
                 self._input_of.append(len(self._inputs) - 1)
         self._excluded = frozenset()
         self._owners = assign_owners(self._metadata, self.world_size, self._input_of)
-        self.peak_gather_bytes = 0
+        self._peak = [0]  # shared with the copies without() makes
         self._scratch = None
 
     def metadata(self):
@@ -180,6 +180,12 @@ class DTensorSource:
         out._input_of = [self._input_of[i] for i in keep]
         out._owners = assign_owners(out._metadata, self.world_size, out._input_of)
         return out
+
+    @property
+    def peak_gather_bytes(self):
+        """The largest gather buffer a pass of this source (or of its ``without()`` copies)
+        has held on this rank, in bytes."""
+        return self._peak[0]
 
     def owners(self):
         """The rank that holds (gathers and sends) each tensor, in metadata order."""
@@ -253,7 +259,7 @@ class DTensorSource:
             dist.gather(send, None, dst=group_dst, group=self._group)
             return None
         flat = torch.empty(piece * self.world_size, dtype=send.dtype, device=send.device)
-        self.peak_gather_bytes = max(self.peak_gather_bytes, flat.numel() * flat.element_size())
+        self._peak[0] = max(self._peak[0], flat.numel() * flat.element_size())
         dist.gather(send, list(flat.split(piece)), dst=group_dst, group=self._group)
         shape = tuple(tensor.shape)
         total = 1
