@@ -92,7 +92,8 @@ def sha256(t):
 def verify(urls, full, dtype):
     want = {n: sha256(t.to(dtype)) for n, t in full.items() if n != "lm_head.weight"}
     for url in urls:
-        req = urllib.request.Request(url + "/weight_checker", method="POST", headers={"Content-Type": "application/json"},
+        req = urllib.request.Request(url + "/weight_checker", method="POST",
+                                     headers={"Content-Type": "application/json"},
                                      data=json.dumps({"action": "checksum", "algorithm": "sha256"}).encode())
         with urllib.request.urlopen(req, timeout=60) as r:
             got = json.loads(r.read())["checksums"]

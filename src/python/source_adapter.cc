@@ -345,7 +345,8 @@ Result<std::unique_ptr<TensorStream>> PySource::StartPass(const char* iter_metho
   py::gil_scoped_acquire gil;
   py::object iterator;
   bool ready = false;
-  const std::string what = iter_method == nullptr ? "iter() of the source" : fmt::format("the source's {}()", iter_method);
+  const std::string what =
+      iter_method == nullptr ? "iter() of the source" : fmt::format("the source's {}()", iter_method);
   try {
     ready = py::bool_(py::getattr(source_, "yields_ready_tensors", py::bool_(false)));
     py::object iterable = iter_method == nullptr ? source_ : source_.attr(iter_method)();

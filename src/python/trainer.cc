@@ -172,7 +172,9 @@ class PyNativeSource {
     }
     HostTensor& param = source_->params()[it->second];
     BorrowedTensor b = ValueOrRaise(Borrow(tensor, name, param.meta.dtype));
-    if (!b.device.is_cpu()) RaiseStatus(InvalidArgument(fmt::format("parameter {} is on {}; give a CPU tensor", name, b.device.ToString())));
+    if (!b.device.is_cpu()) {
+      RaiseStatus(InvalidArgument(fmt::format("parameter {} is on {}; give a CPU tensor", name, b.device.ToString())));
+    }
     if (b.meta.dtype != param.meta.dtype || b.meta.shape != param.meta.shape) {
       RaiseStatus(InvalidArgument(fmt::format("parameter {} of {}: the layout holds {} {}, the tensor given is {} {}",
                                               name, Describe(), TorchName(param.meta.dtype),
@@ -189,7 +191,9 @@ class PyNativeSource {
       auto pair = py::reinterpret_borrow<py::sequence>(item);
       const std::string name = pair[0].cast<std::string>();
       BorrowedTensor b = ValueOrRaise(Borrow(pair[1], name));
-      if (!b.device.is_cpu()) RaiseStatus(InvalidArgument(fmt::format("{} is on {}; give a CPU tensor", name, b.device.ToString())));
+      if (!b.device.is_cpu()) {
+        RaiseStatus(InvalidArgument(fmt::format("{} is on {}; give a CPU tensor", name, b.device.ToString())));
+      }
       TensorMeta meta = b.meta;
       meta.name = name;
       HostTensor t = ValueOrRaise(HostTensor::Zeros(meta));
@@ -348,7 +352,9 @@ class PyTrainerEngine {
     MegatronLayout table = ValueOrRaise(MegatronLayout::Build(config, layout));
     auto shared = std::make_shared<const MegatronLayout>(std::move(table));
     std::vector<HostTensor> params;
-    for (const WorkerParam& p : shared->params(options_.rank)) params.push_back(ValueOrRaise(HostTensor::Zeros(p.meta)));
+    for (const WorkerParam& p : shared->params(options_.rank)) {
+      params.push_back(ValueOrRaise(HostTensor::Zeros(p.meta)));
+    }
     std::shared_ptr<Communicator> comm = group_ ? group_->comm() : SoloComm();
     SourceOptions o;
     o.timeout_seconds = options_.timeout_seconds;
@@ -386,7 +392,8 @@ class PyTrainerEngine {
   }
 
   bool UsesRankGroup() const {
-    return world_size_ > 1 && (options_.backend == "sharded" || (options_.backend == "ipc" && !options_.device.is_cpu()));
+    return world_size_ > 1 &&
+           (options_.backend == "sharded" || (options_.backend == "ipc" && !options_.device.is_cpu()));
   }
 
   // The trainer group (when the backend uses one) and the engine on it.
@@ -406,7 +413,8 @@ class PyTrainerEngine {
       }();
       if (!joined.ok()) {
         stale_ = true;
-        RaiseStatus(joined.status().WithContext(fmt::format("trainer rank {} joining the trainer group", options_.rank)));
+        RaiseStatus(
+            joined.status().WithContext(fmt::format("trainer rank {} joining the trainer group", options_.rank)));
       }
       group_ = std::move(joined).value();
       o.comm = group_->comm();
@@ -674,7 +682,8 @@ void BindTrainer(py::module_& m) {
       .def_property_readonly("stale", &PyTrainerEngine::stale)
       .def("megatron_source", &PyTrainerEngine::MegatronSourceOf, py::arg("model"), py::arg("layout"));
 
-  py::class_<PyNativeSource>(m, "_MegatronSource", "A Megatron-style rank's parameters, laid out by the engine's table.")
+  py::class_<PyNativeSource>(m, "_MegatronSource",
+                             "A Megatron-style rank's parameters, laid out by the engine's table.")
       .def("params", &PyNativeSource::params)
       .def("held_names", &PyNativeSource::held_names)
       .def("load", &PyNativeSource::Load, py::arg("name"), py::arg("tensor"))
