@@ -5,6 +5,7 @@ inference worker written in Python builds a ``ReceiverEngine`` and lands each up
 through its own ``load_weights``. See the README's "Python" section.
 
 Trainer side: ``TrainerEngine``, ``SyncStats``, ``StateDictSource``, ``TensorListSource``,
+``DTensorSource``, ``MegatronSource`` (distributed trainers),
 ``model_metadata``. Receive side: ``ReceiverEngine``, and ``wsync.worker_server`` (a
 vLLM-shaped HTTP front over receivers). Errors: ``wsync.Error`` and one subclass per status (``wsync.errors``).
 """
@@ -25,8 +26,10 @@ from wsync.errors import *  # noqa: F401,F403  (the exception classes)
 from wsync.sources import (StateDictSource, TensorListSource, dtype_name, model_metadata,
                            registered_models)
 from wsync.trainer import SyncStats, TrainerEngine
+from wsync.distributed import DTensorSource, MegatronSource
 
 _trainer_exports = ["TrainerEngine", "SyncStats", "StateDictSource", "TensorListSource",
+                    "DTensorSource", "MegatronSource",
                     "dtype_name", "model_metadata", "registered_models"]
 
 # ---- receiver side -------------------------------------------------------------------

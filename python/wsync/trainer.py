@@ -33,12 +33,56 @@ def _broadcast_from_rank0(value):
     return box[0]
 
 
+def _bind_host_toward(host):
+    """This host's address on the route to ``host`` (``host`` itself when it is loopback)."""
+    import ipaddress
+    import socket
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+            return host
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return host
+
+
+def _native(source):
+    """What the native engine takes for ``source``: a ``wsync.MegatronSource``'s engine-side
+    source (its parameters copied in first), else ``source`` itself."""
+    from wsync.distributed import MegatronSource
+    if isinstance(source, MegatronSource):
+        return source.load()
+    return source
+
+
+class _Without:
+    """A source without some of its names (the ones the servers drop), for ``sharded``."""
+
+    def __init__(self, source, names):
+        self._source, self._names = source, set(names)
+        self.yields_ready_tensors = getattr(source, "yields_ready_tensors", False)
+
+    def metadata(self):
+        return [m for m in self._source.metadata() if m[0] not in self._names]
+
+    def held_names(self):
+        held = self._source.held_names() if hasattr(self._source, "held_names") else None
+        return None if held is None else [n for n in held if n not in self._names]
+
+    def iter_held(self):
+        return ((n, t) for n, t in self._source.iter_held() if n not in self._names)
+
+    def __iter__(self):
+        return ((n, t) for n, t in self._source if n not in self._names)
+
+
 class TrainerEngine:
     """Sends one trainer rank's weights to running inference servers, every step.
 
     ``TrainerEngine(backend="nccl", servers=[...], data_parallel_size=1, bucket_gb=1.0,
     timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
-    num_buffers=2, store_host="127.0.0.1", group_port=None, progress=None,
+    num_buffers=2, store_host="127.0.0.1", group_port=None, bind_host=None, progress=None,
     inline_verify=True, **backend_options)``
 
     backend
@@ -62,13 +106,17 @@ class TrainerEngine:
     device
         Where the source's tensors live and the data plane runs: ``"cpu"`` or ``"cuda:N"``.
     rank, world_size
-        This trainer rank and the number of ranks. Rank 0 sends; every other rank only
-        makes its one pass over its source per sync (so that collectives inside the
-        source, such as an FSDP all-gather, run on every rank). The ``ipc`` backend's
-        multi-GPU rank groups (every rank exporting its own GPU's slots) are not offered
-        from Python yet: with ``world_size > 1`` rank 0 alone exports. Every rank builds
-        its engine and calls ``send_weights`` the same number of times. See "One failure
-        ends every rank" below.
+        This trainer rank and the number of ranks. With ``nccl`` and ``delta`` (and ``ipc``
+        on the CPU) rank 0 sends; every other rank only makes its one pass over its source
+        per sync (so that collectives inside the source, such as an FSDP gather, run on
+        every rank). With ``sharded`` every rank sends the tensors it holds (its source's
+        ``held_names()``: ``wsync.DTensorSource``, ``wsync.MegatronSource``) straight to
+        the workers that keep their slices, and with ``ipc`` on CUDA every rank on a GPU
+        no lower rank is on exports its own staging slots: both run on wsync's own trainer
+        group, which the engines form when they are built (a Gloo group meeting at rank 0's
+        store, ``store_host``:``group_port``). Every rank builds its engine and calls
+        ``init`` / ``send_weights`` the same number of times, at the same time. See "One
+        failure ends every rank" below.
     packed, num_buffers
         Pack tensors into ``bucket_gb`` buffers (vLLM's packed mode) and how many buffers
         rotate, so packing overlaps the previous chunk's transfer.
@@ -83,6 +131,11 @@ class TrainerEngine:
         are built, so build them on every rank at once). ``0`` opts out of the trainer
         group: ranks then never learn each other's failures, and a failure on one rank
         may leave the others in their sources' collectives.
+    bind_host
+        With a trainer group of its own (``sharded``; ``ipc`` on CUDA): the address this
+        rank's group connections listen on, which every other rank must reach. ``None``:
+        ``store_host`` when that is a loopback address (ranks on one host), else this
+        host's address on the route to ``store_host``.
     progress
         ``callable(dict)`` called after every chunk with ``bytes_done``, ``bytes_total``,
         ``chunks_done``, ``chunks_total`` (from the engine's thread, GIL held). An exception
@@ -130,6 +183,9 @@ class TrainerEngine:
        all-gather per tensor) can finish theirs;
     3. raises.
 
+    A failed sync (or init) also ends wsync's own trainer group, where the backend has one:
+    the next call on every rank forms a new one and initializes the data plane again.
+
     At the end of every sync each rank posts its outcome; a rank whose own part succeeded
     waits for the others' and raises the first cause posted, naming its rank (for
     example ``trainer rank 0 failed: http://...: connection refused ...``), with the same
@@ -144,7 +200,7 @@ class TrainerEngine:
 
     def __init__(self, backend="nccl", servers=(), data_parallel_size=1, bucket_gb=1.0,
                  timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
-                 num_buffers=2, store_host="127.0.0.1", group_port=None, progress=None,
+                 num_buffers=2, store_host="127.0.0.1", group_port=None, bind_host=None, progress=None,
                  inline_verify=True, **backend_options):
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
@@ -169,10 +225,13 @@ class TrainerEngine:
         port = 0 if share_port else -1 if world_size == 1 or int(group_port) == 0 else int(group_port)
         if share_port and rank != 0:
             port = _broadcast_from_rank0(None)
+        if bind_host is None:
+            bind_host = _bind_host_toward(store_host) if world_size > 1 else store_host
         self._engine = _wsync._TrainerEngine(api_key=api_key, progress=progress, group_port=port,
-                                             **self._options)
+                                             bind_host=str(bind_host), **self._options)
         if share_port and rank == 0:
             _broadcast_from_rank0(self._engine.group_port)
+        self._engine.start()
         self._options["group_port"] = self._engine.group_port or None
 
     def init(self, source_or_metadata):
@@ -182,7 +241,7 @@ class TrainerEngine:
         the ``[(name, dtype_name, shape), ...]`` list itself. Every server must answer
         ``/health`` with this engine's backend. ``send_weights`` calls it on first use.
         """
-        self._engine.init(source_or_metadata)
+        self._engine.init(self._prepared(source_or_metadata))
 
     def send_weights(self, source, weight_version=None, verify=False):
         """Syncs ``source`` to every server in one pass over it; returns a ``SyncStats``.
@@ -203,7 +262,36 @@ class TrainerEngine:
         tensors; ``stats.verified`` says it passed. Every rank must pass the same
         ``verify`` (the second pass may be a collective: other ranks drain it).
         """
-        return self._engine.send_weights(source, weight_version, bool(verify))
+        return self._engine.send_weights(self._prepared(source), weight_version, bool(verify))
+
+    def _prepared(self, source):
+        """``source`` as the native engine takes it. The ``sharded`` plan covers the servers'
+        tensors only, so the names its servers drop (``wsync._wsync.dropped_names``: a tied
+        ``lm_head.weight``, rotary buffers) are left out of its passes here, as vLLM skips them:
+        through the source's own ``without(names)`` when it has one (``DTensorSource``: those
+        tensors are then never gathered), else by filtering its passes."""
+        from wsync.distributed import DTensorSource
+        source = _native(source)
+        model = self._options["backend_options"].get("model")
+        if self._options["backend"] != "sharded" or not model or not hasattr(source, "metadata") \
+                or not hasattr(source, "__iter__"):
+            return source
+        key = id(source)
+        cached = self._dropping.get(key)
+        if cached is not None and cached[0] is source:
+            return cached[1]
+        names = [m[0] for m in source.metadata()]
+        dropped = _wsync.dropped_names(names, model)
+        if not dropped:
+            out = source
+        elif isinstance(source, DTensorSource) or callable(getattr(source, "without", None)):
+            out = source.without(dropped)
+        else:
+            out = _Without(source, dropped)
+        self._dropping = {key: (source, out)}
+        return out
+
+    _dropping = {}
 
     def shutdown(self):
         """Tears the data plane down. Idempotent; the engine takes no call after it."""

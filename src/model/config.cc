@@ -344,7 +344,10 @@ Result<ModelConfig> ParseHfConfig(std::string_view json_text, std::string_view o
   } else if (c.is_moe()) {
     WSYNC_ASSIGN_OR_RETURN(c.moe_intermediate_size,
                            IntField(j, origin, "moe_intermediate_size", true));
-    WSYNC_ASSIGN_OR_RETURN(c.num_experts, IntField(j, origin, "num_experts", true));
+    // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
+    const char* experts_field = !j.contains("num_experts") && j.contains("num_local_experts") ? "num_local_experts"
+                                                                                               : "num_experts";
+    WSYNC_ASSIGN_OR_RETURN(c.num_experts, IntField(j, origin, experts_field, true));
     // wsync models every layer as sparse; configs that mix dense layers in are refused.
     WSYNC_ASSIGN_OR_RETURN(int64_t step, IntField(j, origin, "decoder_sparse_step", false, 1));
     auto dense_layers = j.find("mlp_only_layers");

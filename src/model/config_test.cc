@@ -110,6 +110,17 @@ TEST(ConfigJson, MoeMatchesRegistry) {
   EXPECT_EQ(*c, want);
 }
 
+// transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+TEST(ConfigJson, MoeExpertCountUnderTransformers5Name) {
+  std::string text = kMoeJson;
+  const std::string key = "\"num_experts\"";
+  text.replace(text.find(key), key.size(), "\"num_local_experts\"");
+  TempConfig t(text);
+  auto c = LookupModel(t.dir());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->num_experts, LookupModel("qwen3-30b-a3b")->num_experts);
+}
+
 TEST(ConfigJson, DefaultsForOptionalFields) {
   auto c = ParseHfConfig(R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 1000,
       "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,

@@ -2,9 +2,14 @@
 
 #include <Python.h>
 
+#include <algorithm>
+#include <map>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include <pybind11/stl.h>
 
 #include "python/errors.h"
 #include "wsync/dtype.h"
@@ -280,6 +285,43 @@ Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::share
       s->storage_ = std::move(b).value();
     }
   }
+  if (py::hasattr(source, "held_names")) {
+    WSYNC_ASSIGN_OR_RETURN(py::object held, CallSource(source, "held_names", *s->control_));
+    if (!held.is_none()) {
+      if (!py::hasattr(source, "iter_held")) {
+        return InvalidArgument("the source's held_names() lists names, but it has no iter_held() to yield them");
+      }
+      std::vector<std::string> names;
+      try {
+        names = held.cast<std::vector<std::string>>();
+      } catch (const py::cast_error&) {
+        return InvalidArgument(fmt::format("the source's held_names() gave a {}, not a list of str or None",
+                                           TypeName(held)));
+      }
+      std::map<std::string_view, size_t> index;
+      for (size_t i = 0; i < s->metadata_->size(); ++i) index.emplace((*s->metadata_)[i].name, i);
+      std::vector<size_t> at;
+      for (const std::string& n : names) {
+        auto it = index.find(n);
+        if (it == index.end()) {
+          return InvalidArgument(fmt::format("the source's held_names() lists {}, which its metadata() does not", n));
+        }
+        at.push_back(it->second);
+      }
+      std::sort(at.begin(), at.end());
+      if (std::adjacent_find(at.begin(), at.end()) != at.end()) {
+        return InvalidArgument("the source's held_names() lists a name twice");
+      }
+      std::vector<TensorMeta> held_meta;
+      names.clear();
+      for (size_t i : at) {
+        held_meta.push_back((*s->metadata_)[i]);
+        names.push_back((*s->metadata_)[i].name);
+      }
+      s->held_ = std::move(names);
+      s->held_metadata_ = std::make_shared<const std::vector<TensorMeta>>(std::move(held_meta));
+    }
+  }
   s->source_ = std::move(source);
   return s;
 }
@@ -290,30 +332,41 @@ PySource::~PySource() {
   if (storage_) DropWithGil(storage_->owner);
 }
 
-Result<std::unique_ptr<TensorStream>> PySource::Iterate() {
+Result<std::unique_ptr<TensorStream>> PySource::Iterate() { return StartPass(nullptr, metadata_); }
+
+Result<std::unique_ptr<TensorStream>> PySource::IterateHeld() {
+  if (!held_) return Iterate();
+  return StartPass("iter_held", held_metadata_);
+}
+
+Result<std::unique_ptr<TensorStream>> PySource::StartPass(const char* iter_method,
+                                                          std::shared_ptr<const std::vector<TensorMeta>> checked) {
   if (control_->cancelled()) return Aborted(fmt::format("{} before the source's pass", control_->cancel_reason()));
   py::gil_scoped_acquire gil;
   py::object iterator;
   bool ready = false;
+  const std::string what =
+      iter_method == nullptr ? "iter() of the source" : fmt::format("the source's {}()", iter_method);
   try {
     ready = py::bool_(py::getattr(source_, "yields_ready_tensors", py::bool_(false)));
-    iterator = py::reinterpret_borrow<py::object>(py::iter(source_));
+    py::object iterable = iter_method == nullptr ? source_ : source_.attr(iter_method)();
+    iterator = py::reinterpret_borrow<py::object>(py::iter(iterable));
   } catch (py::error_already_set& e) {
     std::string text = DescribePythonError(e);
     control_->RecordError(e);
-    Status failed = Aborted(fmt::format("iter() of the source raised {}", text));
+    Status failed = Aborted(fmt::format("{} raised {}", what, text));
     control_->RecordStatus(failed);
     return failed;
   }
-  auto stream = std::make_shared<PyStream>(std::move(iterator), control_, metadata_, device_, ready);
+  auto stream = std::make_shared<PyStream>(std::move(iterator), control_, checked, device_, ready);
   last_ = std::make_shared<Pass>(Pass{stream});
   return std::unique_ptr<TensorStream>(
-      std::make_unique<RecordingStream>(std::make_unique<SharedStream>(std::move(stream)), metadata_, control_));
+      std::make_unique<RecordingStream>(std::make_unique<SharedStream>(std::move(stream)), checked, control_));
 }
 
 Status PySource::DrainRest(Deadline deadline) {
   if (!last_) {
-    Result<std::unique_ptr<TensorStream>> fresh = Iterate();
+    Result<std::unique_ptr<TensorStream>> fresh = IterateHeld();
     if (!fresh.ok()) return fresh.status();
   }
   std::shared_ptr<Pass> pass = last_;

@@ -2,8 +2,12 @@
 //
 // A Python source is any object with `metadata()` -> [(name, dtype, shape), ...] and
 // `__iter__` -> (name, tensor) pairs in that order; optionally `storage()` -> one tensor
-// that holds every yielded tensor (SourceStorage). PySource reads metadata() and storage()
-// once, when built (GIL held); each Iterate() is one pass over `iter(source)`.
+// that holds every yielded tensor (SourceStorage); optionally `held_names()` -> the names
+// this rank holds (None: all), with `iter_held()` -> (name, tensor) pairs of those names
+// only, in metadata order (WeightSource::HeldNames / IterateHeld: what `sharded` sends from
+// every rank). PySource reads metadata(), storage() and held_names() once, when built (GIL
+// held); each Iterate() is one pass over `iter(source)`, each IterateHeld() one over
+// `source.iter_held()`.
 //
 // Threads: the engine calls Iterate() and the stream's Next() from its own threads; each
 // takes the GIL for as long as it touches Python, so the caller that runs the sync must
@@ -88,9 +92,12 @@ class PySource final : public WeightSource {
 
   const std::vector<TensorMeta>& metadata() const override { return *metadata_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
+  std::optional<std::vector<std::string>> HeldNames() const override { return held_; }
+  Result<std::unique_ptr<TensorStream>> IterateHeld() override;
   std::optional<SourceStorage> storage() const override;
 
-  // Pulls the rest of the latest pass (or a whole new pass when none started) straight from
+  // Pulls the rest of the latest pass (or a whole new pass when none started: the held pass
+  // when the source holds part of the model) straight from
   // the Python iterator, discarding every item, until it ends, raises, Ctrl-C, or
   // `deadline` passes between two items (an item blocked inside a collective is not
   // interrupted). What lets other trainer ranks whose iterators are collectives finish
@@ -104,7 +111,12 @@ class PySource final : public WeightSource {
   pybind11::object source_;
   std::shared_ptr<PassControl> control_;
   Device device_;
+  // A pass over `iter_method` of the source (nullptr: iter(source)), checked against `checked`.
+  Result<std::unique_ptr<TensorStream>> StartPass(const char* iter_method,
+                                                  std::shared_ptr<const std::vector<TensorMeta>> checked);
   std::shared_ptr<const std::vector<TensorMeta>> metadata_;
+  std::optional<std::vector<std::string>> held_;                // held_names(); nullopt: all
+  std::shared_ptr<const std::vector<TensorMeta>> held_metadata_;  // the held names' metadata, in order
   std::optional<BorrowedTensor> storage_;
   std::shared_ptr<Pass> last_;  // the latest pass Iterate() started
 };

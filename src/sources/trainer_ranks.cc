@@ -52,7 +52,7 @@ Result<std::shared_ptr<TrainerGroup>> TrainerGroup::Connect(const TrainerGroupOp
   g.prefix = options.prefix;
   g.rank = rank;
   g.size = layout.world;
-  g.bind_host = options.store_host;
+  g.bind_host = options.bind_host.empty() ? options.store_host : options.bind_host;
   g.connect_deadline = Deadline::InSeconds(options.timeout_seconds);
   g.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_seconds * 1000));
   g.describe_rank = [layout](int r) { return layout.Describe(r); };

@@ -22,6 +22,9 @@ namespace wsync {
 struct TrainerGroupOptions {
   std::string store_host = "127.0.0.1";
   int store_port = 0;
+  // Where this rank's Gloo connections listen (an address every peer reaches); empty:
+  // store_host, which suits ranks on one host.
+  std::string bind_host;
   std::string prefix;  // unique per group and attempt
   double timeout_seconds = 300;
 };
