@@ -173,7 +173,7 @@ Status TrainerStateFile::Check(int64_t version) const {
   struct stat st {};
   WSYNC_SYSCALL(::fstat(fd_, &st), fmt::format("stat of trainer state file {}", path_));
   if (static_cast<uint64_t>(st.st_size) != file_bytes_) {
-    return corrupt(fmt::format("has {} bytes, {} expected", st.st_size, file_bytes_));
+    return corrupt(fmt::format("is {} bytes long, {} expected", st.st_size, file_bytes_));
   }
   HeaderFields got{};
   ssize_t r = RetryOnEintr([&] { return ::pread(fd_, &got, sizeof(got), 0); });

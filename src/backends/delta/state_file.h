@@ -9,14 +9,15 @@
 //                an xxh3-64 of the header's fields before it
 //   offset 4096  tensor bytes, each starting on a page boundary
 //
-// The publisher XORs each new tensor against its region of a shared read-write mapping
-// and writes the new bytes into it in the same pass (DeltaCodec::Encode), so the file
-// is advanced in place and never copied. Pages live in the page cache, not in the
-// trainer's anonymous memory: Release() drops a region's page-table entries once a
-// tensor is encoded, so the trainer's RSS holds only the tensors being encoded. The
-// kernel writes dirty pages back in its own time; nothing is fsynced, because no other
-// process and no later run reads the file: a chain is never resumed (a trainer refuses a
-// sync directory that holds versions), and the file is removed when its owner closes.
+// The publisher reads each tensor's region through a shared mapping while it XORs the
+// new bytes against it, then writes the new bytes of a changed tensor over it with
+// pwrite (Write()), so the file is advanced in place and never copied whole. Pages live
+// in the page cache, not in the trainer's anonymous memory: Release() drops a region's
+// page-table entries once a tensor is encoded, so the trainer's RSS holds only the
+// tensors being encoded. The kernel writes dirty pages back in its own time; nothing is
+// fsynced, because no other process and no later run reads the file: a chain is never
+// resumed (a trainer refuses a sync directory that holds versions), and the file is
+// removed when its owner closes.
 //
 // The file is the trainer's own, yet what it holds is checked before it is trusted:
 // Check() compares the file's size and header with what this object wrote (a truncated
