@@ -35,10 +35,9 @@ namespace {
 constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
 constexpr uint64_t kHigh = 0x8080808080808080ULL;
 
-// patch = next ^ snap and, when kUpdate, snap = next over n bytes; returns the nonzero
-// bytes of patch. Word-at-a-time so that GCC vectorizes it; the per-byte "nonzero" flags
-// accumulate in byte lanes and are folded every 128 words, before a lane can overflow.
-template <bool kUpdate>
+// patch = next ^ snap and snap = next over n bytes; returns the nonzero bytes of patch.
+// Word-at-a-time so that GCC vectorizes it; the per-byte "nonzero" flags accumulate in
+// byte lanes and are folded every 128 words, before a lane can overflow.
 uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, size_t n) {
   uint64_t nonzero = 0;
   size_t words = n / 8;
@@ -51,7 +50,7 @@ uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, siz
       std::memcpy(&b, snap + 8 * w, 8);
       uint64_t x = a ^ b;
       std::memcpy(patch + 8 * w, &x, 8);
-      if constexpr (kUpdate) std::memcpy(snap + 8 * w, &a, 8);
+      std::memcpy(snap + 8 * w, &a, 8);
       lanes += (((x & kLow7) + kLow7) | x) >> 7 & (kHigh >> 7);
     }
     nonzero += (lanes * 0x0101010101010101ULL) >> 56;
@@ -59,7 +58,7 @@ uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, siz
   for (size_t i = 8 * words; i < n; ++i) {
     std::byte x = next[i] ^ snap[i];
     patch[i] = x;
-    if constexpr (kUpdate) snap[i] = next[i];
+    snap[i] = next[i];
     nonzero += x != std::byte{0};
   }
   return nonzero;
@@ -69,7 +68,6 @@ uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, siz
 // XorUpdate with AVX2, which also leaves in masks[k] the nonzero bytes of the patch's
 // k-th 64-byte chunk (bit i: byte 64k + i), so that the frame writer scans 1/512 of
 // the bytes it would otherwise re-read.
-template <bool kUpdate>
 __attribute__((target("avx2,popcnt"))) uint64_t XorUpdateAvx2(const std::byte* next, std::byte* snap,
                                                               std::byte* patch, size_t n, uint64_t* masks) {
   const __m256i zero = _mm256_setzero_si256();
@@ -84,10 +82,8 @@ __attribute__((target("avx2,popcnt"))) uint64_t XorUpdateAvx2(const std::byte* n
     __m256i x0 = _mm256_xor_si256(a0, b0), x1 = _mm256_xor_si256(a1, b1);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(patch + o), x0);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(patch + o + 32), x1);
-    if constexpr (kUpdate) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(snap + o), a0);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(snap + o + 32), a1);
-    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(snap + o), a0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(snap + o + 32), a1);
     uint64_t z = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x0, zero))) |
                  uint64_t{static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x1, zero)))} << 32;
     masks[c] = ~z;
@@ -98,7 +94,7 @@ __attribute__((target("avx2,popcnt"))) uint64_t XorUpdateAvx2(const std::byte* n
     for (size_t i = 0; o + i < n; ++i) {
       std::byte x = next[o + i] ^ snap[o + i];
       patch[o + i] = x;
-      if constexpr (kUpdate) snap[o + i] = next[o + i];
+      snap[o + i] = next[o + i];
       m |= uint64_t{x != std::byte{0}} << i;
     }
     masks[full] = m;
@@ -228,7 +224,7 @@ Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t bl
 DeltaCodec::~DeltaCodec() = default;
 
 Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                        DigestAlgorithm algorithm, EncodeOptions options) {
+                                        DigestAlgorithm algorithm, bool hash_previous) {
   if (next.size() != snapshot.size()) {
     return InvalidArgument(fmt::format("new bytes ({}) and snapshot ({}) differ in size", next.size(),
                                        snapshot.size()));
@@ -251,15 +247,14 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
       if (end ? left == 0 : in.pos == in.size) return Status::Ok();
     }
   };
-  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm, options);
-  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
+  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm, hash_previous);
+  auto previous = hash_previous ? Hasher::Create(algorithm) : nullptr;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet fed
   for (size_t off = 0; off < next.size(); off += block_bytes_) {
     size_t n = std::min(block_bytes_, next.size() - off);
     hasher->Update(next.subspan(off, n));
     if (previous) previous->Update(snapshot.subspan(off, n));
-    uint64_t nz = options.update_snapshot ? XorUpdate<true>(next.data() + off, snapshot.data() + off, block_.data(), n)
-                                          : XorUpdate<false>(next.data() + off, snapshot.data() + off, block_.data(), n);
+    uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
     if (!out.changed) {
       if (nz == 0) {
         leading_zeros += n;
@@ -287,12 +282,12 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
 }
 
 Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                              DigestAlgorithm algorithm, EncodeOptions options) {
+                                              DigestAlgorithm algorithm, bool hash_previous) {
   EncodedDelta out;
   auto hasher = Hasher::Create(algorithm);
-  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
-  size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), previous.get(), options.update_snapshot,
-                            /*part=*/false, /*ends_frame=*/true, &out.changed_bytes);
+  auto previous = hash_previous ? Hasher::Create(algorithm) : nullptr;
+  size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), previous.get(), /*part=*/false,
+                            /*ends_frame=*/true, &out.changed_bytes);
   out.changed = out.changed_bytes > 0;
   if (out.changed) out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
   out.checksum = hasher->FinishHex();
@@ -301,16 +296,15 @@ Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, s
 }
 
 EncodedPart DeltaCodec::EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last,
-                                   EncodeOptions options) {
-  const bool digests = options.hash_previous;
+                                   bool digests) {
   EncodedPart out;
   // libzstd writes whole frames only: with Encoder::kLibzstd, parts come from a FrameWriter too.
   if (writer_ == nullptr && part_writer_ == nullptr) part_writer_ = std::make_unique<zstd::FrameWriter>();
   zstd::FrameWriter& writer = writer_ != nullptr ? *writer_ : *part_writer_;
   auto hasher = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
   auto previous = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
-  size_t used = WriteBlocks(writer, next, snapshot, hasher.get(), previous.get(), options.update_snapshot,
-                            /*part=*/true, last, &out.changed_bytes);
+  size_t used = WriteBlocks(writer, next, snapshot, hasher.get(), previous.get(), /*part=*/true, last,
+                            &out.changed_bytes);
   out.blocks.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
   if (digests) {
     out.checksum = hasher->FinishHex();
@@ -338,8 +332,8 @@ std::vector<uint8_t> DeltaCodec::JoinParts(uint64_t content_size, std::span<cons
 }
 
 size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next,
-                               std::span<std::byte> snapshot, Hasher* hasher, Hasher* previous, bool update,
-                               bool part, bool ends_frame, uint64_t* changed_bytes) {
+                               std::span<std::byte> snapshot, Hasher* hasher, Hasher* previous, bool part,
+                               bool ends_frame, uint64_t* changed_bytes) {
   size_t used = 0;
   bool begun = false;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet written
@@ -358,17 +352,10 @@ size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::b
     if (hasher != nullptr) hasher->Update(next.subspan(off, n));
     if (previous != nullptr) previous->Update(snapshot.subspan(off, n));
 #if defined(__x86_64__)
-    uint64_t nz;
-    if (masks != nullptr) {
-      nz = update ? XorUpdateAvx2<true>(next.data() + off, snapshot.data() + off, block_.data(), n, masks)
-                  : XorUpdateAvx2<false>(next.data() + off, snapshot.data() + off, block_.data(), n, masks);
-    } else {
-      nz = update ? XorUpdate<true>(next.data() + off, snapshot.data() + off, block_.data(), n)
-                  : XorUpdate<false>(next.data() + off, snapshot.data() + off, block_.data(), n);
-    }
+    uint64_t nz = masks != nullptr ? XorUpdateAvx2(next.data() + off, snapshot.data() + off, block_.data(), n, masks)
+                                   : XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #else
-    uint64_t nz = update ? XorUpdate<true>(next.data() + off, snapshot.data() + off, block_.data(), n)
-                         : XorUpdate<false>(next.data() + off, snapshot.data() + off, block_.data(), n);
+    uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #endif
     if (!begun) {
       if (nz == 0) {

@@ -64,16 +64,6 @@ struct EncodedDelta {
   std::string previous_checksum;    // of the snapshot's bytes before the call, when asked for
 };
 
-// What Encode() and EncodePart() do besides the patch and its checksum.
-struct EncodeOptions {
-  // Also digest the snapshot's bytes as they are read (previous_checksum), so that the
-  // caller can check what it XORed against.
-  bool hash_previous = false;
-  // Leave the snapshot equal to the new bytes. false: only read it (a caller that keeps
-  // the snapshot elsewhere writes the new bytes itself; the publisher's state file).
-  bool update_snapshot = true;
-};
-
 // One part of a tensor's frame (DeltaCodec::EncodePart): its zstd blocks, no header.
 struct EncodedPart {
   uint64_t changed_bytes = 0;   // nonzero bytes of the part's patch
@@ -95,20 +85,21 @@ class DeltaCodec {
   DeltaCodec(const DeltaCodec&) = delete;
   DeltaCodec& operator=(const DeltaCodec&) = delete;
 
-  // `next` and `snapshot` must have the same size. On success snapshot == next (unless
-  // options.update_snapshot is false). On an error (only a zstd failure, reported as
-  // Internal) the snapshot may be partly updated.
+  // `next` and `snapshot` must have the same size. On success snapshot == next. On an
+  // error (only a zstd failure, reported as Internal) the snapshot may be partly updated.
+  // `hash_previous`: also digest the snapshot's bytes as they are read, before they are
+  // overwritten (previous_checksum), so that a caller can check what it XORed against.
   Result<EncodedDelta> Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                              DigestAlgorithm algorithm, EncodeOptions options = {});
+                              DigestAlgorithm algorithm, bool hash_previous = false);
 
   // A large tensor on several threads: Encode() of bytes [a, b) of it as a run of zstd
   // blocks with fresh tables (zstd::FrameWriter::BeginPart), no header and no checksum
   // (the caller hashes the whole tensor). `last`: the part ends the tensor. Parts of
   // fixed boundaries give the same frame whichever threads encode them. On return the
-  // part's snapshot equals `next` (unless options.update_snapshot is false). With
-  // options.hash_previous, also the part's checksum and previous_checksum (xxh3-128).
+  // part's snapshot equals `next`. `digests`: also the part's checksum and
+  // previous_checksum (xxh3-128), as Encode()'s hash_previous.
   EncodedPart EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last,
-                         EncodeOptions options = {});
+                         bool digests = false);
   // One frame of `content_size` bytes from a tensor's parts, in order; empty when no
   // part changed (the tensor is unchanged and has no frame, as with Encode()).
   static std::vector<uint8_t> JoinParts(uint64_t content_size, std::span<const EncodedPart> parts);
@@ -128,13 +119,12 @@ class DeltaCodec {
  private:
   DeltaCodec() = default;
   Result<EncodedDelta> EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                    DigestAlgorithm algorithm, EncodeOptions options);
-  // The block loop of Encode() (and of EncodePart() when `part`): XOR, snapshot update
-  // when `update`, `hasher` (new bytes) and `previous` (snapshot bytes before the
-  // update) when given, and blocks into frame_; returns the bytes written there.
+                                    DigestAlgorithm algorithm, bool hash_previous);
+  // The block loop of Encode() (and of EncodePart() when `part`): XOR, snapshot update,
+  // `hasher` (new bytes) and `previous` (snapshot bytes before the update) when given,
+  // and blocks into frame_; returns the bytes written there.
   size_t WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next, std::span<std::byte> snapshot,
-                     Hasher* hasher, Hasher* previous, bool update, bool part, bool ends_frame,
-                     uint64_t* changed_bytes);
+                     Hasher* hasher, Hasher* previous, bool part, bool ends_frame, uint64_t* changed_bytes);
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
   std::unique_ptr<zstd::FrameWriter> writer_;  // null: libzstd writes the frames

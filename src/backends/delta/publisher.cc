@@ -26,12 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The encode reads the state file through its mapping and checks what it read; the new
-// bytes reach the file by pwrite, and only for tensors (or parts) that changed. Storing
-// them through the mapping instead takes a write fault per page (page_mkwrite on a
-// shared mapping) and leaves the pages dirty in this process's page tables.
-constexpr EncodeOptions kReadSnapshot{.hash_previous = true, .update_snapshot = false};
-
 // The digests of a state file's segments as hex, one per part of `part` bytes (or one
 // for the whole tensor when part is 0), over `bytes`.
 std::vector<std::string> SegmentDigests(std::span<const std::byte> bytes, size_t part) {
@@ -354,16 +348,15 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
               auto tt = Clock::now();
               Pass::Slot& slot = pass.slots[i];
               std::span<std::byte> snap = plan_->Snap(i);
+              plan_->state->PrepareForWrite(snap);
               Result<EncodedDelta> r = plan_->codecs[thread]->Encode(next, snap, DigestAlgorithm::kXxh3_128,
-                                                                     kReadSnapshot);
+                                                                     /*hash_previous=*/true);
               plan_->state->Release(snap);
               if (r.ok()) {
                 slot.enc = std::move(*r);
                 const std::string& want = plan_->entries[i].digests.front();
                 if (slot.enc.previous_checksum != want) {
                   slot.status = plan_->Corrupt(i, std::nullopt, slot.enc.previous_checksum, want, version);
-                } else if (slot.enc.changed) {
-                  slot.status = plan_->state->Write(plan_->entries[i].state, 0, next);
                 }
                 slot.digests = {slot.enc.checksum};
               } else {
@@ -435,7 +428,6 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
                                  std::optional<size_t> staged) {
   struct Split {
     std::vector<EncodedPart> parts;
-    std::vector<Status> writes;  // each part's write into the state file
     std::vector<double> seconds;  // per task, the hash's last
     std::string checksum;
     std::atomic<size_t> left{0};
@@ -445,7 +437,6 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
   const int64_t version = version_;
   auto split = std::make_shared<Split>();
   split->parts.resize(count);
-  split->writes.resize(count);
   split->seconds.resize(count + 1);
   split->left = count + 1;
   std::span<std::byte> snap = plan_->Snap(i);
@@ -454,11 +445,10 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
     if (split->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     Pass::Slot& slot = pass.slots[i];
     const std::vector<std::string>& want = plan_->entries[i].digests;
-    for (size_t k = 0; k < split->parts.size() && slot.status.ok(); ++k) {
+    for (size_t k = 0; k < split->parts.size(); ++k) {
       if (split->parts[k].previous_checksum != want[k]) {
         slot.status = plan_->Corrupt(i, k, split->parts[k].previous_checksum, want[k], version);
-      } else {
-        slot.status = split->writes[k];
+        break;
       }
     }
     for (EncodedPart& p : split->parts) slot.digests.push_back(std::move(p.checksum));
@@ -477,17 +467,13 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
     finish();
   });
   for (size_t k = 0; k < count; ++k) {
-    group.Submit([this, i, next, snap, part, count, k, split, finish](size_t thread) {
+    group.Submit([this, next, snap, part, count, k, split, finish](size_t thread) {
       auto tt = Clock::now();
       size_t off = k * part, len = std::min(part, next.size() - off);
-      EncodedPart& p = split->parts[k];
-      p = plan_->codecs[thread]->EncodePart(next.subspan(off, len), snap.subspan(off, len), k + 1 == count,
-                                            kReadSnapshot);
+      plan_->state->PrepareForWrite(snap.subspan(off, len));
+      split->parts[k] = plan_->codecs[thread]->EncodePart(next.subspan(off, len), snap.subspan(off, len),
+                                                          k + 1 == count, /*digests=*/true);
       plan_->state->Release(snap.subspan(off, len));
-      // Only a part read as recorded is written over: a mismatch leaves the file as found.
-      if (p.changed_bytes > 0 && p.previous_checksum == plan_->entries[i].digests[k]) {
-        split->writes[k] = plan_->state->Write(plan_->entries[i].state, off, next.subspan(off, len));
-      }
       split->seconds[k] = SecondsSince(tt);
       finish();
     });
@@ -564,6 +550,7 @@ void DeltaPublisher::Rollback(Pass& pass) {
     }
     if (!slot.enc.changed) continue;
     std::span<std::byte> snap = plan_->Snap(i);
+    plan_->state->PrepareForWrite(snap);
     Status s = codec.Apply(slot.enc.compressed, snap, DigestAlgorithm::kXxh3_128, "", plan_->entries[i].disk.name);
     plan_->state->Release(snap);
     if (!s.ok() && broken_.ok()) broken_ = s;

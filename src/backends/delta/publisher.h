@@ -18,9 +18,9 @@
 // the wrong patch, and every later Publish() fails too (start a new chain).
 //
 // Version 0 is the base checkpoint. With `base_checkpoint` set, the snapshot starts as
-// its bytes (written into the state file once at Create), tensors are cast to its on-disk dtype (bf16/f16/f32
-// among themselves) and checked against its shapes, and names it lacks are skipped with
-// a warning, as SkyRL does. Without it, version 0 is the source's FIRST pass: the first
+// its bytes (written into the state file at Create), tensors are cast to its on-disk
+// dtype (bf16/f16/f32 among themselves) and checked against its shapes, and names it
+// lacks are skipped with a warning, as SkyRL does. Without it, version 0 is the source's FIRST pass: the first
 // Publish() copies it into the snapshot and publishes a "full version" 1 that changes
 // nothing but names every byte: a record per tensor with an all-zero patch and the
 // checksum of the first pass's bytes, and the manifest's base_digest (base_digest.h).

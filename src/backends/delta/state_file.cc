@@ -137,6 +137,16 @@ Status TrainerStateFile::Write(size_t i, uint64_t offset, std::span<const std::b
   return Status::Ok();
 }
 
+void TrainerStateFile::PrepareForWrite(std::span<std::byte> region) const {
+  if (region.empty()) return;
+  const uintptr_t page = PageSize();
+  const uintptr_t end = reinterpret_cast<uintptr_t>(region.data() + region.size());
+  // A locked add of 0: a write access that changes nothing.
+  for (uintptr_t p = reinterpret_cast<uintptr_t>(region.data()) & ~(page - 1); p < end; p += page) {
+    __atomic_fetch_add(reinterpret_cast<unsigned char*>(p), 0, __ATOMIC_RELAXED);
+  }
+}
+
 void TrainerStateFile::Release(std::span<const std::byte> region) const { ReleaseFilePages(region); }
 
 std::string TrainerStateFile::Header(int64_t version) const {

@@ -9,15 +9,16 @@
 //                an xxh3-64 of the header's fields before it
 //   offset 4096  tensor bytes, each starting on a page boundary
 //
-// The publisher reads each tensor's region through a shared mapping while it XORs the
-// new bytes against it, then writes the new bytes of a changed tensor over it with
-// pwrite (Write()), so the file is advanced in place and never copied whole. Pages live
-// in the page cache, not in the trainer's anonymous memory: Release() drops a region's
-// page-table entries once a tensor is encoded, so the trainer's RSS holds only the
-// tensors being encoded. The kernel writes dirty pages back in its own time; nothing is
-// fsynced, because no other process and no later run reads the file: a chain is never
-// resumed (a trainer refuses a sync directory that holds versions), and the file is
-// removed when its owner closes.
+// The publisher XORs each new tensor against its region of a shared read-write mapping
+// and stores the new bytes into it in the same pass (DeltaCodec::Encode), so the file
+// is advanced in place, one read and one write of each byte, never copied whole. Pages
+// live in the page cache, not in the trainer's anonymous memory: PrepareForWrite() maps
+// a region writable just before its encode and Release() drops its page-table entries
+// right after, so the trainer's RSS holds only the tensors being encoded. Write() (pwrite,
+// no mapping) fills the file at the start. The kernel writes dirty pages back in its own
+// time; nothing is fsynced, because no other process and no later run reads the file: a
+// chain is never resumed (a trainer refuses a sync directory that holds versions), and
+// the file is removed when its owner closes.
 //
 // The file is the trainer's own, yet what it holds is checked before it is trusted:
 // Check() compares the file's size and header with what this object wrote (a truncated
@@ -74,6 +75,15 @@ class TrainerStateFile {
   std::span<std::byte> Region(size_t i) const;
   // Writes `bytes` at `offset` within tensor i's region with pwrite (no mapping, no RSS).
   Status Write(size_t i, uint64_t offset, std::span<const std::byte> bytes) const;
+  // Maps the pages under `region` (a span of a Region() whose entries were Released)
+  // writable ahead of an encode, with one write access per page. The encode reads each
+  // byte before it stores it: on a shared mapping a read fault maps a page read-only, and
+  // the store then takes a second fault that calls the file system's page_mkwrite, on
+  // ext4 with large folios over every buffer of the folio (WritableMapping::
+  // PrepareForWrite in fs.h has the same cause); a write fault on an absent entry is the
+  // cheaper of the two, and pwrite of the new bytes costs more again (a copy through the
+  // file system's write path; docs/benchmarks.md, "delta trainer memory").
+  void PrepareForWrite(std::span<std::byte> region) const;
   // Drops the page-table entries under `region` (a span of a Region()): the data stays
   // in the page cache and the next access maps it again. Best effort.
   void Release(std::span<const std::byte> region) const;
