@@ -224,7 +224,7 @@ Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t bl
 DeltaCodec::~DeltaCodec() = default;
 
 Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                        DigestAlgorithm algorithm, bool hash_previous) {
+                                        DigestAlgorithm algorithm, const EncodeOptions& options) {
   if (next.size() != snapshot.size()) {
     return InvalidArgument(fmt::format("new bytes ({}) and snapshot ({}) differ in size", next.size(),
                                        snapshot.size()));
@@ -247,14 +247,15 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
       if (end ? left == 0 : in.pos == in.size) return Status::Ok();
     }
   };
-  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm, hash_previous);
-  auto previous = hash_previous ? Hasher::Create(algorithm) : nullptr;
+  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm, options);
+  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet fed
   for (size_t off = 0; off < next.size(); off += block_bytes_) {
     size_t n = std::min(block_bytes_, next.size() - off);
     hasher->Update(next.subspan(off, n));
     if (previous) previous->Update(snapshot.subspan(off, n));
     uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
+    if (options.after_block) options.after_block(off + n);
     if (!out.changed) {
       if (nz == 0) {
         leading_zeros += n;
@@ -282,12 +283,13 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
 }
 
 Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                              DigestAlgorithm algorithm, bool hash_previous) {
+                                              DigestAlgorithm algorithm, const EncodeOptions& options) {
   EncodedDelta out;
   auto hasher = Hasher::Create(algorithm);
-  auto previous = hash_previous ? Hasher::Create(algorithm) : nullptr;
+  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
   size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), previous.get(), /*part=*/false,
-                            /*ends_frame=*/true, &out.changed_bytes);
+                            /*ends_frame=*/true, &out.changed_bytes,
+                            options.after_block ? &options.after_block : nullptr);
   out.changed = out.changed_bytes > 0;
   if (out.changed) out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
   out.checksum = hasher->FinishHex();
@@ -333,7 +335,8 @@ std::vector<uint8_t> DeltaCodec::JoinParts(uint64_t content_size, std::span<cons
 
 size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next,
                                std::span<std::byte> snapshot, Hasher* hasher, Hasher* previous, bool part,
-                               bool ends_frame, uint64_t* changed_bytes) {
+                               bool ends_frame, uint64_t* changed_bytes,
+                               const std::function<void(size_t)>* after_block) {
   size_t used = 0;
   bool begun = false;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet written
@@ -357,6 +360,7 @@ size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::b
 #else
     uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #endif
+    if (after_block != nullptr) (*after_block)(off + n);
     if (!begun) {
       if (nz == 0) {
         leading_zeros += n;

@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -64,6 +65,17 @@ struct EncodedDelta {
   std::string previous_checksum;    // of the snapshot's bytes before the call, when asked for
 };
 
+// What Encode() does besides the patch and the checksum of the new bytes.
+struct EncodeOptions {
+  // Also digest the snapshot's bytes as they are read, before they are overwritten
+  // (previous_checksum), so that the caller can check what it XORed against.
+  bool hash_previous = false;
+  // Called on the encoding thread after each block with the bytes of the snapshot done
+  // so far (ascending; the last call has the whole size): the pass never touches bytes
+  // below that again, so a caller can drop their pages (the publisher's state file).
+  std::function<void(size_t done)> after_block;
+};
+
 // One part of a tensor's frame (DeltaCodec::EncodePart): its zstd blocks, no header.
 struct EncodedPart {
   uint64_t changed_bytes = 0;   // nonzero bytes of the part's patch
@@ -87,10 +99,8 @@ class DeltaCodec {
 
   // `next` and `snapshot` must have the same size. On success snapshot == next. On an
   // error (only a zstd failure, reported as Internal) the snapshot may be partly updated.
-  // `hash_previous`: also digest the snapshot's bytes as they are read, before they are
-  // overwritten (previous_checksum), so that a caller can check what it XORed against.
   Result<EncodedDelta> Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                              DigestAlgorithm algorithm, bool hash_previous = false);
+                              DigestAlgorithm algorithm, const EncodeOptions& options = {});
 
   // A large tensor on several threads: Encode() of bytes [a, b) of it as a run of zstd
   // blocks with fresh tables (zstd::FrameWriter::BeginPart), no header and no checksum
@@ -119,12 +129,14 @@ class DeltaCodec {
  private:
   DeltaCodec() = default;
   Result<EncodedDelta> EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                    DigestAlgorithm algorithm, bool hash_previous);
+                                    DigestAlgorithm algorithm, const EncodeOptions& options);
   // The block loop of Encode() (and of EncodePart() when `part`): XOR, snapshot update,
   // `hasher` (new bytes) and `previous` (snapshot bytes before the update) when given,
-  // and blocks into frame_; returns the bytes written there.
+  // and blocks into frame_, calling `after_block` (when set) after each; returns the
+  // bytes written there.
   size_t WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next, std::span<std::byte> snapshot,
-                     Hasher* hasher, Hasher* previous, bool part, bool ends_frame, uint64_t* changed_bytes);
+                     Hasher* hasher, Hasher* previous, bool part, bool ends_frame, uint64_t* changed_bytes,
+                     const std::function<void(size_t)>* after_block = nullptr);
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
   std::unique_ptr<zstd::FrameWriter> writer_;  // null: libzstd writes the frames

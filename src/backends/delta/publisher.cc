@@ -26,15 +26,60 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The digests of a state file's segments as hex, one per part of `part` bytes (or one
-// for the whole tensor when part is 0), over `bytes`.
-std::vector<std::string> SegmentDigests(std::span<const std::byte> bytes, size_t part) {
-  if (part == 0) return {HexDigest(DigestAlgorithm::kXxh3_128, bytes)};
-  std::vector<std::string> out;
-  for (size_t off = 0; off < bytes.size(); off += part) {
-    out.push_back(HexDigest(DigestAlgorithm::kXxh3_128, bytes.subspan(off, std::min(part, bytes.size() - off))));
+// Bytes of a state file region mapped at once by one encoding thread: the trainer's
+// resident set holds at most a few of these per thread, not the tensor.
+constexpr size_t kWindowBytes = size_t{4} << 20;
+
+// Keeps a state file region mapped writable a window ahead of an encode and drops the
+// pages the encode has passed (DeltaCodec's after_block); the rest at destruction.
+class RegionWindow {
+ public:
+  RegionWindow(const TrainerStateFile& file, std::span<std::byte> region) : file_(file), region_(region) {
+    Advance(0);
   }
-  return out;
+  ~RegionWindow() { file_.Release(region_.subspan(released_)); }
+  RegionWindow(const RegionWindow&) = delete;
+  RegionWindow& operator=(const RegionWindow&) = delete;
+
+  void Advance(size_t done) {
+    if (done >= released_ + kWindowBytes) {
+      const size_t to = done - done % TrainerStateFile::kStatePageBytes;  // the region starts on a page
+      file_.Release(region_.subspan(released_, to - released_));
+      released_ = to;
+    }
+    while (mapped_ < region_.size() && mapped_ < done + kWindowBytes) {
+      const size_t n = std::min(kWindowBytes, region_.size() - mapped_);
+      file_.PrepareForWrite(region_.subspan(mapped_, n));
+      mapped_ += n;
+    }
+  }
+
+ private:
+  const TrainerStateFile& file_;
+  std::span<std::byte> region_;
+  size_t mapped_ = 0, released_ = 0;
+};
+
+// The xxh3-128 hex of a state file region, whole and per part of `part` bytes (none
+// when part is 0), read a window at a time and dropped behind.
+std::string DigestRegion(const TrainerStateFile& file, std::span<const std::byte> region, size_t part,
+                         std::vector<std::string>* parts) {
+  std::unique_ptr<Hasher> whole = Hasher::Create(DigestAlgorithm::kXxh3_128);
+  std::unique_ptr<Hasher> piece;
+  for (size_t off = 0; off < region.size();) {
+    size_t n = std::min(kWindowBytes, region.size() - off);
+    if (part > 0) {
+      if (off % part == 0) piece = Hasher::Create(DigestAlgorithm::kXxh3_128);
+      n = std::min(n, part - off % part);
+    }
+    std::span<const std::byte> bytes = region.subspan(off, n);
+    whole->Update(bytes);
+    if (piece) piece->Update(bytes);
+    file.Release(bytes);
+    off += n;
+    if (piece && (off % part == 0 || off == region.size())) parts->push_back(piece->FinishHex());
+  }
+  return whole->FinishHex();
 }
 
 }  // namespace
@@ -347,11 +392,13 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
             group.Submit([this, &pass, i, next, staged, version = stats.base_version](size_t thread) {
               auto tt = Clock::now();
               Pass::Slot& slot = pass.slots[i];
-              std::span<std::byte> snap = plan_->Snap(i);
-              plan_->state->PrepareForWrite(snap);
-              Result<EncodedDelta> r = plan_->codecs[thread]->Encode(next, snap, DigestAlgorithm::kXxh3_128,
-                                                                     /*hash_previous=*/true);
-              plan_->state->Release(snap);
+              Result<EncodedDelta> r = [&] {
+                RegionWindow window(*plan_->state, plan_->Snap(i));
+                EncodeOptions options;
+                options.hash_previous = true;
+                options.after_block = [&window](size_t done) { window.Advance(done); };
+                return plan_->codecs[thread]->Encode(next, plan_->Snap(i), DigestAlgorithm::kXxh3_128, options);
+              }();
               if (r.ok()) {
                 slot.enc = std::move(*r);
                 const std::string& want = plan_->entries[i].digests.front();
@@ -408,10 +455,8 @@ void DeltaPublisher::EncodeFullVersion(Pass& pass, PublishStats* stats) {
         auto t0 = Clock::now();
         Pass::Slot& slot = pass.slots[i];
         std::span<std::byte> snap = pl->Snap(i);
-        slot.enc.checksum = HexDigest(DigestAlgorithm::kXxh3_128, snap);
-        slot.digests = pl->entries[i].part == 0 ? std::vector<std::string>{slot.enc.checksum}
-                                                : SegmentDigests(snap, pl->entries[i].part);
-        pl->state->Release(snap);
+        slot.enc.checksum = DigestRegion(*pl->state, snap, pl->entries[i].part, &slot.digests);
+        if (pl->entries[i].part == 0) slot.digests = {slot.enc.checksum};
         slot.enc.compressed = zstd::FrameWriter::ZeroFrame(snap.size());
         slot.enc.changed = true;  // a record, though its patch changes nothing
         slot.cpu_seconds = SecondsSince(t0);
