@@ -602,10 +602,6 @@ void DeltaPublisher::Rollback(Pass& pass) {
   }
 }
 
-}  // namespace wsync::delta
-
-namespace wsync::delta {
-
 const std::string& DeltaPublisher::state_path() const { return plan_->state->path(); }
 uint64_t DeltaPublisher::state_bytes() const { return plan_->state->file_bytes(); }
 uint64_t DeltaPublisher::staging_bytes() const {
