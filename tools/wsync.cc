@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
             "$TMPDIR/skyrl_delta_checkpoints/<sync dir name>_<hash>)"},
            {"--state-dir", "state_dir",
             "delta: where the trainer keeps its last published version, a file as large as the model rewritten "
-            "every sync (default: the sync dir; a local disk suits it best)"},
+            "every sync, on a local disk (default: $TMPDIR/wsync_delta_state/<sync dir name>_<hash>)"},
            {"--ipc-mode", "mode", "ipc: auto, packed or zero_copy (default auto)"},
            {"--ipc-export-kind", "export_kind", "ipc on a GPU: cuda_ipc or cuda_fd (default cuda_ipc)"},
            {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"},

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -84,6 +85,21 @@ std::string DigestRegion(const TrainerStateFile& file, std::span<const std::byte
 
 }  // namespace
 
+std::string DefaultTrainerStateDir(const std::string& sync_dir) {
+  constexpr size_t kDigestChars = 16;
+  std::string name = std::filesystem::path(sync_dir).filename().string();
+  if (name.empty()) name = std::filesystem::path(sync_dir).parent_path().filename().string();  // "dir/"
+  for (char& c : name) {
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                      c == '_' || c == '.';
+    if (!keep) c = '_';
+  }
+  const std::string digest =
+      HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(sync_dir.data(), sync_dir.size()))).substr(0, kDigestChars);
+  const char* tmp = std::getenv("TMPDIR");
+  return (std::filesystem::path(tmp && *tmp ? tmp : "/tmp") / "wsync_delta_state" / (name + "_" + digest)).string();
+}
+
 // What Create() decides once: where each tensor's snapshot lives and in which dtype.
 struct DeltaPublisher::Plan {
   struct Entry {
@@ -98,6 +114,7 @@ struct DeltaPublisher::Plan {
   std::vector<TensorMeta> metadata;  // the source's
   std::vector<Entry> entries;        // parallel to metadata
   std::unique_ptr<TrainerStateFile> state;
+  std::string default_state_dir;     // DefaultTrainerStateDir when used: removed when empty
   size_t largest = 0;                // bytes of the largest on-disk tensor
   std::unique_ptr<TaskPool> pool;
   std::vector<std::unique_ptr<DeltaCodec>> codecs;  // one per pool thread, +1 for rollback
@@ -148,7 +165,13 @@ struct DeltaPublisher::Pass {
 };
 
 DeltaPublisher::DeltaPublisher(DeltaPublisherOptions options) : options_(std::move(options)) {}
-DeltaPublisher::~DeltaPublisher() = default;
+DeltaPublisher::~DeltaPublisher() {
+  if (plan_ == nullptr) return;
+  const std::string dir = plan_->default_state_dir;
+  plan_.reset();  // removes the state file
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::remove(dir, ec);  // only when empty
+}
 
 Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOptions options,
                                                                const std::vector<TensorMeta>& metadata) {
@@ -208,9 +231,10 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
   }
   uint64_t state_bytes = 0;
   std::vector<StateTensor> layout = TrainerStateFile::Layout(held, &state_bytes);
-  const std::string state_dir = o.state_dir.empty() ? o.sync_dir : o.state_dir;
+  const std::string state_dir = o.state_dir.empty() ? DefaultTrainerStateDir(o.sync_dir) : o.state_dir;
   std::filesystem::create_directories(state_dir, ec);
   if (ec) return Internal(fmt::format("creating trainer state directory {}: {}", state_dir, ec.message()));
+  if (o.state_dir.empty()) plan->default_state_dir = state_dir;
   WSYNC_ASSIGN_OR_RETURN(plan->state,
                          TrainerStateFile::Create(
                              (std::filesystem::path(state_dir) / fmt::format(".wsync-trainer-rank{}.state", o.rank)).string(),

@@ -69,7 +69,8 @@ struct DeltaPublisherOptions {
   std::string base_checkpoint;      // "" : version 0 is the first pass (see above)
   // Where the snapshot's state file lives (created if missing): the file is
   // `.wsync-trainer-rank<rank>.state`, as large as the model in on-disk dtypes, and is
-  // rewritten in place every publish, so a local disk suits it best. "": sync_dir.
+  // rewritten in place every publish, so it belongs on the trainer's local disk, not in
+  // a sync dir on NFS. "": DefaultTrainerStateDir(sync_dir).
   std::string state_dir;
   uint64_t max_file_bytes = uint64_t{1} << 30;  // payload files roll over past this (SkyRL: 1 GiB)
   size_t threads = 0;               // encode threads; 0: every core
@@ -106,6 +107,12 @@ struct PublishStats {
   double encode_cpu_seconds = 0;  // wall time of the encode tasks, summed over pool threads
   double write_seconds = 0;       // payload files and manifest, fsynced
 };
+
+// $TMPDIR (else /tmp) / "wsync_delta_state" / NAME, where NAME is the sync dir's last
+// path component with every byte outside [A-Za-z0-9._-] replaced by '_', "_" and the
+// first 16 hex digits of the SHA-256 of the whole sync dir: one directory per chain on
+// the trainer's own disk.
+std::string DefaultTrainerStateDir(const std::string& sync_dir);
 
 class DeltaPublisher {
  public:

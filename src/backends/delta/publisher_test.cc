@@ -430,10 +430,14 @@ TEST(DeltaPublisherTest, AStateFileHasOneOwner) {
   o.sync_dir = dir / "sync";
   auto first = DeltaPublisher::Create(o, trainer->metadata());
   ASSERT_TRUE(first.ok()) << first.status().ToString();
+  // By default on the trainer's own disk, not in the (possibly remote) sync dir.
+  EXPECT_EQ((*first)->state_path(), DefaultTrainerStateDir(o.sync_dir) + "/.wsync-trainer-rank0.state");
   auto second = DeltaPublisher::Create(o, trainer->metadata());
   EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(second.status().message().find((*first)->state_path()), std::string::npos) << second.status().message();
   EXPECT_TRUE(std::filesystem::exists((*first)->state_path()));
+  first->reset();
+  EXPECT_FALSE(std::filesystem::exists(DefaultTrainerStateDir(o.sync_dir)));
 }
 
 }  // namespace
