@@ -286,7 +286,9 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
           at += n;
         }
       }
-      ReleaseFilePages(block);  // the base's pages stay in the page cache, not in this process
+      // CheckpointDir maps its files read-only and shared: dropping the entries leaves the
+      // base in the page cache and out of this process.
+      ReleaseFilePages(block);
     });
     WSYNC_RETURN_IF_ERROR(write_status.WithContext(fmt::format("copying base checkpoint {}", o.base_checkpoint)));
     for (size_t i = 0; i < plan->entries.size(); ++i) {

@@ -8,9 +8,10 @@
 //
 // The snapshot is the trainer's own last published state on disk, not a copy in its
 // heap: a TrainerStateFile (state_file.h) in `state_dir`, memory-mapped, which each
-// tensor's encode reads and advances in place, its pages dropped from the trainer's
-// page tables once the tensor is done. So the trainer holds its model once plus the
-// tensors being encoded and the staging buffers. Before a pass reads the file, its size
+// tensor's encode reads and advances in place, mapped a few MiB ahead of the encode and
+// dropped from the trainer's page tables behind it (a tensor encoded in parts: a part at
+// a time). So the trainer holds its model once plus those windows, the frames and the
+// staging buffers. Before a pass reads the file, its size
 // and header are checked, and every tensor's snapshot bytes are hashed while they are
 // XORed and compared with the digest this publisher recorded when it wrote them (for a
 // tensor encoded in parts, per part): a file changed behind the publisher's back fails
@@ -20,10 +21,11 @@
 // Version 0 is the base checkpoint. With `base_checkpoint` set, the snapshot starts as
 // its bytes (written into the state file at Create), tensors are cast to its on-disk
 // dtype (bf16/f16/f32 among themselves) and checked against its shapes, and names it
-// lacks are skipped with a warning, as SkyRL does. Without it, version 0 is the source's FIRST pass: the first
-// Publish() copies it into the snapshot and publishes a "full version" 1 that changes
-// nothing but names every byte: a record per tensor with an all-zero patch and the
-// checksum of the first pass's bytes, and the manifest's base_digest (base_digest.h).
+// lacks are skipped with a warning, as SkyRL does. Without it, version 0 is the source's
+// FIRST pass: the first Publish() copies it into the snapshot and publishes a "full
+// version" 1 that changes nothing but names every byte: a record per tensor with an
+// all-zero patch and the checksum of the first pass's bytes, and the manifest's
+// base_digest (base_digest.h).
 // That is right exactly when the trainer starts from the servers' base checkpoint
 // (`wsync push --checkpoint BASE`, or synthetic weights written as the base); a server
 // on any other base fails that version's checks instead of serving its own base.
