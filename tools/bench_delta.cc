@@ -88,6 +88,8 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
              "reload", "sync");
   std::vector<Row> rows;
   MemoryPeak peak;  // the trainer's, the largest over the syncs
+  // This process's peak RSS: VmHWM, read before each window resets it.
+  int64_t process_peak = HostPeakRssBytes();
   for (int step = 1; step <= a.steps; ++step) {
     if (a.write_back && step > 1) WSYNC_RETURN_IF_ERROR(delta::WriteBackTree(dir + "/local/weights"));
     WSYNC_ASSIGN_OR_RETURN(StepStats st, trainer->Step(static_cast<uint64_t>(step)));
@@ -96,6 +98,7 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
     peak.Include(window.Peak());
     const DeltaSyncReport& rep = engine->last_report();
     WSYNC_ASSIGN_OR_RETURN(delta::PublishStats p1, single->Publish(trainer->source()));
+    process_peak = std::max(process_peak, HostPeakRssBytes());
     const delta::PublishStats& p = rep.publish;
     Row r;
     r.changed = st.changed_fraction;
@@ -139,7 +142,8 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
              med(&Row::fetch_gbps), med(&Row::apply_core_gbps));
   fmt::print("  reload (paused)         {:6.3f} s\n", med(&Row::reload_s));
   fmt::print("  whole sync              {:6.3f} s\n", med(&Row::sync_s));
-  fmt::print("  trainer memory          RSS {:.1f} MB; peak extra per sync: host {:.1f} MB\n", HostRssBytes() / 1e6,
+  fmt::print("  trainer memory          RSS {:.1f} MB, peak {:.1f} MB (this process: the trainer's weights and both "
+             "publishers); peak extra per sync: host {:.1f} MB\n", HostRssBytes() / 1e6, process_peak / 1e6,
              peak.host_bytes / 1e6);
   fmt::print("  baseline: whole model written to the sync dir (no delta): {:.3f} s, {:.3f} GB/s; SkyRL's delta "
              "publish anchor: ~2.6 GB/s across a whole node\n", baseline_s, model_bytes / baseline_s / 1e9);

@@ -169,7 +169,8 @@ int main(int argc, char** argv) {
   p->add_option("--backend-option", backend_flags,
                 "KEY=VALUE setting of the backend (repeatable): nccl piece_mb; ipc mode=auto|packed|zero_copy, "
                 "export_kind=cuda_ipc|cuda_fd, backing=memfd|posix_shm, stall_after_chunks=N (tests); delta "
-                "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir; sharded "
+                "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir, state_dir; "
+                "sharded "
                 "model (default: --model), lookahead, stall_rank=R (tests: rank R sends nothing)");
   std::map<std::string, std::string> named_backend_flags;
   for (const auto& [flag, key, help] : std::vector<std::tuple<std::string, std::string, std::string>>{
@@ -184,6 +185,9 @@ int main(int argc, char** argv) {
            {"--local-checkpoint-dir", "local_checkpoint_dir",
             "delta: init_info local_checkpoint_dir for SkyRL's servers (default: SkyRL's "
             "$TMPDIR/skyrl_delta_checkpoints/<sync dir name>_<hash>)"},
+           {"--state-dir", "state_dir",
+            "delta: where the trainer keeps its last published version, a file as large as the model rewritten "
+            "every sync, on a local disk (default: $TMPDIR/wsync_delta_state/<sync dir name>_<hash>)"},
            {"--ipc-mode", "mode", "ipc: auto, packed or zero_copy (default auto)"},
            {"--ipc-export-kind", "export_kind", "ipc on a GPU: cuda_ipc or cuda_fd (default cuda_ipc)"},
            {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"},

@@ -149,7 +149,9 @@ class TrainerEngine:
         The backend's own settings, as keyword arguments: ``nccl``: piece_mb; ``ipc``:
         mode, export_kind, backing, stall_after_chunks; ``delta``: sync_dir (required),
         max_file_gb, publish_threads, base_checkpoint, base_model_path,
-        local_checkpoint_dir (the last two are SkyRL's init keys; see docs/protocol.md);
+        local_checkpoint_dir (the last two are SkyRL's init keys; see docs/protocol.md),
+        state_dir (a local directory where the trainer keeps its last published version,
+        a file as large as the model; default under $TMPDIR);
         ``sharded``: model (required: the servers' model, a registered name or a
         config.json directory), lookahead (chunks in flight, 0..64), stall_rank (fault
         injection for tests). An unknown key raises ``wsync.InvalidArgumentError``

@@ -224,7 +224,7 @@ Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t bl
 DeltaCodec::~DeltaCodec() = default;
 
 Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                        DigestAlgorithm algorithm) {
+                                        DigestAlgorithm algorithm, const EncodeOptions& options) {
   if (next.size() != snapshot.size()) {
     return InvalidArgument(fmt::format("new bytes ({}) and snapshot ({}) differ in size", next.size(),
                                        snapshot.size()));
@@ -247,12 +247,15 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
       if (end ? left == 0 : in.pos == in.size) return Status::Ok();
     }
   };
-  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm);
+  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm, options);
+  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet fed
   for (size_t off = 0; off < next.size(); off += block_bytes_) {
     size_t n = std::min(block_bytes_, next.size() - off);
     hasher->Update(next.subspan(off, n));
+    if (previous) previous->Update(snapshot.subspan(off, n));
     uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
+    if (options.after_block) options.after_block(off + n);
     if (!out.changed) {
       if (nz == 0) {
         leading_zeros += n;
@@ -275,28 +278,40 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
   out.compressed.resize(used);
   if (out.compressed.capacity() > 2 * used + (size_t{1} << 16)) out.compressed.shrink_to_fit();
   out.checksum = hasher->FinishHex();
+  if (previous) out.previous_checksum = previous->FinishHex();
   return out;
 }
 
 Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                              DigestAlgorithm algorithm) {
+                                              DigestAlgorithm algorithm, const EncodeOptions& options) {
   EncodedDelta out;
   auto hasher = Hasher::Create(algorithm);
-  size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), /*part=*/false, /*ends_frame=*/true,
-                            &out.changed_bytes);
+  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
+  size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), previous.get(), /*part=*/false,
+                            /*ends_frame=*/true, &out.changed_bytes,
+                            options.after_block ? &options.after_block : nullptr);
   out.changed = out.changed_bytes > 0;
   if (out.changed) out.compressed.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
   out.checksum = hasher->FinishHex();
+  if (previous) out.previous_checksum = previous->FinishHex();
   return out;
 }
 
-EncodedPart DeltaCodec::EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last) {
+EncodedPart DeltaCodec::EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last,
+                                   bool digests) {
   EncodedPart out;
   // libzstd writes whole frames only: with Encoder::kLibzstd, parts come from a FrameWriter too.
   if (writer_ == nullptr && part_writer_ == nullptr) part_writer_ = std::make_unique<zstd::FrameWriter>();
   zstd::FrameWriter& writer = writer_ != nullptr ? *writer_ : *part_writer_;
-  size_t used = WriteBlocks(writer, next, snapshot, nullptr, /*part=*/true, last, &out.changed_bytes);
+  auto hasher = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
+  auto previous = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
+  size_t used = WriteBlocks(writer, next, snapshot, hasher.get(), previous.get(), /*part=*/true, last,
+                            &out.changed_bytes);
   out.blocks.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
+  if (digests) {
+    out.checksum = hasher->FinishHex();
+    out.previous_checksum = previous->FinishHex();
+  }
   return out;
 }
 
@@ -319,8 +334,9 @@ std::vector<uint8_t> DeltaCodec::JoinParts(uint64_t content_size, std::span<cons
 }
 
 size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next,
-                               std::span<std::byte> snapshot, Hasher* hasher, bool part, bool ends_frame,
-                               uint64_t* changed_bytes) {
+                               std::span<std::byte> snapshot, Hasher* hasher, Hasher* previous, bool part,
+                               bool ends_frame, uint64_t* changed_bytes,
+                               const std::function<void(size_t)>* after_block) {
   size_t used = 0;
   bool begun = false;
   size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet written
@@ -337,12 +353,14 @@ size_t DeltaCodec::WriteBlocks(zstd::FrameWriter& writer, std::span<const std::b
     size_t n = std::min(block_bytes_, next.size() - off);
     bool last = ends_frame && off + n == next.size();
     if (hasher != nullptr) hasher->Update(next.subspan(off, n));
+    if (previous != nullptr) previous->Update(snapshot.subspan(off, n));
 #if defined(__x86_64__)
     uint64_t nz = masks != nullptr ? XorUpdateAvx2(next.data() + off, snapshot.data() + off, block_.data(), n, masks)
                                    : XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #else
     uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
 #endif
+    if (after_block != nullptr) (*after_block)(off + n);
     if (!begun) {
       if (nz == 0) {
         leading_zeros += n;

@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -61,12 +62,27 @@ struct EncodedDelta {
   uint64_t changed_bytes = 0;       // nonzero bytes of the patch
   std::vector<uint8_t> compressed;  // one zstd frame (content size set) when changed
   std::string checksum;             // lowercase hex digest of the new bytes
+  std::string previous_checksum;    // of the snapshot's bytes before the call, when asked for
+};
+
+// What Encode() does besides the patch and the checksum of the new bytes.
+struct EncodeOptions {
+  // Also digest the snapshot's bytes as they are read, before they are overwritten
+  // (previous_checksum), so that the caller can check what it XORed against.
+  bool hash_previous = false;
+  // Called on the encoding thread after each block with the bytes of the snapshot done
+  // so far (ascending; the last call has the whole size): the pass never touches bytes
+  // below that again, so a caller can drop their pages (the publisher's state file).
+  std::function<void(size_t done)> after_block;
 };
 
 // One part of a tensor's frame (DeltaCodec::EncodePart): its zstd blocks, no header.
 struct EncodedPart {
   uint64_t changed_bytes = 0;   // nonzero bytes of the part's patch
   std::vector<uint8_t> blocks;  // every byte of the part, unchanged runs as RLE blocks
+  // xxh3-128 hex of the part's new bytes and of its snapshot bytes before the call, when
+  // asked for.
+  std::string checksum, previous_checksum;
 };
 
 class DeltaCodec {
@@ -84,14 +100,16 @@ class DeltaCodec {
   // `next` and `snapshot` must have the same size. On success snapshot == next. On an
   // error (only a zstd failure, reported as Internal) the snapshot may be partly updated.
   Result<EncodedDelta> Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                              DigestAlgorithm algorithm);
+                              DigestAlgorithm algorithm, const EncodeOptions& options = {});
 
   // A large tensor on several threads: Encode() of bytes [a, b) of it as a run of zstd
   // blocks with fresh tables (zstd::FrameWriter::BeginPart), no header and no checksum
   // (the caller hashes the whole tensor). `last`: the part ends the tensor. Parts of
   // fixed boundaries give the same frame whichever threads encode them. On return the
-  // part's snapshot equals `next`.
-  EncodedPart EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last);
+  // part's snapshot equals `next`. `digests`: also the part's checksum and
+  // previous_checksum (xxh3-128), as Encode()'s hash_previous.
+  EncodedPart EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last,
+                         bool digests = false);
   // One frame of `content_size` bytes from a tensor's parts, in order; empty when no
   // part changed (the tensor is unchanged and has no frame, as with Encode()).
   static std::vector<uint8_t> JoinParts(uint64_t content_size, std::span<const EncodedPart> parts);
@@ -111,11 +129,14 @@ class DeltaCodec {
  private:
   DeltaCodec() = default;
   Result<EncodedDelta> EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                    DigestAlgorithm algorithm);
+                                    DigestAlgorithm algorithm, const EncodeOptions& options);
   // The block loop of Encode() (and of EncodePart() when `part`): XOR, snapshot update,
-  // `hasher` when given, and blocks into frame_; returns the bytes written there.
+  // `hasher` (new bytes) and `previous` (snapshot bytes before the update) when given,
+  // and blocks into frame_, calling `after_block` (when set) after each; returns the
+  // bytes written there.
   size_t WriteBlocks(zstd::FrameWriter& writer, std::span<const std::byte> next, std::span<std::byte> snapshot,
-                     Hasher* hasher, bool part, bool ends_frame, uint64_t* changed_bytes);
+                     Hasher* hasher, Hasher* previous, bool part, bool ends_frame, uint64_t* changed_bytes,
+                     const std::function<void(size_t)>* after_block = nullptr);
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
   std::unique_ptr<zstd::FrameWriter> writer_;  // null: libzstd writes the frames

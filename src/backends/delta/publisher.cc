@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -14,6 +15,7 @@
 #include "backends/delta/base_digest.h"
 #include "backends/delta/codec.h"
 #include "backends/delta/fs.h"
+#include "backends/delta/state_file.h"
 #include "core/dtype_convert.h"
 #include "core/log.h"
 #include "core/parallel.h"
@@ -25,20 +27,94 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kSnapshotAlign = 64;
+// Bytes of a state file region mapped at once by one encoding thread: the trainer's
+// resident set holds at most a few of these per thread, not the tensor.
+constexpr size_t kWindowBytes = size_t{4} << 20;
+
+// Keeps a state file region mapped writable a window ahead of an encode and drops the
+// pages the encode has passed (DeltaCodec's after_block); the rest at destruction.
+class RegionWindow {
+ public:
+  RegionWindow(const TrainerStateFile& file, std::span<std::byte> region) : file_(file), region_(region) {
+    Advance(0);
+  }
+  ~RegionWindow() { file_.Release(region_.subspan(released_)); }
+  RegionWindow(const RegionWindow&) = delete;
+  RegionWindow& operator=(const RegionWindow&) = delete;
+
+  void Advance(size_t done) {
+    if (done >= released_ + kWindowBytes) {
+      const size_t to = done - done % TrainerStateFile::kStatePageBytes;  // the region starts on a page
+      file_.Release(region_.subspan(released_, to - released_));
+      released_ = to;
+    }
+    while (mapped_ < region_.size() && mapped_ < done + kWindowBytes) {
+      const size_t n = std::min(kWindowBytes, region_.size() - mapped_);
+      file_.PrepareForWrite(region_.subspan(mapped_, n));
+      mapped_ += n;
+    }
+  }
+
+ private:
+  const TrainerStateFile& file_;
+  std::span<std::byte> region_;
+  size_t mapped_ = 0, released_ = 0;
+};
+
+// The xxh3-128 hex of a state file region, whole and per part of `part` bytes (none
+// when part is 0), read a window at a time and dropped behind.
+std::string DigestRegion(const TrainerStateFile& file, std::span<const std::byte> region, size_t part,
+                         std::vector<std::string>* parts) {
+  std::unique_ptr<Hasher> whole = Hasher::Create(DigestAlgorithm::kXxh3_128);
+  std::unique_ptr<Hasher> piece;
+  for (size_t off = 0; off < region.size();) {
+    size_t n = std::min(kWindowBytes, region.size() - off);
+    if (part > 0) {
+      if (off % part == 0) piece = Hasher::Create(DigestAlgorithm::kXxh3_128);
+      n = std::min(n, part - off % part);
+    }
+    std::span<const std::byte> bytes = region.subspan(off, n);
+    whole->Update(bytes);
+    if (piece) piece->Update(bytes);
+    file.Release(bytes);
+    off += n;
+    if (piece && (off % part == 0 || off == region.size())) parts->push_back(piece->FinishHex());
+  }
+  return whole->FinishHex();
+}
 
 }  // namespace
+
+std::string DefaultTrainerStateDir(const std::string& sync_dir) {
+  constexpr size_t kDigestChars = 16;
+  std::string name = std::filesystem::path(sync_dir).filename().string();
+  if (name.empty()) name = std::filesystem::path(sync_dir).parent_path().filename().string();  // "dir/"
+  for (char& c : name) {
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                      c == '_' || c == '.';
+    if (!keep) c = '_';
+  }
+  const std::string digest =
+      HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(sync_dir.data(), sync_dir.size()))).substr(0, kDigestChars);
+  const char* tmp = std::getenv("TMPDIR");
+  return (std::filesystem::path(tmp && *tmp ? tmp : "/tmp") / "wsync_delta_state" / (name + "_" + digest)).string();
+}
 
 // What Create() decides once: where each tensor's snapshot lives and in which dtype.
 struct DeltaPublisher::Plan {
   struct Entry {
     TensorMeta disk;        // name, on-disk dtype and shape
-    size_t offset = 0;      // in `snapshot`
+    size_t state = 0;       // index in state->tensors()
     bool skip = false;      // absent from the base checkpoint
+    size_t part = 0;        // encoded in parts of this many bytes; 0: whole
+    // The xxh3-128 hex of the snapshot's bytes as this publisher last wrote them, one
+    // per part (one for a whole tensor): what the next encode must read back.
+    std::vector<std::string> digests;
   };
   std::vector<TensorMeta> metadata;  // the source's
   std::vector<Entry> entries;        // parallel to metadata
-  HostBuffer snapshot;
+  std::unique_ptr<TrainerStateFile> state;
+  std::string default_state_dir;     // DefaultTrainerStateDir when used: removed when empty
   size_t largest = 0;                // bytes of the largest on-disk tensor
   std::unique_ptr<TaskPool> pool;
   std::vector<std::unique_ptr<DeltaCodec>> codecs;  // one per pool thread, +1 for rollback
@@ -49,7 +125,16 @@ struct DeltaPublisher::Plan {
   std::condition_variable cv;
   std::vector<size_t> free_staging;  // GUARDED_BY(mu)
 
-  std::span<std::byte> Snap(size_t i) { return {snapshot.data() + entries[i].offset, entries[i].disk.nbytes()}; }
+  std::span<std::byte> Snap(size_t i) { return state->Region(entries[i].state); }
+  // DataLoss naming the state file, the tensor (and part) and both digests.
+  Status Corrupt(size_t i, std::optional<size_t> part, const std::string& got, const std::string& want,
+                 int64_t version) const {
+    return DataLoss(fmt::format("trainer state file {}: {}{} does not hold the bytes of version {} that the "
+                                "publisher wrote (xxh3-128 {}, {} expected); the file was changed outside the "
+                                "publisher: start a new chain (a fresh sync directory)",
+                                state->path(), entries[i].disk.name,
+                                part ? fmt::format(" (part {})", *part) : std::string(), version, got, want));
+  }
   size_t AcquireStaging() {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return !free_staging.empty(); });
@@ -72,6 +157,7 @@ struct DeltaPublisher::Pass {
     bool submitted = false;
     Status status;
     EncodedDelta enc;
+    std::vector<std::string> digests;  // of the new bytes, per segment (Plan::Entry::digests)
     double cpu_seconds = 0;
   };
   explicit Pass(size_t n) : slots(n) {}
@@ -79,7 +165,13 @@ struct DeltaPublisher::Pass {
 };
 
 DeltaPublisher::DeltaPublisher(DeltaPublisherOptions options) : options_(std::move(options)) {}
-DeltaPublisher::~DeltaPublisher() = default;
+DeltaPublisher::~DeltaPublisher() {
+  if (plan_ == nullptr) return;
+  const std::string dir = plan_->default_state_dir;
+  plan_.reset();  // removes the state file
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::remove(dir, ec);  // only when empty
+}
 
 Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOptions options,
                                                                const std::vector<TensorMeta>& metadata) {
@@ -97,7 +189,6 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
     WSYNC_ASSIGN_OR_RETURN(CheckpointDir b, CheckpointDir::Open(o.base_checkpoint));
     base = std::move(b);
   }
-  size_t total = 0;
   std::vector<std::string> skipped;
   for (const TensorMeta& m : metadata) {
     Plan::Entry e;
@@ -120,11 +211,7 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
         }
       }
     }
-    e.offset = total;
-    if (!e.skip) {
-      total += (e.disk.nbytes() + kSnapshotAlign - 1) / kSnapshotAlign * kSnapshotAlign;
-      plan->largest = std::max(plan->largest, e.disk.nbytes());
-    }
+    if (!e.skip) plan->largest = std::max(plan->largest, e.disk.nbytes());
     plan->entries.push_back(std::move(e));
   }
   if (!skipped.empty()) {
@@ -132,8 +219,26 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
                    o.base_checkpoint, fmt::join(skipped.begin(), skipped.begin() + std::min<size_t>(5, skipped.size()), ", "),
                    skipped.size() > 5 ? ", ..." : "");
   }
-  WSYNC_ASSIGN_OR_RETURN(plan->snapshot, HostBuffer::Allocate(std::max<size_t>(total, 1)));
   size_t threads = o.threads ? o.threads : DefaultThreads();
+  std::vector<TensorMeta> held;
+  for (Plan::Entry& e : plan->entries) {
+    if (e.skip) continue;
+    e.state = held.size();
+    held.push_back(e.disk);
+    // On fewer than kMinThreadsForParts threads there are no idle cores to gain, and the
+    // parts' own hash pass and tables cost CPU time.
+    if (o.part_bytes > 0 && e.disk.nbytes() > 2 * o.part_bytes && threads >= kMinThreadsForParts) e.part = o.part_bytes;
+  }
+  uint64_t state_bytes = 0;
+  std::vector<StateTensor> layout = TrainerStateFile::Layout(held, &state_bytes);
+  const std::string state_dir = o.state_dir.empty() ? DefaultTrainerStateDir(o.sync_dir) : o.state_dir;
+  std::filesystem::create_directories(state_dir, ec);
+  if (ec) return Internal(fmt::format("creating trainer state directory {}: {}", state_dir, ec.message()));
+  if (o.state_dir.empty()) plan->default_state_dir = state_dir;
+  WSYNC_ASSIGN_OR_RETURN(plan->state,
+                         TrainerStateFile::Create(
+                             (std::filesystem::path(state_dir) / fmt::format(".wsync-trainer-rank{}.state", o.rank)).string(),
+                             std::move(layout), state_bytes, 0));
   plan->pool = std::make_unique<TaskPool>(threads);
   for (size_t i = 0; i <= threads; ++i) {
     WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create(o.zstd_level));
@@ -156,10 +261,45 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
     for (size_t j = 0; j < target.size(); ++j) {
       if (auto it = entry_of.find(base->tensors()[j].name); it != entry_of.end()) target[j] = it->second;
     }
+    // Tensors encoded in parts need a digest per part, fed block by block (one thread
+    // visits one tensor's blocks in order).
+    std::vector<std::vector<std::unique_ptr<Hasher>>> part_hashers(plan->entries.size());
+    for (size_t i = 0; i < plan->entries.size(); ++i) {
+      const Plan::Entry& e = plan->entries[i];
+      if (e.skip || e.part == 0) continue;
+      for (size_t k = 0; k * e.part < e.disk.nbytes(); ++k) part_hashers[i].push_back(Hasher::Create(DigestAlgorithm::kXxh3_128));
+    }
     Plan* pl = plan.get();
-    TensorDigests digests = DigestCheckpoint(*base, threads, [pl, &target](size_t j, size_t off, std::span<const std::byte> block) {
-      if (target[j]) std::memcpy(pl->Snap(*target[j]).data() + off, block.data(), block.size());
+    std::mutex write_mu;
+    Status write_status;
+    TensorDigests digests = DigestCheckpoint(*base, threads, [&](size_t j, size_t off, std::span<const std::byte> block) {
+      if (target[j]) {
+        const size_t i = *target[j];
+        Status w = pl->state->Write(pl->entries[i].state, off, block);
+        if (!w.ok()) {
+          std::lock_guard lock(write_mu);
+          if (write_status.ok()) write_status = w;
+        }
+        for (size_t at = 0, part = pl->entries[i].part; part > 0 && at < block.size();) {
+          size_t k = (off + at) / part, n = std::min(block.size() - at, (k + 1) * part - (off + at));
+          part_hashers[i][k]->Update(block.subspan(at, n));
+          at += n;
+        }
+      }
+      // CheckpointDir maps its files read-only and shared: dropping the entries leaves the
+      // base in the page cache and out of this process.
+      ReleaseFilePages(block);
     });
+    WSYNC_RETURN_IF_ERROR(write_status.WithContext(fmt::format("copying base checkpoint {}", o.base_checkpoint)));
+    for (size_t i = 0; i < plan->entries.size(); ++i) {
+      Plan::Entry& e = plan->entries[i];
+      if (e.skip) continue;
+      if (e.part == 0) {
+        e.digests = {digests.at(e.disk.name)};
+      } else {
+        for (auto& h : part_hashers[i]) e.digests.push_back(h->FinishHex());
+      }
+    }
     p->base_digest_ = CombineDigests(digests);
     p->snapshot_ready_ = true;
   }
@@ -174,7 +314,7 @@ Status DeltaPublisher::InitSnapshotFromFirstPass(WeightSource& source, PublishSt
   for (size_t i = 0;; ++i) {
     WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
     if (!more) break;
-    std::memcpy(plan_->Snap(i).data(), t.bytes.data(), t.bytes.size());
+    WSYNC_RETURN_IF_ERROR(plan_->state->Write(plan_->entries[i].state, 0, t.bytes));
     stats->tensors++;
     stats->model_bytes += t.bytes.size();
   }
@@ -182,12 +322,19 @@ Status DeltaPublisher::InitSnapshotFromFirstPass(WeightSource& source, PublishSt
 }
 
 Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
-  if (broken_) {
-    return FailedPrecondition("delta: an earlier publish failed inside a tensor's encoding, so the snapshot "
-                              "no longer matches any version; start a new chain (fresh sync directory)");
+  if (!broken_.ok()) {
+    return FailedPrecondition(fmt::format("delta: the snapshot no longer matches any version ({}); start a new "
+                                          "chain (fresh sync directory)", broken_.message()));
   }
   if (source.metadata() != plan_->metadata) {
     return InvalidArgument("delta: the source's metadata differs from the one the publisher was built for");
+  }
+  if (snapshot_ready_) {
+    // Size and header before any byte of the mapping is read: a shorter file would fault.
+    if (Status s = plan_->state->Check(version_); !s.ok()) {
+      broken_ = s;
+      return s;
+    }
   }
   auto t0 = Clock::now();
   double cpu0 = ProcessCpuSeconds();
@@ -228,6 +375,9 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
       return s.WithContext(fmt::format("publishing version {} to {}", stats.version, dir));
     }
     base_digest_ = manifest.base_digest;
+    for (size_t i = 0; i < pass.slots.size(); ++i) {
+      if (!plan_->entries[i].skip) plan_->entries[i].digests = std::move(pass.slots[i].digests);
+    }
     snapshot_ready_ = true;
   } else {
     Pass pass(plan_->entries.size());
@@ -262,18 +412,26 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
             next = buf;
           }
           pass.slots[i].submitted = true;
-          // On fewer than kMinThreadsForParts threads there are no idle cores to gain, and
-          // the parts' own hash pass and tables cost CPU time.
-          const size_t part = options_.part_bytes;
-          if (part > 0 && next.size() > 2 * part && plan_->pool->size() >= kMinThreadsForParts) {
+          if (e.part > 0) {
             SubmitParts(group, pass, i, next, staged);
           } else {
-            group.Submit([this, &pass, i, next, staged](size_t thread) {
+            group.Submit([this, &pass, i, next, staged, version = stats.base_version](size_t thread) {
               auto tt = Clock::now();
               Pass::Slot& slot = pass.slots[i];
-              Result<EncodedDelta> r = plan_->codecs[thread]->Encode(next, plan_->Snap(i), DigestAlgorithm::kXxh3_128);
+              Result<EncodedDelta> r = [&] {
+                RegionWindow window(*plan_->state, plan_->Snap(i));
+                EncodeOptions options;
+                options.hash_previous = true;
+                options.after_block = [&window](size_t done) { window.Advance(done); };
+                return plan_->codecs[thread]->Encode(next, plan_->Snap(i), DigestAlgorithm::kXxh3_128, options);
+              }();
               if (r.ok()) {
                 slot.enc = std::move(*r);
+                const std::string& want = plan_->entries[i].digests.front();
+                if (slot.enc.previous_checksum != want) {
+                  slot.status = plan_->Corrupt(i, std::nullopt, slot.enc.previous_checksum, want, version);
+                }
+                slot.digests = {slot.enc.checksum};
               } else {
                 slot.status = r.status().WithContext(plan_->entries[i].disk.name);
               }
@@ -301,7 +459,12 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
       std::filesystem::remove_all(dir, ec);
       return s.WithContext(fmt::format("publishing version {} to {}", stats.version, dir));
     }
+    for (size_t i = 0; i < pass.slots.size(); ++i) {
+      if (pass.slots[i].submitted) plan_->entries[i].digests = std::move(pass.slots[i].digests);
+    }
   }
+  // The version is published; a state file whose header cannot follow fails the next pass.
+  if (Status s = plan_->state->SetVersion(stats.version); !s.ok()) broken_ = s;
   version_ = stats.version;
   stats.seconds = SecondsSince(t0);
   stats.cpu_seconds = ProcessCpuSeconds() - cpu0;
@@ -317,8 +480,10 @@ void DeltaPublisher::EncodeFullVersion(Pass& pass, PublishStats* stats) {
       group.Submit([pl, &pass, i](size_t) {
         auto t0 = Clock::now();
         Pass::Slot& slot = pass.slots[i];
-        slot.enc.checksum = HexDigest(DigestAlgorithm::kXxh3_128, pl->Snap(i));
-        slot.enc.compressed = zstd::FrameWriter::ZeroFrame(pl->Snap(i).size());
+        std::span<std::byte> snap = pl->Snap(i);
+        slot.enc.checksum = DigestRegion(*pl->state, snap, pl->entries[i].part, &slot.digests);
+        if (pl->entries[i].part == 0) slot.digests = {slot.enc.checksum};
+        slot.enc.compressed = zstd::FrameWriter::ZeroFrame(snap.size());
         slot.enc.changed = true;  // a record, though its patch changes nothing
         slot.cpu_seconds = SecondsSince(t0);
       });
@@ -338,17 +503,26 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
     std::string checksum;
     std::atomic<size_t> left{0};
   };
-  const size_t part = options_.part_bytes;
+  const size_t part = plan_->entries[i].part;
   const size_t count = (next.size() + part - 1) / part;
+  const int64_t version = version_;
   auto split = std::make_shared<Split>();
   split->parts.resize(count);
   split->seconds.resize(count + 1);
   split->left = count + 1;
   std::span<std::byte> snap = plan_->Snap(i);
   // Whoever finishes last fills the slot; acq_rel orders every task's writes before it.
-  auto finish = [this, &pass, i, next, staged, split] {
+  auto finish = [this, &pass, i, next, staged, split, version] {
     if (split->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     Pass::Slot& slot = pass.slots[i];
+    const std::vector<std::string>& want = plan_->entries[i].digests;
+    for (size_t k = 0; k < split->parts.size(); ++k) {
+      if (split->parts[k].previous_checksum != want[k]) {
+        slot.status = plan_->Corrupt(i, k, split->parts[k].previous_checksum, want[k], version);
+        break;
+      }
+    }
+    for (EncodedPart& p : split->parts) slot.digests.push_back(std::move(p.checksum));
     for (const EncodedPart& p : split->parts) slot.enc.changed_bytes += p.changed_bytes;
     slot.enc.compressed = DeltaCodec::JoinParts(next.size(), split->parts);
     slot.enc.changed = !slot.enc.compressed.empty();
@@ -367,7 +541,10 @@ void DeltaPublisher::SubmitParts(TaskGroup& group, Pass& pass, size_t i, std::sp
     group.Submit([this, next, snap, part, count, k, split, finish](size_t thread) {
       auto tt = Clock::now();
       size_t off = k * part, len = std::min(part, next.size() - off);
-      split->parts[k] = plan_->codecs[thread]->EncodePart(next.subspan(off, len), snap.subspan(off, len), k + 1 == count);
+      plan_->state->PrepareForWrite(snap.subspan(off, len));
+      split->parts[k] = plan_->codecs[thread]->EncodePart(next.subspan(off, len), snap.subspan(off, len),
+                                                          k + 1 == count, /*digests=*/true);
+      plan_->state->Release(snap.subspan(off, len));
       split->seconds[k] = SecondsSince(tt);
       finish();
     });
@@ -438,14 +615,25 @@ void DeltaPublisher::Rollback(Pass& pass) {
     Pass::Slot& slot = pass.slots[i];
     if (!slot.submitted) continue;
     if (!slot.status.ok()) {
-      broken_ = true;  // the encode stopped part-way through this tensor's snapshot
+      // The encode stopped part-way through this tensor's snapshot, or found it changed.
+      if (broken_.ok()) broken_ = slot.status;
       continue;
     }
     if (!slot.enc.changed) continue;
-    Status s = codec.Apply(slot.enc.compressed, plan_->Snap(i), DigestAlgorithm::kXxh3_128, "",
-                           plan_->entries[i].disk.name);
-    if (!s.ok()) broken_ = true;
+    std::span<std::byte> snap = plan_->Snap(i);
+    plan_->state->PrepareForWrite(snap);
+    Status s = codec.Apply(slot.enc.compressed, snap, DigestAlgorithm::kXxh3_128, "", plan_->entries[i].disk.name);
+    plan_->state->Release(snap);
+    if (!s.ok() && broken_.ok()) broken_ = s;
   }
+}
+
+const std::string& DeltaPublisher::state_path() const { return plan_->state->path(); }
+uint64_t DeltaPublisher::state_bytes() const { return plan_->state->file_bytes(); }
+uint64_t DeltaPublisher::staging_bytes() const {
+  uint64_t n = 0;
+  for (const HostBuffer& b : plan_->staging) n += b.size();
+  return n;
 }
 
 }  // namespace wsync::delta

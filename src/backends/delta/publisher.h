@@ -1,19 +1,31 @@
 // DeltaPublisher: the trainer half of the `delta` backend's data plane. Each Publish()
 // drains one pass of a WeightSource and writes the next version of the chain into the
 // sync directory (layout: manifest.h): per tensor, the XOR of the new bytes against the
-// previous version's bytes (the "snapshot", which the publisher keeps in host memory) in
-// the checkpoint's on-disk dtype, one zstd frame per changed tensor, unchanged tensors
-// omitted, the xxh3-128 of the new bytes as the checksum. Payload files roll over at
-// `max_file_bytes`; manifest.json is written last, by atomic rename, so a reader that
-// sees a manifest sees complete payloads.
+// previous version's bytes (the "snapshot") in the checkpoint's on-disk dtype, one zstd
+// frame per changed tensor, unchanged tensors omitted, the xxh3-128 of the new bytes as
+// the checksum. Payload files roll over at `max_file_bytes`; manifest.json is written
+// last, by atomic rename, so a reader that sees a manifest sees complete payloads.
+//
+// The snapshot is the trainer's own last published state on disk, not a copy in its
+// heap: a TrainerStateFile (state_file.h) in `state_dir`, memory-mapped, which each
+// tensor's encode reads and advances in place, mapped a few MiB ahead of the encode and
+// dropped from the trainer's page tables behind it (a tensor encoded in parts: a part at
+// a time). So the trainer holds its model once plus those windows, the frames and the
+// staging buffers. Before a pass reads the file, its size
+// and header are checked, and every tensor's snapshot bytes are hashed while they are
+// XORed and compared with the digest this publisher recorded when it wrote them (for a
+// tensor encoded in parts, per part): a file changed behind the publisher's back fails
+// the publish with DataLoss naming the file and the tensor, before any manifest names
+// the wrong patch, and every later Publish() fails too (start a new chain).
 //
 // Version 0 is the base checkpoint. With `base_checkpoint` set, the snapshot starts as
-// its bytes (read once at Create), tensors are cast to its on-disk dtype (bf16/f16/f32
-// among themselves) and checked against its shapes, and names it lacks are skipped with
-// a warning, as SkyRL does. Without it, version 0 is the source's FIRST pass: the first
-// Publish() copies it into the snapshot and publishes a "full version" 1 that changes
-// nothing but names every byte: a record per tensor with an all-zero patch and the
-// checksum of the first pass's bytes, and the manifest's base_digest (base_digest.h).
+// its bytes (written into the state file at Create), tensors are cast to its on-disk
+// dtype (bf16/f16/f32 among themselves) and checked against its shapes, and names it
+// lacks are skipped with a warning, as SkyRL does. Without it, version 0 is the source's
+// FIRST pass: the first Publish() copies it into the snapshot and publishes a "full
+// version" 1 that changes nothing but names every byte: a record per tensor with an
+// all-zero patch and the checksum of the first pass's bytes, and the manifest's
+// base_digest (base_digest.h).
 // That is right exactly when the trainer starts from the servers' base checkpoint
 // (`wsync push --checkpoint BASE`, or synthetic weights written as the base); a server
 // on any other base fails that version's checks instead of serving its own base.
@@ -57,6 +69,11 @@ inline constexpr size_t kMinThreadsForParts = 4;
 struct DeltaPublisherOptions {
   std::string sync_dir;             // required; created if missing
   std::string base_checkpoint;      // "" : version 0 is the first pass (see above)
+  // Where the snapshot's state file lives (created if missing): the file is
+  // `.wsync-trainer-rank<rank>.state`, as large as the model in on-disk dtypes, and is
+  // rewritten in place every publish, so it belongs on the trainer's local disk, not in
+  // a sync dir on NFS. "": DefaultTrainerStateDir(sync_dir).
+  std::string state_dir;
   uint64_t max_file_bytes = uint64_t{1} << 30;  // payload files roll over past this (SkyRL: 1 GiB)
   size_t threads = 0;               // encode threads; 0: every core
   bool borrow_source_bytes = false; // read same-dtype tensors in place (see above)
@@ -93,6 +110,12 @@ struct PublishStats {
   double write_seconds = 0;       // payload files and manifest, fsynced
 };
 
+// $TMPDIR (else /tmp) / "wsync_delta_state" / NAME, where NAME is the sync dir's last
+// path component with every byte outside [A-Za-z0-9._-] replaced by '_', "_" and the
+// first 16 hex digits of the SHA-256 of the whole sync dir: one directory per chain on
+// the trainer's own disk.
+std::string DefaultTrainerStateDir(const std::string& sync_dir);
+
 class DeltaPublisher {
  public:
   // `metadata` is the source's model (every pass must match it). Opens the base
@@ -110,6 +133,11 @@ class DeltaPublisher {
   // ("" until the first Publish()).
   const std::string& base_digest() const { return base_digest_; }
   const DeltaPublisherOptions& options() const { return options_; }
+  // The snapshot's state file (state_file.h) and what the publisher holds in its heap
+  // besides the source: the staging buffers (touched only when tensors are staged).
+  const std::string& state_path() const;
+  uint64_t state_bytes() const;
+  uint64_t staging_bytes() const;
 
  private:
   struct Plan;
@@ -129,7 +157,9 @@ class DeltaPublisher {
   int64_t version_ = 0;
   bool snapshot_ready_ = false;
   std::string base_digest_;
-  bool broken_ = false;  // an encode failed mid-tensor: the snapshot can no longer be trusted
+  // Not OK once the snapshot can no longer be trusted (an encode failed mid-tensor, or
+  // the state file was found changed); every later Publish() returns it.
+  Status broken_;
 };
 
 }  // namespace wsync::delta

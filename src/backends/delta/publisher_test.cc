@@ -3,11 +3,17 @@
 #include <gtest/gtest.h>
 #include <zstd.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "backends/delta/base_digest.h"
 #include "backends/delta/fs.h"
+#include "backends/delta/state_file.h"
 #include "backends/delta/testing.h"
+#include "core/process_memory.h"
+#include "core/sanitizers.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "synthetic/synthetic.h"
@@ -288,6 +294,150 @@ TEST(DeltaPublisherTest, NeverRewritesAPublishedVersion) {
   auto pub = DeltaPublisher::Create(o, trainer->metadata());
   ASSERT_TRUE(pub.ok());
   EXPECT_EQ((*pub)->Publish(trainer->source()).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// Flips one byte of a file in place, as a disk fault or a stray writer would.
+void FlipByte(const std::string& path, off_t at) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  unsigned char b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, at), 1);
+  b ^= 0x5a;
+  ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
+  ::close(fd);
+}
+
+// The previous version lives in the trainer's state file, not in its heap: a publisher
+// over a 112 MiB model leaves the process's resident set within a small fraction of the
+// model after Create (the base copied in) and after publishes that change every tensor,
+// while the file on disk holds every byte; during a publish, even the 96 MiB tensor's
+// state is mapped a few windows at a time, never whole.
+TEST(DeltaPublisherTest, ThePreviousVersionIsAFileOnDiskNotAHeapCopy) {
+#ifdef WSYNC_SANITIZED
+  GTEST_SKIP() << "AddressSanitizer keeps freed memory in its quarantine: the resident set says nothing about "
+                  "what the publisher holds";
+#endif
+  TempDir dir("pub");
+  constexpr size_t kTensors = 9, kElems = size_t{512} << 10, kLargeElems = 48 * kElems;  // 8 x 2 MiB, 96 MiB
+  std::vector<HostTensor> tensors;
+  uint64_t model = 0;
+  for (size_t i = 0; i < kTensors; ++i) {
+    const int64_t n = int64_t(i == 4 ? kLargeElems : kElems);
+    auto t = HostTensor::Zeros(TensorMeta{fmt::format("layers.{}.weight", i), DType::kF32, {n}});
+    ASSERT_TRUE(t.ok());
+    for (size_t b = 0; b < t->meta.nbytes(); b += 64) t->storage.data()[b] = std::byte(b / 64 + i);
+    model += t->meta.nbytes();
+    tensors.push_back(std::move(*t));
+  }
+  ASSERT_TRUE(testing::WriteCheckpoint(dir / "base", tensors).ok());
+  HostTensorSource source(std::move(tensors));
+  const int64_t before = HostRssBytes();
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  o.state_dir = dir / "state";
+  o.base_checkpoint = dir / "base";
+  o.threads = 2;
+  o.borrow_source_bytes = true;  // no staging: what remains is the publisher's own
+  auto pub = DeltaPublisher::Create(o, source.metadata());
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  EXPECT_EQ((*pub)->state_path(), (dir / "state") + "/.wsync-trainer-rank0.state");
+  EXPECT_GE((*pub)->state_bytes(), model);
+  EXPECT_EQ(std::filesystem::file_size((*pub)->state_path()), (*pub)->state_bytes());
+  EXPECT_LT(HostRssBytes() - before, int64_t(model / 8)) << "after Create";
+  for (int step = 1; step <= 3; ++step) {
+    for (HostTensor& t : source.tensors()) {
+      for (size_t b = 0; b < t.meta.nbytes(); b += 4096) t.storage.data()[b + 1] ^= std::byte(step);
+    }
+    const MemoryWindow window;
+    auto st = (*pub)->Publish(source);
+    const MemoryPeak peak = window.Peak();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(st->changed_tensors, kTensors);
+    EXPECT_LT(HostRssBytes() - before, int64_t(model / 8)) << "after version " << step;
+    if (peak.host_exact) EXPECT_LT(peak.host_bytes, int64_t(model * 3 / 7)) << "during version " << step;
+  }
+  // The file is the publisher's last version, byte for byte, and goes with the publisher.
+  auto file = ReadFile((*pub)->state_path());
+  ASSERT_TRUE(file.ok());
+  uint64_t at = TrainerStateFile::kHeaderBytes;
+  for (size_t i = 0; i < kTensors; at += source.tensors()[i].meta.nbytes(), ++i) {
+    std::span<const std::byte> want = source.tensors()[i].ref().bytes;
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), reinterpret_cast<const std::byte*>(file->data() + at)))
+        << "tensor " << i;
+  }
+  const std::string path = (*pub)->state_path();
+  pub->reset();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// A state file changed behind the publisher's back (a flipped byte in a tensor, whole or
+// encoded in parts; a truncated file; a header naming another version) fails the publish
+// with DataLoss naming the file (and the tensor), publishes nothing, and every later
+// publish is refused: a delta against the wrong bytes would reach every server.
+TEST(DeltaPublisherTest, AChangedStateFileFailsThePublishNamingTheFile) {
+  struct Case {
+    const char* what;
+    size_t threads, part_bytes;
+    std::function<void(const std::string& path)> damage;
+    const char* says;
+  };
+  const off_t body = TrainerStateFile::kHeaderBytes;
+  std::vector<Case> cases = {
+      {"a flipped byte", 2, 0, [&](const std::string& p) { FlipByte(p, body + 100); }, "does not hold the bytes"},
+      {"a flipped byte in a part", 4, 16 << 10, [&](const std::string& p) { FlipByte(p, body + 100); }, "(part 0)"},
+      {"a truncated file", 2, 0,
+       [](const std::string& p) { std::filesystem::resize_file(p, std::filesystem::file_size(p) / 2); }, "bytes long"},
+      {"a header naming another version", 2, 0, [](const std::string& p) { FlipByte(p, 40); }, "header"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    TempDir dir("pub");
+    auto trainer = Tiny();
+    DeltaPublisherOptions o;
+    o.sync_dir = dir / "sync";
+    o.threads = c.threads;
+    o.part_bytes = c.part_bytes;
+    auto pub = DeltaPublisher::Create(o, trainer->metadata());
+    ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+    ASSERT_TRUE((*pub)->Publish(trainer->source()).ok());
+    ASSERT_TRUE(trainer->Step(1).ok());
+    ASSERT_TRUE((*pub)->Publish(trainer->source()).ok());
+    const std::string path = (*pub)->state_path();
+    c.damage(path);
+    ASSERT_TRUE(trainer->Step(2).ok());
+    auto failed = (*pub)->Publish(trainer->source());
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.status().code(), StatusCode::kDataLoss) << failed.status().ToString();
+    EXPECT_NE(failed.status().message().find(path), std::string::npos) << failed.status().message();
+    EXPECT_NE(failed.status().message().find(c.says), std::string::npos) << failed.status().message();
+    if (std::string(c.what).starts_with("a flipped byte")) {
+      EXPECT_NE(failed.status().message().find(trainer->metadata().front().name), std::string::npos)
+          << failed.status().message();
+    }
+    EXPECT_FALSE(std::filesystem::exists(VersionDir(o.sync_dir, 3)));
+    EXPECT_EQ((*pub)->version(), 2);
+    auto again = (*pub)->Publish(trainer->source());
+    EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(again.status().message().find(path), std::string::npos) << again.status().message();
+  }
+}
+
+// Two publishers never share one state file.
+TEST(DeltaPublisherTest, AStateFileHasOneOwner) {
+  TempDir dir("pub");
+  auto trainer = Tiny();
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  auto first = DeltaPublisher::Create(o, trainer->metadata());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  // By default on the trainer's own disk, not in the (possibly remote) sync dir.
+  EXPECT_EQ((*first)->state_path(), DefaultTrainerStateDir(o.sync_dir) + "/.wsync-trainer-rank0.state");
+  auto second = DeltaPublisher::Create(o, trainer->metadata());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find((*first)->state_path()), std::string::npos) << second.status().message();
+  EXPECT_TRUE(std::filesystem::exists((*first)->state_path()));
+  first->reset();
+  EXPECT_FALSE(std::filesystem::exists(DefaultTrainerStateDir(o.sync_dir)));
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ class DeltaPlane final : public DataPlane {
     delta::DeltaPublisherOptions p;
     p.sync_dir = delta_.sync_dir;
     p.base_checkpoint = delta_.base_checkpoint;
+    p.state_dir = delta_.state_dir;
     p.max_file_bytes = static_cast<uint64_t>(delta_.max_file_gb * double(uint64_t{1} << 30));
     p.threads = delta_.publish_threads;
     p.borrow_source_bytes = delta_.borrow_source_bytes;
@@ -238,6 +239,7 @@ Result<DeltaTrainerOptions> ParseDeltaTrainerOptions(const std::map<std::string,
   WSYNC_RETURN_IF_ERROR(read.Read("base_checkpoint", &o.base_checkpoint));
   WSYNC_RETURN_IF_ERROR(read.Read("base_model_path", &o.base_model_path));
   WSYNC_RETURN_IF_ERROR(read.Read("local_checkpoint_dir", &o.local_checkpoint_dir));
+  WSYNC_RETURN_IF_ERROR(read.Read("state_dir", &o.state_dir));
   WSYNC_RETURN_IF_ERROR(read.Finish());
   return o;
 }

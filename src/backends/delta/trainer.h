@@ -61,6 +61,10 @@ struct DeltaTrainerOptions {
   // Each server's local checkpoint directory: SkyRL's init key local_checkpoint_dir.
   // Empty: SkyRL's own default for this sync dir (DefaultSkyrlLocalCheckpointDir).
   std::string local_checkpoint_dir;
+  // Where the trainer keeps its last published version (publisher.h: a file as large as
+  // the model, rewritten in place every sync, on the trainer's local disk). Empty:
+  // DefaultTrainerStateDir(sync_dir), under $TMPDIR.
+  std::string state_dir;
   // Read same-dtype tensors in place instead of staging a copy; only for sources whose
   // TensorRefs stay valid for a whole pass (HostTensorSource, SyntheticTrainer, checkpoints).
   bool borrow_source_bytes = false;
