@@ -5,7 +5,8 @@
 // (PackSliceHost) and send them as the protocol says; the server's read-back digests
 // then equal the synthetic weights'. Also: a plan digest that disagrees fails init naming
 // both digests, and a producer that never sends fails the update within the timeout,
-// naming it and the group.
+// naming it and the group. Receiving in plan order and in concurrent lanes (lanes.h) land
+// the same bits.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -223,6 +224,21 @@ TEST_P(ShardedReceiver, EveryWorkerLandsItsSlicesBitExactSyncAfterSync) {
   driver_->Close();
   ASSERT_TRUE(Sync(all).ok());
   ExpectServerHolds(*server_->service, trainer_->tensors());
+}
+
+TEST_P(ShardedReceiver, PlanOrderAndConcurrentLanesLandTheSameBits) {
+  std::vector<int> all(kProducers);
+  for (int p = 0; p < kProducers; ++p) all[p] = p;
+  uint64_t step = 1;
+  for (bool concurrent : {false, true, false}) {
+    ShardedInitInfo info = Info(kServerTimeout);
+    info.concurrent_stages = concurrent;
+    ASSERT_TRUE(InitGroup(info).ok());
+    Status s = Sync(all);
+    ASSERT_TRUE(s.ok()) << (concurrent ? "concurrent: " : "plan order: ") << s.ToString();
+    ExpectServerHolds(*server_->service, trainer_->tensors());
+    ASSERT_TRUE(trainer_->Step(step++).ok());
+  }
 }
 
 TEST_P(ShardedReceiver, APlanDigestThatDisagreesFailsInitNamingBothDigests) {
