@@ -25,6 +25,11 @@ struct BenchArgs {
   // broadcast, ipc, delta, sharded: TrainerOptions::inline_verify of the bench's trainer
   // (`--inline-verify on|off`), to measure what in-line verification costs.
   bool inline_verify = true;
+  // sharded: ShardedTrainerOptions::concurrent_stages, "on", "off" or "both" (each timed on
+  // a fresh fleet in this run).
+  std::string concurrent_stages = "both";
+  // sharded: also time the nccl broadcast on a fresh fleet (`--baseline on|off`).
+  bool baseline = true;
   std::string sources_child;
 };
 
