@@ -87,8 +87,9 @@ const std::vector<PublishedCase>& PublishedCases() {
        "DGX H100 (the PRs' runs). wsync's sharded backend stands in for nccl_reshard, which differs in ways its "
        "sources leave open: it moves the dominant tensors shard to shard (95% of the bytes for Qwen3-30B) and the "
        "rest by a packed broadcast; it runs one reshard lane per pipeline stage (PR #3720), and whether the 8 "
-       "lanes send at once is not stated. wsync's plan has them take turns (the figure below); if all 8 sent at "
-       "once, the same per-rank bytes would take about 1.5 s. The figure is from the Python fallback path "
+       "lanes send at once is not stated. wsync's plan has them send at once, as its sharded backend's lanes do "
+       "(the figure below); taking turns, the same per-rank bytes would take about 11.9 s. The figure is from "
+       "the Python fallback path "
        "(xferdtensor_python_impl)."},
       // wsync's own runs (docs/benchmarks.md).
       {"own-cpu-broadcast-tp1", "wsync bench broadcast, 2 servers x TP=1 (CPU, Gloo), 2-core VM",
