@@ -142,7 +142,8 @@ Result<PlanFigures> ShardedFigures(const BenchArgs& a, const ModelConfig& config
   for (const ConsumerPlan& p : plans) {
     f.worker_bytes.push_back(p.bytes());
     f.receive_staging_in_turn.push_back(ReceiveStagingBytes(SplitLanes(p, false), ring));
-    const std::vector<ReceiveLane> lanes = SplitLanes(p, true);
+    const std::vector<ReceiveLane> lanes =
+        SplitLanesWithin(p, ring, static_cast<size_t>(std::max(0, a.receive_staging_mb)) * 1000000);
     f.receive_staging_concurrent.push_back(ReceiveStagingBytes(lanes, ring));
     f.lanes.push_back(lanes.size());
   }
@@ -190,7 +191,10 @@ int RunBenchSharded(const BenchArgs& a) {
   std::vector<Run> runs;
   if (a.baseline) runs.push_back({"nccl", "nccl", {}, false});
   if (a.concurrent_stages != "on") runs.push_back({"sharded-turns", "sharded", {{"concurrent_stages", "off"}}, false});
-  if (a.concurrent_stages != "off") runs.push_back({"sharded-conc", "sharded", {{"concurrent_stages", "on"}}, true});
+  if (a.concurrent_stages != "off") {
+    runs.push_back({"sharded-conc", "sharded",
+                    {{"concurrent_stages", "on"}, {"receive_staging_mb", std::to_string(a.receive_staging_mb)}}, true});
+  }
   std::map<std::string, Measured> got;
   for (const Run& run : runs) {
     fmt::print(stderr, "{}: {} servers x TP={}, {} trainer ranks ({})\n", run.label, a.servers, a.tp, ranks,

@@ -229,6 +229,9 @@ int main(int argc, char** argv) {
                 "in this run (both)")
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
+  b->add_option("--receive-staging-mb", bench.receive_staging_mb,
+                "sharded: bound on each worker's receive staging with concurrent stages, in MB (0: none)")
+      ->capture_default_str();
   b->add_option("--baseline", bench.baseline, "sharded: also time the nccl broadcast (on or off)")
       ->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`

@@ -37,6 +37,25 @@ std::vector<ReceiveLane> SplitLanes(const ConsumerPlan& plan, bool concurrent) {
   return lanes;
 }
 
+std::vector<ReceiveLane> SplitLanesWithin(const ConsumerPlan& plan, int ring, size_t budget) {
+  std::vector<ReceiveLane> per_producer = SplitLanes(plan, true);
+  const size_t n = per_producer.size();
+  if (budget == 0 || n <= 1 || ReceiveStagingBytes(per_producer, ring) <= budget) return per_producer;
+  for (size_t k = n - 1; k >= 2; --k) {
+    std::vector<ReceiveLane> merged(k);
+    for (size_t i = 0; i < n; ++i) {
+      ReceiveLane& to = merged[i * k / n];
+      const ReceiveLane& from = per_producer[i];
+      to.producer = to.chunks.empty() ? from.producer : to.producer;
+      to.chunks.insert(to.chunks.end(), from.chunks.begin(), from.chunks.end());
+      to.max_chunk = std::max(to.max_chunk, from.max_chunk);
+    }
+    for (ReceiveLane& lane : merged) std::sort(lane.chunks.begin(), lane.chunks.end());
+    if (ReceiveStagingBytes(merged, ring) <= budget) return merged;
+  }
+  return SplitLanes(plan, false);
+}
+
 size_t ReceiveStagingBytes(const std::vector<ReceiveLane>& lanes, int ring) {
   size_t bytes = 0;
   for (const ReceiveLane& lane : lanes) {

@@ -16,7 +16,8 @@
 //
 // Staging per worker: each lane's ring holds min(ring, its chunks) buffers of its largest
 // chunk; ReceiveStagingBytes computes it from the plan alone, so the trainer and the bench
-// report the same figure the receiver allocates.
+// report the same figure the receiver allocates. A staging budget merges lanes of
+// neighbouring ranks until it fits (SplitLanesWithin).
 //
 // Every wait takes the caller's deadline. The first failure (a lane's receive, a landing,
 // the deadline) aborts the communicator, which ends every other lane's wait at once, and
@@ -37,7 +38,7 @@ namespace wsync {
 
 // One lane: the plan indices of its chunks, in plan order, and its receive ring.
 struct ReceiveLane {
-  int producer = -1;                 // -1: the one sequential lane of every producer
+  int producer = -1;                 // its first producer; -1: the one lane of every producer
   std::vector<size_t> chunks;        // indices into ConsumerPlan::chunks, ascending
   std::vector<StagingBuffer> ring;   // min(ring size, chunks) buffers of max_chunk bytes
   size_t max_chunk = 0;
@@ -46,6 +47,14 @@ struct ReceiveLane {
 // The plan's lanes: one per producer (ascending) when `concurrent`, else one lane of every
 // chunk. Buffers are not reserved.
 std::vector<ReceiveLane> SplitLanes(const ConsumerPlan& plan, bool concurrent);
+
+// Concurrent lanes whose staging with `ring` buffers each fits `budget` bytes: the most
+// lanes K (at most one per producer) that fit, producers in ascending order cut into K
+// contiguous runs (a pipeline stage's ranks are consecutive, so runs keep stages apart),
+// each lane's chunks in plan order. Any such partition stays deadlock-free: every lane
+// waits in plan order, as the single lane does. One lane when even two do not fit;
+// budget 0: no bound.
+std::vector<ReceiveLane> SplitLanesWithin(const ConsumerPlan& plan, int ring, size_t budget);
 
 // The receive staging these lanes need with `ring` buffers per lane, in bytes.
 size_t ReceiveStagingBytes(const std::vector<ReceiveLane>& lanes, int ring);

@@ -47,6 +47,24 @@ TEST(SplitLanes, PlanOrderIsOneLaneOfEveryChunk) {
   EXPECT_EQ(ReceiveStagingBytes(lanes, 2), 800u);
 }
 
+TEST(SplitLanes, ABudgetMergesNeighbouringRanksUntilItFits) {
+  const ConsumerPlan plan = TwoStagePlan();
+  // Unbounded or roomy: one lane per producer.
+  EXPECT_EQ(SplitLanesWithin(plan, 2, 0).size(), 4u);
+  EXPECT_EQ(SplitLanesWithin(plan, 2, 2 * 870).size(), 4u);
+  // Two lanes, one per stage: ranks 0 and 1 (largest chunk 100), ranks 2 and 3 (400).
+  std::vector<ReceiveLane> stages = SplitLanesWithin(plan, 2, 2 * 500);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0].producer, 0);
+  EXPECT_EQ(stages[0].chunks, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(stages[1].chunks, (std::vector<size_t>{4, 5, 6, 7}));
+  EXPECT_EQ(ReceiveStagingBytes(stages, 2), 2u * 500);
+  // Below two stages' worth: plan order, whatever the bound.
+  std::vector<ReceiveLane> one = SplitLanesWithin(plan, 2, 10);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].chunks.size(), 8u);
+}
+
 TEST(SplitLanes, ReserveSizesEachRingToItsLane) {
   std::vector<ReceiveLane> lanes = SplitLanes(TwoStagePlan(), true);
   ASSERT_TRUE(ReserveLanes(lanes, 3, Device{}).ok());

@@ -93,7 +93,9 @@ class ShardedReceiver final : public ReceiverBackend {
       const Device buffer_device = info.uses_gloo() ? Device{} : w.device;
       futures.push_back(w.thread->Post([this, i, spec, buffer_device, plan = std::move(plans[i]),
                                         buffers = info.num_buffers,
-                                        concurrent = info.concurrent_stages && info.uses_gloo()]() mutable -> Status {
+                                        concurrent = info.concurrent_stages && info.uses_gloo(),
+                                        budget = static_cast<size_t>(info.receive_staging_mb) * 1000000]() mutable
+                                       -> Status {
         const ReceiverWorker& worker = ctx_->workers[i];
         Result<std::unique_ptr<Communicator>> comm = Connect(spec);
         if (!comm.ok()) {
@@ -103,7 +105,7 @@ class ShardedReceiver final : public ReceiverBackend {
         Slot& slot = slots_[i];
         slot.comm = std::move(*comm);
         slot.plan = std::move(plan);
-        slot.lanes = SplitLanes(slot.plan, concurrent);
+        slot.lanes = concurrent ? SplitLanesWithin(slot.plan, buffers, budget) : SplitLanes(slot.plan, false);
         return ReserveLanes(slot.lanes, buffers, buffer_device)
             .WithContext(fmt::format("{}: allocating receive buffers", worker.label));
       }));

@@ -230,12 +230,14 @@ TEST_P(ShardedReceiver, PlanOrderAndConcurrentLanesLandTheSameBits) {
   std::vector<int> all(kProducers);
   for (int p = 0; p < kProducers; ++p) all[p] = p;
   uint64_t step = 1;
-  for (bool concurrent : {false, true, false}) {
+  // Plan order, a lane per producer, lanes merged under a 1 MB staging bound, plan order.
+  for (auto [concurrent, budget_mb] : {std::pair{false, 0}, {true, 0}, {true, 1}, {false, 0}}) {
     ShardedInitInfo info = Info(kServerTimeout);
     info.concurrent_stages = concurrent;
+    info.receive_staging_mb = budget_mb;
     ASSERT_TRUE(InitGroup(info).ok());
     Status s = Sync(all);
-    ASSERT_TRUE(s.ok()) << (concurrent ? "concurrent: " : "plan order: ") << s.ToString();
+    ASSERT_TRUE(s.ok()) << (concurrent ? "concurrent: " : "plan order: ") << budget_mb << " MB: " << s.ToString();
     ExpectServerHolds(*server_->service, trainer_->tensors());
     ASSERT_TRUE(trainer_->Step(step++).ok());
   }

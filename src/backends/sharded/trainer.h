@@ -28,6 +28,11 @@ struct ShardedTrainerOptions {
   // staging is the same. Gloo only: an NCCL group receives in plan order either way.
   // Option `concurrent_stages` (on|off).
   bool concurrent_stages = true;
+  // A bound on each worker's receive staging with concurrent stages, in MB (1e6 bytes):
+  // the lanes of neighbouring trainer ranks merge until it fits, down to plan order
+  // (which needs num_buffers of the plan's largest chunk whatever the bound). 0: none.
+  // Option `receive_staging_mb`.
+  int64_t receive_staging_mb = 0;
   // Fault injection for tests, honest about what it fakes: trainer rank `stall_rank` reads
   // its pass but sends nothing, as a wedged producer would, until the sync's deadline or
   // an abort. -1: none. Option `stall_rank`.
