@@ -78,6 +78,7 @@ namespace {
 using Batch = std::unique_ptr<Communicator::PeerBatch>;
 
 constexpr double kLaneReportGraceSeconds = 5;
+constexpr double kLaneCauseGraceSeconds = 1;
 
 Result<Batch> Post(Communicator& comm, const ConsumerPlan& plan, const ReceiveLane& lane, size_t j,
                    const NameChunk& name) {
@@ -152,6 +153,25 @@ void WaitLane(Board& board, const ReceiveLane& lane, size_t l, Deadline deadline
   }
 }
 
+// The error a failed arrival stands for. A failure on one pair aborts the communicator,
+// so the other lanes' waits end as kAborted too, and one of those may arrive first: an
+// aborted lane waits briefly for another lane's failure of its own and names that.
+Status Cause(Board& board, const std::vector<ReceiveLane>& lanes, const Board::Arrived& first, const NameChunk& name) {
+  auto describe = [&](const Board::Arrived& a) {
+    return a.status.WithContext("receiving " + name(lanes[a.lane].chunks[a.j]));
+  };
+  if (first.status.code() != StatusCode::kAborted) return describe(first);
+  const Deadline grace = Deadline::InSeconds(kLaneCauseGraceSeconds);
+  std::unique_lock lock(board.mu);
+  for (;;) {
+    for (const Board::Arrived& a : board.arrived) {
+      if (!a.status.ok() && a.status.code() != StatusCode::kAborted) return describe(a);
+    }
+    if (grace.expired()) return describe(first);
+    board.cv.wait_for(lock, grace.remaining());
+  }
+}
+
 Status ReceiveConcurrently(Communicator& comm, const ConsumerPlan& plan, std::vector<ReceiveLane>& lanes,
                            const LandChunk& land, const NameChunk& name, Deadline deadline) {
   Board board;
@@ -190,7 +210,7 @@ Status ReceiveConcurrently(Communicator& comm, const ConsumerPlan& plan, std::ve
       }
       ReceiveLane& lane = lanes[a.lane];
       const size_t k = lane.chunks[a.j], ring = lane.ring.size();
-      if (!a.status.ok()) return a.status.WithContext("receiving " + name(k));
+      if (!a.status.ok()) return Cause(board, lanes, a, name);
       WSYNC_RETURN_IF_ERROR(land(k, lane.ring[a.j % ring].span(plan.chunks[k].bytes)));
       if (a.j + ring < lane.chunks.size()) {
         WSYNC_ASSIGN_OR_RETURN(Batch next, Post(comm, plan, lane, a.j + ring, name));
