@@ -25,6 +25,13 @@ struct BenchArgs {
   // broadcast, ipc, delta, sharded: TrainerOptions::inline_verify of the bench's trainer
   // (`--inline-verify on|off`), to measure what in-line verification costs.
   bool inline_verify = true;
+  // sharded: ShardedTrainerOptions::concurrent_stages, "on", "off" or "both" (each timed on
+  // a fresh fleet in this run).
+  std::string concurrent_stages = "both";
+  // sharded: ShardedTrainerOptions::receive_staging_mb of the concurrent run (0: none).
+  int receive_staging_mb = 0;
+  // sharded: also time the nccl broadcast on a fresh fleet (`--baseline on|off`).
+  bool baseline = true;
   std::string sources_child;
 };
 

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/sharded/lanes.h"
 #include "bench.h"
 #include "children.h"
 #include "core/process_memory.h"
@@ -42,14 +43,15 @@ struct Measured {
 };
 
 Result<Measured> RunBackend(const BenchArgs& a, const std::string& backend, const ModelConfig& config,
-                            SyntheticTrainer& trainer, const std::string& dir) {
+                            SyntheticTrainer& trainer, const std::string& dir, const std::string& label,
+                            const std::map<std::string, std::string>& options) {
   std::vector<Child> servers;
   auto stop = [&] {
     for (Child& c : servers) StopChild(c);
   };
   for (int i = 0; i < a.servers; ++i) {
     Result<Child> c = StartServer({"--backend", backend, "--model", a.model, "--tp", std::to_string(a.tp)},
-                                  fmt::format("{}/{}{}.log", dir, backend, i), Deadline::InSeconds(120));
+                                  fmt::format("{}/{}{}.log", dir, label, i), Deadline::InSeconds(120));
     if (!c.ok()) {
       stop();
       return c.status();
@@ -61,6 +63,7 @@ Result<Measured> RunBackend(const BenchArgs& a, const std::string& backend, cons
   o.inline_verify = a.inline_verify;
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.bucket_gb = a.bucket_gb;
+  o.backend_options = options;
   if (backend == "sharded") o.backend_options["model"] = a.model;
   Measured m;
   Status s = [&]() -> Status {
@@ -94,6 +97,10 @@ struct PlanFigures {
   std::vector<size_t> worker_bytes;
   std::vector<size_t> producer_bytes;
   std::vector<size_t> producer_group_bytes;  // the largest group's packed sends
+  // Each worker's receive staging (lanes.h), its chunks in plan order or in concurrent lanes.
+  std::vector<size_t> receive_staging_in_turn;
+  std::vector<size_t> receive_staging_concurrent;
+  std::vector<size_t> lanes;  // per worker, when concurrent
 };
 
 Result<PlanFigures> ShardedFigures(const BenchArgs& a, const ModelConfig& config, int ranks) {
@@ -131,7 +138,15 @@ Result<PlanFigures> ShardedFigures(const BenchArgs& a, const ModelConfig& config
     }
   }
   PlanFigures f;
-  for (const ConsumerPlan& p : plans) f.worker_bytes.push_back(p.bytes());
+  const int ring = TrainerOptions{}.num_buffers;
+  for (const ConsumerPlan& p : plans) {
+    f.worker_bytes.push_back(p.bytes());
+    f.receive_staging_in_turn.push_back(ReceiveStagingBytes(SplitLanes(p, false), ring));
+    const std::vector<ReceiveLane> lanes =
+        SplitLanesWithin(p, ring, static_cast<size_t>(std::max(0, a.receive_staging_mb)) * 1000000);
+    f.receive_staging_concurrent.push_back(ReceiveStagingBytes(lanes, ring));
+    f.lanes.push_back(lanes.size());
+  }
   for (int r = 0; r < ranks; ++r) {
     ProducerPlan pp = PlanProducer(r, static_cast<int>(groups.size()), plans);
     f.producer_bytes.push_back(pp.bytes_sent);
@@ -165,38 +180,69 @@ int RunBenchSharded(const BenchArgs& a) {
   Result<PlanFigures> figures = ShardedFigures(args, *config, ranks);
   if (!figures.ok()) return fail(figures.status());
 
+  // What runs, each on a fresh fleet: the broadcast baseline, then sharded in each
+  // stage mode asked for.
+  struct Run {
+    std::string label;    // in the table and the servers' log names
+    std::string backend;
+    std::map<std::string, std::string> options;
+    bool concurrent = false;
+  };
+  std::vector<Run> runs;
+  if (a.baseline) runs.push_back({"nccl", "nccl", {}, false});
+  if (a.concurrent_stages != "on") runs.push_back({"sharded-turns", "sharded", {{"concurrent_stages", "off"}}, false});
+  if (a.concurrent_stages != "off") {
+    runs.push_back({"sharded-conc", "sharded",
+                    {{"concurrent_stages", "on"}, {"receive_staging_mb", std::to_string(a.receive_staging_mb)}}, true});
+  }
   std::map<std::string, Measured> got;
-  for (const std::string backend : {"nccl", "sharded"}) {
-    fmt::print(stderr, "{}: {} servers x TP={}, {} trainer ranks ({})\n", backend, a.servers, a.tp, ranks,
+  for (const Run& run : runs) {
+    fmt::print(stderr, "{}: {} servers x TP={}, {} trainer ranks ({})\n", run.label, a.servers, a.tp, ranks,
                a.trainer_layout);
-    Result<Measured> m = RunBackend(args, backend, *config, **trainer, *dir);
-    if (!m.ok()) return fail(m.status().WithContext(backend));
-    got[backend] = *m;
+    Result<Measured> m = RunBackend(args, run.backend, *config, **trainer, *dir, run.label, run.options);
+    if (!m.ok()) return fail(m.status().WithContext(run.label));
+    got[run.label] = *m;
   }
   const size_t model = ModelBytes(*config);
   const size_t ring = PackedBufferSize(HfTensors(*config), static_cast<size_t>(a.bucket_gb * (1u << 30)));
   const size_t broadcast_staging = kDefaultPackedNumBuffers * std::min(ring, model);  // rank 0's ring
   std::vector<size_t> sharded_staging;
   for (size_t b : figures->producer_group_bytes) sharded_staging.push_back(2 * b);  // lookahead 1: two groups
-  const Measured& n = got["nccl"];
-  const Measured& sh = got["sharded"];
   fmt::print("wsync bench sharded: {} ({:.3f} GB), {} server(s) x TP={} ({} workers), {} trainer ranks ({}), "
              "median of {} syncs after sync 0\n",
              config->name, model / 1e9, a.servers, a.tp, a.servers * a.tp, ranks, a.trainer_layout, a.iters);
-  fmt::print("{:<10} {:>9} {:>9} {:>8} {:>16} {:>18} {:>16} {:>13}\n", "backend", "sync s", "sync 0 s", "init s",
-             "MB/worker", "MB sent/rank", "staging MB/rank", "peak RSS +MB");
+  fmt::print("{:<14} {:>9} {:>9} {:>8} {:>16} {:>18} {:>16} {:>18} {:>13}\n", "backend", "sync s", "sync 0 s",
+             "init s", "MB/worker", "MB sent/rank", "staging MB/rank", "recv staging MB/w", "peak RSS +MB");
   std::vector<size_t> broadcast_sent(ranks, 0);
   broadcast_sent[0] = model;
   std::vector<size_t> broadcast_stage(ranks, 0);
   broadcast_stage[0] = broadcast_staging;
-  fmt::print("{:<10} {:>9.3f} {:>9.3f} {:>8.2f} {:>16.1f} {:>18} {:>16} {:>13.1f}\n", "nccl", n.sync_s, n.first_s,
-             n.init_s, model / 1e6, MinMax(broadcast_sent), MinMax(broadcast_stage), n.peak_rss_growth / 1e6);
-  fmt::print("{:<10} {:>9.3f} {:>9.3f} {:>8.2f} {:>16} {:>18} {:>16} {:>13.1f}\n", "sharded", sh.sync_s, sh.first_s,
-             sh.init_s, MinMax(figures->worker_bytes), MinMax(figures->producer_bytes), MinMax(sharded_staging),
-             sh.peak_rss_growth / 1e6);
+  const Measured& n = got["nccl"];
+  if (a.baseline) {
+    fmt::print("{:<14} {:>9.3f} {:>9.3f} {:>8.2f} {:>16.1f} {:>18} {:>16} {:>18} {:>13.1f}\n", "nccl", n.sync_s,
+               n.first_s, n.init_s, model / 1e6, MinMax(broadcast_sent), MinMax(broadcast_stage), "-",
+               n.peak_rss_growth / 1e6);
+  }
+  for (const Run& run : runs) {
+    if (run.backend != "sharded") continue;
+    const Measured& sh = got[run.label];
+    fmt::print("{:<14} {:>9.3f} {:>9.3f} {:>8.2f} {:>16} {:>18} {:>16} {:>18} {:>13.1f}\n", run.label, sh.sync_s,
+               sh.first_s, sh.init_s, MinMax(figures->worker_bytes), MinMax(figures->producer_bytes),
+               MinMax(sharded_staging),
+               MinMax(run.concurrent ? figures->receive_staging_concurrent : figures->receive_staging_in_turn),
+               sh.peak_rss_growth / 1e6);
+  }
   size_t worker_max = *std::max_element(figures->worker_bytes.begin(), figures->worker_bytes.end());
-  fmt::print("sharded / broadcast: sync time {:.2f}x, bytes per worker {:.2f}x (largest worker)\n",
-             sh.sync_s / n.sync_s, static_cast<double>(worker_max) / model);
+  for (const Run& run : runs) {
+    if (!a.baseline || run.backend != "sharded") continue;
+    fmt::print("{} / broadcast: sync time {:.2f}x, bytes per worker {:.2f}x (largest worker)\n", run.label,
+               got[run.label].sync_s / n.sync_s, static_cast<double>(worker_max) / model);
+  }
+  if (got.count("sharded-turns") && got.count("sharded-conc")) {
+    const auto [lo, hi] = std::minmax_element(figures->lanes.begin(), figures->lanes.end());
+    fmt::print("concurrent / one stage at a time: sync time {:.2f}x ({}..{} lanes per worker)\n",
+               got["sharded-conc"].sync_s / got["sharded-turns"].sync_s, *lo, *hi);
+  }
   return 0;
 }
 

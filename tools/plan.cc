@@ -37,6 +37,7 @@ struct PlanArgs {
   std::string dtype = "bf16";
   std::string placement = "disaggregated";
   int lookahead = 1;
+  std::string concurrent_stages = "on";
   bool ipc_packed = false;
   std::string hardware_dir = DefaultHardwareDir();
   bool json = false;
@@ -220,6 +221,7 @@ int RunPlan(const PlanArgs& a) {
   PlanOptions o;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_gb * (int64_t{1} << 30));
   o.lookahead = a.lookahead;
+  o.concurrent_stages = a.concurrent_stages == "on";
   o.ipc_packed = a.ipc_packed;
   const ModelConfig travel = TravelConfig(*model, a.dtype == "fp8");
   const Constants k = Calibrate();
@@ -302,6 +304,10 @@ void AddPlanCommand(CLI::App& app) {
                 "(worker w on trainer rank w's GPU; ipc)")
       ->capture_default_str();
   c->add_option("--lookahead", args->lookahead, "sharded: layer groups staged ahead (0: no overlap)")
+      ->capture_default_str();
+  c->add_option("--concurrent-stages", args->concurrent_stages,
+                "sharded: pipeline stages send at once (on) or take turns (off)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   c->add_flag("--ipc-packed", args->ipc_packed, "ipc: pack into slots even where zero-copy is possible");
   c->add_option("--hardware-dir", args->hardware_dir, "where HW names are looked up")->capture_default_str();

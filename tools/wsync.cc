@@ -228,6 +228,16 @@ int main(int argc, char** argv) {
   b->add_option("--trainer-ranks", bench.trainer_ranks, "sources and sharded: trainer ranks (0: sources tp*pp*ep, sharded 4)")->capture_default_str();
   b->add_option("--inline-verify", bench.inline_verify, "broadcast, ipc, delta, sharded: in-line verification of every sync (on or off)")
       ->capture_default_str();
+  b->add_option("--concurrent-stages", bench.concurrent_stages,
+                "sharded: receive from every pipeline stage at once (on), stage after stage (off), or time both "
+                "in this run (both)")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
+  b->add_option("--receive-staging-mb", bench.receive_staging_mb,
+                "sharded: bound on each worker's receive staging with concurrent stages, in MB (0: none)")
+      ->capture_default_str();
+  b->add_option("--baseline", bench.baseline, "sharded: also time the nccl broadcast (on or off)")
+      ->capture_default_str();
   b->add_option("--sources-child", bench.sources_child)->group("");  // hidden: one rank of `bench sources`
 
   wsync::cli::AddPlanCommand(app);

@@ -369,6 +369,21 @@ void PredictDelta(const Model& m, const Fleet& f, const Constants& k, Prediction
   p.assumptions.push_back("publish, fetch + apply and reload run one after the other; every server node keeps a full local checkpoint");
 }
 
+// The sharded sync's seconds when pipeline stages send concurrently: each stage's groups
+// still go in order on its own ranks (the sum of their group times), and every resource
+// serves every group that uses it (its busy time summed over all groups), so the sync
+// takes the longest of those chains. `group_seconds` and `group_stage` are by group; a
+// stage is the set of producers that send in the group.
+double StageOverlapSeconds(const std::vector<double>& group_seconds, const std::vector<std::vector<int>>& group_stage,
+                           const std::map<std::string, double>& resource_busy) {
+  std::map<std::vector<int>, double> chain;
+  for (size_t g = 0; g < group_seconds.size(); ++g) chain[group_stage[g]] += group_seconds[g];
+  double longest = 0;
+  for (const auto& [stage, seconds] : chain) longest = std::max(longest, seconds);
+  for (const auto& [name, seconds] : resource_busy) longest = std::max(longest, seconds);
+  return longest;
+}
+
 Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f, const PlanOptions& o,
                       const Constants& k, Prediction& p) {
   const Rates rt = RatesOf(f.trainer_hw, k), rs = RatesOf(f.server_hw, k);
@@ -393,7 +408,7 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   std::vector<std::vector<double>> recv(G, std::vector<double>(per));
   std::vector<double> sent_total(P);
   std::vector<ConsumerPlan> plans;
-  int64_t max_chunk = 0, max_recv = 0;
+  int64_t max_chunk = 0, max_recv = 0, max_lanes = 0;
   for (int b = 0; b < per; ++b) {
     WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(travel, f.servers, b));
     WSYNC_ASSIGN_OR_RETURN(ConsumerPlan plan, PlanConsumer(stream, table, ConsumerSpot{b, b, per}));
@@ -407,6 +422,14 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
         (near ? send_nvl : send_nic)[c.group][c.producer] += bytes;
         sent_total[c.producer] += bytes;
       }
+    }
+    if (o.concurrent_stages) {
+      // Concurrent lanes keep a receive buffer of each producer's largest chunk.
+      std::map<int, int64_t> lane;
+      for (const PlanChunk& c : plan.chunks) lane[c.producer] = std::max<int64_t>(lane[c.producer], c.bytes);
+      int64_t lanes = 0;
+      for (const auto& [producer, bytes] : lane) lanes += bytes;
+      max_lanes = std::max(max_lanes, lanes);
     }
     for (PlanChunk& c : plan.chunks) c.slices.clear();  // only sizes are needed below
     plans.push_back(std::move(plan));
@@ -431,7 +454,9 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   }
   const bool fsdp_cross_node = f.trainer.fsdp && f.trainer_nodes() > 1;
   const double gather_rate = fsdp_cross_node ? rt.nic : rt.nvlink;
-  std::map<std::string, double> credit, bytes_through, raw_of;
+  std::map<std::string, double> credit, bytes_through, raw_of, busy;
+  std::vector<double> group_seconds(G);
+  std::vector<std::vector<int>> group_stage(G);
   double total = 0;
   for (size_t g = 0; g < G; ++g) {
     std::string worst_name;
@@ -440,6 +465,7 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
       const double s = Seconds(bytes, rate);
       sum += s;
       bytes_through[name] += bytes;
+      busy[name] += s;
       raw_of[name] = raw;
       if (s > worst) worst = s, worst_name = name;
     };
@@ -465,7 +491,12 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
     const double t = o.lookahead > 0 ? worst : sum;
     credit[worst_name] += worst;
     total += t;
+    group_seconds[g] = t;
+    for (int r = 0; r < P; ++r) {
+      if (send_nic[g][r] + send_nvl[g][r] > 0) group_stage[g].push_back(r);
+    }
   }
+  if (o.concurrent_stages) total = StageOverlapSeconds(group_seconds, group_stage, busy);
   const double control = k.gpu_control_s;
   p.seconds = total + control;
   // Steps: each resource's time summed over the groups where it bounds the group.
@@ -478,7 +509,7 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   for (const auto& [name, seconds] : credit) best = best.empty() || seconds > credit[best] ? name : best;
   p.bottleneck = best;
   p.utilisation = raw_of[best] > 0 ? bytes_through[best] / p.seconds / (raw_of[best] * kGB) : 0;
-  if (!f.trainer.fsdp && f.trainer.pp > 1 && best.find("of trainer rank") != std::string::npos) {
+  if (!o.concurrent_stages && !f.trainer.fsdp && f.trainer.pp > 1 && best.find("of trainer rank") != std::string::npos) {
     p.bottleneck += fmt::format(" (groups go in order, so only one pipeline stage's {} of {} ranks send at a time)",
                                 P / f.trainer.pp, P);
   }
@@ -487,10 +518,10 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   p.sent_per_trainer_rank_max = static_cast<int64_t>(*hi);
   p.received_per_worker_max = max_recv;
   p.trainer_extra_bytes = staging * (o.lookahead + 1);
-  p.worker_extra_bytes = max_chunk;
-  p.assumptions.push_back(fmt::format("{} layer groups, taken by every worker in plan order; a group costs its busiest "
-                                      "resource{}",
-                                      G, o.lookahead > 0 ? " (gather, pack, wire and unpack pipelined)" : " summed over its steps (lookahead 0)"));
+  p.worker_extra_bytes = std::max(max_chunk, max_lanes);
+  p.assumptions.push_back(fmt::format("{} layer groups, taken by every worker {}; a group costs its busiest resource{}",
+                                      G, o.concurrent_stages ? "from every pipeline stage at once (a stage's groups in order; the longest stage or busiest resource bounds the sync)" : "in plan order",
+                                      o.lookahead > 0 ? " (gather, pack, wire and unpack pipelined)" : " summed over its steps (lookahead 0)"));
   p.assumptions.push_back("every trainer GPU sends through its own NIC share; point-to-point sends at the broadcast's efficiency");
   return Status::Ok();
 }

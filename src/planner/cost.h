@@ -45,6 +45,10 @@ struct PlanOptions {
   // Layer groups the sharded plane stages ahead; 0 runs gather, wire and unpack of each
   // group one after the other.
   int lookahead = 1;
+  // sharded: every worker receives from all the trainer ranks it pulls from at once
+  // (ShardedTrainerOptions::concurrent_stages), so pipeline stages send concurrently;
+  // false: groups go in plan order and stages take turns.
+  bool concurrent_stages = true;
   // ipc: pack into slots even where zero-copy is possible (one trainer rank).
   bool ipc_packed = false;
 };

@@ -412,6 +412,28 @@ TEST(Predict, ShardedBytesScaleWithDeployments) {
   EXPECT_EQ(two->trainer_extra_bytes, one->trainer_extra_bytes);
 }
 
+// Two pipeline stages into one TP=2 deployment: each stage's rank sends its half of the
+// model to both workers. In turn, the stages' halves add up; concurrently each rank's
+// NIC carries only its own half at the same time as the other's, so the sync takes about
+// half as long, and each worker keeps a receive buffer per rank it pulls from.
+TEST(Predict, ShardedStagesConcurrentOrInTurn) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const Fleet f = MakeFleet("tp1pp2:2@round", "1x(2,1,1)@round");
+  PlanOptions in_turn;
+  in_turn.concurrent_stages = false;
+  auto turns = Predict(c, f, Backend::kSharded, in_turn, RoundConstants());
+  auto concurrent = Predict(c, f, Backend::kSharded, PlanOptions{}, RoundConstants());
+  ASSERT_TRUE(turns.ok()) << turns.status().ToString();
+  ASSERT_TRUE(concurrent.ok()) << concurrent.status().ToString();
+  const double control = 0.002;
+  EXPECT_NEAR((concurrent->seconds - control) / (turns->seconds - control), 0.5, 0.05)
+      << concurrent->seconds << " s against " << turns->seconds << " s";
+  EXPECT_EQ(concurrent->received_per_worker_max, turns->received_per_worker_max);
+  EXPECT_GT(concurrent->worker_extra_bytes, turns->worker_extra_bytes);
+  EXPECT_NE(turns->bottleneck.find("only one pipeline stage's 1 of 2 ranks send at a time"), std::string::npos)
+      << turns->bottleneck;
+}
+
 TEST(Calibration, EveryConstantComesFromTheTable) {
   const Constants k = Calibrate();
   EXPECT_NEAR(k.link_efficiency, 368.9 / 450, 1e-12);

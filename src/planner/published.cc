@@ -18,6 +18,12 @@ PlanOptions Options(double bucket_gib = 1.0, int lookahead = 1, bool ipc_packed 
   return o;
 }
 
+// A sharded system whose pipeline stages take turns (vLLM/Ray RDT).
+PlanOptions InTurn(PlanOptions o) {
+  o.concurrent_stages = false;
+  return o;
+}
+
 std::string Seconds(double s) {
   if (s <= 0) return "-";
   return s < 0.1 ? fmt::format("{:.1f} ms", s * 1000) : fmt::format("{:.2f} s", s);
@@ -44,17 +50,17 @@ const std::vector<PublishedCase>& PublishedCases() {
        "workers. The blog's baseline path (per-tensor or packed, its bucket) is not described."},
       {"rdt-qwen3-v2", "vLLM RDT blog: sharded, local per stage (V2, not pipelined)",
        "vLLM blog 2026-08-22 (perf_anchors.md row 15)", false, "qwen3-235b-a22b", "tp4pp2ep8:16@h100",
-       "1x(1,16,16)@h100", P::kDisaggregated, B::kSharded, Options(1.0, 0), false, 5.61, 5.61,
+       "1x(1,16,16)@h100", P::kDisaggregated, B::kSharded, InTurn(Options(1.0, 0)), false, 5.61, 5.61,
        "PP stages serialized by layerwise reload; gather per stage", true,
        "wsync's sharded backend with lookahead 0 (each layer group gathered, sent and landed before the next)."},
       {"rdt-qwen3-pipelined", "vLLM RDT blog: sharded, pipelined (final)",
        "vLLM blog 2026-08-22 (perf_anchors.md row 15)", false, "qwen3-235b-a22b", "tp4pp2ep8:16@h100",
-       "1x(1,16,16)@h100", P::kDisaggregated, B::kSharded, Options(), false, 3.49, 3.49,
+       "1x(1,16,16)@h100", P::kDisaggregated, B::kSharded, InTurn(Options()), false, 3.49, 3.49,
        "PP stages serialized by layerwise-reload memory", true,
        "wsync's sharded backend (lookahead 1): gather, pack, wire and unpack of consecutive layer groups overlap."},
       {"rdt-kimi-k2", "vLLM RDT blog: Kimi-K2 sharded, 32 trainer nodes to 4 replicas",
        "vLLM blog 2026-08-22 (perf_anchors.md row 14)", false, "kimi-k2", "tp8pp8ep32:256@h100",
-       "4x(32,1,32)@h100", P::kDisaggregated, B::kSharded, Options(), false, 7.53, 7.53,
+       "4x(32,1,32)@h100", P::kDisaggregated, B::kSharded, InTurn(Options()), false, 7.53, 7.53,
        "PP stages serialized (their speed of light 1.25 s, 5 s with serialized stages)", true,
        "BF16, 7.9 TB moved in all. wsync's sharded backend; EP32 over each TP32 deployment."},
       {"ckpt-engine-qwen3", "checkpoint-engine README: Qwen3-235B-A22B broadcast, 8xH800 TP8",
@@ -81,8 +87,9 @@ const std::vector<PublishedCase>& PublishedCases() {
        "DGX H100 (the PRs' runs). wsync's sharded backend stands in for nccl_reshard, which differs in ways its "
        "sources leave open: it moves the dominant tensors shard to shard (95% of the bytes for Qwen3-30B) and the "
        "rest by a packed broadcast; it runs one reshard lane per pipeline stage (PR #3720), and whether the 8 "
-       "lanes send at once is not stated. wsync's plan has them take turns (the figure below); if all 8 sent at "
-       "once, the same per-rank bytes would take about 1.5 s. The figure is from the Python fallback path "
+       "lanes send at once is not stated. wsync's plan has them send at once, as its sharded backend's lanes do "
+       "(the figure below); taking turns, the same per-rank bytes would take about 11.9 s. The figure is from "
+       "the Python fallback path "
        "(xferdtensor_python_impl)."},
       // wsync's own runs (docs/benchmarks.md).
       {"own-cpu-broadcast-tp1", "wsync bench broadcast, 2 servers x TP=1 (CPU, Gloo), 2-core VM",
@@ -178,7 +185,10 @@ std::string RenderComparison(const std::vector<CaseResult>& results) {
       if (r.c->own != own) continue;
       const Prediction& p = r.prediction;
       std::string backend = std::string(BackendName(r.c->backend));
-      if (r.c->backend == Backend::kSharded) backend += fmt::format(" (lookahead {})", r.c->options.lookahead);
+      if (r.c->backend == Backend::kSharded) {
+        backend += fmt::format(" (lookahead {}{})", r.c->options.lookahead,
+                               r.c->options.concurrent_stages ? "" : ", stages in turn");
+      }
       if (r.c->backend == Backend::kIpc && r.c->options.ipc_packed) backend += " (packed)";
       if (r.c->fp8) backend += ", fp8";
       out += fmt::format("| {} | {} | `{}` | `{}` {} | {} | {} | {} | {} | {} | {} | {:.2f} s |\n", r.c->id,

@@ -31,7 +31,7 @@ const std::vector<BackendFields>& Table() {
       {"sharded",
        {"names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class", "num_producers",
         "num_consumers", "workers_per_replica", "replica_rank", "num_replicas", "consumer_offset",
-        "deployment_workers", "plan_digests", "num_buffers", "rank_labels"},
+        "deployment_workers", "plan_digests", "num_buffers", "concurrent_stages", "receive_staging_mb", "rank_labels"},
        {"world_size", "nccl_unique_id_b64", "gloo_store_host", "gloo_store_port", "gloo_prefix", "wsync_protocol"}},
   };
   return kTable;

@@ -61,6 +61,29 @@ TEST_F(ShardedTest, MoeFromTp2Pp2Ep2TrainerIntoTwoTp2Servers) {
   ExpectServersHold({a, b}, want, DigestAlgorithm::kXxh3_128);
 }
 
+// Pipeline stages send concurrently (each worker receives from every rank at once) or
+// take turns (plan order); both land the same bits, for two and four stages.
+TEST_F(ShardedTest, PipelineStagesConcurrentOrInTurnFromTp2Pp2AndPp4Trainers) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, Sharded("a", "qwen3-tiny", {"--tp", "2"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, Sharded("b", "qwen3-tiny", {"--tp", "2"}));
+  int seed = 30;
+  for (const char* layout : {"tp2pp2ep1", "tp1pp4ep1"}) {
+    for (const char* concurrent : {"on", "off"}) {
+      ++seed;
+      RunResult push = Push(fmt::format("push-{}-{}", layout, concurrent), {a, b},
+                            {"--backend", "sharded", "--model", "qwen3-tiny", "--trainer-ranks", "4",
+                             "--trainer-layout", layout, "--backend-option",
+                             fmt::format("concurrent_stages={}", concurrent), "--seed", std::to_string(seed),
+                             "--steps", "2", "--verify", "--timeout", "60"});
+      ASSERT_TRUE(push.success()) << layout << " concurrent_stages=" << concurrent << ": " << push.description;
+      EXPECT_TRUE(HasVerifiedTable(push.out, 3));
+      E2E_ASSERT_OK_AND_ASSIGN(Digests want,
+                               ExpectedSyntheticDigests("qwen3-tiny", seed, 2, DigestAlgorithm::kXxh3_128));
+      ExpectServersHold({a, b}, want, DigestAlgorithm::kXxh3_128);
+    }
+  }
+}
+
 TEST_F(ShardedTest, DenseFromThreeFsdpRanksIntoHeterogeneousTp2AndTp1Servers) {
   E2E_ASSERT_OK_AND_ASSIGN(Server prefill, Sharded("prefill", "qwen3-tiny", {"--tp", "2"}));
   E2E_ASSERT_OK_AND_ASSIGN(Server decode, Sharded("decode", "qwen3-tiny", {"--tp", "1"}));

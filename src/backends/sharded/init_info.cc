@@ -30,6 +30,8 @@ json ShardedInitInfo::ToJson() const {
   j["plan_digests"] = plan_digests;
   j["world_size"] = world_size;
   j["num_buffers"] = num_buffers;
+  if (!concurrent_stages) j["concurrent_stages"] = false;
+  if (receive_staging_mb > 0) j["receive_staging_mb"] = receive_staging_mb;
   if (!live_consumers.empty()) j["live_consumers"] = live_consumers;
   if (gloo_store_host) j["gloo_store_host"] = *gloo_store_host;
   if (gloo_store_port) j["gloo_store_port"] = *gloo_store_port;
@@ -126,7 +128,8 @@ const std::set<std::string, std::less<>>& KnownFields() {
   static const std::set<std::string, std::less<>> kKnown = {
       "names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class", "num_producers",
       "num_consumers", "workers_per_replica", "replica_rank", "num_replicas", "consumer_offset",
-      "deployment_workers", "plan_digests", "world_size", "num_buffers", "gloo_store_host", "gloo_store_port",
+      "deployment_workers", "plan_digests", "world_size", "num_buffers", "concurrent_stages", "receive_staging_mb", "gloo_store_host",
+      "gloo_store_port",
       "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers"};
   return kKnown;
 }
@@ -275,6 +278,11 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
         info.deployment_workers, info.replica_rank, info.workers_per_replica));
   }
   WSYNC_ASSIGN_OR_RETURN(info.num_buffers, r.Int("num_buffers", 1, kMaxShardedBuffers, 2));
+  if (const json* v = r.Find("concurrent_stages"); v != nullptr) {
+    if (!v->is_boolean()) return InvalidArgument("init_info 'concurrent_stages' must be true or false");
+    info.concurrent_stages = v->get<bool>();
+  }
+  WSYNC_ASSIGN_OR_RETURN(info.receive_staging_mb, r.Int("receive_staging_mb", 0, INT32_MAX, 0));
 
   // The model and who holds what.
   WSYNC_ASSIGN_OR_RETURN(info.tensors, ReadTensors(r));

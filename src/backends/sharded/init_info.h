@@ -19,7 +19,16 @@
 //                       deployment, by deployment index (dp_index * tp + tp_rank)
 //   world_size          num_producers + num_consumers (or + live consumers)
 //   live_consumers      a degraded sync's live workers (below); absent: all
-//   num_buffers         receive buffers per worker (chunks in flight), >= 1
+//   num_buffers         receive buffers per worker (chunks in flight), >= 1; per lane
+//                       when concurrent_stages
+//   concurrent_stages   true: a worker receives from every trainer rank it pulls from at
+//                       once, one lane and buffer ring per rank (lanes.h); false: in plan
+//                       order through one ring, so pipeline stages take turns. Absent:
+//                       true (sent only when false). Gloo only; an NCCL group receives in
+//                       plan order either way
+//   receive_staging_mb  a bound on each worker's receive staging with concurrent stages,
+//                       in MB (1e6 bytes): lanes of neighbouring ranks merge until it fits
+//                       (lanes.h SplitLanesWithin). Absent or 0: none
 //   gloo_* / nccl_unique_id_b64, rank_labels, timeout_seconds, wsync_protocol
 //
 // Untrusted: every integer is range-checked before it sizes anything (names and owner
@@ -74,6 +83,8 @@ struct ShardedInitInfo {
   std::vector<std::string> plan_digests;  // by deployment index
   int world_size = 2;
   int num_buffers = 2;
+  bool concurrent_stages = true;
+  int receive_staging_mb = 0;
   // A degraded sync's group: the consumer ids of the live servers' workers, ascending;
   // empty: every consumer. Consumer c is then group rank num_producers + (its position
   // here), and world_size = num_producers + live_consumers.size().

@@ -14,6 +14,7 @@
 #include "backends/nccl/staging.h"
 #include "backends/receiver_group.h"
 #include "backends/sharded/init_info.h"
+#include "backends/sharded/lanes.h"
 #include "comm/communicator.h"
 #include "comm/connect.h"
 #include "core/log.h"
@@ -91,7 +92,10 @@ class ShardedReceiver final : public ReceiverBackend {
       // host memory for Gloo (LoadPiece copies to wherever the shards live).
       const Device buffer_device = info.uses_gloo() ? Device{} : w.device;
       futures.push_back(w.thread->Post([this, i, spec, buffer_device, plan = std::move(plans[i]),
-                                        buffers = info.num_buffers]() mutable -> Status {
+                                        buffers = info.num_buffers,
+                                        concurrent = info.concurrent_stages && info.uses_gloo(),
+                                        budget = static_cast<size_t>(info.receive_staging_mb) * 1000000]() mutable
+                                       -> Status {
         const ReceiverWorker& worker = ctx_->workers[i];
         Result<std::unique_ptr<Communicator>> comm = Connect(spec);
         if (!comm.ok()) {
@@ -101,13 +105,9 @@ class ShardedReceiver final : public ReceiverBackend {
         Slot& slot = slots_[i];
         slot.comm = std::move(*comm);
         slot.plan = std::move(plan);
-        slot.buffers.resize(static_cast<size_t>(buffers));
-        if (slot.plan.max_chunk_bytes() == 0) return Status::Ok();  // the worker keeps nothing
-        for (StagingBuffer& b : slot.buffers) {
-          WSYNC_RETURN_IF_ERROR(b.Reserve(buffer_device, slot.plan.max_chunk_bytes())
-                                    .WithContext(fmt::format("{}: allocating receive buffers", worker.label)));
-        }
-        return Status::Ok();
+        slot.lanes = concurrent ? SplitLanesWithin(slot.plan, buffers, budget) : SplitLanes(slot.plan, false);
+        return ReserveLanes(slot.lanes, buffers, buffer_device)
+            .WithContext(fmt::format("{}: allocating receive buffers", worker.label));
       }));
     }
     if (Status s = JoinAll(futures); !s.ok()) {
@@ -119,9 +119,11 @@ class ShardedReceiver final : public ReceiverBackend {
     timeout_ = timeout;
     device_buffers_ = !info.uses_gloo();
     info_ = std::move(info);
-    WSYNC_LOG_INFO("joined the sharded group: world {}, consumers {}..{} of {}, {} chunk(s) for worker 0",
-                   info_->world_size, slots_.front().plan.consumer, slots_.back().plan.consumer,
-                   info_->num_consumers, slots_.front().plan.chunks.size());
+    WSYNC_LOG_INFO("joined the sharded group: world {}, consumers {}..{} of {}, {} chunk(s) for worker 0 in {} "
+                   "lane(s), {:.1f} MB of receive staging", info_->world_size, slots_.front().plan.consumer,
+                   slots_.back().plan.consumer, info_->num_consumers, slots_.front().plan.chunks.size(),
+                   slots_.front().lanes.size(),
+                   ReceiveStagingBytes(slots_.front().lanes, info_->num_buffers) / 1e6);
     return Status::Ok();
   }
 
@@ -165,7 +167,7 @@ class ShardedReceiver final : public ReceiverBackend {
   struct Slot {
     std::unique_ptr<Communicator> comm;
     ConsumerPlan plan;
-    std::vector<StagingBuffer> buffers;  // the receive ring, reused across syncs
+    std::vector<ReceiveLane> lanes;  // the receive lanes and their rings, reused across syncs
   };
 
   // Every worker's plan, made from its own sharding table and checked against the
@@ -223,45 +225,30 @@ class ShardedReceiver final : public ReceiverBackend {
                        info_->tensors[group_first_[c.group]].name, c.bytes, Describer(*info_)(c.producer));
   }
 
-  // Receives the plan's chunks in order, up to num_buffers posted ahead, and lands each
-  // slice in the worker's shards; runs on the worker's thread.
+  // Receives the plan's chunks through the slot's lanes (lanes.h) and lands each slice
+  // in the worker's shards; runs on the worker's thread.
   Status ReceivePlan(const ReceiverWorker& w, Slot& slot, Deadline deadline) {
     const ConsumerPlan& plan = slot.plan;
     const size_t n = plan.chunks.size();
-    const size_t ring = slot.buffers.size();
     const Device where = device_buffers_ ? w.device : Device{};
-    std::vector<std::unique_ptr<Communicator::PeerBatch>> posted(ring);
-    auto post = [&](size_t k) -> Status {
-      const PlanChunk& c = plan.chunks[k];
-      Communicator::PeerMessage m{c.producer, static_cast<uint32_t>(k), slot.buffers[k % ring].span(c.bytes)};
-      Result<std::unique_ptr<Communicator::PeerBatch>> batch = slot.comm->PostPeerBatch({}, std::span(&m, 1));
-      if (!batch.ok()) return batch.status().WithContext(fmt::format("{}: posting {}", w.label, DescribeChunk(plan, k)));
-      posted[k % ring] = std::move(*batch);
-      return Status::Ok();
-    };
-    for (size_t k = 0; k < std::min(n, ring); ++k) WSYNC_RETURN_IF_ERROR(post(k));
-    for (size_t k = 0; k < n; ++k) {
-      const PlanChunk& c = plan.chunks[k];
-      Status s = posted[k % ring]->Wait(deadline);
-      posted[k % ring].reset();
-      if (!s.ok()) return s.WithContext(fmt::format("{}: receiving {}", w.label, DescribeChunk(plan, k)));
-      const std::span<const std::byte> bytes = slot.buffers[k % ring].span(c.bytes);
-      for (const PlanSlice& sl : c.slices) {
-        s = w.sink->LoadPiece(sl.param, sl.piece, bytes.subspan(sl.offset, sl.bytes), where);
+    size_t landed = 0;
+    auto land = [&](size_t k, std::span<const std::byte> bytes) -> Status {
+      for (const PlanSlice& sl : plan.chunks[k].slices) {
+        Status s = w.sink->LoadPiece(sl.param, sl.piece, bytes.subspan(sl.offset, sl.bytes), where);
         if (!s.ok()) {
-          return s.WithContext(fmt::format("{}: landing {} of {}", w.label, info_->tensors[sl.tensor].name,
-                                           DescribeChunk(plan, k)));
+          return s.WithContext(fmt::format("landing {} of {}", info_->tensors[sl.tensor].name, DescribeChunk(plan, k)));
         }
       }
-      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded().WithContext(w.label));
-      if (fault_die_mid_update_ && k + 1 < n) {
+      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded());
+      if (fault_die_mid_update_ && ++landed < n) {
         WSYNC_LOG_WARN("fault injection (--fault die-mid-update): {} landed chunk 1/{}; killing this process",
                        w.label, n);
         kill(getpid(), SIGKILL);
       }
-      if (k + ring < n) WSYNC_RETURN_IF_ERROR(post(k + ring));
-    }
-    return Status::Ok();
+      return Status::Ok();
+    };
+    auto name = [&](size_t k) { return DescribeChunk(plan, k); };
+    return ReceiveLanes(*slot.comm, plan, slot.lanes, land, name, deadline).WithContext(w.label);
   }
 
   ReceiverContext* ctx_;

@@ -5,7 +5,8 @@
 // (PackSliceHost) and send them as the protocol says; the server's read-back digests
 // then equal the synthetic weights'. Also: a plan digest that disagrees fails init naming
 // both digests, and a producer that never sends fails the update within the timeout,
-// naming it and the group.
+// naming it and the group. Receiving in plan order and in concurrent lanes (lanes.h) land
+// the same bits.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -223,6 +224,23 @@ TEST_P(ShardedReceiver, EveryWorkerLandsItsSlicesBitExactSyncAfterSync) {
   driver_->Close();
   ASSERT_TRUE(Sync(all).ok());
   ExpectServerHolds(*server_->service, trainer_->tensors());
+}
+
+TEST_P(ShardedReceiver, PlanOrderAndConcurrentLanesLandTheSameBits) {
+  std::vector<int> all(kProducers);
+  for (int p = 0; p < kProducers; ++p) all[p] = p;
+  uint64_t step = 1;
+  // Plan order, a lane per producer, lanes merged under a 1 MB staging bound, plan order.
+  for (auto [concurrent, budget_mb] : {std::pair{false, 0}, {true, 0}, {true, 1}, {false, 0}}) {
+    ShardedInitInfo info = Info(kServerTimeout);
+    info.concurrent_stages = concurrent;
+    info.receive_staging_mb = budget_mb;
+    ASSERT_TRUE(InitGroup(info).ok());
+    Status s = Sync(all);
+    ASSERT_TRUE(s.ok()) << (concurrent ? "concurrent: " : "plan order: ") << budget_mb << " MB: " << s.ToString();
+    ExpectServerHolds(*server_->service, trainer_->tensors());
+    ASSERT_TRUE(trainer_->Step(step++).ok());
+  }
 }
 
 TEST_P(ShardedReceiver, APlanDigestThatDisagreesFailsInitNamingBothDigests) {

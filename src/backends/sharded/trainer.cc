@@ -515,6 +515,8 @@ class ShardedPlane final : public DataPlane {
     info.world_size = fleet_.group_size(producers_);
     info.live_consumers = fleet_.live_consumers;
     info.num_buffers = std::clamp(options_.num_buffers, 1, static_cast<int>(kMaxShardedBuffers));
+    info.concurrent_stages = sharded_.concurrent_stages;
+    info.receive_staging_mb = static_cast<int>(sharded_.receive_staging_mb);
     if (options_.device.is_cpu()) {
       info.gloo_store_host = fleet_.store_host;
       info.gloo_store_port = fleet_.store_port;
@@ -779,6 +781,17 @@ Result<ShardedTrainerOptions> ParseShardedTrainerOptions(const std::map<std::str
   WSYNC_RETURN_IF_ERROR(read.Read("model", &o.model));
   WSYNC_RETURN_IF_ERROR(read.Read("lookahead", &lookahead));
   WSYNC_RETURN_IF_ERROR(read.Read("stall_rank", &stall));
+  std::string concurrent = o.concurrent_stages ? "on" : "off";
+  WSYNC_RETURN_IF_ERROR(read.Read("concurrent_stages", &concurrent));
+  if (concurrent != "on" && concurrent != "off") {
+    return InvalidArgument(fmt::format("sharded option concurrent_stages={}: must be on or off", concurrent));
+  }
+  o.concurrent_stages = concurrent == "on";
+  WSYNC_RETURN_IF_ERROR(read.Read("receive_staging_mb", &o.receive_staging_mb));
+  if (o.receive_staging_mb < 0 || o.receive_staging_mb > INT32_MAX) {
+    return InvalidArgument(fmt::format("sharded option receive_staging_mb={}: must be in [0, {}]",
+                                       o.receive_staging_mb, INT32_MAX));
+  }
   if (stall < -1 || stall >= kMaxShardedRanks) return InvalidArgument(fmt::format("sharded option stall_rank={}: out of range", stall));
   o.stall_rank = static_cast<int>(stall);
   WSYNC_RETURN_IF_ERROR(read.Finish());

@@ -21,6 +21,18 @@ struct ShardedTrainerOptions {
   std::string model;
   // Groups packed ahead of the one whose sends are still in flight. Option `lookahead`.
   int lookahead = 1;
+  // Whether each worker receives from every trainer rank it pulls from at once (one lane
+  // and receive ring per rank, so pipeline stages send concurrently) or in plan order,
+  // stage after stage. Concurrent costs each worker one ring of num_buffers chunks per
+  // rank it pulls from instead of one ring in all (ReceiveStagingBytes); the trainer's
+  // staging is the same. Gloo only: an NCCL group receives in plan order either way.
+  // Option `concurrent_stages` (on|off).
+  bool concurrent_stages = true;
+  // A bound on each worker's receive staging with concurrent stages, in MB (1e6 bytes):
+  // the lanes of neighbouring trainer ranks merge until it fits, down to plan order
+  // (which needs num_buffers of the plan's largest chunk whatever the bound). 0: none.
+  // Option `receive_staging_mb`.
+  int64_t receive_staging_mb = 0;
   // Fault injection for tests, honest about what it fakes: trainer rank `stall_rank` reads
   // its pass but sends nothing, as a wedged producer would, until the sync's deadline or
   // an abort. -1: none. Option `stall_rank`.
