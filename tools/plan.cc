@@ -224,12 +224,9 @@ int RunPlan(const PlanArgs& a) {
   const ModelConfig travel = TravelConfig(*model, a.dtype == "fp8");
   const Constants k = Calibrate();
   const auto start = std::chrono::steady_clock::now();
-  std::vector<Prediction> predictions;
-  for (Backend b : backends) {
-    auto p = Predict(travel, *fleet, b, o, k);
-    if (!p.ok()) return Fail(p.status().message(), 1);
-    predictions.push_back(std::move(*p));
-  }
+  auto planned = PredictEach(travel, *fleet, backends, o, k);
+  if (!planned.ok()) return Fail(planned.status().message(), 1);
+  const std::vector<Prediction>& predictions = *planned;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (a.json) {
     nlohmann::json j;
@@ -254,9 +251,10 @@ int RunPlan(const PlanArgs& a) {
   for (int n = 1; n <= std::max(2 * fleet->servers.count, 8); n *= 2) {
     Fleet f = *fleet;
     f.servers.count = n;
-    for (Backend b : backends) {
-      auto p = Predict(travel, f, b, o, k);
-      if (p.ok() && p->applicable) csv += fmt::format("{},{},{}\n", n, BackendName(b), p->seconds);
+    auto planned_n = PredictEach(travel, f, backends, o, k);
+    if (!planned_n.ok()) continue;
+    for (const Prediction& p : *planned_n) {
+      if (p.applicable) csv += fmt::format("{},{},{}\n", n, BackendName(p.backend), p.seconds);
     }
   }
   // Published points of the same model, trainer and deployment shape, at their counts.

@@ -236,23 +236,26 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTab
                                        spot.block_size));
   }
   // Every stream tensor must be one of the model's, once, as the model has it; every
-  // tensor this worker keeps pieces of must be in the stream.
-  std::vector<int> stream_index(table.hf_tensors().size(), -1);
+  // tensor this worker keeps pieces of must be in the stream. A stream in the model's own
+  // order (the usual case) resolves by position, without a lookup by name.
+  const std::vector<TensorMeta>& model = table.hf_tensors();
+  std::vector<int> stream_index(model.size(), -1);
+  std::vector<int> hf_of(stream.tensors.size(), -1);
   for (size_t i = 0; i < stream.tensors.size(); ++i) {
     const TensorMeta& t = stream.tensors[i];
-    const int hf = table.FindHf(t.name);
+    const int hf = i < model.size() && model[i].name == t.name ? static_cast<int>(i) : table.FindHf(t.name);
     if (hf < 0) return InvalidArgument(fmt::format("{}: the model has no tensor {}", who, t.name));
     if (stream_index[hf] >= 0) {
       return InvalidArgument(fmt::format("{}: the stream names {} twice (tensors {} and {})", who, t.name,
                                          stream_index[hf], i));
     }
-    WSYNC_RETURN_IF_ERROR(CheckSameMeta(table.hf_tensors()[hf], t).WithContext(who));
+    WSYNC_RETURN_IF_ERROR(CheckSameMeta(model[hf], t).WithContext(who));
     stream_index[hf] = static_cast<int>(i);
+    hf_of[i] = hf;
   }
-  for (size_t hf = 0; hf < table.hf_tensors().size(); ++hf) {
-    const std::string& name = table.hf_tensors()[hf].name;
-    if (stream_index[hf] < 0 && !table.PiecesOf(name).empty()) {
-      return InvalidArgument(fmt::format("{}: tensor {} is missing from the trainer's stream", who, name));
+  for (size_t hf = 0; hf < model.size(); ++hf) {
+    if (stream_index[hf] < 0 && !table.PiecesOfHf(static_cast<int>(hf)).empty()) {
+      return InvalidArgument(fmt::format("{}: tensor {} is missing from the trainer's stream", who, model[hf].name));
     }
   }
 
@@ -265,7 +268,7 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTab
     const size_t end = begin + static_cast<size_t>(stream.group_lens[g]);
     std::map<int, PlanChunk> by_class;  // ascending class id
     for (size_t i = begin; i < end; ++i) {
-      for (const auto& [param, piece] : table.PiecesOf(stream.tensors[i].name)) {
+      for (const auto& [param, piece] : table.PiecesOfHf(hf_of[i])) {
         const PieceRuns runs = table.Runs(param, piece);
         const int k = stream.ownership.name_owner_class[i];
         PlanChunk& chunk = by_class[k];
