@@ -320,27 +320,29 @@ void ShardingTable::Index() {
     param_index_.emplace(params_[i].meta.name, static_cast<int>(i));
   }
   // Every piece names an HF tensor of the same config by construction.
-  const size_t num_hf = hf_tensors().size();
   piece_begin_.assign(params_.size() + 1, 0);
   for (size_t i = 0; i < params_.size(); ++i) {
     piece_begin_[i + 1] = piece_begin_[i] + static_cast<int>(params_[i].pieces.size());
   }
   piece_hf_.resize(piece_begin_.back());
-  pieces_begin_.assign(num_hf + 1, 0);
+  struct Entry {
+    int hf, param, piece;
+  };
+  std::vector<Entry> entries;
+  entries.reserve(piece_hf_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     for (size_t k = 0; k < params_[i].pieces.size(); ++k) {
       const int hf = catalog_->Find(params_[i].pieces[k].hf_name);
       piece_hf_[piece_begin_[i] + k] = hf;
-      ++pieces_begin_[hf + 1];
+      entries.push_back({hf, static_cast<int>(i), static_cast<int>(k)});
     }
   }
-  for (size_t i = 0; i < num_hf; ++i) pieces_begin_[i + 1] += pieces_begin_[i];
-  pieces_.resize(pieces_begin_.back());
-  std::vector<int> next(pieces_begin_.begin(), pieces_begin_.end() - 1);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    for (size_t k = 0; k < params_[i].pieces.size(); ++k) {
-      pieces_[next[piece_hf_[piece_begin_[i] + k]]++] = {static_cast<int>(i), static_cast<int>(k)};
-    }
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.hf < b.hf; });
+  pieces_.reserve(entries.size());
+  pieces_hf_.reserve(entries.size());
+  for (const Entry& e : entries) {
+    pieces_.emplace_back(e.param, e.piece);
+    pieces_hf_.push_back(e.hf);
   }
 }
 
@@ -356,8 +358,8 @@ std::span<const std::pair<int, int>> ShardingTable::PiecesOf(std::string_view hf
 }
 
 std::span<const std::pair<int, int>> ShardingTable::PiecesOfHf(int hf) const {
-  if (hf < 0 || static_cast<size_t>(hf) + 1 >= pieces_begin_.size()) return {};
-  return std::span(pieces_).subspan(pieces_begin_[hf], pieces_begin_[hf + 1] - pieces_begin_[hf]);
+  const auto [lo, hi] = std::equal_range(pieces_hf_.begin(), pieces_hf_.end(), hf);
+  return std::span(pieces_).subspan(lo - pieces_hf_.begin(), hi - lo);
 }
 
 PieceRuns ShardingTable::Runs(int param, int piece) const {

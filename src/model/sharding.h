@@ -161,6 +161,11 @@ class ShardingTable {
   std::span<const std::pair<int, int>> PiecesOf(std::string_view hf_name) const;
   // The same by index into hf_tensors() (empty outside it).
   std::span<const std::pair<int, int>> PiecesOfHf(int hf) const;
+  // Every piece of the table as (param index, piece index), ordered by HF index, then in
+  // table order; PiecesHf()[k] is the HF index of PiecesByHf()[k]. Their cost grows with
+  // the worker's pieces, not with the model's tensors.
+  std::span<const std::pair<int, int>> PiecesByHf() const { return pieces_; }
+  std::span<const int> PiecesHf() const { return pieces_hf_; }
   // The index into hf_tensors() of params()[param].pieces[piece]'s HF tensor.
   int PieceHf(int param, int piece) const { return piece_hf_[piece_begin_[param] + piece]; }
   // Byte runs of params()[param].pieces[piece].
@@ -188,9 +193,9 @@ class ShardingTable {
   Drafter drafter_ = Drafter::kNone;
   std::vector<WorkerParam> params_;
   NameIndex param_index_;
-  // The (param, piece) pairs of HF tensor i are pieces_[pieces_begin_[i] .. pieces_begin_[i + 1]).
-  std::vector<int> pieces_begin_;
+  // Every (param, piece) pair ordered by HF index (pieces_hf_, ascending), then table order.
   std::vector<std::pair<int, int>> pieces_;
+  std::vector<int> pieces_hf_;
   // The HF index of params_[p].pieces[k] is piece_hf_[piece_begin_[p] + k].
   std::vector<int> piece_begin_;
   std::vector<int> piece_hf_;

@@ -141,23 +141,48 @@ struct Model {
   int64_t bytes = 0;
   std::vector<int64_t> shard_bytes;  // by worker index within one deployment
   Ownership own;
+  // With the sharded plane: the layer groups and one deployment's consumer plans (chunk
+  // sizes only, slices dropped), by worker index.
+  std::vector<LayerGroup> groups;
+  std::vector<ConsumerPlan> plans;
 };
 
-Result<Model> Load(const ModelConfig& travel, const Fleet& f) {
+// Builds each worker table of one deployment once (a worker of an EP-less deployment
+// shares its TP rank's table) and, with `with_plans`, plans every worker of it on the way.
+Result<Model> Load(const ModelConfig& travel, const Fleet& f, bool with_plans) {
   Model m;
   WSYNC_ASSIGN_OR_RETURN(m.catalog, HfCatalog::Make(travel));
   WSYNC_RETURN_IF_ERROR(CheckFleet(*m.catalog, f));
   for (const TensorMeta& t : m.tensors()) m.bytes += static_cast<int64_t>(t.nbytes());
-  const ServerSpec& s = f.servers;
-  for (int w = 0; w < s.workers_per_deployment(); ++w) {
-    if (s.ep == 1 && w >= s.tp) {
-      m.shard_bytes.push_back(m.shard_bytes[w % s.tp]);
-      continue;
-    }
-    WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(m.catalog, s, w));
-    m.shard_bytes.push_back(table.param_bytes());
-  }
   WSYNC_ASSIGN_OR_RETURN(m.own, TrainerOwnership(*m.catalog, f.trainer));
+  ShardedStream stream;
+  StreamIndex index;
+  if (with_plans) {
+    std::vector<std::string> names;
+    names.reserve(m.tensors().size());
+    for (const TensorMeta& t : m.tensors()) names.push_back(t.name);
+    WSYNC_ASSIGN_OR_RETURN(m.groups, LayerGroups(names));
+    stream.tensors = m.tensors();
+    for (const LayerGroup& g : m.groups) stream.group_lens.push_back(static_cast<int>(g.size()));
+    stream.ownership = m.own;
+    stream.num_producers = f.trainer.world;
+    WSYNC_ASSIGN_OR_RETURN(index, IndexStream(stream, m.catalog));
+  }
+  const ServerSpec& s = f.servers;
+  const int per = s.workers_per_deployment();
+  // Workers sharing a table: every worker (EP), or those of one TP rank (no EP).
+  const int tables = s.ep > 1 ? per : std::min(per, s.tp);
+  m.shard_bytes.assign(per, 0);
+  m.plans.resize(with_plans ? per : 0);
+  for (int w0 = 0; w0 < tables; ++w0) {
+    WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(m.catalog, s, w0));
+    for (int b = w0; b < per; b += tables) {
+      m.shard_bytes[b] = table.param_bytes();
+      if (!with_plans) continue;
+      WSYNC_ASSIGN_OR_RETURN(m.plans[b], PlanConsumer(stream, index, table, ConsumerSpot{b, b, per}));
+      for (PlanChunk& c : m.plans[b].chunks) c.slices.clear();  // only sizes are needed
+    }
+  }
   return m;
 }
 
@@ -382,14 +407,8 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
     p.not_applicable = "sharded on CPU-only hosts (Gloo over loopback) is not modeled";
     return Status::Ok();
   }
-  std::vector<std::string> names;
-  for (const TensorMeta& t : m.tensors()) names.push_back(t.name);
-  WSYNC_ASSIGN_OR_RETURN(std::vector<LayerGroup> groups, LayerGroups(names));
-  ShardedStream stream;
-  stream.tensors = m.tensors();
-  for (const LayerGroup& g : groups) stream.group_lens.push_back(static_cast<int>(g.size()));
-  stream.ownership = m.own;
-  stream.num_producers = f.trainer.world;
+  const std::vector<LayerGroup>& groups = m.groups;
+  const std::vector<ConsumerPlan>& plans = m.plans;
   const int per = f.servers.workers_per_deployment(), replicas = f.servers.count, P = f.trainer.world;
   const size_t G = groups.size();
   // Per group: bytes each producer sends over NIC / NVLink, and each worker (of one
@@ -397,11 +416,9 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   std::vector<std::vector<double>> send_nic(G, std::vector<double>(P)), send_nvl(G, std::vector<double>(P));
   std::vector<std::vector<double>> recv(G, std::vector<double>(per));
   std::vector<double> sent_total(P);
-  std::vector<ConsumerPlan> plans;
   int64_t max_chunk = 0, max_recv = 0;
   for (int b = 0; b < per; ++b) {
-    WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(m.catalog, f.servers, b));
-    WSYNC_ASSIGN_OR_RETURN(ConsumerPlan plan, PlanConsumer(stream, table, ConsumerSpot{b, b, per}));
+    const ConsumerPlan& plan = plans[b];
     max_recv = std::max<int64_t>(max_recv, plan.bytes());
     max_chunk = std::max<int64_t>(max_chunk, plan.max_chunk_bytes());
     for (const PlanChunk& c : plan.chunks) {
@@ -413,8 +430,6 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
         sent_total[c.producer] += bytes;
       }
     }
-    for (PlanChunk& c : plan.chunks) c.slices.clear();  // only sizes are needed below
-    plans.push_back(std::move(plan));
   }
   // The trainer's staging: the largest group of distinct packed sends, lookahead + 1 deep.
   int64_t staging = 0;
@@ -531,7 +546,10 @@ Result<std::vector<Prediction>> PredictEach(const ModelConfig& model, const Flee
     WSYNC_RETURN_IF_ERROR(CheckFleet(model, fleet));
     return InvalidArgument("bucket must be positive and lookahead not negative");
   }
-  WSYNC_ASSIGN_OR_RETURN(Model m, Load(model, fleet));
+  // The sharded plane's plans, where it is modeled (GPUs on both sides).
+  const bool with_plans = std::find(backends.begin(), backends.end(), Backend::kSharded) != backends.end() &&
+                          fleet.trainer_hw.gpus_per_node > 0 && fleet.server_hw.gpus_per_node > 0;
+  WSYNC_ASSIGN_OR_RETURN(Model m, Load(model, fleet, with_plans));
   std::vector<Prediction> out;
   for (Backend backend : backends) {
     Prediction& p = out.emplace_back();
