@@ -330,9 +330,20 @@ void ShardingTable::Index() {
   };
   std::vector<Entry> entries;
   entries.reserve(piece_hf_.size());
+  // Pieces mostly follow the model's tensor order (an expert's gate, up and down tensors
+  // are adjacent), so the tensors just after the previous piece's are tried by name first.
+  const std::vector<TensorMeta>& hf_list = hf_tensors();
+  int prev = -1;
+  auto find = [&](const std::string& name) {
+    for (int d = 1; d <= 3; ++d) {
+      const size_t guess = static_cast<size_t>(prev + d);
+      if (guess < hf_list.size() && hf_list[guess].name == name) return prev = static_cast<int>(guess);
+    }
+    return prev = catalog_->Find(name);
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     for (size_t k = 0; k < params_[i].pieces.size(); ++k) {
-      const int hf = catalog_->Find(params_[i].pieces[k].hf_name);
+      const int hf = find(params_[i].pieces[k].hf_name);
       piece_hf_[piece_begin_[i] + k] = hf;
       entries.push_back({hf, static_cast<int>(i), static_cast<int>(k)});
     }

@@ -84,8 +84,9 @@ void AppendString(std::string& out, std::string_view s) {
 //   slice <tensor name> <dtype (torch name)> <shape> <param name> <piece> <offset> <bytes>
 // where <shape> is the dimension count then each dimension.
 std::string CanonicalText(const ConsumerPlan& plan, const ConsumerSpot& spot, const ShardedStream& stream,
-                          const ShardingTable& table) {
+                          const ShardingTable& table, size_t slices) {
   std::string out;
+  out.reserve(160 * slices + 64 * plan.chunks.size() + 128);  // room for typical lines; grows past it
   auto it = std::back_inserter(out);
   fmt::format_to(it, "wsync-sharded-plan 1\nconsumer {} block {} {} tp {} {}\n", spot.consumer, spot.block_index,
                  spot.block_size, table.tp_rank(), table.tp_size());
@@ -269,7 +270,7 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTab
 }
 
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex& index, const ShardingTable& table,
-                                  const ConsumerSpot& spot) {
+                                  const ConsumerSpot& spot, bool digest) {
   WSYNC_RETURN_IF_ERROR(CheckShardedStream(stream));
   const std::string who = WorkerName(table, spot);
   if (spot.consumer < 0 || spot.block_size < 1 || spot.block_index < 0 || spot.block_index >= spot.block_size) {
@@ -331,7 +332,8 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex
     }
     begin = end;
   }
-  const std::string text = CanonicalText(plan, spot, stream, table);
+  if (!digest) return plan;
+  const std::string text = CanonicalText(plan, spot, stream, table, entries.size());
   plan.digest = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
   return plan;
 }

@@ -176,9 +176,11 @@ Result<StreamIndex> IndexStream(const ShardedStream& stream, std::shared_ptr<con
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTable& table,
                                   const ConsumerSpot& spot);
 // The same plan, from a stream indexed once against table.catalog() (else InvalidArgument):
-// its cost grows with the worker's pieces, not with the model's tensors.
+// its cost grows with the worker's pieces, not with the model's tensors. `digest` false
+// leaves ConsumerPlan::digest empty (for a caller that needs the plan's sizes, not its
+// agreement with a peer).
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex& index, const ShardingTable& table,
-                                  const ConsumerSpot& spot);
+                                  const ConsumerSpot& spot, bool digest = true);
 
 // One packed buffer a producer sends for one group, to each consumer listed.
 struct ProducerSend {

@@ -179,7 +179,7 @@ Result<Model> Load(const ModelConfig& travel, const Fleet& f, bool with_plans) {
     for (int b = w0; b < per; b += tables) {
       m.shard_bytes[b] = table.param_bytes();
       if (!with_plans) continue;
-      WSYNC_ASSIGN_OR_RETURN(m.plans[b], PlanConsumer(stream, index, table, ConsumerSpot{b, b, per}));
+      WSYNC_ASSIGN_OR_RETURN(m.plans[b], PlanConsumer(stream, index, table, ConsumerSpot{b, b, per}, false));
       for (PlanChunk& c : m.plans[b].chunks) c.slices.clear();  // only sizes are needed
     }
   }
