@@ -452,6 +452,8 @@ TEST(PlanDoc, SpliceReplacesOnlyBetweenItsMarkers) {
   EXPECT_EQ(MaskTimings("| x | 6.22 s | 2.57 s | 1.27 s |\nAll cases planned in 17.7 s.\n"),
             "| x | 6.22 s | 2.57 s | (time) |\nAll cases planned in (time).\n");
   EXPECT_NE(MaskTimings("| x | 6.22 s | 2.57 s | 1.27 s |\n"), MaskTimings("| x | 6.22 s | 2.58 s | 1.27 s |\n"));
+  // The timing table: CPU, wall time and max RSS.
+  EXPECT_EQ(MaskTimings("| k2 | 69975 | 0.10 s | 0.43 s | 50 MB |\n"), "| k2 | 69975 | (time) | (time) | (memory) |\n");
 }
 
 // The cases the calibrated model predicts within the tolerance (25% for published
