@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +127,15 @@ Result<std::string> ReadText(const std::string& path, size_t max_bytes) {
   return text;
 }
 
+// This process's peak resident memory (VmHWM), in bytes; 0 where /proc does not say.
+int64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("VmHWM:")) return std::strtoll(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
 // --m2n-model / --m2n-system: the model and the fleet specs from NCCL M2N benchmark files.
 Status LoadM2n(PlanArgs& a) {
   if (!a.m2n_model.empty()) {
@@ -229,17 +239,29 @@ Result<std::string> RenderTimings() {
     std::vector<char*> raw;
     for (std::string& s : argv) raw.push_back(s.data());
     raw.push_back(nullptr);
-    // fork + exec, not posix_spawn: a child that shares this process's memory until exec
-    // would report this process's peak RSS as its own.
+    // The child reports its own peak RSS (VmHWM of its image after exec): the rusage
+    // figure would include this process's memory, which the child shared until exec.
+    int out[2];
+    if (::pipe(out) != 0) return Internal(fmt::format("{}: pipe: errno {}", c.what, errno));
     const auto start = std::chrono::steady_clock::now();
     const pid_t pid = fork();
     if (pid < 0) return Internal(fmt::format("{}: cannot start wsync plan: errno {}", c.what, errno));
     if (pid == 0) {
-      const int null = ::open("/dev/null", O_WRONLY);
-      if (null >= 0) ::dup2(null, 1);
+      ::dup2(out[1], 1);
+      ::close(out[0]);
+      ::close(out[1]);
       ::execv("/proc/self/exe", raw.data());
       std::_Exit(127);
     }
+    ::close(out[1]);
+    std::string text;
+    char buf[1 << 16];
+    for (ssize_t n; (n = ::read(out[0], buf, sizeof(buf))) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+    ::close(out[0]);
     int status = 0;
     struct rusage usage {};
     if (wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -248,9 +270,10 @@ Result<std::string> RenderTimings() {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double cpu = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
                        usage.ru_stime.tv_usec / 1e6;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    const int64_t peak = j.is_object() && j.contains("peak_rss_bytes") ? j["peak_rss_bytes"].get<int64_t>() : 0;
     md += fmt::format("| {} | `{}` | `{}` | {} | {:.1f}B | {:.2f} s | {:.2f} s | {} MB |\n", c.what, probe.trainer,
-                      probe.servers, HfTensors(model).size(), ModelParams(model) / 1e9, cpu, wall,
-                      usage.ru_maxrss / 1024);
+                      probe.servers, HfTensors(model).size(), ModelParams(model) / 1e9, cpu, wall, peak >> 20);
   }
   return md;
 }
@@ -399,6 +422,7 @@ int RunPlan(PlanArgs& a) {
     j["servers"] = fleet->servers.ToString();
     j["placement"] = PlacementName(fleet->placement);
     j["plan_seconds"] = took;
+    j["peak_rss_bytes"] = PeakRssBytes();
     for (const Prediction& p : predictions) j["predictions"].push_back(ToJson(p));
     fmt::print("{}\n", j.dump(2));
   } else {
