@@ -2,8 +2,12 @@
 // from the engine's own plans, hardware profiles and calibrated constants (src/planner).
 #include "plan.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +25,7 @@
 #include "planner/calibration.h"
 #include "planner/cost.h"
 #include "planner/fleet.h"
+#include "planner/m2n.h"
 #include "planner/published.h"
 
 namespace wsync::cli {
@@ -46,6 +51,11 @@ struct PlanArgs {
   bool calibrate = false;
   std::string doc;
   bool check = false;
+  std::string m2n_model;
+  std::string m2n_system;
+  std::string m2n_hw = "h100";
+  std::string m2n_write;
+  bool timings = false;
 };
 
 [[noreturn]] void Exit(int code) {
@@ -103,6 +113,170 @@ void PrintText(const Prediction& p) {
   }
   for (const std::string& a : p.assumptions) fmt::print("         assumes: {}\n", a);
   fmt::print("\n");
+}
+
+Result<std::string> ReadText(const std::string& path, size_t max_bytes) {
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return NotFound(fmt::format("{}: cannot be read ({})", path, ec.message()));
+  if (size > max_bytes) return InvalidArgument(fmt::format("{}: {} bytes, over {}", path, size, max_bytes));
+  std::ifstream in(path, std::ios::binary);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
+    return NotFound(fmt::format("{}: cannot be read", path));
+  }
+  return text;
+}
+
+// This process's peak resident memory (VmHWM), in bytes; 0 where /proc does not say.
+int64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("VmHWM:")) return std::strtoll(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+// --m2n-model / --m2n-system: the model and the fleet specs from NCCL M2N benchmark files.
+Status LoadM2n(PlanArgs& a) {
+  if (!a.m2n_model.empty()) {
+    if (!a.model.empty() && a.model != a.m2n_model) return InvalidArgument("--model and --m2n-model name the model twice");
+    a.model = a.m2n_model;
+  }
+  if (!a.m2n_system.empty()) {
+    if (!a.trainer.empty() || !a.servers.empty()) {
+      return InvalidArgument("--m2n-system names the trainer and the servers; drop --trainer and --servers");
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::string text, ReadText(a.m2n_system, kMaxM2nBytes));
+    WSYNC_ASSIGN_OR_RETURN(M2nSystem system, ParseM2nSystem(text, a.m2n_system));
+    auto specs = FleetSpecsOfM2n(system, a.m2n_hw);
+    if (!specs.ok()) return InvalidArgument(fmt::format("{}: {}", a.m2n_system, specs.status().message()));
+    a.trainer = specs->trainer;
+    a.servers = specs->servers;
+  }
+  return Status::Ok();
+}
+
+// The model of --model: a registered name, a config.json directory, or an M2N model file.
+Result<ModelConfig> PlanModel(const PlanArgs& a) {
+  if (a.model != a.m2n_model || a.m2n_model.empty()) return LookupModel(a.model);
+  WSYNC_ASSIGN_OR_RETURN(std::string text, ReadText(a.m2n_model, kMaxM2nBytes));
+  WSYNC_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors, ParseM2nModel(text, a.m2n_model));
+  return ModelOfM2n(tensors, a.m2n_model);
+}
+
+// --m2n-write DIR: the model and the fleet as M2N benchmark files.
+int WriteM2n(const PlanArgs& a, const ModelConfig& model, const Fleet& fleet) {
+  namespace fs = std::filesystem;
+  auto system = M2nSystemOf(fleet.trainer, fleet.servers);
+  if (!system.ok()) return Fail(fmt::format("--m2n-write: {}", system.status().message()));
+  system->comment = fmt::format("wsync plan: {} from {} to {}", model.name, fleet.trainer.ToString(),
+                                fleet.servers.ToString());
+  const std::string stem = fs::path(model.name).filename().string();
+  const fs::path model_file = fs::path(a.m2n_write) / (stem + ".model.json");
+  const M2nParallel& t = system->train;
+  const M2nParallel& g = system->generation;
+  const fs::path system_file =
+      fs::path(a.m2n_write) / fmt::format("{}-tp{}pp{}ep{}fsdp{}dp{}-to-tp{}dp{}-{}gpus.json", stem, t.tp, t.pp, t.ep,
+                                          t.fsdp, t.dp, g.tp, g.dp, t.num_gpus + g.num_gpus);
+  std::error_code ec;
+  fs::create_directories(a.m2n_write, ec);
+  for (const auto& [path, text] : {std::pair{model_file, WriteM2nModel(HfTensors(model))},
+                                   std::pair{system_file, WriteM2nSystem(*system)}}) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) return Fail(fmt::format("--m2n-write: cannot write {}", path.string()), 1);
+    fmt::print(stderr, "wsync plan: wrote {}\n", path.string());
+  }
+  return 0;
+}
+
+// The fleets of docs/plan.md's timing table, each planned by a child `wsync plan`
+// (every backend), timed and measured (its peak RSS) as /usr/bin/time would.
+struct TimingCase {
+  std::string what;
+  std::vector<std::string> args;
+};
+
+std::vector<TimingCase> TimingCases() {
+  const std::string m2n = std::string(WSYNC_SOURCE_DIR) + "/data/m2n/";
+  auto preset = [&](const std::string& system) {
+    return TimingCase{fmt::format("M2N preset `{}` (qwen3-32b)", system),
+                      {"--m2n-model", m2n + "qwen3-32b.model.json", "--m2n-system", m2n + system + ".json"}};
+  };
+  return {
+      {"qwen3-235b-a22b (NeMo-RL fleet)",
+       {"--model", "qwen3-235b-a22b", "--trainer", "tp4pp8ep16:128@h100", "--servers", "16x(8,1,1)@h100"}},
+      {"deepseek-v3", {"--model", "deepseek-v3", "--trainer", "tp8pp8ep32:256@h100", "--servers", "4x(32,1,32)@h100"}},
+      {"kimi-k2 (vLLM RDT fleet)",
+       {"--model", "kimi-k2", "--trainer", "tp8pp8ep32:256@h100", "--servers", "4x(32,1,32)@h100"}},
+      {"kimi-k2, TP-only servers", {"--model", "kimi-k2", "--trainer", "tp8pp8ep32:256@h100", "--servers", "8x(16,1,1)@h100"}},
+      {"moe-2.8t", {"--model", "moe-2.8t", "--trainer", "tp8pp8ep64:512@h100", "--servers", "2x(32,4,128)@h100"}},
+      preset("qwen3-32b-dp1-tp1-to-dp1-tp1"),
+      preset("qwen3-32b-dp1-tp2-to-dp1-tp2"),
+      preset("qwen3-32b-dp1-tp4-to-dp1-tp4"),
+      preset("qwen3-32b-tp2pp4dp2-to-tp1dp16-32gpus-gb200"),
+      preset("qwen3-32b-tp4pp4dp2-to-tp4dp8-64gpus-h100"),
+  };
+}
+
+Result<std::string> RenderTimings() {
+  std::string md =
+      "| fleet | trainer | servers | tensors | parameters | CPU | planned in | max RSS |\n"
+      "|---|---|---|---|---|---|---|---|\n";
+  for (const TimingCase& c : TimingCases()) {
+    PlanArgs probe;
+    for (size_t i = 0; i + 1 < c.args.size(); i += 2) {
+      if (c.args[i] == "--model") probe.model = c.args[i + 1];
+      if (c.args[i] == "--trainer") probe.trainer = c.args[i + 1];
+      if (c.args[i] == "--servers") probe.servers = c.args[i + 1];
+      if (c.args[i] == "--m2n-model") probe.m2n_model = c.args[i + 1];
+      if (c.args[i] == "--m2n-system") probe.m2n_system = c.args[i + 1];
+    }
+    WSYNC_RETURN_IF_ERROR(LoadM2n(probe).WithContext(c.what));
+    WSYNC_ASSIGN_OR_RETURN(ModelConfig model, PlanModel(probe));
+    std::vector<std::string> argv = {"wsync", "plan", "--json"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::vector<char*> raw;
+    for (std::string& s : argv) raw.push_back(s.data());
+    raw.push_back(nullptr);
+    // The child reports its own peak RSS (VmHWM of its image after exec): the rusage
+    // figure would include this process's memory, which the child shared until exec.
+    int out[2];
+    if (::pipe(out) != 0) return Internal(fmt::format("{}: pipe: errno {}", c.what, errno));
+    const auto start = std::chrono::steady_clock::now();
+    const pid_t pid = fork();
+    if (pid < 0) return Internal(fmt::format("{}: cannot start wsync plan: errno {}", c.what, errno));
+    if (pid == 0) {
+      ::dup2(out[1], 1);
+      ::close(out[0]);
+      ::close(out[1]);
+      ::execv("/proc/self/exe", raw.data());
+      std::_Exit(127);
+    }
+    ::close(out[1]);
+    std::string text;
+    char buf[1 << 16];
+    for (ssize_t n; (n = ::read(out[0], buf, sizeof(buf))) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+    ::close(out[0]);
+    int status = 0;
+    struct rusage usage {};
+    if (wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return Internal(fmt::format("{}: wsync plan {} failed", c.what, fmt::join(c.args, " ")));
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double cpu = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
+                       usage.ru_stime.tv_usec / 1e6;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    const int64_t peak = j.is_object() && j.contains("peak_rss_bytes") ? j["peak_rss_bytes"].get<int64_t>() : 0;
+    md += fmt::format("| {} | `{}` | `{}` | {} | {:.1f}B | {:.2f} s | {:.2f} s | {} MB |\n", c.what, probe.trainer,
+                      probe.servers, HfTensors(model).size(), ModelParams(model) / 1e9, cpu, wall, peak >> 20);
+  }
+  return md;
 }
 
 // Runs tools/plot_plan.py through /usr/bin/python3 (matplotlib) on `csv`.
@@ -165,8 +339,11 @@ int RunDoc(const PlanArgs& a) {
   const std::string old((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto run = PlanPublished(a);
   if (!run.ok()) return Fail(run.status().message(), 1);
+  auto timings = RenderTimings();
+  if (!timings.ok()) return Fail(timings.status().message(), 1);
   auto doc = SpliceBlock(old, "wsync plan --calibrate", CalibrationReport());
   if (doc.ok()) doc = SpliceBlock(*doc, "wsync plan --published", run->markdown);
+  if (doc.ok()) doc = SpliceBlock(*doc, "wsync plan --timings", *timings);
   if (!doc.ok()) return Fail(fmt::format("--doc {}: {}", a.doc, doc.status().message()), 1);
   if (a.check) {
     const std::string want = MaskTimings(*doc), have = MaskTimings(old);
@@ -189,16 +366,24 @@ int RunDoc(const PlanArgs& a) {
   return 0;
 }
 
-int RunPlan(const PlanArgs& a) {
+int RunPlan(PlanArgs& a) {
   if (a.check && a.doc.empty()) return Fail("--check needs --doc FILE");
   if (!a.doc.empty()) return RunDoc(a);
+  if (a.timings) {
+    auto md = RenderTimings();
+    if (!md.ok()) return Fail(md.status().message(), 1);
+    fmt::print("{}", *md);
+    return 0;
+  }
+  if (Status loaded = LoadM2n(a); !loaded.ok()) return Fail(loaded.message());
   if (a.calibrate) {
     fmt::print("{}", CalibrationReport());
     return 0;
   }
   if (a.published) return RunPublished(a);
   if (a.model.empty() || a.trainer.empty() || a.servers.empty()) {
-    return Fail("--model, --trainer and --servers are required (or --published, --calibrate)");
+    return Fail("--model, --trainer and --servers are required (or --m2n-model, --m2n-system; --published, "
+                "--calibrate)");
   }
   if (a.dtype != "bf16" && a.dtype != "fp8") return Fail(fmt::format("--dtype '{}': expected bf16 or fp8", a.dtype));
   if (!(a.bucket_gb > 0) || a.bucket_gb > 1024) return Fail(fmt::format("--bucket-gb {}: expected (0, 1024]", a.bucket_gb));
@@ -214,10 +399,11 @@ int RunPlan(const PlanArgs& a) {
   }
   auto placement = ParsePlacement(a.placement);
   if (!placement.ok()) return Fail(placement.status().message());
-  auto model = LookupModel(a.model);
+  auto model = PlanModel(a);
   if (!model.ok()) return Fail(model.status().message());
   auto fleet = BuildFleet(a.trainer, a.servers, *placement, a.hardware_dir);
   if (!fleet.ok()) return Fail(fleet.status().message());
+  if (!a.m2n_write.empty()) return WriteM2n(a, *model, *fleet);
   PlanOptions o;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_gb * (int64_t{1} << 30));
   o.lookahead = a.lookahead;
@@ -226,12 +412,9 @@ int RunPlan(const PlanArgs& a) {
   const ModelConfig travel = TravelConfig(*model, a.dtype == "fp8");
   const Constants k = Calibrate();
   const auto start = std::chrono::steady_clock::now();
-  std::vector<Prediction> predictions;
-  for (Backend b : backends) {
-    auto p = Predict(travel, *fleet, b, o, k);
-    if (!p.ok()) return Fail(p.status().message(), 1);
-    predictions.push_back(std::move(*p));
-  }
+  auto planned = PredictEach(travel, *fleet, backends, o, k);
+  if (!planned.ok()) return Fail(planned.status().message(), 1);
+  const std::vector<Prediction>& predictions = *planned;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (a.json) {
     nlohmann::json j;
@@ -241,6 +424,7 @@ int RunPlan(const PlanArgs& a) {
     j["servers"] = fleet->servers.ToString();
     j["placement"] = PlacementName(fleet->placement);
     j["plan_seconds"] = took;
+    j["peak_rss_bytes"] = PeakRssBytes();
     for (const Prediction& p : predictions) j["predictions"].push_back(ToJson(p));
     fmt::print("{}\n", j.dump(2));
   } else {
@@ -256,9 +440,10 @@ int RunPlan(const PlanArgs& a) {
   for (int n = 1; n <= std::max(2 * fleet->servers.count, 8); n *= 2) {
     Fleet f = *fleet;
     f.servers.count = n;
-    for (Backend b : backends) {
-      auto p = Predict(travel, f, b, o, k);
-      if (p.ok() && p->applicable) csv += fmt::format("{},{},{}\n", n, BackendName(b), p->seconds);
+    auto planned_n = PredictEach(travel, f, backends, o, k);
+    if (!planned_n.ok()) continue;
+    for (const Prediction& p : *planned_n) {
+      if (p.applicable) csv += fmt::format("{},{},{}\n", n, BackendName(p.backend), p.seconds);
     }
   }
   // Published points of the same model, trainer and deployment shape, at their counts.
@@ -290,6 +475,8 @@ void AddPlanCommand(CLI::App& app) {
       "  wsync plan --doc docs/plan.md --plot docs/plan.png   (docs/plan.md's generated tables)\n"
       "  wsync plan --published                          (the table alone, on stdout)\n"
       "  wsync plan --calibrate                          (the constants, from docs/benchmarks.md)\n"
+      "  wsync plan --m2n-model data/m2n/qwen3-32b.model.json \\\n"
+      "             --m2n-system data/m2n/qwen3-32b-tp4pp4dp2-to-tp4dp8-64gpus-h100.json   (NCCL M2N presets)\n"
       "Hardware profiles: data/hardware/<name>.json (h100, h200, h800, h20, ...) or a path to one.");
   c->add_option("--model", args->model, "registered model (qwen3-235b-a22b, deepseek-v3, kimi-k2, glm-4.5-air, qwen3-30b-a3b, ...) or a config.json directory");
   c->add_option("--trainer", args->trainer,
@@ -321,6 +508,16 @@ void AddPlanCommand(CLI::App& app) {
                 "rewrite the generated blocks of a document (docs/plan.md: the calibration and the published "
                 "table, between <!-- BEGIN/END wsync plan --calibrate|--published --> lines)");
   c->add_flag("--check", args->check, "with --doc: write nothing, exit 1 if the document's blocks are stale");
+  c->add_option("--m2n-model", args->m2n_model,
+                "the model as an NCCL M2N benchmark model file (tensor name -> shape, dtype), instead of --model");
+  c->add_option("--m2n-system", args->m2n_system,
+                "the trainer and servers as an NCCL M2N benchmark system file ({train, generation}: num_gpus, "
+                "tp_size, cp_size, ep_size, pp_size, fsdp_size, dp_size), instead of --trainer and --servers");
+  c->add_option("--m2n-hw", args->m2n_hw, "hardware profile of both sides of --m2n-system")->capture_default_str();
+  c->add_option("--m2n-write", args->m2n_write,
+                "write the model and the fleet as NCCL M2N benchmark files into this directory, and plan nothing");
+  c->add_flag("--timings", args->timings,
+              "plan docs/plan.md's timing fleets, each in a child process, and print its wall time and max RSS");
   c->final_callback([args] { Exit(RunPlan(*args)); });
 }
 

@@ -76,6 +76,8 @@ const std::map<std::string, ModelConfig, std::less<>>& Registry() {
              Dense("qwen3-tiny", 4096, 256, 512, 4, 4, 2, 64, false),
              Dense("qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, true),
              Dense("qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, false),
+             // Qwen/Qwen3-32B config.json (the NCCL M2N benchmark's model).
+             Dense("qwen3-32b", 151936, 5120, 25600, 64, 64, 8, 128, false),
              Moe(Dense("qwen3-moe-tiny", 4096, 256, 512, 2, 4, 2, 64, false), 128, 8),
              Moe(Dense("qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, 128, false), 768, 128),
              // Qwen/Qwen3-235B-A22B config.json.
@@ -85,6 +87,10 @@ const std::map<std::string, ModelConfig, std::less<>>& Registry() {
                         2048, 256, 1, 3, 1), 1536, 512, 128, 64, 128),
              Mla(Routed(Dense("kimi-k2", 163840, 7168, 18432, 61, 64, 64, 0, false), kDeepseekV3,
                         2048, 384, 1, 1, 0), 1536, 512, 128, 64, 128),
+             // A 2.8T-parameter class for planning (no published checkpoint): Kimi-K2's
+             // architecture with 1024 routed experts over 64 layers.
+             Mla(Routed(Dense("moe-2.8t", 163840, 7168, 18432, 64, 64, 64, 0, false), kDeepseekV3,
+                        2048, 1024, 1, 1, 0), 1536, 512, 128, 64, 128),
              Mla(Routed(Dense("deepseek-v3-tiny", 4096, 256, 512, 3, 4, 4, 0, false), kDeepseekV3,
                         128, 8, 1, 1, 1), 64, 32, 32, 16, 32),
              // zai-org/GLM-4.5-Air config.json.

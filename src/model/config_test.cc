@@ -59,8 +59,8 @@ constexpr const char* kMoeJson = R"({
 TEST(Registry, NamesAndLookups) {
   EXPECT_EQ(RegisteredModelNames(),
             (std::vector<std::string>{"deepseek-v3", "deepseek-v3-tiny", "glm-4.5-air",
-                                      "glm4-moe-0.6b", "glm4-moe-tiny", "kimi-k2", "qwen3-0.6b", "qwen3-235b-a22b",
-                                      "qwen3-30b-a3b", "qwen3-8b", "qwen3-moe-tiny", "qwen3-tiny"}));
+                                      "glm4-moe-0.6b", "glm4-moe-tiny", "kimi-k2", "moe-2.8t", "qwen3-0.6b",
+                                      "qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-32b", "qwen3-8b", "qwen3-moe-tiny", "qwen3-tiny"}));
   for (const std::string& name : RegisteredModelNames()) {
     auto c = LookupModel(name);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -85,8 +85,8 @@ TEST(Registry, UnknownNameListsRegisteredNames) {
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(c.status().message(),
             "unknown model 'llama-7b': not a registered name (deepseek-v3, deepseek-v3-tiny, "
-            "glm-4.5-air, glm4-moe-0.6b, glm4-moe-tiny, kimi-k2, qwen3-0.6b, qwen3-235b-a22b, qwen3-30b-a3b, "
-            "qwen3-8b, qwen3-moe-tiny, qwen3-tiny) nor a directory with a config.json");
+            "glm-4.5-air, glm4-moe-0.6b, glm4-moe-tiny, kimi-k2, moe-2.8t, qwen3-0.6b, qwen3-235b-a22b, qwen3-30b-a3b, "
+            "qwen3-32b, qwen3-8b, qwen3-moe-tiny, qwen3-tiny) nor a directory with a config.json");
 }
 
 TEST(ConfigJson, DenseMatchesRegistry) {

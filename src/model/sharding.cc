@@ -51,11 +51,9 @@ Status CheckDivisible(const ModelConfig& c, int tp, const ExpertSplit& ep) {
 // Builds one worker's parameter list; `add` appends a parameter.
 class TableBuilder {
  public:
-  TableBuilder(const ModelConfig& c, int r, int tp, ExpertSplit ep, Drafter drafter,
-               const std::vector<TensorMeta>& hf, std::vector<WorkerParam>& params)
-      : c_(c), r_(r), tp_(tp), ep_(ep), drafter_(drafter), params_(params) {
-    for (const TensorMeta& m : hf) hf_.emplace(m.name, &m);
-  }
+  TableBuilder(const HfCatalog& catalog, int r, int tp, ExpertSplit ep, Drafter drafter,
+               std::vector<WorkerParam>& params)
+      : c_(catalog.config()), catalog_(catalog), r_(r), tp_(tp), ep_(ep), drafter_(drafter), params_(params) {}
 
   void Build() {
     VocabParallel("model.embed_tokens.weight", "model.embed_tokens.weight");
@@ -80,7 +78,7 @@ class TableBuilder {
 
  private:
   // Every name the builder asks for is one of HfTensors(c_) by construction.
-  const TensorMeta& Hf(const std::string& name) const { return *hf_.find(name)->second; }
+  const TensorMeta& Hf(const std::string& name) const { return catalog_.tensors()[catalog_.Find(name)]; }
   void Add(std::string name, DType dtype, Shape shape, std::vector<ShardPiece> pieces) {
     params_.push_back(WorkerParam{TensorMeta{std::move(name), dtype, std::move(shape)}, std::move(pieces)});
   }
@@ -217,18 +215,34 @@ class TableBuilder {
   }
 
   const ModelConfig& c_;
+  const HfCatalog& catalog_;
   int r_, tp_;
   ExpertSplit ep_;
   Drafter drafter_;
   std::vector<WorkerParam>& params_;
-  std::unordered_map<std::string, const TensorMeta*> hf_;
 };
 
 }  // namespace
 
-Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, ExpertSplit ep,
-                                           Drafter drafter) {
-  WSYNC_RETURN_IF_ERROR(ValidateConfig(c));
+Result<std::shared_ptr<const HfCatalog>> HfCatalog::Make(const ModelConfig& config) {
+  WSYNC_RETURN_IF_ERROR(ValidateConfig(config));
+  auto catalog = std::make_shared<HfCatalog>();
+  catalog->config_ = config;
+  catalog->tensors_ = HfTensors(config);
+  catalog->index_.reserve(catalog->tensors_.size());
+  for (size_t i = 0; i < catalog->tensors_.size(); ++i) {
+    catalog->index_.emplace(catalog->tensors_[i].name, static_cast<int>(i));
+  }
+  return std::shared_ptr<const HfCatalog>(std::move(catalog));
+}
+
+int HfCatalog::Find(std::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
+Status ShardingTable::Check(const HfCatalog& catalog, int r, int tp, ExpertSplit ep, Drafter drafter) {
+  const ModelConfig& c = catalog.config();
   if (tp < 1 || r < 0 || r >= tp) {
     return InvalidArgument(
         fmt::format("model {}: tp_rank {} is outside tp_size {}", c.name, r, tp));
@@ -245,15 +259,26 @@ Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, 
     return InvalidArgument(fmt::format(
         "model {} has no MTP layers (num_nextn_predict_layers is 0), so it has no MTP drafter", c.name));
   }
+  return Status::Ok();
+}
 
+Result<ShardingTable> ShardingTable::Build(const ModelConfig& c, int r, int tp, ExpertSplit ep,
+                                           Drafter drafter) {
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const HfCatalog> catalog, HfCatalog::Make(c));
+  return Build(std::move(catalog), r, tp, ep, drafter);
+}
+
+Result<ShardingTable> ShardingTable::Build(std::shared_ptr<const HfCatalog> catalog, int r, int tp,
+                                           ExpertSplit ep, Drafter drafter) {
+  if (!catalog) return InvalidArgument("sharding table: no model catalog");
+  WSYNC_RETURN_IF_ERROR(Check(*catalog, r, tp, ep, drafter));
   ShardingTable t;
-  t.config_ = c;
+  t.catalog_ = std::move(catalog);
   t.tp_rank_ = r;
   t.tp_size_ = tp;
   t.ep_ = ep;
   t.drafter_ = drafter;
-  t.hf_ = HfTensors(c);
-  TableBuilder(c, r, tp, ep, drafter, t.hf_, t.params_).Build();
+  TableBuilder(*t.catalog_, r, tp, ep, drafter, t.params_).Build();
   t.Index();
   return t;
 }
@@ -263,8 +288,8 @@ std::vector<DrafterAlias> ShardingTable::drafter_aliases() const {
   if (drafter_ != Drafter::kMtp) return out;
   const int embed = FindParam("model.embed_tokens.weight");
   // A tied model's lm_head is embed_tokens itself.
-  const int head = config_.tie_word_embeddings ? embed : FindParam("lm_head.weight");
-  for (int64_t i = config_.num_hidden_layers; i < config_.total_layers(); ++i) {
+  const int head = config().tie_word_embeddings ? embed : FindParam("lm_head.weight");
+  for (int64_t i = config().num_hidden_layers; i < config().total_layers(); ++i) {
     out.push_back({fmt::format("model.layers.{}.embed_tokens.weight", i), embed});
     out.push_back({fmt::format("model.layers.{}.shared_head.head.weight", i), head});
   }
@@ -272,12 +297,12 @@ std::vector<DrafterAlias> ShardingTable::drafter_aliases() const {
 }
 
 bool ShardingTable::Serves(std::string_view hf_name) const {
-  return drafter_ == Drafter::kMtp || MtpLayerOf(config_, hf_name) < 0;
+  return drafter_ == Drafter::kMtp || MtpLayerOf(config(), hf_name) < 0;
 }
 
 std::vector<TensorMeta> ShardingTable::served_hf_tensors() const {
   std::vector<TensorMeta> out;
-  for (const TensorMeta& m : hf_) {
+  for (const TensorMeta& m : hf_tensors()) {
     if (Serves(m.name)) out.push_back(m);
   }
   return out;
@@ -286,30 +311,53 @@ std::vector<TensorMeta> ShardingTable::served_hf_tensors() const {
 bool ShardingTable::IsDrafterParam(int param) const {
   if (drafter_ != Drafter::kMtp) return false;
   const std::string& name = params_[param].meta.name;
-  return MtpLayerOf(config_, name) >= 0;
+  return MtpLayerOf(config(), name) >= 0;
 }
 
 void ShardingTable::Index() {
-  hf_index_.reserve(hf_.size());
-  for (size_t i = 0; i < hf_.size(); ++i) hf_index_.emplace(hf_[i].name, static_cast<int>(i));
   param_index_.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     param_index_.emplace(params_[i].meta.name, static_cast<int>(i));
   }
-  pieces_of_.assign(hf_.size(), {});
+  // Every piece names an HF tensor of the same config by construction.
+  piece_begin_.assign(params_.size() + 1, 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    piece_begin_[i + 1] = piece_begin_[i] + static_cast<int>(params_[i].pieces.size());
+  }
+  piece_hf_.resize(piece_begin_.back());
+  struct Entry {
+    int hf, param, piece;
+  };
+  std::vector<Entry> entries;
+  entries.reserve(piece_hf_.size());
+  // Pieces mostly follow the model's tensor order (an expert's gate, up and down tensors
+  // are adjacent), so the tensors just after the previous piece's are tried by name first.
+  const std::vector<TensorMeta>& hf_list = hf_tensors();
+  int prev = -1;
+  auto find = [&](const std::string& name) {
+    for (int d = 1; d <= 3; ++d) {
+      const size_t guess = static_cast<size_t>(prev + d);
+      if (guess < hf_list.size() && hf_list[guess].name == name) return prev = static_cast<int>(guess);
+    }
+    return prev = catalog_->Find(name);
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     for (size_t k = 0; k < params_[i].pieces.size(); ++k) {
-      // Every piece names an HF tensor of the same config by construction.
-      pieces_of_[FindHf(params_[i].pieces[k].hf_name)].emplace_back(static_cast<int>(i),
-                                                                   static_cast<int>(k));
+      const int hf = find(params_[i].pieces[k].hf_name);
+      piece_hf_[piece_begin_[i] + k] = hf;
+      entries.push_back({hf, static_cast<int>(i), static_cast<int>(k)});
     }
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.hf < b.hf; });
+  pieces_.reserve(entries.size());
+  pieces_hf_.reserve(entries.size());
+  for (const Entry& e : entries) {
+    pieces_.emplace_back(e.param, e.piece);
+    pieces_hf_.push_back(e.hf);
   }
 }
 
-int ShardingTable::FindHf(std::string_view hf_name) const {
-  auto it = hf_index_.find(hf_name);
-  return it == hf_index_.end() ? -1 : it->second;
-}
+int ShardingTable::FindHf(std::string_view hf_name) const { return catalog_->Find(hf_name); }
 
 int ShardingTable::FindParam(std::string_view param_name) const {
   auto it = param_index_.find(param_name);
@@ -317,15 +365,18 @@ int ShardingTable::FindParam(std::string_view param_name) const {
 }
 
 std::span<const std::pair<int, int>> ShardingTable::PiecesOf(std::string_view hf_name) const {
-  int i = FindHf(hf_name);
-  if (i < 0) return {};
-  return pieces_of_[i];
+  return PiecesOfHf(FindHf(hf_name));
+}
+
+std::span<const std::pair<int, int>> ShardingTable::PiecesOfHf(int hf) const {
+  const auto [lo, hi] = std::equal_range(pieces_hf_.begin(), pieces_hf_.end(), hf);
+  return std::span(pieces_).subspan(lo - pieces_hf_.begin(), hi - lo);
 }
 
 PieceRuns ShardingTable::Runs(int param, int piece) const {
   const WorkerParam& wp = params_[param];
   const ShardPiece& p = wp.pieces[piece];
-  const Shape& hf = hf_[FindHf(p.hf_name)].shape;
+  const Shape& hf = hf_tensors()[PieceHf(param, piece)].shape;
   // The destination (sub-)tensor has the HF tensor's rank; stacked experts add a lead dim.
   std::span<const int64_t> dst(wp.meta.shape);
   int64_t dst_base = 0;

@@ -32,11 +32,14 @@
 // rank k holds experts [k*E/size, (k+1)*E/size) whole, stacked in that order, and is
 // their only (primary) holder; everything else is as without EP.
 //
-// A built table is immutable; const methods are safe from any thread.
+// A built table is immutable; const methods are safe from any thread. Tables built from
+// one HfCatalog share its tensor list and name index, so a fleet's tables cost only their
+// own parameters.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -97,6 +100,24 @@ struct DrafterAlias {
   int param = -1;    // the target parameter's index in params()
 };
 
+// A model's HF tensors (HfTensors(config)) with an index by name: built once per model
+// and shared, read-only, by every table of that model. Immutable; safe from any thread.
+class HfCatalog {
+ public:
+  // ValidateConfig's errors, else the catalog.
+  static Result<std::shared_ptr<const HfCatalog>> Make(const ModelConfig& config);
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<TensorMeta>& tensors() const { return tensors_; }
+  // Index into tensors(), or -1.
+  int Find(std::string_view name) const;
+
+ private:
+  ModelConfig config_;
+  std::vector<TensorMeta> tensors_;
+  std::unordered_map<std::string_view, int> index_;  // views into tensors_
+};
+
 class ShardingTable {
  public:
   // The table of worker `tp_rank` of `tp_size`. A size that does not divide (heads,
@@ -105,8 +126,15 @@ class ShardingTable {
   // Drafter::kMtp needs MTP layers in the config.
   static Result<ShardingTable> Build(const ModelConfig& config, int tp_rank, int tp_size,
                                      ExpertSplit ep = {}, Drafter drafter = Drafter::kNone);
+  // The same, over a catalog of the model built once for several tables.
+  static Result<ShardingTable> Build(std::shared_ptr<const HfCatalog> catalog, int tp_rank, int tp_size,
+                                     ExpertSplit ep = {}, Drafter drafter = Drafter::kNone);
+  // Build's checks of the sizes alone (OK exactly when Build would succeed), without
+  // building the table.
+  static Status Check(const HfCatalog& catalog, int tp_rank, int tp_size, ExpertSplit ep = {},
+                      Drafter drafter = Drafter::kNone);
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return catalog_->config(); }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
   const ExpertSplit& ep() const { return ep_; }
@@ -123,13 +151,23 @@ class ShardingTable {
   // The worker's parameters in vLLM's order.
   const std::vector<WorkerParam>& params() const { return params_; }
   // The model's HF tensors (HfTensors(config)).
-  const std::vector<TensorMeta>& hf_tensors() const { return hf_; }
+  const std::vector<TensorMeta>& hf_tensors() const { return catalog_->tensors(); }
+  const std::shared_ptr<const HfCatalog>& catalog() const { return catalog_; }
   // Index into hf_tensors() / params(), or -1.
   int FindHf(std::string_view hf_name) const;
   int FindParam(std::string_view param_name) const;
   // The pieces of one HF tensor on this worker as (param index, piece index), in table
   // order; empty for an unknown name or a tensor this rank holds nothing of.
   std::span<const std::pair<int, int>> PiecesOf(std::string_view hf_name) const;
+  // The same by index into hf_tensors() (empty outside it).
+  std::span<const std::pair<int, int>> PiecesOfHf(int hf) const;
+  // Every piece of the table as (param index, piece index), ordered by HF index, then in
+  // table order; PiecesHf()[k] is the HF index of PiecesByHf()[k]. Their cost grows with
+  // the worker's pieces, not with the model's tensors.
+  std::span<const std::pair<int, int>> PiecesByHf() const { return pieces_; }
+  std::span<const int> PiecesHf() const { return pieces_hf_; }
+  // The index into hf_tensors() of params()[param].pieces[piece]'s HF tensor.
+  int PieceHf(int param, int piece) const { return piece_hf_[piece_begin_[param] + piece]; }
   // Byte runs of params()[param].pieces[piece].
   PieceRuns Runs(int param, int piece) const;
   // Sum of the worker's parameter bytes.
@@ -148,16 +186,19 @@ class ShardingTable {
 
   void Index();
 
-  ModelConfig config_;
+  std::shared_ptr<const HfCatalog> catalog_;
   int tp_rank_ = 0;
   int tp_size_ = 1;
   ExpertSplit ep_;
   Drafter drafter_ = Drafter::kNone;
   std::vector<WorkerParam> params_;
-  std::vector<TensorMeta> hf_;
-  NameIndex hf_index_;
   NameIndex param_index_;
-  std::vector<std::vector<std::pair<int, int>>> pieces_of_;  // by HF index
+  // Every (param, piece) pair ordered by HF index (pieces_hf_, ascending), then table order.
+  std::vector<std::pair<int, int>> pieces_;
+  std::vector<int> pieces_hf_;
+  // The HF index of params_[p].pieces[k] is piece_hf_[piece_begin_[p] + k].
+  std::vector<int> piece_begin_;
+  std::vector<int> piece_hf_;
 };
 
 }  // namespace wsync

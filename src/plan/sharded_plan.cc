@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include <fmt/compile.h>
 #include <fmt/format.h>
 
 #include "core/checked_math.h"
@@ -68,7 +69,10 @@ int Route(const std::vector<int>& owners, int group, int index, int size) {
 
 // Strings in the digest's canonical text are length-prefixed, so no name can forge a
 // field boundary.
-void AppendString(std::string& out, std::string_view s) { fmt::format_to(std::back_inserter(out), "{}:{}", s.size(), s); }
+void AppendString(std::string& out, std::string_view s) {
+  fmt::format_to(std::back_inserter(out), FMT_COMPILE("{}:"), s.size());
+  out += s;
+}
 
 // The canonical text of a plan, hashed into ConsumerPlan::digest. One line each, fields
 // separated by one space, integers in decimal, strings as <byte length>:<bytes>:
@@ -80,26 +84,27 @@ void AppendString(std::string& out, std::string_view s) { fmt::format_to(std::ba
 //   slice <tensor name> <dtype (torch name)> <shape> <param name> <piece> <offset> <bytes>
 // where <shape> is the dimension count then each dimension.
 std::string CanonicalText(const ConsumerPlan& plan, const ConsumerSpot& spot, const ShardedStream& stream,
-                          const ShardingTable& table) {
+                          const ShardingTable& table, size_t slices) {
   std::string out;
+  out.reserve(160 * slices + 64 * plan.chunks.size() + 128);  // room for typical lines; grows past it
   auto it = std::back_inserter(out);
   fmt::format_to(it, "wsync-sharded-plan 1\nconsumer {} block {} {} tp {} {}\n", spot.consumer, spot.block_index,
                  spot.block_size, table.tp_rank(), table.tp_size());
   for (size_t c = 0; c < plan.chunks.size(); ++c) {
     const PlanChunk& chunk = plan.chunks[c];
-    fmt::format_to(it, "chunk {} group {} class {} producer {} bytes {}\n", c, chunk.group, chunk.owner_class,
-                   chunk.producer, chunk.bytes);
+    fmt::format_to(it, FMT_COMPILE("chunk {} group {} class {} producer {} bytes {}\n"), c, chunk.group,
+                   chunk.owner_class, chunk.producer, chunk.bytes);
     for (const PlanSlice& s : chunk.slices) {
       const TensorMeta& t = stream.tensors[s.tensor];
       out += "slice ";
       AppendString(out, t.name);
       out += ' ';
       AppendString(out, TorchName(t.dtype));
-      fmt::format_to(it, " {}", t.shape.size());
-      for (int64_t d : t.shape) fmt::format_to(it, " {}", d);
+      fmt::format_to(it, FMT_COMPILE(" {}"), t.shape.size());
+      for (int64_t d : t.shape) fmt::format_to(it, FMT_COMPILE(" {}"), d);
       out += ' ';
       AppendString(out, table.params()[s.param].meta.name);
-      fmt::format_to(it, " {} {} {}\n", s.piece, s.offset, s.bytes);
+      fmt::format_to(it, FMT_COMPILE(" {} {} {}\n"), s.piece, s.offset, s.bytes);
     }
   }
   return out;
@@ -228,6 +233,31 @@ size_t ConsumerPlan::max_chunk_bytes() const {
   return n;
 }
 
+Result<StreamIndex> IndexStream(const ShardedStream& stream, std::shared_ptr<const HfCatalog> catalog,
+                                std::string_view who) {
+  if (!catalog) return InvalidArgument(fmt::format("{}: no model catalog", who));
+  // Every stream tensor must be one of the model's, once, as the model has it. A stream in
+  // the model's own order (the usual case) resolves by position, without a lookup by name.
+  const std::vector<TensorMeta>& model = catalog->tensors();
+  StreamIndex index;
+  index.stream_of.assign(model.size(), -1);
+  index.hf_of.assign(stream.tensors.size(), -1);
+  for (size_t i = 0; i < stream.tensors.size(); ++i) {
+    const TensorMeta& t = stream.tensors[i];
+    const int hf = i < model.size() && model[i].name == t.name ? static_cast<int>(i) : catalog->Find(t.name);
+    if (hf < 0) return InvalidArgument(fmt::format("{}: the model has no tensor {}", who, t.name));
+    if (index.stream_of[hf] >= 0) {
+      return InvalidArgument(fmt::format("{}: the stream names {} twice (tensors {} and {})", who, t.name,
+                                         index.stream_of[hf], i));
+    }
+    WSYNC_RETURN_IF_ERROR(CheckSameMeta(model[hf], t).WithContext(who));
+    index.stream_of[hf] = static_cast<int>(i);
+    index.hf_of[i] = hf;
+  }
+  index.catalog = std::move(catalog);
+  return index;
+}
+
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTable& table, const ConsumerSpot& spot) {
   WSYNC_RETURN_IF_ERROR(CheckShardedStream(stream));
   const std::string who = WorkerName(table, spot);
@@ -235,51 +265,64 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTab
     return InvalidArgument(fmt::format("{}: block index {} of a block of {} is out of range", who, spot.block_index,
                                        spot.block_size));
   }
-  // Every stream tensor must be one of the model's, once, as the model has it; every
-  // tensor this worker keeps pieces of must be in the stream.
-  std::vector<int> stream_index(table.hf_tensors().size(), -1);
-  for (size_t i = 0; i < stream.tensors.size(); ++i) {
-    const TensorMeta& t = stream.tensors[i];
-    const int hf = table.FindHf(t.name);
-    if (hf < 0) return InvalidArgument(fmt::format("{}: the model has no tensor {}", who, t.name));
-    if (stream_index[hf] >= 0) {
-      return InvalidArgument(fmt::format("{}: the stream names {} twice (tensors {} and {})", who, t.name,
-                                         stream_index[hf], i));
-    }
-    WSYNC_RETURN_IF_ERROR(CheckSameMeta(table.hf_tensors()[hf], t).WithContext(who));
-    stream_index[hf] = static_cast<int>(i);
+  WSYNC_ASSIGN_OR_RETURN(StreamIndex index, IndexStream(stream, table.catalog(), who));
+  return PlanConsumer(stream, index, table, spot);
+}
+
+Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex& index, const ShardingTable& table,
+                                  const ConsumerSpot& spot, bool digest) {
+  WSYNC_RETURN_IF_ERROR(CheckShardedStream(stream));
+  const std::string who = WorkerName(table, spot);
+  if (spot.consumer < 0 || spot.block_size < 1 || spot.block_index < 0 || spot.block_index >= spot.block_size) {
+    return InvalidArgument(fmt::format("{}: block index {} of a block of {} is out of range", who, spot.block_index,
+                                       spot.block_size));
   }
-  for (size_t hf = 0; hf < table.hf_tensors().size(); ++hf) {
-    const std::string& name = table.hf_tensors()[hf].name;
-    if (stream_index[hf] < 0 && !table.PiecesOf(name).empty()) {
-      return InvalidArgument(fmt::format("{}: tensor {} is missing from the trainer's stream", who, name));
-    }
+  if (index.catalog != table.catalog() || index.hf_of.size() != stream.tensors.size()) {
+    return InvalidArgument(fmt::format("{}: the stream was indexed against another model", who));
   }
+  // The worker's pieces in stream order (a tensor's pieces in table order); every tensor
+  // the worker keeps pieces of must be in the stream (the first missing in model order is
+  // named).
+  struct Entry {
+    int tensor, param, piece;
+  };
+  std::vector<Entry> entries;
+  const std::span<const std::pair<int, int>> pieces = table.PiecesByHf();
+  const std::span<const int> pieces_hf = table.PiecesHf();
+  entries.reserve(pieces.size());
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const int tensor = index.stream_of[pieces_hf[k]];
+    if (tensor < 0) {
+      return InvalidArgument(fmt::format("{}: tensor {} is missing from the trainer's stream", who,
+                                         table.hf_tensors()[pieces_hf[k]].name));
+    }
+    entries.push_back({tensor, pieces[k].first, pieces[k].second});
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.tensor < b.tensor; });
 
   ConsumerPlan plan;
   plan.consumer = spot.consumer;
   plan.tp_rank = table.tp_rank();
   plan.tp_size = table.tp_size();
-  size_t begin = 0;
-  for (size_t g = 0; g < stream.group_lens.size(); ++g) {
+  size_t begin = 0, next = 0;
+  for (size_t g = 0; g < stream.group_lens.size() && next < entries.size(); ++g) {
     const size_t end = begin + static_cast<size_t>(stream.group_lens[g]);
     std::map<int, PlanChunk> by_class;  // ascending class id
-    for (size_t i = begin; i < end; ++i) {
-      for (const auto& [param, piece] : table.PiecesOf(stream.tensors[i].name)) {
-        const PieceRuns runs = table.Runs(param, piece);
-        const int k = stream.ownership.name_owner_class[i];
-        PlanChunk& chunk = by_class[k];
-        const std::optional<size_t> bytes = CheckedMul<size_t>(runs.count, runs.run_bytes);
-        const std::optional<size_t> offset = CheckedAdd<size_t>(chunk.bytes, size_t{15});
-        const std::optional<size_t> slice_end =
-            bytes && offset ? CheckedAdd<size_t>(*offset & ~size_t{15}, *bytes) : std::nullopt;
-        if (!slice_end) {
-          return InvalidArgument(fmt::format("{}: the slices of group {} overflow at tensor {}", who, g,
-                                             stream.tensors[i].name));
-        }
-        chunk.slices.push_back(PlanSlice{static_cast<int>(i), param, piece, *offset & ~size_t{15}, *bytes});
-        chunk.bytes = *slice_end;
+    for (; next < entries.size() && static_cast<size_t>(entries[next].tensor) < end; ++next) {
+      const auto [i, param, piece] = entries[next];
+      const PieceRuns runs = table.Runs(param, piece);
+      const int k = stream.ownership.name_owner_class[i];
+      PlanChunk& chunk = by_class[k];
+      const std::optional<size_t> bytes = CheckedMul<size_t>(runs.count, runs.run_bytes);
+      const std::optional<size_t> offset = CheckedAdd<size_t>(chunk.bytes, size_t{15});
+      const std::optional<size_t> slice_end =
+          bytes && offset ? CheckedAdd<size_t>(*offset & ~size_t{15}, *bytes) : std::nullopt;
+      if (!slice_end) {
+        return InvalidArgument(fmt::format("{}: the slices of group {} overflow at tensor {}", who, g,
+                                           stream.tensors[i].name));
       }
+      chunk.slices.push_back(PlanSlice{i, param, piece, *offset & ~size_t{15}, *bytes});
+      chunk.bytes = *slice_end;
     }
     for (auto& [k, chunk] : by_class) {
       chunk.group = static_cast<int>(g);
@@ -289,7 +332,8 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTab
     }
     begin = end;
   }
-  const std::string text = CanonicalText(plan, spot, stream, table);
+  if (!digest) return plan;
+  const std::string text = CanonicalText(plan, spot, stream, table, entries.size());
   plan.digest = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
   return plan;
 }

@@ -38,8 +38,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/sharding.h"
@@ -152,6 +154,19 @@ struct ConsumerPlan {
   size_t max_chunk_bytes() const;
 };
 
+// A stream checked once against a model's tensors (the catalog its workers' tables share),
+// for planning many consumers of it: each stream tensor's index in the catalog and back.
+struct StreamIndex {
+  std::shared_ptr<const HfCatalog> catalog;
+  std::vector<int> hf_of;      // by stream position: index into catalog->tensors()
+  std::vector<int> stream_of;  // by catalog index: stream position, or -1
+};
+
+// InvalidArgument, each message prefixed by `who`, naming a stream tensor the model does
+// not have, has with another dtype or shape, or that the stream names twice.
+Result<StreamIndex> IndexStream(const ShardedStream& stream, std::shared_ptr<const HfCatalog> catalog,
+                                std::string_view who = "stream");
+
 // The plan of the worker `table` describes, at `spot`. The stream must pass
 // CheckShardedStream and the spot must lie in its block (0 <= block_index < block_size,
 // consumer >= 0). Every tensor the table has pieces of must be in the stream once, with
@@ -160,6 +175,12 @@ struct ConsumerPlan {
 // twice, is InvalidArgument naming it.
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTable& table,
                                   const ConsumerSpot& spot);
+// The same plan, from a stream indexed once against table.catalog() (else InvalidArgument):
+// its cost grows with the worker's pieces, not with the model's tensors. `digest` false
+// leaves ConsumerPlan::digest empty (for a caller that needs the plan's sizes, not its
+// agreement with a peer).
+Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex& index, const ShardingTable& table,
+                                  const ConsumerSpot& spot, bool digest = true);
 
 // One packed buffer a producer sends for one group, to each consumer listed.
 struct ProducerSend {

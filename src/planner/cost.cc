@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -132,27 +134,55 @@ void NameBottleneck(Prediction& p, const std::vector<size_t>& overlapped) {
   p.utilisation = worst->gb_per_s > 0 && p.seconds > 0 ? worst->bytes / p.seconds / (worst->gb_per_s * kGB) : 0;
 }
 
+// What every backend's prediction reads of the model on the fleet, made once.
 struct Model {
-  std::vector<TensorMeta> tensors;
+  std::shared_ptr<const HfCatalog> catalog;
+  const std::vector<TensorMeta>& tensors() const { return catalog->tensors(); }
   int64_t bytes = 0;
   std::vector<int64_t> shard_bytes;  // by worker index within one deployment
   Ownership own;
+  // With the sharded plane: the layer groups and one deployment's consumer plans (chunk
+  // sizes only, slices dropped), by worker index.
+  std::vector<LayerGroup> groups;
+  std::vector<ConsumerPlan> plans;
 };
 
-Result<Model> Load(const ModelConfig& travel, const Fleet& f) {
+// Builds each worker table of one deployment once (a worker of an EP-less deployment
+// shares its TP rank's table) and, with `with_plans`, plans every worker of it on the way.
+Result<Model> Load(const ModelConfig& travel, const Fleet& f, bool with_plans) {
   Model m;
-  m.tensors = HfTensors(travel);
-  for (const TensorMeta& t : m.tensors) m.bytes += static_cast<int64_t>(t.nbytes());
-  const ServerSpec& s = f.servers;
-  for (int w = 0; w < s.workers_per_deployment(); ++w) {
-    if (s.ep == 1 && w >= s.tp) {
-      m.shard_bytes.push_back(m.shard_bytes[w % s.tp]);
-      continue;
-    }
-    WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(travel, s, w));
-    m.shard_bytes.push_back(table.param_bytes());
+  WSYNC_ASSIGN_OR_RETURN(m.catalog, HfCatalog::Make(travel));
+  WSYNC_RETURN_IF_ERROR(CheckFleet(*m.catalog, f));
+  for (const TensorMeta& t : m.tensors()) m.bytes += static_cast<int64_t>(t.nbytes());
+  WSYNC_ASSIGN_OR_RETURN(m.own, TrainerOwnership(*m.catalog, f.trainer));
+  ShardedStream stream;
+  StreamIndex index;
+  if (with_plans) {
+    std::vector<std::string> names;
+    names.reserve(m.tensors().size());
+    for (const TensorMeta& t : m.tensors()) names.push_back(t.name);
+    WSYNC_ASSIGN_OR_RETURN(m.groups, LayerGroups(names));
+    stream.tensors = m.tensors();
+    for (const LayerGroup& g : m.groups) stream.group_lens.push_back(static_cast<int>(g.size()));
+    stream.ownership = m.own;
+    stream.num_producers = f.trainer.world;
+    WSYNC_ASSIGN_OR_RETURN(index, IndexStream(stream, m.catalog));
   }
-  WSYNC_ASSIGN_OR_RETURN(m.own, TrainerOwnership(travel, f.trainer));
+  const ServerSpec& s = f.servers;
+  const int per = s.workers_per_deployment();
+  // Workers sharing a table: every worker (EP), or those of one TP rank (no EP).
+  const int tables = s.ep > 1 ? per : std::min(per, s.tp);
+  m.shard_bytes.assign(per, 0);
+  m.plans.resize(with_plans ? per : 0);
+  for (int w0 = 0; w0 < tables; ++w0) {
+    WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(m.catalog, s, w0));
+    for (int b = w0; b < per; b += tables) {
+      m.shard_bytes[b] = table.param_bytes();
+      if (!with_plans) continue;
+      WSYNC_ASSIGN_OR_RETURN(m.plans[b], PlanConsumer(stream, index, table, ConsumerSpot{b, b, per}, false));
+      for (PlanChunk& c : m.plans[b].chunks) c.slices.clear();  // only sizes are needed
+    }
+  }
   return m;
 }
 
@@ -166,8 +196,8 @@ void PredictNccl(const Model& m, const ModelConfig& travel, const Fleet& f, cons
                  const Constants& k, Prediction& p) {
   const Rates rt = RatesOf(f.trainer_hw, k), rs = RatesOf(f.server_hw, k);
   const double M = static_cast<double>(m.bytes);
-  const size_t buffer = PackedBufferSize(m.tensors, static_cast<size_t>(o.bucket_bytes));
-  const auto plan = PlanChunks(m.tensors, buffer);
+  const size_t buffer = PackedBufferSize(m.tensors(), static_cast<size_t>(o.bucket_bytes));
+  const auto plan = PlanChunks(m.tensors(), buffer);
   const double chunks = plan.ok() ? plan->chunks.size() : 1;
   const int W = f.num_workers();
   p.sent_per_trainer_rank_max = m.bytes;
@@ -187,7 +217,7 @@ void PredictNccl(const Model& m, const ModelConfig& travel, const Fleet& f, cons
     const double copy_core_s = (M + unpack) / rt.copy;
     const double hop_core_s = hop_bytes / kGB * k.loopback_hop_core_s_per_gb;
     const double cpu_s = (copy_core_s + hop_core_s) / rt.cores;
-    const double first = m.tensors.empty() ? 0 : static_cast<double>(m.tensors.front().nbytes());
+    const double first = m.tensors().empty() ? 0 : static_cast<double>(m.tensors().front().nbytes());
     const double chain_s = M / kGB * (k.loopback_chain_s_per_gb + k.loopback_chain_hop_s_per_gb * W);
     const double stream_s = first / rt.copy + chain_s;
     AddStep(p, "pack", "one trainer thread's memcpy into the buffer", M, rt.raw_copy, M / rt.copy);
@@ -210,7 +240,7 @@ void PredictNccl(const Model& m, const ModelConfig& travel, const Fleet& f, cons
   }
   p.assumptions.push_back(fmt::format("{} chunks of vLLM's packed cut at {} bytes, each completed before the next (calibrated turn-around)",
                                       chunks, buffer));
-  const Gather g = GatherInto(0, m.tensors, m.own, travel, f);
+  const Gather g = GatherInto(0, m.tensors(), m.own, travel, f);
   bool all_local = true;
   for (int w = 0; w < W; ++w) all_local = all_local && f.worker_node(w) == f.trainer_node(0);
   if (!all_local && (rt.nic <= 0 || rs.nic <= 0)) {
@@ -254,9 +284,9 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
     }
   }
   // A slot larger than the model with its tensors' alignment holds the model whole.
-  const size_t buffer = std::min<size_t>(PackedBufferSize(m.tensors, static_cast<size_t>(o.bucket_bytes)),
-                                         m.bytes + 256 * m.tensors.size());
-  auto plan = CutChunks(m.tensors, ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, buffer, 256, "the ipc slot"});
+  const size_t buffer = std::min<size_t>(PackedBufferSize(m.tensors(), static_cast<size_t>(o.bucket_bytes)),
+                                         m.bytes + 256 * m.tensors().size());
+  auto plan = CutChunks(m.tensors(), ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, buffer, 256, "the ipc slot"});
   const double chunks = plan.ok() ? plan->chunks.size() : M / buffer;
   const bool zero_copy = f.trainer.world == 1 && !r.cpu && !o.ipc_packed;
   double shard = static_cast<double>(MaxShard(m));
@@ -272,7 +302,7 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
     const double out_rate = std::min({r.copy, r.host_copy / W, r.copy * r.cores / W});
     std::vector<double> packed, copied;
     double slot_bytes = 0;  // the model with each tensor's alignment in its slot
-    const std::vector<Chunk> one{Chunk{0, m.tensors.size(), static_cast<size_t>(m.bytes)}};
+    const std::vector<Chunk> one{Chunk{0, m.tensors().size(), static_cast<size_t>(m.bytes)}};
     for (const Chunk& c : plan.ok() ? plan->chunks : one) {
       const size_t i = packed.size();
       const double start = std::max(i ? packed[i - 1] : 0, i >= kSlots ? copied[i - kSlots] : 0);
@@ -293,7 +323,7 @@ void PredictIpc(const Model& m, const ModelConfig& travel, const Fleet& f, const
   }
   Gather g;
   for (int rank = 0; rank < f.trainer.world; ++rank) {
-    Gather x = GatherInto(rank, m.tensors, m.own, travel, f);
+    Gather x = GatherInto(rank, m.tensors(), m.own, travel, f);
     if (x.nvlink_bytes + x.nic_bytes > g.nvlink_bytes + g.nic_bytes) g = x;
   }
   const double gather_s = Seconds(g.nvlink_bytes, r.nvlink) + Seconds(g.nic_bytes, r.nic);
@@ -392,14 +422,8 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
     p.not_applicable = "sharded on CPU-only hosts (Gloo over loopback) is not modeled";
     return Status::Ok();
   }
-  std::vector<std::string> names;
-  for (const TensorMeta& t : m.tensors) names.push_back(t.name);
-  WSYNC_ASSIGN_OR_RETURN(std::vector<LayerGroup> groups, LayerGroups(names));
-  ShardedStream stream;
-  stream.tensors = m.tensors;
-  for (const LayerGroup& g : groups) stream.group_lens.push_back(static_cast<int>(g.size()));
-  stream.ownership = m.own;
-  stream.num_producers = f.trainer.world;
+  const std::vector<LayerGroup>& groups = m.groups;
+  const std::vector<ConsumerPlan>& plans = m.plans;
   const int per = f.servers.workers_per_deployment(), replicas = f.servers.count, P = f.trainer.world;
   const size_t G = groups.size();
   // Per group: bytes each producer sends over NIC / NVLink, and each worker (of one
@@ -407,11 +431,9 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
   std::vector<std::vector<double>> send_nic(G, std::vector<double>(P)), send_nvl(G, std::vector<double>(P));
   std::vector<std::vector<double>> recv(G, std::vector<double>(per));
   std::vector<double> sent_total(P);
-  std::vector<ConsumerPlan> plans;
   int64_t max_chunk = 0, max_recv = 0, max_lanes = 0;
   for (int b = 0; b < per; ++b) {
-    WSYNC_ASSIGN_OR_RETURN(ShardingTable table, WorkerTable(travel, f.servers, b));
-    WSYNC_ASSIGN_OR_RETURN(ConsumerPlan plan, PlanConsumer(stream, table, ConsumerSpot{b, b, per}));
+    const ConsumerPlan& plan = plans[b];
     max_recv = std::max<int64_t>(max_recv, plan.bytes());
     max_chunk = std::max<int64_t>(max_chunk, plan.max_chunk_bytes());
     for (const PlanChunk& c : plan.chunks) {
@@ -431,8 +453,6 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
       for (const auto& [producer, bytes] : lane) lanes += bytes;
       max_lanes = std::max(max_lanes, lanes);
     }
-    for (PlanChunk& c : plan.chunks) c.slices.clear();  // only sizes are needed below
-    plans.push_back(std::move(plan));
   }
   // The trainer's staging: the largest group of distinct packed sends, lookahead + 1 deep.
   int64_t staging = 0;
@@ -445,9 +465,9 @@ Status PredictSharded(const Model& m, const ModelConfig& travel, const Fleet& f,
     size_t i = 0;
     for (size_t g = 0; g < G; ++g) {
       for (; i < groups[g].end; ++i) {
-        const double b = static_cast<double>(m.tensors[i].nbytes());
+        const double b = static_cast<double>(m.tensors()[i].nbytes());
         for (int r : m.own.owner_sets[m.own.name_owner_class[i]]) {
-          gather[g][r] += f.trainer.fsdp ? b * (P - 1) / P : b * HeldMissing(f.trainer, travel, r, m.tensors[i]);
+          gather[g][r] += f.trainer.fsdp ? b * (P - 1) / P : b * HeldMissing(f.trainer, travel, r, m.tensors()[i]);
         }
       }
     }
@@ -546,20 +566,33 @@ ModelConfig TravelConfig(const ModelConfig& model, bool fp8) {
 
 Result<Prediction> Predict(const ModelConfig& model, const Fleet& fleet, Backend backend,
                            const PlanOptions& options, const Constants& k) {
-  WSYNC_RETURN_IF_ERROR(CheckFleet(model, fleet));
+  WSYNC_ASSIGN_OR_RETURN(std::vector<Prediction> p, PredictEach(model, fleet, {&backend, 1}, options, k));
+  return std::move(p.front());
+}
+
+Result<std::vector<Prediction>> PredictEach(const ModelConfig& model, const Fleet& fleet,
+                                            std::span<const Backend> backends, const PlanOptions& options,
+                                            const Constants& k) {
   if (options.bucket_bytes < 1 || options.lookahead < 0) {
+    WSYNC_RETURN_IF_ERROR(CheckFleet(model, fleet));
     return InvalidArgument("bucket must be positive and lookahead not negative");
   }
-  WSYNC_ASSIGN_OR_RETURN(Model m, Load(model, fleet));
-  Prediction p;
-  p.backend = backend;
-  switch (backend) {
-    case Backend::kNccl: PredictNccl(m, model, fleet, options, k, p); break;
-    case Backend::kIpc: PredictIpc(m, model, fleet, options, k, p); break;
-    case Backend::kDelta: PredictDelta(m, fleet, k, p); break;
-    case Backend::kSharded: WSYNC_RETURN_IF_ERROR(PredictSharded(m, model, fleet, options, k, p)); break;
+  // The sharded plane's plans, where it is modeled (GPUs on both sides).
+  const bool with_plans = std::find(backends.begin(), backends.end(), Backend::kSharded) != backends.end() &&
+                          fleet.trainer_hw.gpus_per_node > 0 && fleet.server_hw.gpus_per_node > 0;
+  WSYNC_ASSIGN_OR_RETURN(Model m, Load(model, fleet, with_plans));
+  std::vector<Prediction> out;
+  for (Backend backend : backends) {
+    Prediction& p = out.emplace_back();
+    p.backend = backend;
+    switch (backend) {
+      case Backend::kNccl: PredictNccl(m, model, fleet, options, k, p); break;
+      case Backend::kIpc: PredictIpc(m, model, fleet, options, k, p); break;
+      case Backend::kDelta: PredictDelta(m, fleet, k, p); break;
+      case Backend::kSharded: WSYNC_RETURN_IF_ERROR(PredictSharded(m, model, fleet, options, k, p)); break;
+    }
   }
-  return p;
+  return out;
 }
 
 }  // namespace wsync::planner

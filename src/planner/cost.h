@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -84,5 +85,11 @@ ModelConfig TravelConfig(const ModelConfig& model, bool fp8);
 
 Result<Prediction> Predict(const ModelConfig& model, const Fleet& fleet, Backend backend,
                            const PlanOptions& options, const Constants& k);
+
+// Predict() for each of `backends` in order, preparing the model on the fleet (its
+// tensors, the workers' shard sizes, the trainer's owners) once for all of them.
+Result<std::vector<Prediction>> PredictEach(const ModelConfig& model, const Fleet& fleet,
+                                            std::span<const Backend> backends, const PlanOptions& options,
+                                            const Constants& k);
 
 }  // namespace wsync::planner

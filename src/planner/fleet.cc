@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <regex>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -181,15 +183,32 @@ std::string_view PlacementName(Placement p) {
   return "?";
 }
 
-Result<ShardingTable> WorkerTable(const ModelConfig& model, const ServerSpec& s, int w) {
+namespace {
+
+ExpertSplit WorkerExperts(const ServerSpec& s, int w) {
   const int in_deployment = w % s.workers_per_deployment();
-  const int tp_rank = in_deployment % s.tp;
-  ExpertSplit ep;
-  if (s.ep > 1) ep = ExpertSplit{in_deployment, s.ep};
-  return ShardingTable::Build(model, tp_rank, s.tp, ep);
+  return s.ep > 1 ? ExpertSplit{in_deployment, s.ep} : ExpertSplit{};
+}
+
+int WorkerTpRank(const ServerSpec& s, int w) { return w % s.workers_per_deployment() % s.tp; }
+
+}  // namespace
+
+Result<ShardingTable> WorkerTable(const ModelConfig& model, const ServerSpec& s, int w) {
+  return ShardingTable::Build(model, WorkerTpRank(s, w), s.tp, WorkerExperts(s, w));
+}
+
+Result<ShardingTable> WorkerTable(std::shared_ptr<const HfCatalog> catalog, const ServerSpec& s, int w) {
+  return ShardingTable::Build(std::move(catalog), WorkerTpRank(s, w), s.tp, WorkerExperts(s, w));
 }
 
 Status CheckFleet(const ModelConfig& model, const Fleet& f) {
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const HfCatalog> catalog, HfCatalog::Make(model));
+  return CheckFleet(*catalog, f);
+}
+
+Status CheckFleet(const HfCatalog& catalog, const Fleet& f) {
+  const ModelConfig& model = catalog.config();
   const TrainerSpec& t = f.trainer;
   if (!t.fsdp) {
     if (model.num_hidden_layers < t.pp) {
@@ -211,25 +230,29 @@ Status CheckFleet(const ModelConfig& model, const Fleet& f) {
     return InvalidArgument(fmt::format("colocated: {} workers need as many trainer GPUs, the trainer has {}",
                                        f.num_workers(), t.world));
   }
-  // One table per distinct (tp rank, ep rank): the tables' own checks name what does not divide.
+  // One check per distinct (tp rank, ep rank): the tables' own checks name what does not divide.
   const int per = f.servers.workers_per_deployment();
   for (int w = 0; w < per; ++w) {
     if (f.servers.ep == 1 && w >= f.servers.tp) break;
-    auto table = WorkerTable(model, f.servers, w);
-    if (!table.ok()) return table.status();
+    WSYNC_RETURN_IF_ERROR(ShardingTable::Check(catalog, WorkerTpRank(f.servers, w), f.servers.tp,
+                                               WorkerExperts(f.servers, w)));
   }
   return Status::Ok();
 }
 
 Result<Ownership> TrainerOwnership(const ModelConfig& model, const TrainerSpec& t) {
-  const std::vector<TensorMeta> hf = HfTensors(model);
-  std::vector<std::string> names;
-  names.reserve(hf.size());
-  for (const TensorMeta& m : hf) names.push_back(m.name);
-  std::vector<std::vector<bool>> held(t.world, std::vector<bool>(hf.size(), t.fsdp));
-  if (t.fsdp) return ResolveOwnership(names, held);
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const HfCatalog> catalog, HfCatalog::Make(model));
+  return TrainerOwnership(*catalog, t);
+}
 
-  const int stage_ranks = t.world / t.pp;
+// A tensor's owners depend only on the pipeline stages that hold it and, for a routed
+// expert, its EP rank: each such key resolves to its owner set once, and the classes are
+// numbered by the first tensor (in stream order) that has them, as ResolveOwnership does.
+Result<Ownership> TrainerOwnership(const HfCatalog& catalog, const TrainerSpec& t) {
+  const ModelConfig& model = catalog.config();
+  const std::vector<TensorMeta>& hf = catalog.tensors();
+  if (t.world < 1) return InvalidArgument("no trainer rank states what it holds");
+  const int stage_ranks = t.fsdp ? t.world : t.world / t.pp;
   const int64_t L = model.num_hidden_layers;
   auto stage_of_layer = [&](int64_t layer) {
     if (layer >= L) return t.pp - 1;  // MTP layers follow the last decoder layer
@@ -250,32 +273,57 @@ Result<Ownership> TrainerOwnership(const ModelConfig& model, const TrainerSpec& 
     return false;
   };
   const int64_t per_ep = model.is_moe() ? model.num_experts / t.ep : 1;
+  // Key: (first stage, second stage or -1, EP rank or -1) -> class.
+  std::map<std::tuple<int, int, int64_t>, int> class_of_key;
+  std::map<std::vector<int>, int> class_of_set;
+  std::vector<bool> holds_any(t.world, false);
+  Ownership own;
+  own.name_owner_class.reserve(hf.size());
   for (size_t i = 0; i < hf.size(); ++i) {
-    const std::string& n = hf[i].name;
-    std::vector<int> stages;
-    int64_t expert = -1;
-    if (n.starts_with("model.layers.")) {
-      const size_t dot = n.find('.', 13);
-      const int64_t layer = std::stoll(n.substr(13, dot - 13));
-      stages.push_back(stage_of_layer(layer));
-      const std::string_view rest = std::string_view(n).substr(dot + 1);
-      if (rest.starts_with("mlp.experts.")) {
-        expert = std::stoll(std::string(rest.substr(12, rest.find('.', 12) - 12)));
+    std::tuple<int, int, int64_t> key{0, -1, -1};
+    if (!t.fsdp) {
+      const std::string& n = hf[i].name;
+      if (n.starts_with("model.layers.")) {
+        const size_t dot = n.find('.', 13);
+        const int64_t layer = std::stoll(n.substr(13, dot - 13));
+        std::get<0>(key) = stage_of_layer(layer);
+        const std::string_view rest = std::string_view(n).substr(dot + 1);
+        if (rest.starts_with("mlp.experts.")) {
+          std::get<2>(key) = std::stoll(std::string(rest.substr(12, rest.find('.', 12) - 12))) / per_ep;
+        }
+      } else if (n == "model.embed_tokens.weight") {
+        if (model.tie_word_embeddings && t.pp > 1) std::get<1>(key) = t.pp - 1;
+      } else {
+        std::get<0>(key) = t.pp - 1;  // final norm, lm_head
       }
-    } else if (n == "model.embed_tokens.weight") {
-      stages.push_back(0);
-      if (model.tie_word_embeddings && t.pp > 1) stages.push_back(t.pp - 1);
-    } else {
-      stages.push_back(t.pp - 1);  // final norm, lm_head
     }
-    for (int s : stages) {
-      for (int j = 0; j < stage_ranks; ++j) {
-        const bool holds = expert < 0 || holds_ep_rank(j, static_cast<int>(expert / per_ep));
-        if (holds) held[s * stage_ranks + j][i] = true;
+    auto found = class_of_key.find(key);
+    if (found == class_of_key.end()) {
+      std::vector<int> owners;
+      for (int s : {std::get<0>(key), std::get<1>(key)}) {
+        if (s < 0) continue;
+        for (int j = 0; j < stage_ranks; ++j) {
+          if (std::get<2>(key) < 0 || holds_ep_rank(j, static_cast<int>(std::get<2>(key)))) {
+            owners.push_back(s * stage_ranks + j);
+          }
+        }
       }
+      std::sort(owners.begin(), owners.end());
+      owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+      if (owners.empty()) return InvalidArgument(fmt::format("no trainer rank holds tensor {}", hf[i].name));
+      for (int r : owners) holds_any[r] = true;
+      auto [pos, fresh] = class_of_set.emplace(owners, static_cast<int>(own.owner_sets.size()));
+      if (fresh) own.owner_sets.push_back(std::move(owners));
+      found = class_of_key.emplace(key, pos->second).first;
+    }
+    own.name_owner_class.push_back(found->second);
+  }
+  for (int r = 0; r < t.world; ++r) {
+    if (!holds_any[r]) {
+      return InvalidArgument(fmt::format("trainer rank {} holds none of the {} tensors", r, hf.size()));
     }
   }
-  return ResolveOwnership(names, held);
+  return own;
 }
 
 }  // namespace wsync::planner

@@ -19,6 +19,7 @@
 // Pure values; thread-safe.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,12 +82,15 @@ std::string_view PlacementName(Placement p);
 // Checks the fleet against the model: the trainer layout fits (heads, experts, layers),
 // every server's sharding table can be built, colocation has a GPU per worker.
 Status CheckFleet(const ModelConfig& model, const Fleet& fleet);
+Status CheckFleet(const HfCatalog& catalog, const Fleet& fleet);
 
 // Which trainer ranks hold each HF tensor (HfTensors order) under the trainer's layout,
 // as owner classes (sharded_plan.h); FSDP: every rank holds everything.
 Result<Ownership> TrainerOwnership(const ModelConfig& model, const TrainerSpec& trainer);
+Result<Ownership> TrainerOwnership(const HfCatalog& catalog, const TrainerSpec& trainer);
 
 // The sharding table of worker `w` of the fleet (its TP rank, and EP rank when ep > 1).
 Result<ShardingTable> WorkerTable(const ModelConfig& model, const ServerSpec& servers, int w);
+Result<ShardingTable> WorkerTable(std::shared_ptr<const HfCatalog> catalog, const ServerSpec& servers, int w);
 
 }  // namespace wsync::planner

@@ -1,11 +1,13 @@
 #include <cmath>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "core/digest.h"
 #include "model/config.h"
 #include "plan/packing.h"
 #include "plan/sharded_plan.h"
@@ -472,6 +474,8 @@ TEST(PlanDoc, SpliceReplacesOnlyBetweenItsMarkers) {
   EXPECT_EQ(MaskTimings("| x | 6.22 s | 2.57 s | 1.27 s |\nAll cases planned in 17.7 s.\n"),
             "| x | 6.22 s | 2.57 s | (time) |\nAll cases planned in (time).\n");
   EXPECT_NE(MaskTimings("| x | 6.22 s | 2.57 s | 1.27 s |\n"), MaskTimings("| x | 6.22 s | 2.58 s | 1.27 s |\n"));
+  // The timing table: CPU, wall time and max RSS.
+  EXPECT_EQ(MaskTimings("| k2 | 69975 | 0.10 s | 0.43 s | 50 MB |\n"), "| k2 | 69975 | (time) | (time) | (memory) |\n");
 }
 
 // The cases the calibrated model predicts within the tolerance (25% for published
@@ -517,6 +521,61 @@ TEST(Published, PredictionsWithinTolerance) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>(tolerance.size()));
+}
+
+// Planning's speed must not change a plan: every worker's plan digest (which covers its
+// chunks, producers, slices, offsets and sizes) and the trainer's owner classes, for
+// fleets of several layouts, hashed together and pinned. A change here changes what a
+// trainer and its servers agree on at init, and needs a new plan version.
+TEST(PlanDigest, PinnedForLayoutsAndFleets) {
+  struct Case {
+    const char* model;
+    const char* trainer;
+    const char* servers;
+    const char* sha256;
+  };
+  const Case cases[] = {
+      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "512b8d88f781b71f2090aefbe36d883ece56d3d6132244ba08cdfb9bc211fe59"},
+      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "bf12f58ea8291f53beb3a2f1285720b4eac406cb05c02555e8c104e8c8a33cfc"},
+      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "da6d70fa7b807c2ce77fcfe234628045a6a5776695ea8ebf0979e59051e85060"},
+      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "f46477046b9d3f22d4b6c12b050eec571dcd03b08b205f99282278ce66fb6c60"},
+      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "63838eb19b567fbc89823e1d64a922a8d91522daf4863d3023d35c33875e431f"},
+      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "ae9706589fb5aa00d87b9bcd30cde4ea0c649b70133bb4eda99bfbff2b34196a"},
+      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "6943de9735b56a8fb78127aaca3452f23199c0bd5c7c155930e399a99eacaac7"},
+      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "6bb29c40a4782e6fb0730dcfb63a6de3226a9dd1599c7ce34878047bcdf772d6"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} {} {}", c.model, c.trainer, c.servers));
+    const ModelConfig m = *LookupModel(c.model);
+    auto t = ParseTrainerSpec(c.trainer);
+    auto s = ParseServerSpec(c.servers);
+    ASSERT_TRUE(t.ok() && s.ok());
+    auto own = TrainerOwnership(m, *t);
+    ASSERT_TRUE(own.ok()) << own.status().message();
+    ShardedStream stream;
+    stream.tensors = HfTensors(m);
+    std::vector<std::string> names;
+    for (const TensorMeta& x : stream.tensors) names.push_back(x.name);
+    for (const LayerGroup& g : *LayerGroups(names)) stream.group_lens.push_back(static_cast<int>(g.end - g.begin));
+    stream.ownership = *own;
+    stream.num_producers = t->world;
+    std::string text;
+    for (const std::vector<int>& set : own->owner_sets) {
+      for (int r : set) text += fmt::format("{},", r);
+      text += ";";
+    }
+    for (int k : own->name_owner_class) text += fmt::format("{},", k);
+    text += "\n";
+    const int per = s->workers_per_deployment();
+    for (int w = 0; w < s->count * per; ++w) {
+      auto table = WorkerTable(m, *s, w);
+      ASSERT_TRUE(table.ok()) << table.status().message();
+      auto plan = PlanConsumer(stream, *table, ConsumerSpot{w, w % per, per});
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      text += plan->digest + "\n";
+    }
+    EXPECT_EQ(HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text))), c.sha256);
+  }
 }
 
 }  // namespace

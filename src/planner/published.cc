@@ -243,9 +243,12 @@ Result<std::string> SpliceBlock(std::string_view doc, std::string_view name, std
 }
 
 std::string MaskTimings(std::string_view text) {
+  static const std::regex kMemory(R"(\| [0-9]+\.[0-9]+ s \| [0-9]+\.[0-9]+ s \| [0-9]+ MB \|$)",
+                                  std::regex::multiline);
   static const std::regex kColumn(R"(\| [0-9]+\.[0-9]+ s \|$)", std::regex::multiline);
   static const std::regex kTotal(R"(All cases planned in [0-9]+\.[0-9]+ s\.)");
-  std::string out = std::regex_replace(std::string(text), kColumn, "| (time) |");
+  std::string out = std::regex_replace(std::string(text), kMemory, "| (time) | (time) | (memory) |");
+  out = std::regex_replace(out, kColumn, "| (time) |");
   return std::regex_replace(out, kTotal, "All cases planned in (time).");
 }
 

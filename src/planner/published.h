@@ -58,7 +58,8 @@ std::string ComparisonCsv(const std::vector<CaseResult>& results);
 Result<std::string> SpliceBlock(std::string_view doc, std::string_view name, std::string_view block);
 
 // `text` with what changes from run to run masked: the "planned in" column of the tables
-// and the total planning time.
+// (and, in the timing table, its CPU, wall time and max RSS columns) and the total
+// planning time.
 std::string MaskTimings(std::string_view text);
 
 }  // namespace wsync::planner

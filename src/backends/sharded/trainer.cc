@@ -454,17 +454,20 @@ class ShardedPlane final : public DataPlane {
     tables_.clear();
     plans_.clear();
     plan_table_.clear();
+    // One catalog of the model for every table, and the stream checked against it once.
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const HfCatalog> catalog, HfCatalog::Make(config_));
+    WSYNC_ASSIGN_OR_RETURN(StreamIndex index, IndexStream(stream_, catalog, "the trainer's stream"));
     for (const Deployment& d : fleet_.deployments) {
       for (int j = 0; j < d.workers; ++j) {
         const int tp_rank = j % d.tp;
         auto key = std::make_tuple(d.tp, tp_rank, d.drafter);
         if (!tables_.count(key)) {
-          WSYNC_ASSIGN_OR_RETURN(ShardingTable t, ShardingTable::Build(config_, tp_rank, d.tp, {},
+          WSYNC_ASSIGN_OR_RETURN(ShardingTable t, ShardingTable::Build(catalog, tp_rank, d.tp, {},
                                                                        d.drafter ? Drafter::kMtp : Drafter::kNone));
           tables_.emplace(key, std::make_unique<ShardingTable>(std::move(t)));
         }
         ConsumerSpot spot{d.first_consumer + j, j, d.workers};
-        Result<ConsumerPlan> plan = PlanConsumer(stream_, *tables_[key], spot);
+        Result<ConsumerPlan> plan = PlanConsumer(stream_, index, *tables_[key], spot);
         if (!plan.ok()) return plan.status().WithContext(fmt::format("planning {}", fleet_.Label(spot.consumer)));
         plans_.push_back(std::move(*plan));
         plan_table_.push_back(tables_[key].get());
