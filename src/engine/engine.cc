@@ -198,7 +198,7 @@ class Engine final : public TrainerEngine {
       return plane_->Transfer(sync, *NoServers());
     }
     Stopwatch phase;
-    Status started = driver_->Start();
+    Status started = driver_->Start(sync.pass.collects_digests() ? &inline_servers_ : nullptr);
     if (!started.ok()) {
       Status s = plane_->Abort(started, nullptr);
       driver_->Close();

@@ -51,6 +51,7 @@ class SyncPass {
   // would cost a copy the data plane does not make); they are absent from digests().
   // Call before the pass starts.
   void CollectDigests() { collect_digests_ = true; }
+  bool collects_digests() const { return collect_digests_; }
   // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; complete
   // once complete() is true.
   const std::map<std::string, std::string>& digests() const;
