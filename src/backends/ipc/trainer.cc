@@ -24,6 +24,7 @@
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/engine.h"
+#include "engine/sync_pass.h"
 #include "wsync/source.h"
 
 namespace wsync {
@@ -33,18 +34,32 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using Pending = SessionDriver::Pending;
 
-// Copies one tensor into the slot, on several threads when it is large.
-void CopyInto(std::byte* dst, std::span<const std::byte> src, size_t threads) {
+// Copies one tensor into the slot, on several threads when it is large. With a `hasher`
+// (in-line verification), the bytes read are hashed too: as they are copied, on one
+// thread; or, a large tensor on more than two threads, by the calling thread while the
+// others copy.
+void CopyInto(std::byte* dst, std::span<const std::byte> src, size_t threads, Hasher* hasher = nullptr) {
   constexpr size_t kPiece = size_t{8} << 20;
-  if (src.size() < 2 * kPiece || threads <= 1) {
-    std::memcpy(dst, src.data(), src.size());
+  if (src.size() < 2 * kPiece || threads <= 1 || (hasher != nullptr && threads <= 2)) {
+    if (hasher != nullptr) {
+      CopyAndHash(dst, src, *hasher, /*hash_destination=*/false);
+    } else {
+      std::memcpy(dst, src.data(), src.size());
+    }
     return;
   }
   size_t pieces = (src.size() + kPiece - 1) / kPiece;
-  ParallelFor(pieces, threads, [&](size_t b, size_t e) {
+  auto copy = [&](size_t b, size_t e) {
     size_t from = b * kPiece, to = std::min(src.size(), e * kPiece);
     std::memcpy(dst + from, src.data() + from, to - from);
-  });
+  };
+  if (hasher == nullptr) {
+    ParallelFor(pieces, threads, copy);
+    return;
+  }
+  std::thread copier([&] { ParallelFor(pieces, threads - 1, copy); });
+  hasher->Update(src);
+  copier.join();
 }
 
 class IpcPlane final : public DataPlane {
@@ -841,6 +856,8 @@ class IpcPlane final : public DataPlane {
   // once every reader is done with what that slot held before.
   Status Transfer(SyncPass& pass, const std::vector<TensorMeta>& meta, const IpcPlan& plan,
                   const IpcUpdateInfo& u, const std::function<Status()>& check, Deadline deadline) {
+    // Host tensors are hashed as they are copied into the slots (in-line verification).
+    std::shared_ptr<PassDigests> digests = staging_ == nullptr ? pass.TakeDigests() : nullptr;
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
     auto describe = ReaderDescriber();
     const bool gpu = staging_ != nullptr;
@@ -871,7 +888,9 @@ class IpcPlane final : public DataPlane {
                                                "(device cpu); give the trainer the tensors' device",
                                                meta[i].name, t.device.ToString()));
           }
-          CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads);
+          std::unique_ptr<Hasher> hasher = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
+          CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads, hasher.get());
+          if (hasher) digests->Record(t.name, hasher->FinishHex());
           p.bytes_done += t.bytes.size();
         }
       }
