@@ -1,5 +1,6 @@
 #include "engine/sync_pass.h"
 
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
@@ -31,20 +32,20 @@ class SyncPass::Outer final : public TensorStream {
     if (!more.ok()) failed_ = true;
     if (more.ok() && !*more) complete_ = true;
     if (more.ok() && *more && digests_ && out->device.is_cpu()) {
-      ++host_tensors_;
+      host_names_.emplace_back(out->name);
       if (hash_) digests_->Record(out->name, HexDigest(DigestAlgorithm::kXxh3_128, out->bytes));
     }
     return more;
   }
   bool complete() const { return complete_; }
-  size_t host_tensors() const { return host_tensors_; }
+  const std::vector<std::string>& host_names() const { return host_names_; }
 
  private:
   std::shared_ptr<const void> keep_;  // what checked_ is checked against, when the pass owns it
   std::unique_ptr<TensorStream> checked_;
   const std::shared_ptr<PassDigests> digests_;
   const bool hash_;
-  size_t host_tensors_ = 0;
+  std::vector<std::string> host_names_;  // of the host tensors yielded
   bool failed_ = false;
   bool complete_ = false;
 };
@@ -142,7 +143,9 @@ std::shared_ptr<PassDigests> SyncPass::TakeDigests() {
 const std::map<std::string, std::string>& SyncPass::digests() const { return digests_->map(); }
 
 bool SyncPass::digests_complete() const {
-  return collect_digests_ && outer_ && digests_->size() == outer_->host_tensors();
+  if (!collect_digests_ || !outer_) return false;
+  const std::map<std::string, std::string>& have = digests_->map();
+  return std::ranges::all_of(outer_->host_names(), [&](const std::string& n) { return have.contains(n); });
 }
 
 }  // namespace wsync

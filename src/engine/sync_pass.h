@@ -68,7 +68,7 @@ class SyncPass {
   void CollectDigests() { collect_digests_ = true; }
   bool collects_digests() const { return collect_digests_; }
   // A reader that copies every host tensor it reads (a data plane's packer) takes the
-  // hashing over, so that each tensor is hashed while its bytes are in cache for the copy
+  // hashing over (it may also record digests of tensors other ranks read), so that each tensor is hashed while its bytes are in cache for the copy
   // (core/digest.h CopyAndHash): from then on the pass hashes nothing itself, and the
   // reader records every host tensor it reads, under its name, before it reads the
   // next. Null when the pass collects no digests. Call before the pass starts.
@@ -76,7 +76,8 @@ class SyncPass {
   // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far.
   const std::map<std::string, std::string>& digests() const;
   // Whether digests() holds a digest of every host tensor the pass yielded (a reader
-  // that took the hashing over may have stopped short); false when none are collected.
+  // that took the hashing over may have stopped short; it may also have recorded
+  // digests other trainer ranks took); false when none are collected.
   bool digests_complete() const;
 
   bool started() const { return outer_ != nullptr; }
