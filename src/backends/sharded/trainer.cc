@@ -617,8 +617,8 @@ class ShardedPlane final : public DataPlane {
 
   // This rank's part of one sync: its held pass, group by group, packed and sent.
   //
-  // In-line verification with several trainer ranks: every rank hashes the host tensors
-  // whose first holder it is, after packing each, and rank 0 gathers every rank's digests
+  // In-line verification with several trainer ranks: every rank hashes its share of the
+  // host tensors it holds (HashingRank), after packing each, and rank 0 gathers every rank's digests
   // once all have sent, so that its finish carries a digest of every tensor whichever
   // ranks hold them. Every rank must run with the same TrainerOptions::inline_verify (the
   // gather is a collective of the trainer ranks).
@@ -667,10 +667,12 @@ class ShardedPlane final : public DataPlane {
     std::shared_ptr<PassDigests> digests;  // in-line verification: this rank's share
   };
 
-  // The trainer rank that hashes stream tensor i for in-line verification: its first holder.
+  // The trainer rank that hashes stream tensor i for in-line verification: one of its
+  // holders, taken in turn tensor by tensor, so that ranks that all hold a tensor (FSDP)
+  // share the hashing.
   int HashingRank(size_t i) const {
     const std::vector<int>& owners = stream_.ownership.owner_sets[stream_.ownership.name_owner_class[i]];
-    return owners.empty() ? 0 : owners.front();
+    return owners.empty() ? 0 : owners[i % owners.size()];
   }
 
   Status ProduceLoop(ProduceState& st, Deadline deadline) {
