@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
                 "embed_tokens/lm_head are the target's memory (a model without MTP layers is refused)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "mtp"}));
-  s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk), corrupt-landed (every finish flips a bit of a landed tensor first)")->check(CLI::IsMember({"never-join", "die-mid-update", "corrupt-landed"}));
+  s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk), corrupt-landed (the first host worker lands model.embed_tokens.weight with one bit flipped)")->check(CLI::IsMember({"never-join", "die-mid-update", "corrupt-landed"}));
 
   PushArgs push;
   std::vector<std::string> servers;

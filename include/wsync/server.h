@@ -54,11 +54,12 @@ struct InferenceServerOptions {
   // control plane answers as usual, but init never joins the data plane and fails only
   // at the server's own deadline, like a server whose workers are wedged.
   bool fault_never_join = false;
-  // Fault injection for tests (`--fault corrupt-landed`): every finish flips one bit of
-  // the first byte of model.embed_tokens.weight in the first worker's shard, after the
-  // data plane has landed the update and before the finish is decided. It fakes a landing
-  // that wrote one wrong byte; only a check of the bytes held (in-line verification, a
-  // checksum read-back) can see it.
+  // Fault injection for tests (`--fault corrupt-landed`): the first worker (a host one)
+  // lands model.embed_tokens.weight with one bit of its first byte flipped, every time it
+  // lands it through WorkerStore::Load (every backend's full-tensor landing; delta's
+  // planned copies only while in-line verification hashes landings). It fakes a landing
+  // that wrote one wrong byte; only a check of the bytes landed or held (in-line
+  // verification, a checksum read-back) can see it.
   bool fault_corrupt_landed = false;
   // The toy generation (/v1/completions): milliseconds between a request's tokens (0: as
   // fast as it goes; `--token-interval-ms`), so that requests stay in flight long enough

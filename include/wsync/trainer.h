@@ -74,13 +74,15 @@ struct TrainerOptions {
   // it does not know. `nccl`: piece_mb. `ipc`: mode, export_kind, backing,
   // stall_after_chunks. `delta`: sync_dir, max_file_gb, publish_threads, base_checkpoint.
   std::map<std::string, std::string> backend_options;
-  // In-line verification of every sync: rank 0 hashes (xxh3-128) each host tensor of its
-  // pass as it reads it and sends the digests with finish_weight_update to the servers
-  // whose /health declares "inline_verification"; such a server refuses to finish when
-  // what it holds differs (the sync fails naming the tensors; the server keeps its
-  // previous weight version and reports weights_consistent: false). Costs one hash pass
-  // over the model on each side; SyncStats says what was verified. `push
-  // --no-inline-verify` turns it off.
+  // In-line verification of every sync: the trainer hashes (xxh3-128) each host tensor of
+  // its pass as its data plane copies it (`sharded` with several ranks: each hashes its
+  // share of what it holds and rank 0 gathers) and sends the digests with
+  // finish_weight_update to the servers whose /health declares "inline_verification";
+  // such a server hashes what it lands as it lands it and refuses to finish when that
+  // differs (the sync fails naming the tensors; the server keeps its previous weight
+  // version and reports weights_consistent: false). SyncStats says what was verified.
+  // Every trainer rank must be given the same value. `push --no-inline-verify` turns it
+  // off.
   bool inline_verify = true;
   // Called from the sending thread after every chunk.
   std::function<void(const SyncProgress&)> progress;

@@ -50,6 +50,11 @@ class ControlService {
   virtual Status ShutdownWeightTransfer() { return Unimplemented("this server cannot release its data plane"); }
   // POST /start_weight_update; FailedPrecondition if a session is already active.
   virtual Status StartWeightUpdate() = 0;
+  // POST /start_weight_update {"wsync_inline_verify": true}: the trainer will send in-line
+  // digests with this session's finish; a service that verifies in-line hashes what it
+  // lands from now on. Without it a finish that carries digests is still verified, from
+  // what the service holds at finish.
+  virtual Status StartWeightUpdateInlineVerified() { return StartWeightUpdate(); }
   // /start_draft_weight_update: a session for the speculative drafter's weights.
   virtual Status StartDraftWeightUpdate() { return InvalidArgument("this server has no draft model"); }
   // POST /update_weights {"update_info": {...}}; returns after the data has landed.

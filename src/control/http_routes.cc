@@ -173,6 +173,7 @@ enum class Method { kGet, kPost };
 using Fields = std::span<const std::string_view>;
 constexpr std::string_view kInitFields[] = {"init_info"};
 constexpr std::string_view kUpdateFields[] = {"update_info"};
+constexpr std::string_view kStartFields[] = {"wsync_inline_verify"};
 constexpr std::string_view kFinishFields[] = {"weight_version", "wsync_digests", "digest_algorithm"};
 constexpr std::string_view kVersionFields[] = {"new_version"};
 constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm"};
@@ -196,7 +197,7 @@ constexpr HttpLane kGen = HttpLane::kGeneration;
 constexpr Route kRoutes[] = {
     {route::kInitWeightTransfer, Method::kPost, kCtl, kInitFields},
     {route::kShutdownWeightTransfer, Method::kPost, kCtl},
-    {route::kStartWeightUpdate, Method::kPost, kCtl},
+    {route::kStartWeightUpdate, Method::kPost, kCtl, kStartFields},
     {route::kStartDraftWeightUpdate, Method::kPost, kCtl},
     {route::kUpdateWeights, Method::kPost, kCtl, kUpdateFields},
     {route::kFinishWeightUpdate, Method::kPost, kCtl, kFinishFields},
@@ -496,7 +497,12 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
       return json{{"message", "Weight transfer shut down"}};
     }
     if (path == route::kStartWeightUpdate) {
-      WSYNC_RETURN_IF_ERROR(svc->StartWeightUpdate());
+      auto it = b.find("wsync_inline_verify");
+      if (it != b.end() && !it->is_null() && !it->is_boolean()) {
+        return InvalidArgument("field 'wsync_inline_verify' must be a boolean");
+      }
+      const bool inline_verify = it != b.end() && it->is_boolean() && it->get<bool>();
+      WSYNC_RETURN_IF_ERROR(inline_verify ? svc->StartWeightUpdateInlineVerified() : svc->StartWeightUpdate());
       return json{{"message", "Weight update started"}};
     }
     if (path == route::kStartDraftWeightUpdate) {

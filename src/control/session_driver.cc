@@ -156,7 +156,17 @@ Status SessionDriver::InitAll(const json& init_info) const {
   return client_.Post(Path(route::kInitWeightTransfer), WrapInit(init_info), policy_.Http()).status();
 }
 
-Status SessionDriver::Start() const {
+Status SessionDriver::Start(const std::vector<bool>* inline_verify) const {
+  if (inline_verify != nullptr && !draft_sessions_ &&
+      std::find(inline_verify->begin(), inline_verify->end(), true) != inline_verify->end()) {
+    const json with = json{{"wsync_inline_verify", true}};
+    std::vector<json> bodies;
+    for (size_t i = 0; i < size(); ++i) {
+      bodies.push_back(i < inline_verify->size() && (*inline_verify)[i] ? with : json::object());
+    }
+    Deadline deadline = policy_.Call();
+    return client_.PostAsync(Path(route::kStartWeightUpdate), std::move(bodies), deadline)->Wait(deadline).status();
+  }
   return client_
       .Post(Path(draft_sessions_ ? route::kStartDraftWeightUpdate : route::kStartWeightUpdate), json::object(),
             policy_.Call())

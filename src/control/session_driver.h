@@ -110,7 +110,10 @@ class SessionDriver {
   std::shared_ptr<Pending> InitAsync(std::vector<nlohmann::json> init_infos) const;
 
   // --- one sync ---
-  Status Start() const;  // POST /start_weight_update
+  // POST /start_weight_update; servers marked in `inline_verify` are told that the finish
+  // will carry in-line digests ({"wsync_inline_verify": true}), so that they hash what
+  // they land from the start of the session on.
+  Status Start(const std::vector<bool>* inline_verify = nullptr) const;
   // POST /update_weights with a body already serialized ({"update_info": ...}; see
   // UpdateBodyCache), in the background: the data plane runs while it is in flight.
   std::shared_ptr<Pending> UpdateAsync(std::shared_ptr<const std::string> body) const;

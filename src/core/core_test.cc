@@ -170,6 +170,20 @@ TEST(Digest, IncrementalEqualsOneShot) {
   }
 }
 
+TEST(Digest, CopyAndHashCopiesAndHashesEitherSide) {
+  std::vector<std::byte> data(3 * kCopyHashBlockBytes + 123);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = std::byte(i * 131 % 251);
+  for (bool destination : {false, true}) {
+    std::vector<std::byte> out(data.size());
+    auto h = Hasher::Create(DigestAlgorithm::kXxh3_128);
+    h->Update(std::span(data).first(5));  // a stream already under way
+    CopyAndHash(out.data() + 5, std::span<const std::byte>(data).subspan(5), *h, destination);
+    out[0] = data[0], out[1] = data[1], out[2] = data[2], out[3] = data[3], out[4] = data[4];
+    EXPECT_EQ(out, data);
+    EXPECT_EQ(h->FinishHex(), HexDigest(DigestAlgorithm::kXxh3_128, data));
+  }
+}
+
 std::vector<HostTensor> TwoTensors() {
   std::vector<HostTensor> v;
   v.push_back(*HostTensor::Zeros({"a", DType::kBF16, {4, 2}}));

@@ -1,6 +1,7 @@
 #include "core/digest.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <openssl/evp.h>
 #include <xxhash.h>
@@ -83,6 +84,14 @@ std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> byte
   auto h = Hasher::Create(algorithm);
   h->Update(bytes);
   return h->FinishHex();
+}
+
+void CopyAndHash(std::byte* dst, std::span<const std::byte> src, Hasher& hasher, bool hash_destination) {
+  for (size_t done = 0; done < src.size(); done += kCopyHashBlockBytes) {
+    const size_t n = std::min(kCopyHashBlockBytes, src.size() - done);
+    std::memcpy(dst + done, src.data() + done, n);
+    hasher.Update(std::span<const std::byte>(hash_destination ? dst + done : src.data() + done, n));
+  }
 }
 
 Result<std::string> TensorHexDigest(DigestAlgorithm algorithm, const TensorRef& tensor,

@@ -33,6 +33,17 @@ class Hasher {
 
 std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> bytes);
 
+// The bytes CopyAndHash copies before it hashes them: small enough that they are still in
+// the core's nearest caches when the hash reads them, so the hash adds no pass over
+// memory to the copy.
+inline constexpr size_t kCopyHashBlockBytes = size_t{16} << 10;
+
+// Copies `src` to `dst` (which must not overlap it) block by block, feeding `hasher` each
+// block right after copying it: the bytes written at `dst` when `hash_destination` (what
+// landed), else the bytes read from `src` (what was read). The digest is the same as one
+// Update over the whole of them.
+void CopyAndHash(std::byte* dst, std::span<const std::byte> src, Hasher& hasher, bool hash_destination);
+
 // The most bytes of device memory read back into host memory at once to digest it, per
 // thread: tensors on a GPU are hashed block by block, never copied whole.
 inline constexpr size_t kDeviceReadBackBlockBytes = size_t{16} << 20;

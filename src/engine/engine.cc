@@ -198,7 +198,7 @@ class Engine final : public TrainerEngine {
       return plane_->Transfer(sync, *NoServers());
     }
     Stopwatch phase;
-    Status started = driver_->Start();
+    Status started = driver_->Start(sync.pass.collects_digests() ? &inline_servers_ : nullptr);
     if (!started.ok()) {
       Status s = plane_->Abort(started, nullptr);
       driver_->Close();
@@ -245,7 +245,8 @@ class Engine final : public TrainerEngine {
   // without naming why fails the sync.
   Status Finish(SyncContext& sync) {
     const std::map<std::string, std::string>& digests = sync.pass.digests();
-    const bool verify = options_.inline_verify && sync.pass.complete() && !digests.empty() &&
+    const bool verify = options_.inline_verify && sync.pass.complete() && sync.pass.digests_complete() &&
+                        !digests.empty() &&
                         inline_servers_.size() == driver_->size();
     if (!verify) {
       if (options_.inline_verify) sync.stats.inline_unverified_servers = driver_->size();

@@ -1,5 +1,6 @@
 #include "engine/sync_pass.h"
 
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
@@ -8,28 +9,43 @@
 
 namespace wsync {
 
+void PassDigests::Record(std::string_view name, std::string hex) {
+  std::lock_guard lock(mu_);
+  digests_.insert_or_assign(std::string(name), std::move(hex));
+}
+
+size_t PassDigests::size() const {
+  std::lock_guard lock(mu_);
+  return digests_.size();
+}
+
 class SyncPass::Outer final : public TensorStream {
  public:
-  Outer(std::unique_ptr<TensorStream> checked, bool digests, std::shared_ptr<const void> keep = nullptr)
-      : keep_(std::move(keep)), checked_(std::move(checked)), collect_digests_(digests) {}
+  // `digests`: where the pass's digests go (null: none); `hash`: whether the pass hashes
+  // them itself (else a reader took the hashing over).
+  Outer(std::unique_ptr<TensorStream> checked, std::shared_ptr<PassDigests> digests, bool hash,
+        std::shared_ptr<const void> keep = nullptr)
+      : keep_(std::move(keep)), checked_(std::move(checked)), digests_(std::move(digests)), hash_(hash) {}
   Result<bool> Next(TensorRef* out) override {
     if (failed_) return FailedPrecondition("the sync's pass already failed");
     Result<bool> more = checked_->Next(out);
     if (!more.ok()) failed_ = true;
     if (more.ok() && !*more) complete_ = true;
-    if (more.ok() && *more && collect_digests_ && out->device.is_cpu()) {
-      digests_.insert_or_assign(std::string(out->name), HexDigest(DigestAlgorithm::kXxh3_128, out->bytes));
+    if (more.ok() && *more && digests_ && out->device.is_cpu()) {
+      host_names_.emplace_back(out->name);
+      if (hash_) digests_->Record(out->name, HexDigest(DigestAlgorithm::kXxh3_128, out->bytes));
     }
     return more;
   }
   bool complete() const { return complete_; }
-  const std::map<std::string, std::string>& digests() const { return digests_; }
+  const std::vector<std::string>& host_names() const { return host_names_; }
 
  private:
   std::shared_ptr<const void> keep_;  // what checked_ is checked against, when the pass owns it
   std::unique_ptr<TensorStream> checked_;
-  const bool collect_digests_;
-  std::map<std::string, std::string> digests_;
+  const std::shared_ptr<PassDigests> digests_;
+  const bool hash_;
+  std::vector<std::string> host_names_;  // of the host tensors yielded
   bool failed_ = false;
   bool complete_ = false;
 };
@@ -87,7 +103,8 @@ SyncPass::~SyncPass() = default;
 Result<std::shared_ptr<TensorStream>> SyncPass::Stream() {
   if (!outer_) {
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.Iterate());
-    outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()), collect_digests_);
+    outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), source_.metadata()),
+                                     collect_digests_ ? digests_ : nullptr, !digests_taken_);
   }
   return std::shared_ptr<TensorStream>(outer_);
 }
@@ -96,7 +113,8 @@ Result<std::shared_ptr<TensorStream>> SyncPass::HeldStream(const std::vector<Ten
   if (outer_) return FailedPrecondition("a sync makes one pass over its source");
   WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, source_.IterateHeld());
   auto owned = std::make_shared<const std::vector<TensorMeta>>(held);
-  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), *owned), collect_digests_, owned);
+  outer_ = std::make_shared<Outer>(CheckedStream(std::move(inner), *owned), collect_digests_ ? digests_ : nullptr,
+                                   !digests_taken_, owned);
   return std::shared_ptr<TensorStream>(outer_);
 }
 
@@ -116,9 +134,18 @@ Status SyncPass::ReadAll() {
 
 bool SyncPass::complete() const { return outer_ && outer_->complete(); }
 
-const std::map<std::string, std::string>& SyncPass::digests() const {
-  static const std::map<std::string, std::string> kNone;
-  return outer_ ? outer_->digests() : kNone;
+std::shared_ptr<PassDigests> SyncPass::TakeDigests() {
+  if (!collect_digests_ || outer_) return nullptr;
+  digests_taken_ = true;
+  return digests_;
+}
+
+const std::map<std::string, std::string>& SyncPass::digests() const { return digests_->map(); }
+
+bool SyncPass::digests_complete() const {
+  if (!collect_digests_ || !outer_) return false;
+  const std::map<std::string, std::string>& have = digests_->map();
+  return std::ranges::all_of(outer_->host_names(), [&](const std::string& n) { return have.contains(n); });
 }
 
 }  // namespace wsync

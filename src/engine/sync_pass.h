@@ -10,6 +10,8 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,19 @@
 #include "wsync/tensor.h"
 
 namespace wsync {
+
+// The in-line digests of one pass: {HF name: xxh3-128 hex}. Record() is thread-safe; read
+// map() once the pass's readers are done.
+class PassDigests {
+ public:
+  void Record(std::string_view name, std::string hex);
+  const std::map<std::string, std::string>& map() const { return digests_; }
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> digests_;
+};
 
 class SyncPass {
  public:
@@ -51,9 +66,19 @@ class SyncPass {
   // would cost a copy the data plane does not make); they are absent from digests().
   // Call before the pass starts.
   void CollectDigests() { collect_digests_ = true; }
-  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; complete
-  // once complete() is true.
+  bool collects_digests() const { return collect_digests_; }
+  // A reader that copies every host tensor it reads (a data plane's packer) takes the
+  // hashing over (it may also record digests of tensors other ranks read), so that each tensor is hashed while its bytes are in cache for the copy
+  // (core/digest.h CopyAndHash): from then on the pass hashes nothing itself, and the
+  // reader records every host tensor it reads, under its name, before it reads the
+  // next. Null when the pass collects no digests. Call before the pass starts.
+  std::shared_ptr<PassDigests> TakeDigests();
+  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far.
   const std::map<std::string, std::string>& digests() const;
+  // Whether digests() holds a digest of every host tensor the pass yielded (a reader
+  // that took the hashing over may have stopped short; it may also have recorded
+  // digests other trainer ranks took); false when none are collected.
+  bool digests_complete() const;
 
   bool started() const { return outer_ != nullptr; }
   // Whether the pass has yielded every tensor of the metadata.
@@ -66,6 +91,8 @@ class SyncPass {
   std::shared_ptr<Outer> outer_;  // the pass's stream, once started
   std::unique_ptr<View> view_;
   bool collect_digests_ = false;
+  bool digests_taken_ = false;
+  std::shared_ptr<PassDigests> digests_ = std::make_shared<PassDigests>();
 };
 
 }  // namespace wsync

@@ -181,6 +181,29 @@ TEST(SyncPass, DigestsEveryHostTensorItYieldsWhenAsked) {
   ASSERT_TRUE(hashed.complete());
   ASSERT_EQ(hashed.digests().size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(hashed.digests().at("t" + std::to_string(i)), want[i]);
+  EXPECT_TRUE(hashed.digests_complete());
+  EXPECT_FALSE(plain.digests_complete());
+
+  // A reader that takes the hashing over: the pass hashes nothing itself, and its digests
+  // are complete only once the reader has recorded every host tensor it read.
+  SyncPass taken(source);
+  EXPECT_EQ(taken.TakeDigests(), nullptr);  // not collecting
+  taken.CollectDigests();
+  std::shared_ptr<PassDigests> mine = taken.TakeDigests();
+  ASSERT_NE(mine, nullptr);
+  std::shared_ptr<TensorStream> stream = *taken.Stream();
+  EXPECT_EQ(taken.TakeDigests(), nullptr);  // the pass has started
+  TensorRef t;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(*stream->Next(&t));
+    EXPECT_EQ(taken.digests().size(), static_cast<size_t>(i));
+    if (i < 2) mine->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
+  }
+  ASSERT_FALSE(*stream->Next(&t));
+  EXPECT_FALSE(taken.digests_complete());
+  mine->Record("t2", want[2]);
+  EXPECT_TRUE(taken.digests_complete());
+  EXPECT_EQ(taken.digests(), hashed.digests());
 }
 
 }  // namespace

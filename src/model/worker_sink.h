@@ -39,6 +39,15 @@ class WorkerSink {
   virtual const std::vector<TensorMeta>& hf_tensors() const = 0;
   // Lands one full HF tensor; `hf.bytes` is valid until the chunk's ChunkLanded returns.
   virtual Status Load(const TensorRef& hf) = 0;
+  // Whether the sink hashes what it lands (WorkerStore::BeginLandingDigests): a backend
+  // that would otherwise land through planned copies calls LoadEach instead, so that
+  // every byte lands through the sink's own hashing copies.
+  virtual bool HashesLandings() const { return false; }
+  // Load() of each tensor, possibly on up to `threads` threads; the first error.
+  virtual Status LoadEach(std::span<const TensorRef> hf, size_t threads) {
+    for (const TensorRef& t : hf) WSYNC_RETURN_IF_ERROR(Load(t));
+    return Status::Ok();
+  }
   // Whether PlanLoad works: a backend that batches a chunk's copies into one launch plans
   // them; otherwise it calls Load per tensor.
   virtual bool PlansCopies() const { return false; }

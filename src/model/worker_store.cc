@@ -224,6 +224,48 @@ Status WorkerStore::Load(const TensorRef& hf) {
   if (IsDropped(hf.name)) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   if (drafter_tracker_) MarkDrafter(hf.name);
+  return LoadChecked(hf);
+}
+
+Status WorkerStore::LoadEach(std::span<const TensorRef> hf, size_t threads) {
+  std::vector<const TensorRef*> load;
+  size_t total = 0;
+  for (const TensorRef& t : hf) {
+    if (IsDropped(t.name)) continue;
+    WSYNC_RETURN_IF_ERROR(CheckLoad(t));
+    load.push_back(&t);
+    total += t.bytes.size();
+  }
+  for (const TensorRef* t : load) {
+    if (drafter_tracker_) MarkDrafter(t->name);
+  }
+  if (!device_.is_cpu() || threads <= 1 || load.size() <= 1) {
+    for (const TensorRef* t : load) WSYNC_RETURN_IF_ERROR(LoadChecked(*t));
+    return Status::Ok();
+  }
+  // Contiguous runs of tensors of about equal bytes, one per thread; each tensor lands
+  // whole on one thread.
+  threads = std::min(threads, load.size());
+  std::vector<size_t> bounds{0};
+  size_t acc = 0;
+  for (size_t i = 0; i < load.size(); ++i) {
+    acc += load[i]->bytes.size();
+    if (bounds.size() < threads && acc * threads >= total * bounds.size() && i + 1 < load.size()) {
+      bounds.push_back(i + 1);
+    }
+  }
+  bounds.push_back(load.size());
+  std::vector<Status> status(bounds.size() - 1);
+  ParallelFor(status.size(), status.size(), [&](size_t b, size_t e) {
+    for (size_t r = b; r < e; ++r) {
+      for (size_t i = bounds[r]; i < bounds[r + 1] && status[r].ok(); ++i) status[r] = LoadChecked(*load[i]);
+    }
+  });
+  for (Status& s : status) WSYNC_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
+Status WorkerStore::LoadChecked(const TensorRef& hf) {
   const std::byte* src = hf.bytes.data();
   if (!device_.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
@@ -234,6 +276,32 @@ Status WorkerStore::Load(const TensorRef& hf) {
     }
     return rt->Synchronize().WithContext(fmt::format("loading {} into the shards on {}", hf.name, device_.ToString()));
   }
+  std::vector<std::byte> corrupted;
+  if (!fault_corrupt_landing_.empty() && hf.name == fault_corrupt_landing_ && !hf.bytes.empty()) {
+    corrupted.assign(hf.bytes.begin(), hf.bytes.end());
+    corrupted[0] ^= std::byte{1};
+    src = corrupted.data();
+  }
+  const int hf_index = hash_landings_ ? table_.FindHf(hf.name) : -1;
+  const std::vector<LandingRun>* runs = hf_index >= 0 ? &LandingRuns(hf_index) : nullptr;
+  if (runs != nullptr && !runs->empty()) {
+    // The primary runs in HF order, each hashed as it lands; then any replicated copies.
+    auto hasher = Hasher::Create(DigestAlgorithm::kXxh3_128);
+    for (const LandingRun& r : *runs) {
+      CopyAndHash(r.dst, std::span<const std::byte>(src + r.hf_offset, static_cast<size_t>(r.bytes)), *hasher,
+                  /*hash_destination=*/true);
+    }
+    for (auto [i, k] : table_.PiecesOf(hf.name)) {
+      if (table_.params()[i].pieces[k].primary) continue;
+      const PieceRuns r = table_.Runs(i, k);
+      for (int64_t o = 0; o < r.count; ++o) {
+        std::memcpy(param_data_[i] + r.dst_offset + o * r.dst_stride, src + r.hf_offset + o * r.hf_stride,
+                    r.run_bytes);
+      }
+    }
+    landed_[hf_index] = hasher->FinishHex();
+    return Status::Ok();
+  }
   for (auto [i, k] : table_.PiecesOf(hf.name)) {
     const PieceRuns r = table_.Runs(i, k);
     std::byte* dst = param_data_[i];
@@ -243,6 +311,45 @@ Status WorkerStore::Load(const TensorRef& hf) {
     }
   }
   return Status::Ok();
+}
+
+void WorkerStore::BeginLandingDigests(bool on) {
+  hash_landings_ = on && device_.is_cpu();
+  landed_.assign(hash_landings_ ? table_.hf_tensors().size() : 0, std::string());
+  if (landing_runs_.size() != table_.hf_tensors().size()) landing_runs_.assign(table_.hf_tensors().size(), std::nullopt);
+}
+
+std::optional<std::string> WorkerStore::LandedDigest(std::string_view hf_name) const {
+  const int i = table_.FindHf(hf_name);
+  if (i < 0 || static_cast<size_t>(i) >= landed_.size() || landed_[i].empty()) return std::nullopt;
+  return landed_[i];
+}
+
+const std::vector<WorkerStore::LandingRun>& WorkerStore::LandingRuns(int hf_index) {
+  std::optional<std::vector<LandingRun>>& cached = landing_runs_[hf_index];
+  if (cached) return *cached;
+  const TensorMeta& hf = table_.hf_tensors()[hf_index];
+  std::vector<LandingRun> runs;
+  for (auto [i, k] : table_.PiecesOf(hf.name)) {
+    if (!table_.params()[i].pieces[k].primary) continue;
+    const PieceRuns r = table_.Runs(i, k);
+    if (r.count > 1 && r.dst_stride == r.run_bytes && r.hf_stride == r.run_bytes) {
+      runs.push_back({r.hf_offset, param_data_[i] + r.dst_offset, r.run_bytes * r.count});
+      continue;
+    }
+    for (int64_t o = 0; o < r.count; ++o) {
+      runs.push_back({r.hf_offset + o * r.hf_stride, param_data_[i] + r.dst_offset + o * r.dst_stride, r.run_bytes});
+    }
+  }
+  std::ranges::sort(runs, {}, &LandingRun::hf_offset);
+  int64_t next = 0;
+  for (const LandingRun& r : runs) {
+    if (r.hf_offset != next) break;
+    next += r.bytes;
+  }
+  if (next != static_cast<int64_t>(hf.nbytes())) runs.clear();  // not held whole: verified at finish
+  cached = std::move(runs);
+  return *cached;
 }
 
 Status WorkerStore::LoadPiece(int param, int piece, std::span<const std::byte> packed, const Device& where) {
@@ -263,6 +370,12 @@ Status WorkerStore::LoadPiece(int param, int piece, std::span<const std::byte> p
                                        where.ToString(), device_.ToString()));
   }
   if (drafter_tracker_) drafter_tracker_->MarkPiece(param, piece);
+  if (!landed_.empty()) {
+    // Bytes written here are not those its landing digest covers.
+    for (const ShardPiece& p : table_.params()[param].pieces) {
+      if (int h = table_.FindHf(p.hf_name); h >= 0) landed_[h].clear();
+    }
+  }
   std::byte* dst = param_data_[param];
   if (!device_.is_cpu()) {
     WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));

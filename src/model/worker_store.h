@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -114,6 +115,27 @@ class WorkerStore final : public WorkerSink {
   Status PlanLoad(const TensorRef& hf, std::vector<ByteCopy>* out) const override;
   void PlannedCopiesRan(std::span<const TensorMeta> tensors) override;
 
+  // Landing digests (the server's in-line verification), for host stores. From
+  // BeginLandingDigests(true) on, Load() and LoadEach() hash, with xxh3-128, the bytes
+  // they have just written into the parameters for every HF tensor whose primary pieces
+  // this store holds whole (every tensor of a TP=1 store; the replicated ones of a TP
+  // rank), block by block right after copying each (core/digest.h CopyAndHash), in HF
+  // order: the digest is of what landed in the parameters, not of what the update said.
+  // LandedDigest() answers the digest of the last landing of `hf_name` since the last
+  // BeginLandingDigests, or nullopt (not landed since, not held whole, a device store, or
+  // a LoadPiece into one of its parameters since). Called like Load(); LandedDigest only
+  // while no Load runs.
+  void BeginLandingDigests(bool on);
+  bool HashesLandings() const override { return hash_landings_; }
+  std::optional<std::string> LandedDigest(std::string_view hf_name) const;
+  // Load() of each tensor, on up to `threads` threads (whole tensors per thread, so that a
+  // tensor's digest is taken in order); as Load(), nothing is written for a tensor that
+  // fails its checks, and the first error is returned.
+  Status LoadEach(std::span<const TensorRef> hf, size_t threads) override;
+  // Fault injection for tests (`wsync serve --fault corrupt-landed`): every landing of
+  // `hf_name` (Load, LoadEach) writes its first byte with one bit flipped.
+  void set_fault_corrupt_landing(std::string hf_name) { fault_corrupt_landing_ = std::move(hf_name); }
+
   // The sharded backend's slices (worker_sink.h). A CUDA store's copies complete in
   // ChunkLanded().
   const ShardingTable* sharding() const override { return &table_; }
@@ -151,6 +173,16 @@ class WorkerStore final : public WorkerSink {
   // A name the model has no tensor of and the rule of model/dropped_names.h drops.
   bool IsDropped(std::string_view hf_name) const;
   Status CheckLoad(const TensorRef& hf) const;
+  // Load() after its checks, with the drafter's marks left to the caller.
+  Status LoadChecked(const TensorRef& hf);
+  // The byte runs of the primary pieces of HF tensor `hf_index` in this store, in HF
+  // order, when they tile the whole tensor (empty otherwise): what a landing digest hashes.
+  struct LandingRun {
+    int64_t hf_offset;
+    std::byte* dst;
+    int64_t bytes;
+  };
+  const std::vector<LandingRun>& LandingRuns(int hf_index);
   // FailedPrecondition naming `what` while the parameters sleep.
   Status CheckResident(std::string_view what) const;
 
@@ -170,6 +202,11 @@ class WorkerStore final : public WorkerSink {
   std::unique_ptr<OffloadFile> offload_file_;  // host stores, while offloaded
   HostBuffer offload_host_;                    // CUDA stores, while offloaded
   bool pending_device_copies_ = false;         // LoadPiece copies not yet synchronized
+  bool hash_landings_ = false;
+  std::vector<std::string> landed_;            // per HF index: its landing digest, or ""
+  // Per HF index: its landing runs, built on first use (addresses never move).
+  std::vector<std::optional<std::vector<LandingRun>>> landing_runs_;
+  std::string fault_corrupt_landing_;
 };
 
 // A TP group is the stores of one model replica, indexed by tp_rank. OK when every entry

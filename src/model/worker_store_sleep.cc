@@ -115,6 +115,7 @@ Status WorkerStore::Offload(const std::string& offload_dir, size_t threads) {
 
 Status WorkerStore::Discard() {
   if (residency() == Residency::kDiscarded) return Status::Ok();
+  for (std::string& d : landed_) d.clear();  // the bytes they cover are gone
   const std::string where = fmt::format("discarding the parameters of tp rank {}", tp_rank());
   if (!device_.is_cpu()) {
     WSYNC_RETURN_IF_ERROR(device_storage_.ReleasePhysical().WithContext(where));

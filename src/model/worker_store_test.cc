@@ -99,6 +99,72 @@ TEST(WorkerStore, LoadThenReadBackIsIdentity) {
   }
 }
 
+// Landing digests: a store hashes what it lands of every tensor it holds whole (all of
+// them at TP=1, the replicated ones at TP>1), by Load and by LoadEach alike; the digest is
+// of the bytes in the parameters (a corrupted landing shows), a LoadPiece into a
+// parameter forgets its tensors' digests, and BeginLandingDigests(false) hashes nothing.
+TEST(WorkerStore, LandingDigestsAreOfTheLandedBytes) {
+  for (const char* name : {"qwen3-tiny", "qwen3-moe-tiny"}) {
+    const ModelConfig c = Model(name);
+    const std::vector<HostTensor> hf = FilledHf(c, 7);
+    std::vector<TensorRef> refs;
+    for (const HostTensor& t : hf) refs.push_back(t.ref());
+    for (int tp : {1, 2}) {
+      for (bool each : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} tp={} {}", name, tp, each ? "LoadEach" : "Load"));
+        Group g = MakeGroup(c, tp);
+        for (auto& s : g.stores) {
+          s->BeginLandingDigests(true);
+          ASSERT_TRUE(s->HashesLandings());
+          if (each) {
+            ASSERT_TRUE(s->LoadEach(refs, 3).ok());
+          } else {
+            for (const TensorRef& r : refs) ASSERT_TRUE(s->Load(r).ok()) << r.name;
+          }
+        }
+        size_t whole = 0;
+        for (const HostTensor& t : hf) {
+          std::optional<std::string> got = g.stores[0]->LandedDigest(t.meta.name);
+          if (tp == 1) ASSERT_TRUE(got.has_value()) << t.meta.name;
+          if (!got) continue;
+          ++whole;
+          EXPECT_EQ(*got, HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes)) << t.meta.name;
+          EXPECT_EQ(*got, *HfDigest(g.view, t.meta.name, DigestAlgorithm::kXxh3_128)) << t.meta.name;
+        }
+        if (tp > 1) {
+          EXPECT_GT(whole, 0u);  // the norms
+          EXPECT_LT(whole, hf.size());
+        }
+      }
+    }
+  }
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c, 9);
+  Group g = MakeGroup(c, 1);
+  WorkerStore& s = *g.stores[0];
+  s.set_fault_corrupt_landing("model.embed_tokens.weight");
+  s.BeginLandingDigests(true);
+  for (const HostTensor& t : hf) ASSERT_TRUE(s.Load(t.ref()).ok());
+  for (const HostTensor& t : hf) {
+    const std::string sent = HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes);
+    const std::string held = *HfDigest(g.view, t.meta.name, DigestAlgorithm::kXxh3_128);
+    EXPECT_EQ(*s.LandedDigest(t.meta.name), held) << t.meta.name;
+    EXPECT_EQ(held == sent, t.meta.name != "model.embed_tokens.weight") << t.meta.name;
+  }
+  // A slice landed into a parameter: the digests of its tensors are forgotten.
+  const int param = s.table().FindParam("model.layers.0.self_attn.qkv_proj.weight");
+  ASSERT_GE(param, 0);
+  const PieceRuns r = s.table().Runs(param, 0);
+  std::vector<std::byte> slice(static_cast<size_t>(r.count * r.run_bytes));
+  ASSERT_TRUE(s.LoadPiece(param, 0, slice, Device{}).ok());
+  for (const ShardPiece& p : s.table().params()[param].pieces) EXPECT_FALSE(s.LandedDigest(p.hf_name)) << p.hf_name;
+  EXPECT_TRUE(s.LandedDigest("model.norm.weight").has_value());
+  s.BeginLandingDigests(false);
+  EXPECT_FALSE(s.HashesLandings());
+  ASSERT_TRUE(s.Load(hf.back().ref()).ok());
+  EXPECT_FALSE(s.LandedDigest(hf.back().meta.name).has_value());
+}
+
 // An MTP model's stream lands whole either way; only a drafter server holds (and reads
 // back) the MTP layer, and its embed_tokens / head are the target's memory.
 TEST(WorkerStore, MtpDrafterHoldsItsLayersAndSharesEmbedAndHead) {

@@ -57,6 +57,11 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
       w->device = o.device;
       if (!o.device.is_cpu()) w->device.index += static_cast<int>(s->workers_.size());
       WSYNC_ASSIGN_OR_RETURN(w->store, WorkerStore::Create(s->model_, tp, o.tp, w->device, drafter));
+      if (o.fault_corrupt_landed && s->workers_.empty()) {
+        WSYNC_LOG_WARN("fault injection (--fault corrupt-landed): every landing of model.embed_tokens.weight in "
+                       "dp{}/tp{} writes one wrong bit", dp, tp);
+        w->store->set_fault_corrupt_landing("model.embed_tokens.weight");
+      }
       if (o.quantization == "fp8") {
         // The host quantization pool of each worker shares the process's threads.
         const size_t threads = std::max<size_t>(1, DefaultThreads() / static_cast<size_t>(workers));
@@ -238,6 +243,7 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
   const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
   std::vector<std::string> differ;
   size_t differing = 0;
+  size_t at_landing = 0;  // (replica, tensor) digests taken as the bytes landed
   for (size_t begin = 0; begin < workers_.size(); begin += options_.tp) {
     std::vector<const WorkerStore*> group;
     for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[begin + t]->store.get());
@@ -246,9 +252,24 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
                                             workers_[begin]->dp_index);
     Status replicas = CheckReplicas(group);
     if (!replicas.ok()) return replicas.WithContext(fmt::format("in-line verification on {}", replica));
-    WSYNC_ASSIGN_OR_RETURN(auto sums, DigestEach(check, threads, [&](const TensorMeta& m, std::vector<std::byte>*) {
+    // What a worker hashed as it landed (WorkerStore::LandedDigest); the rest (tensors
+    // split across the TP group, tensors this session did not land) read at finish.
+    std::vector<TensorMeta> at_finish;
+    std::map<std::string, std::string> sums;
+    for (const TensorMeta& m : check) {
+      std::optional<std::string> landed;
+      for (size_t t = 0; t < group.size() && !landed; ++t) landed = group[t]->LandedDigest(m.name);
+      if (landed) {
+        sums.emplace(m.name, std::move(*landed));
+      } else {
+        at_finish.push_back(m);
+      }
+    }
+    WSYNC_ASSIGN_OR_RETURN(auto read, DigestEach(at_finish, threads, [&](const TensorMeta& m, std::vector<std::byte>*) {
                              return HfDigest(group, m.name, algorithm);
                            }));
+    sums.merge(read);
+    at_landing += check.size() - at_finish.size();
     for (size_t i = 0; i < check.size(); ++i) {
       const std::string& held = sums.at(check[i].name);
       if (held == *want[i]) continue;
@@ -264,7 +285,10 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
                                 differing, algorithm_name, fmt::join(differ, "; "),
                                 differing > differ.size() ? "; ..." : ""));
   }
-  *verified = json{{"tensors", check.size()}, {"algorithm", algorithm_name}, {"unverifiable", std::move(unverifiable)}};
+  *verified = json{{"tensors", check.size()},
+                   {"algorithm", algorithm_name},
+                   {"unverifiable", std::move(unverifiable)},
+                   {"hashed_at_landing", at_landing}};
   return Status::Ok();
 }
 
@@ -303,6 +327,10 @@ Status InferenceServer::StartWeightUpdate() {
   return Measured(WeightOperation::kStart, [&] { return StartSession(/*draft=*/false); });
 }
 
+Status InferenceServer::StartWeightUpdateInlineVerified() {
+  return Measured(WeightOperation::kStart, [&] { return StartSession(/*draft=*/false, /*inline_verify=*/true); });
+}
+
 Status InferenceServer::StartDraftWeightUpdate() {
   return Measured(WeightOperation::kStartDraft, [&] {
     if (options_.speculative == "none") {
@@ -312,10 +340,16 @@ Status InferenceServer::StartDraftWeightUpdate() {
   });
 }
 
-Status InferenceServer::StartSession(bool draft) {
+Status InferenceServer::StartSession(bool draft, bool inline_verify) {
   auto no_generation_step = ExcludeGeneration();
   Status s = session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
   if (s.ok()) {
+    // Landing digests: what a host worker lands in this session is hashed as it lands.
+    const bool hash = inline_verify && !InlineVerification().empty();
+    (void)OnEachWorker("starting an update's landing digests", [hash](Worker& w) {
+      w.store->BeginLandingDigests(hash);
+      return Status::Ok();
+    });
     // Marks of an update that failed before its finish are forgotten.
     if (options_.quantization == "fp8" || options_.speculative != "none") {
       (void)OnEachWorker("starting an update's layer tracking", [](Worker& w) {
@@ -409,11 +443,6 @@ Status InferenceServer::FinishNow(const std::optional<std::string>& weight_versi
                                   std::string_view algorithm, json* verified) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginFinish());
   Status s = CatchAll("finish_weight_update", [&] { return backend_->Finish(); });
-  if (s.ok() && options_.fault_corrupt_landed && embed_param_ >= 0 && workers_.front()->device.is_cpu()) {
-    workers_.front()->store->param_data(static_cast<size_t>(embed_param_))[0] ^= std::byte{1};
-    WSYNC_LOG_WARN("fault injection (--fault corrupt-landed): flipped a bit of model.embed_tokens.weight in {}",
-                   context_.workers.front().label);
-  }
   if (s.ok() && digests != nullptr) {
     s = CatchAll("finish_weight_update", [&] { return VerifyInline(*digests, algorithm, verified); });
   }

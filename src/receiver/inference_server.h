@@ -57,6 +57,7 @@ class InferenceServer : public ControlService {
 
   Status InitWeightTransfer(const nlohmann::json& init_info, const std::string& peer_address) override;
   Status StartWeightUpdate() override;
+  Status StartWeightUpdateInlineVerified() override;
   // --speculative mtp: a session whose updates carry only the MTP drafter's tensors
   // (SkyRL's draft session); it must reload every drafter layer and leaves the target's
   // weight version as it is. Without a drafter: InvalidArgument.
@@ -157,7 +158,7 @@ class InferenceServer : public ControlService {
   void SettleFp8();
   // Opens a session (StartWeightUpdate); `draft`: a draft session
   // (/start_draft_weight_update), whose updates carry the drafter's tensors only.
-  Status StartSession(bool draft);
+  Status StartSession(bool draft, bool inline_verify = false);
   // The "speculative" object of /health: null without a drafter.
   nlohmann::json Speculative() const;
 

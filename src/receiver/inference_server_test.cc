@@ -5,8 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <cstring>
 #include <new>
 #include <stdexcept>
+
+#include "core/digest.h"
+#include "model/config.h"
+#include "model/worker_sink.h"
+#include "wsync/tensor.h"
 
 namespace wsync {
 namespace {
@@ -129,6 +137,108 @@ TEST(InferenceServerDraft, ADraftSessionRefusesATargetTensorEvenInABodyCheckedBe
                              "drafter's"),
             std::string::npos)
       << s.ToString();
+}
+
+// Lands every HF tensor of `hf` through every worker's sink, whatever the update names.
+class LandingBackend : public ReceiverBackend {
+ public:
+  LandingBackend(ReceiverContext* ctx, const std::vector<HostTensor>* hf) : ctx_(ctx), hf_(hf) {}
+  std::string_view name() const override { return "landing"; }
+  Status Init(const json&) override { return Status::Ok(); }
+  Status Update(const UpdateRequest& req) override {
+    WSYNC_RETURN_IF_ERROR(req.reject);
+    for (const ReceiverWorker& w : ctx_->workers) {
+      for (const HostTensor& t : *hf_) WSYNC_RETURN_IF_ERROR(w.sink->Load(t.ref()));
+      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded());
+    }
+    return Status::Ok();
+  }
+
+ private:
+  ReceiverContext* ctx_;
+  const std::vector<HostTensor>* hf_;
+};
+
+struct LandingServer {
+  std::vector<HostTensor> hf;
+  json digests = json::object();
+  std::unique_ptr<InferenceServer> server;
+};
+
+std::unique_ptr<LandingServer> MakeLandingServer(int tp, bool corrupt) {
+  auto out = std::make_unique<LandingServer>();
+  uint32_t n = 1;
+  for (TensorMeta m : HfTensors(*LookupModel("qwen3-tiny"))) {
+    HostTensor t = *HostTensor::Zeros(std::move(m));
+    for (size_t i = 0; i + 4 <= t.meta.nbytes(); i += 4, n = n * 1664525u + 1013904223u) {
+      std::memcpy(t.storage.data() + i, &n, 4);
+    }
+    out->digests[t.meta.name] = HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes);
+    out->hf.push_back(std::move(t));
+  }
+  InferenceServerOptions o;
+  o.model = "qwen3-tiny";
+  o.tp = tp;
+  o.fault_corrupt_landed = corrupt;
+  LandingServer* raw = out.get();
+  auto s = InferenceServer::Create(o, [raw](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
+    return std::unique_ptr<ReceiverBackend>(std::make_unique<LandingBackend>(ctx, &raw->hf));
+  });
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  if (!s.ok()) return nullptr;
+  out->server = std::move(*s);
+  return out;
+}
+
+const json kNormUpdate = json{{"names", {"model.norm.weight"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{256}}}};
+
+// In-line verification at the service boundary: a session started as verified hashes
+// every tensor a worker holds whole as it lands, the rest (TP-split tensors) at finish,
+// and one started plainly all at finish; either way every tensor is verified. A landing
+// that wrote one wrong bit fails the finish naming the tensor and keeps the old version.
+TEST(InferenceServerInline, LandedTensorsAreHashedAsTheyLandTheRestAtFinish) {
+  for (int tp : {1, 2}) {
+    for (bool announced : {true, false}) {
+      SCOPED_TRACE(fmt::format("tp={} announced={}", tp, announced));
+      auto ls = MakeLandingServer(tp, /*corrupt=*/false);
+      ASSERT_NE(ls, nullptr);
+      InferenceServer& server = *ls->server;
+      ASSERT_TRUE((announced ? server.StartWeightUpdateInlineVerified() : server.StartWeightUpdate()).ok());
+      ASSERT_TRUE(server.UpdateWeights(std::make_shared<const json>(kNormUpdate)).ok());
+      Result<json> r = server.FinishWeightUpdateVerified(std::string("v1"), ls->digests, "xxh3_128");
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      const json& v = (*r)["verified"];
+      EXPECT_EQ(v["tensors"].get<size_t>(), ls->hf.size()) << v.dump();
+      const size_t at_landing = v["hashed_at_landing"].get<size_t>();
+      if (!announced) {
+        EXPECT_EQ(at_landing, 0u) << v.dump();
+      } else if (tp == 1) {
+        EXPECT_EQ(at_landing, ls->hf.size()) << v.dump();
+      } else {
+        EXPECT_GT(at_landing, 0u) << v.dump();
+        EXPECT_LT(at_landing, ls->hf.size()) << v.dump();
+      }
+      EXPECT_EQ(server.Health()["weight_version"], "v1");
+    }
+  }
+}
+
+TEST(InferenceServerInline, ACorruptLandingFailsTheFinishNamingTheTensor) {
+  for (bool announced : {true, false}) {
+    SCOPED_TRACE(fmt::format("announced={}", announced));
+    auto ls = MakeLandingServer(1, /*corrupt=*/true);
+    ASSERT_NE(ls, nullptr);
+    InferenceServer& server = *ls->server;
+    ASSERT_TRUE((announced ? server.StartWeightUpdateInlineVerified() : server.StartWeightUpdate()).ok());
+    ASSERT_TRUE(server.UpdateWeights(std::make_shared<const json>(kNormUpdate)).ok());
+    Result<json> r = server.FinishWeightUpdateVerified(std::string("v1"), ls->digests, "xxh3_128");
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("1 tensor(s)"), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("model.embed_tokens.weight"), std::string::npos) << r.status().ToString();
+    json h = server.Health();
+    EXPECT_FALSE(h["weights_consistent"].get<bool>()) << h.dump();
+    EXPECT_NE(h["weight_version"], "v1") << h.dump();
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // In-line verification end to end: real `wsync serve` processes on loopback and `wsync
 // push`, whose per-sync table reports how many servers verified every tensor in-line
 // ("inline" column: verified servers / servers : tensors). A server started with `--fault
-// corrupt-landed` flips one bit of a landed tensor before each finish: its finish must be
+// corrupt-landed` lands one tensor with one bit flipped: its finish must be
 // refused naming the tensor, /health must report weights_consistent false and the old
 // weight version, and /metrics must count the failure. A server that does not declare
 // in-line verification (fp8: it holds other bytes than it received) gets no digests and
@@ -63,6 +63,19 @@ TEST_F(InlineVerifyTest, IpcVerifiesEveryTensor) {
                                       "--timeout", "60"});
   ASSERT_TRUE(push.success()) << push.description;
   EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-tiny"))))
+      << push.out;
+}
+
+// A Megatron layout: each trainer rank holds part of the model; rank 0's finish carries
+// every rank's digests, so every tensor is verified.
+TEST_F(InlineVerifyTest, ShardedMegatronLayoutVerifiesEveryRanksTensors) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("a", {"--model", "qwen3-tiny", "--backend", "sharded", "--tp", "2"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartServer("b", {"--model", "qwen3-tiny", "--backend", "sharded"}));
+  RunResult push = Push("push", {a, b}, {"--backend", "sharded", "--model", "qwen3-tiny", "--seed", "7",
+                                         "--trainer-ranks", "4", "--trainer-layout", "tp2pp2ep1", "--steps", "2",
+                                         "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("2/2:{}", TensorCount("qwen3-tiny"))))
       << push.out;
 }
 

@@ -321,7 +321,7 @@ Status DeltaPublisher::InitSnapshotFromFirstPass(WeightSource& source, PublishSt
   return Status::Ok();
 }
 
-Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
+Result<PublishStats> DeltaPublisher::Publish(WeightSource& source, std::map<std::string, std::string>* digests) {
   if (!broken_.ok()) {
     return FailedPrecondition(fmt::format("delta: the snapshot no longer matches any version ({}); start a new "
                                           "chain (fresh sync directory)", broken_.message()));
@@ -366,6 +366,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
       EncodeFullVersion(pass, &stats);
       s = WritePayloads(pass, dir, &manifest, &stats);
     }
+    if (s.ok() && digests != nullptr) SourceDigests(pass, digests);
     TensorDigests digests;
     for (const DeltaTensorRecord& r : manifest.tensors) digests.emplace(r.name, r.checksum);
     manifest.base_digest = CombineDigests(digests);
@@ -454,6 +455,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
     }
     if (s.ok()) s = WritePayloads(pass, dir, &manifest, &stats);
     if (s.ok()) s = WriteManifest(dir, manifest, &stats);
+    if (s.ok() && digests != nullptr) SourceDigests(pass, digests);
     if (!s.ok()) {
       Rollback(pass);
       std::filesystem::remove_all(dir, ec);
@@ -469,6 +471,21 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source) {
   stats.seconds = SecondsSince(t0);
   stats.cpu_seconds = ProcessCpuSeconds() - cpu0;
   return stats;
+}
+
+void DeltaPublisher::SourceDigests(const Pass& pass, std::map<std::string, std::string>* digests) const {
+  for (size_t i = 0; i < plan_->entries.size() && i < pass.slots.size(); ++i) {
+    const Plan::Entry& e = plan_->entries[i];
+    if (e.skip || e.disk.dtype != plan_->metadata[i].dtype || pass.slots[i].enc.checksum.empty()) continue;
+    digests->insert_or_assign(plan_->metadata[i].name, pass.slots[i].enc.checksum);
+  }
+}
+
+bool DeltaPublisher::DigestsEveryTensor() const {
+  for (size_t i = 0; i < plan_->entries.size(); ++i) {
+    if (plan_->entries[i].skip || plan_->entries[i].disk.dtype != plan_->metadata[i].dtype) return false;
+  }
+  return true;
 }
 
 void DeltaPublisher::EncodeFullVersion(Pass& pass, PublishStats* stats) {

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -125,7 +126,14 @@ class DeltaPublisher {
   ~DeltaPublisher();
 
   // Publishes version() + 1 and returns what it did.
-  Result<PublishStats> Publish(WeightSource& source);
+  // `digests`, when given, receives {name: xxh3-128 hex} of every tensor the pass yielded
+  // and published in its own dtype: the checksum its encoding takes of the new bytes
+  // anyway (in-line verification costs the trainer nothing more). Tensors converted to
+  // another on-disk dtype, or absent from the base, are left out.
+  Result<PublishStats> Publish(WeightSource& source, std::map<std::string, std::string>* digests = nullptr);
+  // Whether Publish()'s `digests` cover every tensor of a pass: none is converted to
+  // another dtype or absent from the base.
+  bool DigestsEveryTensor() const;
 
   int64_t version() const { return version_; }
   // The digest of version 0 (base_digest.h): over every tensor of the base checkpoint
@@ -146,6 +154,8 @@ class DeltaPublisher {
   Status InitSnapshotFromFirstPass(WeightSource& source, PublishStats* stats);
   // The records of the full version 1 (see above): every tensor's digest and zero frame.
   void EncodeFullVersion(Pass& pass, PublishStats* stats);
+  // Publish()'s `digests`, from the pass's checksums.
+  void SourceDigests(const Pass& pass, std::map<std::string, std::string>* digests) const;
   Status WritePayloads(Pass& pass, const std::string& dir, DeltaManifest* manifest, PublishStats* stats);
   Status WriteManifest(const std::string& dir, const DeltaManifest& manifest, PublishStats* stats);
   void Rollback(Pass& pass);

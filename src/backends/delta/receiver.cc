@@ -238,7 +238,11 @@ class DeltaReceiver final : public ReceiverBackend {
     std::string dir = store.CurrentDir();
     WSYNC_ASSIGN_OR_RETURN(CheckpointDir ckpt, CheckpointDir::Open(dir));
     const bool lend = !w.sink->PlansCopies();
-    const bool plan = w.device.is_cpu() && !lend;
+    // A sink that hashes its landings lands every tensor itself (LoadEach), so that its
+    // digests cover every byte it writes.
+    const bool each = w.device.is_cpu() && !lend && w.sink->HashesLandings();
+    const bool plan = w.device.is_cpu() && !lend && !each;
+    std::vector<TensorRef> refs;
     const std::vector<TensorMeta>& wanted = w.sink->hf_tensors().empty() ? ckpt.tensors() : w.sink->hf_tensors();
     std::vector<WorkerStore::ByteCopy> copies;
     // What the planned (or lent) views read from, for other dtypes.
@@ -257,7 +261,7 @@ class DeltaReceiver final : public ReceiverBackend {
                                            ShapeString(want.shape), ShapeString(r.shape), dir));
       }
       if (r.dtype != want.dtype) {
-        std::vector<std::byte>& out = plan || lend ? converted.emplace_back() : scratch;
+        std::vector<std::byte>& out = plan || lend || each ? converted.emplace_back() : scratch;
         out.resize(want.nbytes());
         WSYNC_RETURN_IF_ERROR(Convert(r.bytes, r.dtype, out, want.dtype, want.name));
         r.dtype = want.dtype;
@@ -275,7 +279,15 @@ class DeltaReceiver final : public ReceiverBackend {
         continue;
       }
       r.device = w.device;
+      if (each) {
+        refs.push_back(r);
+        continue;
+      }
       WSYNC_RETURN_IF_ERROR(plan ? w.sink->PlanLoad(r, &copies) : w.sink->Load(r));
+    }
+    if (each) {
+      WSYNC_RETURN_IF_ERROR(w.sink->LoadEach(refs, threads).WithContext(w.label));
+      return w.sink->ChunkLanded().WithContext(w.label);
     }
     if (lend && lent_tensors > 0) return w.sink->ChunkLanded().WithContext(w.label);
     if (!plan) return w.sink->ChunkLanded().WithContext(w.label);

@@ -13,6 +13,7 @@
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/engine.h"
+#include "engine/sync_pass.h"
 
 namespace wsync {
 namespace {
@@ -74,7 +75,11 @@ class DeltaPlane final : public DataPlane {
 
   // publish -> fetch (servers keep serving while they download and apply) -> pause(keep).
   Status BeforeStart(SyncContext& sync) override {
-    WSYNC_ASSIGN_OR_RETURN(report_.publish, publisher_->Publish(sync.pass.AsSource()));
+    // In-line verification: the encoding's checksums of the new bytes are the digests.
+    std::shared_ptr<PassDigests> digests = publisher_->DigestsEveryTensor() ? sync.pass.TakeDigests() : nullptr;
+    std::map<std::string, std::string> sums;
+    WSYNC_ASSIGN_OR_RETURN(report_.publish, publisher_->Publish(sync.pass.AsSource(), digests ? &sums : nullptr));
+    for (auto& [name, hex] : sums) digests->Record(name, std::move(hex));
     version_ = report_.publish.version;
     const std::string uri = delta::VersionDir(delta_.sync_dir, version_);
     sync.update_body = std::make_shared<const std::string>(

@@ -22,6 +22,8 @@
 #include "engine/backend_options.h"
 #include "engine/engine.h"
 #include "engine/watched.h"
+#include "core/digest.h"
+#include "engine/sync_pass.h"
 #include "plan/packing.h"
 
 namespace wsync {
@@ -210,6 +212,8 @@ class NcclPlane final : public DataPlane {
     // The op owns copies of what it reads, so it may outlive this call after an abort.
     auto meta_owned = std::make_shared<const std::vector<TensorMeta>>(meta_in);
     auto plan_owned = std::make_shared<const ChunkPlan>(plan_in);
+    // The packer hashes each host tensor as it copies it (in-line verification).
+    std::shared_ptr<PassDigests> digests = sync.pass.TakeDigests();
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
     auto buffers = buffers_;
     auto progress = sync.progress;
@@ -217,7 +221,8 @@ class NcclPlane final : public DataPlane {
     if (!device.is_cpu()) {
       WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(device));
     }
-    auto op = [comm, stream, buffers, meta_owned, plan_owned, progress, deadline, nbuf, device, rt]() -> Status {
+    auto op = [comm, stream, digests, buffers, meta_owned, plan_owned, progress, deadline, nbuf, device,
+               rt]() -> Status {
       WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
       const ChunkPlan& plan = *plan_owned;
       const std::vector<TensorMeta>& meta = *meta_owned;
@@ -260,11 +265,17 @@ class NcclPlane final : public DataPlane {
                                                t.name, t.device.ToString(), t.device.ToString()));
           }
           constexpr size_t kSlice = size_t{8} << 20;  // publish big tensors in slices
+          std::unique_ptr<Hasher> hasher = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
           for (size_t b = 0; b < t.bytes.size(); b += kSlice) {
             size_t len = std::min(kSlice, t.bytes.size() - b);
-            std::memcpy(dst + off + b, t.bytes.data() + b, len);
+            if (hasher) {
+              CopyAndHash(dst + off + b, t.bytes.subspan(b, len), *hasher, /*hash_destination=*/false);
+            } else {
+              std::memcpy(dst + off + b, t.bytes.data() + b, len);
+            }
             packed[k].Advance(off + b + len);
           }
+          if (hasher) digests->Record(t.name, hasher->FinishHex());
         }
         if (rt != nullptr) {
           WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("packing chunk {}/{}", k + 1, n)));

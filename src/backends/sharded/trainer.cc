@@ -20,11 +20,13 @@
 #include "control/init_payloads.h"
 #include "control/session_driver.h"
 #include "core/checked_math.h"
+#include "core/digest.h"
 #include "core/log.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/engine.h"
 #include "engine/rank_exchange.h"
+#include "engine/sync_pass.h"
 #include "engine/watched.h"
 #include "model/config.h"
 #include "model/sharding.h"
@@ -619,7 +621,18 @@ class ShardedPlane final : public DataPlane {
   }
 
   // This rank's part of one sync: its held pass, group by group, packed and sent.
+  //
+  // In-line verification with several trainer ranks: every rank hashes its share of the
+  // host tensors it holds (HashingRank), after packing each, and rank 0 gathers every rank's digests
+  // once all have sent, so that its finish carries a digest of every tensor whichever
+  // ranks hold them. Every rank must run with the same TrainerOptions::inline_verify (the
+  // gather is a collective of the trainer ranks).
   Status Produce(SyncContext& sync, Pending* http) {
+    std::shared_ptr<PassDigests> digests;
+    if (options_.inline_verify && rank_comm_ != nullptr) {
+      sync.pass.CollectDigests();
+      digests = sync.pass.TakeDigests();
+    }
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.HeldStream(held_meta_));
     std::shared_ptr<Communicator> comm = comm_;
     if (!comm) return FailedPrecondition("no sharded group: Init first");
@@ -627,6 +640,7 @@ class ShardedPlane final : public DataPlane {
     state->stream = stream;
     state->comm = comm;
     state->progress = sync.progress;
+    state->digests = digests;
     // The op reads the plane's plans, which live until Shutdown; Shutdown aborts the group
     // first, so the op ends before they go.
     auto op = [this, state, deadline = sync.deadline]() { return ProduceLoop(*state, deadline); };
@@ -636,14 +650,35 @@ class ShardedPlane final : public DataPlane {
       return s;
     }
     TensorRef end;
-    return stream->Next(&end).status();
+    WSYNC_RETURN_IF_ERROR(stream->Next(&end).status());
+    if (!digests) return Status::Ok();
+    Result<std::vector<std::string>> all = AllGatherStrings(*rank_comm_, json(sync.pass.digests()).dump(), sync.deadline);
+    if (!all.ok()) return all.status().WithContext(fmt::format("trainer rank {}: gathering the in-line digests", me_));
+    if (me_ != 0) return Status::Ok();
+    for (size_t r = 1; r < all->size(); ++r) {
+      json j = json::parse((*all)[r], nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object()) return Internal(fmt::format("trainer rank {} sent malformed in-line digests", r));
+      for (const auto& [name, hex] : j.items()) {
+        if (hex.is_string()) digests->Record(name, hex.get<std::string>());
+      }
+    }
+    return Status::Ok();
   }
 
   struct ProduceState {
     std::shared_ptr<TensorStream> stream;
     std::shared_ptr<Communicator> comm;
     std::function<void(const SyncProgress&)> progress;
+    std::shared_ptr<PassDigests> digests;  // in-line verification: this rank's share
   };
+
+  // The trainer rank that hashes stream tensor i for in-line verification: one of its
+  // holders, taken in turn tensor by tensor, so that ranks that all hold a tensor (FSDP)
+  // share the hashing.
+  int HashingRank(size_t i) const {
+    const std::vector<int>& owners = stream_.ownership.owner_sets[stream_.ownership.name_owner_class[i]];
+    return owners.empty() ? 0 : owners[i % owners.size()];
+  }
 
   Status ProduceLoop(ProduceState& st, Deadline deadline) {
     WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(options_.device));
@@ -684,7 +719,15 @@ class ShardedPlane final : public DataPlane {
         TensorRef t;
         WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
         if (!more) return Internal("the held pass ended early");
-        if (pack_[i].empty()) continue;
+        // Hashed after the pack below reads it, while it is in cache.
+        const bool hash = st.digests && t.device.is_cpu() && HashingRank(i) == me_;
+        auto record = [&] {
+          if (hash) st.digests->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
+        };
+        if (pack_[i].empty()) {
+          record();
+          continue;
+        }
         if (rt == nullptr && !t.device.is_cpu()) {
           return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors", t.name,
                                              t.device.ToString()));
@@ -701,6 +744,7 @@ class ShardedPlane final : public DataPlane {
                         r.run_bytes);
           }
         }
+        record();
       }
       if (!sends) continue;
       if (rt != nullptr) WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext("packing " + GroupName(g)));
