@@ -17,7 +17,6 @@
 #include "backends/ipc/region.h"
 #include "core/checked_math.h"
 #include "core/log.h"
-#include "core/parallel.h"
 #include "model/worker_store.h"
 #include "receiver/worker_fanout.h"
 #include "receiver/worker_thread.h"
@@ -182,8 +181,7 @@ class IpcReceiver final : public ReceiverBackend {
       if (plane.slots == WorkerPlane::Slots::kDevice) {
         return ReceiveDevice(w, plane, reader, region, u, tensors, deadline, landed);
       }
-      return Receive(w, reader, region, u, *tensors, deadline, landed,
-                     std::max<size_t>(1, DefaultThreads() / ctx_->workers.size()));
+      return Receive(w, reader, region, u, *tensors, deadline, landed);
     });
     if (first.ok()) return first;
     if (!region.TrainerAlive() || !region.CheckStillMapped().ok()) Release(session);
@@ -222,23 +220,18 @@ class IpcReceiver final : public ReceiverBackend {
   // Lands every chunk of the update from the host slots in one worker's shards (a CUDA
   // worker copies each tensor host -> device); runs on the worker's thread.
   static Status Receive(const ReceiverWorker& w, int reader, IpcRegion& region, const IpcUpdateInfo& u,
-                        const std::vector<TensorMeta>& tensors, Deadline deadline, std::atomic<size_t>& landed,
-                        size_t threads) {
+                        const std::vector<TensorMeta>& tensors, Deadline deadline, std::atomic<size_t>& landed) {
     size_t n = u.num_chunks();
     for (size_t k = 0; k < n; ++k) {
       uint64_t seq = u.first_seq + k;
       std::string what = fmt::format("{}: chunk {}/{} of sync {}", w.label, k + 1, n, u.sync);
       WSYNC_RETURN_IF_ERROR(region.WaitPublished(seq, u.sync, deadline, what, 0));
       std::span<std::byte> slot = region.slot(static_cast<int>(seq % region.num_slots()));
-      std::vector<TensorRef> refs;
       for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) {
         const TensorMeta& m = tensors[i];
-        refs.push_back(
-            TensorRef{m.name, m.dtype, m.shape, slot.subspan(u.tensor_offsets[i], u.tensor_sizes[i]), Device{}});
+        TensorRef ref{m.name, m.dtype, m.shape, slot.subspan(u.tensor_offsets[i], u.tensor_sizes[i]), Device{}};
+        WSYNC_RETURN_IF_ERROR(w.sink->Load(ref).WithContext(w.label));
       }
-      // A sink that hashes its landings lands the chunk on this worker's share of the
-      // cores: the trainer waits for the chunk meanwhile, and the hash is compute.
-      WSYNC_RETURN_IF_ERROR(w.sink->LoadEach(refs, w.sink->HashesLandings() ? threads : 1).WithContext(w.label));
       WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded().WithContext(w.label));
       landed.fetch_add(1);
       WSYNC_RETURN_IF_ERROR(region.CheckStillMapped().WithContext(what));  // what it read was the file's

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -36,32 +35,31 @@ using Clock = std::chrono::steady_clock;
 using Pending = SessionDriver::Pending;
 
 // Copies one tensor into the slot, on several threads when it is large. With a `hasher`
-// (in-line verification) the bytes read are hashed too: a small tensor as it is copied
-// (CopyAndHash); a larger one, given a `helper` thread, on the helper while this thread
-// copies, so that the hash costs the sync no time while a core is free (the server
-// waits for the chunk meanwhile). Returns once both are done.
-void CopyInto(std::byte* dst, std::span<const std::byte> src, size_t threads, Hasher* hasher = nullptr,
-              TaskPool* helper = nullptr) {
+// (in-line verification), the bytes read are hashed too: as they are copied, on one
+// thread; or, a large tensor on more than two threads, by the calling thread while the
+// others copy.
+void CopyInto(std::byte* dst, std::span<const std::byte> src, size_t threads, Hasher* hasher = nullptr) {
   constexpr size_t kPiece = size_t{8} << 20;
-  constexpr size_t kHelpedBytes = size_t{1} << 20;
-  if (hasher != nullptr && (helper == nullptr || src.size() < kHelpedBytes)) {
-    CopyAndHash(dst, src, *hasher, /*hash_destination=*/false);
+  if (src.size() < 2 * kPiece || threads <= 1 || (hasher != nullptr && threads <= 2)) {
+    if (hasher != nullptr) {
+      CopyAndHash(dst, src, *hasher, /*hash_destination=*/false);
+    } else {
+      std::memcpy(dst, src.data(), src.size());
+    }
     return;
   }
-  std::optional<TaskGroup> hashing;
-  if (hasher != nullptr) {
-    hashing.emplace(*helper);
-    hashing->Submit([hasher, src](size_t) { hasher->Update(src); });
+  size_t pieces = (src.size() + kPiece - 1) / kPiece;
+  auto copy = [&](size_t b, size_t e) {
+    size_t from = b * kPiece, to = std::min(src.size(), e * kPiece);
+    std::memcpy(dst + from, src.data() + from, to - from);
+  };
+  if (hasher == nullptr) {
+    ParallelFor(pieces, threads, copy);
+    return;
   }
-  if (src.size() < 2 * kPiece || threads <= 1) {
-    std::memcpy(dst, src.data(), src.size());
-  } else {
-    size_t pieces = (src.size() + kPiece - 1) / kPiece;
-    ParallelFor(pieces, hasher != nullptr ? std::max<size_t>(1, threads - 1) : threads, [&](size_t b, size_t e) {
-      size_t from = b * kPiece, to = std::min(src.size(), e * kPiece);
-      std::memcpy(dst + from, src.data() + from, to - from);
-    });
-  }
+  std::thread copier([&] { ParallelFor(pieces, threads - 1, copy); });
+  hasher->Update(src);
+  copier.join();
 }
 
 class IpcPlane final : public DataPlane {
@@ -891,9 +889,7 @@ class IpcPlane final : public DataPlane {
                                                meta[i].name, t.device.ToString()));
           }
           std::unique_ptr<Hasher> hasher = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
-          if (hasher && threads > 1 && !hash_helper_) hash_helper_ = std::make_unique<TaskPool>(1);
-          CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads, hasher.get(),
-                   threads > 1 ? hash_helper_.get() : nullptr);
+          CopyInto(slot.data() + plan.tensor_offsets[i], t.bytes, threads, hasher.get());
           if (hasher) digests->Record(t.name, hasher->FinishHex());
           p.bytes_done += t.bytes.size();
         }
@@ -965,7 +961,6 @@ class IpcPlane final : public DataPlane {
   bool has_readers_ = true;  // publishers p > 0: some worker reads this GPU's slots
   uint64_t next_seq_ = 1;
   uint64_t published_seq_ = 0;  // the last chunk this rank published in its session
-  std::unique_ptr<TaskPool> hash_helper_;  // in-line verification: hashes beside the slot copy
   uint64_t sync_ = 0;
   size_t chunks_published_ = 0;
   // Rank 0's sync under way (Prepare): its plan, its update, whether it packs.
