@@ -5,6 +5,8 @@ One vLLM server (CPU, TP=1, --weight-transfer-config '{"backend": "wsync"}') and
 it REPEATS times to each, per backend (nccl over Gloo, ipc over shared memory). Printed:
 median sync seconds per target, and inside vLLM's worker the share of the receive spent in
 the model's load_weights (vLLM's own load cost: fusing, slicing, its layerwise reload).
+Into vLLM it pushes twice, with in-line verification on (the default: the trainer hashes
+its pass, the workers compare at finish) and off, alternating, and prints both.
 
   PYTHONPATH=build/python WSYNC_BIN=build/tools/wsync .venv/bin/python bench/vllm_plugin.py
 """
@@ -52,19 +54,23 @@ def wsync_serve(model_dir, backend, log):
     raise TimeoutError(f"wsync serve on {url} did not start")
 
 
-def push(url, backend, model, repeats, vllm=None):
+def push(url, backend, model, repeats, vllm=None, inline_verify=True):
     seconds, shares, phases = [], [], []
-    with wsync.TrainerEngine(backend=backend, servers=[url], device="cpu", timeout=300.0) as engine:
+    with wsync.TrainerEngine(backend=backend, servers=[url], device="cpu", timeout=300.0,
+                             inline_verify=inline_verify) as engine:
         engine.send_weights(wsync.StateDictSource(model))  # init and warm-up, not counted
         for _ in range(repeats):
             stats = engine.send_weights(wsync.StateDictSource(model))
+            if inline_verify:
+                assert stats.inline_verified_servers == 1, stats
             seconds.append(stats.seconds)
             phases.append((stats.start_seconds, stats.transfer_seconds, stats.finish_seconds))
             if vllm is not None:
                 w = vllm.worker_stats()[0]
                 shares.append((w["load_seconds"], w["receive_seconds"], w["copy_seconds"], w["digest_seconds"]))
     phase = [round(statistics.median(p[i] for p in phases), 3) for i in range(3)]
-    print(f"  {backend} into {'vLLM' if vllm else 'wsync serve'}: start/transfer/finish medians {phase} s")
+    print(f"  {backend} into {'vLLM' if vllm else 'wsync serve'} (in-line verify {'on' if inline_verify else 'off'}):"
+          f" start/transfer/finish medians {phase} s, sync median {statistics.median(seconds):.3f} s")
     return seconds, shares
 
 
@@ -93,6 +99,8 @@ def main():
             serves.append(proc)
             into_serve, _ = push(url, backend, model, args.repeats)
             into_vllm, shares = push(vllm.url, backend, model, args.repeats, vllm)
+            push(vllm.url, backend, model, args.repeats, vllm, inline_verify=False)
+            push(vllm.url, backend, model, args.repeats, vllm, inline_verify=True)
             load = statistics.median(s[0] for s in shares)
             recv = statistics.median(s[1] for s in shares)
             copy = statistics.median(s[2] for s in shares)

@@ -77,7 +77,9 @@ struct TrainerOptions {
   // In-line verification of every sync: the trainer hashes (xxh3-128) each host tensor of
   // its pass as its data plane copies it (`sharded` with several ranks: each hashes its
   // share of what it holds and rank 0 gathers) and sends the digests with
-  // finish_weight_update to the servers whose /health declares "inline_verification";
+  // finish_weight_update to the servers whose /health declares "inline_verification"
+  // (a vLLM server running wsync's plugin counts as declaring it, and takes them by
+  // collective RPC just before finish: see SessionDriver::FinishVerified);
   // such a server hashes what it lands as it lands it and refuses to finish when that
   // differs (the sync fails naming the tensors; the server keeps its previous weight
   // version and reports weights_consistent: false). SyncStats says what was verified.
@@ -106,8 +108,8 @@ struct SyncStats {
   // gets them with finish and compares them with what it holds before it finishes.
   // inline_verified_servers: those servers (every digest either matched or was named
   // unverifiable by the server, e.g. a tensor it does not hold; a mismatch fails the
-  // sync); inline_unverified_servers: the servers that do not declare support (a vLLM
-  // engine, the Python worker server), whose sync is not verified in-line.
+  // sync); inline_unverified_servers: the servers that do not declare support (vLLM
+  // with its own engines, the Python worker server), whose sync is not verified in-line.
   // inline_verified_tensors: the tensors the first verified server matched.
   size_t inline_digests = 0;
   size_t inline_verified_servers = 0;

@@ -26,7 +26,8 @@ TIMINGS = {}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    yield from serve_fixture(tmp_path_factory, TIMINGS)
+    # WSYNC_VLLM_TEST_FAULTS adds the fault RPC of the in-line verification test.
+    yield from serve_fixture(tmp_path_factory, TIMINGS, extra_env={"WSYNC_VLLM_TEST_FAULTS": "1"})
 
 
 def test_nccl_over_gloo(server):
@@ -164,3 +165,48 @@ def test_the_cli_pushes_a_checkpoint_and_verifies_it(server):
     model = policy(0)
     check_server_weights(server, model)
     assert server.completion() == reference_tokens(model)
+
+
+def test_every_sync_into_vllm_is_verified_in_line(server):
+    # The trainer's digests reach the workers by collective RPC before finish; every
+    # tensor's landed bytes match, with no read-back (verify=False).
+    import wsync
+    model = policy(81)
+    n = len(model.state_dict())
+    with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=120.0) as engine:
+        stats = engine.send_weights(wsync.StateDictSource(model), weight_version="inline-81")
+    assert not stats.verified  # no read-back
+    assert (stats.inline_digests, stats.inline_verified_servers, stats.inline_unverified_servers,
+            stats.inline_verified_tensors) == (n, 1, 0, n)
+    worker = server.worker_stats()[0]
+    assert (worker["inline_digests"], worker["inline_verified"], worker["inline_differing"]) == (n, n, 0)
+    assert server.weight_version() == "inline-81"
+    assert server.completion() == reference_tokens(model)
+
+
+def test_a_corrupted_landing_fails_finish_naming_the_tensor(server):
+    # wsync_corrupt_next_landing (WSYNC_VLLM_TEST_FAULTS) fakes a data plane that delivered
+    # one wrong byte: the worker flips the first byte of the next tensor it lands, before
+    # digesting it and handing it to load_weights. The trainer's digest (of what it read)
+    # differs: finish is refused, the sync fails naming the tensor, the version stays.
+    import wsync
+    good, bad = policy(91), policy(92)
+    with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=120.0) as engine:
+        assert engine.send_weights(wsync.StateDictSource(good), weight_version="good").inline_verified_servers == 1
+        status, reply = request(server.url, "/collective_rpc", {"method": "wsync_corrupt_next_landing"})
+        assert status == 200, reply
+        with pytest.raises(Exception) as failed:
+            engine.send_weights(wsync.StateDictSource(bad), weight_version="corrupt")
+        message = str(failed.value)
+        assert "in-line verification" in message and "differ from what the trainer read" in message, message
+        named = [name for name in bad.state_dict() if f"{name} (worker 0 landed" in message]
+        assert len(named) == 1, message
+        assert server.weight_version() == "good"
+        worker = server.worker_stats()[0]
+        assert worker["inline_differing"] == 1 and worker["inline_verified"] == len(bad.state_dict()) - 1, worker
+        # The session is closed: the next sync lands and verifies.
+        stats = engine.send_weights(wsync.StateDictSource(bad), weight_version="after")
+        assert stats.inline_verified_tensors == len(bad.state_dict())
+    assert server.weight_version() == "after"
+    check_server_weights(server, bad)
+    assert server.completion() == reference_tokens(bad)

@@ -110,8 +110,8 @@ def check_server_weights(server, model, tp=1):
 
 
 def push_and_check(server, backend, seeds, timings, tp=1, **engine_options):
-    """A wsync.TrainerEngine pushes one policy per seed over `backend`, verifying each sync by
-    read-back; after each, vLLM's weights and its greedy completion are checked (the
+    """A wsync.TrainerEngine pushes one policy per seed over `backend`, verifying each sync
+    in-line and by read-back; after each, vLLM's weights and its greedy completion are checked (the
     completion against transformers'), and the completions must differ between versions."""
     import wsync
     tokens = []
@@ -124,6 +124,8 @@ def push_and_check(server, backend, seeds, timings, tp=1, **engine_options):
             timings.setdefault(f"{backend} tp{tp} sync+verify (s)", []).append(round(time.perf_counter() - t0, 3))
             timings.setdefault(f"{backend} tp{tp} sync (s)", []).append(round(stats.seconds, 3))
             assert stats.verified
+            # In-line too: every tensor's landed bytes matched the trainer's digest.
+            assert (stats.inline_verified_servers, stats.inline_verified_tensors) == (1, len(model.state_dict()))
             workers = server.worker_stats()
             assert len(workers) == tp
             timings.setdefault(f"{backend} tp{tp} worker 0 (s)", []).append(

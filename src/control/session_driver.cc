@@ -48,8 +48,13 @@ std::optional<json> VllmWsyncHealth(const json& server_info) {
                ? it->get<int>()
                : 1;
   };
-  return json{{"server", "wsync"}, {"frontend", "vllm"}, {"tp", size("tensor_parallel_size")},
-              {"pp", size("pipeline_parallel_size")}, {"dp", size("data_parallel_size")}, {"dp_rank", -1}};
+  return json{{"server", "wsync"},
+              {"frontend", "vllm"},
+              {"tp", size("tensor_parallel_size")},
+              {"pp", size("pipeline_parallel_size")},
+              {"dp", size("data_parallel_size")},
+              {"dp_rank", -1},
+              {"inline_verification", "xxh3_128"}};
 }
 
 Result<Fleet> SessionDriver::Discover() const {
@@ -189,16 +194,59 @@ Status SessionDriver::Finish(const std::optional<std::string>& weight_version) c
 
 Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std::string>& weight_version,
                                                         const std::map<std::string, std::string>& digests,
-                                                        const std::vector<bool>& verifying) const {
+                                                        const std::vector<bool>& verifying,
+                                                        const std::vector<bool>& vllm) const {
   json plain = json::object();
   if (weight_version) plain["weight_version"] = *weight_version;
   json with = plain;
   with["wsync_digests"] = digests;
   with["digest_algorithm"] = "xxh3_128";
-  std::vector<json> bodies;
-  for (size_t i = 0; i < size(); ++i) bodies.push_back(i < verifying.size() && verifying[i] ? with : plain);
+  auto verifies = [&](size_t i) { return i < verifying.size() && verifying[i]; };
+  auto in_vllm = [&](size_t i) { return i < vllm.size() && vllm[i]; };
   Deadline deadline = policy_.Call();
-  return client_.PostAsync(Path(route::kFinishWeightUpdate), std::move(bodies), deadline)->Wait(deadline);
+  // vLLM's /finish_weight_update passes only weight_version: its workers take the digests
+  // by collective RPC first, and refuse the finish that follows if any differ.
+  std::vector<std::string> vllm_urls;
+  for (size_t i = 0; i < size(); ++i) {
+    if (verifies(i) && in_vllm(i)) vllm_urls.push_back(urls()[i]);
+  }
+  std::vector<json> rpc_replies;
+  std::optional<FanOutClient> vllm_client;
+  if (!vllm_urls.empty()) {
+    vllm_client.emplace(vllm_urls, ClientOptions{api_key_, 10});
+    json call = {{"method", "wsync_inline_digests"},
+                 {"args", json::array({json{{"wsync_digests", digests}, {"digest_algorithm", "xxh3_128"}}.dump()})}};
+    Result<std::vector<json>> sent =
+        vllm_client->PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm_urls.size(), call), deadline)
+            ->Wait(deadline);
+    if (!sent.ok()) return sent.status().WithContext("sending the in-line digests to vLLM's workers");
+    rpc_replies = *std::move(sent);
+  }
+  std::vector<json> bodies;
+  for (size_t i = 0; i < size(); ++i) bodies.push_back(verifies(i) && !in_vllm(i) ? with : plain);
+  std::vector<Result<json>> merged;
+  for (size_t i = 0, v = 0; i < size(); ++i) {
+    if (!(verifies(i) && in_vllm(i))) continue;
+    merged.push_back(MergeInlineResults(v < rpc_replies.size() ? rpc_replies[v] : json(), digests.size(), urls()[i]));
+    ++v;
+  }
+  Result<std::vector<json>> replies =
+      client_.PostAsync(Path(route::kFinishWeightUpdate), std::move(bodies), deadline)->Wait(deadline);
+  // vLLM cuts a worker's error short: the merged results name the differing tensors in full.
+  Status first_failed = Status::Ok();
+  for (const Result<json>& m : merged) {
+    if (!m.ok() && first_failed.ok()) first_failed = m.status();
+  }
+  if (!replies.ok() || !first_failed.ok()) {
+    // A vLLM worker that refused to finish leaves vLLM's session open (its engine undid the
+    // update): a plain finish closes it without setting a version.
+    if (vllm_client) (void)vllm_client->Post(Path(route::kFinishWeightUpdate), json::object(), policy_.Close());
+    return first_failed.ok() ? replies.status() : first_failed;
+  }
+  for (size_t i = 0, v = 0; i < size() && i < replies->size(); ++i) {
+    if (verifies(i) && in_vllm(i)) (*replies)[i] = json{{"verified", *std::move(merged[v++])}};
+  }
+  return replies;
 }
 
 void SessionDriver::Close() const {
@@ -375,6 +423,51 @@ Result<json> MergeWorkerChecksums(const json& reply, std::string_view server) {
   }
   for (const auto& [name, _] : merged.items()) not_held.erase(name);
   return json{{"checksums", std::move(merged)}, {"not_held", not_held}};
+}
+
+Result<json> MergeInlineResults(const json& reply, size_t digests, std::string_view server) {
+  auto results = reply.is_object() ? reply.find("results") : reply.end();
+  if (results == reply.end() || !results->is_array() || results->empty()) {
+    return Internal(fmt::format("{}: {} wsync_inline_digests answered no per-worker results", server,
+                                route::kCollectiveRpc));
+  }
+  std::optional<std::set<std::string>> not_landed;  // by every worker so far
+  std::vector<std::string> differ;
+  for (size_t w = 0; w < results->size(); ++w) {
+    const json& r = (*results)[w];
+    if (!r.is_object() || !r.contains("tensors") || !r["tensors"].is_number_integer() ||
+        r["tensors"].get<int64_t>() < 0) {
+      return Internal(fmt::format("{}: worker {} answered wsync_inline_digests without 'tensors'", server, w));
+    }
+    std::set<std::string> mine;
+    if (auto it = r.find("not_landed"); it != r.end() && it->is_array()) {
+      for (const json& n : *it) {
+        if (n.is_string()) mine.insert(n.get<std::string>());
+      }
+    }
+    if (!not_landed) {
+      not_landed = std::move(mine);
+    } else {
+      std::erase_if(*not_landed, [&](const std::string& n) { return !mine.contains(n); });
+    }
+    if (auto it = r.find("differ"); it != r.end() && it->is_array()) {
+      for (const json& d : *it) {
+        if (d.is_string() && differ.size() < 5) differ.push_back(d.get<std::string>().substr(0, 400));
+      }
+    }
+    auto count = r.find("differing");
+    const bool differs = count != r.end() && (!count->is_number_integer() || count->get<int64_t>() != 0);
+    if (differs && differ.empty()) differ.push_back(fmt::format("worker {}: differing tensors unnamed", w));
+  }
+  if (!differ.empty()) {
+    return DataLoss(fmt::format("{}: in-line verification found tensors that differ from what the trainer read: {}",
+                                server, fmt::join(differ, "; ")));
+  }
+  // A tensor is verified where some worker landed it: each worker checked all it landed.
+  const size_t tensors = digests - std::min(digests, not_landed->size());
+  json unverifiable = json::object();
+  for (const std::string& n : *not_landed) unverifiable[n.substr(0, 200)] = "landed by no worker of this server";
+  return json{{"tensors", tensors}, {"algorithm", "xxh3_128"}, {"unverifiable", std::move(unverifiable)}};
 }
 
 std::shared_ptr<const std::string> UpdateBody(const std::vector<TensorMeta>& tensors, const json& extra) {

@@ -73,6 +73,14 @@ std::optional<nlohmann::json> VllmWsyncHealth(const nlohmann::json& server_info)
 // workers disagree about a tensor.
 Result<nlohmann::json> MergeWorkerChecksums(const nlohmann::json& reply, std::string_view server);
 
+// The "verified" object of a wsync server's verified finish ({"tensors", "algorithm",
+// "unverifiable"}) from a vLLM server's /collective_rpc wsync_inline_digests reply
+// ({"results": [{"tensors", "not_landed", "differing", "differ"}, ...]}, one per worker)
+// for `digests` digests sent: a tensor is verified where some worker landed it, and
+// unverifiable where none did. DataLoss naming the tensors when any worker's differ;
+// Internal when the reply has no such results.
+Result<nlohmann::json> MergeInlineResults(const nlohmann::json& reply, size_t digests, std::string_view server);
+
 class SessionDriver {
  public:
   // A fan-out call in flight: Wait() returns every server's reply or the first error.
@@ -124,9 +132,16 @@ class SessionDriver {
   // POST /finish_weight_update with the pass's digests to the servers marked in
   // `verifying` (in server order; their body adds "wsync_digests" and
   // "digest_algorithm": "xxh3_128"), the plain body to the others; every server's reply.
+  // A verifying server marked in `vllm` (wsync's plugin in vLLM, whose finish route passes
+  // only weight_version) gets the digests first by POST /collective_rpc
+  // {"method": "wsync_inline_digests", "args": ["{\"wsync_digests\": ..., ...}"]}, then
+  // the plain finish, which its workers refuse (500) when bytes differ; its reply here is
+  // {"verified": ...} merged from its workers' (MergeInlineResults). When a finish fails,
+  // those vLLM servers get a plain finish that closes vLLM's session.
   Result<std::vector<nlohmann::json>> FinishVerified(const std::optional<std::string>& weight_version,
                                                      const std::map<std::string, std::string>& digests,
-                                                     const std::vector<bool>& verifying) const;
+                                                     const std::vector<bool>& verifying,
+                                                     const std::vector<bool>& vllm = {}) const;
   // After a failed sync: a best-effort finish that ends any session still open (servers
   // whose failed update already ended theirs answer 409, which is expected), bounded by
   // Close().

@@ -169,6 +169,7 @@ TEST(SessionDriver, AVllmServerRunningTheWsyncEngineCountsAsAWsyncServer) {
   EXPECT_EQ((*health)["tp"], 2);
   EXPECT_EQ((*health)["dp"], 1);
   EXPECT_FALSE(health->contains("backend"));  // any wsync backend, chosen by each init
+  EXPECT_EQ((*health)["inline_verification"], "xxh3_128");  // digests by collective RPC
   info["vllm_config"]["weight_transfer_config"]["backend"] = "nccl";
   EXPECT_FALSE(VllmWsyncHealth(info).has_value());
   EXPECT_FALSE(VllmWsyncHealth(json{{"vllm_config", "text form"}}).has_value());
@@ -176,6 +177,28 @@ TEST(SessionDriver, AVllmServerRunningTheWsyncEngineCountsAsAWsyncServer) {
   info["vllm_config"]["weight_transfer_config"]["backend"] = "wsync";
   info["vllm_config"]["parallel_config"]["tensor_parallel_size"] = 4294967298;
   EXPECT_EQ((*VllmWsyncHealth(info))["tp"], 1);
+}
+
+TEST(SessionDriver, InlineResultsOfVllmWorkersMergeAndDifferencesAreNamed) {
+  // Two pipeline stages: each worker lands half; "c" reached neither.
+  json reply = {{"results",
+                 {{{"tensors", 1}, {"not_landed", {"b", "c"}}, {"differing", 0}, {"differ", json::array()}},
+                  {{"tensors", 1}, {"not_landed", {"a", "c"}}, {"differing", 0}, {"differ", json::array()}}}}};
+  Result<json> merged = MergeInlineResults(reply, 3, "http://s");
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  EXPECT_EQ((*merged)["tensors"], 2);
+  EXPECT_EQ((*merged)["unverifiable"].size(), 1u);
+  EXPECT_TRUE((*merged)["unverifiable"].contains("c"));
+  reply["results"][1]["differing"] = 1;
+  reply["results"][1]["differ"] = {"b (worker 1 landed 00, the trainer read ff)"};
+  merged = MergeInlineResults(reply, 3, "http://s");
+  ASSERT_FALSE(merged.ok());
+  EXPECT_EQ(merged.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(merged.status().message().find("b (worker 1 landed 00"), std::string::npos);
+  EXPECT_EQ(MergeInlineResults(json{{"results", json::array()}}, 3, "http://s").status().code(),
+            StatusCode::kInternal);
+  EXPECT_EQ(MergeInlineResults(json{{"results", {{{"x", 1}}}}}, 3, "http://s").status().code(),
+            StatusCode::kInternal);
 }
 
 TEST(SessionDriver, WorkerChecksumsMergeAndDisagreementsAreNamed) {

@@ -19,7 +19,7 @@ struct EnvKnob {
   std::string_view help;
 };
 
-inline constexpr std::array<EnvKnob, 8> kEnvKnobs = {{
+inline constexpr std::array<EnvKnob, 9> kEnvKnobs = {{
     {"WSYNC_LOG_LEVEL", "info", "log level of any wsync process: trace, debug, info, warn, error, off"},
     {"WSYNC_API_KEY", "", "serve/push --api-key, kept out of the command line"},
     {"WSYNC_BIN", "", "tests: the wsync CLI the end-to-end tests start (set by CTest)"},
@@ -31,6 +31,8 @@ inline constexpr std::array<EnvKnob, 8> kEnvKnobs = {{
                                "sync_root), which vLLM's --weight-transfer-config cannot carry"},
     {"WSYNC_FAULT_TRAINER_STALL", "", "tests: 'after-start' makes a trainer stall, until killed, once its servers' "
                                       "start_weight_update succeeded (a trainer that dies inside a session)"},
+    {"WSYNC_VLLM_TEST_FAULTS", "", "tests: '1' adds the vLLM plugin's fault RPC wsync_corrupt_next_landing (flips "
+                                   "a byte of the next tensor a worker lands)"},
 }};
 
 consteval bool IsEnvKnob(std::string_view name) {

@@ -7,9 +7,11 @@ the fusing (by the model's ``packed_modules_mapping`` and the layer's ``output_s
 gathers tensor-parallel shards over vLLM's TP group and cuts vocabulary padding, so the
 digests are those of the trainer's tensors.
 
-``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)``, ``wsync_stats()`` and
+``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)``, ``wsync_stats()``,
 ``wsync_fetch_weights(body_json)`` (delta: wsync's ``/fetch_weights``, which vLLM lacks)
-to vLLM's worker base class, so that ``POST /collective_rpc {"method":
+and ``wsync_inline_digests(body_json)`` (in-line verification, see
+``wsync.vllm.worker_engine``) to vLLM's worker base class, and, where the environment sets
+``WSYNC_VLLM_TEST_FAULTS=1``, the test-only ``wsync_corrupt_next_landing()``, so that ``POST /collective_rpc {"method":
 "wsync_weight_digests", "args": ["xxh3_128"]}`` answers, from every worker, the reply
 shape of wsync's ``/weight_checker`` checksum action (``{"checksums": {hf_name: hex}}``).
 They are collectives across the TP group: every worker of the server runs them (which
@@ -131,10 +133,35 @@ def _worker_fetch_weights(self, body_json):
     return engine.fetch_weights(json.loads(body_json))
 
 
+def _wsync_engine(self, rpc):
+    engine = getattr(self, "weight_transfer_engine", None)
+    if engine is None or not hasattr(engine, "check_inline"):
+        raise RuntimeError(f"{rpc} needs the wsync weight-transfer engine")
+    return engine
+
+
+def _worker_inline_digests(self, body_json):
+    import json
+    return _wsync_engine(self, "wsync_inline_digests").check_inline(json.loads(body_json))
+
+
+def _worker_corrupt_next_landing(self):
+    _wsync_engine(self, "wsync_corrupt_next_landing").corrupt_next_landing()
+    return True
+
+
+# The environment variable that adds the test-only fault RPC (wsync env lists it).
+TEST_FAULTS_ENV = "WSYNC_VLLM_TEST_FAULTS"
+
+
 def install_worker_rpcs():
     """Adds the wsync_* collective RPCs to vLLM's worker base class (new names only)."""
+    import os
     from vllm.v1.worker.worker_base import WorkerBase
-    for name, fn in (("wsync_weight_digests", _worker_weight_digests), ("wsync_stats", _worker_stats),
-                     ("wsync_fetch_weights", _worker_fetch_weights)):
+    rpcs = [("wsync_weight_digests", _worker_weight_digests), ("wsync_stats", _worker_stats),
+            ("wsync_fetch_weights", _worker_fetch_weights), ("wsync_inline_digests", _worker_inline_digests)]
+    if os.environ.get(TEST_FAULTS_ENV) == "1":
+        rpcs.append(("wsync_corrupt_next_landing", _worker_corrupt_next_landing))
+    for name, fn in rpcs:
         if not hasattr(WorkerBase, name):
             setattr(WorkerBase, name, fn)

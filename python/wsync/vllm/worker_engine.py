@@ -17,6 +17,15 @@ callback. vLLM's layerwise reload keeps the tensors handed to ``load_weights`` u
 layer has all its weights, which may be in a later chunk, so after each chunk the engine
 copies what the reload still holds for layers it has not completed (usually only a layer
 split across two chunks).
+
+In-line verification: a wsync trainer sends the xxh3-128 digest of every tensor it read
+through the collective RPC ``wsync_inline_digests`` after the session's last
+``/update_weights`` and before ``/finish_weight_update`` (vLLM's finish route passes only
+``weight_version``). Each worker compares them with the digests of the bytes it handed to
+``load_weights`` and answers what it checked; ``finish_weight_update`` then refuses a
+session whose bytes differ: it puts back what the layerwise reload still holds, raises
+naming the tensors (vLLM answers 500 and keeps the previous weight version), and leaves
+the mismatch in ``stats``.
 """
 
 import json
@@ -119,6 +128,13 @@ class UpdateStats:
     tensors: int = 0
     bytes: int = 0
     chunks: int = 0
+    inline_digests: int = 0           # the trainer's digests this update was checked against
+    inline_verified: int = 0          # tensors this worker landed whose bytes match them
+    inline_differing: int = 0         # tensors this worker landed whose bytes differ
+
+
+# The most differing tensors a message or a reply names.
+MAX_NAMED = 5
 
 
 class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateInfo]):
@@ -139,6 +155,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         # (wsync.vllm.digests). The update under way fills _landing; finish publishes it.
         self.landed = {}
         self._landing = {}
+        # The in-line check of the update under way (check_inline): names of the tensors
+        # whose landed bytes differ from the trainer's, with both digests.
+        self._differing = []
+        # Test-only fault (wsync_corrupt_next_landing): flip one byte of the next tensor landed.
+        self._corrupt_next = False
         from wsync.vllm import digests
         digests.install_worker_rpcs()
 
@@ -185,6 +206,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         initialize_layerwise_reload(self.model)
         self._reloading = True
         self._landing = {}
+        self._differing = []
         self.stats = UpdateStats()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
@@ -206,6 +228,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
 
         def load(chunk):
             t0 = time.perf_counter()
+            if self._corrupt_next and chunk:
+                self._corrupt_next = False
+                _flip_first_byte(chunk[0][1])
             for name, tensor in chunk:
                 landed[name] = tensor_digest(tensor, "xxh3_128")
             t1 = time.perf_counter()
@@ -236,6 +261,14 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
     def finish_weight_update(self) -> None:
         if not self._reloading:
             return  # the update failed and its reload was undone: nothing to finish
+        if self._differing:
+            differing, self._differing = self._differing, []
+            self._abort_reload()
+            raise RuntimeError(
+                f"wsync in-line verification: {len(differing)} tensor(s) landed on vLLM worker "
+                f"{self.worker_rank} differ from what the trainer read: {'; '.join(differing[:MAX_NAMED])}"
+                + (f"; and {len(differing) - MAX_NAMED} more" if len(differing) > MAX_NAMED else "")
+                + ". The update is not finished; the previous weight version stays reported")
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
         t0 = time.perf_counter()
         try:
@@ -289,9 +322,54 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             self._rx = None
 
     # ---- wsync's extras (collective RPCs, wsync.vllm.digests) --------------------------
+    def check_inline(self, body):
+        """In-line verification (module doc): compares ``body["wsync_digests"]`` ({hf_name:
+        xxh3-128 hex}, ``"digest_algorithm": "xxh3_128"``) with the bytes this worker landed
+        in the update under way; finish_weight_update refuses the update if any differ.
+        Returns {"tensors": matched, "not_landed": [names this worker did not land],
+        "differing": count, "differ": [up to MAX_NAMED descriptions]}."""
+        if not isinstance(body, dict) or not isinstance(body.get("wsync_digests"), dict):
+            raise ValueError("wsync_inline_digests needs a JSON object with a 'wsync_digests' object")
+        algorithm = body.get("digest_algorithm", "xxh3_128")
+        if algorithm != "xxh3_128":
+            raise ValueError(f"digest_algorithm {algorithm!r}: the vLLM plugin verifies in-line with 'xxh3_128' only")
+        if not self._reloading:
+            raise RuntimeError("wsync_inline_digests outside a weight update (after /start_weight_update and "
+                               "/update_weights, before /finish_weight_update)")
+        digests = body["wsync_digests"]
+        matched, not_landed, differing = 0, [], []
+        for name, want in digests.items():
+            held = self._landing.get(name)
+            if held is None:
+                not_landed.append(name)
+            elif held == want:
+                matched += 1
+            else:
+                differing.append(f"{name} (worker {self.worker_rank} landed {held}, the trainer read "
+                                 f"{str(want)[:64]})")
+        self._differing = differing
+        self.stats.inline_digests = len(digests)
+        self.stats.inline_verified = matched
+        self.stats.inline_differing = len(differing)
+        return {"tensors": matched, "not_landed": not_landed, "differing": len(differing),
+                "differ": differing[:MAX_NAMED]}
+
+    def corrupt_next_landing(self):
+        """Test-only fault: flips the first byte of the next tensor this worker lands, after
+        it arrived and before it is digested and loaded (a data plane that delivered one
+        wrong byte)."""
+        self._corrupt_next = True
+
     def fetch_weights(self, body):
         """delta: brings the local checkpoint to ``body["target_version"]`` (wsync's
         ``/fetch_weights``), ahead of the update that applies it."""
         if self._rx is None or self._rx.backend != "delta":
             raise RuntimeError("fetch_weights needs the delta backend, initialized")
         return self._rx.fetch_weights(body)
+
+
+def _flip_first_byte(tensor):
+    """Inverts the first byte of `tensor` in place (corrupt_next_landing)."""
+    if tensor.numel() > 0:
+        raw = tensor.reshape(-1).view(torch.uint8)
+        raw[0] = raw[0] ^ 0xFF
