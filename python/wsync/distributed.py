@@ -25,7 +25,7 @@ import itertools
 import re
 
 from wsync import _wsync
-from wsync.sources import _cast, _cast_rule, _detached, dtype_name
+from wsync.sources import _cast, _cast_rule, _detached, _named_state, dtype_name
 
 __all__ = ["DTensorSource", "MegatronSource", "assign_owners", "checkpoint_tensors"]
 
@@ -230,13 +230,7 @@ class DTensorSource:
             yield out_name, (full if cut is None or full is None else cut(full))
 
     def _items(self):
-        state = self._target.state_dict() if hasattr(self._target, "state_dict") else self._target
-        for name, tensor in state.items():
-            if self._name_map is not None:
-                name = self._name_map(name)
-                if name is None:
-                    continue
-            yield name, _detached(tensor)
+        return _named_state(self._target, self._name_map)
 
     def _target_dtype(self, name, tensor):
         target = self._cast_to(name, tensor) if self._cast_to else None

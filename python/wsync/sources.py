@@ -66,6 +66,18 @@ def _synchronize_cuda(tensors):
             torch.cuda.current_stream(device).synchronize()
 
 
+def _named_state(target, name_map):
+    """(name, detached tensor) of a module's state_dict() or a mapping, names through
+    `name_map` (a name it maps to None is left out)."""
+    state = target.state_dict() if hasattr(target, "state_dict") else target
+    for name, tensor in state.items():
+        if name_map is not None:
+            name = name_map(name)
+            if name is None:
+                continue
+        yield name, _detached(tensor)
+
+
 def _detached(tensor):
     detach = getattr(tensor, "detach", None)
     return detach() if callable(detach) else tensor
@@ -198,13 +210,7 @@ class StateDictSource(_Source):
         self._metadata = [(name, self._target_dtype(name, t), tuple(t.shape)) for name, t in self._items()]
 
     def _items(self):
-        state = self._target.state_dict() if hasattr(self._target, "state_dict") else self._target
-        for name, tensor in state.items():
-            if self._name_map is not None:
-                name = self._name_map(name)
-                if name is None:
-                    continue
-            yield name, _detached(tensor)
+        return _named_state(self._target, self._name_map)
 
     def _pairs(self):
         return list(self._items())
