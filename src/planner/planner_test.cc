@@ -556,7 +556,9 @@ TEST(PlanDigest, PinnedForLayoutsAndFleets) {
     stream.tensors = HfTensors(m);
     std::vector<std::string> names;
     for (const TensorMeta& x : stream.tensors) names.push_back(x.name);
-    for (const LayerGroup& g : *LayerGroups(names)) stream.group_lens.push_back(static_cast<int>(g.end - g.begin));
+    auto groups = LayerGroups(names);
+    ASSERT_TRUE(groups.ok()) << groups.status().message();
+    for (const LayerGroup& g : *groups) stream.group_lens.push_back(static_cast<int>(g.end - g.begin));
     stream.ownership = *own;
     stream.num_producers = t->world;
     std::string text;
