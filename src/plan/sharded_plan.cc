@@ -74,22 +74,21 @@ void AppendString(std::string& out, std::string_view s) {
   out += s;
 }
 
-// The canonical text of a plan, hashed into ConsumerPlan::digest. One line each, fields
-// separated by one space, integers in decimal, strings as <byte length>:<bytes>:
-//   wsync-sharded-plan 1
-//   consumer <id> block <block_index> <block_size> tp <tp_rank> <tp_size>
+// The canonical text of a plan's body, hashed into ConsumerPlan::body_digest. One line
+// each, fields separated by one space, integers in decimal, strings as
+// <byte length>:<bytes>:
+//   wsync-sharded-plan-body 2
 // then for every chunk, in plan order,
 //   chunk <index> group <g> class <k> producer <p> bytes <n>
 // followed by one line per slice, in chunk order,
 //   slice <tensor name> <dtype (torch name)> <shape> <param name> <piece> <offset> <bytes>
 // where <shape> is the dimension count then each dimension.
-std::string CanonicalText(const ConsumerPlan& plan, const ConsumerSpot& spot, const ShardedStream& stream,
-                          const ShardingTable& table, size_t slices) {
+std::string CanonicalBody(const ConsumerPlan& plan, const ShardedStream& stream, const ShardingTable& table,
+                          size_t slices) {
   std::string out;
-  out.reserve(160 * slices + 64 * plan.chunks.size() + 128);  // room for typical lines; grows past it
+  out.reserve(160 * slices + 64 * plan.chunks.size() + 64);  // room for typical lines; grows past it
   auto it = std::back_inserter(out);
-  fmt::format_to(it, "wsync-sharded-plan 1\nconsumer {} block {} {} tp {} {}\n", spot.consumer, spot.block_index,
-                 spot.block_size, table.tp_rank(), table.tp_size());
+  out += "wsync-sharded-plan-body 2\n";
   for (size_t c = 0; c < plan.chunks.size(); ++c) {
     const PlanChunk& chunk = plan.chunks[c];
     fmt::format_to(it, FMT_COMPILE("chunk {} group {} class {} producer {} bytes {}\n"), c, chunk.group,
@@ -333,16 +332,32 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex
     begin = end;
   }
   if (!digest) return plan;
-  const std::string text = CanonicalText(plan, spot, stream, table, entries.size());
-  plan.digest = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
+  const std::string body = CanonicalBody(plan, stream, table, entries.size());
+  plan.body_digest = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(body)));
+  plan.digest = ConsumerDigest(plan.body_digest, spot, plan.tp_rank, plan.tp_size);
   return plan;
 }
 
+std::string ConsumerDigest(std::string_view body_digest, const ConsumerSpot& spot, int tp_rank, int tp_size) {
+  const std::string text = fmt::format("wsync-sharded-plan 2\nconsumer {} block {} {} tp {} {}\nbody {}\n",
+                                       spot.consumer, spot.block_index, spot.block_size, tp_rank, tp_size,
+                                       body_digest);
+  return HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
+}
+
 ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans) {
+  std::vector<std::vector<int>> consumers;
+  consumers.reserve(plans.size());
+  for (const ConsumerPlan& p : plans) consumers.push_back({p.consumer});
+  return PlanProducer(producer, num_groups, plans, consumers);
+}
+
+ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans,
+                          const std::vector<std::vector<int>>& consumers) {
   ProducerPlan out;
   out.producer = producer;
   out.by_group.resize(static_cast<size_t>(std::max(num_groups, 0)));
-  for (size_t p = 0; p < plans.size(); ++p) {
+  for (size_t p = 0; p < plans.size() && p < consumers.size(); ++p) {
     for (size_t c = 0; c < plans[p].chunks.size(); ++c) {
       const PlanChunk& chunk = plans[p].chunks[c];
       if (chunk.producer != producer || chunk.group < 0 || chunk.group >= num_groups) continue;
@@ -356,8 +371,10 @@ ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<Consum
         sends.push_back(ProducerSend{chunk.group, {}, {}, static_cast<int>(p), static_cast<int>(c), chunk.bytes});
         same = sends.end() - 1;
       }
-      same->consumers.push_back(plans[p].consumer);
-      same->chunks.push_back(static_cast<int>(c));
+      for (int consumer : consumers[p]) {
+        same->consumers.push_back(consumer);
+        same->chunks.push_back(static_cast<int>(c));
+      }
     }
   }
   for (std::vector<ProducerSend>& sends : out.by_group) {

@@ -535,14 +535,14 @@ TEST(PlanDigest, PinnedForLayoutsAndFleets) {
     const char* sha256;
   };
   const Case cases[] = {
-      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "512b8d88f781b71f2090aefbe36d883ece56d3d6132244ba08cdfb9bc211fe59"},
-      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "bf12f58ea8291f53beb3a2f1285720b4eac406cb05c02555e8c104e8c8a33cfc"},
-      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "da6d70fa7b807c2ce77fcfe234628045a6a5776695ea8ebf0979e59051e85060"},
-      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "f46477046b9d3f22d4b6c12b050eec571dcd03b08b205f99282278ce66fb6c60"},
-      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "63838eb19b567fbc89823e1d64a922a8d91522daf4863d3023d35c33875e431f"},
-      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "ae9706589fb5aa00d87b9bcd30cde4ea0c649b70133bb4eda99bfbff2b34196a"},
-      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "6943de9735b56a8fb78127aaca3452f23199c0bd5c7c155930e399a99eacaac7"},
-      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "6bb29c40a4782e6fb0730dcfb63a6de3226a9dd1599c7ce34878047bcdf772d6"},
+      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "88f8532e8fd557340b4ed197b26fa01957fe09cab5d1c01024667d6804f739ec"},
+      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "958a1feb6d4d4ee29a2ff36ee47f8c8f0a2711462738e49acb0bf973d24faf68"},
+      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "4c717f00843dac39001a3fab450fba4a33b3463422d5bcf7c7bb711cfd04ff9a"},
+      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "b75680b229872dbbbc5cd4a0bd48561a13b2837fd8f2d5ef2aacd4bcc407e5b2"},
+      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "0336ed69e11c844af206059d8216f02622134b564cb07cf1c80ef88de3561ace"},
+      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "dd1012724db4337da9f1fa330e9830dec9a7ba1d8e366e976279f690bfcca179"},
+      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "2c7e65a6cf73071018639d75bf269400feeaf082daf9c64981f1bc923a3f9682"},
+      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "24488bed673447e3e2a17e700eecc5172a4923ac73e20772334c716a2436e8b6"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{} {} {}", c.model, c.trainer, c.servers));
