@@ -23,8 +23,9 @@
 //
 // Both sides compute plans independently (the trainer every consumer's, a server its own
 // workers'); ConsumerPlan::digest (hex SHA-256 over the consumer's place and the SHA-256
-// of a canonical text of the plan's body: chunks, producers, slices with tensor and
-// parameter names, offsets and sizes) is compared at init, and a mismatch fails init
+// of a canonical form of the plan's body: the stream's tensors and the table's parameters,
+// then chunks, producers, slices with their tensor and parameter, offsets and sizes) is
+// compared at init, and a mismatch fails init
 // naming both digests. A plan's body does not depend on the consumer's fleet-global id,
 // only on its table and its place in its block, so the trainer plans each distinct
 // (table, block index, block size) once and digests the other consumers of it from the
@@ -153,7 +154,7 @@ struct ConsumerPlan {
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<PlanChunk> chunks;  // group order, then owner class
-  std::string body_digest;        // hex SHA-256 of the body's canonical text (sharded_plan.cc)
+  std::string body_digest;        // hex SHA-256 of the body's canonical form (sharded_plan.cc)
   std::string digest;             // ConsumerDigest(body_digest, spot, tp)
   size_t bytes() const;           // every chunk's bytes
   size_t max_chunk_bytes() const;
@@ -165,6 +166,9 @@ struct StreamIndex {
   std::shared_ptr<const HfCatalog> catalog;
   std::vector<int> hf_of;      // by stream position: index into catalog->tensors()
   std::vector<int> stream_of;  // by catalog index: stream position, or -1
+  // Hex SHA-256 of the stream's tensors (names, dtypes, shapes, in order), which plan
+  // digests refer to by index.
+  std::string tensors_digest;
 };
 
 // InvalidArgument, each message prefixed by `who`, naming a stream tensor the model does

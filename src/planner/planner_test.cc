@@ -535,14 +535,14 @@ TEST(PlanDigest, PinnedForLayoutsAndFleets) {
     const char* sha256;
   };
   const Case cases[] = {
-      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "88f8532e8fd557340b4ed197b26fa01957fe09cab5d1c01024667d6804f739ec"},
-      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "958a1feb6d4d4ee29a2ff36ee47f8c8f0a2711462738e49acb0bf973d24faf68"},
-      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "4c717f00843dac39001a3fab450fba4a33b3463422d5bcf7c7bb711cfd04ff9a"},
-      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "b75680b229872dbbbc5cd4a0bd48561a13b2837fd8f2d5ef2aacd4bcc407e5b2"},
-      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "0336ed69e11c844af206059d8216f02622134b564cb07cf1c80ef88de3561ace"},
-      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "dd1012724db4337da9f1fa330e9830dec9a7ba1d8e366e976279f690bfcca179"},
-      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "2c7e65a6cf73071018639d75bf269400feeaf082daf9c64981f1bc923a3f9682"},
-      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "24488bed673447e3e2a17e700eecc5172a4923ac73e20772334c716a2436e8b6"},
+      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "e1340ed2701ee9da6a3f2df4ca4b1cedbab7a2b05c3c345d533f77e6eaa866f7"},
+      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "0e3d6c983cea7b82d25e48288b12feebf9f22ffad13f8290f739640f6267f02b"},
+      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "ab49de4162b526af502395d7917cd7be1b558ebbe0d79049969bf87fb286de6b"},
+      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "8c450c592bd5775de266ef5109f9d7e2f5b648e36a33fddb070310da5488ad86"},
+      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "b060bcb266925d0d596ec41c9cb6d52fbff6fd801e9292036b684b6b0809e38d"},
+      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "f019d72d510f767ce8317a4110dd30930d1a14146c47aa5c1cdf1f903dbc9582"},
+      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "7fd4451acf8c4f7d6c8d7e0d70c8a6eb9647aca36601f1496195adef16b349f9"},
+      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "78115fca055b581348d037ad8aa2e39e67215832c7e48071a2d75794a3f4b59b"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{} {} {}", c.model, c.trainer, c.servers));
