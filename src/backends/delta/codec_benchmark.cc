@@ -2,11 +2,11 @@
 // synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (a few percent
 // of values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
 // frame writer, and the baseline LibzstdEncoder: libzstd from the same sequences), Apply
-// (SparseApplier; libzstd; a stock zstd -1 frame as SkyRL writes it) and the pieces they
-// fuse (memcpy, xxh3-128, one-shot stock zstd -1 of the patch), and the compressed
-// ratios. Times are this thread's CPU time (best of 3; best of 20 in the one-loop modes),
-// i.e. per-core cost. `compare` times the two encoders alternately, REPS times each, and
-// prints every run and the medians.
+// (SparseApplier; libzstd; the baseline's frame; a stock zstd -1 frame as SkyRL writes
+// it) and the pieces they fuse (memcpy, xxh3-128, one-shot stock zstd -1 of the patch),
+// and the compressed ratios. Times are this thread's CPU time (best of 3; best of 20 in
+// the one-loop modes), i.e. per-core cost. `compare` times the two encoders alternately,
+// REPS times each, and prints every run and the medians.
 //
 //   delta_codec_benchmark [MiB=256] [block KiB=64] [encode|apply: only that, 20 times, for perf]
 //   delta_codec_benchmark [MiB=256] [block KiB=64] compare [REPS=9]
@@ -149,6 +149,10 @@ int main(int argc, char** argv) {
   double stock_s = BestSeconds(
       3, [&] { std::memcpy(region.data(), old.data(), n); },
       [&] { (void)(*plain)->Apply(stock, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
+  auto other = delta::DeltaCodec::Create(block_kib << 10);  // sparse first, as the receiver
+  double other_s = BestSeconds(
+      3, [&] { std::memcpy(region.data(), old.data(), n); },
+      [&] { (void)(*other)->Apply(enc_zstd.compressed, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
   std::vector<uint8_t> decoded(n);
   double libzstd_s = BestSeconds(3, nothing, [&] {
     (void)ZSTD_decompress(decoded.data(), n, enc.compressed.data(), enc.compressed.size());
@@ -166,6 +170,9 @@ int main(int argc, char** argv) {
   std::printf("%-28s %8.2f GB/s\n", "sparse XOR of the frame", gbps(sparse_s));
   std::printf("%-28s %8.2f GB/s\n", "Apply via libzstd, verified", gbps(plain_s));
   std::printf("%-28s %8.2f GB/s\n", "Apply stock -1 frame (libzstd)", gbps(stock_s));
+  std::printf("%-28s %8.2f GB/s   (%llu sparse, %llu libzstd frames)\n", "Apply libzstd-encoded frame",
+              gbps(other_s), static_cast<unsigned long long>((*other)->sparse_frames()),
+              static_cast<unsigned long long>((*other)->libzstd_frames()));
   std::printf("%-28s %8.2f GB/s   (%llu sparse, %llu libzstd frames)\n", "Apply (verified)", gbps(apply_s),
               static_cast<unsigned long long>((*codec)->sparse_frames()),
               static_cast<unsigned long long>((*codec)->libzstd_frames()));
