@@ -26,6 +26,7 @@ std::unique_ptr<RecordingService> Recorder(json server_info, bool reset_ok = tru
 // A plane that moves nothing: the session and the reset are the engine's.
 class NullPlane : public DataPlane {
  public:
+  SessionShape Shape() override { return SessionShape{}; }
   Status Init(const PlaneInit& init) override { return init.driver->InitAll(json::object()); }
   Result<bool> Ready(const Status& mine) override {
     WSYNC_RETURN_IF_ERROR(mine);
@@ -36,6 +37,7 @@ class NullPlane : public DataPlane {
     return Status::Ok();
   }
   Status Transfer(SyncContext&, SessionDriver::Pending&) override { return Status::Ok(); }
+  Status Abort(const Status& cause, SessionDriver::Pending*) override { return cause; }
   void Shutdown() override {}
 };
 

@@ -73,7 +73,12 @@ class IpcPlane final : public DataPlane {
   IpcPlane(const TrainerOptions& o, const IpcTrainerOptions& ipc) : options_(o), ipc_(ipc) {}
   ~IpcPlane() override { Shutdown(); }
 
-  bool AllRanks() const override { return options_.comm && options_.comm->size() > 1; }
+  // With several ranks every rank runs the plane.
+  SessionShape Shape() override {
+    SessionShape shape;
+    if (AllRanks()) shape.other_rank_sync = [this](SyncContext& sync) { return SyncOtherRank(sync); };
+    return shape;
+  }
 
   Status Init(const PlaneInit& init) override {
     Shutdown();
@@ -161,7 +166,7 @@ class IpcPlane final : public DataPlane {
     return s;
   }
 
-  Result<SyncStats> SyncOtherRank(SyncContext& sync) override {
+  Result<SyncStats> SyncOtherRank(SyncContext& sync) {
     if (publisher_ > 0) return SendAsPublisher(sync.pass);
     return Drain(sync.pass);
   }
@@ -815,6 +820,7 @@ class IpcPlane final : public DataPlane {
       return Status::Ok();
     };
   }
+  bool AllRanks() const { return options_.comm && options_.comm->size() > 1; }
   std::function<std::string(int)> ReaderDescriber() const {
     return [this](int r) {
       return r < static_cast<int>(reader_labels_.size()) ? reader_labels_[r] : fmt::format("reader {}", r);

@@ -152,8 +152,13 @@ class ShardedPlane final : public DataPlane {
       : options_(o), sharded_(std::move(s)), config_(std::move(config)) {}
   ~ShardedPlane() override { Shutdown(); }
 
-  bool AllRanks() const override { return true; }
-  bool ServesPartOfFleet() const override { return true; }
+  // Every rank produces; a degraded sync serves the live servers only.
+  SessionShape Shape() override {
+    SessionShape shape;
+    shape.other_rank_sync = [this](SyncContext& sync) { return SyncOtherRank(sync); };
+    shape.serves_part_of_fleet = true;
+    return shape;
+  }
 
   Status Init(const PlaneInit& init) override {
     Shutdown();
@@ -243,7 +248,7 @@ class ShardedPlane final : public DataPlane {
 
   Status Transfer(SyncContext& sync, Pending& update) override { return Produce(sync, &update); }
 
-  Result<SyncStats> SyncOtherRank(SyncContext& sync) override {
+  Result<SyncStats> SyncOtherRank(SyncContext& sync) {
     Stopwatch total;
     WSYNC_RETURN_IF_ERROR(Produce(sync, nullptr).WithContext(fmt::format("trainer rank {}", me_)));
     sync.stats.bytes = producer_.bytes_sent;
