@@ -224,18 +224,7 @@ class ShardedPlane final : public DataPlane {
       WSYNC_RETURN_IF_ERROR(mine);
       return !down;
     }
-    json j = mine.ok() ? json{{"down", down}} : StatusToJson(mine);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                           AllGatherStrings(*rank_comm_, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
-    bool any_down = false;
-    for (size_t r = 0; r < all.size(); ++r) {
-      json e = json::parse(all[r]);
-      if (e.contains("error")) {
-        return StatusFromJson(e, static_cast<int>(r) == me_ ? "" : fmt::format("trainer rank {}", r));
-      }
-      any_down = any_down || e["down"].get<bool>();
-    }
-    return !any_down;
+    return AllRanksReady(*rank_comm_, mine, down, me_, Deadline::InSeconds(options_.timeout_seconds));
   }
 
   Status Prepare(SyncContext& sync) override {
