@@ -103,7 +103,7 @@ struct SessionShape {
   bool transfer = true;
   PrefixCacheReset prefix_cache_reset = PrefixCacheReset::kBeforeFinish;
   // Optional: work between Prepare and start_weight_update (delta fetches and pauses
-  // here). A failure aborts the sync like a failed start.
+  // here). A failure aborts the plane (Abort without an update) and starts nothing.
   std::function<Status(SyncContext&)> before_start;
   // Optional: always runs after before_start ran (delta resumes here), with the sync's
   // outcome so far; returns the outcome to report.
