@@ -153,8 +153,13 @@ class ShardedPlane final : public DataPlane {
       : options_(o), sharded_(std::move(s)), config_(std::move(config)) {}
   ~ShardedPlane() override { Shutdown(); }
 
-  bool AllRanks() const override { return true; }
-  bool ServesPartOfFleet() const override { return true; }
+  // Every rank produces; a degraded sync serves the live servers only.
+  SessionShape Shape() override {
+    SessionShape shape;
+    shape.other_rank_sync = [this](SyncContext& sync) { return SyncOtherRank(sync); };
+    shape.serves_part_of_fleet = true;
+    return shape;
+  }
 
   Status Init(const PlaneInit& init) override {
     Shutdown();
@@ -220,18 +225,7 @@ class ShardedPlane final : public DataPlane {
       WSYNC_RETURN_IF_ERROR(mine);
       return !down;
     }
-    json j = mine.ok() ? json{{"down", down}} : StatusToJson(mine);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                           AllGatherStrings(*rank_comm_, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
-    bool any_down = false;
-    for (size_t r = 0; r < all.size(); ++r) {
-      json e = json::parse(all[r]);
-      if (e.contains("error")) {
-        return StatusFromJson(e, static_cast<int>(r) == me_ ? "" : fmt::format("trainer rank {}", r));
-      }
-      any_down = any_down || e["down"].get<bool>();
-    }
-    return !any_down;
+    return AllRanksReady(*rank_comm_, mine, down, me_, Deadline::InSeconds(options_.timeout_seconds));
   }
 
   Status Prepare(SyncContext& sync) override {
@@ -244,7 +238,7 @@ class ShardedPlane final : public DataPlane {
 
   Status Transfer(SyncContext& sync, Pending& update) override { return Produce(sync, &update); }
 
-  Result<SyncStats> SyncOtherRank(SyncContext& sync) override {
+  Result<SyncStats> SyncOtherRank(SyncContext& sync) {
     Stopwatch total;
     WSYNC_RETURN_IF_ERROR(Produce(sync, nullptr).WithContext(fmt::format("trainer rank {}", me_)));
     sync.stats.bytes = producer_.bytes_sent;
