@@ -10,7 +10,6 @@ const BackendDescriptor& DeltaBackend() {
       .name = "delta",
       .summary = "XOR deltas through a directory shared with the servers",
       .init_info_fields = {"sync_dir", "format_version", "base_model_path", "local_checkpoint_dir"},
-      .shared_init_info_fields = {},
       .update_info_fields = {"target_version"},
       .trainer_options =
           {{"sync_dir", "path", "", "directory shared with the servers", "--sync-dir"},
@@ -33,9 +32,6 @@ const BackendDescriptor& DeltaBackend() {
       .receiver_options = {{"base_checkpoint", "path", "", "the base checkpoint directory (version 0)"},
                            {"local_checkpoint_dir", "path", "", "this host's mutable copy of the checkpoint"},
                            {"sync_root", "path", "", "the directory every sync dir a request names must lie below"}},
-      .trainer_group = TrainerGroupUse::kNever,
-      .model_option = "",
-      .single_worker_receiver = true,
       .fetches = true,
       .create_receiver = CreateDeltaReceiver,
       .create_trainer = CreateDeltaTrainer,

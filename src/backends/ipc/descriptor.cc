@@ -11,7 +11,6 @@ const BackendDescriptor& IpcBackend() {
       .summary = "colocated: CUDA IPC or POSIX shared-memory slots on one host",
       .init_info_fields = {"wsync_ipc_protocol", "buffers", "control_path", "control_bytes", "num_slots",
                            "slot_bytes", "reader_offset", "reader_count", "session"},
-      .shared_init_info_fields = {},
       .update_info_fields = {"tensor_sizes", "tensor_offsets", "zero_copy"},
       .trainer_options = {{"mode", "choice", "auto", "auto, packed or zero_copy", "--ipc-mode"},
                           {"export_kind", "choice", "cuda_ipc", "on a GPU, cuda_ipc or cuda_fd", "--ipc-export-kind"},
@@ -20,9 +19,6 @@ const BackendDescriptor& IpcBackend() {
       .receiver_options = {{"ipc_shm_dir", "path", "",
                             "a directory whose wsync-ipc-* files of this user a trainer may name as its region"}},
       .trainer_group = TrainerGroupUse::kOnDevice,
-      .model_option = "",
-      .single_worker_receiver = true,
-      .fetches = false,
       .create_receiver = CreateIpcReceiver,
       .create_trainer = CreateIpcTrainer,
   };

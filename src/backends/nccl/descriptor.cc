@@ -2,6 +2,7 @@
 
 #include "backends/nccl/receiver.h"
 #include "backends/nccl/trainer.h"
+#include "backends/receiver_group.h"
 
 namespace wsync {
 
@@ -12,16 +13,8 @@ const BackendDescriptor& NcclBackend() {
       .init_info_fields = {"master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id_b64",
                            "gloo_store_host", "gloo_store_port", "gloo_prefix", "gloo_rank_labels", "wsync_protocol",
                            "packed_buffer_size_bytes", "packed_num_buffers", "wsync_broadcast_piece_bytes"},
-      .shared_init_info_fields = {},
-      .update_info_fields = {},
       .trainer_options = {{"piece_mb", "int", "256", "on a GPU, the broadcast piece size in MiB", "--nccl-piece-mb"}},
-      .receiver_options = {{"allowed_store_hosts", "list", "",
-                            "hosts whose Gloo store a worker may dial besides the init request's own peer"},
-                           {"fault", "choice", "", "die-mid-update (tests)", "", true}},
-      .trainer_group = TrainerGroupUse::kNever,
-      .model_option = "",
-      .single_worker_receiver = true,
-      .fetches = false,
+      .receiver_options = GroupReceiverOptions(),
       .create_receiver = CreateNcclReceiver,
       .create_trainer = CreateNcclTrainer,
   };

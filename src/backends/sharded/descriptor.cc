@@ -1,5 +1,6 @@
 #include "backends/sharded/descriptor.h"
 
+#include "backends/receiver_group.h"
 #include "backends/sharded/receiver.h"
 #include "backends/sharded/trainer.h"
 
@@ -16,7 +17,6 @@ const BackendDescriptor& ShardedBackend() {
       // The sharded backend meets its group as the nccl backend does.
       .shared_init_info_fields = {"world_size", "nccl_unique_id_b64", "gloo_store_host", "gloo_store_port",
                                   "gloo_prefix", "wsync_protocol"},
-      .update_info_fields = {},
       .trainer_options = {{"model", "string", "", "the servers' model, a registered name or config.json directory "
                            "(wsync push: default --model)"},
                           {"lookahead", "int", "1",
@@ -24,13 +24,10 @@ const BackendDescriptor& ShardedBackend() {
                           {"stall_rank", "int", "-1", "tests: rank R sends nothing"},
                           {"concurrent_stages", "choice", "on", "on or off: receive from every pipeline stage at once"},
                           {"receive_staging_mb", "int", "0", "bound on each worker's receive staging in MB (0: none)"}},
-      .receiver_options = {{"allowed_store_hosts", "list", "",
-                            "hosts whose Gloo store a worker may dial besides the init request's own peer"},
-                           {"fault", "choice", "", "die-mid-update (tests)", "", true}},
+      .receiver_options = GroupReceiverOptions(),
       .trainer_group = TrainerGroupUse::kAlways,
       .model_option = "model",
       .single_worker_receiver = false,
-      .fetches = false,
       .create_receiver = CreateShardedReceiver,
       .create_trainer = CreateShardedTrainer,
   };
