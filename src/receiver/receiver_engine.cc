@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/descriptor.h"
 #include "control/tensor_list.h"
 #include "core/checked_math.h"
 #include "core/log.h"
@@ -161,6 +162,7 @@ Result<std::unique_ptr<ReceiverEngine>> ReceiverEngine::Create(const ReceiverEng
     return InvalidArgument(fmt::format("timeout {} s must be positive", options.timeout_seconds));
   }
   if (!options.backend_config.is_object()) return InvalidArgument("backend settings must be a JSON object");
+  WSYNC_RETURN_IF_ERROR(CheckReceiverOptionKeys(options.backend, options.backend_config));
   auto s = std::make_unique<State>();
   s->options = options;
   for (const TensorMeta& m : s->options.metadata) {
