@@ -118,7 +118,7 @@ def test_compare_lists_mismatches_sorted_and_checks_baseline_values(two_workers)
                            "mismatches": ["model.embed_tokens.weight", "model.norm.weight", "zz.extra"]})
     bad = http_json(server.url, "/weight_checker", {"action": "compare", "algorithm": "sha256",
                                                     "baseline": {"a": 1}})
-    assert bad == error(400, "INVALID_ARGUMENT", "field 'baseline' must be an object of name: digest")
+    assert bad == error(400, "INVALID_ARGUMENT", "field 'baseline': the digest of a must be a string, not number")
 
 
 def test_reset_prefix_cache_reads_its_flags_from_the_query_or_the_body(two_workers):

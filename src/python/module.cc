@@ -21,4 +21,5 @@ PYBIND11_MODULE(_wsync, m) {
         "Names of the trainer backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
   wsync::python::BindTrainer(m);
   wsync::python::BindReceiver(m);
+  wsync::python::BindHostedServer(m);
 }
