@@ -132,7 +132,7 @@ class WorkerServer:
             raise ValueError(f"header_timeout {header_timeout} and body_timeout {body_timeout} must be > 0, "
                              f"max_connections {max_connections} >= 1, max_body_bytes {max_body_bytes} >= 0")
         self.engines, self.models = list(engines), list(models)
-        self.model_name, self.timeout = model_name, float(timeout)
+        self.model_name, self.api_key, self.timeout = model_name, api_key, float(timeout)
         self._stopped = threading.Event()
         self._native = _wsync._HostedServer(
             [_Worker(e, m) for e, m in zip(self.engines, self.models)], model=model_name,

@@ -214,7 +214,7 @@ Result<std::map<std::string, std::string>> HostedService::Checksums(DigestAlgori
     }
     std::sort(differ.begin(), differ.end());
     differ.resize(std::min<size_t>(differ.size(), 3));
-    s = DataLoss(fmt::format("worker {} differs from worker 0 in {}", i, differ));
+    s = DataLoss(fmt::format("worker {} differs from worker 0 in {}", i, fmt::join(differ, ", ")));
   }
   call.Done(s, false);
   WSYNC_RETURN_IF_ERROR(s);
