@@ -131,6 +131,9 @@ struct HttpServerOptions {
   // Bytes of a body read and dropped past max_body_bytes, to answer 413 after it, before
   // the connection is cut instead.
   size_t discard_bytes = size_t{16} << 20;
+  // Bytes of request bodies held at once (being read or handled); a body that would pass
+  // it is answered 503. 0: twice max_body_bytes, at least 64 MiB.
+  size_t body_budget_bytes = 0;
 };
 
 struct ServerOptions {

@@ -150,23 +150,22 @@ def test_worker_server_answers_errors_as_json_with_their_status(tmp_path):
         assert http_json(server.url, "/health")[0] == 200
         status, body = http_json(server.url, "/start_weight_update", {})
         assert status == 401 and body["error"]["type"] == "UNAUTHENTICATED"
-        server.api_key = None
-        status, body = http_json(server.url, "/update_weights", {"update_info": {}})
-        assert status == 409 and "call start_weight_update first" in body["error"]["message"]
-        status, body = http_json(server.url, "/init_weight_transfer_engine", {"nope": 1})
+        status, body = http_json(server.url, "/update_weights", {"update_info": {}}, api_key="k")
+        assert status == 409 and "start_weight_update must be called before update_weights" in body["error"]["message"]
+        status, body = http_json(server.url, "/init_weight_transfer_engine", {"nope": 1}, api_key="k")
         assert status == 400 and "missing field 'init_info'" in body["error"]["message"]
-        status, body = http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "md5"})
+        status, body = http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "md5"}, api_key="k")
         assert status == 400 and "md5" in body["error"]["message"]
-        assert http_json(server.url, "/no_such_route", {})[0] == 404
-        assert http_json(server.url, "/get_world_size")[1] == {"world_size": 1}
+        assert http_json(server.url, "/no_such_route", {}, api_key="k")[0] == 404
+        assert http_json(server.url, "/get_world_size", api_key="k")[1] == {"world_size": 1}
         # Checksums of the model as it is: zeros, keyed by HF name.
-        sums = http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "sha256"})[1]
+        sums = http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "sha256"}, api_key="k")[1]
         assert sums["checksums"] == sha256_digests(StandInModel(metadata).named_parameters())
         # A start during a session is refused; finish closes it.
-        assert http_json(server.url, "/start_weight_update", {})[0] == 200
-        assert http_json(server.url, "/start_weight_update", {})[0] == 409
-        assert http_json(server.url, "/finish_weight_update", {"weight_version": "v1"})[0] == 200
-        assert http_json(server.url, "/weight_info")[1] == {"weight_version": "v1"}
+        assert http_json(server.url, "/start_weight_update", {}, api_key="k")[0] == 200
+        assert http_json(server.url, "/start_weight_update", {}, api_key="k")[0] == 409
+        assert http_json(server.url, "/finish_weight_update", {"weight_version": "v1"}, api_key="k")[0] == 200
+        assert http_json(server.url, "/weight_info", api_key="k")[1] == {"weight_version": "v1"}
     finally:
         server.stop()
     assert not [t for t in threading.enumerate() if t.name == "wsync-worker-server"]

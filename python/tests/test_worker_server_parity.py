@@ -118,7 +118,7 @@ def test_compare_lists_mismatches_sorted_and_checks_baseline_values(two_workers)
                            "mismatches": ["model.embed_tokens.weight", "model.norm.weight", "zz.extra"]})
     bad = http_json(server.url, "/weight_checker", {"action": "compare", "algorithm": "sha256",
                                                     "baseline": {"a": 1}})
-    assert bad == error(400, "INVALID_ARGUMENT", "field 'baseline' must be an object of name: digest")
+    assert bad == error(400, "INVALID_ARGUMENT", "field 'baseline': the digest of a must be a string, not number")
 
 
 def test_reset_prefix_cache_reads_its_flags_from_the_query_or_the_body(two_workers):
@@ -166,3 +166,10 @@ def test_a_routes_path_under_another_method_is_vllms_405_with_allow(two_workers)
         urllib.request.urlopen(server.url + "/start_weight_update", timeout=10)
     assert refused.value.code == 405 and refused.value.headers["Allow"] == "POST"
     assert http_json(server.url, "/no_such_route") == error(404, "NOT_FOUND", "no route GET /no_such_route")
+
+
+def test_workers_whose_models_differ_fail_the_checksum_naming_the_tensors(two_workers):
+    server, _ = two_workers
+    server.models[1].named_parameters().__next__()[1].fill_(1)  # model.embed_tokens.weight
+    assert http_json(server.url, "/weight_checker", {"action": "checksum", "algorithm": "sha256"}) == error(
+        500, "DATA_LOSS", "worker 1 differs from worker 0 in model.embed_tokens.weight")

@@ -168,8 +168,10 @@ std::string PeerAddress(MHD_Connection* c) {
   return buf;
 }
 
-// Bytes of request bodies the server holds at once: twice the body limit, at least 64 MiB.
+// Bytes of request bodies the server holds at once: the option, else twice the body
+// limit, at least 64 MiB.
 uint64_t BodyBudget(const HttpServerOptions& o) {
+  if (o.body_budget_bytes > 0) return o.body_budget_bytes;
   const uint64_t limit = o.max_body_bytes;
   return std::max<uint64_t>(limit > UINT64_MAX / 2 ? UINT64_MAX : 2 * limit, uint64_t{64} << 20);
 }

@@ -62,13 +62,63 @@ Status CheckJsonDepth(std::string_view text, std::string_view what, int max_dept
 
 namespace {
 
-// `text` parsed after CheckJsonDepth(), through `keep` (nlohmann's parser callback; null:
-// everything is built). Errors are values.
+// Builds the top-level fields of an object that `fields` names and skips every other one,
+// in one linear pass. (nlohmann's callback parser rescans a container for discarded
+// values at the end of each of its children: quadratic in the length of a list.)
+class FieldFilter {
+ public:
+  FieldFilter(json& out, std::span<const std::string_view> fields) : dom_(out), fields_(fields) {}
+
+  bool null() { return Scalar() || dom_.null(); }
+  bool boolean(bool v) { return Scalar() || dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return Scalar() || dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return Scalar() || dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const std::string& s) { return Scalar() || dom_.number_float(v, s); }
+  bool string(std::string& v) { return Scalar() || dom_.string(v); }
+  bool binary(json::binary_t& v) { return Scalar() || dom_.binary(v); }
+  bool start_object(std::size_t n) { return ++depth_, skipping_ || dom_.start_object(n); }
+  bool start_array(std::size_t n) { return ++depth_, skipping_ || dom_.start_array(n); }
+  bool end_object() { return End() || dom_.end_object(); }
+  bool end_array() { return End() || dom_.end_array(); }
+  bool key(std::string& k) {
+    if (depth_ == 1) skipping_ = std::find(fields_.begin(), fields_.end(), k) == fields_.end();
+    return skipping_ || dom_.key(k);
+  }
+  bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& e) {
+    return dom_.parse_error(position, token, e);
+  }
+
+ private:
+  // Whether a scalar belongs to a skipped field (and ends it, at the top level).
+  bool Scalar() {
+    const bool skip = skipping_;
+    if (depth_ == 1) skipping_ = false;
+    return skip;
+  }
+  // Whether a container's end belongs to a skipped field (and ends it, at the top level).
+  bool End() {
+    const bool skip = skipping_;
+    if (--depth_ == 1) skipping_ = false;
+    return skip;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::span<const std::string_view> fields_;
+  int depth_ = 0;          // containers open; 1 inside the top-level object
+  bool skipping_ = false;  // within a top-level field `fields_` does not name
+};
+
+// `text` parsed after CheckJsonDepth(): whole, or (with `fields`) the top-level fields
+// they name only. Errors are values.
 Result<json> ParseBounded(std::string_view text, std::string_view what, int max_depth,
-                          const json::parser_callback_t& keep) {
+                          const std::span<const std::string_view>* fields) {
   WSYNC_RETURN_IF_ERROR(CheckJsonDepth(text, what, max_depth));
   try {
-    return json::parse(text, keep);
+    if (fields == nullptr) return json::parse(text);
+    json out;
+    FieldFilter filter(out, *fields);
+    json::sax_parse(text, &filter);
+    return out;
   } catch (const json::exception& e) {
     return InvalidArgument(fmt::format("malformed JSON in {}: {}", what, e.what()));
   } catch (const std::bad_alloc&) {
@@ -92,12 +142,7 @@ Result<json> ParseUntrustedJson(std::string_view text, std::string_view what, in
 
 Result<json> ParseUntrustedObject(std::string_view text, std::string_view what,
                                   std::span<const std::string_view> fields, int max_depth) {
-  WSYNC_ASSIGN_OR_RETURN(json j, ParseBounded(text, what, max_depth,
-                                              [&](int depth, json::parse_event_t event, json& parsed) {
-                                                if (depth != 1 || event != json::parse_event_t::key) return true;
-                                                const std::string& key = parsed.get_ref<const std::string&>();
-                                                return std::find(fields.begin(), fields.end(), key) != fields.end();
-                                              }));
+  WSYNC_ASSIGN_OR_RETURN(json j, ParseBounded(text, what, max_depth, &fields));
   if (!j.is_object()) return InvalidArgument(fmt::format("{} must be a JSON object", what));
   return j;
 }

@@ -1,5 +1,6 @@
 #include "core/json_limits.h"
 
+#include <chrono>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -57,6 +58,21 @@ TEST(JsonLimits, ParseUntrustedObjectKeepsOnlyTheNamedFields) {
   j = ParseUntrustedObject(R"({"pad":)" + Nested(100) + "}", "body of /pause", kFields);
   ASSERT_FALSE(j.ok());
   EXPECT_EQ(j.status().message(), "body of /pause: field 'pad' nests deeper than 64 levels");
+}
+
+// A kept field that is a long list of objects parses in linear time.
+TEST(JsonLimits, ParseUntrustedObjectIsLinearInAListsLength) {
+  constexpr std::string_view kFields[] = {"a"};
+  std::string list = "[{}";
+  for (int i = 1; i < 400000; ++i) list += ",{\"k\":[{}]}";
+  const auto start = std::chrono::steady_clock::now();
+  Result<json> j = ParseUntrustedObject(R"({"pad":)" + list + R"(],"a":)" + list + "]}", "x", kFields);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(j->size(), 1u);
+  EXPECT_EQ(j->at("a").size(), 400000u);
+  EXPECT_EQ(j->at("a")[1], json::parse(R"({"k":[{}]})"));
+  EXPECT_LT(seconds, 10.0);
 }
 
 TEST(JsonLimits, MalformedIsInvalidArgument) {

@@ -7,5 +7,6 @@ namespace wsync::python {
 
 void BindTrainer(pybind11::module_& m);   // trainer.cc: TrainerEngine, SyncStats, sources
 void BindReceiver(pybind11::module_& m);  // receiver.cc: ReceiverEngine
+void BindHostedServer(pybind11::module_& m);  // hosted_server.cc: the HTTP server over Python workers
 
 }  // namespace wsync::python

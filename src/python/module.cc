@@ -85,4 +85,5 @@ PYBIND11_MODULE(_wsync, m) {
         "The backend an init_info (JSON text) carries the most own fields of, or None.");
   wsync::python::BindTrainer(m);
   wsync::python::BindReceiver(m);
+  wsync::python::BindHostedServer(m);
 }
