@@ -37,7 +37,7 @@ import threading
 import weakref
 
 from wsync import _wsync
-from wsync.receiver import ReceiverEngine
+from wsync.receiver import BACKEND_OPTIONS, ReceiverEngine
 from wsync.sources import model_metadata
 
 # Limits and deadlines, as `wsync serve` has them (HttpServerOptions).
@@ -230,7 +230,7 @@ def main(argv=None):
         prog="python -m wsync.worker_server",
         description="A vLLM-shaped weight-sync server in Python: ReceiverEngine workers landing each "
                     "update through a stand-in torch model's load_weights.")
-    p.add_argument("--backend", default="nccl", choices=sorted(_wsync.receiver_backends()))
+    p.add_argument("--backend", default=_wsync.DEFAULT_BACKEND, choices=sorted(BACKEND_OPTIONS))
     p.add_argument("--model", default="qwen3-tiny", help="registered model name or a config.json directory")
     p.add_argument("--workers", type=int, default=1, help="ReceiverEngine workers (worker_rank 0..N-1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (worker i on cuda:N+i)")
@@ -266,15 +266,12 @@ def main(argv=None):
     if not 1 <= a.http_max_connections <= 1 << 20:
         p.error("--http-max-connections must be in [1, 1048576]")
 
-    options = {}
-    if a.backend == "nccl" and a.allow_store_host:
-        options["allowed_store_hosts"] = a.allow_store_host
-    if a.backend == "ipc" and a.ipc_shm_dir:
-        options["ipc_shm_dir"] = a.ipc_shm_dir
-    if a.backend == "delta":
-        for key in ("base_checkpoint", "local_checkpoint_dir", "sync_root"):
-            if getattr(a, key):
-                options[key] = getattr(a, key)
+    # Each flag goes to the backends whose receiver options schema has its key.
+    flags = {"allowed_store_hosts": a.allow_store_host, "ipc_shm_dir": a.ipc_shm_dir,
+             "base_checkpoint": a.base_checkpoint, "local_checkpoint_dir": a.local_checkpoint_dir,
+             "sync_root": a.sync_root}
+    allowed = BACKEND_OPTIONS.get(a.backend, ())
+    options = {key: value for key, value in flags.items() if value and key in allowed}
     metadata = model_metadata(a.model)
     engines, models = [], []
     for rank in range(a.workers):

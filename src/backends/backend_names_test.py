@@ -28,7 +28,6 @@ NOT_A_BACKEND = {
 # Files that still spell backend names, each with what moves them onto the registry. Listed
 # files are still read: a name they do not list fails.
 PENDING = {
-    "python/wsync/worker_server.py": {"nccl", "ipc", "delta"},  # its flags: through wsync._wsync.backends()
     "src/planner/cost.cc": {"nccl", "ipc", "delta", "sharded"},  # per-backend cost hooks into the descriptors
 }
 
