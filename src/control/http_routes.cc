@@ -273,6 +273,20 @@ int HttpStatusFor(StatusCode code) {
   return 500;
 }
 
+StatusCode StatusCodeForHttp(int s) {
+  switch (s) {
+    case 400: case 422: return StatusCode::kInvalidArgument;
+    case 401: case 403: return StatusCode::kUnauthenticated;
+    case 404: return StatusCode::kNotFound;
+    case 409: return StatusCode::kFailedPrecondition;
+    case 413: return StatusCode::kPayloadTooLarge;
+    case 501: return StatusCode::kUnimplemented;
+    case 503: return StatusCode::kUnavailable;
+    case 504: return StatusCode::kDeadlineExceeded;
+    default: return StatusCode::kInternal;
+  }
+}
+
 const std::string* HttpRequest::header(std::string_view lower_name) const {
   auto it = headers.find(std::string(lower_name));
   return it == headers.end() ? nullptr : &it->second;

@@ -30,10 +30,12 @@
 #include "core/process_memory.h"
 #include "control/control_service.h"
 #include "model/config.h"
+#include "receiver/admission.h"
 #include "receiver/session.h"
+#include "receiver/update_info.h"
 #include "receiver/backend.h"
-#include "receiver/generation.h"
-#include "receiver/server_metrics.h"
+#include "server/generation.h"
+#include "server/server_metrics.h"
 #include "wsync/server.h"
 
 namespace wsync {
@@ -95,7 +97,7 @@ class InferenceServer : public ControlService {
   // how sessions ended, the weights' state and the generation's queue, as of now.
   Result<std::string> Metrics() const override;
 
-  // --- vLLM's runtime weight checker (conf; receiver/runtime_checker.h) ---
+  // --- vLLM's runtime weight checker (conf; server/runtime_checker.h) ---
   // POST /weight_checker without an "algorithm": "checksum" -> {"checksums", "engines"
   // (one object per DP engine)}, "reset" -> {"status": "reset"} (random values;
   // weights_consistent false until a sync finishes), "compare" -> {"match", "mismatches"}
@@ -169,13 +171,12 @@ class InferenceServer : public ControlService {
   std::unique_ptr<ReceiverBackend> backend_;
   std::unique_ptr<ReceiverSession> session_;
   std::unique_ptr<ServerMetrics> metrics_;  // set once in Create; thread-safe itself
-  // The last update_info whose tensor list parsed and matched the model, and that list:
-  // a trainer sending the same body every sync is checked once. Used by the update call
-  // that holds the session (ReceiverSession::BeginUpdate). Not an owner of the body: the
-  // HTTP router decides how long a parsed body lives (its identity cache), and an expired
-  // body matches nothing.
-  std::weak_ptr<const nlohmann::json> checked_info_;
-  std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
+  // What updates are admitted against: the first worker's model (every worker holds the
+  // same one). Used by the update call that holds the session (ReceiverSession::BeginUpdate);
+  // its identity cache does not own a body: the HTTP router decides how long a parsed body
+  // lives.
+  std::unique_ptr<StoreTensors> held_;
+  std::unique_ptr<UpdateAdmission> admission_;
 
   mutable std::mutex mu_;
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)
