@@ -19,7 +19,9 @@
 // stays usable: the trainer initializes the data plane again for its next sync.
 //
 // Thread-safety: calls may come from any thread; one runs at a time (a call made while
-// another runs fails at once with FailedPrecondition naming the call in flight). Every
+// another runs fails at once with FailedPrecondition naming the call in flight, except
+// that a session's update or finish waits up to `timeout_seconds` for a call outside the
+// session to end, as `wsync serve` does). Every
 // wait is bounded by `timeout_seconds` (or the trainer's init_info timeout, if shorter).
 //
 //   ReceiverEngineOptions o;
