@@ -1,4 +1,5 @@
 #include "control/http_routes.h"
+#include "control/route_table.h"
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -341,6 +342,16 @@ HttpResponse HttpRouter::Error(const Status& s) {
                            {{"message", s.message()},
                             {"type", std::string(StatusCodeName(s.code()))},
                             {"code", code}}}});
+}
+
+std::vector<RouteEntry> RouteTable() {
+  std::vector<RouteEntry> out;
+  for (const Route& r : kRoutes) {
+    std::string_view lane = r.lane == HttpLane::kRead ? "read" : r.lane == HttpLane::kControl ? "control" : "generation";
+    out.push_back(RouteEntry{r.method == Method::kGet ? "GET" : "POST", r.path, lane,
+                             std::vector<std::string_view>(r.fields.begin(), r.fields.end()), r.all_fields});
+  }
+  return out;
 }
 
 HttpLane HttpRouter::LaneOf(const HttpRequest& head) {

@@ -17,6 +17,7 @@
 #include "python/dlpack.h"
 #include "python/errors.h"
 #include "control/http_routes.h"
+#include "control/route_table.h"
 #include "core/digest.h"
 #include "core/json_limits.h"
 #include "model/config.h"
@@ -70,12 +71,7 @@ class PyReceiverEngine {
 
   void Init(const std::string& init_info, const std::string& peer_address) {
     json info = ParseJson(init_info, "init_info");
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = engine_->Init(info, peer_address);
-    }
-    OkOrRaise(s);
+    WithoutGil([&] { return engine_->Init(info, peer_address); });
   }
 
   // Calls load_weights([(name, tensor), ...]) per chunk. An exception load_weights raises
@@ -87,23 +83,13 @@ class PyReceiverEngine {
   // The session routes (ReceiverEngine::StartWeightUpdate ...): the engine keeps the
   // session rules, a front only hands it each route's payload.
   void StartWeightUpdate() {
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = engine_->StartWeightUpdate();
-    }
-    OkOrRaise(s);
+    WithoutGil([&] { return engine_->StartWeightUpdate(); });
   }
   void UpdateWeights(const std::string& update_info, py::object load_weights) {
     ReceiveWith(update_info, std::move(load_weights), /*in_session=*/true);
   }
   void FinishWeightUpdate() {
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = engine_->FinishWeightUpdate();
-    }
-    OkOrRaise(s);
+    WithoutGil([&] { return engine_->FinishWeightUpdate(); });
   }
   py::dict Session() const {
     ReceiverEngineSession look = engine_->Session();
@@ -118,6 +104,17 @@ class PyReceiverEngine {
   }
 
  private:
+  // Runs an engine call without the GIL and raises its failure.
+  template <typename Call>
+  static void WithoutGil(const Call& call) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = call();
+    }
+    OkOrRaise(s);
+  }
+
   void ReceiveWith(const std::string& update_info, py::object load_weights, bool in_session) {
     json info = ParseJson(update_info, "update_info");
     py::object from_dlpack = py::module_::import("torch.utils.dlpack").attr("from_dlpack");
@@ -222,6 +219,26 @@ std::pair<int, std::string> HttpErrorReply(const std::string& code, const std::s
   return {r.status, std::move(r.body)};
 }
 
+py::list HttpRoutes() {
+  py::list out;
+  for (const RouteEntry& r : RouteTable()) {
+    py::dict d;
+    d["method"] = std::string(r.method);
+    d["path"] = std::string(r.path);
+    d["lane"] = std::string(r.lane);
+    py::list fields;
+    for (std::string_view f : r.fields) fields.append(std::string(f));
+    d["fields"] = fields;
+    d["all_fields"] = r.all_fields;
+    out.append(d);
+  }
+  return out;
+}
+
+std::string HttpParseBody(const std::string& path, const std::string& body) {
+  return ValueOrRaise(HttpRouter::ParseBody(path, body)).dump();
+}
+
 }  // namespace
 
 void BindReceiver(py::module_& m) {
@@ -248,6 +265,13 @@ void BindReceiver(py::module_& m) {
         "The HTTP status of a Status code name ('FAILED_PRECONDITION' -> 409), as every wsync HTTP front answers it.");
   m.def("http_error", &HttpErrorReply, py::arg("code"), py::arg("message"),
         "(HTTP status, JSON body text) of the error reply for a Status code name and message.");
+  m.def("http_routes", &HttpRoutes,
+        "The routes every wsync HTTP front answers: [{'method', 'path', 'lane', 'fields', 'all_fields'}, ...].");
+  m.def("http_parse_body", &HttpParseBody, py::arg("path"), py::arg("body"),
+        "A POST body as the route at `path` reads it (JSON text of the fields it reads); raises InvalidArgument "
+        "naming 'body of PATH' for a body the router refuses.");
+  m.def("http_target_refusal", &HttpRouter::TargetRefusal, py::arg("target"),
+        "Why a request target (path and query, still percent-encoded) is refused with a 400, or ''.");
   m.def("receiver_backends", &ReceiverBackendNames,
         "Names of the receiver backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
 }
