@@ -2,11 +2,12 @@
 //
 // One process, one worker per TP x DP rank, each holding ITS shards of the model (a
 // WorkerStore laid out by the sharding table) and running on its own WorkerThread. It
-// implements the control-plane session state every backend shares (ReceiverSession,
-// session.h: start -> update* -> finish, 409 on a second start or an update outside a
-// session, a failed update ending the session, a lease that expires the session of a
-// trainer that vanished), the weight version, pause/resume, and HF-level checksums read
-// back from the shards. A toy generation (generation.h: /v1/completions, driven by pause,
+// hosts the receiving engine (src/receiver): the session rules every host shares
+// (ReceiverSession, receiver/session.h: start -> update* -> finish, 409 on a second start
+// or an update outside a session, a failed update ending the session, a lease that
+// expires the session of a trainer that vanished) and update admission
+// (receiver/admission.h, against the first worker's model). Of its own it keeps the
+// weight version, pause/resume, and HF-level checksums read back from the shards. A toy generation (generation.h: /v1/completions, driven by pause,
 // resume, /abort_requests and /reset_prefix_cache) reads the shards between sessions.
 // The data plane belongs to its ReceiverBackend. Every call answers a Status: an
 // exception from a backend becomes Internal naming the route, and never leaves the
