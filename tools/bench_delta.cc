@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/delta/descriptor.h"
 #include "backends/delta/fs.h"
 #include "backends/delta/publisher.h"
 #include "backends/delta/trainer.h"
@@ -56,7 +57,7 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   for (const TensorMeta& m : meta) model_bytes += m.nbytes();
 
   for (int i = 0; i < a.servers; ++i) {
-    WSYNC_ASSIGN_OR_RETURN(Child c, StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", "delta",
+    WSYNC_ASSIGN_OR_RETURN(Child c, StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", std::string(DeltaBackend().name),
                                                  "--base-checkpoint", base, "--local-checkpoint-dir", dir + "/local",
                                                  "--sync-root", dir},
                                                 fmt::format("{}/server{}.log", dir, i), Deadline::InSeconds(120)));
@@ -64,7 +65,7 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   }
   TrainerOptions o;
   for (const Child& c : servers) o.servers.push_back(c.url);
-  o.backend = "delta";
+  o.backend = DeltaBackend().name;
   o.inline_verify = a.inline_verify;
   o.timeout_seconds = 600;
   DeltaTrainerOptions d;

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/ipc/descriptor.h"
 #include "bench.h"
 #include "children.h"
 #include "model/config.h"
@@ -46,7 +47,7 @@ Result<Timing> RunOne(const BenchArgs& a, const Variant& v, SyntheticTrainer& tr
   };
   for (int i = 0; i < a.servers; ++i) {
     Result<Child> c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--device", a.device, "--backend",
-                                   "ipc", "--timeout", "600", "--quantization", v.quantization, "--speculative",
+                                   std::string(IpcBackend().name), "--timeout", "600", "--quantization", v.quantization, "--speculative",
                                    v.speculative},
                                   fmt::format("{}/{}-{}{}.log", dir, v.quantization, v.speculative, i),
                                   Deadline::InSeconds(300));
@@ -59,7 +60,7 @@ Result<Timing> RunOne(const BenchArgs& a, const Variant& v, SyntheticTrainer& tr
   Timing t;
   Status s = [&]() -> Status {
     TrainerOptions o;
-    o.backend = "ipc";
+    o.backend = IpcBackend().name;
     for (const Child& c : servers) o.servers.push_back(c.url);
     o.bucket_gb = a.bucket_gb;
     o.timeout_seconds = 600;

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/ipc/descriptor.h"
 #include "backends/ipc/device_plane.h"
 #include "backends/ipc/trainer.h"
 #include "bench.h"
@@ -82,7 +83,7 @@ Result<GpuModeResult> RunGpuMode(const std::string& url, const Device& device, D
                                  const BenchArgs& a, int iters, IpcTrainerOptions::Mode mode, const char* name,
                                  const std::string& export_kind) {
   TrainerOptions o;
-  o.backend = "ipc";
+  o.backend = IpcBackend().name;
   o.inline_verify = a.inline_verify;
   o.servers = {url};
   o.device = device;
@@ -152,7 +153,7 @@ int RunBenchIpcGpu(const BenchArgs& a, const Device& device) {
   if (Status s = source->Upload((*trainer)->tensors()); !s.ok()) return fail(s);
   auto dir = MakeTempDir("bench-ipc");
   if (!dir.ok()) return fail(dir.status());
-  auto c = StartServer({"--model", a.model, "--tp", "1", "--device", device.ToString(), "--backend", "ipc",
+  auto c = StartServer({"--model", a.model, "--tp", "1", "--device", device.ToString(), "--backend", std::string(IpcBackend().name),
                         "--timeout", "600"},
                        fmt::format("{}/server.log", *dir), Deadline::InSeconds(300));
   if (!c.ok()) return fail(c.status());
@@ -241,13 +242,13 @@ int RunBenchIpc(const BenchArgs& a) {
   };
   if (!dir.ok()) return fail(dir.status());
   for (int i = 0; i < a.servers; ++i) {
-    auto c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", "ipc", "--timeout", "600"},
+    auto c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", std::string(IpcBackend().name), "--timeout", "600"},
                          fmt::format("{}/server{}.log", *dir, i), Deadline::InSeconds(120));
     if (!c.ok()) return fail(c.status());
     servers.push_back(*c);
   }
   TrainerOptions o;
-  o.backend = "ipc";
+  o.backend = IpcBackend().name;
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.bucket_gb = a.bucket_gb;
   o.timeout_seconds = 600;

@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "backends/nccl/descriptor.h"
+#include "backends/sharded/descriptor.h"
 #include "backends/sharded/lanes.h"
 #include "bench.h"
 #include "children.h"
@@ -64,7 +66,7 @@ Result<Measured> RunBackend(const BenchArgs& a, const std::string& backend, cons
   for (const Child& c : servers) o.servers.push_back(c.url);
   o.bucket_gb = a.bucket_gb;
   o.backend_options = options;
-  if (backend == "sharded") o.backend_options["model"] = a.model;
+  if (backend == ShardedBackend().name) o.backend_options[std::string(ShardedBackend().model_option)] = a.model;
   Measured m;
   Status s = [&]() -> Status {
     Stopwatch init;
@@ -188,11 +190,13 @@ int RunBenchSharded(const BenchArgs& a) {
     std::map<std::string, std::string> options;
     bool concurrent = false;
   };
+  const std::string broadcast(NcclBackend().name);
+  const std::string sharded(ShardedBackend().name);
   std::vector<Run> runs;
-  if (a.baseline) runs.push_back({"nccl", "nccl", {}, false});
-  if (a.concurrent_stages != "on") runs.push_back({"sharded-turns", "sharded", {{"concurrent_stages", "off"}}, false});
+  if (a.baseline) runs.push_back({broadcast, broadcast, {}, false});
+  if (a.concurrent_stages != "on") runs.push_back({sharded + "-turns", sharded, {{"concurrent_stages", "off"}}, false});
   if (a.concurrent_stages != "off") {
-    runs.push_back({"sharded-conc", "sharded",
+    runs.push_back({sharded + "-conc", sharded,
                     {{"concurrent_stages", "on"}, {"receive_staging_mb", std::to_string(a.receive_staging_mb)}}, true});
   }
   std::map<std::string, Measured> got;
@@ -217,14 +221,14 @@ int RunBenchSharded(const BenchArgs& a) {
   broadcast_sent[0] = model;
   std::vector<size_t> broadcast_stage(ranks, 0);
   broadcast_stage[0] = broadcast_staging;
-  const Measured& n = got["nccl"];
+  const Measured& n = got[broadcast];
   if (a.baseline) {
-    fmt::print("{:<14} {:>9.3f} {:>9.3f} {:>8.2f} {:>16.1f} {:>18} {:>16} {:>18} {:>13.1f}\n", "nccl", n.sync_s,
+    fmt::print("{:<14} {:>9.3f} {:>9.3f} {:>8.2f} {:>16.1f} {:>18} {:>16} {:>18} {:>13.1f}\n", broadcast, n.sync_s,
                n.first_s, n.init_s, model / 1e6, MinMax(broadcast_sent), MinMax(broadcast_stage), "-",
                n.peak_rss_growth / 1e6);
   }
   for (const Run& run : runs) {
-    if (run.backend != "sharded") continue;
+    if (run.backend != sharded) continue;
     const Measured& sh = got[run.label];
     fmt::print("{:<14} {:>9.3f} {:>9.3f} {:>8.2f} {:>16} {:>18} {:>16} {:>18} {:>13.1f}\n", run.label, sh.sync_s,
                sh.first_s, sh.init_s, MinMax(figures->worker_bytes), MinMax(figures->producer_bytes),
@@ -234,7 +238,7 @@ int RunBenchSharded(const BenchArgs& a) {
   }
   size_t worker_max = *std::max_element(figures->worker_bytes.begin(), figures->worker_bytes.end());
   for (const Run& run : runs) {
-    if (!a.baseline || run.backend != "sharded") continue;
+    if (!a.baseline || run.backend != sharded) continue;
     fmt::print("{} / broadcast: sync time {:.2f}x, bytes per worker {:.2f}x (largest worker)\n", run.label,
                got[run.label].sync_s / n.sync_s, static_cast<double>(worker_max) / model);
   }

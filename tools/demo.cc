@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/nccl/descriptor.h"
 #include "children.h"
 #include "push.h"
 
@@ -26,7 +27,7 @@ int RunDemo(const DemoArgs& a) {
   fmt::print(stderr, "starting {} servers ({} TP={}) on free loopback ports; logs in {}\n",
              a.servers, a.model, a.tp, *dir);
   for (int i = 0; i < a.servers; ++i) {
-    auto c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", "nccl"},
+    auto c = StartServer({"--model", a.model, "--tp", std::to_string(a.tp), "--backend", std::string(NcclBackend().name)},
                          fmt::format("{}/server{}.log", *dir, i), Deadline::InSeconds(120));
     if (!c.ok()) {
       stop_all();
@@ -38,7 +39,7 @@ int RunDemo(const DemoArgs& a) {
   }
   PushArgs p;
   for (const Child& c : servers) p.trainer.servers.push_back(c.url);
-  p.trainer.backend = "nccl";
+  p.trainer.backend = NcclBackend().name;
   p.trainer.timeout_seconds = a.timeout;
   p.model = a.model;
   p.seed = a.seed;

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/descriptor.h"
 #include "control/session_driver.h"
 #include "core/log.h"
 #include "core/parallel.h"
@@ -142,9 +143,11 @@ Result<std::vector<SyncRow>> RunPush(const PushArgs& args) {
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   TrainerOptions topts = args.trainer;
-  // The sharded backend plans from the servers' model: the one the weights are of.
-  if (topts.backend == "sharded" && !topts.backend_options.count("model")) {
-    topts.backend_options["model"] = args.checkpoint.empty() ? args.model : args.checkpoint;
+  // A backend that plans from the servers' model takes the one the weights are of.
+  const BackendDescriptor* descriptor = FindBackend(topts.backend);
+  if (descriptor != nullptr && !descriptor->model_option.empty() &&
+      !topts.backend_options.count(std::string(descriptor->model_option))) {
+    topts.backend_options[std::string(descriptor->model_option)] = args.checkpoint.empty() ? args.model : args.checkpoint;
   }
   auto current_sync = std::make_shared<int>(0);
   topts.progress = ProgressPrinter(current_sync);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/descriptor.h"
 #include "comm/store.h"
 #include "core/log.h"
 #include "sources/trainer_ranks.h"
@@ -46,7 +47,10 @@ Result<std::unique_ptr<TrainerRanks>> TrainerRanks::Start(int ranks, const std::
         TrainerOptions o = options;
         o.rank = r;
         if (r != 0) o.progress = nullptr;
-        if (o.backend == "sharded") o.comm = t->impl_->groups[r]->comm();
+        const BackendDescriptor* backend = FindBackend(o.backend);
+        if (backend != nullptr && backend->trainer_group == TrainerGroupUse::kAlways) {
+          o.comm = t->impl_->groups[r]->comm();
+        }
         WSYNC_ASSIGN_OR_RETURN(t->engines_[r], CreateTrainerEngine(o));
         Status s = t->engines_[r]->Init(*t->sources_[r]);
         // A rank whose Init failed stops the group, so that ranks waiting on it in a

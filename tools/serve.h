@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "wsync/backend.h"
+
 namespace wsync::cli {
 
 struct ServeArgs {
@@ -14,7 +16,7 @@ struct ServeArgs {
   int dp = 1;
   int dp_rank = -1;
   std::string device = "cpu";
-  std::string backend = "nccl";
+  std::string backend = kDefaultBackend;
   std::string api_key;
   double timeout = 300;
   double session_lease = -1;                    // < 0: --timeout; 0: sessions never expire

@@ -10,7 +10,12 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "backends/delta/descriptor.h"
+#include "backends/descriptor.h"
+#include "backends/ipc/descriptor.h"
+#include "backends/sharded/descriptor.h"
 #include "bench.h"
 #include "core/env_knobs.h"
 #include "core/log.h"
@@ -48,6 +53,34 @@ std::vector<std::string> SplitCommas(const std::vector<std::string>& in) {
   std::_Exit(code);
 }
 
+// `--backend-option`'s help: every backend's trainer options, from their schemas.
+std::string BackendOptionHelp() {
+  std::vector<std::string> backends;
+  for (const wsync::BackendDescriptor* b : wsync::Backends()) {
+    std::vector<std::string> keys;
+    for (const wsync::BackendOptionSpec& o : b->trainer_options) {
+      if (!o.hidden) keys.emplace_back(o.key);
+    }
+    backends.push_back(fmt::format("{} {}", b->name, fmt::join(keys, ", ")));
+  }
+  return fmt::format("KEY=VALUE setting of the backend (repeatable): {}", fmt::join(backends, "; "));
+}
+
+// `wsync bench WHAT`: each workload by name; a backend's own benchmark bears its name.
+using BenchFn = int (*)(const wsync::cli::BenchArgs&);
+const std::vector<std::pair<std::string, BenchFn>>& Benches() {
+  using namespace wsync::cli;
+  static const std::vector<std::pair<std::string, BenchFn>> kBenches = {
+      {"broadcast", RunBench},
+      {std::string(wsync::DeltaBackend().name), RunBenchDelta},
+      {"sources", RunBenchSources},
+      {std::string(wsync::IpcBackend().name), RunBenchIpc},
+      {std::string(wsync::ShardedBackend().name), RunBenchSharded},
+      {"fp8", RunBenchFp8},
+  };
+  return kBenches;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,7 +101,7 @@ int main(int argc, char** argv) {
   s->add_option("--dp", serve.dp, "data-parallel size of the deployment")->capture_default_str();
   s->add_option("--dp-rank", serve.dp_rank, "host only this DP rank (external load balancing); default: all")->capture_default_str();
   s->add_option("--device", serve.device, "where shards live: cpu or cuda:N")->capture_default_str();
-  s->add_option("--backend", serve.backend, "weight-transfer backend: nccl, ipc, delta or sharded")->capture_default_str();
+  s->add_option("--backend", serve.backend, "weight-transfer backend: " + wsync::BackendNamesText())->capture_default_str();
   s->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on every route but /health")->envname("WSYNC_API_KEY");
   s->add_option("--timeout", serve.timeout, "seconds any wait of the server may take")->capture_default_str();
   s->add_option("--max-body-mb", serve.max_body_mb, "largest request body in MiB (413 above)")
@@ -140,7 +173,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> servers;
   auto* p = app.add_subcommand("push", "act as a trainer: sync weights to servers, optionally over synthetic RL steps");
   p->add_option("--servers", servers, "server URLs, comma-separated, deployment-major")->required();
-  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: nccl, ipc, delta or sharded")->capture_default_str();
+  p->add_option("--backend", push.trainer.backend, "weight-transfer backend: " + wsync::BackendNamesText())->capture_default_str();
   auto* ckpt = p->add_option("--checkpoint", push.checkpoint, "directory of *.safetensors to sync");
   auto* model = p->add_option("--model", push.model, "registered model or config.json directory for synthetic weights");
   ckpt->excludes(model);
@@ -166,34 +199,16 @@ int main(int argc, char** argv) {
   // Each backend's own settings (TrainerOptions::backend_options): the generic flag, and
   // named flags for the common ones.
   std::vector<std::string> backend_flags;
-  p->add_option("--backend-option", backend_flags,
-                "KEY=VALUE setting of the backend (repeatable): nccl piece_mb; ipc mode=auto|packed|zero_copy, "
-                "export_kind=cuda_ipc|cuda_fd, backing=memfd|posix_shm, stall_after_chunks=N (tests); delta "
-                "sync_dir, max_file_gb, publish_threads, base_checkpoint, base_model_path, local_checkpoint_dir, state_dir; "
-                "sharded "
-                "model (default: --model), lookahead, stall_rank=R (tests: rank R sends nothing)");
+  p->add_option("--backend-option", backend_flags, BackendOptionHelp());
+  // A named flag per option a backend's schema gives one (e.g. --sync-dir for sync_dir).
   std::map<std::string, std::string> named_backend_flags;
-  for (const auto& [flag, key, help] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"--sync-dir", "sync_dir", "delta: directory shared with the servers"},
-           {"--max-file-gb", "max_file_gb", "delta: payload files roll over at this size (default 1)"},
-           {"--publish-threads", "publish_threads", "delta: publishing threads (default 0: all cores)"},
-           {"--base-checkpoint", "base_checkpoint",
-            "delta: the servers' base checkpoint (version 0) when it is not the first sync's weights"},
-           {"--base-model-path", "base_model_path",
-            "delta: init_info base_model_path, the base checkpoint as the servers name it (default: "
-            "--base-checkpoint); SkyRL's servers require it"},
-           {"--local-checkpoint-dir", "local_checkpoint_dir",
-            "delta: init_info local_checkpoint_dir for SkyRL's servers (default: SkyRL's "
-            "$TMPDIR/skyrl_delta_checkpoints/<sync dir name>_<hash>)"},
-           {"--state-dir", "state_dir",
-            "delta: where the trainer keeps its last published version, a file as large as the model rewritten "
-            "every sync, on a local disk (default: $TMPDIR/wsync_delta_state/<sync dir name>_<hash>)"},
-           {"--ipc-mode", "mode", "ipc: auto, packed or zero_copy (default auto)"},
-           {"--ipc-export-kind", "export_kind", "ipc on a GPU: cuda_ipc or cuda_fd (default cuda_ipc)"},
-           {"--nccl-piece-mb", "piece_mb", "nccl on a GPU: broadcast piece size in MiB (default 256)"},
-           {"--lookahead", "lookahead",
-            "sharded: layer groups a trainer rank packs ahead of the one still on the wire (default 1)"}}) {
-    p->add_option(flag, named_backend_flags[key], help);
+  for (const wsync::BackendDescriptor* backend : wsync::Backends()) {
+    for (const wsync::BackendOptionSpec& o : backend->trainer_options) {
+      if (o.flag.empty()) continue;
+      std::string help = fmt::format("{}: {}", backend->name, o.help);
+      if (!o.default_value.empty()) help += fmt::format(" (default {})", o.default_value);
+      p->add_option(std::string(o.flag), named_backend_flags[std::string(o.key)], help);
+    }
   }
   bool unpacked = false;
   p->add_flag("--unpacked", unpacked, "one broadcast per tensor instead of packed buckets");
@@ -209,10 +224,15 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   auto* b = app.add_subcommand("bench", "benchmarks that print numbers beside their baseline");
-  b->add_option("what", bench.what, "broadcast, delta, sources, ipc or sharded (against the nccl broadcast), fp8 (a bf16 "
-                "server against an fp8 one, and with and without an MTP drafter for a model with MTP layers)")
+  std::vector<std::string> bench_names;
+  for (const auto& [name, _] : Benches()) bench_names.push_back(name);
+  b->add_option("what", bench.what,
+                fmt::format("{}: a backend's name times that backend (beside the broadcast); fp8 times a "
+                            "bf16 server against an fp8 one, and with and without an MTP drafter for a model "
+                            "with MTP layers",
+                            fmt::join(bench_names, ", ")))
       ->required()
-      ->check(CLI::IsMember({"broadcast", "delta", "sources", "ipc", "sharded", "fp8"}));
+      ->check(CLI::IsMember(bench_names));
   b->add_option("--model", bench.model)->capture_default_str();
   b->add_option("--servers", bench.servers, "number of servers (each --tp workers)")->capture_default_str();
   b->add_option("--tp", bench.tp)->capture_default_str();
@@ -307,11 +327,9 @@ int main(int argc, char** argv) {
   }
   if (b->parsed()) {
     wsync::log::Init("bench");
-    if (bench.what == "sources") Exit(RunBenchSources(bench));
-    if (bench.what == "ipc") Exit(RunBenchIpc(bench));
-    if (bench.what == "sharded") Exit(RunBenchSharded(bench));
-    if (bench.what == "fp8") Exit(RunBenchFp8(bench));
-    Exit(bench.what == "delta" ? RunBenchDelta(bench) : RunBench(bench));
+    for (const auto& [name, run] : Benches()) {
+      if (bench.what == name) Exit(run(bench));
+    }
   }
   return 0;
 }

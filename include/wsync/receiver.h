@@ -43,13 +43,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "wsync/backend.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
 namespace wsync {
 
 struct ReceiverEngineOptions {
-  std::string backend = "nccl";  // "nccl" | "ipc" | "delta"
+  std::string backend = kDefaultBackend;  // a backend the single-worker receiver hosts (nccl, ipc, delta)
   // This worker's index within its server (0 .. the server's world size - 1).
   int worker_rank = 0;
   // Where the worker's tensors live: cpu, or cuda:N (NCCL and CUDA IPC then receive into

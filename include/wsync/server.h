@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "wsync/backend.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -42,7 +43,7 @@ struct InferenceServerOptions {
   // the others (worker i of this process, dp-major, on cuda:N+i), as vLLM gives each
   // worker its own GPU.
   Device device;
-  std::string backend = "nccl";
+  std::string backend = kDefaultBackend;
   double timeout_seconds = 300;  // bound on every wait the server makes
   // A session (start_weight_update .. finish_weight_update) with no call for this many
   // seconds expires, so that the next trainer's start succeeds when the last trainer

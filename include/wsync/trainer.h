@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "wsync/backend.h"
 #include "wsync/source.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
@@ -46,7 +47,7 @@ struct SyncProgress {
 
 struct TrainerOptions {
   std::vector<std::string> servers;  // base URLs, deployment-major: [dep0_dp0, dep0_dp1, ...]
-  std::string backend = "nccl";
+  std::string backend = kDefaultBackend;
   int data_parallel_size = 1;        // servers per deployment (SkyRL's data_parallel_size)
   double bucket_gb = 1.0;            // packed buffer = max(bucket, largest tensor)
   bool packed = true;

@@ -19,13 +19,12 @@ import json
 
 from wsync import _wsync
 
-# Backend settings a receiver takes, by backend; the same names as ``wsync serve``'s
-# flags take them (``--allow-store-host``, ``--ipc-shm-dir``, ``--base-checkpoint``, ...).
-BACKEND_OPTIONS = {
-    "nccl": ("allowed_store_hosts",),
-    "ipc": ("ipc_shm_dir",),
-    "delta": ("base_checkpoint", "local_checkpoint_dir", "sync_root"),
-}
+# Backend settings a receiver takes, by backend: each backend's receiver options schema
+# (its descriptor, through the binding), for the backends a single worker's receiver hosts.
+# The same names as ``wsync serve``'s flags take them (``--allow-store-host``,
+# ``--ipc-shm-dir``, ``--base-checkpoint``, ...).
+BACKEND_OPTIONS = {b["name"]: tuple(o["key"] for o in b["receiver_options"] if not o["hidden"])
+                   for b in _wsync.backends() if b["single_worker_receiver"]}
 
 
 def _dtype_name(dtype):
@@ -66,7 +65,7 @@ class ReceiverEngine:
     ``wsync.FailedPreconditionError``). Usable as a context manager (``shutdown`` on exit).
     """
 
-    def __init__(self, backend="nccl", worker_rank=0, device="cpu", timeout=300.0, *,
+    def __init__(self, backend=_wsync.DEFAULT_BACKEND, worker_rank=0, device="cpu", timeout=300.0, *,
                  metadata=None, max_update_bytes=None, label=None, **backend_options):
         allowed = BACKEND_OPTIONS.get(backend, ())
         for key in backend_options:

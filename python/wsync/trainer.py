@@ -8,6 +8,10 @@ from wsync.errors import InvalidArgumentError
 
 __all__ = ["TrainerEngine", "SyncStats"]
 
+# The trainer option naming the servers' model, for the backends that plan from it (their
+# descriptors' model_option): those passes leave out the tensors the servers drop.
+_MODEL_OPTION = {b["name"]: b["model_option"] for b in _wsync.backends() if b["model_option"]}
+
 
 def _option_text(key, value):
     if isinstance(value, bool):
@@ -200,7 +204,7 @@ class TrainerEngine:
     to this engine's).
     """
 
-    def __init__(self, backend="nccl", servers=(), data_parallel_size=1, bucket_gb=1.0,
+    def __init__(self, backend=_wsync.DEFAULT_BACKEND, servers=(), data_parallel_size=1, bucket_gb=1.0,
                  timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
                  num_buffers=2, store_host="127.0.0.1", group_port=None, bind_host=None, progress=None,
                  inline_verify=True, **backend_options):
@@ -267,15 +271,16 @@ class TrainerEngine:
         return self._engine.send_weights(self._prepared(source), weight_version, bool(verify))
 
     def _prepared(self, source):
-        """``source`` as the native engine takes it. The ``sharded`` plan covers the servers'
-        tensors only, so the names its servers drop (``wsync._wsync.dropped_names``: a tied
+        """``source`` as the native engine takes it. A backend that plans from the servers'
+        model (``sharded``) covers the servers' tensors only, so the names its servers drop (``wsync._wsync.dropped_names``: a tied
         ``lm_head.weight``, rotary buffers) are left out of its passes here, as vLLM skips them:
         through the source's own ``without(names)`` when it has one (``DTensorSource``: those
         tensors are then never gathered), else by filtering its passes."""
         from wsync.distributed import DTensorSource
         source = _native(source)
-        model = self._options["backend_options"].get("model")
-        if self._options["backend"] != "sharded" or not model or not hasattr(source, "metadata") \
+        model_option = _MODEL_OPTION.get(self._options["backend"])
+        model = self._options["backend_options"].get(model_option) if model_option else None
+        if not model or not hasattr(source, "metadata") \
                 or not hasattr(source, "__iter__"):
             return source
         key = id(source)

@@ -1,5 +1,5 @@
-// The init_info field table that names a backend mismatch (receiver/backend_mismatch.h)
-// agrees with the backends: every field a wsync trainer of a backend sends is listed for
+// The init_info fields each backend's descriptor lists (read by receiver/backend_mismatch.h)
+// agree with the backends: every field a wsync trainer of a backend sends is listed for
 // that backend, is one of its shared fields, or is sent by every backend; and every field
 // listed or shared for a backend is one its own parser takes (never "unknown field").
 #include <gtest/gtest.h>
@@ -29,7 +29,7 @@ const std::set<std::string> kShared = {"packed", "timeout_seconds"};
     if (kShared.contains(key)) continue;
     if (std::find(shared.begin(), shared.end(), key) != shared.end()) continue;
     if (std::find(listed.begin(), listed.end(), key) == listed.end()) {
-      return ::testing::AssertionFailure() << backend << " sends '" << key << "', not in its table row";
+      return ::testing::AssertionFailure() << backend << " sends '" << key << "', not in its descriptor's init_info fields";
     }
   }
   return ::testing::AssertionSuccess();

@@ -39,4 +39,10 @@ Status JoinAll(std::vector<std::future<Status>>& futures) {
   return first;
 }
 
+std::vector<BackendOptionSpec> GroupReceiverOptions() {
+  return {{"allowed_store_hosts", "list", "",
+           "hosts whose Gloo store a worker may dial besides the init request's own peer"},
+          {"fault", "choice", "", "die-mid-update (tests)", "", true}};
+}
+
 }  // namespace wsync

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/backend_options.h"
 #include "receiver/backend.h"
 #include "wsync/status.h"
 
@@ -21,6 +22,10 @@ Result<std::string> AdmitGlooStore(const ReceiverContext& ctx, std::string_view 
 // OK when every worker can join an NCCL group: each on a CUDA device, in a build with
 // NCCL. Unimplemented naming the first worker on cpu, or the missing NCCL, otherwise.
 Status CheckNcclWorkers(const ReceiverContext& ctx);
+
+// The backend_config keys these backends' receivers take: "allowed_store_hosts" (read by
+// AdmitGlooStore) and the tests' hidden "fault" (die-mid-update).
+std::vector<BackendOptionSpec> GroupReceiverOptions();
 
 // Waits for every worker's task and returns the first failure, in worker order.
 Status JoinAll(std::vector<std::future<Status>>& futures);

@@ -20,7 +20,33 @@ Status Parse(std::string_view backend, std::string_view key, const std::string& 
   return Status::Ok();
 }
 
+Status UnknownOption(std::string_view backend, std::string_view key, const std::vector<std::string>& known) {
+  return InvalidArgument(fmt::format("backend '{}' has no option '{}' (its options: {})", backend, key,
+                                     known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
+}
+
 }  // namespace
+
+Status CheckBackendOptionKeys(std::string_view backend, std::span<const BackendOptionSpec> schema,
+                              const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) {
+    bool found = std::any_of(schema.begin(), schema.end(), [&](const BackendOptionSpec& o) { return o.key == key; });
+    if (found) continue;
+    std::vector<std::string> known;
+    for (const BackendOptionSpec& o : schema) {
+      if (!o.hidden) known.emplace_back(o.key);
+    }
+    return UnknownOption(backend, key, known);
+  }
+  return Status::Ok();
+}
+
+Status CheckBackendOptionKeys(std::string_view backend, std::span<const BackendOptionSpec> schema,
+                              const std::map<std::string, std::string>& values) {
+  std::vector<std::string> keys;
+  for (const auto& [key, _] : values) keys.push_back(key);
+  return CheckBackendOptionKeys(backend, schema, keys);
+}
 
 BackendOptions::BackendOptions(std::string_view backend, const std::map<std::string, std::string>& values)
     : backend_(backend), values_(values) {}
@@ -65,10 +91,7 @@ Status BackendOptions::ReadChoice(std::string_view key, const std::vector<std::s
 
 Status BackendOptions::Finish() const {
   for (const auto& [key, value] : values_) {
-    if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
-      return InvalidArgument(fmt::format("backend '{}' has no option '{}' (its options: {})", backend_, key,
-                                         known_.empty() ? std::string("none") : fmt::format("{}", fmt::join(known_, ", "))));
-    }
+    if (std::find(known_.begin(), known_.end(), key) == known_.end()) return UnknownOption(backend_, key, known_);
   }
   return Status::Ok();
 }

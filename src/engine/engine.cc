@@ -43,7 +43,7 @@ Status CheckMetadata(const std::vector<TensorMeta>& planned,
 class Engine final : public TrainerEngine {
  public:
   Engine(const TrainerOptions& options, std::unique_ptr<DataPlane> plane)
-      : options_(options), plane_(std::move(plane)) {
+      : options_(options), plane_(std::move(plane)), shape_(plane_->Shape()) {
     if (options_.rank == 0 && !options_.servers.empty()) {
       driver_ = std::make_unique<SessionDriver>(options_.servers, options_.api_key, options_.timeout_seconds);
       driver_->set_draft_sessions(options_.draft_session);
@@ -84,7 +84,7 @@ class Engine final : public TrainerEngine {
     }
     if (live != live_) {
       if (!live.empty()) {
-        if (!plane_->ServesPartOfFleet()) {
+        if (!shape_.serves_part_of_fleet) {
           return Unimplemented(fmt::format("backend {} syncs every server: it has no degraded sync",
                                            options_.backend));
         }
@@ -136,7 +136,7 @@ class Engine final : public TrainerEngine {
         std::find(inline_servers_.begin(), inline_servers_.end(), true) != inline_servers_.end()) {
       pass.CollectDigests();
     }
-    return options_.rank != 0 ? plane_->SyncOtherRank(sync) : Sync(sync, total);
+    return options_.rank != 0 ? shape_.other_rank_sync(sync) : Sync(sync, total);
   }
 
   void Shutdown() override {
@@ -145,7 +145,7 @@ class Engine final : public TrainerEngine {
 
  private:
   // Whether this rank runs the plane (else it only drains its source).
-  bool Runs() const { return options_.rank == 0 || plane_->AllRanks(); }
+  bool Runs() const { return options_.rank == 0 || shape_.all_ranks(); }
 
   Status InitPlane() {
     PlaneInit init{options_, metadata_, nullptr, nullptr, held_, live_};
@@ -179,27 +179,35 @@ class Engine final : public TrainerEngine {
     return sync.stats;
   }
 
-  // Rank 0's sync.
+  // Rank 0's sync: Prepare, the shape's steps before start, the session, the shape's
+  // step after it.
   Result<SyncStats> Sync(SyncContext& sync, const Stopwatch& total) {
     Status prepared = plane_->Prepare(sync);
     if (!prepared.ok()) return plane_->Abort(prepared, nullptr);
-    Status before = plane_->BeforeStart(sync);
+    Status before = BeforeStart(sync);
     Status s = before.ok() ? Session(sync) : plane_->Abort(before, nullptr);
-    s = plane_->AfterSession(sync, s);
+    if (shape_.after_session) s = shape_.after_session(sync, s);
     if (!s.ok()) return s;
     sync.stats.seconds = total.seconds();
-    plane_->Account(&sync.stats);
+    if (shape_.account) shape_.account(&sync.stats);
     WSYNC_LOG_DEBUG("sync of {} bytes in {} chunks: start {:.2f} ms, data {:.2f} ms, finish {:.2f} ms, "
                     "total {:.2f} ms", sync.stats.bytes, sync.stats.chunks, sync.stats.start_seconds * 1e3,
                     sync.stats.transfer_seconds * 1e3, sync.stats.finish_seconds * 1e3, sync.stats.seconds * 1e3);
     return sync.stats;
   }
 
+  // The shape's step before start, then the prefix-cache reset when it goes there.
+  Status BeforeStart(SyncContext& sync) {
+    if (shape_.before_start) WSYNC_RETURN_IF_ERROR(shape_.before_start(sync));
+    if (shape_.prefix_cache_reset != PrefixCacheReset::kBeforeStart) return Status::Ok();
+    return sync.reset_prefix_cache().WithContext("resetting the servers' prefix caches before start");
+  }
+
   // start -> update in the background + the data plane -> finish; closes every server's
   // session on failure.
   Status Session(SyncContext& sync) {
     if (!driver_) {  // no servers (delta publishing alone): nothing to drive
-      return plane_->Transfer(sync, *NoServers());
+      return shape_.transfer ? plane_->Transfer(sync, *NoServers()) : Status::Ok();
     }
     Stopwatch phase;
     Status started = driver_->Start(sync.pass.collects_digests() ? &inline_servers_ : nullptr);
@@ -215,7 +223,7 @@ class Engine final : public TrainerEngine {
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     std::shared_ptr<SessionDriver::Pending> update = driver_->UpdateAsync(sync.update_body);
-    Status s = plane_->Transfer(sync, *update);
+    Status s = shape_.transfer ? plane_->Transfer(sync, *update) : Status::Ok();
     if (s.ok()) s = update->Wait(driver_->deadlines().Http()).status();
     if (!s.ok()) {
       s = plane_->Abort(s, update.get());
@@ -232,7 +240,7 @@ class Engine final : public TrainerEngine {
     // computed with the old weights can enter a cache between this reset and finish, and
     // from finish on every prefix is computed with the new version. A reset after finish
     // would leave a window where a request reuses an old-weights prefix.
-    if (!plane_->ResetsPrefixCache()) {
+    if (shape_.prefix_cache_reset == PrefixCacheReset::kBeforeFinish) {
       Status reset = sync.reset_prefix_cache();
       if (!reset.ok()) {
         driver_->Close();
@@ -293,6 +301,7 @@ class Engine final : public TrainerEngine {
 
   TrainerOptions options_;
   std::unique_ptr<DataPlane> plane_;
+  SessionShape shape_;  // plane_'s, asked once
   std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
   std::vector<bool> prefix_caching_;       // per server, probed at each InitPlane
   std::vector<bool> inline_servers_;       // per server: declares in-line verification

@@ -1,17 +1,21 @@
 // The trainer engine every backend shares: one skeleton around a backend's DataPlane.
 //
-// Rank 0 (or every rank of an all-ranks plane) runs:
+// The engine reads the plane's SessionShape once and drives every sync from it. Rank 0
+// (or every rank of a plane whose shape has all ranks take part) runs:
 //   Init:  discover the fleet (GET /health; the backend each server runs must be the one
 //          asked for), then DataPlane::Init; the metadata is kept for re-inits.
 //   SendWeights: the source's metadata must list Init's tensors, in any order (a mismatch
 //          names the tensor; nothing reaches the servers), re-init when a failure tore the
-//          plane down, Prepare, BeforeStart, start, update in the background + Transfer,
-//          wait, finish (with weight_version), AfterSession. On a failure after start the
+//          plane down, Prepare, the shape's before_start, start, update in the background
+//          + Transfer (when the shape has a transfer phase), wait, the prefix-cache reset
+//          (before finish, or before start when the shape says so), finish (with
+//          weight_version), the shape's after_session. On a failure after start the
 //          plane aborts and the servers' sessions are closed (best effort). The sync fails
 //          on this rank without finishing its pass: the other ranks' passes (collectives)
 //          fail at their own deadlines, or at once when the trainer stops its group
 //          (sources/trainer_ranks.h).
-// Other ranks of a rank-0-only plane drain their source's one pass per sync.
+// Other ranks run the shape's other_rank_sync, or without one drain their source's one
+// pass per sync.
 // Not thread-safe: one call at a time.
 #pragma once
 

@@ -3,7 +3,8 @@
 // vLLM's cache_config, or nothing) and, for a plane that does not reset at its own point,
 // POSTs /reset_prefix_cache?reset_running_requests=true to exactly the caching servers
 // after the update has landed and before finish. A server that answers {"success":
-// false} fails the sync, naming it, and every session is closed.
+// false} fails the sync, naming it, and every session is closed. A plane's SessionShape
+// moves the reset before start and adds its steps around the session.
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
@@ -26,6 +27,7 @@ std::unique_ptr<RecordingService> Recorder(json server_info, bool reset_ok = tru
 // A plane that moves nothing: the session and the reset are the engine's.
 class NullPlane : public DataPlane {
  public:
+  SessionShape Shape() override { return SessionShape{}; }
   Status Init(const PlaneInit& init) override { return init.driver->InitAll(json::object()); }
   Result<bool> Ready(const Status& mine) override {
     WSYNC_RETURN_IF_ERROR(mine);
@@ -36,7 +38,42 @@ class NullPlane : public DataPlane {
     return Status::Ok();
   }
   Status Transfer(SyncContext&, SessionDriver::Pending&) override { return Status::Ok(); }
+  Status Abort(const Status& cause, SessionDriver::Pending*) override { return cause; }
   void Shutdown() override {}
+};
+
+// A plane shaped as delta's: no transfer phase, a pause before start (where the prefix
+// caches are reset) and a resume after the session. `fail_before_start`: the pause step
+// fails after pausing. Records the steps the engine ran.
+class ShapedPlane : public NullPlane {
+ public:
+  explicit ShapedPlane(std::vector<std::string>* steps, bool fail_before_start = false)
+      : steps_(steps), fail_before_start_(fail_before_start) {}
+  SessionShape Shape() override {
+    SessionShape shape;
+    shape.transfer = false;
+    shape.prefix_cache_reset = PrefixCacheReset::kBeforeStart;
+    shape.before_start = [this](SyncContext& sync) {
+      steps_->push_back("before_start");
+      WSYNC_RETURN_IF_ERROR(sync.driver->Pause("keep", false));
+      return fail_before_start_ ? Unavailable("the pause step failed") : Status::Ok();
+    };
+    shape.after_session = [this](SyncContext& sync, Status outcome) {
+      steps_->push_back(outcome.ok() ? "after_session ok" : "after_session failed");
+      Status resumed = sync.driver->Resume();
+      return outcome.ok() ? resumed : outcome;
+    };
+    shape.account = [this](SyncStats*) { steps_->push_back("account"); };
+    return shape;
+  }
+  Status Abort(const Status& cause, SessionDriver::Pending* update) override {
+    steps_->push_back(update == nullptr ? "abort before update" : "abort");
+    return cause;
+  }
+
+ private:
+  std::vector<std::string>* steps_;
+  bool fail_before_start_;
 };
 
 struct Fleet {
@@ -47,12 +84,13 @@ struct Fleet {
     }
   }
   // An engine over a NullPlane for this fleet, initialized for Source(), calls cleared.
-  std::unique_ptr<TrainerEngine> Engine(const WeightSource& source) {
+  std::unique_ptr<TrainerEngine> Engine(const WeightSource& source,
+                                        std::unique_ptr<DataPlane> plane = std::make_unique<NullPlane>()) {
     TrainerOptions o;
     o.servers = urls;
     o.backend = "null";
     o.timeout_seconds = 20;
-    auto engine = NewTrainerEngine(o, std::make_unique<NullPlane>());
+    auto engine = NewTrainerEngine(o, std::move(plane));
     EXPECT_TRUE(engine.ok());
     EXPECT_TRUE((*engine)->Init(source.metadata()).ok());
     for (auto& rec : recorders) rec->ClearCalls();
@@ -119,6 +157,38 @@ TEST(EnginePrefixCache, AResetThatFailsFailsTheSyncNamingTheServerAndClosesSessi
   // The session is closed by the best-effort finish (no version).
   EXPECT_EQ(f.recorders[0]->calls(),
             (std::vector<std::string>{"start", "update", "reset_prefix_cache running=true", "finish -"}));
+}
+
+TEST(EngineSessionShape, AShapeWithoutTransferResetsInsideItsPauseBeforeStartAndResumesAfterFinish) {
+  std::vector<std::unique_ptr<RecordingService>> r;
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", true}}}}));
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", false}}}}));
+  Fleet f(std::move(r));
+  HostTensorSource source = Source();
+  std::vector<std::string> steps;
+  auto engine = f.Engine(source, std::make_unique<ShapedPlane>(&steps));
+  auto stats = engine->SendWeights(source, std::string("v1"));
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(steps, (std::vector<std::string>{"before_start", "after_session ok", "account"}));
+  EXPECT_EQ(f.recorders[0]->calls(),
+            (std::vector<std::string>{"pause keep clear_cache=false", "reset_prefix_cache running=true", "start",
+                                      "update", "finish v1", "resume"}));
+  EXPECT_EQ(f.recorders[1]->calls(),
+            (std::vector<std::string>{"pause keep clear_cache=false", "start", "update", "finish v1", "resume"}));
+}
+
+TEST(EngineSessionShape, AFailedStepBeforeStartAbortsThePlaneStartsNothingAndStillRunsTheStepAfter) {
+  std::vector<std::unique_ptr<RecordingService>> r;
+  r.push_back(Recorder(json{{"capabilities", {{"prefix_caching", true}}}}));
+  Fleet f(std::move(r));
+  HostTensorSource source = Source();
+  std::vector<std::string> steps;
+  auto engine = f.Engine(source, std::make_unique<ShapedPlane>(&steps, /*fail_before_start=*/true));
+  auto stats = engine->SendWeights(source, std::string("v1"));
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(steps, (std::vector<std::string>{"before_start", "abort before update", "after_session failed"}));
+  EXPECT_EQ(f.recorders[0]->calls(), (std::vector<std::string>{"pause keep clear_cache=false", "resume"}));
 }
 
 }  // namespace

@@ -50,4 +50,16 @@ Status StatusFromJson(const nlohmann::json& j, const std::string& who) {
   return Status(code, who.empty() ? message : fmt::format("{}: {}", who, message));
 }
 
+Result<bool> AllRanksReady(Communicator& comm, const Status& mine, bool down, int self, Deadline deadline) {
+  nlohmann::json j = mine.ok() ? nlohmann::json{{"down", down}} : StatusToJson(mine);
+  WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherStrings(comm, j.dump(), deadline));
+  bool any_down = false;
+  for (size_t r = 0; r < all.size(); ++r) {
+    nlohmann::json e = nlohmann::json::parse(all[r]);
+    if (e.contains("error")) return StatusFromJson(e, static_cast<int>(r) == self ? "" : fmt::format("trainer rank {}", r));
+    any_down = any_down || e["down"].get<bool>();
+  }
+  return !any_down;
+}
+
 }  // namespace wsync

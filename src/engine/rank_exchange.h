@@ -29,4 +29,10 @@ Result<std::string> BroadcastString(Communicator& comm, const std::string& mine,
 nlohmann::json StatusToJson(const Status& s);
 Status StatusFromJson(const nlohmann::json& j, const std::string& who);
 
+// DataPlane::Ready of a plane every rank runs, as one all-gather: `mine` is this rank's
+// verdict on the sync, `down` whether its plane needs Init again, `self` its rank (its
+// own error goes unnamed). Every rank gets the same answer: the lowest rank's error,
+// else whether no rank is down.
+Result<bool> AllRanksReady(Communicator& comm, const Status& mine, bool down, int self, Deadline deadline);
+
 }  // namespace wsync

@@ -224,7 +224,13 @@ Status WorkerStore::Load(const TensorRef& hf) {
   if (IsDropped(hf.name)) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(CheckLoad(hf));
   if (drafter_tracker_) MarkDrafter(hf.name);
-  return LoadChecked(hf);
+  WSYNC_RETURN_IF_ERROR(LoadChecked(hf));
+  NoteGroupLanded(hf.name);
+  return Status::Ok();
+}
+
+void WorkerStore::NoteGroupLanded(std::string_view hf_name) {
+  if (group_landing_ && device_.is_cpu()) group_landing_->LandedAll(tp_rank(), table_.FindHf(hf_name));
 }
 
 Status WorkerStore::LoadEach(std::span<const TensorRef> hf, size_t threads) {
@@ -240,7 +246,10 @@ Status WorkerStore::LoadEach(std::span<const TensorRef> hf, size_t threads) {
     if (drafter_tracker_) MarkDrafter(t->name);
   }
   if (!device_.is_cpu() || threads <= 1 || load.size() <= 1) {
-    for (const TensorRef* t : load) WSYNC_RETURN_IF_ERROR(LoadChecked(*t));
+    for (const TensorRef* t : load) {
+      WSYNC_RETURN_IF_ERROR(LoadChecked(*t));
+      NoteGroupLanded(t->name);
+    }
     return Status::Ok();
   }
   // Contiguous runs of tensors of about equal bytes, one per thread; each tensor lands
@@ -258,7 +267,10 @@ Status WorkerStore::LoadEach(std::span<const TensorRef> hf, size_t threads) {
   std::vector<Status> status(bounds.size() - 1);
   ParallelFor(status.size(), status.size(), [&](size_t b, size_t e) {
     for (size_t r = b; r < e; ++r) {
-      for (size_t i = bounds[r]; i < bounds[r + 1] && status[r].ok(); ++i) status[r] = LoadChecked(*load[i]);
+      for (size_t i = bounds[r]; i < bounds[r + 1] && status[r].ok(); ++i) {
+        status[r] = LoadChecked(*load[i]);
+        if (status[r].ok()) NoteGroupLanded(load[i]->name);
+      }
     }
   });
   for (Status& s : status) WSYNC_RETURN_IF_ERROR(s);
@@ -385,6 +397,9 @@ Status WorkerStore::LoadPiece(int param, int piece, std::span<const std::byte> p
   for (int64_t o = 0; o < r.count; ++o) {
     std::memcpy(dst + r.dst_offset + o * r.dst_stride, packed.data() + o * r.run_bytes, r.run_bytes);
   }
+  if (group_landing_ && table_.params()[param].pieces[piece].primary) {
+    group_landing_->LandedPiece(table_.FindHf(table_.params()[param].pieces[piece].hf_name));
+  }
   return Status::Ok();
 }
 
@@ -402,9 +417,10 @@ void WorkerStore::MarkDrafter(std::string_view hf_name) {
 }
 
 void WorkerStore::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
-  if (!drafter_tracker_) return;
   for (const TensorMeta& m : tensors) {
-    if (!IsDropped(m.name)) MarkDrafter(m.name);
+    if (IsDropped(m.name)) continue;
+    if (drafter_tracker_) MarkDrafter(m.name);
+    NoteGroupLanded(m.name);
   }
 }
 

@@ -45,6 +45,7 @@
 #include "core/digest.h"
 #include "core/offload_file.h"
 #include "model/config.h"
+#include "model/group_landing.h"
 #include "model/layer_tracker.h"
 #include "model/sharding.h"
 #include "model/worker_sink.h"
@@ -126,6 +127,11 @@ class WorkerStore final : public WorkerSink {
   // a LoadPiece into one of its parameters since). Called like Load(); LandedDigest only
   // while no Load runs.
   void BeginLandingDigests(bool on);
+  // The TP group's landing tracker (model/group_landing.h), told of every landing of this
+  // host store from now on; null: none. Not owned: it must outlive the landings. Set while
+  // no Load runs.
+  void set_group_landing(GroupLandingDigests* group) { group_landing_ = group; }
+  const GroupLandingDigests* group_landing() const { return group_landing_; }
   bool HashesLandings() const override { return hash_landings_; }
   std::optional<std::string> LandedDigest(std::string_view hf_name) const;
   // Load() of each tensor, on up to `threads` threads (whole tensors per thread, so that a
@@ -203,6 +209,8 @@ class WorkerStore final : public WorkerSink {
   HostBuffer offload_host_;                    // CUDA stores, while offloaded
   bool pending_device_copies_ = false;         // LoadPiece copies not yet synchronized
   bool hash_landings_ = false;
+  GroupLandingDigests* group_landing_ = nullptr;
+  void NoteGroupLanded(std::string_view hf_name);
   std::vector<std::string> landed_;            // per HF index: its landing digest, or ""
   // Per HF index: its landing runs, built on first use (addresses never move).
   std::vector<std::optional<std::vector<LandingRun>>> landing_runs_;

@@ -10,7 +10,6 @@
 #include <tuple>
 #include <utility>
 
-#include <fmt/compile.h>
 #include <fmt/format.h>
 
 #include "core/checked_math.h"
@@ -67,47 +66,72 @@ int Route(const std::vector<int>& owners, int group, int index, int size) {
   return owners[bound[static_cast<size_t>(group) % bound.size()]];
 }
 
-// Strings in the digest's canonical text are length-prefixed, so no name can forge a
-// field boundary.
-void AppendString(std::string& out, std::string_view s) {
-  fmt::format_to(std::back_inserter(out), FMT_COMPILE("{}:"), s.size());
-  out += s;
-}
+// SHA-256 over a canonical byte form: integers as 8 little-endian bytes, strings as their
+// length then their bytes. Fed in pieces, so no canonical form is ever held whole.
+class CanonicalHash {
+ public:
+  CanonicalHash() : hasher_(Hasher::Create(DigestAlgorithm::kSha256)) { buffer_.reserve(kFlush + 64); }
+  void Int(uint64_t v) {
+    char bytes[8];
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(v >> (8 * i));
+    buffer_.append(bytes, 8);
+    if (buffer_.size() >= kFlush) Flush();
+  }
+  void Str(std::string_view s) {
+    Int(s.size());
+    buffer_.append(s);
+    if (buffer_.size() >= kFlush) Flush();
+  }
+  void Meta(const TensorMeta& t) {
+    Str(t.name);
+    Str(TorchName(t.dtype));
+    Int(t.shape.size());
+    for (int64_t d : t.shape) Int(static_cast<uint64_t>(d));
+  }
+  std::string FinishHex() {
+    Flush();
+    return hasher_->FinishHex();
+  }
 
-// The canonical text of a plan, hashed into ConsumerPlan::digest. One line each, fields
-// separated by one space, integers in decimal, strings as <byte length>:<bytes>:
-//   wsync-sharded-plan 1
-//   consumer <id> block <block_index> <block_size> tp <tp_rank> <tp_size>
-// then for every chunk, in plan order,
-//   chunk <index> group <g> class <k> producer <p> bytes <n>
-// followed by one line per slice, in chunk order,
-//   slice <tensor name> <dtype (torch name)> <shape> <param name> <piece> <offset> <bytes>
-// where <shape> is the dimension count then each dimension.
-std::string CanonicalText(const ConsumerPlan& plan, const ConsumerSpot& spot, const ShardedStream& stream,
-                          const ShardingTable& table, size_t slices) {
-  std::string out;
-  out.reserve(160 * slices + 64 * plan.chunks.size() + 128);  // room for typical lines; grows past it
-  auto it = std::back_inserter(out);
-  fmt::format_to(it, "wsync-sharded-plan 1\nconsumer {} block {} {} tp {} {}\n", spot.consumer, spot.block_index,
-                 spot.block_size, table.tp_rank(), table.tp_size());
-  for (size_t c = 0; c < plan.chunks.size(); ++c) {
-    const PlanChunk& chunk = plan.chunks[c];
-    fmt::format_to(it, FMT_COMPILE("chunk {} group {} class {} producer {} bytes {}\n"), c, chunk.group,
-                   chunk.owner_class, chunk.producer, chunk.bytes);
+ private:
+  static constexpr size_t kFlush = size_t{1} << 20;
+  void Flush() {
+    hasher_->Update(std::as_bytes(std::span(buffer_)));
+    buffer_.clear();
+  }
+  std::unique_ptr<Hasher> hasher_;
+  std::string buffer_;
+};
+
+// ConsumerPlan::body_digest, over (CanonicalHash's byte form, in this order):
+//   "wsync-sharded-plan-body 2", the stream's tensors digest (StreamIndex), the table's
+//   parameter count then each parameter's name, dtype (torch name), rank and dimensions,
+//   the chunk count, then per chunk: group, owner class, producer, bytes, slice count, and
+//   per slice: stream tensor index, parameter index, piece, offset, bytes.
+// Tensors and parameters are named once, through the stream's and the table's digests, and
+// indexed in the slices.
+std::string BodyDigest(const ConsumerPlan& plan, const StreamIndex& index, const ShardingTable& table) {
+  CanonicalHash h;
+  h.Str("wsync-sharded-plan-body 2");
+  h.Str(index.tensors_digest);
+  h.Int(table.params().size());
+  for (const auto& p : table.params()) h.Meta(p.meta);
+  h.Int(plan.chunks.size());
+  for (const PlanChunk& chunk : plan.chunks) {
+    h.Int(static_cast<uint64_t>(chunk.group));
+    h.Int(static_cast<uint64_t>(chunk.owner_class));
+    h.Int(static_cast<uint64_t>(chunk.producer));
+    h.Int(chunk.bytes);
+    h.Int(chunk.slices.size());
     for (const PlanSlice& s : chunk.slices) {
-      const TensorMeta& t = stream.tensors[s.tensor];
-      out += "slice ";
-      AppendString(out, t.name);
-      out += ' ';
-      AppendString(out, TorchName(t.dtype));
-      fmt::format_to(it, FMT_COMPILE(" {}"), t.shape.size());
-      for (int64_t d : t.shape) fmt::format_to(it, FMT_COMPILE(" {}"), d);
-      out += ' ';
-      AppendString(out, table.params()[s.param].meta.name);
-      fmt::format_to(it, FMT_COMPILE(" {} {} {}\n"), s.piece, s.offset, s.bytes);
+      h.Int(static_cast<uint64_t>(s.tensor));
+      h.Int(static_cast<uint64_t>(s.param));
+      h.Int(static_cast<uint64_t>(s.piece));
+      h.Int(s.offset);
+      h.Int(s.bytes);
     }
   }
-  return out;
+  return h.FinishHex();
 }
 
 std::string WorkerName(const ShardingTable& table, const ConsumerSpot& spot) {
@@ -254,6 +278,11 @@ Result<StreamIndex> IndexStream(const ShardedStream& stream, std::shared_ptr<con
     index.stream_of[hf] = static_cast<int>(i);
     index.hf_of[i] = hf;
   }
+  CanonicalHash h;
+  h.Str("wsync-sharded-stream 1");
+  h.Int(stream.tensors.size());
+  for (const TensorMeta& t : stream.tensors) h.Meta(t);
+  index.tensors_digest = h.FinishHex();
   index.catalog = std::move(catalog);
   return index;
 }
@@ -333,16 +362,31 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex
     begin = end;
   }
   if (!digest) return plan;
-  const std::string text = CanonicalText(plan, spot, stream, table, entries.size());
-  plan.digest = HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
+  plan.body_digest = BodyDigest(plan, index, table);
+  plan.digest = ConsumerDigest(plan.body_digest, spot, plan.tp_rank, plan.tp_size);
   return plan;
 }
 
+std::string ConsumerDigest(std::string_view body_digest, const ConsumerSpot& spot, int tp_rank, int tp_size) {
+  const std::string text = fmt::format("wsync-sharded-plan 2\nconsumer {} block {} {} tp {} {}\nbody {}\n",
+                                       spot.consumer, spot.block_index, spot.block_size, tp_rank, tp_size,
+                                       body_digest);
+  return HexDigest(DigestAlgorithm::kSha256, std::as_bytes(std::span(text)));
+}
+
 ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans) {
+  std::vector<std::vector<int>> consumers;
+  consumers.reserve(plans.size());
+  for (const ConsumerPlan& p : plans) consumers.push_back({p.consumer});
+  return PlanProducer(producer, num_groups, plans, consumers);
+}
+
+ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans,
+                          const std::vector<std::vector<int>>& consumers) {
   ProducerPlan out;
   out.producer = producer;
   out.by_group.resize(static_cast<size_t>(std::max(num_groups, 0)));
-  for (size_t p = 0; p < plans.size(); ++p) {
+  for (size_t p = 0; p < plans.size() && p < consumers.size(); ++p) {
     for (size_t c = 0; c < plans[p].chunks.size(); ++c) {
       const PlanChunk& chunk = plans[p].chunks[c];
       if (chunk.producer != producer || chunk.group < 0 || chunk.group >= num_groups) continue;
@@ -356,8 +400,10 @@ ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<Consum
         sends.push_back(ProducerSend{chunk.group, {}, {}, static_cast<int>(p), static_cast<int>(c), chunk.bytes});
         same = sends.end() - 1;
       }
-      same->consumers.push_back(plans[p].consumer);
-      same->chunks.push_back(static_cast<int>(c));
+      for (int consumer : consumers[p]) {
+        same->consumers.push_back(consumer);
+        same->chunks.push_back(static_cast<int>(c));
+      }
     }
   }
   for (std::vector<ProducerSend>& sends : out.by_group) {

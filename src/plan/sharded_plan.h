@@ -22,9 +22,14 @@
 // exactly RdtRouter(..., workers_per_replica = that size).
 //
 // Both sides compute plans independently (the trainer every consumer's, a server its own
-// workers'); ConsumerPlan::digest (hex SHA-256 of a canonical text of the plan: consumer,
-// chunks, producers, slices with tensor and parameter names, offsets and sizes) is
-// compared at init, and a mismatch fails init naming both digests.
+// workers'); ConsumerPlan::digest (hex SHA-256 over the consumer's place and the SHA-256
+// of a canonical form of the plan's body: the stream's tensors and the table's parameters,
+// then chunks, producers, slices with their tensor and parameter, offsets and sizes) is
+// compared at init, and a mismatch fails init
+// naming both digests. A plan's body does not depend on the consumer's fleet-global id,
+// only on its table and its place in its block, so the trainer plans each distinct
+// (table, block index, block size) once and digests the other consumers of it from the
+// body's digest (plan/fleet_plan.h).
 //
 // A producer's view (PlanProducer) lists, per group, one SEND per distinct chunk: the
 // consumers whose chunks of that group from this producer are byte-identical (same table,
@@ -149,7 +154,8 @@ struct ConsumerPlan {
   int tp_rank = 0;
   int tp_size = 1;
   std::vector<PlanChunk> chunks;  // group order, then owner class
-  std::string digest;             // hex SHA-256 of the canonical text (sharded_plan.cc)
+  std::string body_digest;        // hex SHA-256 of the body's canonical form (sharded_plan.cc)
+  std::string digest;             // ConsumerDigest(body_digest, spot, tp)
   size_t bytes() const;           // every chunk's bytes
   size_t max_chunk_bytes() const;
 };
@@ -160,6 +166,9 @@ struct StreamIndex {
   std::shared_ptr<const HfCatalog> catalog;
   std::vector<int> hf_of;      // by stream position: index into catalog->tensors()
   std::vector<int> stream_of;  // by catalog index: stream position, or -1
+  // Hex SHA-256 of the stream's tensors (names, dtypes, shapes, in order), which plan
+  // digests refer to by index.
+  std::string tensors_digest;
 };
 
 // InvalidArgument, each message prefixed by `who`, naming a stream tensor the model does
@@ -181,6 +190,11 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const ShardingTab
 // agreement with a peer).
 Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex& index, const ShardingTable& table,
                                   const ConsumerSpot& spot, bool digest = true);
+
+// The digest of the plan with body digest `body_digest` and table `tp_rank`/`tp_size`,
+// for the consumer at `spot`: hex SHA-256 of
+//   wsync-sharded-plan 2\nconsumer <id> block <index> <size> tp <rank> <size>\nbody <body_digest>\n
+std::string ConsumerDigest(std::string_view body_digest, const ConsumerSpot& spot, int tp_rank, int tp_size);
 
 // One packed buffer a producer sends for one group, to each consumer listed.
 struct ProducerSend {
@@ -206,6 +220,11 @@ struct ProducerPlan {
 // must lie in [0, num_groups) (the plans come from PlanConsumer over one stream). Sends
 // of a group are listed in order of their first sharer (plan order, then chunk order).
 ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans);
+// The same, where plans[p] is the plan of every consumer in consumers[p] (ids, any
+// order; plans[p].consumer is not read): what PlanProducer over one plan per consumer
+// gives, with ProducerSend::plan indexing `plans`. consumers.size() == plans.size().
+ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<ConsumerPlan>& plans,
+                          const std::vector<std::vector<int>>& consumers);
 
 // Copies slice `s` of a consumer whose table is `table` out of its HF tensor's bytes
 // (`hf`, the whole tensor, host memory) into `chunk` at s.offset (host memory): the

@@ -1,4 +1,5 @@
 #include "plan/sharded_plan.h"
+#include "plan/fleet_plan.h"
 
 #include <algorithm>
 #include <cstring>
@@ -765,6 +766,100 @@ TEST(PackSliceHost, CopiesTheRunsBackToBack) {
   }
   for (size_t i = 0; i < 32; ++i) ASSERT_EQ(chunk[i], std::byte{0xee});
   for (size_t i = 32 + s.bytes; i < chunk.size(); ++i) ASSERT_EQ(chunk[i], std::byte{0xee});
+}
+
+// ---------------------------------------------------------------------------------------
+// PlanFleet: one plan per shape gives what one plan per consumer gives.
+
+// A producer's sends as (group, bytes, consumers, chunk indices), with the packed layout
+// each send carries, independent of which plan list the send points into.
+std::vector<std::string> SendsOf(const ProducerPlan& pp, const std::vector<ConsumerPlan>& plans) {
+  std::vector<std::string> out;
+  for (const auto& sends : pp.by_group) {
+    for (const ProducerSend& s : sends) {
+      std::string line = fmt::format("g{} {}B to", s.group, s.bytes);
+      for (size_t i = 0; i < s.consumers.size(); ++i) line += fmt::format(" {}:{}", s.consumers[i], s.chunks[i]);
+      for (const PlanSlice& sl : plans[s.plan].chunks[s.chunk].slices) {
+        line += fmt::format(" [{} {} {} {} {}]", sl.tensor, sl.param, sl.piece, sl.offset, sl.bytes);
+      }
+      out.push_back(line);
+    }
+  }
+  return out;
+}
+
+TEST(PlanFleet, SharesPlansAmongReplicasAndEqualsOnePlanPerConsumer) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<TensorMeta> hf = HfTensors(c);
+  auto catalog = *HfCatalog::Make(c);
+  for (const Held& held : {Fsdp(3, hf.size()), Megatron(hf, 2, 2)}) {
+    const ShardedStream stream = MakeStream(hf, held);
+    const int groups = static_cast<int>(stream.group_lens.size());
+    // Two replicas of TP=2, one TP=1, one more TP=2: consumers 0-1, 2-3, 4, 5-6.
+    const std::vector<FleetDeployment> deployments = {{2, 2, 0}, {2, 2, 2}, {1, 1, 4}, {2, 2, 5}};
+    Fleet f;  // one plan per consumer
+    for (const FleetDeployment& d : deployments) {
+      for (int j = 0; j < d.workers; ++j) {
+        f.tables.push_back(*ShardingTable::Build(c, j % d.tp, d.tp));
+        f.spots.push_back({d.first_consumer + j, j, d.workers});
+        f.plans.push_back(*PlanConsumer(stream, f.tables.back(), f.spots.back()));
+      }
+    }
+    auto all = PlanFleet(stream, catalog, deployments, true);
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    EXPECT_EQ(all->shapes.size(), 3u);  // (tp2, rank 0), (tp2, rank 1), (tp1, rank 0)
+    EXPECT_EQ(all->shape_consumers[0], (Ints{0, 2, 5}));
+    EXPECT_EQ(all->shape_of, (Ints{0, 1, 0, 1, 2, 0, 1}));
+    size_t bytes = 0, chunks = 0;
+    for (size_t i = 0; i < f.plans.size(); ++i) {
+      EXPECT_EQ(all->digests[i], f.plans[i].digest) << "consumer " << i;
+      bytes += f.plans[i].bytes();
+      chunks += f.plans[i].chunks.size();
+    }
+    EXPECT_EQ(all->fleet_bytes, bytes);
+    EXPECT_EQ(all->fleet_chunks, chunks);
+    EXPECT_NE(all->digests[0], all->digests[2]);  // same plan, another consumer
+    for (int p = 0; p < stream.num_producers; ++p) {
+      const std::vector<std::string> want = SendsOf(PlanProducer(p, groups, f.plans), f.plans);
+      EXPECT_EQ(SendsOf(all->Producer(p, groups), all->shapes), want) << "producer " << p;
+      // Keeping one producer: its sends and their runs, nothing of the others' chunks.
+      auto kept = PlanFleet(stream, catalog, deployments, false, p);
+      ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+      EXPECT_TRUE(kept->digests.empty());
+      const ProducerPlan pp = kept->Producer(p, groups);
+      EXPECT_EQ(SendsOf(pp, kept->shapes), want) << "producer " << p;
+      for (size_t k = 0; k < kept->shapes.size(); ++k) {
+        const ConsumerPlan& shape = kept->shapes[k];
+        const ShardingTable& table = f.tables[static_cast<size_t>(kept->shape_consumers[k].front())];
+        for (size_t ch = 0; ch < shape.chunks.size(); ++ch) {
+          const PlanChunk& chunk = shape.chunks[ch];
+          EXPECT_EQ(chunk.bytes, all->shapes[k].chunks[ch].bytes);
+          ASSERT_EQ(kept->runs[k][ch].size(), chunk.slices.size());
+          if (chunk.producer != p) {
+            EXPECT_TRUE(chunk.slices.empty());
+          }
+          for (size_t i = 0; i < chunk.slices.size(); ++i) {
+            const PieceRuns want_runs = table.Runs(chunk.slices[i].param, chunk.slices[i].piece);
+            EXPECT_EQ(kept->runs[k][ch][i].hf_offset, want_runs.hf_offset);
+            EXPECT_EQ(kept->runs[k][ch][i].count, want_runs.count);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PlanFleet, RefusesDeploymentsThatDoNotNumberTheFleet) {
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<TensorMeta> hf = HfTensors(c);
+  const ShardedStream stream = MakeStream(hf, Fsdp(1, hf.size()));
+  auto catalog = *HfCatalog::Make(c);
+  auto gap = PlanFleet(stream, catalog, {{1, 1, 0}, {1, 1, 2}}, true);
+  ASSERT_FALSE(gap.ok());
+  EXPECT_NE(gap.status().message().find("numbered from 1"), std::string::npos) << gap.status().ToString();
+  auto odd = PlanFleet(stream, catalog, {{2, 3, 0}}, true);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("multiple of tp"), std::string::npos) << odd.status().ToString();
 }
 
 }  // namespace

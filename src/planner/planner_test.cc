@@ -535,14 +535,14 @@ TEST(PlanDigest, PinnedForLayoutsAndFleets) {
     const char* sha256;
   };
   const Case cases[] = {
-      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "512b8d88f781b71f2090aefbe36d883ece56d3d6132244ba08cdfb9bc211fe59"},
-      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "bf12f58ea8291f53beb3a2f1285720b4eac406cb05c02555e8c104e8c8a33cfc"},
-      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "da6d70fa7b807c2ce77fcfe234628045a6a5776695ea8ebf0979e59051e85060"},
-      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "f46477046b9d3f22d4b6c12b050eec571dcd03b08b205f99282278ce66fb6c60"},
-      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "63838eb19b567fbc89823e1d64a922a8d91522daf4863d3023d35c33875e431f"},
-      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "ae9706589fb5aa00d87b9bcd30cde4ea0c649b70133bb4eda99bfbff2b34196a"},
-      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "6943de9735b56a8fb78127aaca3452f23199c0bd5c7c155930e399a99eacaac7"},
-      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "6bb29c40a4782e6fb0730dcfb63a6de3226a9dd1599c7ce34878047bcdf772d6"},
+      {"deepseek-v3-tiny", "tp2pp3ep2:12@h100", "2x(2,1,2)@h100", "e1340ed2701ee9da6a3f2df4ca4b1cedbab7a2b05c3c345d533f77e6eaa866f7"},
+      {"deepseek-v3-tiny", "tp2pp2ep4etp1:8@h100", "1x(4,1,1)@h100", "0e3d6c983cea7b82d25e48288b12feebf9f22ffad13f8290f739640f6267f02b"},
+      {"glm4-moe-tiny", "tp2pp3ep2:12@h100", "1x(2,2,4)@h100", "ab49de4162b526af502395d7917cd7be1b558ebbe0d79049969bf87fb286de6b"},
+      {"glm4-moe-tiny", "fsdp:4@h100", "2x(2,1,1)@h100", "8c450c592bd5775de266ef5109f9d7e2f5b648e36a33fddb070310da5488ad86"},
+      {"qwen3-30b-a3b", "tp4pp2ep8:16@h100", "1x(1,16,16)@h100", "b060bcb266925d0d596ec41c9cb6d52fbff6fd801e9292036b684b6b0809e38d"},
+      {"qwen3-30b-a3b", "tp2pp4ep4:32@h100", "3x(4,1,1)@h100", "f019d72d510f767ce8317a4110dd30930d1a14146c47aa5c1cdf1f903dbc9582"},
+      {"qwen3-30b-a3b", "tp2pp2ep2etp2:8@h100", "1x(2,2,4)@h100", "7fd4451acf8c4f7d6c8d7e0d70c8a6eb9647aca36601f1496195adef16b349f9"},
+      {"qwen3-0.6b", "tp2pp2:4@h100", "2x(2,1,1)@h100", "78115fca055b581348d037ad8aa2e39e67215832c7e48071a2d75794a3f4b59b"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{} {} {}", c.model, c.trainer, c.servers));

@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 #include <pybind11/stl.h>
 
+#include "backends/descriptor.h"
 #include "engine/rank_outcomes.h"
 #include "comm/store.h"
 #include "python/dlpack.h"
@@ -392,8 +393,8 @@ class PyTrainerEngine {
   }
 
   bool UsesRankGroup() const {
-    return world_size_ > 1 &&
-           (options_.backend == "sharded" || (options_.backend == "ipc" && !options_.device.is_cpu()));
+    const BackendDescriptor* backend = FindBackend(options_.backend);
+    return world_size_ > 1 && backend != nullptr && UsesTrainerGroup(*backend, options_.device);
   }
 
   // The trainer group (when the backend uses one) and the engine on it.

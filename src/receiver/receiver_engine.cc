@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/descriptor.h"
 #include "core/log.h"
 #include "model/dropped_names.h"
 #include "model/worker_sink.h"
@@ -150,6 +151,7 @@ Result<std::unique_ptr<ReceiverEngine>> ReceiverEngine::Create(const ReceiverEng
     return InvalidArgument(fmt::format("timeout {} s must be positive", options.timeout_seconds));
   }
   if (!options.backend_config.is_object()) return InvalidArgument("backend settings must be a JSON object");
+  WSYNC_RETURN_IF_ERROR(CheckReceiverOptionKeys(options.backend, options.backend_config));
   auto s = std::make_unique<State>();
   s->options = options;
   std::unordered_set<std::string_view> named;

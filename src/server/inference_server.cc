@@ -259,9 +259,19 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
     // split across the TP group, tensors this session did not land) read at finish.
     std::vector<TensorMeta> at_finish;
     std::map<std::string, std::string> sums;
+    // What the group digested as it came whole (GroupLandingDigests), if this session
+    // tracked it.
+    const size_t g = begin / options_.tp;
+    std::map<std::string, std::string> group_sums;
+    if (g < group_landing_.size() && group_landing_[g] && group.front()->group_landing() == group_landing_[g].get()) {
+      group_sums = group_landing_[g]->Digests();
+    }
     for (const TensorMeta& m : check) {
       std::optional<std::string> landed;
       for (size_t t = 0; t < group.size() && !landed; ++t) landed = group[t]->LandedDigest(m.name);
+      if (!landed) {
+        if (auto it = group_sums.find(m.name); it != group_sums.end()) landed = it->second;
+      }
       if (landed) {
         sums.emplace(m.name, std::move(*landed));
       } else {
@@ -351,8 +361,23 @@ Status InferenceServer::StartSession(bool draft, bool inline_verify) {
     const bool hash = inline_verify && !InlineVerification().empty();
     (void)OnEachWorker("starting an update's landing digests", [hash](Worker& w) {
       w.store->BeginLandingDigests(hash);
+      w.store->set_group_landing(nullptr);
       return Status::Ok();
     });
+    // Tensors split across a TP group of host stores are digested as soon as the group
+    // holds them whole, beside the landings of later chunks.
+    const bool on_host = std::ranges::all_of(workers_, [](const auto& w) { return w->device.is_cpu(); });
+    if (hash && options_.tp > 1 && on_host) {
+      group_landing_.resize(workers_.size() / options_.tp);
+      const size_t threads = std::max<size_t>(1, DefaultThreads() / 2);
+      for (size_t g = 0; g < group_landing_.size(); ++g) {
+        std::vector<const WorkerStore*> group;
+        for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[g * options_.tp + t]->store.get());
+        if (!group_landing_[g]) group_landing_[g] = std::make_unique<GroupLandingDigests>(group, threads);
+        group_landing_[g]->Begin();
+        for (int t = 0; t < options_.tp; ++t) workers_[g * options_.tp + t]->store->set_group_landing(group_landing_[g].get());
+      }
+    }
     // Marks of an update that failed before its finish are forgotten.
     if (options_.quantization == "fp8" || options_.speculative != "none") {
       (void)OnEachWorker("starting an update's layer tracking", [](Worker& w) {

@@ -31,6 +31,7 @@
 #include "core/process_memory.h"
 #include "control/control_service.h"
 #include "model/config.h"
+#include "model/group_landing.h"
 #include "receiver/admission.h"
 #include "receiver/session.h"
 #include "receiver/update_info.h"
@@ -168,6 +169,10 @@ class InferenceServer : public ControlService {
   InferenceServerOptions options_;
   ModelConfig model_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  // By dp replica, for TP groups of host stores: landing digests of the tensors split
+  // across the group (made at the first in-line verified session; before workers_ in
+  // destruction, which waits for digests in flight).
+  std::vector<std::unique_ptr<GroupLandingDigests>> group_landing_;
   ReceiverContext context_;
   std::unique_ptr<ReceiverBackend> backend_;
   std::unique_ptr<ReceiverSession> session_;

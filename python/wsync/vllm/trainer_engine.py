@@ -44,7 +44,7 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
 
     backend: ClassVar[str] = "wsync"
 
-    wsync_backend: str = "nccl"
+    wsync_backend: str = wsync._wsync.DEFAULT_BACKEND
     servers: list[str] = field(default_factory=list)
     weight_version: str = "wsync-"
     verify: bool = False

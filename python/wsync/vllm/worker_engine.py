@@ -39,6 +39,7 @@ from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightT
                                                    WeightTransferUpdateInfo)
 
 import wsync
+from wsync import _wsync
 from wsync.receiver import BACKEND_OPTIONS
 from wsync.worker_server import tensor_digest
 
@@ -54,30 +55,26 @@ DEFAULT_TIMEOUT = 300.0
 # Marks a tensor the engine copied out of a receive buffer (see _own_pending).
 _OWNED = "_wsync_owned"
 
-# Fields that name each wsync backend's init_info, checked in this order.
-_BACKEND_FIELDS = (
-    ("ipc", ("wsync_ipc_protocol",)),
-    ("sharded", ("owner_sets", "plan_digests", "name_owner_class")),
-    ("nccl", ("gloo_store_host", "nccl_unique_id_b64", "rank_offset")),
-    ("delta", ("local_checkpoint_dir", "base_model_path", "base_digest")),
-)
+# The backends whose receiver answers fetch_weights (their descriptors say so).
+_FETCHING = frozenset(b["name"] for b in _wsync.backends() if b["fetches"])
 
 
 def backend_of(init_info):
     """The wsync backend an init_info dict is for: its ``wsync_backend`` field, else the
-    first backend whose marker fields it has. ValueError when none fits."""
+    backend whose own init_info fields it carries most of (as wsync's backend-mismatch
+    check tells them). ValueError when none fits."""
     named = init_info.get("wsync_backend")
     if named is not None:
         if named not in BACKEND_OPTIONS:
             raise ValueError(f"init_info 'wsync_backend' is {named!r}; this vLLM plugin receives "
                              f"{', '.join(sorted(BACKEND_OPTIONS))}")
         return named
-    for backend, markers in _BACKEND_FIELDS:
-        if any(m in init_info for m in markers):
-            if backend not in BACKEND_OPTIONS:
-                raise ValueError(f"init_info is for wsync's {backend!r} backend, which the vLLM plugin "
-                                 f"does not receive (it receives {', '.join(sorted(BACKEND_OPTIONS))})")
-            return backend
+    backend = _wsync.init_info_backend(json.dumps(init_info, default=str))
+    if backend is not None:
+        if backend not in BACKEND_OPTIONS:
+            raise ValueError(f"init_info is for wsync's {backend!r} backend, which the vLLM plugin "
+                             f"does not receive (it receives {', '.join(sorted(BACKEND_OPTIONS))})")
+        return backend
     raise ValueError("init_info names no wsync backend: send a wsync trainer's init_info (wsync.TrainerEngine) "
                      "or name one with 'wsync_backend' (" + ", ".join(sorted(BACKEND_OPTIONS)) + ")")
 
@@ -96,7 +93,7 @@ def server_options(backend, environ=os.environ):
     if unknown:
         raise ValueError(f"{OPTIONS_ENV} has unknown keys {unknown} (known: {sorted(known)})")
     mine = {k: v for k, v in options.items() if k in BACKEND_OPTIONS[backend]}
-    if backend == "nccl" and "allowed_store_hosts" not in mine:
+    if "allowed_store_hosts" in BACKEND_OPTIONS[backend] and "allowed_store_hosts" not in mine:
         mine["allowed_store_hosts"] = list(DEFAULT_STORE_HOSTS)
     return mine
 
@@ -363,7 +360,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
     def fetch_weights(self, body):
         """delta: brings the local checkpoint to ``body["target_version"]`` (wsync's
         ``/fetch_weights``), ahead of the update that applies it."""
-        if self._rx is None or self._rx.backend != "delta":
+        if self._rx is None or self._rx.backend not in _FETCHING:
             raise RuntimeError("fetch_weights needs the delta backend, initialized")
         return self._rx.fetch_weights(body)
 

@@ -1,7 +1,7 @@
 #include "backends/delta/codec.h"
 
-// The block-level sequence producer API (stable since zstd 1.5.4, still declared in the
-// "static linking only" section; the shared library exports it).
+// ZSTD_frameHeaderSize is declared in the "static linking only" section; the shared
+// library exports it.
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
@@ -34,35 +34,6 @@ namespace {
 
 constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
 constexpr uint64_t kHigh = 0x8080808080808080ULL;
-
-// patch = next ^ snap and snap = next over n bytes; returns the nonzero bytes of patch.
-// Word-at-a-time so that GCC vectorizes it; the per-byte "nonzero" flags accumulate in
-// byte lanes and are folded every 128 words, before a lane can overflow.
-uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, size_t n) {
-  uint64_t nonzero = 0;
-  size_t words = n / 8;
-  for (size_t base = 0; base < words; base += 128) {
-    size_t end = std::min(words, base + 128);
-    uint64_t lanes = 0;
-    for (size_t w = base; w < end; ++w) {
-      uint64_t a, b;
-      std::memcpy(&a, next + 8 * w, 8);
-      std::memcpy(&b, snap + 8 * w, 8);
-      uint64_t x = a ^ b;
-      std::memcpy(patch + 8 * w, &x, 8);
-      std::memcpy(snap + 8 * w, &a, 8);
-      lanes += (((x & kLow7) + kLow7) | x) >> 7 & (kHigh >> 7);
-    }
-    nonzero += (lanes * 0x0101010101010101ULL) >> 56;
-  }
-  for (size_t i = 8 * words; i < n; ++i) {
-    std::byte x = next[i] ^ snap[i];
-    patch[i] = x;
-    snap[i] = next[i];
-    nonzero += x != std::byte{0};
-  }
-  return nonzero;
-}
 
 #if defined(__x86_64__)
 // XorUpdate with AVX2, which also leaves in masks[k] the nonzero bytes of the patch's
@@ -104,45 +75,6 @@ __attribute__((target("avx2,popcnt"))) uint64_t XorUpdateAvx2(const std::byte* n
 }
 #endif
 
-// zstd's sequence producer for XOR patches. A patch is runs of zeros between isolated
-// changed bytes, which zstd's own fast match finder handles badly (short hash hits,
-// many misses; docs/benchmarks.md, "delta", times stock zstd -1 on such a patch). Here
-// every zero run of four or more bytes becomes one literal zero followed by a match at
-// offset 1 (copy the previous byte), which zstd encodes as repeat-offset 1 with no
-// offset bits; everything else stays literal, and zstd's level-1 entropy stage codes
-// both. One pass, no hashing; the frame
-// is a standard one any decoder reads. Offsets never leave the block (zstd passes no
-// history to producers).
-size_t ProduceSparseSequences(void*, ZSTD_Sequence* out, size_t capacity, const void* src, size_t n,
-                              const void*, size_t, int, size_t) {
-  const uint8_t* p = static_cast<const uint8_t*>(src);
-  size_t zero_start = 0;     // first byte after the last changed byte seen
-  size_t literals_from = 0;  // first byte not yet covered by a sequence
-  size_t count = 0;
-  // Closes the zero run [zero_start, end): a literal zero, then the rest as a match.
-  auto run_ends = [&](size_t end) -> bool {
-    size_t run = end - zero_start;
-    if (run < 4) return true;  // too short for literal zero + a 3-byte match: stays literal
-    if (count + 2 > capacity) return false;
-    out[count++] = ZSTD_Sequence{1, static_cast<unsigned>(zero_start + 1 - literals_from),
-                                 static_cast<unsigned>(run - 1), 0};
-    literals_from = end;
-    return true;
-  };
-  for (size_t base = 0; base < n; base += 64) {
-    uint64_t mask = NonzeroMask(p + base, std::min<size_t>(64, n - base));
-    while (mask != 0) {  // one iteration per changed byte
-      size_t pos = base + static_cast<size_t>(std::countr_zero(mask));
-      mask &= mask - 1;
-      if (!run_ends(pos)) return ZSTD_SEQUENCE_PRODUCER_ERROR;
-      zero_start = pos + 1;
-    }
-  }
-  if (!run_ends(n) || count + 1 > capacity) return ZSTD_SEQUENCE_PRODUCER_ERROR;
-  out[count++] = ZSTD_Sequence{0, static_cast<unsigned>(n - literals_from), 0, 0};  // last literals
-  return count;
-}
-
 // What libzstd's streaming decoder lets through and its one-shot decoder (and RFC 8878)
 // refuses: a Compressed_Block of 0 bytes, which streaming takes for an empty block. The
 // block headers of a zstd frame are walked (not the blocks); a frame too short for its
@@ -167,22 +99,40 @@ Status CheckBlockHeaders(std::span<const uint8_t> frame, std::string_view what) 
   return Status::Ok();
 }
 
-// A page of zeros for the leading unchanged blocks of a frame.
-const std::byte* ZeroBlock(size_t n) {
-  static const std::vector<std::byte> zeros(kMaxBlockBytes);
-  return n <= zeros.size() ? zeros.data() : nullptr;
-}
-
 }  // namespace
 
 struct DeltaCodec::Zstd {
-  ZSTD_CCtx* cctx = nullptr;
   ZSTD_DCtx* dctx = nullptr;
-  ~Zstd() {
-    ZSTD_freeCCtx(cctx);
-    ZSTD_freeDCtx(dctx);
-  }
+  ~Zstd() { ZSTD_freeDCtx(dctx); }
 };
+
+// Word-at-a-time so that GCC vectorizes it; the per-byte "nonzero" flags accumulate in
+// byte lanes and are folded every 128 words, before a lane can overflow.
+uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, size_t n) {
+  uint64_t nonzero = 0;
+  size_t words = n / 8;
+  for (size_t base = 0; base < words; base += 128) {
+    size_t end = std::min(words, base + 128);
+    uint64_t lanes = 0;
+    for (size_t w = base; w < end; ++w) {
+      uint64_t a, b;
+      std::memcpy(&a, next + 8 * w, 8);
+      std::memcpy(&b, snap + 8 * w, 8);
+      uint64_t x = a ^ b;
+      std::memcpy(patch + 8 * w, &x, 8);
+      std::memcpy(snap + 8 * w, &a, 8);
+      lanes += (((x & kLow7) + kLow7) | x) >> 7 & (kHigh >> 7);
+    }
+    nonzero += (lanes * 0x0101010101010101ULL) >> 56;
+  }
+  for (size_t i = 8 * words; i < n; ++i) {
+    std::byte x = next[i] ^ snap[i];
+    patch[i] = x;
+    snap[i] = next[i];
+    nonzero += x != std::byte{0};
+  }
+  return nonzero;
+}
 
 void XorInto(std::span<std::byte> dst, std::span<const std::byte> src) {
   size_t n = std::min(dst.size(), src.size());
@@ -199,22 +149,15 @@ void XorInto(std::span<std::byte> dst, std::span<const std::byte> src) {
   for (size_t i = 8 * words; i < n; ++i) d[i] ^= s[i];
 }
 
-Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(int zstd_level, size_t block_bytes, bool sparse_apply,
-                                                      Encoder encoder) {
+Result<std::unique_ptr<DeltaCodec>> DeltaCodec::Create(size_t block_bytes, bool sparse_apply) {
   if (block_bytes == 0 || block_bytes > kMaxBlockBytes) {
     return InvalidArgument(fmt::format("delta block size {} must be in (0, {}]", block_bytes, kMaxBlockBytes));
   }
   std::unique_ptr<DeltaCodec> c(new DeltaCodec());
   c->zstd_ = std::make_unique<Zstd>();
-  c->zstd_->cctx = ZSTD_createCCtx();
   c->zstd_->dctx = ZSTD_createDCtx();
-  if (c->zstd_->cctx == nullptr || c->zstd_->dctx == nullptr) return Internal("zstd: out of memory for contexts");
-  WSYNC_ZSTD_CHECK(ZSTD_CCtx_setParameter(c->zstd_->cctx, ZSTD_c_compressionLevel, zstd_level),
-                   StatusCode::kInvalidArgument, fmt::format("zstd level {}", zstd_level));
-  ZSTD_registerSequenceProducer(c->zstd_->cctx, nullptr, ProduceSparseSequences);
+  if (c->zstd_->dctx == nullptr) return Internal("zstd: out of memory for a decompression context");
   if (sparse_apply) c->sparse_ = std::make_unique<SparseApplier>();
-  if (encoder == Encoder::kDirect) c->writer_ = std::make_unique<zstd::FrameWriter>();
-  c->level_ = zstd_level;
   c->block_bytes_ = block_bytes;
   c->block_.resize(block_bytes + 64);
   c->masks_.resize(block_bytes / 64 + 1);
@@ -231,63 +174,8 @@ Result<EncodedDelta> DeltaCodec::Encode(std::span<const std::byte> next, std::sp
   }
   EncodedDelta out;
   auto hasher = Hasher::Create(algorithm);
-  ZSTD_CCtx* cctx = zstd_->cctx;
-  size_t used = 0;
-  // Feeds `in` to the frame; `end` closes it.
-  auto feed = [&](const std::byte* p, size_t n, bool end) -> Status {
-    ZSTD_inBuffer in{p, n, 0};
-    for (;;) {
-      if (out.compressed.size() - used < ZSTD_CStreamOutSize()) {
-        out.compressed.resize(std::max(out.compressed.size() * 2, used + 2 * ZSTD_CStreamOutSize()));
-      }
-      ZSTD_outBuffer o{out.compressed.data() + used, out.compressed.size() - used, 0};
-      size_t left = ZSTD_compressStream2(cctx, &o, &in, end ? ZSTD_e_end : ZSTD_e_continue);
-      WSYNC_ZSTD_CHECK(left, StatusCode::kInternal, "zstd compression");
-      used += o.pos;
-      if (end ? left == 0 : in.pos == in.size) return Status::Ok();
-    }
-  };
-  if (writer_ != nullptr) return EncodeDirect(next, snapshot, algorithm, options);
   auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
-  size_t leading_zeros = 0;  // unchanged bytes before the first change, not yet fed
-  for (size_t off = 0; off < next.size(); off += block_bytes_) {
-    size_t n = std::min(block_bytes_, next.size() - off);
-    hasher->Update(next.subspan(off, n));
-    if (previous) previous->Update(snapshot.subspan(off, n));
-    uint64_t nz = XorUpdate(next.data() + off, snapshot.data() + off, block_.data(), n);
-    if (options.after_block) options.after_block(off + n);
-    if (!out.changed) {
-      if (nz == 0) {
-        leading_zeros += n;
-        continue;
-      }
-      out.changed = true;
-      // Room for a typical frame (a few % of the tensor) up front: growing by doubling
-      // would fault in and copy the output several times.
-      out.compressed.resize(next.size() / 16 + 2 * ZSTD_CStreamOutSize());
-      WSYNC_ZSTD_CHECK(ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only), StatusCode::kInternal, "zstd reset");
-      WSYNC_ZSTD_CHECK(ZSTD_CCtx_setPledgedSrcSize(cctx, next.size()), StatusCode::kInternal, "zstd size");
-      for (size_t z = 0; z < leading_zeros; z += block_bytes_) {
-        WSYNC_RETURN_IF_ERROR(feed(ZeroBlock(block_bytes_), std::min(block_bytes_, leading_zeros - z), false));
-      }
-    }
-    out.changed_bytes += nz;
-    WSYNC_RETURN_IF_ERROR(feed(block_.data(), n, false));
-  }
-  if (out.changed) WSYNC_RETURN_IF_ERROR(feed(nullptr, 0, true));
-  out.compressed.resize(used);
-  if (out.compressed.capacity() > 2 * used + (size_t{1} << 16)) out.compressed.shrink_to_fit();
-  out.checksum = hasher->FinishHex();
-  if (previous) out.previous_checksum = previous->FinishHex();
-  return out;
-}
-
-Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                              DigestAlgorithm algorithm, const EncodeOptions& options) {
-  EncodedDelta out;
-  auto hasher = Hasher::Create(algorithm);
-  auto previous = options.hash_previous ? Hasher::Create(algorithm) : nullptr;
-  size_t used = WriteBlocks(*writer_, next, snapshot, hasher.get(), previous.get(), /*part=*/false,
+  size_t used = WriteBlocks(writer_, next, snapshot, hasher.get(), previous.get(), /*part=*/false,
                             /*ends_frame=*/true, &out.changed_bytes,
                             options.after_block ? &options.after_block : nullptr);
   out.changed = out.changed_bytes > 0;
@@ -300,12 +188,9 @@ Result<EncodedDelta> DeltaCodec::EncodeDirect(std::span<const std::byte> next, s
 EncodedPart DeltaCodec::EncodePart(std::span<const std::byte> next, std::span<std::byte> snapshot, bool last,
                                    bool digests) {
   EncodedPart out;
-  // libzstd writes whole frames only: with Encoder::kLibzstd, parts come from a FrameWriter too.
-  if (writer_ == nullptr && part_writer_ == nullptr) part_writer_ = std::make_unique<zstd::FrameWriter>();
-  zstd::FrameWriter& writer = writer_ != nullptr ? *writer_ : *part_writer_;
   auto hasher = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
   auto previous = digests ? Hasher::Create(DigestAlgorithm::kXxh3_128) : nullptr;
-  size_t used = WriteBlocks(writer, next, snapshot, hasher.get(), previous.get(), /*part=*/true, last,
+  size_t used = WriteBlocks(writer_, next, snapshot, hasher.get(), previous.get(), /*part=*/true, last,
                             &out.changed_bytes);
   out.blocks.assign(frame_.begin(), frame_.begin() + static_cast<std::ptrdiff_t>(used));
   if (digests) {

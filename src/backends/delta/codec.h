@@ -8,17 +8,18 @@
 // ONE standard zstd frame with its content size, and the xxh3-128 (or sha256) hex digest
 // of the full new bytes, so either side can read what the other wrote.
 //
-// The frame is written by zstd::FrameWriter (zstd_writer.h) without libzstd: each zero
-// run becomes a literal zero plus an offset-1 match, literals are Huffman-coded and the
-// lengths FSE-coded with tables written once per frame (once per part for a tensor
-// encoded in parts on several threads: EncodePart). On bf16 RL-step patches that is
-// faster than zstd's own level 1 and gives a smaller frame (`delta_codec_benchmark`;
-// docs/benchmarks.md, "delta"); any zstd decoder reads it. Encoder::kLibzstd instead hands the same
-// sequences to libzstd (level `zstd_level`) through its sequence-producer API.
+// The frame is written by zstd::FrameWriter (zstd_writer.h), the backend's one encoder,
+// without libzstd: each zero run becomes a literal zero plus an offset-1 match, literals
+// are Huffman-coded and the lengths FSE-coded with tables written once per frame (once
+// per part for a tensor encoded in parts on several threads: EncodePart). On bf16
+// RL-step patches that is faster than libzstd at level 1, from the same sequences or
+// from its own match finder, and gives a smaller frame (`delta_codec_benchmark`, which
+// keeps the libzstd encoder as its baseline; docs/benchmarks.md, "delta"); any zstd
+// decoder reads it.
 //
-// Apply() first tries SparseApplier, which XORs only the frame's literals into the tensor
-// (its matches copy zeros, so they change nothing), then hashes the tensor; frames of
-// any other shape go through libzstd's streaming decoder.
+// Apply() first tries SparseApplier (apply/sparse_apply.h), which XORs only the frame's
+// literals into the tensor (its matches copy zeros, so they change nothing), then hashes
+// the tensor; frames of any other shape go through libzstd's streaming decoder.
 //
 // Both run in one pass over memory, in blocks of `block_bytes` that stay in cache:
 // hash, XOR, snapshot update and compression of a block happen before the next block is
@@ -26,7 +27,7 @@
 // first changed block (leading zero blocks are fed from a static zero page), so an
 // unchanged tensor costs a read and a compare, never a compression.
 //
-// A DeltaCodec holds one zstd compression and one decompression context; it is not
+// A DeltaCodec holds one frame writer and one zstd decompression context; it is not
 // thread-safe. Use one per thread (the publisher and the apply pool keep one each).
 #pragma once
 
@@ -39,23 +40,17 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/delta/sparse_apply.h"
+#include "backends/delta/apply/sparse_apply.h"
 #include "backends/delta/zstd_writer.h"
 #include "core/digest.h"
 #include "wsync/status.h"
 
 namespace wsync::delta {
 
-// zstd level SkyRL uses for every patch (delta/payload.compress_bytes).
-inline constexpr int kDefaultZstdLevel = 1;
 // Bytes per fused step: new + snapshot + patch of one block must fit in L2.
 inline constexpr size_t kDefaultBlockBytes = size_t{64} << 10;
 // The largest block: one zstd block (Block_Maximum_Size).
 inline constexpr size_t kMaxBlockBytes = size_t{128} << 10;
-
-// Who writes the frames: wsync's own zstd frame writer, or libzstd from wsync's
-// sequences (slower; kept for comparison and benchmarks).
-enum class Encoder { kDirect, kLibzstd };
 
 struct EncodedDelta {
   bool changed = false;             // false: the patch is all zeros and `compressed` is empty
@@ -88,17 +83,15 @@ struct EncodedPart {
 class DeltaCodec {
  public:
   // `sparse_apply` false makes Apply() use libzstd for every frame (tests, benchmarks).
-  // `block_bytes` in (0, kMaxBlockBytes]; `zstd_level` only matters to kLibzstd.
-  static Result<std::unique_ptr<DeltaCodec>> Create(int zstd_level = kDefaultZstdLevel,
-                                                    size_t block_bytes = kDefaultBlockBytes,
-                                                    bool sparse_apply = true,
-                                                    Encoder encoder = Encoder::kDirect);
+  // `block_bytes` in (0, kMaxBlockBytes].
+  static Result<std::unique_ptr<DeltaCodec>> Create(size_t block_bytes = kDefaultBlockBytes,
+                                                    bool sparse_apply = true);
   ~DeltaCodec();
   DeltaCodec(const DeltaCodec&) = delete;
   DeltaCodec& operator=(const DeltaCodec&) = delete;
 
-  // `next` and `snapshot` must have the same size. On success snapshot == next. On an
-  // error (only a zstd failure, reported as Internal) the snapshot may be partly updated.
+  // `next` and `snapshot` must have the same size (InvalidArgument otherwise); then
+  // snapshot == next on return.
   Result<EncodedDelta> Encode(std::span<const std::byte> next, std::span<std::byte> snapshot,
                               DigestAlgorithm algorithm, const EncodeOptions& options = {});
 
@@ -128,8 +121,6 @@ class DeltaCodec {
 
  private:
   DeltaCodec() = default;
-  Result<EncodedDelta> EncodeDirect(std::span<const std::byte> next, std::span<std::byte> snapshot,
-                                    DigestAlgorithm algorithm, const EncodeOptions& options);
   // The block loop of Encode() (and of EncodePart() when `part`): XOR, snapshot update,
   // `hasher` (new bytes) and `previous` (snapshot bytes before the update) when given,
   // and blocks into frame_, calling `after_block` (when set) after each; returns the
@@ -139,11 +130,9 @@ class DeltaCodec {
                      const std::function<void(size_t)>* after_block = nullptr);
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
-  std::unique_ptr<zstd::FrameWriter> writer_;  // null: libzstd writes the frames
-  std::unique_ptr<zstd::FrameWriter> part_writer_;  // EncodePart() when writer_ is null
-  std::vector<uint8_t> frame_;                 // the frame being written (kept between tensors)
-  std::vector<uint64_t> masks_;                // nonzero bytes of block_, one word per 64 bytes
-  int level_ = kDefaultZstdLevel;
+  zstd::FrameWriter writer_;
+  std::vector<uint8_t> frame_;    // the frame being written (kept between tensors)
+  std::vector<uint64_t> masks_;   // nonzero bytes of block_, one word per 64 bytes
   size_t block_bytes_ = kDefaultBlockBytes;
   std::vector<std::byte> block_;  // one patch block (and slack the frame writer reads)
   std::unique_ptr<SparseApplier> sparse_;
@@ -153,5 +142,10 @@ class DeltaCodec {
 
 // XORs `src` into `dst` (dst ^= src), the inner loop of Apply(); exposed for tests.
 void XorInto(std::span<std::byte> dst, std::span<const std::byte> src);
+
+// patch = next ^ snap and snap = next over n bytes; returns the nonzero bytes of patch.
+// The portable form of Encode()'s first step (which uses AVX2 where it can); exposed for
+// the benchmark's libzstd baseline.
+uint64_t XorUpdate(const std::byte* next, std::byte* snap, std::byte* patch, size_t n);
 
 }  // namespace wsync::delta

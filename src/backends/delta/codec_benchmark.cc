@@ -1,12 +1,16 @@
 // Micro-benchmark of DeltaCodec on one thread, with realistic data: a bf16 tensor of
 // synthetic N(0, 0.02) weights before and after one SyntheticTrainer step (a few percent
 // of values change). Prints the patch's shape, GB/s of tensor bytes for Encode (wsync's
-// frame writer, and libzstd from the same sequences), Apply (SparseApplier; libzstd; a
-// stock zstd -1 frame as SkyRL writes it) and the pieces they fuse (memcpy, xxh3-128,
-// one-shot stock zstd -1 of the patch), and the compressed ratios. Times are this
-// thread's CPU time (best of 3; best of 20 in the one-loop modes), i.e. per-core cost.
+// frame writer, and the baseline LibzstdEncoder: libzstd from the same sequences), Apply
+// (SparseApplier; libzstd; the baseline's frame; a stock zstd -1 frame as SkyRL writes
+// it) and the pieces they fuse (memcpy, xxh3-128, one-shot stock zstd -1 of the patch),
+// and the compressed ratios. Times are this thread's CPU time (best of 3; best of 20 in
+// the one-loop modes), i.e. per-core cost. `compare` times the two encoders alternately,
+// REPS times each, and prints every run and the medians.
 //
 //   delta_codec_benchmark [MiB=256] [block KiB=64] [encode|apply: only that, 20 times, for perf]
+//   delta_codec_benchmark [MiB=256] [block KiB=64] compare [REPS=9]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +20,8 @@
 #include <zstd.h>
 
 #include "backends/delta/codec.h"
-#include "backends/delta/sparse_apply.h"
+#include "backends/delta/libzstd_baseline.h"
+#include "backends/delta/apply/sparse_apply.h"
 #include "core/digest.h"
 #include "core/stopwatch.h"
 #include "synthetic/synthetic.h"
@@ -51,11 +56,37 @@ int main(int argc, char** argv) {
   std::vector<std::byte> old(t.storage.data(), t.storage.data() + n);
   auto step = (*trainer)->Step(1);
   std::span<const std::byte> next(t.storage.data(), n);
-  auto codec = delta::DeltaCodec::Create(1, block_kib << 10);
+  auto codec = delta::DeltaCodec::Create(block_kib << 10);
   if (!codec.ok()) return 1;
   std::vector<std::byte> snap(n), region(n), patch(n);
   auto gbps = [n](double s) { return n / s / 1e9; };
   std::string only = argc > 3 ? argv[3] : "";
+  if (only == "compare") {  // the two encoders, interleaved, on the same tensor
+    int reps = argc > 4 ? std::atoi(argv[4]) : 9;
+    auto lib = delta::LibzstdEncoder::Create(1, block_kib << 10);
+    if (!lib.ok()) return 1;
+    std::vector<double> td, tl;
+    size_t bd = 0, bl = 0;
+    for (int r = 0; r < reps; ++r) {
+      for (int which = 0; which < 2; ++which) {
+        std::memcpy(snap.data(), old.data(), n);
+        double t = wsync::ThreadCpuSeconds();
+        auto e = which == 0 ? (*codec)->Encode(next, snap, DigestAlgorithm::kXxh3_128)
+                            : (*lib)->Encode(next, snap, DigestAlgorithm::kXxh3_128);
+        double s = wsync::ThreadCpuSeconds() - t;
+        (which == 0 ? td : tl).push_back(s);
+        (which == 0 ? bd : bl) = e->compressed.size();
+        std::printf("rep %d %-8s %.2f GB/s\n", r, which == 0 ? "direct" : "libzstd", gbps(s));
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf("median Encode: direct %.2f GB/s, libzstd %.2f GB/s; frame %.2f%% vs %.2f%%\n",
+                gbps(median(td)), gbps(median(tl)), 100.0 * bd / n, 100.0 * bl / n);
+    return 0;
+  }
   if (!only.empty()) {  // one loop alone, for a profiler
     delta::EncodedDelta e;
     std::memcpy(snap.data(), old.data(), n);
@@ -79,7 +110,8 @@ int main(int argc, char** argv) {
   double encode_s = BestSeconds(
       3, [&] { std::memcpy(snap.data(), old.data(), n); },
       [&] { enc = *(*codec)->Encode(next, snap, DigestAlgorithm::kXxh3_128); });
-  auto viazstd = delta::DeltaCodec::Create(1, block_kib << 10, true, delta::Encoder::kLibzstd);
+  auto viazstd = delta::LibzstdEncoder::Create(1, block_kib << 10);
+  if (!viazstd.ok()) return 1;
   delta::EncodedDelta enc_zstd;
   double encode_zstd_s = BestSeconds(
       3, [&] { std::memcpy(snap.data(), old.data(), n); },
@@ -109,7 +141,7 @@ int main(int argc, char** argv) {
   delta::SparseApplier sparse;
   double sparse_s = BestSeconds(
       3, [&] { std::memcpy(region.data(), old.data(), n); }, [&] { (void)sparse.Apply(enc.compressed, region); });
-  auto plain = delta::DeltaCodec::Create(1, block_kib << 10, /*sparse_apply=*/false);
+  auto plain = delta::DeltaCodec::Create(block_kib << 10, /*sparse_apply=*/false);
   double plain_s = BestSeconds(
       3, [&] { std::memcpy(region.data(), old.data(), n); },
       [&] { (void)(*plain)->Apply(enc.compressed, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
@@ -117,6 +149,10 @@ int main(int argc, char** argv) {
   double stock_s = BestSeconds(
       3, [&] { std::memcpy(region.data(), old.data(), n); },
       [&] { (void)(*plain)->Apply(stock, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
+  auto other = delta::DeltaCodec::Create(block_kib << 10);  // sparse first, as the receiver
+  double other_s = BestSeconds(
+      3, [&] { std::memcpy(region.data(), old.data(), n); },
+      [&] { (void)(*other)->Apply(enc_zstd.compressed, region, DigestAlgorithm::kXxh3_128, enc.checksum, "w"); });
   std::vector<uint8_t> decoded(n);
   double libzstd_s = BestSeconds(3, nothing, [&] {
     (void)ZSTD_decompress(decoded.data(), n, enc.compressed.data(), enc.compressed.size());
@@ -134,6 +170,9 @@ int main(int argc, char** argv) {
   std::printf("%-28s %8.2f GB/s\n", "sparse XOR of the frame", gbps(sparse_s));
   std::printf("%-28s %8.2f GB/s\n", "Apply via libzstd, verified", gbps(plain_s));
   std::printf("%-28s %8.2f GB/s\n", "Apply stock -1 frame (libzstd)", gbps(stock_s));
+  std::printf("%-28s %8.2f GB/s   (%llu sparse, %llu libzstd frames)\n", "Apply libzstd-encoded frame",
+              gbps(other_s), static_cast<unsigned long long>((*other)->sparse_frames()),
+              static_cast<unsigned long long>((*other)->libzstd_frames()));
   std::printf("%-28s %8.2f GB/s   (%llu sparse, %llu libzstd frames)\n", "Apply (verified)", gbps(apply_s),
               static_cast<unsigned long long>((*codec)->sparse_frames()),
               static_cast<unsigned long long>((*codec)->libzstd_frames()));

@@ -1,5 +1,6 @@
-// NonzeroMask: which of up to 64 bytes are nonzero, the scan both the libzstd sequence
-// producer (codec.cc) and the frame writer (zstd_writer.cc) run over an XOR patch.
+// NonzeroMask: which of up to 64 bytes are nonzero, the scan the frame writer
+// (zstd_writer.cc) and the benchmark's libzstd baseline (libzstd_baseline.cc) run over an
+// XOR patch.
 // Internal to src/backends/delta. Pure; thread-safe.
 #pragma once
 

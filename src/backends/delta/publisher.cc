@@ -241,7 +241,7 @@ Result<std::unique_ptr<DeltaPublisher>> DeltaPublisher::Create(DeltaPublisherOpt
                              std::move(layout), state_bytes, 0));
   plan->pool = std::make_unique<TaskPool>(threads);
   for (size_t i = 0; i <= threads; ++i) {
-    WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create(o.zstd_level));
+    WSYNC_ASSIGN_OR_RETURN(auto codec, DeltaCodec::Create());
     plan->codecs.push_back(std::move(codec));
   }
   size_t nstaging = o.staging_buffers ? o.staging_buffers : threads + 1;

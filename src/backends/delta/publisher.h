@@ -79,7 +79,6 @@ struct DeltaPublisherOptions {
   size_t threads = 0;               // encode threads; 0: every core
   bool borrow_source_bytes = false; // read same-dtype tensors in place (see above)
   size_t staging_buffers = 0;       // reusable staging buffers of the largest tensor; 0: threads + 1
-  int zstd_level = 1;               // SkyRL's level; any level makes a standard frame
   int rank = 0;                     // trainer rank in payload file names
   // With at least kMinThreadsForParts threads, tensors of more than twice this many
   // bytes are encoded in parts of this size, each on any pool thread, and joined into

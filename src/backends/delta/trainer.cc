@@ -24,6 +24,18 @@ class DeltaPlane final : public DataPlane {
  public:
   explicit DeltaPlane(DeltaTrainerOptions d) : delta_(std::move(d)) {}
 
+  // The servers fetch and apply before start, inside a pause that holds through the
+  // session (the prefix caches are reset in it); update_weights is their reload.
+  SessionShape Shape() override {
+    SessionShape shape;
+    shape.transfer = false;
+    shape.prefix_cache_reset = PrefixCacheReset::kBeforeStart;
+    shape.before_start = [this](SyncContext& sync) { return FetchAndPause(sync); };
+    shape.after_session = [this](SyncContext& sync, Status outcome) { return Resume(sync, std::move(outcome)); };
+    shape.account = [this](SyncStats* stats) { Account(stats); };
+    return shape;
+  }
+
   Status Init(const PlaneInit& init) override {
     WSYNC_ASSIGN_OR_RETURN(std::vector<int64_t> published, delta::PublishedVersions(delta_.sync_dir));
     if (!published.empty()) {
@@ -67,14 +79,10 @@ class DeltaPlane final : public DataPlane {
     return publisher_ != nullptr;
   }
 
-  Status Prepare(SyncContext&) override {
+  // Publishes the sync's version; the update names it. Nothing reaches the servers.
+  Status Prepare(SyncContext& sync) override {
     report_ = DeltaSyncReport{};
     paused_ = false;
-    return Status::Ok();
-  }
-
-  // publish -> fetch (servers keep serving while they download and apply) -> pause(keep).
-  Status BeforeStart(SyncContext& sync) override {
     // In-line verification: the encoding's checksums of the new bytes are the digests.
     std::shared_ptr<PassDigests> digests = publisher_->DigestsEveryTensor() ? sync.pass.TakeDigests() : nullptr;
     std::map<std::string, std::string> sums;
@@ -86,8 +94,24 @@ class DeltaPlane final : public DataPlane {
         json{{"update_info",
               {{"target_version", version_}, {"version", version_}, {"sync_dir", delta_.sync_dir}, {"uri", uri}}}}
             .dump());
+    return Status::Ok();
+  }
+
+  Status Abort(const Status& cause, SessionDriver::Pending* update) override {
+    return update == nullptr ? cause : cause.WithContext(fmt::format("reloading version {}", version_));
+  }
+
+  void Shutdown() override { publisher_.reset(); }
+
+  const DeltaSyncReport& last_report() const { return last_; }
+  int64_t version() const { return publisher_ ? publisher_->version() : 0; }
+
+ private:
+  // fetch (servers keep serving while they download and apply) -> pause(keep).
+  Status FetchAndPause(SyncContext& sync) {
     if (sync.driver == nullptr) return Status::Ok();  // publishing alone
     Stopwatch phase;
+    const std::string uri = delta::VersionDir(delta_.sync_dir, version_);
     Result<std::vector<json>> fetched =
         sync.driver->Fetch(json{{"target_version", version_}, {"sync_dir", delta_.sync_dir}, {"uri", uri}}, vllm_);
     if (!fetched.ok()) return fetched.status().WithContext(fmt::format("fetching version {}", version_));
@@ -96,21 +120,10 @@ class DeltaPlane final : public DataPlane {
     paused_ = true;  // resumed even after a partial pause: no server stays paused
     Status s = sync.driver->Pause("keep", false);
     report_.pause_seconds = phase.Lap();
-    if (!s.ok()) return s;
-    // SkyRL's order: the prefix caches go inside the pause, before the reload starts.
-    return sync.reset_prefix_cache().WithContext("resetting the servers' prefix caches inside the pause");
+    return s;
   }
 
-  bool ResetsPrefixCache() const override { return true; }
-
-  // The servers reload their local checkpoint while update_weights is in flight.
-  Status Transfer(SyncContext&, SessionDriver::Pending&) override { return Status::Ok(); }
-
-  Status Abort(const Status& cause, SessionDriver::Pending* update) override {
-    return update == nullptr ? cause : cause.WithContext(fmt::format("reloading version {}", version_));
-  }
-
-  Status AfterSession(SyncContext& sync, Status outcome) override {
+  Status Resume(SyncContext& sync, Status outcome) {
     if (!paused_) return outcome;
     Stopwatch phase;
     Status resumed = sync.driver->Resume();
@@ -119,7 +132,7 @@ class DeltaPlane final : public DataPlane {
     return resumed.WithContext("resuming generation");
   }
 
-  void Account(SyncStats* stats) override {
+  void Account(SyncStats* stats) {
     report_.start_seconds = stats->start_seconds;
     report_.update_seconds = stats->transfer_seconds;
     report_.finish_seconds = stats->finish_seconds;
@@ -149,12 +162,6 @@ class DeltaPlane final : public DataPlane {
     last_ = report_;
   }
 
-  void Shutdown() override { publisher_.reset(); }
-
-  const DeltaSyncReport& last_report() const { return last_; }
-  int64_t version() const { return publisher_ ? publisher_->version() : 0; }
-
- private:
   DeltaTrainerOptions delta_;
   // Per server: a vLLM server running wsync's plugin (it fetches through a collective RPC).
   std::vector<bool> vllm_;

@@ -9,8 +9,10 @@
 //   {"target_version", "version", "sync_dir", "uri"} (the servers reload their local
 //   checkpoint) -> /finish_weight_update -> POST /resume (always, once paused).
 //
-// publish, fetch and pause are the plane's BeforeStart, resume its AfterSession; start,
-// update and finish are the engine's session. Every phase is timed (DeltaSyncReport; also
+// publish is the plane's Prepare; fetch and pause its step before start and resume its
+// step after the session (its SessionShape, engine/data_plane.h, which also puts the
+// prefix-cache reset inside the pause and has no transfer phase); start, update and
+// finish are the engine's session. Every phase is timed (DeltaSyncReport; also
 // logged per sync). SyncStats maps them as:
 // bytes = model bytes published, chunks = payload files, transfer = publish + fetch +
 // update, start = pause + start, finish = finish + resume, seconds = all of it.

@@ -7,8 +7,9 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/delta/apply/zstd_decode.h"
 #include "backends/delta/nonzero_mask.h"
-#include "backends/delta/zstd_entropy.h"
+#include "backends/delta/zstd_format.h"
 
 // Section names below are RFC 8878's; the encoding order of every bitstream mirrors
 // libzstd's compressor (FSE_compress_usingCTable, HUF_compress1X, ZSTD_encodeSequences),

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <random>
 
-#include "backends/delta/sparse_apply.h"
-#include "backends/delta/zstd_entropy.h"
+#include "backends/delta/apply/sparse_apply.h"
+#include "backends/delta/apply/zstd_decode.h"
 
 namespace wsync::delta::zstd {
 namespace {

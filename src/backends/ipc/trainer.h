@@ -57,6 +57,10 @@
 // and for ranks that publish nothing (a GPU a lower rank serves; every rank but 0 of a CPU
 // trainer, whose shm slots serve the host), ranks other than 0 only drain their source's
 // one pass per sync (it may be a collective) and return.
+//
+// The plane (trainer.cc) composes one class per job: the region session (session.h), the
+// ranks' group (rank_group.h), the zero-copy exports and layouts (zero_copy_plan.h), rank
+// 0's sync under way (sync_plan.h) and the packing (packer.h).
 #pragma once
 
 #include <map>

@@ -37,6 +37,8 @@ class NcclPlane final : public DataPlane {
   NcclPlane(const TrainerOptions& o, const NcclTrainerOptions& nccl) : options_(o), nccl_(nccl) {}
   ~NcclPlane() override { Shutdown(); }
 
+  SessionShape Shape() override { return SessionShape{}; }
+
   Status Init(const PlaneInit& init) override {
     const bool gpu = !options_.device.is_cpu();
     if (gpu) {

@@ -30,6 +30,7 @@
 #include "engine/watched.h"
 #include "model/config.h"
 #include "model/sharding.h"
+#include "plan/fleet_plan.h"
 #include "plan/sharded_plan.h"
 #include "sources/groups.h"
 
@@ -152,8 +153,13 @@ class ShardedPlane final : public DataPlane {
       : options_(o), sharded_(std::move(s)), config_(std::move(config)) {}
   ~ShardedPlane() override { Shutdown(); }
 
-  bool AllRanks() const override { return true; }
-  bool ServesPartOfFleet() const override { return true; }
+  // Every rank produces; a degraded sync serves the live servers only.
+  SessionShape Shape() override {
+    SessionShape shape;
+    shape.other_rank_sync = [this](SyncContext& sync) { return SyncOtherRank(sync); };
+    shape.serves_part_of_fleet = true;
+    return shape;
+  }
 
   Status Init(const PlaneInit& init) override {
     Shutdown();
@@ -219,18 +225,7 @@ class ShardedPlane final : public DataPlane {
       WSYNC_RETURN_IF_ERROR(mine);
       return !down;
     }
-    json j = mine.ok() ? json{{"down", down}} : StatusToJson(mine);
-    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                           AllGatherStrings(*rank_comm_, j.dump(), Deadline::InSeconds(options_.timeout_seconds)));
-    bool any_down = false;
-    for (size_t r = 0; r < all.size(); ++r) {
-      json e = json::parse(all[r]);
-      if (e.contains("error")) {
-        return StatusFromJson(e, static_cast<int>(r) == me_ ? "" : fmt::format("trainer rank {}", r));
-      }
-      any_down = any_down || e["down"].get<bool>();
-    }
-    return !any_down;
+    return AllRanksReady(*rank_comm_, mine, down, me_, Deadline::InSeconds(options_.timeout_seconds));
   }
 
   Status Prepare(SyncContext& sync) override {
@@ -243,7 +238,7 @@ class ShardedPlane final : public DataPlane {
 
   Status Transfer(SyncContext& sync, Pending& update) override { return Produce(sync, &update); }
 
-  Result<SyncStats> SyncOtherRank(SyncContext& sync) override {
+  Result<SyncStats> SyncOtherRank(SyncContext& sync) {
     Stopwatch total;
     WSYNC_RETURN_IF_ERROR(Produce(sync, nullptr).WithContext(fmt::format("trainer rank {}", me_)));
     sync.stats.bytes = producer_.bytes_sent;
@@ -451,37 +446,22 @@ class ShardedPlane final : public DataPlane {
     return Status::Ok();
   }
 
-  // Every worker's plan (the same on every rank), this rank's sends and its pack steps.
+  // Every worker's plan (the same on every rank; slices only where this rank sends them),
+  // this rank's sends and its pack steps. Only rank 0 sends init_info, so only it digests
+  // the plans.
   Status BuildPlans() {
-    tables_.clear();
-    plans_.clear();
-    plan_table_.clear();
     // One catalog of the model for every table, and the stream checked against it once.
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const HfCatalog> catalog, HfCatalog::Make(config_));
-    WSYNC_ASSIGN_OR_RETURN(StreamIndex index, IndexStream(stream_, catalog, "the trainer's stream"));
+    std::vector<FleetDeployment> deployments;
     for (const Deployment& d : fleet_.deployments) {
-      for (int j = 0; j < d.workers; ++j) {
-        const int tp_rank = j % d.tp;
-        auto key = std::make_tuple(d.tp, tp_rank, d.drafter);
-        if (!tables_.count(key)) {
-          WSYNC_ASSIGN_OR_RETURN(ShardingTable t, ShardingTable::Build(catalog, tp_rank, d.tp, {},
-                                                                       d.drafter ? Drafter::kMtp : Drafter::kNone));
-          tables_.emplace(key, std::make_unique<ShardingTable>(std::move(t)));
-        }
-        ConsumerSpot spot{d.first_consumer + j, j, d.workers};
-        Result<ConsumerPlan> plan = PlanConsumer(stream_, index, *tables_[key], spot);
-        if (!plan.ok()) return plan.status().WithContext(fmt::format("planning {}", fleet_.Label(spot.consumer)));
-        plans_.push_back(std::move(*plan));
-        plan_table_.push_back(tables_[key].get());
-      }
+      deployments.push_back(FleetDeployment{d.tp, d.workers, d.first_consumer, d.drafter});
     }
-    fleet_bytes_ = 0;
-    fleet_chunks_ = 0;
-    for (const ConsumerPlan& p : plans_) {
-      fleet_bytes_ += p.bytes();
-      fleet_chunks_ += p.chunks.size();
-    }
-    producer_ = PlanProducer(me_, static_cast<int>(stream_.group_lens.size()), plans_);
+    Result<FleetPlans> plans = PlanFleet(stream_, catalog, deployments, /*digests=*/me_ == 0, /*keep_producer=*/me_);
+    if (!plans.ok()) return plans.status().WithContext("planning the fleet");
+    plans_ = std::move(*plans);
+    fleet_bytes_ = plans_.fleet_bytes;
+    fleet_chunks_ = plans_.fleet_chunks;
+    producer_ = plans_.Producer(me_, static_cast<int>(stream_.group_lens.size()));
     // Where each send of a group sits in the group's buffer, and the copies each tensor makes.
     send_offset_.assign(producer_.by_group.size(), {});
     pack_.assign(stream_.tensors.size(), {});
@@ -492,16 +472,20 @@ class ShardedPlane final : public DataPlane {
       for (const ProducerSend& s : producer_.by_group[g]) {
         off = (off + 255) / 256 * 256;
         send_offset_[g].push_back(off);
-        const PlanChunk& chunk = plans_[s.plan].chunks[s.chunk];
-        const ShardingTable& table = *plan_table_[s.plan];
-        for (const PlanSlice& slice : chunk.slices) {
-          pack_[slice.tensor].push_back(PackStep{table.Runs(slice.param, slice.piece), off + slice.offset});
+        const PlanChunk& chunk = plans_.shapes[s.plan].chunks[s.chunk];
+        const std::vector<PieceRuns>& runs = plans_.runs[s.plan][s.chunk];
+        for (size_t i = 0; i < chunk.slices.size(); ++i) {
+          const PlanSlice& slice = chunk.slices[i];
+          pack_[slice.tensor].push_back(PackStep{runs[i], off + slice.offset});
         }
         off += s.bytes;
         messages_ += s.consumers.size();
       }
       group_bytes_ = std::max(group_bytes_, off);
     }
+    // The pack steps hold what packing needs; the digests stay for init_info.
+    plans_.shapes = {};
+    plans_.runs = {};
     return Status::Ok();
   }
 
@@ -536,7 +520,7 @@ class ShardedPlane final : public DataPlane {
       info.consumer_offset = d.first_consumer;
       info.deployment_workers = d.workers;
       info.plan_digests.clear();
-      for (int j = 0; j < d.workers; ++j) info.plan_digests.push_back(plans_[d.first_consumer + j].digest);
+      for (int j = 0; j < d.workers; ++j) info.plan_digests.push_back(plans_.digests[d.first_consumer + j]);
       for (int s = d.first_server; s < d.first_server + d.servers; ++s) {
         if (!init.live.empty() && !std::binary_search(init.live.begin(), init.live.end(), s)) continue;
         info.replica_rank = stamps[s].replica_rank;
@@ -800,9 +784,7 @@ class ShardedPlane final : public DataPlane {
   std::vector<size_t> held_;          // stream indices this rank holds, ascending
   std::vector<TensorMeta> held_meta_;
   FleetShape fleet_;
-  std::map<std::tuple<int, int, bool>, std::unique_ptr<ShardingTable>> tables_;  // by (tp, tp rank, drafter)
-  std::vector<ConsumerPlan> plans_;                // by consumer id
-  std::vector<const ShardingTable*> plan_table_;   // by consumer id
+  FleetPlans plans_;
   ProducerPlan producer_;
   std::vector<std::vector<size_t>> send_offset_;   // [group][send]: offset in the group buffer
   std::vector<std::vector<PackStep>> pack_;        // by stream tensor

@@ -1,4 +1,4 @@
-#include "backends/delta/zstd_entropy.h"
+#include "backends/delta/apply/zstd_decode.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "backends/delta/sparse_apply.h"
+#include "backends/delta/apply/sparse_apply.h"
 
 #include <algorithm>
 #include <bit>
@@ -8,7 +8,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "backends/delta/zstd_entropy.h"
+#include "backends/delta/apply/zstd_decode.h"
 
 // The decoder follows RFC 8878 (doc/zstd_compression_format.md in the zstd sources);
 // section names below are the RFC's. Every read is bounds-checked: malformed input ends

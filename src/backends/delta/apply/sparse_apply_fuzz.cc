@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "backends/delta/codec.h"
-#include "backends/delta/sparse_apply.h"
+#include "backends/delta/apply/sparse_apply.h"
 
 namespace {
 

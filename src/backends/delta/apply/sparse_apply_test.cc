@@ -1,4 +1,4 @@
-#include "backends/delta/sparse_apply.h"
+#include "backends/delta/apply/sparse_apply.h"
 
 #include <gtest/gtest.h>
 #include <zstd.h>

@@ -17,6 +17,11 @@
 // every invalid one. So it accepts no frame libzstd refuses (delta_sparse_apply_fuzz
 // checks this against libzstd, differentially). (Decoding never reads
 // the tensor, so running a failed frame a second time XORs the same bytes back.)
+//
+// SparseApplier is the entry point of apply/ (library wsync_delta_apply), the backend's
+// patch reader: it and the entropy decoding it uses (zstd_decode.h) depend on nothing of
+// the encoder (../codec.h, ../zstd_writer.h) but the format's constants (../zstd_format.h).
+//
 // Not thread-safe: one per thread (it keeps scratch buffers).
 #pragma once
 

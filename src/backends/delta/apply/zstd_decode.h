@@ -1,7 +1,7 @@
-// Entropy-coding pieces of the zstd format (RFC 8878) that SparseApplier decodes with:
-// backward bitstreams, FSE decoding tables (built from a normalized distribution or read
-// from an "FSE Table Description"), Huffman decoding tables and streams, and the fixed
-// code tables of literal lengths, match lengths and the default distributions.
+// The decoding half of zstd's entropy coding (RFC 8878), what SparseApplier reads a frame
+// with: backward bitstreams, FSE decoding tables (built from a normalized distribution or
+// read from an "FSE Table Description"), and Huffman decoding tables and streams. The
+// format's fixed code tables, which the frame writer uses too, are in zstd_format.h.
 //
 // Every function is bounds-checked against its input and reports malformed data by its
 // return value (0 bytes read, false), never by reading outside the buffer. Pure or
@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "backends/delta/zstd_format.h"
 
 namespace wsync::delta::zstd {
 
@@ -108,20 +110,6 @@ class BackBits {
   unsigned consumed_ = 0;
 };
 
-// Whether a loop with a clone for an instruction-set extension runs that clone: the CPU
-// has the extension and no test asked for the baseline clone (UseBaseline is not
-// thread-safe against the loops that read enabled()).
-class IsaChoice {
- public:
-  explicit IsaChoice(bool cpu_has) : cpu_has_(cpu_has), use_(cpu_has) {}
-  bool enabled() const { return use_; }
-  void UseBaseline(bool baseline) { use_ = cpu_has_ && !baseline; }
-
- private:
-  bool cpu_has_;
-  bool use_;
-};
-
 // Whether the CPU has BMI1 and BMI2 (x86-64), for the decoding loops that have a clone
 // compiled for them: three-operand shifts keep their variable shifts off the cl register.
 // False after UseBaselineDecodeForTesting(true), so that tests run the baseline clones.
@@ -168,18 +156,7 @@ bool BuildFse(const int16_t* norm, unsigned max_sym, unsigned al, FseTable* out)
 // max_al, a symbol above max_sym, counts that do not add up, input too short).
 size_t ReadFse(const uint8_t* p, size_t n, unsigned max_al, unsigned max_sym, FseTable* out);
 
-inline constexpr std::array<uint32_t, 36> kLlBase = {0,  1,  2,  3,  4,  5,  6,   7,   8,   9,   10,   11,
-                                              12, 13, 14, 15, 16, 18, 20,  22,  24,  28,  32,   40,
-                                              48, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
-inline constexpr std::array<uint8_t, 36> kLlBits = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  0,  0,  0,  1,  1,
-                                             1, 1, 2, 2, 3, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-inline constexpr std::array<uint32_t, 53> kMlBase = {
-    3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,
-    30, 31, 32, 33, 34, 35, 37, 39, 41, 43, 47, 51, 59, 67, 83, 99, 131, 259, 515, 1027, 2051, 4099, 8195, 16387,
-    32771, 65539};
-inline constexpr std::array<uint8_t, 53> kMlBits = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
-                                             2, 2, 3, 3, 4, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+// The predefined distributions of literal lengths, match lengths and offset codes.
 inline constexpr int16_t kLlDefault[36] = {4, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 2, 2,
                                     2, 2, 2, 2, 2, 2, 2, 3, 2, 1, 1, 1, 1, 1, -1, -1, -1, -1};
 inline constexpr int16_t kMlDefault[53] = {1, 4, 3, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,  1,  1,  1,  1,  1,  1,  1,  1,

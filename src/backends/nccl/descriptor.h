@@ -1,0 +1,12 @@
+// The `nccl` backend as the rest of wsync sees it: its name, init_info and update_info
+// fields, options schema and factories (src/backends/descriptor.h). Listed once, in
+// src/backends/registry.cc.
+#pragma once
+
+#include "backends/descriptor.h"
+
+namespace wsync {
+
+const BackendDescriptor& NcclBackend();
+
+}  // namespace wsync
