@@ -19,7 +19,9 @@
 // stays usable: the trainer initializes the data plane again for its next sync.
 //
 // Thread-safety: calls may come from any thread; one runs at a time (a call made while
-// another runs fails at once with FailedPrecondition naming the call in flight). Every
+// another runs fails at once with FailedPrecondition naming the call in flight, except
+// that a session's update or finish waits up to `timeout_seconds` for a call outside the
+// session to end, as `wsync serve` does). Every
 // wait is bounded by `timeout_seconds` (or the trainer's init_info timeout, if shorter).
 //
 //   ReceiverEngineOptions o;
@@ -73,6 +75,17 @@ struct ReceiverEngineOptions {
   std::string label = "worker";  // names this worker in messages
 };
 
+// The session state of a ReceiverEngine (ReceiverEngine::Session), as `wsync serve`'s
+// /health reports its own.
+struct ReceiverEngineSession {
+  bool active = false;              // between StartWeightUpdate and FinishWeightUpdate
+  bool weights_consistent = true;   // false: `inconsistent` says why
+  std::string inconsistent;         // why the weights are not consistent; empty when they are
+  std::string busy_with;            // the call in flight; empty when idle
+  int expired_sessions = 0;         // sessions whose trainer vanished (the lease ran out)
+  int taken_over_sessions = 0;      // sessions ended by a new trainer's Init
+};
+
 // One received chunk: its tensors, in the trainer's order, valid during the call.
 using ChunkCallback = std::function<Status(std::span<const TensorRef> chunk)>;
 
@@ -96,6 +109,19 @@ class ReceiverEngine {
   // this worker refuses (a bad tensor list, one that does not match `metadata`) is
   // InvalidArgument; for nccl the trainer is told through the group's preflight vote.
   Status Receive(const nlohmann::json& update_info, const ChunkCallback& on_chunk);
+
+  // The session routes, for a front that keeps the session rules in the engine (the same
+  // rules as `wsync serve`, receiver/session.h): /start_weight_update opens a session
+  // (FailedPrecondition while one is active); UpdateWeights is Receive within it
+  // (FailedPrecondition outside one, and a failed update ends the session);
+  // /finish_weight_update ends it (FailedPrecondition without one). A session with no
+  // call for `timeout_seconds` expires, and Init from a new trainer takes over an idle one.
+  // Receive keeps working without a session, for a front that keeps its own.
+  Status StartWeightUpdate();
+  Status UpdateWeights(const nlohmann::json& update_info, const ChunkCallback& on_chunk);
+  Status FinishWeightUpdate();
+  ReceiverEngineSession Session() const;
+
   // The body of /fetch_weights (delta: brings the local checkpoint to a target version;
   // the answer is the route's reply). Other backends: Unimplemented.
   Result<nlohmann::json> Fetch(const nlohmann::json& body);

@@ -51,6 +51,10 @@ struct InferenceServerOptions {
   // live trainer waits. <= 0: sessions never expire. (`wsync serve --session-lease`)
   std::optional<double> session_lease_seconds;
   size_t digest_threads = 0;     // 0: hardware concurrency
+  // An update whose tensors add up to more bytes is refused (ReceiverEngineOptions'
+  // field of the same name). Default: no bound beyond the model's own size, which every
+  // admitted update is within (each tensor is one of the model's, named once).
+  uint64_t max_update_bytes = UINT64_MAX;
   // Fault injection for tests (`--fault never-join`), honest about what it fakes: the
   // control plane answers as usual, but init never joins the data plane and fails only
   // at the server's own deadline, like a server whose workers are wedged.

@@ -3,7 +3,7 @@ abort|wait|keep with requests in flight (keep with a real sync in the middle), t
 per-token weight versions, /abort_requests, the prefix cache and its resets.
 
 The expected tokens never come from wsync: ``Reference`` recomputes the token function
-documented in src/receiver/generation.h from the weights the test itself pushed.
+documented in src/server/generation.h from the weights the test itself pushed.
 """
 
 import threading

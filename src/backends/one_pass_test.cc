@@ -9,7 +9,7 @@
 #include "backends/delta/testing.h"
 #include "core/digest.h"
 #include "model/config.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "testing/faulty_source.h"
 #include "testing/test_server.h"
 #include "synthetic/synthetic.h"

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "control/http_routes.h"
 #include "core/json_limits.h"
 
 namespace wsync {
@@ -228,20 +229,6 @@ Result<json> DoRequest(FanOutClient::Connections& connections, const std::string
 }
 
 }  // namespace
-
-StatusCode StatusCodeForHttp(int s) {
-  switch (s) {
-    case 400: case 422: return StatusCode::kInvalidArgument;
-    case 401: case 403: return StatusCode::kUnauthenticated;
-    case 404: return StatusCode::kNotFound;
-    case 409: return StatusCode::kFailedPrecondition;
-    case 413: return StatusCode::kPayloadTooLarge;
-    case 501: return StatusCode::kUnimplemented;
-    case 503: return StatusCode::kUnavailable;
-    case 504: return StatusCode::kDeadlineExceeded;
-    default: return StatusCode::kInternal;
-  }
-}
 
 FanOutClient::FanOutClient(std::vector<std::string> urls, ClientOptions options)
     : urls_(std::move(urls)), options_(std::move(options)), connections_(std::make_shared<Connections>()) {

@@ -33,8 +33,8 @@ struct ClientOptions {
   double connect_timeout_seconds = 10;  // per TCP connect; also bounded by the deadline
 };
 
-// The Status a non-2xx HTTP reply maps to (the inverse of HttpStatusFor).
-StatusCode StatusCodeForHttp(int http_status);
+// StatusCodeForHttp (a non-2xx reply's Status) lives beside HttpStatusFor in
+// control/http_routes.h.
 
 class FanOutClient {
  public:

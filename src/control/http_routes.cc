@@ -1,4 +1,5 @@
 #include "control/http_routes.h"
+#include "control/route_table.h"
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -273,6 +274,20 @@ int HttpStatusFor(StatusCode code) {
   return 500;
 }
 
+StatusCode StatusCodeForHttp(int s) {
+  switch (s) {
+    case 400: case 422: return StatusCode::kInvalidArgument;
+    case 401: case 403: return StatusCode::kUnauthenticated;
+    case 404: return StatusCode::kNotFound;
+    case 409: return StatusCode::kFailedPrecondition;
+    case 413: return StatusCode::kPayloadTooLarge;
+    case 501: return StatusCode::kUnimplemented;
+    case 503: return StatusCode::kUnavailable;
+    case 504: return StatusCode::kDeadlineExceeded;
+    default: return StatusCode::kInternal;
+  }
+}
+
 const std::string* HttpRequest::header(std::string_view lower_name) const {
   auto it = headers.find(std::string(lower_name));
   return it == headers.end() ? nullptr : &it->second;
@@ -327,6 +342,16 @@ HttpResponse HttpRouter::Error(const Status& s) {
                            {{"message", s.message()},
                             {"type", std::string(StatusCodeName(s.code()))},
                             {"code", code}}}});
+}
+
+std::vector<RouteEntry> RouteTable() {
+  std::vector<RouteEntry> out;
+  for (const Route& r : kRoutes) {
+    std::string_view lane = r.lane == HttpLane::kRead ? "read" : r.lane == HttpLane::kControl ? "control" : "generation";
+    out.push_back(RouteEntry{r.method == Method::kGet ? "GET" : "POST", r.path, lane,
+                             std::vector<std::string_view>(r.fields.begin(), r.fields.end()), r.all_fields});
+  }
+  return out;
 }
 
 HttpLane HttpRouter::LaneOf(const HttpRequest& head) {

@@ -41,8 +41,13 @@ namespace wsync {
 // Query arguments a request may carry; more is a 400 (HttpRouter::TargetRefusal).
 inline constexpr size_t kMaxQueryArgs = 64;
 
-// The HTTP status code for a Status code; the one place this mapping lives.
+// The HTTP status code for a Status code, and back: the one place the mapping lives,
+// used by every HTTP front (the C++ server here, the Python fronts through the binding's
+// http_status_for) and by the trainer's client.
 int HttpStatusFor(StatusCode code);
+// The Status a non-2xx HTTP reply maps to (the inverse of HttpStatusFor; 422 and 403 as
+// other servers answer them).
+StatusCode StatusCodeForHttp(int http_status);
 
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "control/client.h"
+#include "control/route_table.h"
 #include "control/http_routes.h"
 #include "control/http_server.h"
 
@@ -500,6 +502,25 @@ TEST(HttpRouter, CollectiveRpcNamesTheMethodItDoesNotRun) {
   }
   EXPECT_EQ(router.Handle(Req("POST", "/collective_rpc", "")).status, 400);
   EXPECT_EQ(router.Handle(Req("GET", "/collective_rpc")).status, 405);
+}
+
+// The route table a Python front reads is the one the router answers: every entry is
+// admitted under its method, refused (405) under the other, and runs on its lane.
+TEST(HttpRouter, TheRouteTableIsWhatTheRouterAnswers) {
+  RecordingService svc;
+  HttpRouter router({}, &svc);
+  std::set<std::string_view> paths;
+  for (const RouteEntry& r : RouteTable()) {
+    SCOPED_TRACE(std::string(r.path));
+    EXPECT_TRUE(paths.insert(r.path).second);
+    EXPECT_EQ(router.Admit(Req(std::string(r.method), std::string(r.path)), std::nullopt), std::nullopt);
+    auto other = router.Admit(Req(r.method == "GET" ? "POST" : "GET", std::string(r.path)), std::nullopt);
+    ASSERT_TRUE(other.has_value());
+    EXPECT_EQ(other->status, 405);
+    const HttpLane lane = HttpRouter::LaneOf(Req(std::string(r.method), std::string(r.path), "", {}, {{"mode", "wait"}}));
+    EXPECT_EQ(r.lane, lane == HttpLane::kRead ? "read" : lane == HttpLane::kControl ? "control" : "generation");
+  }
+  EXPECT_TRUE(paths.contains("/update_weights"));
 }
 
 TEST(HttpRouter, AdmitRefusesFromTheHeadAlone) {

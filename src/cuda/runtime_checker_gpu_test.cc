@@ -9,7 +9,7 @@
 #include "cuda/device.h"
 #include "cuda/runtime.h"
 #include "model/worker_store.h"
-#include "receiver/runtime_checker.h"
+#include "server/runtime_checker.h"
 
 namespace wsync {
 namespace {

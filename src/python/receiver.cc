@@ -16,6 +16,8 @@
 #include "python/bindings.h"
 #include "python/dlpack.h"
 #include "python/errors.h"
+#include "control/http_routes.h"
+#include "control/route_table.h"
 #include "core/digest.h"
 #include "core/json_limits.h"
 #include "model/config.h"
@@ -69,17 +71,51 @@ class PyReceiverEngine {
 
   void Init(const std::string& init_info, const std::string& peer_address) {
     json info = ParseJson(init_info, "init_info");
-    Status s;
-    {
-      py::gil_scoped_release release;
-      s = engine_->Init(info, peer_address);
-    }
-    OkOrRaise(s);
+    WithoutGil([&] { return engine_->Init(info, peer_address); });
   }
 
   // Calls load_weights([(name, tensor), ...]) per chunk. An exception load_weights raises
   // fails the receive (the trainer is told its text) and is raised here as it was.
   void Receive(const std::string& update_info, py::object load_weights) {
+    ReceiveWith(update_info, std::move(load_weights), /*in_session=*/false);
+  }
+
+  // The session routes (ReceiverEngine::StartWeightUpdate ...): the engine keeps the
+  // session rules, a front only hands it each route's payload.
+  void StartWeightUpdate() {
+    WithoutGil([&] { return engine_->StartWeightUpdate(); });
+  }
+  void UpdateWeights(const std::string& update_info, py::object load_weights) {
+    ReceiveWith(update_info, std::move(load_weights), /*in_session=*/true);
+  }
+  void FinishWeightUpdate() {
+    WithoutGil([&] { return engine_->FinishWeightUpdate(); });
+  }
+  py::dict Session() const {
+    ReceiverEngineSession look = engine_->Session();
+    py::dict d;
+    d["active"] = look.active;
+    d["weights_consistent"] = look.weights_consistent;
+    d["inconsistent"] = look.inconsistent;
+    d["busy_with"] = look.busy_with;
+    d["expired_sessions"] = look.expired_sessions;
+    d["taken_over_sessions"] = look.taken_over_sessions;
+    return d;
+  }
+
+ private:
+  // Runs an engine call without the GIL and raises its failure.
+  template <typename Call>
+  static void WithoutGil(const Call& call) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = call();
+    }
+    OkOrRaise(s);
+  }
+
+  void ReceiveWith(const std::string& update_info, py::object load_weights, bool in_session) {
     json info = ParseJson(update_info, "update_info");
     py::object from_dlpack = py::module_::import("torch.utils.dlpack").attr("from_dlpack");
     py::object torch = py::module_::import("torch");
@@ -117,7 +153,7 @@ class PyReceiverEngine {
     Status s;
     {
       py::gil_scoped_release release;
-      s = engine_->Receive(info, on_chunk);
+      s = in_session ? engine_->UpdateWeights(info, on_chunk) : engine_->Receive(info, on_chunk);
     }
     if (raised) {
       py::error_already_set e = std::move(*raised);
@@ -127,6 +163,7 @@ class PyReceiverEngine {
     OkOrRaise(s);
   }
 
+ public:
   std::string Fetch(const std::string& body) {
     json b = ParseJson(body, "the fetch_weights body");
     Result<json> r = Internal("not run");
@@ -167,6 +204,41 @@ std::string BufferDigest(const std::string& algorithm, py::buffer data) {
   return HexDigest(alg, bytes);
 }
 
+StatusCode StatusCodeNamed(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (StatusCodeName(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
+  }
+  RaiseStatus(InvalidArgument(fmt::format("unknown status code '{}'", name)));
+  return StatusCode::kInternal;
+}
+
+int HttpStatusForName(const std::string& code) { return HttpStatusFor(StatusCodeNamed(code)); }
+
+std::pair<int, std::string> HttpErrorReply(const std::string& code, const std::string& message) {
+  HttpResponse r = HttpRouter::Error(Status(StatusCodeNamed(code), message));
+  return {r.status, std::move(r.body)};
+}
+
+py::list HttpRoutes() {
+  py::list out;
+  for (const RouteEntry& r : RouteTable()) {
+    py::dict d;
+    d["method"] = std::string(r.method);
+    d["path"] = std::string(r.path);
+    d["lane"] = std::string(r.lane);
+    py::list fields;
+    for (std::string_view f : r.fields) fields.append(std::string(f));
+    d["fields"] = fields;
+    d["all_fields"] = r.all_fields;
+    out.append(d);
+  }
+  return out;
+}
+
+std::string HttpParseBody(const std::string& path, const std::string& body) {
+  return ValueOrRaise(HttpRouter::ParseBody(path, body)).dump();
+}
+
 }  // namespace
 
 void BindReceiver(py::module_& m) {
@@ -178,6 +250,10 @@ void BindReceiver(py::module_& m) {
            py::arg("metadata"), py::arg("max_update_bytes"), py::arg("label"))
       .def("init", &PyReceiverEngine::Init, py::arg("init_info"), py::arg("peer_address"))
       .def("receive", &PyReceiverEngine::Receive, py::arg("update_info"), py::arg("load_weights"))
+      .def("start_weight_update", &PyReceiverEngine::StartWeightUpdate)
+      .def("update_weights", &PyReceiverEngine::UpdateWeights, py::arg("update_info"), py::arg("load_weights"))
+      .def("finish_weight_update", &PyReceiverEngine::FinishWeightUpdate)
+      .def("session", &PyReceiverEngine::Session)
       .def("fetch", &PyReceiverEngine::Fetch, py::arg("body"))
       .def("shutdown", &PyReceiverEngine::Shutdown)
       .def_property_readonly("backend", &PyReceiverEngine::backend)
@@ -185,6 +261,17 @@ void BindReceiver(py::module_& m) {
       .def_property_readonly("device", &PyReceiverEngine::device);
   m.def("_hex_digest", &BufferDigest, py::arg("algorithm"), py::arg("data"),
         "Hex digest ('sha256' or 'xxh3_128') of a contiguous buffer's bytes.");
+  m.def("http_status_for", &HttpStatusForName, py::arg("code"),
+        "The HTTP status of a Status code name ('FAILED_PRECONDITION' -> 409), as every wsync HTTP front answers it.");
+  m.def("http_error", &HttpErrorReply, py::arg("code"), py::arg("message"),
+        "(HTTP status, JSON body text) of the error reply for a Status code name and message.");
+  m.def("http_routes", &HttpRoutes,
+        "The routes every wsync HTTP front answers: [{'method', 'path', 'lane', 'fields', 'all_fields'}, ...].");
+  m.def("http_parse_body", &HttpParseBody, py::arg("path"), py::arg("body"),
+        "A POST body as the route at `path` reads it (JSON text of the fields it reads); raises InvalidArgument "
+        "naming 'body of PATH' for a body the router refuses.");
+  m.def("http_target_refusal", &HttpRouter::TargetRefusal, py::arg("target"),
+        "Why a request target (path and query, still percent-encoded) is refused with a 400, or ''.");
   m.def("receiver_backends", &ReceiverBackendNames,
         "Names of the receiver backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
 }

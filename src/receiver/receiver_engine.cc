@@ -7,12 +7,12 @@
 #include <fmt/format.h>
 
 #include "backends/descriptor.h"
-#include "control/tensor_list.h"
-#include "core/checked_math.h"
 #include "core/log.h"
 #include "model/dropped_names.h"
 #include "model/worker_sink.h"
+#include "receiver/admission.h"
 #include "receiver/backend.h"
+#include "receiver/session.h"
 #include "receiver/worker_thread.h"
 #include "wsync/device_runtime.h"
 
@@ -74,6 +74,31 @@ class LendingSink final : public WorkerSink {
   std::vector<TensorRef> chunk_;  // the current chunk's views
 };
 
+// The tensors a ReceiverEngine's worker holds, as admission asks: any tensor when the
+// worker named none, else one of its metadata with the same dtype and shape; names the
+// sink drops are dropped.
+class EngineTensors final : public HeldTensors {
+ public:
+  EngineTensors(const LendingSink* sink, const std::vector<TensorMeta>& metadata, std::string label)
+      : sink_(sink), label_(std::move(label)) {
+    for (const TensorMeta& m : metadata) by_name_.emplace(m.name, &m);
+  }
+  std::string_view DropReason(std::string_view name) const override { return sink_->DropReason(name); }
+  Status Check(const TensorMeta& t) const override {
+    if (by_name_.empty()) return Status::Ok();
+    auto it = by_name_.find(t.name);
+    if (it == by_name_.end()) {
+      return InvalidArgument(fmt::format("update_info names tensor {}, which {} does not hold", t.name, label_));
+    }
+    return CheckSameMeta(*it->second, t);
+  }
+
+ private:
+  const LendingSink* sink_;
+  const std::string label_;
+  std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into the metadata
+};
+
 }  // namespace
 
 struct ReceiverEngine::State {
@@ -82,69 +107,33 @@ struct ReceiverEngine::State {
   std::unique_ptr<WorkerThread> thread;
   ReceiverContext context;
   std::unique_ptr<ReceiverBackend> backend;
-  std::unordered_map<std::string_view, const TensorMeta*> expected_by_name;  // into options.metadata
+  // The same session rules as `wsync serve` (session.h): one call at a time, and the
+  // session of StartWeightUpdate .. FinishWeightUpdate for a front that keeps them here.
+  std::unique_ptr<ReceiverSession> session;
+  std::unique_ptr<EngineTensors> held;
+  // Touched only by the call in flight.
+  std::unique_ptr<UpdateAdmission> admission;
 
-  std::mutex mu;
-  const char* busy_with = nullptr;  // GUARDED_BY(mu): the call in flight
-
-  // The last update that passed the checks: a byte-identical update_info is handed to
-  // the backend as the same objects (UpdateRequest's contract), so backends keep what
-  // they derived from it. Touched only by the call in flight.
-  std::shared_ptr<const json> last_info;
-  std::shared_ptr<const std::vector<TensorMeta>> last_tensors;
-
-  // Holds the engine for one call; FailedPrecondition naming the call in flight.
-  class Call {
-   public:
-    explicit Call(State* s) : s_(s) {}
-    Call(Call&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
-    ~Call() {
-      if (s_ == nullptr) return;
-      std::lock_guard lock(s_->mu);
-      s_->busy_with = nullptr;
+  // Runs one update: admission (unless `reject` already refuses it), then the backend,
+  // which hears of a refusal too (a collective data plane tells the trainer "no").
+  Status Update(Status reject, const json& update_info, const ChunkCallback& on_chunk) {
+    static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
+    UpdateRequest req;
+    req.reject = std::move(reject);
+    req.tensors = kNoTensors;
+    if (req.reject.ok()) {
+      AdmittedUpdate admitted = admission->Admit(update_info, !backend->ParsesOwnUpdateInfo());
+      req.update_info = std::move(admitted.update_info);
+      req.tensors = std::move(admitted.tensors);
+      req.reject = std::move(admitted.reject);
+    } else {
+      req.update_info = std::make_shared<const json>(update_info);
     }
-
-   private:
-    State* s_;
-  };
-  Result<Call> Begin(const char* what) {
-    std::lock_guard lock(mu);
-    if (busy_with != nullptr) {
-      return FailedPrecondition(fmt::format("{}: {} is in progress on {}", what, busy_with, options.label));
-    }
-    busy_with = what;
-    return Call(this);
-  }
-
-  // The update's tensor list, checked: unique names, a bounded byte total, and each
-  // tensor one of `metadata` when the worker named its tensors, or one the sink drops.
-  Status Check(const std::vector<TensorMeta>& tensors) const {
-    std::unordered_set<std::string_view> seen;
-    uint64_t total = 0;
-    for (const TensorMeta& t : tensors) {
-      if (!seen.insert(t.name).second) {
-        return InvalidArgument(fmt::format("update_info names tensor {} twice", t.name));
-      }
-      std::optional<uint64_t> sum = CheckedAdd<uint64_t>(total, t.nbytes());
-      if (!sum || *sum > options.max_update_bytes) {
-        return InvalidArgument(fmt::format("update_info's tensors add up to more than {} bytes (at {}), the limit of {} "
-                                           "(max_update_bytes)", options.max_update_bytes, t.name, options.label));
-      }
-      total = *sum;
-      if (std::string_view reason = sink->DropReason(t.name); !reason.empty()) {
-        WSYNC_LOG_DEBUG("{}: update_info: dropping {} ({})", options.label, t.name, reason);
-        continue;
-      }
-      if (!expected_by_name.empty()) {
-        auto it = expected_by_name.find(t.name);
-        if (it == expected_by_name.end()) {
-          return InvalidArgument(fmt::format("update_info names tensor {}, which {} does not hold", t.name,
-                                             options.label));
-        }
-        WSYNC_RETURN_IF_ERROR(CheckSameMeta(*it->second, t));
-      }
-    }
-    return Status::Ok();
+    sink->Arm(&on_chunk);
+    Status out = backend->Update(req);
+    sink->Arm(nullptr);
+    if (!req.reject.ok()) return req.reject.WithContext(options.label);
+    return out;
   }
 };
 
@@ -165,10 +154,9 @@ Result<std::unique_ptr<ReceiverEngine>> ReceiverEngine::Create(const ReceiverEng
   WSYNC_RETURN_IF_ERROR(CheckReceiverOptionKeys(options.backend, options.backend_config));
   auto s = std::make_unique<State>();
   s->options = options;
+  std::unordered_set<std::string_view> named;
   for (const TensorMeta& m : s->options.metadata) {
-    if (!s->expected_by_name.emplace(m.name, &m).second) {
-      return InvalidArgument(fmt::format("metadata names tensor {} twice", m.name));
-    }
+    if (!named.insert(m.name).second) return InvalidArgument(fmt::format("metadata names tensor {} twice", m.name));
   }
   if (!options.device.is_cpu()) WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options.device).status());
   s->sink = std::make_unique<LendingSink>(s->options.metadata);
@@ -182,61 +170,81 @@ Result<std::unique_ptr<ReceiverEngine>> ReceiverEngine::Create(const ReceiverEng
   s->context.workers.push_back(
       ReceiverWorker{s->sink.get(), s->thread.get(), options.worker_rank, 0, options.device, options.label});
   WSYNC_ASSIGN_OR_RETURN(s->backend, CreateReceiverBackend(options.backend, &s->context));
+  s->session = std::make_unique<ReceiverSession>(options.timeout_seconds, [] { return ReceiverSession::Clock::now(); },
+                                                 options.timeout_seconds);
+  s->held = std::make_unique<EngineTensors>(s->sink.get(), s->options.metadata, options.label);
+  s->admission = std::make_unique<UpdateAdmission>(
+      s->held.get(),
+      AdmissionOptions{.max_update_bytes = options.max_update_bytes, .label = options.label, .compare_values = true});
   return std::unique_ptr<ReceiverEngine>(new ReceiverEngine(std::move(s)));
 }
 
 const ReceiverEngineOptions& ReceiverEngine::options() const { return state_->options; }
 
 Status ReceiverEngine::Init(const json& init_info, const std::string& peer_address) {
-  WSYNC_ASSIGN_OR_RETURN(State::Call call, state_->Begin("init"));
-  if (!init_info.is_object()) return InvalidArgument("init_info must be a JSON object");
-  return state_->backend->InitFromPeer(init_info, peer_address).WithContext(state_->options.label);
+  bool took_over = false;
+  Result<ReceiverSession::Call> call = state_->session->BeginInit(peer_address, &took_over);
+  if (!call.ok()) return call.status().WithContext(state_->options.label);
+  Status s = init_info.is_object() ? state_->backend->InitFromPeer(init_info, peer_address).WithContext(state_->options.label)
+                                   : InvalidArgument("init_info must be a JSON object");
+  call->Done(s);
+  return s;
 }
 
 Status ReceiverEngine::Receive(const json& update_info, const ChunkCallback& on_chunk) {
-  WSYNC_ASSIGN_OR_RETURN(State::Call call, state_->Begin("receive"));
-  State& s = *state_;
-  static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
-  UpdateRequest req;
-  req.tensors = kNoTensors;
-  if (s.last_info != nullptr && *s.last_info == update_info) {
-    req.update_info = s.last_info;
-    req.tensors = s.last_tensors;
-  } else {
-    req.update_info = std::make_shared<const json>(update_info);
-    if (!update_info.is_object()) {
-      req.reject = InvalidArgument("update_info must be a JSON object");
-    } else if (!s.backend->ParsesOwnUpdateInfo()) {
-      Result<std::vector<TensorMeta>> parsed = ParseTensorList(update_info);
-      if (!parsed.ok()) {
-        req.reject = parsed.status();
-      } else {
-        req.reject = s.Check(*parsed);
-        req.tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
-      }
-    }
-    if (req.reject.ok()) {
-      s.last_info = req.update_info;
-      s.last_tensors = req.tensors;
-    }
-  }
-  s.sink->Arm(&on_chunk);
-  Status out = s.backend->Update(req);
-  s.sink->Arm(nullptr);
-  if (!req.reject.ok()) return req.reject.WithContext(s.options.label);
+  Result<ReceiverSession::Call> call = state_->session->BeginExclusive("update_weights");
+  if (!call.ok()) return call.status().WithContext(state_->options.label);
+  Status s = state_->Update(Status::Ok(), update_info, on_chunk);
+  call->Done(s, false);
+  return s;
+}
+
+Status ReceiverEngine::StartWeightUpdate() {
+  return state_->session->Start([&] { return state_->backend->Start(); }).WithContext(state_->options.label);
+}
+
+Status ReceiverEngine::UpdateWeights(const json& update_info, const ChunkCallback& on_chunk) {
+  Status outside;
+  Result<ReceiverSession::Call> call = state_->session->BeginUpdate(&outside);
+  if (!call.ok()) return call.status().WithContext(state_->options.label);
+  Status s = state_->Update(std::move(outside), update_info, on_chunk);
+  call->Done(s, ReceiverSession::MayHaveLanded(s));
+  return s;
+}
+
+Status ReceiverEngine::FinishWeightUpdate() {
+  Result<ReceiverSession::Call> call = state_->session->BeginFinish();
+  if (!call.ok()) return call.status().WithContext(state_->options.label);
+  Status s = state_->backend->Finish().WithContext(state_->options.label);
+  call->Done(s);
+  return s;
+}
+
+ReceiverEngineSession ReceiverEngine::Session() const {
+  ReceiverSession::Snapshot look = state_->session->Look();
+  ReceiverEngineSession out;
+  out.active = look.active;
+  out.weights_consistent = look.consistent;
+  out.inconsistent = std::move(look.inconsistent);
+  out.busy_with = std::move(look.busy_with);
+  out.expired_sessions = look.expired_sessions;
+  out.taken_over_sessions = look.taken_over_sessions;
   return out;
 }
 
 Result<json> ReceiverEngine::Fetch(const json& body) {
-  WSYNC_ASSIGN_OR_RETURN(State::Call call, state_->Begin("fetch"));
-  if (!body.is_object()) return InvalidArgument("the fetch_weights body must be a JSON object");
-  return state_->backend->Fetch(body);
+  WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, state_->session->BeginExclusive("fetch_weights"));
+  Result<json> r = body.is_object() ? state_->backend->Fetch(body)
+                                    : Result<json>(InvalidArgument("the fetch_weights body must be a JSON object"));
+  call.Done(r.status(), false);
+  return r;
 }
 
 void ReceiverEngine::Shutdown() {
-  Result<State::Call> call = state_->Begin("shutdown");
+  Result<ReceiverSession::Call> call = state_->session->BeginExclusive("shutdown_weight_transfer_engine");
   if (!call.ok()) return;  // the call in flight ends at its own deadline
   state_->backend->Shutdown();
+  call->Done(Status::Ok(), false);
 }
 
 }  // namespace wsync

@@ -54,7 +54,10 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
     } else {
       active_ = false;  // a failed update ends the session
       ++failed_update_;
-      if (may_have_landed) dirty_ = true;
+      if (may_have_landed) {
+        MarkInconsistentLocked(Inconsistency::kSession,
+                               fmt::format("an update failed after its bytes may have landed: {}", outcome.message()));
+      }
       expiry_note_.clear();
     }
   } else if (call.kind_ == Call::Kind::kFinish) {
@@ -63,13 +66,11 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
     expiry_note_.clear();
     ++(outcome.ok() ? finished_ : failed_finish_);
     if (outcome.ok()) {
-      dirty_ = false;
-      if (session_touched_) {
-        discarded_.clear();
-        overwritten_.clear();
-      }
+      ClearInconsistencyLocked();
     } else if (session_touched_ && may_have_landed) {
-      dirty_ = true;
+      MarkInconsistentLocked(Inconsistency::kSession,
+                             fmt::format("finish_weight_update failed after the session's updates landed: {}",
+                                         outcome.message()));
     }
   }
 }
@@ -83,11 +84,11 @@ void ReceiverSession::ExpireIfIdleLocked() {
   if (!ExpiredLocked(now_())) return;
   active_ = false;
   ++expired_;
-  if (session_touched_) dirty_ = true;
   expiry_note_ = fmt::format(
       "the last session expired after {:g} s without a call (its trainer vanished between "
       "start_weight_update and finish_weight_update){}",
       lease_seconds_, session_touched_ ? "; its updates left the weights inconsistent" : "");
+  if (session_touched_) MarkInconsistentLocked(Inconsistency::kSession, expiry_note_);
   WSYNC_LOG_WARN("weight-update session {} expired: {}", session_, expiry_note_);
 }
 
@@ -123,11 +124,11 @@ Result<ReceiverSession::Call> ReceiverSession::BeginInit(const std::string& peer
     const double idle = std::chrono::duration<double>(now_() - last_call_).count();
     active_ = false;
     ++taken_over_;
-    if (session_touched_) dirty_ = true;
     expiry_note_ = fmt::format(
         "the session was taken over by a new init_weight_transfer_engine{} {:.1f} s after its last call{}",
         peer.empty() ? std::string() : fmt::format(" from {}", peer), idle,
         session_touched_ ? "; its updates left the weights inconsistent until the next session finishes" : "");
+    if (session_touched_) MarkInconsistentLocked(Inconsistency::kSession, expiry_note_);
     WSYNC_LOG_WARN("weight-update session {}: {}", session_, expiry_note_);
     *took_over = true;
   }
@@ -207,7 +208,25 @@ Status ReceiverSession::SetWeightsAsleep(std::string refusal) {
 
 void ReceiverSession::MarkDiscarded(std::string why) {
   std::lock_guard lock(mu_);
-  discarded_ = std::move(why);
+  MarkInconsistentLocked(Inconsistency::kDiscarded, std::move(why));
+}
+
+void ReceiverSession::MarkInconsistentLocked(Inconsistency kind, std::string why) {
+  if (kind < inconsistent_) return;
+  inconsistent_ = kind;
+  inconsistent_why_ = std::move(why);
+}
+
+void ReceiverSession::ClearInconsistencyLocked() {
+  if (inconsistent_ == Inconsistency::kSession || session_touched_) {
+    inconsistent_ = Inconsistency::kNone;
+    inconsistent_why_.clear();
+  }
+}
+
+bool ReceiverSession::MayHaveLanded(const Status& outcome) {
+  const StatusCode c = outcome.code();
+  return c != StatusCode::kInvalidArgument && c != StatusCode::kFailedPrecondition && c != StatusCode::kAborted;
 }
 
 ReceiverSession::Snapshot ReceiverSession::Look() const {
@@ -215,8 +234,12 @@ ReceiverSession::Snapshot ReceiverSession::Look() const {
   bool expired = ExpiredLocked(now_());
   Snapshot s;
   s.active = active_ && !expired;
-  s.consistent = !dirty_ && !(expired && session_touched_) && discarded_.empty() && overwritten_.empty();
-  s.discarded = discarded_;
+  s.inconsistent = inconsistent_why_;
+  if (inconsistent_ == Inconsistency::kNone && expired && session_touched_) {
+    s.inconsistent = "the active session's lease ran out after its updates landed";
+  }
+  s.consistent = s.inconsistent.empty();
+  if (inconsistent_ == Inconsistency::kDiscarded) s.discarded = inconsistent_why_;
   s.busy_with = busy_with_ != nullptr ? busy_with_ : "";
   s.started_sessions = started_;
   s.finished_sessions = finished_;
@@ -236,7 +259,7 @@ bool ReceiverSession::ExpireIfIdle() {
 
 void ReceiverSession::MarkOverwritten(std::string why) {
   std::lock_guard lock(mu_);
-  overwritten_ = std::move(why);
+  MarkInconsistentLocked(Inconsistency::kOverwritten, std::move(why));
 }
 
 }  // namespace wsync

@@ -22,10 +22,19 @@
 //           lease counts from the end of the session's last call. Expiry is decided when
 //           a call or /health looks at the session; an expired session's late update or
 //           finish gets 409 naming the expiry.
-//   dirty   weights_consistent is false from the moment bytes may have landed in a
-//           session that did not finish (a data-phase failure, an update that threw, an
-//           expired session that had an update) until the next finished session. A
-//           refused update (bad payload, wrong state, a peer's veto) lands nothing.
+//   inconsistent  one reason says why weights_consistent is false, or none:
+//           session      bytes may have landed in a session that did not finish (a
+//                        data-phase failure, an update that threw, an expired or taken-over
+//                        session that had an update); a refused update (bad payload, wrong
+//                        state, a peer's veto) lands nothing;
+//           overwritten  the weights were overwritten outside any session (the weight
+//                        checker's reset), and still serve;
+//           discarded    the weights were woken without their bytes (sleep level 2, or an
+//                        offload that could not be read back) and hold nothing a trainer sent.
+//           A reason replaces only one of its own kind or a weaker one (in that order:
+//           session, overwritten, discarded). Clearing rule: a finished session clears a
+//           `session` reason, and clears any reason when it landed an update (a session
+//           with no update cannot clear a mark it did not cause).
 //   checker the weight checker (checksum, reset, compare) is refused while a session is
 //           active, so neither a poll nor a reset can interleave with a trainer's
 //           updates; a session's update or finish that finds a checker call (or another
@@ -33,10 +42,6 @@
 //           instead of failing.
 //   asleep  while the weights sleep (/sleep level >= 1), start_weight_update and init
 //           are refused (FailedPrecondition naming the fix) until the weights wake.
-//   discarded  weights woken without their bytes (sleep level 2, or an offload that could
-//           not be read back) hold nothing a trainer sent: weights_consistent is false
-//           until a session that landed an update finishes.
-//
 // Thread-safe: every method locks the object's own mutex; none blocks otherwise.
 #pragma once
 
@@ -109,14 +114,14 @@ class ReceiverSession {
   // Sets (non-empty) or clears (empty) the refusal start and init answer while the weights
   // sleep. Setting it is FailedPrecondition while a session is active.
   Status SetWeightsAsleep(std::string refusal);
-  // Marks the weights as discarded; `why` says how (kept until a session that landed an
-  // update finishes).
+  // Marks the weights as discarded; `why` says how (the `discarded` reason).
   void MarkDiscarded(std::string why);
 
   struct Snapshot {
     bool active = false;
-    bool consistent = true;   // weights_consistent
-    std::string discarded;    // why the weights hold no trainer's bytes; empty otherwise
+    bool consistent = true;    // weights_consistent
+    std::string inconsistent;  // why they are not consistent; empty when they are
+    std::string discarded;     // why the weights hold no trainer's bytes; empty otherwise
     std::string busy_with;    // the call in flight; empty when idle
     // How sessions ended, since the server started: every started session is finished,
     // failed (one of the four reasons) or active.
@@ -133,9 +138,12 @@ class ReceiverSession {
   bool ExpireIfIdle();
 
   // The weights were overwritten outside any session (`why`: the weight checker's reset),
-  // and still serve: they are inconsistent until a session that lands updates finishes (a
-  // session with no update cannot clear a mark it did not cause).
+  // and still serve (the `overwritten` reason).
   void MarkOverwritten(std::string why);
+
+  // Whether a failed update's bytes may have landed: false for a refusal (InvalidArgument,
+  // FailedPrecondition, Aborted), which lands nothing; true otherwise.
+  static bool MayHaveLanded(const Status& outcome);
 
  private:
   // Closes an active session whose lease ran out. Needs mu_.
@@ -149,6 +157,12 @@ class ReceiverSession {
   // Applies a call's outcome to the session it belongs to. Needs mu_.
   void OutcomeLocked(const Call& call, const Status& outcome, bool may_have_landed);
   void Release(const Call& call);
+  // Why the weights are inconsistent, weakest first.
+  enum class Inconsistency { kNone, kSession, kOverwritten, kDiscarded };
+  // Sets the reason unless a stronger one holds. Needs mu_.
+  void MarkInconsistentLocked(Inconsistency kind, std::string why);
+  // The clearing rule, at a session's successful finish. Needs mu_.
+  void ClearInconsistencyLocked();
 
   const double lease_seconds_;
   const NowFn now_;
@@ -158,7 +172,8 @@ class ReceiverSession {
   bool active_ = false;                 // GUARDED_BY(mu_)
   uint64_t session_ = 0;                // GUARDED_BY(mu_): id of the current or last session
   const char* busy_with_ = nullptr;     // GUARDED_BY(mu_): the call in flight
-  bool dirty_ = false;                  // GUARDED_BY(mu_)
+  Inconsistency inconsistent_ = Inconsistency::kNone;  // GUARDED_BY(mu_)
+  std::string inconsistent_why_;        // GUARDED_BY(mu_): the reason's words
   bool session_touched_ = false;        // GUARDED_BY(mu_): an update ran in this session
   Clock::time_point last_call_;         // GUARDED_BY(mu_): end of the session's last call
   int started_ = 0;                     // GUARDED_BY(mu_)
@@ -170,8 +185,6 @@ class ReceiverSession {
   bool busy_in_session_ = false;        // GUARDED_BY(mu_): the call in flight is an update or finish
   std::string expiry_note_;             // GUARDED_BY(mu_): why the last session ended
   std::string asleep_;                  // GUARDED_BY(mu_): the refusal while the weights sleep
-  std::string discarded_;               // GUARDED_BY(mu_): see MarkDiscarded
-  std::string overwritten_;             // GUARDED_BY(mu_): see MarkOverwritten
 };
 
 }  // namespace wsync

@@ -456,6 +456,46 @@ TEST_F(SessionTest, TheCheckerIsRefusedInASessionAndItsResetIsClearedOnlyByLande
   EXPECT_TRUE(session_.Look().consistent);
 }
 
+// One reason says why the weights are inconsistent; a weaker reason never replaces a
+// stronger one, and a finished session clears a session's reason, or any reason once it
+// landed an update.
+TEST_F(SessionTest, OneInconsistencyReasonAndItsClearingRule) {
+  auto failed_update = [&] {
+    ASSERT_TRUE(session_.Start().ok());
+    Status outside;
+    session_.BeginUpdate(&outside)->Done(Internal("the data plane broke"));
+  };
+  auto finish_without_update = [&] {
+    ASSERT_TRUE(session_.Start().ok());
+    session_.BeginFinish()->Done(Status::Ok());
+  };
+  failed_update();
+  ReceiverSession::Snapshot s = session_.Look();
+  EXPECT_FALSE(s.consistent);
+  EXPECT_EQ(s.inconsistent, "an update failed after its bytes may have landed: the data plane broke");
+  EXPECT_TRUE(s.discarded.empty());
+  finish_without_update();
+  EXPECT_TRUE(session_.Look().consistent) << "a finished session clears the reason a session left";
+  EXPECT_TRUE(session_.Look().inconsistent.empty());
+
+  session_.MarkDiscarded("woken without their bytes");
+  session_.MarkOverwritten("reset to random values");
+  failed_update();
+  s = session_.Look();
+  EXPECT_EQ(s.inconsistent, "woken without their bytes") << "neither a reset nor a failed update replaces it";
+  EXPECT_EQ(s.discarded, "woken without their bytes");
+  finish_without_update();
+  EXPECT_EQ(session_.Look().discarded, "woken without their bytes");
+
+  ASSERT_TRUE(session_.Start().ok());
+  Status outside;
+  session_.BeginUpdate(&outside)->Done(Status::Ok());
+  session_.BeginFinish()->Done(Status::Ok());
+  s = session_.Look();
+  EXPECT_TRUE(s.consistent);
+  EXPECT_TRUE(s.discarded.empty());
+}
+
 // An update that finds a call outside the session in flight (a checksum that began
 // before start) waits for it instead of failing the trainer's sync.
 TEST(SessionWaitTest, AnUpdateWaitsForACallOutsideTheSession) {

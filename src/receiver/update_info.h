@@ -1,13 +1,11 @@
-// The receiver's checks of an update's tensor list (parsed by control/tensor_list.h)
-// against the model it serves. Pure; thread-safe.
+// The receiver's view of the model a WorkerStore serves, as update admission
+// (admission.h) checks an update's tensor list against it. Thread-safe as the store's
+// const methods are.
 #pragma once
 
 #include <string_view>
-#include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "control/tensor_list.h"
+#include "receiver/admission.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -15,11 +13,18 @@ namespace wsync {
 
 class WorkerStore;
 
+// The tensors of a store's model: a tensor is held with the model's dtype and shape
+// (WorkerStore::CheckHf's refusal otherwise), or dropped by the rule of
+// model/dropped_names.h when the model has no tensor of that name.
+class StoreTensors final : public HeldTensors {
+ public:
+  explicit StoreTensors(const WorkerStore* store) : store_(store) {}
+  std::string_view DropReason(std::string_view name) const override;
+  Status Check(const TensorMeta& t) const override;
 
-// Every tensor must appear once, and exist in the model with this dtype and shape unless
-// the rule of model/dropped_names.h drops it (admitted unchecked; WorkerStore::Load lands
-// nothing of it).
-Status CheckTensorsAgainstModel(const std::vector<TensorMeta>& tensors, const WorkerStore& store);
+ private:
+  const WorkerStore* store_;
+};
 
 // Whether the store's model has no tensor `hf_name` and the rule drops it; logs the drop
 // at debug level with the name and the reason.

@@ -6,7 +6,7 @@
 
 #include "control/http_server.h"
 #include "receiver/backend.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 
 namespace wsync {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "control/http_server.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "wsync/source.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"

@@ -25,7 +25,7 @@
 #include "control/http_server.h"
 #include "core/digest.h"
 #include "model/config.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "sources/trainer_ranks.h"
 #include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"

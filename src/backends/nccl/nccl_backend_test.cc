@@ -11,7 +11,7 @@
 #include "control/http_server.h"
 #include "core/digest.h"
 #include "model/config.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "receiver/backend.h"
 #include "synthetic/synthetic.h"
 #include "testing/faulty_source.h"

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "receiver/generation.h"
+#include "server/generation.h"
 
 namespace wsync {
 

@@ -2,11 +2,12 @@
 //
 // One process, one worker per TP x DP rank, each holding ITS shards of the model (a
 // WorkerStore laid out by the sharding table) and running on its own WorkerThread. It
-// implements the control-plane session state every backend shares (ReceiverSession,
-// session.h: start -> update* -> finish, 409 on a second start or an update outside a
-// session, a failed update ending the session, a lease that expires the session of a
-// trainer that vanished), the weight version, pause/resume, and HF-level checksums read
-// back from the shards. A toy generation (generation.h: /v1/completions, driven by pause,
+// hosts the receiving engine (src/receiver): the session rules every host shares
+// (ReceiverSession, receiver/session.h: start -> update* -> finish, 409 on a second start
+// or an update outside a session, a failed update ending the session, a lease that
+// expires the session of a trainer that vanished) and update admission
+// (receiver/admission.h, against the first worker's model). Of its own it keeps the
+// weight version, pause/resume, and HF-level checksums read back from the shards. A toy generation (generation.h: /v1/completions, driven by pause,
 // resume, /abort_requests and /reset_prefix_cache) reads the shards between sessions.
 // The data plane belongs to its ReceiverBackend. Every call answers a Status: an
 // exception from a backend becomes Internal naming the route, and never leaves the
@@ -31,10 +32,12 @@
 #include "control/control_service.h"
 #include "model/config.h"
 #include "model/group_landing.h"
+#include "receiver/admission.h"
 #include "receiver/session.h"
+#include "receiver/update_info.h"
 #include "receiver/backend.h"
-#include "receiver/generation.h"
-#include "receiver/server_metrics.h"
+#include "server/generation.h"
+#include "server/server_metrics.h"
 #include "wsync/server.h"
 
 namespace wsync {
@@ -96,7 +99,7 @@ class InferenceServer : public ControlService {
   // how sessions ended, the weights' state and the generation's queue, as of now.
   Result<std::string> Metrics() const override;
 
-  // --- vLLM's runtime weight checker (conf; receiver/runtime_checker.h) ---
+  // --- vLLM's runtime weight checker (conf; server/runtime_checker.h) ---
   // POST /weight_checker without an "algorithm": "checksum" -> {"checksums", "engines"
   // (one object per DP engine)}, "reset" -> {"status": "reset"} (random values;
   // weights_consistent false until a sync finishes), "compare" -> {"match", "mismatches"}
@@ -174,13 +177,12 @@ class InferenceServer : public ControlService {
   std::unique_ptr<ReceiverBackend> backend_;
   std::unique_ptr<ReceiverSession> session_;
   std::unique_ptr<ServerMetrics> metrics_;  // set once in Create; thread-safe itself
-  // The last update_info whose tensor list parsed and matched the model, and that list:
-  // a trainer sending the same body every sync is checked once. Used by the update call
-  // that holds the session (ReceiverSession::BeginUpdate). Not an owner of the body: the
-  // HTTP router decides how long a parsed body lives (its identity cache), and an expired
-  // body matches nothing.
-  std::weak_ptr<const nlohmann::json> checked_info_;
-  std::shared_ptr<const std::vector<TensorMeta>> checked_tensors_;
+  // What updates are admitted against: the first worker's model (every worker holds the
+  // same one). Used by the update call that holds the session (ReceiverSession::BeginUpdate);
+  // its identity cache does not own a body: the HTTP router decides how long a parsed body
+  // lives.
+  std::unique_ptr<StoreTensors> held_;
+  std::unique_ptr<UpdateAdmission> admission_;
 
   mutable std::mutex mu_;
   std::string weight_version_ = "default";  // GUARDED_BY(mu_)

@@ -1,7 +1,7 @@
 // InferenceServer at the service boundary: a backend that throws from any call is answered
 // with Internal naming the route, and the server takes the next call (no "in progress"
 // left behind); the init request's peer address reaches the backend.
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "receiver/runtime_checker.h"
+#include "server/runtime_checker.h"
 
 #include <algorithm>
 #include <cstring>

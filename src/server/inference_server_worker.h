@@ -6,7 +6,7 @@
 
 #include "model/worker_store.h"
 #include "quant/fp8_sink.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "receiver/worker_thread.h"
 
 namespace wsync {

@@ -3,7 +3,7 @@
 // random reset; and InferenceServer's /weight_checker semantics (vLLM 0.32's: compare
 // needs the baseline it is sent, 400 without one; the checker answers while paused; reset
 // marks the weights inconsistent until a sync finishes).
-#include "receiver/runtime_checker.h"
+#include "server/runtime_checker.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/digest.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 
 namespace wsync {
 namespace {

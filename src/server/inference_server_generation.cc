@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "model/worker_store.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "receiver/worker_thread.h"
 #include "wsync/device_runtime.h"
 

@@ -15,7 +15,7 @@
 #include "core/parallel.h"
 #include "format/safetensors.h"
 #include "model/worker_sink.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 #include "synthetic/synthetic.h"
 
 namespace wsync {

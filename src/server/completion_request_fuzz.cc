@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "control/http_routes.h"
-#include "receiver/generation.h"
+#include "server/generation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // As the router reads the body: depth-bounded, only the fields the route reads.

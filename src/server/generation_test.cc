@@ -2,7 +2,7 @@
 // requests in flight, aborts, the prefix cache (hits, staleness across a weight change,
 // resets, drop and restore of its memory), against a Generator whose weights a test sets,
 // and against a real InferenceServer whose weights a weight session changes.
-#include "receiver/generation.h"
+#include "server/generation.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "model/worker_sink.h"
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 
 namespace wsync {
 namespace {

@@ -60,7 +60,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "receiver/prefix_cache.h"
+#include "server/prefix_cache.h"
 #include "wsync/status.h"
 
 namespace wsync {

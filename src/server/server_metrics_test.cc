@@ -1,7 +1,7 @@
 // The /metrics exposition, exactly: which families appear and in what order, every
 // sample of them with its labels and value, label escaping, and what Measure records
 // while a call runs and after it ends.
-#include "receiver/server_metrics.h"
+#include "server/server_metrics.h"
 
 #include <gtest/gtest.h>
 

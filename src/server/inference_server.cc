@@ -1,17 +1,17 @@
-#include "receiver/inference_server.h"
+#include "server/inference_server.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "control/tensor_list.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "wsync/device_runtime.h"
 #include "model/dropped_names.h"
 #include "model/worker_store.h"
 #include "receiver/backend_mismatch.h"
-#include "receiver/runtime_checker.h"
-#include "receiver/inference_server_worker.h"
-#include "receiver/update_info.h"
+#include "server/runtime_checker.h"
+#include "server/inference_server_worker.h"
 #include "receiver/worker_thread.h"
 
 namespace wsync {
@@ -77,6 +77,9 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
       s->workers_.push_back(std::move(w));
     }
   }
+  s->held_ = std::make_unique<StoreTensors>(s->workers_.front()->store.get());
+  s->admission_ = std::make_unique<UpdateAdmission>(
+      s->held_.get(), AdmissionOptions{.max_update_bytes = o.max_update_bytes, .label = "this server"});
   s->context_.model = &s->model_;
   s->context_.tp_size = o.tp;
   s->context_.timeout_seconds = o.timeout_seconds;
@@ -412,23 +415,11 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
   req.update_info = update_info;
   req.tensors = kNoTensors;
   Status s = CatchAll("update_weights", [&]() -> Status {
-    if (req.reject.ok() && !backend_->ParsesOwnUpdateInfo()) {
-      if (update_info == checked_info_.lock()) {
-        req.tensors = checked_tensors_;  // the same body as an update already checked
-      } else {
-        Result<std::vector<TensorMeta>> parsed = ParseTensorList(*update_info);
-        if (!parsed.ok()) {
-          req.reject = parsed.status();
-        } else {
-          auto tensors = std::make_shared<const std::vector<TensorMeta>>(std::move(*parsed));
-          req.reject = CheckTensorsAgainstModel(*tensors, *workers_.front()->store);
-          if (req.reject.ok()) {
-            checked_info_ = update_info;
-            checked_tensors_ = tensors;
-          }
-          req.tensors = std::move(tensors);
-        }
-      }
+    if (req.reject.ok()) {
+      AdmittedUpdate admitted = admission_->Admit(update_info, !backend_->ParsesOwnUpdateInfo());
+      req.update_info = std::move(admitted.update_info);
+      req.tensors = std::move(admitted.tensors);
+      req.reject = std::move(admitted.reject);
       // A draft session carries the drafter's tensors only, however the list was checked.
       bool draft;
       {
@@ -451,10 +442,7 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
     return backend_->Update(req);
   });
   // Bytes may have landed before a data-phase failure: say so until a sync completes.
-  // Refusals (bad payload, wrong state, a peer's refusal) land nothing.
-  bool refused = s.code() == StatusCode::kInvalidArgument ||
-                 s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kAborted;
-  call.Done(s, req.reject.ok() && !refused);
+  call.Done(s, req.reject.ok() && ReceiverSession::MayHaveLanded(s));
   if (!s.ok()) WSYNC_LOG_WARN("update_weights failed: {}", s.ToString());
   if (s.ok() && !req.tensors->empty()) {
     uint64_t bytes = 0;

@@ -1,4 +1,4 @@
-#include "receiver/prefix_cache.h"
+#include "server/prefix_cache.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/prefault.h"
-#include "receiver/generation.h"
+#include "server/generation.h"
 
 namespace wsync {
 

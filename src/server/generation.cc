@@ -1,4 +1,4 @@
-#include "receiver/generation.h"
+#include "server/generation.h"
 
 #include <algorithm>
 #include <ctime>
