@@ -32,12 +32,12 @@ Result<FleetPlans> PlanFleet(const ShardedStream& stream, std::shared_ptr<const 
     ConsumerSpot spot;  // its first consumer's
   };
   std::vector<Shape> shapes;
-  std::map<std::tuple<int, int, bool, int, int>, int> shape_ids;
+  std::map<std::tuple<int, bool, int, int>, int> shape_ids;  // tp, drafter, block index, block size
   out.shape_of.assign(static_cast<size_t>(consumers), -1);
   for (const FleetDeployment& d : deployments) {
     for (int j = 0; j < d.workers; ++j) {
       const ConsumerSpot spot{d.first_consumer + j, j, d.workers};
-      auto [it, fresh] = shape_ids.try_emplace(std::make_tuple(d.tp, j % d.tp, d.drafter, j, d.workers),
+      auto [it, fresh] = shape_ids.try_emplace(std::make_tuple(d.tp, d.drafter, j, d.workers),
                                                static_cast<int>(shapes.size()));
       if (fresh) {
         shapes.push_back(Shape{TableKey{d.tp, j % d.tp, d.drafter}, spot});
@@ -78,10 +78,10 @@ Result<FleetPlans> PlanFleet(const ShardedStream& stream, std::shared_ptr<const 
         for (const PlanSlice& slice : chunk.slices) runs[c].push_back(table.Runs(slice.param, slice.piece));
       }
       const std::vector<int>& members_of_shape = out.shape_consumers[static_cast<size_t>(k)];
-      for (int consumer : members_of_shape) {
-        out.fleet_bytes += plan->bytes();
-        out.fleet_chunks += plan->chunks.size();
-        if (digests) {
+      out.fleet_bytes += plan->bytes() * members_of_shape.size();
+      out.fleet_chunks += plan->chunks.size() * members_of_shape.size();
+      if (digests) {
+        for (int consumer : members_of_shape) {
           const ConsumerSpot spot{consumer, shapes[k].spot.block_index, shapes[k].spot.block_size};
           out.digests[static_cast<size_t>(consumer)] =
               ConsumerDigest(plan->body_digest, spot, plan->tp_rank, plan->tp_size);
