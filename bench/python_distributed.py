@@ -6,12 +6,15 @@
 Python: --ranks processes (gloo, CPU), each holding only its FSDP-style dim-0 shards of the
 model's tensors as DTensors (``DTensor.from_local`` over a CPU mesh: no rank ever builds
 the full model), sync with ``wsync.DTensorSource`` through ``TrainerEngine(backend=
-"sharded")`` into --servers fresh `wsync serve --backend sharded --tp T` processes. Then
-the same fleet shape and layout from C++: ``wsync bench sharded --trainer-layout fsdp``
-(its trainer ranks are threads of one process, its FsdpSource all-gathers each tensor on
-every rank). Printed per side: the median whole sync over --iters syncs after the first,
-bytes each rank sent, and for Python each rank's peak RSS growth during the syncs above
-its resident state before them (its own shards, torch), and its largest gather buffer.
+"sharded")`` into --servers fresh `wsync serve --backend sharded --tp T` processes: each
+rank sends the workers its own rows, nothing is gathered (the run fails if a rank's
+largest gather buffer is not 0). Then the same fleet shape and layout from C++: ``wsync
+bench sharded --trainer-layout fsdp`` (its trainer ranks are threads of one process, its
+FsdpSource all-gathers each tensor on every rank). Printed per side: the median whole sync
+over --iters syncs after the first, bytes each rank sent, and for Python each rank's peak
+RSS growth during the syncs above its resident state before them (its own shards, torch),
+the same from before the engine was built through the first sync (the engine's staging
+and the servers' first plan), and its largest gather buffer.
 """
 
 import argparse
@@ -81,12 +84,15 @@ def worker(args):
         state[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
                                          stride=torch.empty(shape, device="meta").stride())
     source = wsync.DTensorSource(state)
+    start_rss = rss_bytes("VmRSS")
+    start_ok = reset_peak()
     engine = wsync.TrainerEngine(backend="sharded", servers=spec["servers"], rank=rank, world_size=world,
                                  timeout=600, model=args.model)
     t0 = time.monotonic()
     engine.init(source)
     init_s = time.monotonic() - t0
     first = engine.send_weights(source, weight_version="warm")
+    first_peak = rss_bytes("VmHWM")
     before = rss_bytes("VmRSS")
     peak_ok = reset_peak()
     times, sent = [], 0
@@ -97,10 +103,11 @@ def worker(args):
         times.append(stats.seconds if rank == 0 else time.monotonic() - t0)
         sent = stats.bytes
     peak = rss_bytes("VmHWM")
-    held = [n for n in source.held_names()]
     print(json.dumps({"rank": rank, "init_s": init_s, "first_s": first.seconds, "times": times, "bytes": sent,
                       "own_shard_bytes": own, "rss_before": before, "peak_growth": peak - before if peak_ok else None,
-                      "peak_gather_bytes": source.peak_gather_bytes, "held": len(held)}), flush=True)
+                      "first_growth": first_peak - start_rss if start_ok else None,
+                      "peak_gather_bytes": source.peak_gather_bytes, "held": len(source.held_names()),
+                      "held_rows": len(source.held_rows())}), flush=True)
     engine.shutdown()
     dist.destroy_process_group()
 
@@ -160,10 +167,15 @@ def main():
           f"per worker on average)")
     for r in out:
         growth = "n/a" if r["peak_growth"] is None else f"{r['peak_growth'] / 1e6:.1f} MB"
+        if r["first_growth"] is not None:
+            growth += f" (through init and the first sync, staging included: {r['first_growth'] / 1e6:.1f} MB)"
         sent = "" if r["rank"] == 0 else f", sent {r['bytes'] / 1e6:.1f} MB"
-        print(f"  rank {r['rank']}: own shards {r['own_shard_bytes'] / 1e6:.1f} MB, holds {r['held']} tensors{sent}, "
-              f"peak RSS growth during syncs {growth}, largest gather buffer {r['peak_gather_bytes'] / 1e6:.1f} MB")
+        print(f"  rank {r['rank']}: own shards {r['own_shard_bytes'] / 1e6:.1f} MB, holds {r['held']} tensors "
+              f"({r['held_rows']} as rows only){sent}, peak RSS growth during syncs {growth}, largest gather buffer "
+              f"{r['peak_gather_bytes'] / 1e6:.1f} MB")
     sys.stdout.flush()
+    if any(r["peak_gather_bytes"] for r in out):
+        sys.exit("a rank gathered tensors: the sharded pass should send each rank's own rows")
     if not args.skip_cpp:
         cmd = [args.wsync_bin, "bench", "sharded", "--model", args.model, "--servers", str(args.servers), "--tp",
                str(args.tp), "--trainer-ranks", str(args.ranks), "--trainer-layout", "fsdp", "--iters",

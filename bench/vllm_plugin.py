@@ -2,7 +2,9 @@
 
 One vLLM server (CPU, TP=1, --weight-transfer-config '{"backend": "wsync"}') and one
 `wsync serve` per backend hold the same Qwen3-shaped model; a wsync.TrainerEngine pushes
-it REPEATS times to each, per backend (nccl over Gloo, ipc over shared memory). Printed:
+it REPEATS times to each, per backend (nccl over Gloo, ipc over shared memory, sharded
+over Gloo point-to-point: each worker gets only its slices, landed in vLLM's parameters
+by name). Printed:
 median sync seconds per target, and inside vLLM's worker the share of the receive spent in
 the model's load_weights (vLLM's own load cost: fusing, slicing, its layerwise reload).
 Into vLLM it pushes twice, with in-line verification on (the default: the trainer hashes
@@ -31,8 +33,9 @@ from vllm_server import VllmServer, free_port, request  # noqa: E402
 def model_of(args, seed):
     config = transformers.Qwen3Config(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=max(1, args.hidden // 128),
-        head_dim=64, max_position_embeddings=512, tie_word_embeddings=False, torch_dtype="float32")
+        num_hidden_layers=args.layers, num_attention_heads=args.heads or args.hidden // 64,
+        num_key_value_heads=args.kv_heads or max(1, args.hidden // 128), head_dim=args.head_dim,
+        max_position_embeddings=512, tie_word_embeddings=False, torch_dtype="float32")
     torch.manual_seed(seed)
     return transformers.Qwen3ForCausalLM(config).eval()
 
@@ -54,10 +57,11 @@ def wsync_serve(model_dir, backend, log):
     raise TimeoutError(f"wsync serve on {url} did not start")
 
 
-def push(url, backend, model, repeats, vllm=None, inline_verify=True):
+def push(url, backend, model, repeats, vllm=None, inline_verify=True, model_dir=None):
     seconds, shares, phases = [], [], []
+    options = {"model": model_dir} if backend == "sharded" else {}
     with wsync.TrainerEngine(backend=backend, servers=[url], device="cpu", timeout=300.0,
-                             inline_verify=inline_verify) as engine:
+                             inline_verify=inline_verify, **options) as engine:
         engine.send_weights(wsync.StateDictSource(model))  # init and warm-up, not counted
         for _ in range(repeats):
             stats = engine.send_weights(wsync.StateDictSource(model))
@@ -80,7 +84,11 @@ def main():
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--heads", type=int, default=0, help="attention heads (default hidden/64)")
+    p.add_argument("--kv-heads", type=int, default=0, help="KV heads (default hidden/128)")
+    p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--backends", default="nccl,ipc", help="comma-separated: nccl, ipc, sharded")
     args = p.parse_args()
     root = tempfile.mkdtemp(prefix="wsync-vllm-bench-")
     model = model_of(args, 0)
@@ -93,14 +101,14 @@ def main():
     try:
         vllm.wait_ready()
         print(f"vLLM start: {vllm.start_seconds:.1f} s")
-        for backend in ("nccl", "ipc"):
+        for backend in args.backends.split(","):
             log = open(os.path.join(root, f"serve-{backend}.log"), "w")
             proc, url = wsync_serve(model_dir, backend, log)
             serves.append(proc)
-            into_serve, _ = push(url, backend, model, args.repeats)
-            into_vllm, shares = push(vllm.url, backend, model, args.repeats, vllm)
-            push(vllm.url, backend, model, args.repeats, vllm, inline_verify=False)
-            push(vllm.url, backend, model, args.repeats, vllm, inline_verify=True)
+            into_serve, _ = push(url, backend, model, args.repeats, model_dir=model_dir)
+            into_vllm, shares = push(vllm.url, backend, model, args.repeats, vllm, model_dir=model_dir)
+            push(vllm.url, backend, model, args.repeats, vllm, inline_verify=False, model_dir=model_dir)
+            push(vllm.url, backend, model, args.repeats, vllm, inline_verify=True, model_dir=model_dir)
             load = statistics.median(s[0] for s in shares)
             recv = statistics.median(s[1] for s in shares)
             copy = statistics.median(s[2] for s in shares)

@@ -12,8 +12,8 @@ a tiny config (the same seed on every rank), trained with AdamW on random tokens
 after each step every rank calls send_weights:
 
   --source dtensor    FSDP2 fully_shard; wsync.DTensorSource(model) describes each rank's
-                      shards. With sharded each rank gathers only the layer groups it
-                      owns and sends their slices straight to the workers that keep them.
+                      shards. With sharded each rank sends the workers the bytes of their
+                      slices that lie in its own shards: nothing is gathered.
   --source megatron   a Megatron-style layout (--layout tpXppYepZ): wsync.MegatronSource
                       holds the rank's parameters in the engine's table; this example lays
                       its replicated HF model out into them every step (load_hf), where a

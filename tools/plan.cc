@@ -21,6 +21,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/descriptor.h"
 #include "model/config.h"
 #include "planner/calibration.h"
 #include "planner/cost.h"
@@ -71,11 +72,18 @@ int Fail(const std::string& message, int code = 2) {
 
 std::string Bytes(double b) { return fmt::format("{:.2f} GB", b / 1e9); }
 
+// --backend's values: "a, b, c or all" (the planned backends, in their order).
+std::string BackendChoices() {
+  std::string out;
+  for (const BackendDescriptor* b : PlannedBackends()) out += fmt::format("{}, ", b->name);
+  return out.substr(0, out.size() - 2) + " or all";
+}
+
 std::string Time(double s) { return s < 0.1 ? fmt::format("{:.2f} ms", s * 1000) : fmt::format("{:.3f} s", s); }
 
 nlohmann::json ToJson(const Prediction& p) {
   nlohmann::json j;
-  j["backend"] = BackendName(p.backend);
+  j["backend"] = p.backend;
   j["applicable"] = p.applicable;
   if (!p.applicable) {
     j["not_applicable"] = p.not_applicable;
@@ -98,10 +106,10 @@ nlohmann::json ToJson(const Prediction& p) {
 
 void PrintText(const Prediction& p) {
   if (!p.applicable) {
-    fmt::print("{:<8} n/a: {}\n\n", BackendName(p.backend), p.not_applicable);
+    fmt::print("{:<8} n/a: {}\n\n", p.backend, p.not_applicable);
     return;
   }
-  fmt::print("{:<8} {}   bottleneck: {}{}\n", BackendName(p.backend), Time(p.seconds), p.bottleneck,
+  fmt::print("{:<8} {}   bottleneck: {}{}\n", p.backend, Time(p.seconds), p.bottleneck,
              p.utilisation > 0 ? fmt::format(" ({:.0f}% of its rate)", 100 * p.utilisation) : "");
   fmt::print("         sent per trainer rank {} .. {}, received per worker {}\n", Bytes(p.sent_per_trainer_rank_min),
              Bytes(p.sent_per_trainer_rank_max), Bytes(p.received_per_worker_max));
@@ -387,15 +395,10 @@ int RunPlan(PlanArgs& a) {
   }
   if (a.dtype != "bf16" && a.dtype != "fp8") return Fail(fmt::format("--dtype '{}': expected bf16 or fp8", a.dtype));
   if (!(a.bucket_gb > 0) || a.bucket_gb > 1024) return Fail(fmt::format("--bucket-gb {}: expected (0, 1024]", a.bucket_gb));
-  std::vector<Backend> backends;
-  if (a.backend == "all") {
-    backends = {Backend::kNccl, Backend::kIpc, Backend::kDelta, Backend::kSharded};
-  } else {
-    bool found = false;
-    for (Backend b : {Backend::kNccl, Backend::kIpc, Backend::kDelta, Backend::kSharded}) {
-      if (a.backend == BackendName(b)) backends.push_back(b), found = true;
-    }
-    if (!found) return Fail(fmt::format("--backend '{}': expected nccl, ipc, delta, sharded or all", a.backend));
+  std::vector<const BackendDescriptor*> backends = PlannedBackends();
+  if (a.backend != "all") {
+    std::erase_if(backends, [&](const BackendDescriptor* b) { return b->name != a.backend; });
+    if (backends.empty()) return Fail(fmt::format("--backend '{}': expected {}", a.backend, BackendChoices()));
   }
   auto placement = ParsePlacement(a.placement);
   if (!placement.ok()) return Fail(placement.status().message());
@@ -443,7 +446,7 @@ int RunPlan(PlanArgs& a) {
     auto planned_n = PredictEach(travel, f, backends, o, k);
     if (!planned_n.ok()) continue;
     for (const Prediction& p : *planned_n) {
-      if (p.applicable) csv += fmt::format("{},{},{}\n", n, BackendName(p.backend), p.seconds);
+      if (p.applicable) csv += fmt::format("{},{},{}\n", n, p.backend, p.seconds);
     }
   }
   // Published points of the same model, trainer and deployment shape, at their counts.
@@ -453,7 +456,7 @@ int RunPlan(PlanArgs& a) {
         s->dp != fleet->servers.dp || s->ep != fleet->servers.ep) {
       continue;
     }
-    csv += fmt::format("{},published {} ({}),{}\n", s->count, BackendName(c.backend), c.id, c.published_lo);
+    csv += fmt::format("{},published {} ({}),{}\n", s->count, c.backend->name, c.id, c.published_lo);
   }
   return Plot("fleet", csv, a.plot);
 }
@@ -483,7 +486,7 @@ void AddPlanCommand(CLI::App& app) {
                 "LAYOUT[:RANKS]@HW: fsdp:16@h100, tp4pp2ep8:16@h100 (Megatron tp x pp, ep folded over each stage)");
   c->add_option("--servers", args->servers,
                 "N×(TP,DP,EP)@HW or Nx(TP,DP,EP)@HW: N deployments of TP*DP workers; EP 1 or TP*DP");
-  c->add_option("--backend", args->backend, "nccl, ipc, delta, sharded or all")->capture_default_str();
+  c->add_option("--backend", args->backend, BackendChoices())->capture_default_str();
   c->add_option("--bucket-gb", args->bucket_gb, "packed bucket for nccl and ipc, GiB")->capture_default_str();
   c->add_option("--dtype", args->dtype, "bytes on the wire: bf16 or fp8")->capture_default_str();
   c->add_option("--placement", args->placement,

@@ -55,6 +55,7 @@ int RunServe(const ServeArgs& a) {
   o.offload_dir = a.offload_dir;
   o.quantization = a.quantization;
   o.speculative = a.speculative;
+  o.max_loras = a.max_loras;
   Result<Device> device = Device::Parse(a.device);
   if (!device.ok()) {
     fmt::print(stderr, "wsync serve: error: {}\n", device.status().message());

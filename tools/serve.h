@@ -40,6 +40,7 @@ struct ServeArgs {
   std::string offload_dir;           // where sleep level 1 keeps host weights; empty: $TMPDIR or /tmp
   std::string quantization = "none";  // none | fp8 (InferenceServerOptions::quantization)
   std::string speculative = "none";   // none | mtp (InferenceServerOptions::speculative)
+  int max_loras = 0;                  // LoRA adapters held at once (InferenceServerOptions::max_loras)
 };
 
 int RunServe(const ServeArgs& args);

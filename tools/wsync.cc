@@ -167,6 +167,11 @@ int main(int argc, char** argv) {
                 "embed_tokens/lm_head are the target's memory (a model without MTP layers is refused)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "mtp"}));
+  s->add_option("--max-loras", serve.max_loras,
+                "LoRA adapters held at once, by name and version, synced by lora sessions (nccl, ipc); a new name "
+                "beyond N is refused until /v1/unload_lora_adapter frees one; 0: none (docs/lora.md)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   s->add_option("--fault", serve.fault, "fault injection for tests: never-join (init never joins), die-mid-update (nccl: the process SIGKILLs itself after loading one chunk), corrupt-landed (the first host worker lands model.embed_tokens.weight with one bit flipped)")->check(CLI::IsMember({"never-join", "die-mid-update", "corrupt-landed"}));
 
   PushArgs push;

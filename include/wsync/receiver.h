@@ -5,7 +5,8 @@
 // It speaks the same data planes as `wsync serve` (the init_info and update_info a wsync
 // trainer sends, the same wire: Gloo broadcast on CPU and NCCL on GPU for `nccl`, shared
 // memory or CUDA IPC slots for `ipc`, a local checkpoint advanced by delta files for
-// `delta`), so a wsync trainer drives it unchanged. It has no control plane of its own:
+// `delta`, Gloo or NCCL point-to-point slices for `sharded`), so a wsync trainer drives it
+// unchanged. It has no control plane of its own:
 // whoever serves the HTTP routes (python/wsync/worker_server.py) hands it each route's
 // payload. The worker is rank `rank_offset + worker_rank` of the trainer's broadcast group
 // (reader `reader_offset + worker_rank` of an ipc region), as vLLM numbers its workers.
@@ -17,6 +18,11 @@
 // runs on one of the engine's threads, never concurrently with itself; an error it returns
 // ends the receive with that error (the trainer's sync fails with its text) and the engine
 // stays usable: the trainer initializes the data plane again for its next sync.
+//
+// `sharded` lands slices, not whole tensors: the engine plans them from the worker's model
+// and tensor-parallel place (`model`, `tp_size`; the same sharding table `wsync serve`'s
+// workers keep, model/sharding.h) and lends each chunk's slices to a SliceCallback, which
+// copies each into the worker parameter the table names (no slicing of its own).
 //
 // Thread-safety: calls may come from any thread; one runs at a time (a call made while
 // another runs fails at once with FailedPrecondition naming the call in flight, except
@@ -39,6 +45,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -50,7 +57,7 @@
 namespace wsync {
 
 struct ReceiverEngineOptions {
-  std::string backend = kDefaultBackend;  // a backend the single-worker receiver hosts (nccl, ipc, delta)
+  std::string backend = kDefaultBackend;  // a backend the single-worker receiver hosts (nccl, ipc, delta, sharded)
   // This worker's index within its server (0 .. the server's world size - 1).
   int worker_rank = 0;
   // Where the worker's tensors live: cpu, or cuda:N (NCCL and CUDA IPC then receive into
@@ -73,6 +80,17 @@ struct ReceiverEngineOptions {
   // trainer's word; this bounds what it can make the worker allocate). Default 1 TiB.
   uint64_t max_update_bytes = uint64_t{1} << 40;
   std::string label = "worker";  // names this worker in messages
+  // Whole tensors are lent to the chunk callback as they arrive, in batches of whole
+  // modules once a batch holds at least this many bytes (and at the end of each chunk).
+  size_t lend_batch_bytes = size_t{16} << 20;
+  // The worker's model and its place in its tensor-parallel group, for a backend that
+  // lands slices (sharded, which needs them): a registered model name or a directory
+  // holding config.json. The worker is TP rank worker_rank % tp_size of tp_size, and
+  // holds an MTP drafter beside the target when mtp_drafter is set (the model must have
+  // MTP layers). Empty model: the engine lands whole tensors only.
+  std::string model;
+  int tp_size = 1;
+  bool mtp_drafter = false;
 };
 
 // The session state of a ReceiverEngine (ReceiverEngine::Session), as `wsync serve`'s
@@ -86,8 +104,27 @@ struct ReceiverEngineSession {
   int taken_over_sessions = 0;      // sessions ended by a new trainer's Init
 };
 
-// One received chunk: its tensors, in the trainer's order, valid during the call.
+// Tensors of one received chunk, in the trainer's order, valid during the call: a chunk
+// comes in one or more calls, each of whole modules (a decoder layer's tensors together),
+// so that loading overlaps the rest of the chunk's receipt.
 using ChunkCallback = std::function<Status(std::span<const TensorRef> chunk)>;
+
+// One slice a sharded update lands: piece `piece` of parameter `param` of the worker's
+// sharding table (ShardingTable::Build of the engine's model, tp rank and size; the
+// binding's _wsync.sharding_table lists the same parameters and pieces), and its bytes:
+// the HF tensor `hf_name`'s slice as a contiguous tensor of its own, of `shape` (the HF
+// shape with the piece's dim cut to its length), on `device`.
+struct SliceRef {
+  int param = 0;
+  int piece = 0;
+  std::string_view hf_name;
+  DType dtype = DType::kBF16;
+  Shape shape;
+  std::span<const std::byte> bytes;
+  Device device;
+};
+// One received chunk's slices, valid during the call (as ChunkCallback's views).
+using SliceCallback = std::function<Status(std::span<const SliceRef> slices)>;
 
 class ReceiverEngine {
  public:
@@ -108,7 +145,10 @@ class ReceiverEngine {
   // `on_chunk` for each; returns once the last chunk's callback has returned. An update
   // this worker refuses (a bad tensor list, one that does not match `metadata`) is
   // InvalidArgument; for nccl the trainer is told through the group's preflight vote.
-  Status Receive(const nlohmann::json& update_info, const ChunkCallback& on_chunk);
+  // `on_slices` takes the slices of a backend that lands slices (sharded); such a receive
+  // without one fails with FailedPrecondition.
+  Status Receive(const nlohmann::json& update_info, const ChunkCallback& on_chunk,
+                 const SliceCallback& on_slices = nullptr);
 
   // The session routes, for a front that keeps the session rules in the engine (the same
   // rules as `wsync serve`, receiver/session.h): /start_weight_update opens a session
@@ -118,7 +158,8 @@ class ReceiverEngine {
   // call for `timeout_seconds` expires, and Init from a new trainer takes over an idle one.
   // Receive keeps working without a session, for a front that keeps its own.
   Status StartWeightUpdate();
-  Status UpdateWeights(const nlohmann::json& update_info, const ChunkCallback& on_chunk);
+  Status UpdateWeights(const nlohmann::json& update_info, const ChunkCallback& on_chunk,
+                       const SliceCallback& on_slices = nullptr);
   Status FinishWeightUpdate();
   ReceiverEngineSession Session() const;
 

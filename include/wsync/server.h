@@ -109,6 +109,13 @@ struct InferenceServerOptions {
   // copy. Without a drafter an MTP model's MTP tensors are checked and dropped, as
   // vLLM's target model drops them. A model without MTP layers is refused.
   std::string speculative = "none";
+
+  // LoRA adapters (`--max-loras N`, docs/lora.md): how many the server holds at once, by
+  // name, each at one version, installed by lora sessions (/start_weight_update with
+  // "wsync_lora") on the nccl and ipc backends. A session for a new name while N are held
+  // is refused (409 naming them; POST /v1/unload_lora_adapter frees one): an adapter
+  // never disappears under requests that name it. 0: lora sessions are refused.
+  int max_loras = 0;
 };
 
 // Where the server listens and what it accepts over HTTP.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,14 @@ struct SourceStorage {
   Device device;
 };
 
+// Rows [begin, end) of dim 0 of tensor `name`: the part of it one rank holds.
+struct HeldRows {
+  std::string name;
+  int64_t begin = 0;
+  int64_t end = 0;
+  friend bool operator==(const HeldRows&, const HeldRows&) = default;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -49,6 +58,11 @@ class WeightSource {
   // collective: every rank of the trainer runs its own held pass at the same time.
   // Default: Iterate() when HeldNames() is nullopt, else Unimplemented.
   virtual Result<std::unique_ptr<TensorStream>> IterateHeld();
+  // The held names this rank holds only rows of (FSDP's dim-0 shards), each once, in
+  // metadata order; every other held name is held whole. IterateHeld() yields such a
+  // tensor as those rows alone (dim 0 of end - begin). Only a backend whose ranks each
+  // send what they hold (`sharded`) reads it. Default: none.
+  virtual std::vector<HeldRows> HeldRowRanges() const { return {}; }
   // The one block every yielded tensor lies in, when the source has one; nullopt otherwise.
   virtual std::optional<SourceStorage> storage() const { return std::nullopt; }
 };

@@ -13,6 +13,7 @@
 // at a time.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +46,19 @@ struct SyncProgress {
   size_t chunks_total = 0;
 };
 
+// A LoRA adapter the trainer syncs instead of the model (docs/lora.md): PEFT's A and B
+// matrices of `target_modules` in every decoder layer, unscaled, named
+// base_model.model.<module>.lora_A.weight / .lora_B.weight. The servers apply vLLM's
+// PEFTHelper scaling, alpha / r (alpha / sqrt(r) with use_rslora).
+struct LoraAdapterOptions {
+  std::string name;                         // what requests name in "model"; [A-Za-z0-9._-], at most 64
+  int64_t r = 0;                            // rank, 1..1024
+  double alpha = 0;                         // PEFT's lora_alpha, > 0
+  bool use_rslora = false;
+  std::vector<std::string> target_modules;  // leaf names: q_proj, v_proj, ...
+  std::string dtype;                        // torch name of every A/B matrix; empty: the servers' model dtype
+};
+
 struct TrainerOptions {
   std::vector<std::string> servers;  // base URLs, deployment-major: [dep0_dp0, dep0_dp1, ...]
   std::string backend = kDefaultBackend;
@@ -59,6 +73,12 @@ struct TrainerOptions {
   // reload the drafter in the ordinary session already; this is for trainers that send it
   // apart.
   bool draft_session = false;
+  // Set: every sync is a lora session for this adapter (/start_weight_update with
+  // "wsync_lora"), its version the sync's weight_version (required), and the source holds
+  // exactly the adapter's tensors. The servers stage it beside the version they serve and
+  // install it at finish; a failed sync leaves them serving the previous version. Over
+  // backends whose update_info is a tensor list (nccl, ipc).
+  std::optional<LoraAdapterOptions> lora;
   std::string store_host = "127.0.0.1";  // where the rendezvous store listens (servers dial it)
   Device device;
   int rank = 0;                      // trainer rank; rank 0 is the sender

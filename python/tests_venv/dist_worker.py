@@ -137,7 +137,7 @@ def main():
                 if differ or extra:
                     bad[url] = {"differ": differ[:3], "extra": extra[:3], "n": len(differ)}
             out["mismatch"] = bad
-        if rank == 0 and isinstance(source, wsync.DTensorSource):
+        if isinstance(source, wsync.DTensorSource):
             out["peak_gather_bytes"] = source.peak_gather_bytes
         print(json.dumps(out), flush=True)
         if rank == 0 and spec.get("signal_dir"):
@@ -163,6 +163,9 @@ class _Raising:
 
     def held_names(self):
         return self._s.held_names()
+
+    def held_rows(self):
+        return self._s.held_rows()
 
     def iter_held(self):
         yield from self._s.iter_held()

@@ -1,5 +1,6 @@
 """FSDP2 ranks (wsync.DTensorSource) into TP=1 and TP=2 servers with sharded, nccl and delta;
-rank 0 checks every server's sha256 digests against the full model after every step."""
+rank 0 checks every server's sha256 digests against the full model after every step. With
+sharded every rank sends its own shards: no rank gathers anything (peak_gather_bytes 0)."""
 
 import pytest
 
@@ -29,16 +30,27 @@ def test_fsdp2_two_ranks_into_tp1_and_tp2(backend, wsync_server, tmp_path):
             "dropped": ["lm_head.weight"]}
     results, _, logs = run_ranks(spec, tmp_path)
     assert_landed(results, logs, 2)
+    if backend == "sharded":
+        assert_no_gather(results)
 
 
-def test_fsdp2_four_ranks_sharded_into_two_tp2_servers(wsync_server, tmp_path):
+def assert_no_gather(results):
+    """Every rank sent bytes of its own and gathered nothing."""
+    for r, lines in enumerate(results):
+        for line in lines:
+            assert line["peak_gather_bytes"] == 0, (r, line)
+            assert line["bytes"] > 0, (r, line)
+
+
+@pytest.mark.parametrize("tps", [(2, 2), (1, 2)], ids=["2xtp2", "tp1+tp2"])
+def test_fsdp2_four_ranks_sharded(tps, wsync_server, tmp_path):
     """4 FSDP2 ranks, mixed precision (bf16 autocast, fp32 masters sent as bf16), each sending
-    the layer groups it owns into 2 servers x TP=2."""
+    its own dim-0 shards, no gather, into 2 servers x TP=2 and into a TP=1 beside a TP=2."""
     model_dir = write_config(tmp_path / "model", dtype="bfloat16")
-    servers = [wsync_server(backend="sharded", model=model_dir, args=["--tp", "2"]) for _ in range(2)]
+    servers = [wsync_server(backend="sharded", model=model_dir, args=["--tp", str(tp)]) for tp in tps]
     spec = {"backend": "sharded", "servers": [s.url for s in servers], "model_dir": model_dir,
             "source": "dtensor", "steps": 2, "servers_dtype": "bfloat16", "mixed": True,
             "backend_options": {"model": model_dir}, "dropped": ["lm_head.weight"]}
     results, _, logs = run_ranks(spec, tmp_path, world=4)
     assert_landed(results, logs, 2)
-    assert all(line["bytes"] > 0 for lines in results[1:] for line in lines), results
+    assert_no_gather(results)

@@ -1,7 +1,10 @@
 """wsync.DTensorSource without servers: 2 spawned ranks (gloo, CPU) hold DTensors of several
 placements (Shard(0) with a short tail, Shard(1), Replicate, a 2-D mesh sharding two dims,
-plain tensors); the held pass and the broadcast pass must yield exactly the full tensors,
-each on its owner (held) or on rank 0 (broadcast), and the owners cover every tensor once."""
+plain tensors). The held pass yields each rank's own rows of the dim-0 sharded tensors
+(held_rows()) and the replicated and plain tensors whole, with no gather; the tensors
+sharded along another dim are gathered whole onto one owner each. Together the ranks' held
+tensors cover every row of every tensor. The broadcast pass yields the full tensors on
+rank 0."""
 
 import os
 import socket
@@ -53,12 +56,18 @@ def _rank(rank, world, port, out):
 
     held = arrays(source.iter_held())
     broadcast = arrays(source)
+    # Without the tensors sharded along dim 1, the held pass gathers nothing.
+    rows_only = wsync.DTensorSource({n: t for n, t in state.items()
+                                     if n not in ("model.layers.0.mlp.down_proj.weight",
+                                                  "model.layers.1.self_attn.q_proj.weight")})
+    list(rows_only.iter_held())
     out.put((rank, source.metadata(), source.owners(), held, broadcast if rank == 0 else None,
-             arrays((n, t.to(torch.bfloat16)) for n, t in full.items())))
+             arrays((n, t.to(torch.bfloat16)) for n, t in full.items()), source.held_names(), source.held_rows(),
+             rows_only.peak_gather_bytes))
     dist.destroy_process_group()
 
 
-def test_held_and_broadcast_passes_yield_the_full_tensors():
+def test_held_pass_yields_each_ranks_rows_and_broadcast_the_full_tensors():
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -72,12 +81,27 @@ def test_held_and_broadcast_passes_yield_the_full_tensors():
     metadata, owners, full = results[0][1], results[0][2], results[0][5]
     assert [m[0] for m in metadata] == list(full)
     assert all(m[1] == "bfloat16" for m in metadata)
-    assert results[1][2] == owners and set(owners) == {0, 1}
-    for rank, _, _, held, _, _ in results:
-        mine = [m[0] for m, o in zip(metadata, owners) if o == rank]
-        assert list(held) == mine
-        for name in mine:
-            assert (held[name] == full[name]).all() and held[name].shape == full[name].shape, (rank, name)
+    gathered = {"model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight"}
+    assert results[1][2] == owners
+    assert {o for m, o in zip(metadata, owners) if m[0] in gathered} == {0, 1}
+    assert all(o is None for m, o in zip(metadata, owners) if m[0] not in gathered)
+    rows_of = {
+        0: {"model.embed_tokens.weight": (0, 3)},
+        1: {"model.embed_tokens.weight": (3, 5)},
+    }
+    covered = {name: set() for name in full}
+    for rank, _, _, held, _, _, held_names, held_rows, rows_only_peak in results:
+        assert rows_only_peak == 0
+        assert list(held) == held_names
+        assert {n: (b, e) for n, b, e in held_rows} == rows_of[rank]
+        assert ("model.norm.weight" in held_names) == (rank == 0)  # 1 row: rank 1 holds none
+        for name in held_names:
+            begin, end = rows_of[rank].get(name, (0, full[name].shape[0]))
+            want = full[name][begin:end]
+            assert held[name].shape == want.shape and (held[name] == want).all(), (rank, name)
+            covered[name] |= set(range(begin, end))
+    for name, t in full.items():
+        assert covered[name] == set(range(t.shape[0])), name
     broadcast = results[0][4]
     assert list(broadcast) == list(full)
     for name, t in full.items():

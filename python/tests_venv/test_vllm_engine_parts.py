@@ -27,12 +27,12 @@ def test_the_backend_of_an_init_info():
     assert backend_of({"wsync_ipc_protocol": 1, "session": "0" * 32}) == "ipc"
     assert backend_of({"local_checkpoint_dir": "/x", "sync_dir": "/y"}) == "delta"
     assert backend_of({"wsync_backend": "delta"}) == "delta"
+    assert backend_of({"owner_sets": [], "plan_digests": []}) == "sharded"
+    assert backend_of({"wsync_backend": "sharded"}) == "sharded"
     with pytest.raises(ValueError, match="names no wsync backend"):
         backend_of({"bogus": 1})
-    with pytest.raises(ValueError, match="does not receive"):
-        backend_of({"owner_sets": [], "plan_digests": []})
-    with pytest.raises(ValueError, match="'wsync_backend' is 'sharded'"):
-        backend_of({"wsync_backend": "sharded"})
+    with pytest.raises(ValueError, match="'wsync_backend' is 'bogus'"):
+        backend_of({"wsync_backend": "bogus"})
 
 
 def test_server_options_from_the_environment():
@@ -46,3 +46,71 @@ def test_server_options_from_the_environment():
         server_options("nccl", {OPTIONS_ENV: '{"port": 1}'})
     with pytest.raises(ValueError, match="is not JSON"):
         server_options("nccl", {OPTIONS_ENV: "{"})
+
+
+def _module_tree(table):
+    """A torch module whose parameters are the sharding table's, by vLLM name."""
+    import torch
+    root = torch.nn.Module()
+    for param in table:
+        module = root
+        *path, attr = param["name"].split(".")
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.Module())
+            module = getattr(module, part)
+        module.register_parameter(attr, torch.nn.Parameter(torch.zeros(param["shape"]), requires_grad=False))
+    return root
+
+
+def test_sharded_slices_map_onto_the_models_parameters_or_are_refused_by_name(tmp_path):
+    # The Qwen3 mapping at TP=2, rank 1: qkv_proj holds this rank's q, k and v heads; the
+    # padded vocabulary and the row-parallel projections are split; norms are whole.
+    import torch
+    from vllm_server import MODEL_SIZES, write_model
+    from wsync.receiver import sharding_table
+    from wsync.vllm.slices import plan_targets
+    model_dir = write_model(tmp_path / "model")
+    table = sharding_table(model_dir, 1, 2)
+    by_name = {p["name"]: p for p in table}
+    hidden, head_dim = MODEL_SIZES["hidden_size"], MODEL_SIZES["head_dim"]
+    qkv = by_name["model.layers.0.self_attn.qkv_proj.weight"]
+    assert qkv["shape"] == [(4 + 2 + 2) * head_dim // 2, hidden]
+    assert [(p["hf_name"].split(".")[-2], p["hf_start"], p["dst_start"]) for p in qkv["pieces"]] == [
+        ("q_proj", 2 * head_dim, 0), ("k_proj", head_dim, 2 * head_dim), ("v_proj", head_dim, 3 * head_dim)]
+    assert by_name["model.layers.0.self_attn.o_proj.weight"]["pieces"][0]["dim"] == 1
+    assert by_name["model.norm.weight"]["pieces"][0]["primary"] is False  # rank 0's copy is primary
+    assert {p["name"] for p in table} == {n for n, _ in _module_tree(table).named_parameters()}
+    assert len(plan_targets(_module_tree(table), table, "worker")) == len(table)
+
+    broken = _module_tree(table)
+    layer0 = getattr(broken.model.layers, "0")
+    delattr(layer0.self_attn, "k_norm")
+    layer0.mlp.gate_up_proj.weight = torch.nn.Parameter(torch.zeros(3, 3), requires_grad=False)
+    layer0.mlp.register_parameter("extra", torch.nn.Parameter(torch.zeros(1), requires_grad=False))
+    with pytest.raises(ValueError) as refused:
+        plan_targets(broken, table, "worker 1")
+    message = str(refused.value)
+    assert "3 tensor(s) are not mapped" in message, message
+    assert "model.layers.0.self_attn.k_norm.weight: vLLM's model has no module" in message
+    assert "model.layers.0.mlp.gate_up_proj.weight: vLLM holds shape [3, 3]" in message
+    assert "model.layers.0.mlp.extra: no entry of wsync's sharding table fills this vLLM parameter" in message
+
+
+def test_sharded_padded_vocabulary_rows_are_zeroed_before_slices_land(tmp_path):
+    # vLLM pads the vocabulary to a multiple of 64 and splits the padded rows: with 500
+    # tokens at TP=2, rank 1 holds rows 256..511, of which 256..499 come from the trainer.
+    import json
+    from vllm_server import write_model
+    from wsync.receiver import sharding_table
+    from wsync.vllm.slices import plan_targets
+    model_dir = write_model(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    config["vocab_size"] = 500
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    table = sharding_table(model_dir, 1, 2)
+    embed = next(p for p in table if p["name"] == "model.embed_tokens.weight")
+    assert embed["shape"][0] == 256
+    assert [(p["hf_start"], p["length"], p["dst_start"]) for p in embed["pieces"]] == [(256, 244, 0)]
+    zeroed = {t.name for t in plan_targets(_module_tree(table), table, "worker") if t.zero}
+    assert zeroed == {"model.embed_tokens.weight", "lm_head.weight"}

@@ -140,7 +140,7 @@ def push_and_check(server, backend, seeds, timings, tp=1, **engine_options):
     assert len({tuple(t) for t in tokens}) == len(tokens), f"completions did not change with the weights: {tokens}"
 
 
-def serve_fixture(tmp_path_factory, timings, tp=1, extra_env=None):
+def serve_fixture(tmp_path_factory, timings, tp=1, extra_env=None, extra_args=()):
     """Generator body of a module-scoped fixture: one server for the module."""
     root = tmp_path_factory.mktemp("vllm")
     model_dir = write_model(str(root / "model"), seed=0)
@@ -150,7 +150,7 @@ def serve_fixture(tmp_path_factory, timings, tp=1, extra_env=None):
     env = {"WSYNC_VLLM_OPTIONS": json.dumps({"base_checkpoint": model_dir, "sync_root": str(sync_root),
                                              "local_checkpoint_dir": str(root / "local")})}
     env.update(extra_env or {})
-    srv = VllmServer(model_dir, str(root / "vllm.log"), tp=tp, extra_env=env)
+    srv = VllmServer(model_dir, str(root / "vllm.log"), tp=tp, extra_env=env, extra_args=extra_args)
     srv.sync_root = str(sync_root)
     try:
         srv.wait_ready()
@@ -188,7 +188,7 @@ class VllmServer:
     """`vllm serve DIR --weight-transfer-config '{"backend": "wsync"}'` on the CPU, in its own
     process group, with the plugin found through <build>/python's wsync dist-info."""
 
-    def __init__(self, model_dir, log_path, tp=1, extra_env=None):
+    def __init__(self, model_dir, log_path, tp=1, extra_env=None, extra_args=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_dir = model_dir
@@ -205,7 +205,7 @@ class VllmServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                "--host", "127.0.0.1", "--port", str(self.port), "--skip-tokenizer-init", "--enforce-eager",
                "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
-               "--tensor-parallel-size", str(tp), "--weight-transfer-config", '{"backend": "wsync"}']
+               "--tensor-parallel-size", str(tp), "--weight-transfer-config", '{"backend": "wsync"}', *extra_args]
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.started = time.monotonic()

@@ -5,7 +5,7 @@ inference worker written in Python builds a ``ReceiverEngine`` and lands each up
 through its own ``load_weights``. See the README's "Python" section.
 
 Trainer side: ``TrainerEngine``, ``SyncStats``, ``StateDictSource``, ``TensorListSource``,
-``DTensorSource``, ``MegatronSource`` (distributed trainers),
+``DTensorSource``, ``MegatronSource`` (distributed trainers), ``LoraSource`` (LoRA adapters),
 ``model_metadata``. Receive side: ``ReceiverEngine``, and ``wsync.worker_server`` (a
 vLLM-shaped HTTP front over receivers). Errors: ``wsync.Error`` and one subclass per status (``wsync.errors``).
 """
@@ -27,9 +27,10 @@ from wsync.sources import (StateDictSource, TensorListSource, dtype_name, model_
                            registered_models)
 from wsync.trainer import SyncStats, TrainerEngine
 from wsync.distributed import DTensorSource, MegatronSource
+from wsync.lora import LoraSource
 
 _trainer_exports = ["TrainerEngine", "SyncStats", "StateDictSource", "TensorListSource",
-                    "DTensorSource", "MegatronSource",
+                    "DTensorSource", "MegatronSource", "LoraSource",
                     "dtype_name", "model_metadata", "registered_models"]
 
 # ---- receiver side -------------------------------------------------------------------

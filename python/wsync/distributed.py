@@ -2,15 +2,20 @@
 
 ``DTensorSource(module)``: an FSDP2 (``fully_shard``) or other DTensor model. Every rank
 builds one over its own module; the whole model's metadata is the global shapes. For the
-``sharded`` backend each rank *holds* (``held_names()``) the tensors of the layer groups
-assigned to it (whole layer groups, balanced by bytes over the ranks, the same on every
-rank), and its held pass (``iter_held()``) gathers each of those tensors from the other
-ranks' local shards onto itself only (``torch.distributed.gather`` to one destination,
-one tensor at a time): no rank ever assembles a tensor it does not send, and the
-engine then sends every worker only the slices it keeps. For the broadcast backends
-(``nccl``, ``ipc``, ``delta``: rank 0 sends the whole model) a pass gathers each tensor
-onto rank 0 alone, one tensor at a time; the other ranks yield a scratch view of the
-right shape (bounded by the largest tensor) that the engine only checks and discards.
+``sharded`` backend each rank sends its own local shards, no gather: a tensor whose
+placements shard dim 0 only (``Shard(0)``, FSDP2's layout, on any mesh, with
+``Replicate`` beside it) is *held* (``held_names()``) by every rank with rows of it, as
+rows ``[begin, end)`` of dim 0 (``held_rows()``), and the held pass (``iter_held()``)
+yields those rows as they lie in the rank's local tensor (FSDP2's padding left out);
+replicated DTensors and plain tensors are held whole by every rank. The engine plans each
+worker's slices from those rows, so every rank sends the workers the bytes it has.
+Tensors sharded along another dim (``Shard(1)``, or a 2-D mesh sharding two dims) are
+gathered instead, each onto one owner rank (whole layer groups, balanced by bytes, the
+same on every rank; ``torch.distributed.gather`` to that rank, one tensor at a time);
+``peak_gather_bytes`` says whether a pass did. For the broadcast backends (``nccl``,
+``ipc``, ``delta``: rank 0 sends the whole model) a pass gathers each tensor onto rank 0
+alone, one tensor at a time; the other ranks yield a scratch view of the right shape
+(bounded by the largest tensor) that the engine only checks and discards.
 
 ``MegatronSource(engine, model, layout, params)``: a Megatron-style rank (TP, PP, EP,
 expert TP). The layout is the engine's own table (``src/sources/layout.h``: Megatron-Core
@@ -30,13 +35,14 @@ from wsync.sources import _cast, _cast_rule, _detached, _named_state, dtype_name
 __all__ = ["DTensorSource", "MegatronSource", "assign_owners", "checkpoint_tensors"]
 
 
-def assign_owners(metadata, world_size, inputs=None):
+def assign_owners(metadata, world_size, inputs=None, every_rank=True):
     """The trainer rank that holds each tensor of ``metadata`` (``[(name, dtype, shape)]``):
     whole layer groups (``wsync``'s, as the ``sharded`` plan cuts them), largest first, each
     to the rank holding the fewest bytes so far (lowest rank on ties). With fewer groups
     than ranks, tensors are assigned one by one the same way. ``inputs`` (per tensor, the
     index of the source tensor it is cut from, non-decreasing) keeps the tensors cut from
-    one source tensor on one rank. Deterministic: every rank computes the same list."""
+    one source tensor on one rank. ``every_rank``: fewer tensors than ranks is an error
+    (else some ranks get none). Deterministic: every rank computes the same list."""
     import torch
     names = [m[0] for m in metadata]
     sizes = [torch.Size(m[2]).numel() * torch.empty((), dtype=getattr(torch, dtype_name(m[1]))).element_size()
@@ -50,7 +56,7 @@ def assign_owners(metadata, world_size, inputs=None):
                 units[-1] = (units[-1][0], i + 1)
             else:
                 units.append((i, i + 1))
-    if len(units) < world_size:
+    if len(units) < world_size and every_rank:
         raise ValueError(f"the model has {len(names)} tensors, fewer than the {world_size} trainer ranks: every "
                          f"rank of the sharded backend must hold one")
     load = [0] * world_size
@@ -76,12 +82,12 @@ def _chunk(extent, parts, index):
 class _Layout:
     """Where each global rank's local shard of one DTensor lies in the global tensor."""
 
-    def __init__(self, tensor, world_size):
+    def __init__(self, name, tensor, world_size):
         from torch.distributed.tensor import Replicate, Shard
         mesh = tensor.device_mesh
         grid = mesh.mesh
         if grid.numel() != world_size or sorted(grid.flatten().tolist()) != list(range(world_size)):
-            raise ValueError(f"a DTensor's device mesh covers ranks {grid.flatten().tolist()}; DTensorSource "
+            raise ValueError(f"{name}: its device mesh covers ranks {grid.flatten().tolist()}; DTensorSource "
                              f"needs meshes over every trainer rank (0..{world_size - 1})")
         shape = tuple(tensor.shape)
         self.boxes = [None] * world_size  # per rank: [(start, length)] per dim
@@ -94,11 +100,16 @@ class _Layout:
                     start, length = _chunk(box[d][1], grid.shape[mesh_dim], coord[mesh_dim])
                     box[d] = (box[d][0] + start, length)
                 elif not isinstance(placement, Replicate):
-                    raise ValueError(f"placement {placement} is not supported by DTensorSource (Shard and "
-                                     f"Replicate are)")
+                    raise ValueError(f"{name}: placement {placement} is not supported by DTensorSource (Shard "
+                                     f"and Replicate are; FSDP2 with TP lays a tensor out strided, which it "
+                                     f"does not read)")
             self.boxes[rank] = box
         self.numel = [_numel(b) for b in self.boxes]
         self.piece = max(self.numel)
+        # Every placement shards dim 0 or replicates: each rank holds rows of the tensor
+        # (all of them for a replicated one), which it sends itself.
+        self.rows_only = len(shape) > 0 and all(
+            isinstance(p, Replicate) or (type(p) is Shard and p.dim == 0) for p in tensor.placements)
         # Shard(0) on a 1-D mesh: the ranks' padded pieces, back to back, are the tensor
         # (chunks are ceil-sized and the short or empty ones come last).
         self.contiguous = (len(grid.shape) == 1 and len(tensor.placements) == 1
@@ -133,9 +144,10 @@ class DTensorSource:
       (``mlp.experts.<e>.gate_proj.weight`` ...). Each fused tensor is sent as those
       (views of the gathered tensor, no copy).
 
-    ``held_names()`` / ``iter_held()`` are the ``sharded`` backend's pass (see the module's
-    doc); ``__iter__`` is the broadcast backends' (gathered onto rank 0).
-    ``peak_gather_bytes`` is the largest gather buffer a pass has held on this rank.
+    ``held_names()`` / ``held_rows()`` / ``iter_held()`` are the ``sharded`` backend's pass
+    (see the module's doc: each rank's own rows, no gather); ``__iter__`` is the broadcast
+    backends' (gathered onto rank 0). ``peak_gather_bytes`` is the largest gather buffer a
+    pass has held on this rank: 0 for a ``sharded`` pass over tensors that shard dim 0 only.
     """
 
     def __init__(self, module_or_state_dict, name_map=None, dtype=None, group=None, split_fused_experts=True):
@@ -150,16 +162,27 @@ class DTensorSource:
         # Per source tensor: (its layout or None, its outputs [(name, cut)]); the metadata
         # lists the outputs in order, each tagged with its source tensor.
         self._inputs, self._metadata, self._input_of = [], [], []
+        # Per source tensor sent from its local shard: this rank's rows (start, length) of dim
+        # 0; None where it is gathered onto an owner.
+        self._rows = []
+        self._row_of = []  # per output: the one row of its source tensor it reads, or None
         for name, tensor in self._items():
             dtype_out = self._target_dtype(name, tensor)
-            outputs = _cuts(name, tuple(tensor.shape)) if self._split else [(name, None, tuple(tensor.shape))]
-            layout = _Layout(tensor, self.world_size) if _is_dtensor(tensor) else None
-            self._inputs.append((name, layout, [(n, cut) for n, cut, _ in outputs]))
-            for n, _, shape in outputs:
+            outputs = _cuts(name, tuple(tensor.shape)) if self._split else [(name, None, tuple(tensor.shape), None)]
+            layout = _Layout(name, tensor, self.world_size) if _is_dtensor(tensor) else None
+            self._inputs.append((name, layout, [(n, cut, row) for n, cut, _, row in outputs]))
+            if layout is None:
+                self._rows.append((0, tensor.shape[0] if tensor.dim() else 1))
+            elif layout.rows_only:
+                self._rows.append(layout.boxes[self.rank][0])
+            else:
+                self._rows.append(None)
+            for n, _, shape, row in outputs:
                 self._metadata.append((n, dtype_out, shape))
                 self._input_of.append(len(self._inputs) - 1)
+                self._row_of.append(row)
         self._excluded = frozenset()
-        self._owners = assign_owners(self._metadata, self.world_size, self._input_of)
+        self._owners = self._assign(self._metadata, self._input_of)
         self._peak = [0]  # shared with the copies without() makes
         self._scratch = None
 
@@ -178,8 +201,21 @@ class DTensorSource:
         out._excluded = self._excluded | names
         out._metadata = [self._metadata[i] for i in keep]
         out._input_of = [self._input_of[i] for i in keep]
-        out._owners = assign_owners(out._metadata, self.world_size, out._input_of)
+        out._row_of = [self._row_of[i] for i in keep]
+        out._owners = out._assign(out._metadata, out._input_of)
         return out
+
+    def _assign(self, metadata, input_of):
+        """Owners of the tensors gathered for the held pass (assign_owners over those alone);
+        None for the tensors each rank sends from its own rows."""
+        gathered = [i for i, k in enumerate(input_of) if self._rows[k] is None]
+        owners = [None] * len(metadata)
+        if gathered:
+            picked = assign_owners([metadata[i] for i in gathered], self.world_size, [input_of[i] for i in gathered],
+                                   every_rank=False)
+            for i, owner in zip(gathered, picked):
+                owners[i] = owner
+        return owners
 
     @property
     def peak_gather_bytes(self):
@@ -188,12 +224,36 @@ class DTensorSource:
         return self._peak[0]
 
     def owners(self):
-        """The rank that holds (gathers and sends) each tensor, in metadata order."""
+        """The rank that gathers and sends each tensor the held pass gathers, in metadata
+        order; None for a tensor every rank sends its own rows of."""
         return list(self._owners)
 
+    def _held(self):
+        """(name, rows or None) of what this rank holds for the ``sharded`` backend, in
+        metadata order: rows (begin, end) where it holds part of dim 0 only."""
+        for (name, _, shape), k, owner, row in zip(self._metadata, self._input_of, self._owners, self._row_of):
+            rows = self._rows[k]
+            if rows is None:
+                if owner == self.rank:
+                    yield name, None
+                continue
+            start, length = rows
+            if row is not None:  # one expert of a fused tensor: whole where its row is
+                if start <= row < start + length:
+                    yield name, None
+            elif length == (shape[0] if shape else 1):
+                yield name, None
+            elif length:
+                yield name, (start, start + length)
+
     def held_names(self):
-        """The names this rank holds for the ``sharded`` backend."""
-        return [m[0] for m, owner in zip(self._metadata, self._owners) if owner == self.rank]
+        """The names this rank holds (all or rows of) for the ``sharded`` backend."""
+        return [name for name, _ in self._held()]
+
+    def held_rows(self):
+        """``[(name, begin, end)]``: the held names this rank holds rows ``[begin, end)`` of
+        dim 0 of only (its local shard of a ``Shard(0)`` tensor)."""
+        return [(name, rows[0], rows[1]) for name, rows in self._held() if rows is not None]
 
     def _input_owners(self):
         """Per source tensor still sent: its owner (None: nothing of it is sent)."""
@@ -203,20 +263,44 @@ class DTensorSource:
         return owners
 
     def iter_held(self):
-        """The held pass: every tensor is gathered onto its owner; this rank yields its own."""
+        """The held pass: this rank's own rows of every tensor that shards dim 0 only (or the
+        whole tensor, where it holds all of it); every other tensor is gathered onto its
+        owner, which yields it."""
         owners = self._input_owners()
+        sent = {self._input_of[i] for i in range(len(self._metadata))}
         for k, (name, tensor) in enumerate(self._items()):
-            if owners[k] is None:
+            if k not in sent:
+                continue
+            if self._rows[k] is not None:
+                yield from self._local_outputs(k, tensor)
                 continue
             full = self._gather(k, tensor, owners[k])
             if full is not None:
                 yield from self._outputs(k, full)
                 del full
 
+    def _local_outputs(self, k, tensor):
+        """This rank's outputs of source tensor ``k`` from its local rows, no copy beyond the cast."""
+        start, length = self._rows[k]
+        if not length:
+            return
+        local = tensor.to_local() if _is_dtensor(tensor) else tensor
+        if local.dim() and local.shape[0] != length:
+            local = local.narrow(0, 0, length)  # FSDP2's padded tail
+        local = _cast(local, self._target_dtype(self._inputs[k][0], tensor)).contiguous()
+        for out_name, cut, row in self._inputs[k][2]:
+            if out_name in self._excluded:
+                continue
+            if row is None:
+                yield out_name, local
+            elif start <= row < start + length:
+                # cut() indexes dim 0 of the whole tensor: shift it to the local rows.
+                yield out_name, cut(_Shifted(local, start)).contiguous()
+
     def __iter__(self):
-        owners = self._input_owners()
+        sent = {self._input_of[i] for i in range(len(self._metadata))}
         for k, (name, tensor) in enumerate(self._items()):
-            if owners[k] is None:
+            if k not in sent:
                 continue
             full = self._gather(k, tensor, 0)
             for out_name, view in self._outputs(k, full):
@@ -224,7 +308,7 @@ class DTensorSource:
             del full
 
     def _outputs(self, k, full):
-        for out_name, cut in self._inputs[k][2]:
+        for out_name, cut, _ in self._inputs[k][2]:
             if out_name in self._excluded:
                 continue
             yield out_name, (full if cut is None or full is None else cut(full))
@@ -290,7 +374,20 @@ class DTensorSource:
 
     def __repr__(self):
         return (f"DTensorSource({len(self._metadata)} tensors, rank {self.rank} of {self.world_size}, "
-                f"holds {sum(o == self.rank for o in self._owners)})")
+                f"holds {len(self.held_names())})")
+
+
+class _Shifted:
+    """A tensor's local rows indexed as the whole tensor: ``t[e, ...]`` reads row ``e - start``
+    of the local rows (the one indexing ``_cuts`` does)."""
+
+    def __init__(self, local, start):
+        self._local, self._start = local, start
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            return self._local[(index[0] - self._start,) + index[1:]]
+        return self._local[index - self._start]
 
 
 _FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
@@ -300,27 +397,28 @@ def checkpoint_tensors(state_dict):
     """``(name, tensor)`` of a full model's ``state_dict`` under the checkpoint's names, as
     vLLM loads them: transformers 5's fused MoE experts become per-expert views."""
     for name, tensor in state_dict.items():
-        for out_name, cut, _ in _cuts(name, tuple(tensor.shape)):
+        for out_name, cut, _, _ in _cuts(name, tuple(tensor.shape)):
             yield out_name, tensor if cut is None else cut(tensor)
 
 
 def _cuts(name, shape):
-    """The checkpoint tensors a state-dict tensor stands for: [(name, cut, shape)], where
-    ``cut(full)`` is the view of the whole tensor (None: itself). transformers 5's fused
-    experts ([E, 2I, H] gate_up, gate first; [E, H, I] down) are cut per expert."""
+    """The checkpoint tensors a state-dict tensor stands for: [(name, cut, shape, row)],
+    where ``cut(full)`` is the view of the whole tensor (None: itself) and ``row`` the one
+    row of dim 0 it reads (None: all). transformers 5's fused experts ([E, 2I, H]
+    gate_up, gate first; [E, H, I] down) are cut per expert."""
     m = _FUSED_EXPERTS.match(name)
     if not m or len(shape) != 3:
-        return [(name, None, shape)]
+        return [(name, None, shape, None)]
     prefix, kind = m.groups()
     out = []
     if kind == "gate_up_proj":
         half = shape[1] // 2
         for e in range(shape[0]):
-            out.append((f"{prefix}.{e}.gate_proj.weight", lambda t, e=e: t[e, :half], (half, shape[2])))
-            out.append((f"{prefix}.{e}.up_proj.weight", lambda t, e=e: t[e, half:], (half, shape[2])))
+            out.append((f"{prefix}.{e}.gate_proj.weight", lambda t, e=e: t[e, :half], (half, shape[2]), e))
+            out.append((f"{prefix}.{e}.up_proj.weight", lambda t, e=e: t[e, half:], (half, shape[2]), e))
     else:
         for e in range(shape[0]):
-            out.append((f"{prefix}.{e}.down_proj.weight", lambda t, e=e: t[e], (shape[1], shape[2])))
+            out.append((f"{prefix}.{e}.down_proj.weight", lambda t, e=e: t[e], (shape[1], shape[2]), e))
     return out
 
 

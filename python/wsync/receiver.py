@@ -4,7 +4,9 @@
 worker-side weight-transfer engine: ``init(init_info)`` with the dict a trainer posts to
 ``/init_weight_transfer_engine``, then ``receive_weights(update_info, load_weights)`` with
 the dict of each ``/update_weights``, which calls the model's own
-``load_weights([(hf_name, tensor), ...])`` once per received chunk. A wsync trainer (the
+``load_weights([(hf_name, tensor), ...])`` as the tensors arrive: once or more per received
+chunk, each call with whole modules (a decoder layer's tensors together), so that loading
+one part overlaps the receipt of the rest. A wsync trainer (the
 CLI's ``wsync push`` or ``wsync.TrainerEngine``) drives it exactly as it drives
 ``wsync serve``; ``wsync.worker_server`` puts the HTTP routes in front of it.
 
@@ -13,6 +15,14 @@ The tensors handed to ``load_weights`` are torch tensors viewing wsync's receive
 vLLM weight loader does). They live on the engine's device for NCCL and CUDA IPC, in host
 memory for the Gloo, shared-memory and delta planes. On a CUDA engine the device is
 synchronized after each ``load_weights`` call, so asynchronous copies are safe.
+
+``sharded`` lands slices, not whole tensors: the engine plans them from the worker's model
+and tensor-parallel place (``model``, ``tp_size``), and ``receive_weights`` calls
+``load_slices([(param, piece, tensor), ...])`` per chunk, where ``param`` and ``piece``
+index ``sharding_table(model, tp_rank, tp_size)`` and ``tensor`` is the HF tensor's slice
+(its shape the HF shape with the piece's ``dim`` cut to its ``length``), to be copied at
+``dst_start`` along ``dim`` of the parameter (of its sub-tensor ``[dst_index]`` when that
+is not -1).
 """
 
 import json
@@ -56,6 +66,10 @@ class ReceiverEngine:
         max_update_bytes: an update whose tensors add up to more is refused (default
             1 TiB).
         label: names the worker in messages (default ``"worker <rank>"``).
+        model: the worker's model (a registered name or a directory holding config.json),
+            for a backend that lands slices (``sharded``, which needs it); the worker is TP
+            rank ``worker_rank % tp_size`` of ``tp_size``, and holds an MTP drafter beside
+            the target when ``mtp_drafter`` is set.
         **backend_options: ``allowed_store_hosts`` (nccl: hosts whose Gloo store the
             worker may dial besides the HTTP peer's own address), ``ipc_shm_dir`` (ipc),
             ``base_checkpoint``, ``local_checkpoint_dir``, ``sync_root`` (delta).
@@ -66,7 +80,8 @@ class ReceiverEngine:
     """
 
     def __init__(self, backend=_wsync.DEFAULT_BACKEND, worker_rank=0, device="cpu", timeout=300.0, *,
-                 metadata=None, max_update_bytes=None, label=None, **backend_options):
+                 metadata=None, max_update_bytes=None, label=None, model=None, tp_size=1, mtp_drafter=False,
+                 **backend_options):
         allowed = BACKEND_OPTIONS.get(backend, ())
         for key in backend_options:
             if key not in allowed:
@@ -75,7 +90,8 @@ class ReceiverEngine:
         meta = [(str(n), _dtype_name(d), [int(x) for x in s]) for n, d, s in (metadata or [])]
         self._native = _wsync._ReceiverEngine(
             backend, int(worker_rank), str(device), float(timeout), json.dumps(backend_options),
-            meta, max_update_bytes, label or f"worker {int(worker_rank)}")
+            meta, max_update_bytes, label or f"worker {int(worker_rank)}", str(model or ""), int(tp_size),
+            bool(mtp_drafter))
 
     @property
     def backend(self):
@@ -97,14 +113,16 @@ class ReceiverEngine:
         ``allowed_store_hosts``)."""
         self._native.init(json.dumps(init_info), peer_address or "")
 
-    def receive_weights(self, update_info, load_weights):
+    def receive_weights(self, update_info, load_weights, load_slices=None):
         """Receives one update (the dict of ``/update_weights``), calling
-        ``load_weights([(hf_name, tensor), ...])`` once per chunk with views of the receive
-        buffers, valid during the call. Returns once every chunk is loaded. An exception
-        raised by ``load_weights`` ends the receive and is raised here unchanged; the
-        trainer's sync fails with its text, and the engine takes the trainer's next
-        init and sync."""
-        self._native.receive(json.dumps(update_info), load_weights)
+        ``load_weights([(hf_name, tensor), ...])`` with views of the receive buffers as they
+        arrive (one or more calls per chunk, each of whole modules), valid during the call
+        (``load_slices([(param, piece, tensor), ...])`` per chunk for a backend that lands
+        slices: see the module's doc). Returns once every chunk is
+        loaded. An exception raised by either ends the receive and is raised here
+        unchanged; the trainer's sync fails with its text, and the engine takes the
+        trainer's next init and sync."""
+        self._native.receive(json.dumps(update_info), load_weights, load_slices)
 
     def fetch_weights(self, body):
         """delta only: brings the local checkpoint to ``body["target_version"]`` from the
@@ -127,4 +145,14 @@ class ReceiverEngine:
                 f"device={self.device!r})")
 
 
-__all__ = ["ReceiverEngine", "BACKEND_OPTIONS"]
+def sharding_table(model, tp_rank, tp_size, mtp_drafter=False):
+    """The parameters of worker ``tp_rank`` of ``tp_size`` of ``model`` as the sharded
+    backend lands them, in the order ``load_slices``' ``param`` indexes: ``[{"name",
+    "dtype", "shape", "drafter", "pieces": [{"hf_name", "dim", "hf_start", "length",
+    "dst_index", "dst_start", "primary", "hf_shape", "numel"}, ...]}, ...]`` (names are
+    vLLM's parameter names; ``primary`` marks the one copy of each HF element across the
+    TP group)."""
+    return _wsync.sharding_table(str(model), int(tp_rank), int(tp_size), bool(mtp_drafter))
+
+
+__all__ = ["ReceiverEngine", "BACKEND_OPTIONS", "sharding_table"]

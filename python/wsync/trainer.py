@@ -74,6 +74,10 @@ class _Without:
         held = self._source.held_names() if hasattr(self._source, "held_names") else None
         return None if held is None else [n for n in held if n not in self._names]
 
+    def held_rows(self):
+        rows = self._source.held_rows() if hasattr(self._source, "held_rows") else None
+        return None if rows is None else [r for r in rows if r[0] not in self._names]
+
     def iter_held(self):
         return ((n, t) for n, t in self._source.iter_held() if n not in self._names)
 
@@ -149,6 +153,9 @@ class TrainerEngine:
         finish to the servers that declare in-line verification; such a server refuses to
         finish a sync whose shards differ (``wsync.DataLossError`` naming the tensors).
         ``SyncStats.inline_verified_servers`` counts the servers that checked it.
+    lora
+        A ``wsync.LoraSource`` (or its ``spec``): every sync is then a lora session that
+        installs that adapter at the sync's ``weight_version`` (docs/lora.md).
     **backend_options
         The backend's own settings, as keyword arguments: ``nccl``: piece_mb; ``ipc``:
         mode, export_kind, backing, stall_after_chunks; ``delta``: sync_dir (required),
@@ -197,7 +204,9 @@ class TrainerEngine:
     example ``trainer rank 0 failed: http://...: connection refused ...``), with the same
     exception class on every rank. A rank that gives no sign of life for ``timeout``
     seconds raises ``wsync.DeadlineExceededError`` on the others, and a rank 0 whose
-    process is gone ``wsync.UnavailableError``. What wsync cannot do is finish a
+    process is gone ``wsync.UnavailableError``; a rank whose process is gone while
+    wsync's trainer group waits on it is named within seconds (``wsync.UnavailableError``:
+    ``trainer rank 2 left the trainer group ...``). What wsync cannot do is finish a
     collective for a rank whose source raised: the other ranks' iterators then return
     when that rank's process exits or tears its process group down, or at
     ``torch.distributed``'s own timeout (give ``init_process_group`` a ``timeout`` close
@@ -208,6 +217,9 @@ class TrainerEngine:
                  timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
                  num_buffers=2, store_host="127.0.0.1", group_port=None, bind_host=None, progress=None,
                  inline_verify=True, **backend_options):
+        # lora: a wsync.LoraSource (or its .spec): every sync is a lora session (wsync.lora).
+        lora = backend_options.pop("lora", None)
+        lora = getattr(lora, "spec", lora)
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
         if progress is not None and not callable(progress):
@@ -234,7 +246,7 @@ class TrainerEngine:
         if bind_host is None:
             bind_host = _bind_host_toward(store_host) if world_size > 1 else store_host
         self._engine = _wsync._TrainerEngine(api_key=api_key, progress=progress, group_port=port,
-                                             bind_host=str(bind_host), **self._options)
+                                             bind_host=str(bind_host), lora=lora, **self._options)
         if share_port and rank == 0:
             _broadcast_from_rank0(self._engine.group_port)
         self._engine.start()

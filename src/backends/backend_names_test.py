@@ -25,11 +25,6 @@ NOT_A_BACKEND = {
     ("include/wsync/backend.h", "nccl"): "kDefaultBackend, the options structs' default "
                                          "(backend_registry_test checks it is registered)",
 }
-# Files that still spell backend names, each with what moves them onto the registry. Listed
-# files are still read: a name they do not list fails.
-PENDING = {
-    "src/planner/cost.cc": {"nccl", "ipc", "delta", "sharded"},  # per-backend cost hooks into the descriptors
-}
 
 
 def backend_names(root):
@@ -124,7 +119,7 @@ def main(root):
                 for line, value in literals:
                     if value not in names or rel.startswith(f"src/backends/{value}/"):
                         continue
-                    if (rel, value) in NOT_A_BACKEND or value in PENDING.get(rel, ()):
+                    if (rel, value) in NOT_A_BACKEND:
                         continue
                     problems.append(f"{rel}:{line}: \"{value}\"")
     if problems:

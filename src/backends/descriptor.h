@@ -22,6 +22,30 @@ namespace wsync {
 
 using TrainerFactory = Result<std::unique_ptr<TrainerEngine>> (*)(const TrainerOptions&);
 
+namespace planner {
+struct CostInput;
+struct Fleet;
+struct PlanOptions;
+struct Prediction;
+}  // namespace planner
+
+// The planner's model of one sync of the backend (`wsync plan`, src/planner/cost.h); the
+// arithmetic every backend shares and the CostInput it reads are in
+// src/planner/cost_model.h. A backend whose predict is nullptr is not planned.
+struct CostHook {
+  // Fills the prediction's bytes, memory, steps, seconds, bottleneck and assumptions, or
+  // marks it not applicable with the reason; an error fails the whole plan.
+  Status (*predict)(const planner::CostInput& input, planner::Prediction& prediction) = nullptr;
+  // Whether predict reads the workers' consumer plans (PreparedModel::plans) on `fleet`;
+  // the planner builds them only when a planned backend does. nullptr: never.
+  bool (*reads_plans)(const planner::Fleet& fleet) = nullptr;
+  // The options predict reads, as a published case shows them after the backend's name
+  // ("lookahead 1, stages in turn"); nullptr or "": nothing to show.
+  std::string (*describe_options)(const planner::PlanOptions& options) = nullptr;
+  // Where `wsync plan` lists the backend among the others (ascending).
+  int plan_order = 0;
+};
+
 // Whether the backend's trainer ranks meet in wsync's trainer group (TrainerGroup), whose
 // communicator the engine receives as TrainerOptions::comm.
 enum class TrainerGroupUse {
@@ -59,6 +83,7 @@ struct BackendDescriptor {
   bool fetches = false;
   ReceiverFactory create_receiver;
   TrainerFactory create_trainer = nullptr;
+  CostHook cost;
 };
 
 // Every backend this build has, in registry order (alphabetical).

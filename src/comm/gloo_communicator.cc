@@ -377,12 +377,14 @@ Result<std::unique_ptr<Communicator::PeerBatch>> GlooCommunicator::PostPeerBatch
   std::vector<GlooPeerBatch::Piece> pieces;
   pieces.reserve(count);
   std::optional<std::string> error;
+  std::string posting;  // "sending to rank 5 (...)": the message being posted
   try {
     // Receives first: a peer's sends then find them posted. An empty message moves
     // nothing and posts nothing, on both ends.
     for (int pass = 0; pass < 2; ++pass) {
       const bool send = pass == 1;
       for (const PeerMessage& m : send ? sends : receives) {
+        posting = fmt::format("{} {}", send ? "sending to" : "receiving from", Name(m.peer));
         const uint64_t slot = PeerSlot(m.tag, m.data.size());
         for (size_t off = 0; off < m.data.size(); off += kPeerPieceBytes) {
           const size_t n = std::min(kPeerPieceBytes, m.data.size() - off);
@@ -411,7 +413,8 @@ Result<std::unique_ptr<Communicator::PeerBatch>> GlooCommunicator::PostPeerBatch
     }
     AbortLocked();
     if (error) {
-      return Unavailable(fmt::format("gloo point-to-point on {}: posting failed [gloo: {}]", Name(rank()), *error));
+      return Unavailable(fmt::format("gloo point-to-point on {}: posting failed{}{} [gloo: {}]", Name(rank()),
+                                     posting.empty() ? "" : ", ", posting, *error));
     }
     return Aborted(fmt::format("gloo point-to-point on {}: Abort() called while posting", Name(rank())));
   }

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/digest.h"
@@ -55,6 +56,23 @@ class ControlService {
   // lands from now on. Without it a finish that carries digests is still verified, from
   // what the service holds at finish.
   virtual Status StartWeightUpdateInlineVerified() { return StartWeightUpdate(); }
+  // POST /start_weight_update {"wsync_lora": {...}}: a session for one LoRA adapter
+  // (docs/lora.md), `lora` the untrusted "wsync_lora" object; its updates carry the
+  // adapter's tensors only and its finish installs that adapter version.
+  virtual Status StartLoraWeightUpdate(const nlohmann::json& lora, bool inline_verify) {
+    return InvalidArgument("this server holds no LoRA adapters");
+  }
+  // GET /v1/models: {"object": "list", "data": [...]}, the base model and its adapters.
+  virtual Result<nlohmann::json> Models() const { return Unimplemented("this server lists no models"); }
+  // POST /v1/unload_lora_adapter {"lora_name": ...}: NotFound when none is loaded.
+  virtual Status UnloadLoraAdapter(const std::string& name) {
+    return NotFound(fmt::format("no LoRA adapter named {} is loaded", name));
+  }
+  // POST /weight_checker {"action": "checksum", "algorithm": A, "lora": NAME}: the digest
+  // of each of the adapter's tensors as held now, checked equal on every worker.
+  virtual Result<nlohmann::json> LoraChecksums(const std::string& name, DigestAlgorithm algorithm) {
+    return NotFound(fmt::format("no LoRA adapter named {} is loaded", name));
+  }
   // /start_draft_weight_update: a session for the speculative drafter's weights.
   virtual Status StartDraftWeightUpdate() { return InvalidArgument("this server has no draft model"); }
   // POST /update_weights {"update_info": {...}}; returns after the data has landed.

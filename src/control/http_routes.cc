@@ -19,6 +19,9 @@
 namespace wsync {
 namespace {
 
+// An adapter name a request may carry (receiver/lora_spec.h holds the rule for names).
+constexpr size_t kMaxLoraNameBytesOnWire = 64;
+
 using nlohmann::json;
 
 // JSON text that never throws: bytes that are not UTF-8 (a path, a query value, a
@@ -149,6 +152,15 @@ Result<json> WeightChecker(ControlService* svc, const json& b) {
   if (action == "compare" && baseline == nullptr) {
     return InvalidArgument("action='compare' requires a 'baseline' object");
   }
+  if (auto lora = b.find("lora"); lora != b.end() && !lora->is_null()) {
+    if (action != "checksum") return InvalidArgument("field 'lora': only action 'checksum' reads an adapter");
+    WSYNC_ASSIGN_OR_RETURN(std::string name, BoundedStringField(b, "lora", "body of /weight_checker",
+                                                                kMaxLoraNameBytesOnWire));
+    WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "xxh3_128"));
+    Result<DigestAlgorithm> alg = ParseDigestAlgorithm(alg_name);
+    if (!alg.ok()) return InvalidArgument(fmt::format("field 'algorithm': {}", alg.status().message()));
+    return svc->LoraChecksums(name, *alg);
+  }
   if (!b.contains("algorithm")) return svc->CheckRuntimeWeights(action, baseline);
   WSYNC_ASSIGN_OR_RETURN(std::string alg_name, StringField(b, "algorithm", "sha256"));
   Result<DigestAlgorithm> alg = ParseDigestAlgorithm(alg_name);
@@ -174,10 +186,11 @@ enum class Method { kGet, kPost };
 using Fields = std::span<const std::string_view>;
 constexpr std::string_view kInitFields[] = {"init_info"};
 constexpr std::string_view kUpdateFields[] = {"update_info"};
-constexpr std::string_view kStartFields[] = {"wsync_inline_verify"};
+constexpr std::string_view kStartFields[] = {"wsync_inline_verify", "wsync_lora"};
 constexpr std::string_view kFinishFields[] = {"weight_version", "wsync_digests", "digest_algorithm"};
 constexpr std::string_view kVersionFields[] = {"new_version"};
-constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm"};
+constexpr std::string_view kCheckerFields[] = {"action", "baseline", "algorithm", "lora"};
+constexpr std::string_view kUnloadLoraFields[] = {"lora_name"};
 constexpr std::string_view kAbortFields[] = {"request_ids"};
 constexpr std::string_view kRpcFields[] = {"method"};
 constexpr std::string_view kResetCacheFields[] = {"reset_running_requests", "reset_external"};
@@ -221,6 +234,8 @@ constexpr Route kRoutes[] = {
     {route::kMetrics, Method::kGet, kRead},
     {route::kCollectiveRpc, Method::kPost, kCtl, kRpcFields},
     {route::kCompletions, Method::kPost, kGen, kCompletionFields},
+    {route::kModels, Method::kGet, kRead},
+    {route::kUnloadLoraAdapter, Method::kPost, kCtl, kUnloadLoraFields},
 };
 
 const Route* FindRoute(const HttpRequest& req) {
@@ -478,6 +493,11 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
     if (path == route::kHealth) return Reply(200, svc->Health());
     if (path == route::kIsSleeping) return Reply(200, json{{"is_sleeping", svc->IsSleeping()}});
     if (path == route::kServerInfo) return Reply(200, svc->ServerInfo());
+    if (path == route::kModels) {
+      Result<json> models = svc->Models();
+      if (!models.ok()) return Error(models.status());
+      return Reply(200, *models);
+    }
     if (path == route::kMetrics) {
       Result<std::string> text = svc->Metrics();
       if (!text.ok()) return Error(text.status());
@@ -527,6 +547,10 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
         return InvalidArgument("field 'wsync_inline_verify' must be a boolean");
       }
       const bool inline_verify = it != b.end() && it->is_boolean() && it->get<bool>();
+      if (auto lora = b.find("wsync_lora"); lora != b.end() && !lora->is_null()) {
+        WSYNC_RETURN_IF_ERROR(svc->StartLoraWeightUpdate(*lora, inline_verify));
+        return json{{"message", "LoRA adapter update started"}};
+      }
       WSYNC_RETURN_IF_ERROR(inline_verify ? svc->StartWeightUpdateInlineVerified() : svc->StartWeightUpdate());
       return json{{"message", "Weight update started"}};
     }
@@ -633,6 +657,13 @@ HttpResponse HttpRouter::Dispatch(const HttpRequest& req) {
           route::kFinishWeightUpdate, route::kSleep, route::kWakeUp, route::kWeightChecker));
     }
     if (path == route::kCompletions) return svc->Complete(b);
+    if (path == route::kUnloadLoraAdapter) {
+      WSYNC_ASSIGN_OR_RETURN(std::string name, BoundedStringField(b, "lora_name", "body of /v1/unload_lora_adapter",
+                                                                  kMaxLoraNameBytesOnWire));
+      if (name.empty()) return InvalidArgument("/v1/unload_lora_adapter needs a string field 'lora_name'");
+      WSYNC_RETURN_IF_ERROR(svc->UnloadLoraAdapter(name));
+      return json{{"message", fmt::format("LoRA adapter {} unloaded", name)}};
+    }
     return NotFound(fmt::format("no route {} {}", req.method, path));
   }();
 

@@ -37,5 +37,9 @@ inline constexpr std::string_view kMetrics = "/metrics";
 inline constexpr std::string_view kCollectiveRpc = "/collective_rpc";
 // The toy generation route (OpenAI completions shape) of the reference server.
 inline constexpr std::string_view kCompletions = "/v1/completions";
+// OpenAI's model list (the base model and each LoRA adapter, as vLLM lists them), and
+// vLLM's route that drops a LoRA adapter by name.
+inline constexpr std::string_view kModels = "/v1/models";
+inline constexpr std::string_view kUnloadLoraAdapter = "/v1/unload_lora_adapter";
 
 }  // namespace wsync::route

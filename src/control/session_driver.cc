@@ -164,16 +164,17 @@ Status SessionDriver::InitAll(const json& init_info) const {
 Status SessionDriver::Start(const std::vector<bool>* inline_verify) const {
   if (inline_verify != nullptr && !draft_sessions_ &&
       std::find(inline_verify->begin(), inline_verify->end(), true) != inline_verify->end()) {
-    const json with = json{{"wsync_inline_verify", true}};
+    json with = start_fields_;
+    with["wsync_inline_verify"] = true;
     std::vector<json> bodies;
     for (size_t i = 0; i < size(); ++i) {
-      bodies.push_back(i < inline_verify->size() && (*inline_verify)[i] ? with : json::object());
+      bodies.push_back(i < inline_verify->size() && (*inline_verify)[i] ? with : start_fields_);
     }
     Deadline deadline = policy_.Call();
     return client_.PostAsync(Path(route::kStartWeightUpdate), std::move(bodies), deadline)->Wait(deadline).status();
   }
   return client_
-      .Post(Path(draft_sessions_ ? route::kStartDraftWeightUpdate : route::kStartWeightUpdate), json::object(),
+      .Post(Path(draft_sessions_ ? route::kStartDraftWeightUpdate : route::kStartWeightUpdate), start_fields_,
             policy_.Call())
       .status();
 }
@@ -382,10 +383,11 @@ Status SessionDriver::ResetPrefixCache(const std::vector<bool>& which) const {
   return Status::Ok();
 }
 
-std::shared_ptr<SessionDriver::Pending> SessionDriver::ChecksumsAsync(std::string_view algorithm) const {
-  return client_.PostAsync(Path(route::kWeightChecker),
-                           std::vector<json>(size(), json{{"action", "checksum"}, {"algorithm", algorithm}}),
-                           policy_.Call());
+std::shared_ptr<SessionDriver::Pending> SessionDriver::ChecksumsAsync(std::string_view algorithm,
+                                                                     std::string_view lora) const {
+  json body{{"action", "checksum"}, {"algorithm", algorithm}};
+  if (!lora.empty()) body["lora"] = lora;
+  return client_.PostAsync(Path(route::kWeightChecker), std::vector<json>(size(), body), policy_.Call());
 }
 
 std::shared_ptr<SessionDriver::Pending> SessionDriver::WorkerChecksumsAsync(std::string_view algorithm) const {

@@ -93,6 +93,9 @@ class SessionDriver {
   // Whether Start opens draft sessions (/start_draft_weight_update: the servers' MTP
   // drafter alone, SkyRL's draft_session) instead of /start_weight_update.
   void set_draft_sessions(bool draft) { draft_sessions_ = draft; }
+  // Fields every later Start adds to its /start_weight_update body (a lora session's
+  // {"wsync_lora": {...}}); an empty object: none.
+  void set_start_fields(nlohmann::json fields) { start_fields_ = std::move(fields); }
   const DeadlinePolicy& deadlines() const { return policy_; }
 
   // --- fleet discovery (GET /health, GET /get_world_size) ---
@@ -173,8 +176,9 @@ class SessionDriver {
 
   // --- weight checks (POST /weight_checker {"action": "checksum"}) ---
   // Starts every server's checksum of every tensor with `algorithm` (xxh3_128, sha256);
-  // each reply holds {"checksums": {name: hex}}.
-  std::shared_ptr<Pending> ChecksumsAsync(std::string_view algorithm) const;
+  // each reply holds {"checksums": {name: hex}}. `lora` non-empty: the tensors of that
+  // LoRA adapter instead ({"lora": NAME}, docs/lora.md).
+  std::shared_ptr<Pending> ChecksumsAsync(std::string_view algorithm, std::string_view lora = {}) const;
   // The same from vLLM servers running wsync's plugin (Fleet health "frontend": "vllm"):
   // POST /collective_rpc {"method": "wsync_weight_digests", "args": [algorithm]}, whose
   // reply holds one {"checksums"} per worker; MergeWorkerChecksums() makes one of them.
@@ -185,6 +189,7 @@ class SessionDriver {
   std::string api_key_;  // for calls to a subset of the servers
   DeadlinePolicy policy_;
   bool draft_sessions_ = false;
+  nlohmann::json start_fields_ = nlohmann::json::object();
 };
 
 // Whether one /server_info reply says the server caches prefixes (see PrefixCaching).

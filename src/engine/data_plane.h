@@ -53,6 +53,8 @@ struct PlaneInit {
   // A degraded sync's live servers (indices into TrainerOptions::servers, ascending);
   // empty: every server. On rank 0 `driver` and `fleet` then cover the live ones only.
   const std::vector<int>& live;
+  // The held names this rank holds only rows of (WeightSource::HeldRowRanges); null: none.
+  const std::vector<HeldRows>* held_rows = nullptr;
 };
 
 // One sync, as the engine runs it.

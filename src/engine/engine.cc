@@ -40,6 +40,19 @@ Status CheckMetadata(const std::vector<TensorMeta>& planned,
   return Status::Ok();
 }
 
+// The "wsync_lora" object of a lora session's start (docs/lora.md).
+nlohmann::json LoraStartField(const LoraAdapterOptions& lora, const std::string& version) {
+  nlohmann::json j{{"format", 1},
+                   {"name", lora.name},
+                   {"version", version},
+                   {"r", lora.r},
+                   {"alpha", lora.alpha},
+                   {"use_rslora", lora.use_rslora},
+                   {"target_modules", lora.target_modules}};
+  if (!lora.dtype.empty()) j["dtype"] = lora.dtype;
+  return j;
+}
+
 class Engine final : public TrainerEngine {
  public:
   Engine(const TrainerOptions& options, std::unique_ptr<DataPlane> plane)
@@ -53,12 +66,14 @@ class Engine final : public TrainerEngine {
 
   Status Init(const WeightSource& source) override {
     held_ = source.HeldNames();
+    held_rows_ = source.HeldRowRanges();
     held_checked_ = true;
     return InitMetadata(source.metadata());
   }
 
   Status Init(const std::vector<TensorMeta>& metadata) override {
     held_.reset();
+    held_rows_.clear();
     held_checked_ = false;
     return InitMetadata(metadata);
   }
@@ -120,7 +135,7 @@ class Engine final : public TrainerEngine {
     if (!Runs()) return Drain(sync, total);
     if (!initialized_) return FailedPrecondition("call Init() before SendWeights()");
     Status mine = CheckMetadata(metadata_, by_name_, source.metadata());
-    if (mine.ok() && held_checked_ && source.HeldNames() != held_) {
+    if (mine.ok() && held_checked_ && (source.HeldNames() != held_ || source.HeldRowRanges() != held_rows_)) {
       mine = InvalidArgument(fmt::format(
           "trainer rank {}: the source holds other names than the one Init() saw ({} then, {} now); call Init "
           "with the new source", options_.rank, held_ ? fmt::format("{} names", held_->size()) : "all",
@@ -148,7 +163,7 @@ class Engine final : public TrainerEngine {
   bool Runs() const { return options_.rank == 0 || shape_.all_ranks(); }
 
   Status InitPlane() {
-    PlaneInit init{options_, metadata_, nullptr, nullptr, held_, live_};
+    PlaneInit init{options_, metadata_, nullptr, nullptr, held_, live_, &held_rows_};
     Fleet fleet;
     if (driver_) {
       WSYNC_ASSIGN_OR_RETURN(fleet, driver_->Discover());
@@ -210,6 +225,15 @@ class Engine final : public TrainerEngine {
       return shape_.transfer ? plane_->Transfer(sync, *NoServers()) : Status::Ok();
     }
     Stopwatch phase;
+    if (options_.lora) {
+      if (!sync.weight_version) {
+        return plane_->Abort(InvalidArgument(fmt::format("a sync of LoRA adapter {} needs a weight_version (the "
+                                                         "adapter version the servers install)",
+                                                         options_.lora->name)),
+                             nullptr);
+      }
+      driver_->set_start_fields(nlohmann::json{{"wsync_lora", LoraStartField(*options_.lora, *sync.weight_version)}});
+    }
     Status started = driver_->Start(sync.pass.collects_digests() ? &inline_servers_ : nullptr);
     if (!started.ok()) {
       Status s = plane_->Abort(started, nullptr);
@@ -308,6 +332,7 @@ class Engine final : public TrainerEngine {
   std::vector<bool> vllm_servers_;         // per server: wsync's plugin inside vLLM
   std::vector<TensorMeta> metadata_;       // what Init planned for
   std::optional<std::vector<std::string>> held_;  // the names Init's source held (nullopt: all)
+  std::vector<HeldRows> held_rows_;  // the held names Init's source held rows of only
   bool held_checked_ = false;  // Init(source): each sync's source must hold held_
   std::vector<int> live_;      // a degraded sync's servers; empty: all
   std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into metadata_

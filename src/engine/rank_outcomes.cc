@@ -148,6 +148,33 @@ void RankOutcomes::Fail(const std::string& round, const Status& cause) {
   m.posted = round;
 }
 
+std::vector<int> RankOutcomes::Silent(const std::string& round, double window) {
+  Impl& m = *impl_;
+  const int n = m.options.world_size;
+  auto read = [&](int r) -> std::string {
+    Result<std::vector<char>> b = m.client->Get(Key(round, "beat", r), Deadline::InSeconds(0.05));
+    return b.ok() ? std::string(b->begin(), b->end()) : std::string();
+  };
+  std::vector<std::string> first(n);
+  std::vector<bool> beat(n, false);
+  beat[m.options.rank] = true;
+  for (int r = 0; r < n; ++r) {
+    if (!beat[r]) first[r] = read(r);
+  }
+  const Deadline deadline = Deadline::InSeconds(window);
+  while (!deadline.expired() && std::find(beat.begin(), beat.end(), false) != beat.end()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (int r = 0; r < n; ++r) {
+      if (!beat[r]) beat[r] = read(r) != first[r];
+    }
+  }
+  std::vector<int> silent;
+  for (int r = 0; r < n; ++r) {
+    if (!beat[r]) silent.push_back(r);
+  }
+  return silent;
+}
+
 Status RankOutcomes::End(const std::string& round, const Status& mine) {
   Impl& m = *impl_;
   const RankOutcomesOptions& o = m.options;

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "wsync/status.h"
 
@@ -47,6 +48,10 @@ class RankOutcomes {
   void Begin(const std::string& round);
   void Fail(const std::string& round, const Status& cause);
   Status End(const std::string& round, const Status& mine);
+  // The other ranks whose heartbeat for `round` stays absent or unchanged for `window`
+  // seconds, ascending: after a connection to another rank failed, the ranks whose
+  // process is gone. Blocks up to `window`, less once every other rank has beaten.
+  std::vector<int> Silent(const std::string& round, double window);
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
 #include "engine/sync_pass.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -60,15 +61,21 @@ class SyncPass::View final : public WeightSource {
     return Borrow(std::move(s));
   }
   std::optional<std::vector<std::string>> HeldNames() const override { return pass_.source_.HeldNames(); }
-  // The pass over the held names: the held tensors' metadata, in metadata order.
+  std::vector<HeldRows> HeldRowRanges() const override { return pass_.source_.HeldRowRanges(); }
+  // The pass over the held names: the held tensors' metadata (a tensor held as rows: their
+  // shape), in metadata order.
   Result<std::unique_ptr<TensorStream>> IterateHeld() override {
     std::optional<std::vector<std::string>> names = HeldNames();
     if (!names) return Iterate();
     WSYNC_RETURN_IF_ERROR(HandOut());
     const std::set<std::string, std::less<>> held(names->begin(), names->end());
+    std::map<std::string, int64_t, std::less<>> rows;
+    for (const HeldRows& h : HeldRowRanges()) rows.emplace(h.name, h.end - h.begin);
     std::vector<TensorMeta> metas;
     for (const TensorMeta& m : metadata()) {
-      if (held.count(m.name)) metas.push_back(m);
+      if (!held.count(m.name)) continue;
+      metas.push_back(m);
+      if (auto it = rows.find(m.name); it != rows.end() && !m.shape.empty()) metas.back().shape[0] = it->second;
     }
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> s, pass_.HeldStream(metas));
     return Borrow(std::move(s));

@@ -70,7 +70,7 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
   std::shared_ptr<SessionDriver::Pending> pending, pending_vllm;
   if (!plain_urls.empty()) {
     plain.emplace(plain_urls, trainer.api_key, trainer.timeout_seconds);
-    pending = plain->ChecksumsAsync(DigestAlgorithmName(alg));
+    pending = plain->ChecksumsAsync(DigestAlgorithmName(alg), trainer.lora ? trainer.lora->name : std::string());
   }
   if (!vllm_urls.empty()) {
     vllm.emplace(vllm_urls, trainer.api_key, trainer.timeout_seconds);

@@ -11,6 +11,7 @@
 #include "core/parallel.h"
 #include "core/prefault.h"
 #include "model/dropped_names.h"
+#include "model/update_meta.h"
 
 namespace wsync {
 namespace {
@@ -172,19 +173,7 @@ Status WorkerStore::CheckHf(std::string_view name, DType dtype,
   if (idx < 0) {
     return InvalidArgument(fmt::format("model {} has no tensor {}", config().name, name));
   }
-  const TensorMeta& want = table_.hf_tensors()[idx];
-  if (want.dtype != dtype) {
-    // The fix is the trainer's: a cast as it sends (the Python sources' dtype= argument).
-    return InvalidArgument(fmt::format("dtype of {} is {}, update says {}: send it as {} (Python: "
-                                       "StateDictSource(..., dtype=torch.{}) casts each tensor as it is sent)",
-                                       name, TorchName(want.dtype), TorchName(dtype), TorchName(want.dtype),
-                                       TorchName(want.dtype)));
-  }
-  if (!std::ranges::equal(want.shape, shape)) {
-    return InvalidArgument(fmt::format("shape of {} is {}, update says {}", name,
-                                       ShapeString(want.shape), ShapeString(shape)));
-  }
-  return Status::Ok();
+  return CheckUpdateMeta(table_.hf_tensors()[idx], dtype, shape);
 }
 
 Status WorkerStore::CheckLoad(const TensorRef& hf) const {

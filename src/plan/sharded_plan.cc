@@ -107,10 +107,11 @@ class CanonicalHash {
 //   "wsync-sharded-plan-body 2", the stream's tensors digest (StreamIndex), the table's
 //   parameter count then each parameter's name, dtype (torch name), rank and dimensions,
 //   the chunk count, then per chunk: group, owner class, producer, bytes, slice count, and
-//   per slice: stream tensor index, parameter index, piece, offset, bytes.
+//   per slice: stream tensor index, parameter index, piece, offset, bytes and, when the
+//   stream has split tensors, begin.
 // Tensors and parameters are named once, through the stream's and the table's digests, and
 // indexed in the slices.
-std::string BodyDigest(const ConsumerPlan& plan, const StreamIndex& index, const ShardingTable& table) {
+std::string BodyDigest(const ConsumerPlan& plan, const StreamIndex& index, const ShardingTable& table, bool split) {
   CanonicalHash h;
   h.Str("wsync-sharded-plan-body 2");
   h.Str(index.tensors_digest);
@@ -129,6 +130,7 @@ std::string BodyDigest(const ConsumerPlan& plan, const StreamIndex& index, const
       h.Int(static_cast<uint64_t>(s.piece));
       h.Int(s.offset);
       h.Int(s.bytes);
+      if (split) h.Int(s.begin);
     }
   }
   return h.FinishHex();
@@ -241,8 +243,100 @@ std::vector<int> RdtRouter::GroupOwners(int group) const {
   return group_owners_[group];
 }
 
+bool ShardedStream::split() const {
+  return std::any_of(parts.begin(), parts.end(), [](const auto& p) { return !p.empty(); });
+}
+
 Status CheckShardedStream(const ShardedStream& stream) {
-  return CheckOwnership(stream.ownership, stream.group_lens, stream.num_producers, stream.tensors.size());
+  WSYNC_RETURN_IF_ERROR(
+      CheckOwnership(stream.ownership, stream.group_lens, stream.num_producers, stream.tensors.size()));
+  if (stream.parts.empty()) return Status::Ok();
+  if (stream.parts.size() != stream.tensors.size()) {
+    return InvalidArgument(fmt::format("parts are given for {} tensors, the stream has {}", stream.parts.size(),
+                                       stream.tensors.size()));
+  }
+  for (size_t i = 0; i < stream.parts.size(); ++i) {
+    const std::vector<TensorPart>& parts = stream.parts[i];
+    if (parts.empty()) continue;
+    const TensorMeta& t = stream.tensors[i];
+    if (t.shape.empty()) return InvalidArgument(fmt::format("tensor {} has no dim 0 to cut into parts", t.name));
+    int64_t row = 0;
+    for (const TensorPart& p : parts) {
+      if (p.row_begin != row || p.row_end <= p.row_begin || p.row_end > t.shape[0]) {
+        return InvalidArgument(fmt::format("tensor {} (dim 0 of {}): part [{}, {}) does not follow row {}", t.name,
+                                           t.shape[0], p.row_begin, p.row_end, row));
+      }
+      if (p.owner_class < 0 || static_cast<size_t>(p.owner_class) >= stream.ownership.owner_sets.size()) {
+        return InvalidArgument(fmt::format("tensor {}: part [{}, {}) has owner class {}, outside [0, {})", t.name,
+                                           p.row_begin, p.row_end, p.owner_class,
+                                           stream.ownership.owner_sets.size()));
+      }
+      row = p.row_end;
+    }
+    if (row != t.shape[0]) {
+      return InvalidArgument(fmt::format("tensor {}: its parts end at row {} of {}", t.name, row, t.shape[0]));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::vector<TensorPart>>> ResolveParts(const std::vector<TensorMeta>& tensors,
+                                                          const std::vector<std::vector<bool>>& held,
+                                                          const HeldRowsByRank& rows, Ownership& ownership) {
+  std::vector<std::vector<TensorPart>> parts(tensors.size());
+  bool any = false;
+  std::map<std::vector<int>, int> class_of;
+  for (size_t k = 0; k < ownership.owner_sets.size(); ++k) class_of.emplace(ownership.owner_sets[k], static_cast<int>(k));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorMeta& t = tensors[i];
+    const int64_t extent = t.shape.empty() ? 1 : t.shape[0];
+    bool split = false;
+    std::vector<int64_t> bounds{0, extent};
+    std::vector<std::pair<int64_t, int64_t>> range(held.size(), {0, 0});
+    for (size_t r = 0; r < held.size(); ++r) {
+      if (r >= rows.size() || i >= rows[r].size() || !held[r][i]) {
+        if (r < held.size() && held[r][i]) range[r] = {0, extent};
+        continue;
+      }
+      range[r] = rows[r][i].value_or(std::pair<int64_t, int64_t>{0, extent});
+      const auto [b, e] = range[r];
+      if (b < 0 || e <= b || e > extent || (t.shape.empty() && rows[r][i])) {
+        return InvalidArgument(fmt::format("trainer rank {} holds rows [{}, {}) of {}, whose dim 0 has {}", r, b, e,
+                                           t.name, t.shape.empty() ? 0 : extent));
+      }
+      if (b != 0 || e != extent) split = true;
+      bounds.push_back(b);
+      bounds.push_back(e);
+    }
+    if (!split) continue;
+    any = true;
+    std::sort(bounds.begin(), bounds.end());
+    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+    for (size_t j = 0; j + 1 < bounds.size(); ++j) {
+      std::vector<int> owners;
+      for (size_t r = 0; r < held.size(); ++r) {
+        if (range[r].first <= bounds[j] && bounds[j + 1] <= range[r].second) owners.push_back(static_cast<int>(r));
+      }
+      if (owners.empty()) {
+        return InvalidArgument(
+            fmt::format("no trainer rank holds rows [{}, {}) of {}", bounds[j], bounds[j + 1], t.name));
+      }
+      auto [pos, fresh] = class_of.emplace(owners, static_cast<int>(ownership.owner_sets.size()));
+      if (fresh) ownership.owner_sets.push_back(std::move(owners));
+      parts[i].push_back(TensorPart{bounds[j], bounds[j + 1], pos->second});
+    }
+  }
+  if (!any) parts.clear();
+  return parts;
+}
+
+size_t PackedBytesBelow(const PieceRuns& r, size_t hf) {
+  const int64_t x = static_cast<int64_t>(hf) - r.hf_offset;
+  if (x <= 0 || r.count <= 0) return 0;
+  if (r.count == 1 || r.hf_stride <= 0) return static_cast<size_t>(std::min(x, r.run_bytes));
+  const int64_t k = x / r.hf_stride;
+  if (k >= r.count) return static_cast<size_t>(r.count * r.run_bytes);
+  return static_cast<size_t>(k * r.run_bytes + std::min(x % r.hf_stride, r.run_bytes));
 }
 
 size_t ConsumerPlan::bytes() const {
@@ -338,20 +432,42 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex
     const size_t end = begin + static_cast<size_t>(stream.group_lens[g]);
     std::map<int, PlanChunk> by_class;  // ascending class id
     for (; next < entries.size() && static_cast<size_t>(entries[next].tensor) < end; ++next) {
-      const auto [i, param, piece] = entries[next];
+      // Plain names, not a structured binding: the lambda below captures them.
+      const int i = entries[next].tensor;
+      const int param = entries[next].param;
+      const int piece = entries[next].piece;
       const PieceRuns runs = table.Runs(param, piece);
-      const int k = stream.ownership.name_owner_class[i];
-      PlanChunk& chunk = by_class[k];
       const std::optional<size_t> bytes = CheckedMul<size_t>(runs.count, runs.run_bytes);
-      const std::optional<size_t> offset = CheckedAdd<size_t>(chunk.bytes, size_t{15});
-      const std::optional<size_t> slice_end =
-          bytes && offset ? CheckedAdd<size_t>(*offset & ~size_t{15}, *bytes) : std::nullopt;
-      if (!slice_end) {
+      auto add = [&](int k, size_t begin, size_t end) -> Status {
+        PlanChunk& chunk = by_class[k];
+        const std::optional<size_t> offset = CheckedAdd<size_t>(chunk.bytes, size_t{15});
+        const std::optional<size_t> slice_end =
+            offset ? CheckedAdd<size_t>(*offset & ~size_t{15}, end - begin) : std::nullopt;
+        if (!slice_end) {
+          return InvalidArgument(fmt::format("{}: the slices of group {} overflow at tensor {}", who, g,
+                                             stream.tensors[i].name));
+        }
+        chunk.slices.push_back(PlanSlice{i, param, piece, *offset & ~size_t{15}, end - begin, begin});
+        chunk.bytes = *slice_end;
+        return Status::Ok();
+      };
+      if (!bytes) {
         return InvalidArgument(fmt::format("{}: the slices of group {} overflow at tensor {}", who, g,
                                            stream.tensors[i].name));
       }
-      chunk.slices.push_back(PlanSlice{i, param, piece, *offset & ~size_t{15}, *bytes});
-      chunk.bytes = *slice_end;
+      if (stream.parts.empty() || stream.parts[i].empty()) {
+        WSYNC_RETURN_IF_ERROR(add(stream.ownership.name_owner_class[i], 0, *bytes));
+        continue;
+      }
+      // One sub-slice per part: the piece's packed bytes are in HF order, so each part's
+      // rows are one range of them.
+      const TensorMeta& t = stream.tensors[i];
+      const size_t row_bytes = t.nbytes() / static_cast<size_t>(std::max<int64_t>(t.shape[0], 1));
+      for (const TensorPart& p : stream.parts[i]) {
+        const size_t lo = PackedBytesBelow(runs, static_cast<size_t>(p.row_begin) * row_bytes);
+        const size_t hi = PackedBytesBelow(runs, static_cast<size_t>(p.row_end) * row_bytes);
+        if (hi > lo) WSYNC_RETURN_IF_ERROR(add(p.owner_class, lo, hi));
+      }
     }
     for (auto& [k, chunk] : by_class) {
       chunk.group = static_cast<int>(g);
@@ -362,7 +478,7 @@ Result<ConsumerPlan> PlanConsumer(const ShardedStream& stream, const StreamIndex
     begin = end;
   }
   if (!digest) return plan;
-  plan.body_digest = BodyDigest(plan, index, table);
+  plan.body_digest = BodyDigest(plan, index, table, stream.split());
   plan.digest = ConsumerDigest(plan.body_digest, spot, plan.tp_rank, plan.tp_size);
   return plan;
 }
@@ -427,6 +543,19 @@ void PackSliceHost(const ShardingTable& table, const PlanSlice& s, const std::by
   std::byte* dst = chunk + s.offset;
   for (int64_t k = 0; k < r.count; ++k) {
     std::memcpy(dst + k * r.run_bytes, hf + r.hf_offset + k * r.hf_stride, static_cast<size_t>(r.run_bytes));
+  }
+}
+
+void PackPartHost(const PieceRuns& r, size_t begin, size_t bytes, size_t first_byte, const std::byte* rows,
+                  std::byte* dst) {
+  const size_t run = static_cast<size_t>(r.run_bytes);
+  const size_t end = begin + bytes;
+  for (size_t q = begin; q < end;) {
+    const size_t k = q / run, j = q % run;
+    const size_t n = std::min(run - j, end - q);
+    const size_t hf = static_cast<size_t>(r.hf_offset) + k * static_cast<size_t>(r.hf_stride) + j;
+    std::memcpy(dst + (q - begin), rows + (hf - first_byte), n);
+    q += n;
   }
 }
 

@@ -108,18 +108,50 @@ class RdtRouter {
   std::vector<std::vector<int>> group_owners_;
 };
 
+// Rows [row_begin, row_end) of dim 0 of a tensor, held by the ranks of `owner_class`:
+// a tensor no trainer rank holds whole (FSDP's dim-0 shards) is cut into such parts.
+struct TensorPart {
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  int owner_class = 0;
+  friend bool operator==(const TensorPart&, const TensorPart&) = default;
+};
+
 // The model as the trainer streams it, with who holds what: the same on both sides.
 struct ShardedStream {
   std::vector<TensorMeta> tensors;  // stream (metadata) order, group-contiguous
   std::vector<int> group_lens;      // tensors per group, in order
   Ownership ownership;
   int num_producers = 1;
+  // Empty, or by tensor: its parts, ascending and covering its dim 0 without gaps; an
+  // empty list means the tensor is held whole by its name_owner_class. A worker's slice
+  // of a split tensor comes in one sub-slice per part it touches, each from that part's
+  // owners.
+  std::vector<std::vector<TensorPart>> parts;
+  bool split() const;  // whether any tensor has parts
 };
 
 // OK when the stream is well formed: group_lens positive and summing to the tensor
 // count, one class per tensor, classes within owner_sets, owner sets non-empty, ranks
-// in [0, num_producers), ascending, no duplicates. InvalidArgument naming what is wrong.
+// in [0, num_producers), ascending, no duplicates; parts (when given, one list per
+// tensor) of tensors with at least one dimension, non-empty, ascending, covering dim 0
+// exactly, their classes within owner_sets. InvalidArgument naming what is wrong.
 Status CheckShardedStream(const ShardedStream& stream);
+
+// Per tensor, the ranks' held rows: `rows[r][i]` is trainer rank r's [begin, end) of
+// dim 0 of tensor i, or nullopt where it holds all of it (or none: held[r][i] false).
+// The parts of the tensors some holder holds only rows of: cut at every holder's bounds,
+// each part owned by the holders covering it, its class added to `ownership` (whose
+// classes come from ResolveOwnership over `held`). InvalidArgument naming a tensor whose
+// rows no rank holds or a range outside dim 0. Empty when no rank holds a part.
+using HeldRowsByRank = std::vector<std::vector<std::optional<std::pair<int64_t, int64_t>>>>;
+Result<std::vector<std::vector<TensorPart>>> ResolveParts(const std::vector<TensorMeta>& tensors,
+                                                          const std::vector<std::vector<bool>>& held,
+                                                          const HeldRowsByRank& rows, Ownership& ownership);
+
+// The bytes of a packed piece (its runs back to back) whose HF bytes lie below `hf`
+// (a byte offset in the HF tensor): where a dim-0 part's bytes begin in the piece.
+size_t PackedBytesBelow(const PieceRuns& runs, size_t hf);
 
 // Where one consumer sits: its fleet-global id and its routing block (its deployment).
 struct ConsumerSpot {
@@ -133,7 +165,10 @@ struct PlanSlice {
   int param = 0;      // index into the consumer's ShardingTable::params()
   int piece = 0;      // index into that parameter's pieces
   size_t offset = 0;  // in the chunk; a multiple of 16
-  size_t bytes = 0;   // the piece's runs: count * run_bytes
+  size_t bytes = 0;   // the piece's runs: count * run_bytes (a sub-slice: its share)
+  // A sub-slice (a split tensor's part): where its bytes begin in the packed piece. A
+  // slice is the whole piece when begin is 0 and bytes is count * run_bytes.
+  size_t begin = 0;
   friend bool operator==(const PlanSlice&, const PlanSlice&) = default;
 };
 
@@ -231,5 +266,11 @@ ProducerPlan PlanProducer(int producer, int num_groups, const std::vector<Consum
 // piece's runs (ShardingTable::Runs) back to back, s.bytes in all. `s` must come from a
 // plan made with `table`.
 void PackSliceHost(const ShardingTable& table, const PlanSlice& s, const std::byte* hf, std::byte* chunk);
+
+// Copies packed bytes [begin, begin + bytes) of the piece `runs` describes (a sub-slice)
+// into `dst`, from `rows`: the HF tensor's bytes from byte `first_byte` on (a rank's rows
+// of it), which must hold every byte the range reads. Host memory.
+void PackPartHost(const PieceRuns& runs, size_t begin, size_t bytes, size_t first_byte, const std::byte* rows,
+                  std::byte* dst);
 
 }  // namespace wsync

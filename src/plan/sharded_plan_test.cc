@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -395,6 +396,124 @@ TEST(PlanConsumer, MoeTp124FromExpertParallelRanksCoversEveryShardByte) {
     CheckEveryWorker(c, tp, Megatron(HfTensors(c), 2, 2, 2));  // tp2 pp2 ep2: 8 ranks
     CheckEveryWorker(c, tp, Fsdp(2, HfTensors(c).size()));
   }
+}
+
+// FSDP's dim-0 shards: rank r of `ranks` holds torch.chunk's rows of every tensor.
+HeldRowsByRank ChunkRows(const std::vector<TensorMeta>& tensors, int ranks) {
+  HeldRowsByRank rows(ranks, std::vector<std::optional<std::pair<int64_t, int64_t>>>(tensors.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t extent = tensors[i].shape.empty() ? 1 : tensors[i].shape[0];
+    const int64_t size = (extent + ranks - 1) / ranks;
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t b = std::min(extent, r * size), e = std::min(extent, b + size);
+      if (!tensors[i].shape.empty()) rows[r][i] = std::make_pair(b, e);
+    }
+  }
+  return rows;
+}
+
+TEST(PlanConsumer, RowPartsFromEachRankLandEveryShardByte) {
+  for (const char* model : {"qwen3-tiny", "qwen3-moe-tiny"}) {
+    const ModelConfig c = Model(model);
+    const std::vector<TensorMeta> tensors = HfTensors(c);
+    for (int ranks : {2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} from {} ranks", model, ranks));
+      HeldRowsByRank rows = ChunkRows(tensors, ranks);
+      Held held(ranks, std::vector<bool>(tensors.size(), false));
+      for (int r = 0; r < ranks; ++r) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          held[r][i] = !rows[r][i] || rows[r][i]->second > rows[r][i]->first;
+          if (!held[r][i]) rows[r][i].reset();
+        }
+      }
+      ShardedStream stream = MakeStream(tensors, held);
+      auto parts = ResolveParts(tensors, held, rows, stream.ownership);
+      ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+      stream.parts = *parts;
+      ASSERT_TRUE(stream.split());
+      ASSERT_TRUE(CheckShardedStream(stream).ok()) << CheckShardedStream(stream).ToString();
+      const auto full = FullTensors(tensors, 11);
+      for (int tp : {1, 2, 4}) {
+        for (int w = 0; w < tp; ++w) {
+          ShardingTable table = *ShardingTable::Build(c, w, tp);
+          auto plan = PlanConsumer(stream, table, {w, w, tp});
+          ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+          auto landed = *WorkerStore::Create(c, w, tp);
+          std::map<std::pair<int, int>, std::pair<std::vector<std::byte>, size_t>> partial;
+          for (const PlanChunk& chunk : plan->chunks) {
+            const Ints& owners = stream.ownership.owner_sets[chunk.owner_class];
+            ASSERT_TRUE(std::count(owners.begin(), owners.end(), chunk.producer));
+            std::vector<std::byte> buffer(chunk.bytes);
+            for (const PlanSlice& s : chunk.slices) {
+              // Packed by the producer from its own rows only.
+              const auto& mine = rows[chunk.producer][s.tensor];
+              const TensorMeta& m = tensors[s.tensor];
+              const size_t first = mine ? m.nbytes() / m.shape[0] * mine->first : 0;
+              const size_t last = mine ? m.nbytes() / m.shape[0] * mine->second : m.nbytes();
+              std::vector<std::byte> own(full[s.tensor].begin() + first, full[s.tensor].begin() + last);
+              const PieceRuns r = table.Runs(s.param, s.piece);
+              PackPartHost(r, s.begin, s.bytes, first, own.data(), buffer.data() + s.offset);
+              auto& [bytes, got] = partial[{s.param, s.piece}];
+              bytes.resize(r.count * r.run_bytes);
+              std::memcpy(bytes.data() + s.begin, buffer.data() + s.offset, s.bytes);
+              got += s.bytes;
+              if (got == bytes.size()) {
+                ASSERT_TRUE(landed->LoadPiece(s.param, s.piece, bytes, Device{}).ok());
+              }
+            }
+          }
+          auto loaded = *WorkerStore::Create(c, w, tp);
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            const TensorMeta& m = tensors[i];
+            ASSERT_TRUE(loaded->Load(TensorRef{m.name, m.dtype, m.shape, full[i], Device{}}).ok()) << m.name;
+          }
+          for (size_t p = 0; p < table.params().size(); ++p) {
+            ASSERT_EQ(std::memcmp(landed->params()[p].storage.data(), loaded->params()[p].storage.data(),
+                                  table.params()[p].meta.nbytes()), 0)
+                << table.params()[p].meta.name << " tp" << w << "/" << tp;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ResolveParts, OverlappingHoldersShareAPartAndGapsAreNamed) {
+  const std::vector<TensorMeta> tensors = {TensorMeta{"model.norm.weight", DType::kF32, {10}}};
+  Held held(3, std::vector<bool>{true});
+  HeldRowsByRank rows(3, std::vector<std::optional<std::pair<int64_t, int64_t>>>(1));
+  rows[0][0] = std::make_pair(0, 6);
+  rows[1][0] = std::make_pair(4, 10);
+  rows[2][0] = std::make_pair(4, 10);
+  Ownership own = *ResolveOwnership({"model.norm.weight"}, held);
+  auto parts = *ResolveParts(tensors, held, rows, own);
+  ASSERT_EQ(parts[0].size(), 3u);
+  EXPECT_EQ(own.owner_sets[parts[0][0].owner_class], (Ints{0}));
+  EXPECT_EQ(own.owner_sets[parts[0][1].owner_class], (Ints{0, 1, 2}));
+  EXPECT_EQ(own.owner_sets[parts[0][2].owner_class], (Ints{1, 2}));
+  EXPECT_EQ(parts[0][1], (TensorPart{4, 6, parts[0][1].owner_class}));
+  rows[0][0] = std::make_pair(0, 3);
+  own = *ResolveOwnership({"model.norm.weight"}, held);
+  auto gap = ResolveParts(tensors, held, rows, own);
+  ASSERT_FALSE(gap.ok());
+  EXPECT_NE(gap.status().message().find("no trainer rank holds rows [3, 4) of model.norm.weight"), std::string::npos)
+      << gap.status().message();
+  // No part held by any rank: no parts at all.
+  for (auto& r : rows) r[0].reset();
+  own = *ResolveOwnership({"model.norm.weight"}, held);
+  EXPECT_TRUE(ResolveParts(tensors, held, rows, own)->empty());
+}
+
+TEST(PackedBytesBelow, CountsThePackedBytesOfRunsBelowAnHfOffset) {
+  const PieceRuns r{3, 4, 10, 16, 0, 4};  // runs at 10..14, 26..30, 42..46
+  EXPECT_EQ(PackedBytesBelow(r, 0), 0u);
+  EXPECT_EQ(PackedBytesBelow(r, 12), 2u);
+  EXPECT_EQ(PackedBytesBelow(r, 20), 4u);
+  EXPECT_EQ(PackedBytesBelow(r, 28), 6u);
+  EXPECT_EQ(PackedBytesBelow(r, 100), 12u);
+  const PieceRuns one{1, 40, 8, 0, 0, 0};
+  EXPECT_EQ(PackedBytesBelow(one, 18), 10u);
+  EXPECT_EQ(PackedBytesBelow(one, 60), 40u);
 }
 
 TEST(PlanConsumer, PaddedVocabRowsStayZero) {

@@ -238,11 +238,31 @@ TEST(Ownership, NewArchitecturesPlanWithoutMegatronLayout) {
   EXPECT_EQ(owners_of("model.layers.2.mlp.experts.5.up_proj.weight"), (std::vector<int>{6}));
 }
 
+// The planner reaches every backend through the registry: those with a cost hook, in
+// their plan order, and a name resolved there.
+TEST(Predict, BackendsComeFromTheRegistry) {
+  std::vector<std::string> planned;
+  for (const BackendDescriptor* b : PlannedBackends()) planned.emplace_back(b->name);
+  EXPECT_EQ(planned, (std::vector<std::string>{"nccl", "ipc", "delta", "sharded"}));
+  const Fleet f = MakeFleet("fsdp:1@round", "2x(1,1,1)@round");
+  auto unknown = Predict(Model("qwen3-tiny"), f, "pigeon", PlanOptions{}, RoundConstants());
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("unknown backend 'pigeon'"), std::string::npos) << unknown.status().message();
+  PlanOptions in_turn;
+  in_turn.lookahead = 0;
+  in_turn.concurrent_stages = false;
+  in_turn.ipc_packed = true;
+  EXPECT_EQ(BackendWithOptions(*FindBackend("sharded"), in_turn), "sharded (lookahead 0, stages in turn)");
+  EXPECT_EQ(BackendWithOptions(*FindBackend("ipc"), in_turn), "ipc (packed)");
+  EXPECT_EQ(BackendWithOptions(*FindBackend("nccl"), in_turn), "nccl");
+}
+
 // nccl into two TP=1 servers on another node: every step by hand.
 TEST(Predict, NcclByHand) {
   const ModelConfig c = Model("qwen3-tiny");
   const Fleet f = MakeFleet("fsdp:1@round", "2x(1,1,1)@round");
-  auto p = Predict(c, f, Backend::kNccl, PlanOptions{int64_t{1} << 20, 1}, RoundConstants());
+  auto p = Predict(c, f, "nccl", PlanOptions{int64_t{1} << 20, 1}, RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   const std::vector<TensorMeta> t = HfTensors(c);
   const double M = static_cast<double>(ModelBytes(c));
@@ -261,7 +281,7 @@ TEST(Predict, NcclByHand) {
 TEST(Predict, NcclGatherByHand) {
   const ModelConfig c = Model("qwen3-tiny");
   const Fleet f = MakeFleet("tp2pp1:2@round", "1x(1,1,1)@round");
-  auto p = Predict(c, f, Backend::kNccl, PlanOptions{}, RoundConstants());
+  auto p = Predict(c, f, "nccl", PlanOptions{}, RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   double matrices = 0;
   for (const TensorMeta& t : HfTensors(c)) matrices += t.shape.size() >= 2 ? t.nbytes() : 0;
@@ -274,12 +294,12 @@ TEST(Predict, NcclGatherByHand) {
 TEST(Predict, IpcZeroCopyByHand) {
   const ModelConfig c = Model("qwen3-tiny");
   const Fleet f = MakeFleet("fsdp:1@round", "1x(1,1,1)@round", Placement::kColocated);
-  auto p = Predict(c, f, Backend::kIpc, PlanOptions{}, RoundConstants());
+  auto p = Predict(c, f, "ipc", PlanOptions{}, RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   auto table = ShardingTable::Build(c, 0, 1);
   EXPECT_NEAR(p->seconds, 0.0005 + table->param_bytes() / 1e12, 1e-15);
   EXPECT_EQ(p->trainer_extra_bytes, 0);
-  auto disaggregated = Predict(c, MakeFleet("fsdp:1@round", "1x(1,1,1)@round"), Backend::kIpc, PlanOptions{},
+  auto disaggregated = Predict(c, MakeFleet("fsdp:1@round", "1x(1,1,1)@round"), "ipc", PlanOptions{},
                                RoundConstants());
   EXPECT_FALSE(disaggregated->applicable);
 }
@@ -288,7 +308,7 @@ TEST(Predict, IpcZeroCopyByHand) {
 TEST(Predict, DeltaByHand) {
   const ModelConfig c = Model("qwen3-tiny");
   const Fleet f = MakeFleet("fsdp:1@round", "1x(2,1,1)@round", Placement::kPacked);
-  auto p = Predict(c, f, Backend::kDelta, PlanOptions{}, RoundConstants());
+  auto p = Predict(c, f, "delta", PlanOptions{}, RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   const double M = static_cast<double>(ModelBytes(c));
   const double shard = static_cast<double>(ShardingTable::Build(c, 0, 2)->param_bytes());
@@ -322,7 +342,7 @@ TEST(Predict, CpuBroadcastByHand) {
   const double M = static_cast<double>(ModelBytes(c));
   const double first = static_cast<double>(HfTensors(c).front().nbytes());
   const Constants k = RoundConstants();
-  auto busy = Predict(c, HostFleet("2x(1,1,1)@round-host", 2, Placement::kPacked), Backend::kNccl, PlanOptions{}, k);
+  auto busy = Predict(c, HostFleet("2x(1,1,1)@round-host", 2, Placement::kPacked), "nccl", PlanOptions{}, k);
   ASSERT_TRUE(busy.ok()) << busy.status().ToString();
   // Copies: pack M and two whole shards at 10 GB/s; two hops of M at 0.5 core-s per GB.
   const double cpu = (3 * M / 10e9 + 2 * M / 1e9 * 0.5) / 2;
@@ -330,7 +350,7 @@ TEST(Predict, CpuBroadcastByHand) {
   ASSERT_GT(cpu, stream);
   EXPECT_NEAR(busy->seconds, cpu + 0.0003, 1e-12);
   EXPECT_NE(busy->bottleneck.find("host CPU (2 cores"), std::string::npos) << busy->bottleneck;
-  auto spare = Predict(c, HostFleet("2x(1,1,1)@round-host", 64, Placement::kPacked), Backend::kNccl, PlanOptions{}, k);
+  auto spare = Predict(c, HostFleet("2x(1,1,1)@round-host", 64, Placement::kPacked), "nccl", PlanOptions{}, k);
   ASSERT_TRUE(spare.ok()) << spare.status().ToString();
   EXPECT_NEAR(spare->seconds, stream + 0.0003, 1e-12);
   EXPECT_EQ(spare->bottleneck, "loopback chain's streaming through 2 hops");
@@ -349,12 +369,12 @@ TEST(Predict, CpuIpcIsAChunkPipeline) {
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
   ASSERT_EQ(cut->chunks.size(), 2u);
   const double a = cut->chunks[0].bytes, b = cut->chunks[1].bytes;
-  auto p = Predict(c, HostFleet("1x(1,1,1)@round-host", 2, Placement::kColocated), Backend::kIpc, o, RoundConstants());
+  auto p = Predict(c, HostFleet("1x(1,1,1)@round-host", 2, Placement::kColocated), "ipc", o, RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_NEAR(p->seconds, (a + std::max(a, b) + b) / 10e9 + 0.0003, 1e-12);
   // A slot that holds the model: its pack and its copy-out run in series.
   o.bucket_bytes = static_cast<int64_t>(2 * M);
-  auto whole = Predict(c, HostFleet("1x(1,1,1)@round-host", 2, Placement::kColocated), Backend::kIpc, o,
+  auto whole = Predict(c, HostFleet("1x(1,1,1)@round-host", 2, Placement::kColocated), "ipc", o,
                        RoundConstants());
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   auto one = CutChunks(tensors, ChunkCut{ChunkCut::Rule::kCloseBeforeOverflow, static_cast<size_t>(2 * M), 256,
@@ -369,7 +389,7 @@ TEST(Predict, CpuIpcIsAChunkPipeline) {
 TEST(Predict, CpuDeltaByHand) {
   const ModelConfig c = Model("qwen3-tiny");
   const double M = static_cast<double>(ModelBytes(c));
-  auto p = Predict(c, HostFleet("2x(1,1,1)@round-host", 2, Placement::kPacked), Backend::kDelta, PlanOptions{},
+  auto p = Predict(c, HostFleet("2x(1,1,1)@round-host", 2, Placement::kPacked), "delta", PlanOptions{},
                    RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   // publish 1 GB/s/core x 2 x 2 cores; apply 2 x 2 x 2; reload 2M at min(50 / 2, 2 x 10).
@@ -381,7 +401,7 @@ TEST(Predict, CpuDeltaByHand) {
 TEST(Predict, ShardedByHand) {
   const ModelConfig c = Model("qwen3-moe-tiny");
   const Fleet f = MakeFleet("fsdp:1@round", "1x(1,1,1)@round");
-  auto p = Predict(c, f, Backend::kSharded, PlanOptions{}, RoundConstants());
+  auto p = Predict(c, f, "sharded", PlanOptions{}, RoundConstants());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   std::vector<std::string> names;
   for (const TensorMeta& t : HfTensors(c)) names.push_back(t.name);
@@ -403,9 +423,9 @@ TEST(Predict, ShardedByHand) {
 // bytes do not change.
 TEST(Predict, ShardedBytesScaleWithDeployments) {
   const ModelConfig c = Model("deepseek-v3-tiny");
-  auto one = Predict(c, MakeFleet("tp2pp1:2@round", "1x(2,1,2)@round"), Backend::kSharded, PlanOptions{},
+  auto one = Predict(c, MakeFleet("tp2pp1:2@round", "1x(2,1,2)@round"), "sharded", PlanOptions{},
                      RoundConstants());
-  auto two = Predict(c, MakeFleet("tp2pp1:2@round", "2x(2,1,2)@round"), Backend::kSharded, PlanOptions{},
+  auto two = Predict(c, MakeFleet("tp2pp1:2@round", "2x(2,1,2)@round"), "sharded", PlanOptions{},
                      RoundConstants());
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   ASSERT_TRUE(two.ok()) << two.status().ToString();
@@ -423,8 +443,8 @@ TEST(Predict, ShardedStagesConcurrentOrInTurn) {
   const Fleet f = MakeFleet("tp1pp2:2@round", "1x(2,1,1)@round");
   PlanOptions in_turn;
   in_turn.concurrent_stages = false;
-  auto turns = Predict(c, f, Backend::kSharded, in_turn, RoundConstants());
-  auto concurrent = Predict(c, f, Backend::kSharded, PlanOptions{}, RoundConstants());
+  auto turns = Predict(c, f, "sharded", in_turn, RoundConstants());
+  auto concurrent = Predict(c, f, "sharded", PlanOptions{}, RoundConstants());
   ASSERT_TRUE(turns.ok()) << turns.status().ToString();
   ASSERT_TRUE(concurrent.ok()) << concurrent.status().ToString();
   const double control = 0.002;
@@ -507,7 +527,7 @@ TEST(Published, PredictionsWithinTolerance) {
     SCOPED_TRACE(c.id);
     auto fleet = BuildFleet(c.trainer, c.servers, c.placement, DefaultHardwareDir());
     ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
-    auto p = Predict(TravelConfig(Model(c.model.c_str()), c.fp8), *fleet, c.backend, c.options, k);
+    auto p = Predict(TravelConfig(Model(c.model.c_str()), c.fp8), *fleet, c.backend->name, c.options, k);
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     ASSERT_TRUE(p->applicable) << p->not_applicable;
     const double lo = c.published_lo * (1 - it->second), hi = c.published_hi * (1 + it->second);

@@ -26,7 +26,7 @@ struct PublishedCase {
   std::string trainer;     // --trainer
   std::string servers;     // --servers
   Placement placement = Placement::kDisaggregated;
-  Backend backend = Backend::kNccl;
+  const BackendDescriptor* backend = nullptr;  // a registered backend with a cost hook
   PlanOptions options;
   bool fp8 = false;
   double published_lo = 0, published_hi = 0;  // seconds (a range, or lo == hi)

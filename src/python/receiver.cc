@@ -21,6 +21,7 @@
 #include "core/digest.h"
 #include "core/json_limits.h"
 #include "model/config.h"
+#include "model/sharding.h"
 #include "receiver/backend.h"
 #include "wsync/dtype.h"
 #include "wsync/receiver.h"
@@ -47,8 +48,12 @@ class PyReceiverEngine {
  public:
   PyReceiverEngine(const std::string& backend, int worker_rank, const std::string& device, double timeout,
                    const std::string& settings, const std::vector<MetaEntry>& metadata,
-                   std::optional<uint64_t> max_update_bytes, const std::string& label) {
+                   std::optional<uint64_t> max_update_bytes, const std::string& label, const std::string& model,
+                   int tp_size, bool mtp_drafter) {
     ReceiverEngineOptions o;
+    o.model = model;
+    o.tp_size = tp_size;
+    o.mtp_drafter = mtp_drafter;
     o.backend = backend;
     o.worker_rank = worker_rank;
     o.device = ValueOrRaise(Device::Parse(device));
@@ -74,10 +79,11 @@ class PyReceiverEngine {
     WithoutGil([&] { return engine_->Init(info, peer_address); });
   }
 
-  // Calls load_weights([(name, tensor), ...]) per chunk. An exception load_weights raises
-  // fails the receive (the trainer is told its text) and is raised here as it was.
-  void Receive(const std::string& update_info, py::object load_weights) {
-    ReceiveWith(update_info, std::move(load_weights), /*in_session=*/false);
+  // Calls load_weights([(name, tensor), ...]) per chunk, and load_slices([(param, piece,
+  // tensor), ...]) per chunk of slices (sharded; None: whole tensors only). An exception
+  // either raises fails the receive (the trainer is told its text) and is raised here as it was.
+  void Receive(const std::string& update_info, py::object load_weights, py::object load_slices) {
+    ReceiveWith(update_info, std::move(load_weights), std::move(load_slices), /*in_session=*/false);
   }
 
   // The session routes (ReceiverEngine::StartWeightUpdate ...): the engine keeps the
@@ -85,8 +91,8 @@ class PyReceiverEngine {
   void StartWeightUpdate() {
     WithoutGil([&] { return engine_->StartWeightUpdate(); });
   }
-  void UpdateWeights(const std::string& update_info, py::object load_weights) {
-    ReceiveWith(update_info, std::move(load_weights), /*in_session=*/true);
+  void UpdateWeights(const std::string& update_info, py::object load_weights, py::object load_slices) {
+    ReceiveWith(update_info, std::move(load_weights), std::move(load_slices), /*in_session=*/true);
   }
   void FinishWeightUpdate() {
     WithoutGil([&] { return engine_->FinishWeightUpdate(); });
@@ -115,45 +121,66 @@ class PyReceiverEngine {
     OkOrRaise(s);
   }
 
-  void ReceiveWith(const std::string& update_info, py::object load_weights, bool in_session) {
+  void ReceiveWith(const std::string& update_info, py::object load_weights, py::object load_slices, bool in_session) {
     json info = ParseJson(update_info, "update_info");
     py::object from_dlpack = py::module_::import("torch.utils.dlpack").attr("from_dlpack");
     py::object torch = py::module_::import("torch");
     const Device device = engine_->options().device;
     std::optional<py::error_already_set> raised;  // touched with the GIL held
-    ChunkCallback on_chunk = [&](std::span<const TensorRef> chunk) -> Status {
-      py::gil_scoped_acquire gil;
-      try {
-        py::list items;
-        for (const TensorRef& t : chunk) {
-          // DLPack carries no read-only flag: the views are writable, and the caller's
-          // contract is to read them during the call.
-          std::span<std::byte> bytes(const_cast<std::byte*>(t.bytes.data()), t.bytes.size());
-          py::object tensor = from_dlpack(Lend(bytes, t.dtype, t.shape, t.device));
-          if (t.dtype == DType::kBool || t.dtype == DType::kF8E4M3 || t.dtype == DType::kF8E5M2) {
-            std::string name = t.dtype == DType::kBool ? "bool" : std::string(TorchName(t.dtype));
-            if (!py::hasattr(torch, name.c_str())) {
-              return InvalidArgument(fmt::format("tensor {} is {}, which this torch lacks", t.name, name));
-            }
-            tensor = tensor.attr("view")(torch.attr(name.c_str()));
-          }
-          items.append(py::make_tuple(py::str(t.name.data(), t.name.size()), tensor));
+    // A torch tensor viewing `bytes` (the dtypes DLPack lacks are viewed as torch's own).
+    auto lend = [&](std::string_view name, DType dtype, std::span<const int64_t> shape,
+                    std::span<const std::byte> bytes, const Device& where) -> Result<py::object> {
+      // DLPack carries no read-only flag: the views are writable, and the caller's
+      // contract is to read them during the call.
+      std::span<std::byte> writable(const_cast<std::byte*>(bytes.data()), bytes.size());
+      py::object tensor = from_dlpack(Lend(writable, dtype, shape, where));
+      if (dtype == DType::kBool || dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2) {
+        std::string tname = dtype == DType::kBool ? "bool" : std::string(TorchName(dtype));
+        if (!py::hasattr(torch, tname.c_str())) {
+          return InvalidArgument(fmt::format("tensor {} is {}, which this torch lacks", name, tname));
         }
-        load_weights(items);
-        // The buffers are reused once this returns: whatever load_weights queued on the
-        // GPU (an async copy_) must have read them by then.
+        tensor = tensor.attr("view")(torch.attr(tname.c_str()));
+      }
+      return tensor;
+    };
+    // Calls `fn(items)`; the buffers are reused once it returns, so whatever it queued on
+    // the GPU (an async copy_) must have read them by then.
+    auto call = [&](const py::object& fn, const py::list& items, const char* what) -> Status {
+      try {
+        fn(items);
         if (!device.is_cpu()) torch.attr("cuda").attr("synchronize")(device.index);
         return Status::Ok();
       } catch (py::error_already_set& e) {
         std::string text = DescribePythonError(e);
         if (!raised) raised.emplace(std::move(e));
-        return Internal(fmt::format("load_weights raised {}", text));
+        return Internal(fmt::format("{} raised {}", what, text));
       }
     };
+    ChunkCallback on_chunk = [&](std::span<const TensorRef> chunk) -> Status {
+      py::gil_scoped_acquire gil;
+      py::list items;
+      for (const TensorRef& t : chunk) {
+        WSYNC_ASSIGN_OR_RETURN(py::object tensor, lend(t.name, t.dtype, t.shape, t.bytes, t.device));
+        items.append(py::make_tuple(py::str(t.name.data(), t.name.size()), tensor));
+      }
+      return call(load_weights, items, "load_weights");
+    };
+    SliceCallback on_slices;
+    if (!load_slices.is_none()) {
+      on_slices = [&](std::span<const SliceRef> slices) -> Status {
+        py::gil_scoped_acquire gil;
+        py::list items;
+        for (const SliceRef& sl : slices) {
+          WSYNC_ASSIGN_OR_RETURN(py::object tensor, lend(sl.hf_name, sl.dtype, sl.shape, sl.bytes, sl.device));
+          items.append(py::make_tuple(sl.param, sl.piece, tensor));
+        }
+        return call(load_slices, items, "load_slices");
+      };
+    }
     Status s;
     {
       py::gil_scoped_release release;
-      s = in_session ? engine_->UpdateWeights(info, on_chunk) : engine_->Receive(info, on_chunk);
+      s = in_session ? engine_->UpdateWeights(info, on_chunk, on_slices) : engine_->Receive(info, on_chunk, on_slices);
     }
     if (raised) {
       py::error_already_set e = std::move(*raised);
@@ -204,6 +231,43 @@ std::string BufferDigest(const std::string& algorithm, py::buffer data) {
   return HexDigest(alg, bytes);
 }
 
+// The sharding table of worker `tp_rank` of `tp_size` of `model` (a registered name or a
+// config.json directory), as ReceiverEngine plans a sharded worker's slices: one dict per
+// parameter, in the table's order (the `param` of a SliceRef indexes it).
+py::list ShardingTableOf(const std::string& model, int tp_rank, int tp_size, bool mtp_drafter) {
+  ModelConfig config = ValueOrRaise(LookupModel(model));
+  ShardingTable table =
+      ValueOrRaise(ShardingTable::Build(config, tp_rank, tp_size, {}, mtp_drafter ? Drafter::kMtp : Drafter::kNone));
+  py::list out;
+  for (size_t p = 0; p < table.params().size(); ++p) {
+    const WorkerParam& param = table.params()[p];
+    py::list pieces;
+    for (size_t k = 0; k < param.pieces.size(); ++k) {
+      const ShardPiece& sp = param.pieces[k];
+      const PieceRuns r = table.Runs(static_cast<int>(p), static_cast<int>(k));
+      py::dict d;
+      d["hf_name"] = sp.hf_name;
+      d["dim"] = sp.dim;
+      d["hf_start"] = sp.hf_start;
+      d["length"] = sp.length;
+      d["dst_index"] = sp.dst_index;
+      d["dst_start"] = sp.dst_start;
+      d["primary"] = sp.primary;
+      d["hf_shape"] = table.hf_tensors()[table.PieceHf(static_cast<int>(p), static_cast<int>(k))].shape;
+      d["numel"] = r.count * r.run_bytes / static_cast<int64_t>(ItemSize(param.meta.dtype));
+      pieces.append(d);
+    }
+    py::dict d;
+    d["name"] = param.meta.name;
+    d["dtype"] = std::string(TorchName(param.meta.dtype));
+    d["shape"] = param.meta.shape;
+    d["pieces"] = pieces;
+    d["drafter"] = table.IsDrafterParam(static_cast<int>(p));
+    out.append(d);
+  }
+  return out;
+}
+
 StatusCode StatusCodeNamed(const std::string& name) {
   for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
     if (StatusCodeName(static_cast<StatusCode>(c)) == name) return static_cast<StatusCode>(c);
@@ -245,13 +309,17 @@ void BindReceiver(py::module_& m) {
   py::class_<PyReceiverEngine>(m, "_ReceiverEngine",
                                "Native receiver of one inference worker; use wsync.ReceiverEngine.")
       .def(py::init<const std::string&, int, const std::string&, double, const std::string&,
-                    const std::vector<MetaEntry>&, std::optional<uint64_t>, const std::string&>(),
+                    const std::vector<MetaEntry>&, std::optional<uint64_t>, const std::string&, const std::string&,
+                    int, bool>(),
            py::arg("backend"), py::arg("worker_rank"), py::arg("device"), py::arg("timeout"), py::arg("settings"),
-           py::arg("metadata"), py::arg("max_update_bytes"), py::arg("label"))
+           py::arg("metadata"), py::arg("max_update_bytes"), py::arg("label"), py::arg("model") = "",
+           py::arg("tp_size") = 1, py::arg("mtp_drafter") = false)
       .def("init", &PyReceiverEngine::Init, py::arg("init_info"), py::arg("peer_address"))
-      .def("receive", &PyReceiverEngine::Receive, py::arg("update_info"), py::arg("load_weights"))
+      .def("receive", &PyReceiverEngine::Receive, py::arg("update_info"), py::arg("load_weights"),
+           py::arg("load_slices") = py::none())
       .def("start_weight_update", &PyReceiverEngine::StartWeightUpdate)
-      .def("update_weights", &PyReceiverEngine::UpdateWeights, py::arg("update_info"), py::arg("load_weights"))
+      .def("update_weights", &PyReceiverEngine::UpdateWeights, py::arg("update_info"), py::arg("load_weights"),
+           py::arg("load_slices") = py::none())
       .def("finish_weight_update", &PyReceiverEngine::FinishWeightUpdate)
       .def("session", &PyReceiverEngine::Session)
       .def("fetch", &PyReceiverEngine::Fetch, py::arg("body"))
@@ -272,6 +340,11 @@ void BindReceiver(py::module_& m) {
         "naming 'body of PATH' for a body the router refuses.");
   m.def("http_target_refusal", &HttpRouter::TargetRefusal, py::arg("target"),
         "Why a request target (path and query, still percent-encoded) is refused with a 400, or ''.");
+  m.def("sharding_table", &ShardingTableOf, py::arg("model"), py::arg("tp_rank"), py::arg("tp_size"),
+        py::arg("mtp_drafter") = false,
+        "The parameters of worker tp_rank of tp_size of `model` (a registered name or config.json directory) as "
+        "the sharded backend lands them: [{'name', 'dtype', 'shape', 'drafter', 'pieces': [{'hf_name', 'dim', "
+        "'hf_start', 'length', 'dst_index', 'dst_start', 'primary', 'hf_shape', 'numel'}, ...]}, ...].");
   m.def("receiver_backends", &ReceiverBackendNames,
         "Names of the receiver backends this build has, e.g. ['delta', 'ipc', 'nccl'].");
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -265,6 +266,48 @@ Result<std::vector<TensorMeta>> ParseMetadata(py::handle entries) {
   return out;
 }
 
+namespace {
+
+// The source's held_rows() (absent or None: none), each a held name once, rows within its
+// dim 0, in `names` order; the held metadata `meta` (by `names`) then gets their shapes.
+Result<std::vector<HeldRows>> HeldRowsOf(const py::object& source, PassControl& control,
+                                         const std::vector<std::string>& names, std::vector<TensorMeta>& meta) {
+  std::vector<HeldRows> out;
+  if (!py::hasattr(source, "held_rows")) return out;
+  WSYNC_ASSIGN_OR_RETURN(py::object rows, CallSource(source, "held_rows", control));
+  if (rows.is_none()) return out;
+  std::vector<std::tuple<std::string, int64_t, int64_t>> entries;
+  try {
+    entries = rows.cast<std::vector<std::tuple<std::string, int64_t, int64_t>>>();
+  } catch (const py::cast_error&) {
+    return InvalidArgument(fmt::format("the source's held_rows() gave a {}, not a list of (name, begin, end)",
+                                       TypeName(rows)));
+  }
+  std::map<std::string_view, size_t> index;
+  for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+  std::vector<std::optional<HeldRows>> by_held(names.size());
+  for (const auto& [name, begin, end] : entries) {
+    auto it = index.find(name);
+    if (it == index.end()) {
+      return InvalidArgument(fmt::format("the source's held_rows() lists {}, which its held_names() does not", name));
+    }
+    TensorMeta& m = meta[it->second];
+    if (by_held[it->second]) return InvalidArgument(fmt::format("the source's held_rows() lists {} twice", name));
+    if (m.shape.empty() || begin < 0 || end <= begin || end > m.shape[0]) {
+      return InvalidArgument(fmt::format("the source's held_rows() gives {} rows [{}, {}), outside its dim 0 of {}",
+                                         name, begin, end, m.shape.empty() ? 0 : m.shape[0]));
+    }
+    m.shape[0] = end - begin;
+    by_held[it->second] = HeldRows{name, begin, end};
+  }
+  for (auto& h : by_held) {
+    if (h) out.push_back(std::move(*h));
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::shared_ptr<PassControl> control,
                                                   const Device& device) {
   std::unique_ptr<PySource> s(new PySource());
@@ -318,6 +361,7 @@ Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::share
         held_meta.push_back((*s->metadata_)[i]);
         names.push_back((*s->metadata_)[i].name);
       }
+      WSYNC_ASSIGN_OR_RETURN(s->held_rows_, HeldRowsOf(source, *s->control_, names, held_meta));
       s->held_ = std::move(names);
       s->held_metadata_ = std::make_shared<const std::vector<TensorMeta>>(std::move(held_meta));
     }

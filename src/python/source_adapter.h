@@ -5,7 +5,9 @@
 // that holds every yielded tensor (SourceStorage); optionally `held_names()` -> the names
 // this rank holds (None: all), with `iter_held()` -> (name, tensor) pairs of those names
 // only, in metadata order (WeightSource::HeldNames / IterateHeld: what `sharded` sends from
-// every rank). PySource reads metadata(), storage() and held_names() once, when built (GIL
+// every rank), and optionally `held_rows()` -> [(name, begin, end)], the held names held
+// as rows [begin, end) of dim 0 only, which iter_held() yields as those rows
+// (WeightSource::HeldRowRanges). PySource reads metadata(), storage(), held_names() and held_rows() once, when built (GIL
 // held); each Iterate() is one pass over `iter(source)`, each IterateHeld() one over
 // `source.iter_held()`.
 //
@@ -93,6 +95,7 @@ class PySource final : public WeightSource {
   const std::vector<TensorMeta>& metadata() const override { return *metadata_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   std::optional<std::vector<std::string>> HeldNames() const override { return held_; }
+  std::vector<HeldRows> HeldRowRanges() const override { return held_rows_; }
   Result<std::unique_ptr<TensorStream>> IterateHeld() override;
   std::optional<SourceStorage> storage() const override;
 
@@ -117,6 +120,7 @@ class PySource final : public WeightSource {
   std::shared_ptr<const std::vector<TensorMeta>> metadata_;
   std::optional<std::vector<std::string>> held_;                // held_names(); nullopt: all
   std::shared_ptr<const std::vector<TensorMeta>> held_metadata_;  // the held names' metadata, in order
+  std::vector<HeldRows> held_rows_;  // held_rows(): the held names held as rows only
   std::optional<BorrowedTensor> storage_;
   std::shared_ptr<Pass> last_;  // the latest pass Iterate() started
 };

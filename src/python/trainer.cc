@@ -514,6 +514,7 @@ class PyTrainerEngine {
         s = RunWithSignals<Status>(*control, [&]() -> Status {
           Status r = work(pass);
           if (!r.ok() && outcomes_) {
+            r = NameGoneRanks(round, r);
             const Status cause = RootCause(r, control->source_status());
             outcomes_->Fail(round, cause);
             if (adapter) {
@@ -564,6 +565,19 @@ class PyTrainerEngine {
     if (!s.ok()) RaiseStatus(s, control->TakeError());
   }
 
+  // A connection that failed (kUnavailable) may mean another rank's process is gone:
+  // such ranks stop beating, and `failed` then names them.
+  Status NameGoneRanks(const std::string& round, const Status& failed) {
+    if (failed.code() != StatusCode::kUnavailable || !outcomes_) return failed;
+    const std::vector<int> gone = outcomes_->Silent(round, kGoneAfterSeconds);
+    if (gone.empty()) return failed;
+    return Unavailable(fmt::format("trainer rank{} {} left the trainer group (no heartbeat for {:.1f} s after a "
+                                   "connection failed; its process is gone?): {}",
+                                   gone.size() > 1 ? "s" : "", fmt::join(gone, ", "), kGoneAfterSeconds,
+                                   failed.message()));
+  }
+  static constexpr double kGoneAfterSeconds = 2.5;
+
   // From the engine's sending thread: calls the user's callback with the GIL; an exception
   // it raises is kept as the sync's error and cancels the pass.
   void ReportProgress(const SyncProgress& p) {
@@ -610,8 +624,21 @@ std::unique_ptr<PyTrainerEngine> MakeEngine(std::string backend, std::vector<std
                                             std::optional<std::string> api_key, std::string device, int rank,
                                             int world_size, bool packed, int num_buffers, std::string store_host,
                                             int group_port, std::string bind_host, py::object progress,
-                                            bool inline_verify, std::map<std::string, std::string> backend_options) {
+                                            bool inline_verify, std::map<std::string, std::string> backend_options,
+                                            py::object lora) {
   TrainerOptions o;
+  if (!lora.is_none()) {
+    // wsync.LoraSource.spec: {"name", "r", "alpha", "use_rslora", "target_modules", "dtype"}.
+    py::dict d = lora.cast<py::dict>();
+    LoraAdapterOptions a;
+    a.name = d["name"].cast<std::string>();
+    a.r = d["r"].cast<int64_t>();
+    a.alpha = d["alpha"].cast<double>();
+    a.use_rslora = d.contains("use_rslora") && d["use_rslora"].cast<bool>();
+    a.target_modules = d["target_modules"].cast<std::vector<std::string>>();
+    if (d.contains("dtype") && !d["dtype"].is_none()) a.dtype = d["dtype"].cast<std::string>();
+    o.lora = std::move(a);
+  }
   o.backend = std::move(backend);
   o.servers = std::move(servers);
   o.data_parallel_size = data_parallel_size;
@@ -671,7 +698,7 @@ void BindTrainer(py::module_& m) {
            py::arg("bucket_gb"), py::arg("timeout"), py::arg("api_key"), py::arg("device"), py::arg("rank"),
            py::arg("world_size"), py::arg("packed"), py::arg("num_buffers"), py::arg("store_host"),
            py::arg("group_port"), py::arg("bind_host"), py::arg("progress"), py::arg("inline_verify"),
-           py::arg("backend_options"))
+           py::arg("backend_options"), py::arg("lora") = py::none())
       .def("init", &PyTrainerEngine::Init, py::arg("source_or_metadata"))
       .def("send_weights", &PyTrainerEngine::SendWeights, py::arg("source"), py::arg("weight_version") = py::none(),
            py::arg("verify") = false)

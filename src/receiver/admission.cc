@@ -7,6 +7,7 @@
 #include "control/tensor_list.h"
 #include "core/checked_math.h"
 #include "core/log.h"
+#include "model/update_meta.h"
 
 namespace wsync {
 
@@ -89,7 +90,13 @@ Status UpdateAdmission::Check(const std::vector<TensorMeta>& tensors) const {
       WSYNC_LOG_DEBUG("{}: update_info: dropping {} ({})", options_.label, t.name, reason);
       continue;
     }
-    WSYNC_RETURN_IF_ERROR(held_->Check(t));
+    if (held_->TakesAny()) continue;
+    const TensorMeta* want = held_->Find(t.name);
+    if (want == nullptr) {
+      return InvalidArgument(fmt::format("update_info names tensor {}, which {} does not hold", t.name,
+                                         held_->Describe()));
+    }
+    WSYNC_RETURN_IF_ERROR(CheckUpdateMeta(*want, t.dtype, t.shape));
   }
   return Status::Ok();
 }

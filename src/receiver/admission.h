@@ -6,9 +6,10 @@
 // (control/tensor_list.h) parses, names every tensor once, adds up to at most
 // `max_update_bytes` (overflow-checked), and names only tensors the worker holds with the
 // same dtype and shape, or tensors the worker drops (model/dropped_names.h: admitted
-// unchecked, never landed). A refusal is InvalidArgument naming the tensor or the field;
-// it lands nothing. A backend that parses its own update_info (delta) gets the object
-// check only.
+// unchecked, never landed). A refusal is InvalidArgument naming the tensor or the field,
+// worded here for every host (a tensor's dtype and shape as model/update_meta.h words
+// them); it lands nothing. A backend that parses its own update_info (delta) gets the
+// object check only.
 //
 // Identity cache: the last admitted update_info and its tensor list are kept, and a later
 // update that is the same object (or, with `compare_values`, an equal one) is admitted
@@ -39,9 +40,12 @@ class HeldTensors {
   virtual ~HeldTensors() = default;
   // Why the worker drops `name` (the rule's phrase), or empty when it does not.
   virtual std::string_view DropReason(std::string_view name) const = 0;
-  // OK when the worker holds `t` with its dtype and shape (or holds any tensor it is
-  // given); InvalidArgument naming the tensor otherwise.
-  virtual Status Check(const TensorMeta& t) const = 0;
+  // The worker's tensor `name` (its dtype and shape), or nullptr when it holds none.
+  virtual const TensorMeta* Find(std::string_view name) const = 0;
+  // Whether the worker takes any tensor it is given, unchecked.
+  virtual bool TakesAny() const { return false; }
+  // What holds the tensors, as a refusal names it.
+  virtual std::string Describe() const { return "the worker"; }
 };
 
 struct AdmissionOptions {

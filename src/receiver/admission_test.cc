@@ -16,10 +16,10 @@ class TwoNames final : public HeldTensors {
   std::string_view DropReason(std::string_view name) const override {
     return name == "rotary" ? "a rotary buffer" : "";
   }
-  Status Check(const TensorMeta& t) const override {
-    if (t.name != "a") return InvalidArgument("no tensor " + t.name);
-    return CheckSameMeta(TensorMeta{"a", DType::kBF16, {4}}, t);
-  }
+  const TensorMeta* Find(std::string_view name) const override { return name == "a" ? &a_ : nullptr; }
+
+ private:
+  const TensorMeta a_{"a", DType::kBF16, {4}};
 };
 
 json Info(std::vector<std::string> names) {
@@ -38,7 +38,8 @@ TEST(UpdateAdmission, ChecksNamesBytesAndWhatTheWorkerHolds) {
   EXPECT_TRUE(admission.Admit(Info({"a", "rotary"}), true).reject.ok());
   EXPECT_EQ(admission.Admit(Info({"a", "a"}), true).reject.message(),
             "update_info names tensor a twice (entries 0 and 1)");
-  EXPECT_EQ(admission.Admit(Info({"b"}), true).reject.message(), "no tensor b");
+  EXPECT_EQ(admission.Admit(Info({"b"}), true).reject.message(),
+            "update_info names tensor b, which the worker does not hold");
   EXPECT_EQ(admission.Admit(Info({"a", "rotary", "x"}), true).reject.message(),
             "update_info's tensors add up to more than 16 bytes (at x), the max_update_bytes limit");
   EXPECT_EQ(admission.Admit(json(7), true).reject.message(), "update_info must be a JSON object");

@@ -1,6 +1,7 @@
 #include "wsync/receiver.h"
 
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -8,7 +9,9 @@
 
 #include "backends/descriptor.h"
 #include "core/log.h"
+#include "model/config.h"
 #include "model/dropped_names.h"
+#include "model/sharding.h"
 #include "model/worker_sink.h"
 #include "receiver/admission.h"
 #include "receiver/backend.h"
@@ -21,12 +24,15 @@ namespace {
 
 using nlohmann::json;
 
-// The ReceiverEngine's WorkerSink: collects the views of one chunk and hands them to the
-// callback of the receive in progress when the backend says the chunk is complete.
-// Names model/dropped_names.h drops are not lent unless the worker's metadata lists them.
+// The ReceiverEngine's WorkerSink: collects the views of one chunk (whole tensors, or the
+// slices of its sharding table's pieces) and hands them to the callbacks of the receive in
+// progress: whole tensors in batches as they arrive (at least `batch_bytes`, whole modules)
+// and at the end of the chunk, slices when the backend says the chunk is complete. Names
+// model/dropped_names.h drops are not lent unless the worker's metadata lists them.
 class LendingSink final : public WorkerSink {
  public:
-  explicit LendingSink(std::vector<TensorMeta> expected) : expected_(std::move(expected)) {
+  LendingSink(std::vector<TensorMeta> expected, std::optional<ShardingTable> table, size_t batch_bytes)
+      : expected_(std::move(expected)), table_(std::move(table)), batch_bytes_(batch_bytes) {
     for (const TensorMeta& m : expected_) names_.insert(m.name);
     // A worker that lists embed_tokens without lm_head.weight reads lm_head from embed_tokens.
     tied_ = names_.contains("model.embed_tokens.weight") && !names_.contains("lm_head.weight");
@@ -48,54 +54,112 @@ class LendingSink final : public WorkerSink {
       return Internal(fmt::format("tensor {} arrived with {} bytes, its dtype and shape need {}", hf.name,
                                   hf.bytes.size(), want));
     }
+    // A module boundary after a batch's worth of bytes: lend what arrived so far, so that
+    // the callback loads it while the rest of the chunk is still on the wire.
+    if (!chunk_.empty() && chunk_bytes_ >= batch_bytes_ && ModuleOf(hf.name) != ModuleOf(chunk_.back().name)) {
+      WSYNC_RETURN_IF_ERROR(LendTensors());
+    }
     chunk_.push_back(hf);
+    chunk_bytes_ += hf.bytes.size();
+    return Status::Ok();
+  }
+
+  const ShardingTable* sharding() const override { return table_ ? &*table_ : nullptr; }
+
+  Status LoadPiece(int param, int piece, std::span<const std::byte> packed, const Device& where) override {
+    if (on_chunk_ == nullptr) return Internal(fmt::format("a slice of parameter {} arrived outside a receive", param));
+    if (!table_ || param < 0 || static_cast<size_t>(param) >= table_->params().size() || piece < 0 ||
+        static_cast<size_t>(piece) >= table_->params()[param].pieces.size()) {
+      return InvalidArgument(fmt::format("no piece {} of parameter {} in this worker's sharding table", piece, param));
+    }
+    const WorkerParam& p = table_->params()[param];
+    const ShardPiece& sp = p.pieces[piece];
+    const PieceRuns r = table_->Runs(param, piece);
+    if (static_cast<int64_t>(packed.size()) != r.count * r.run_bytes) {
+      return InvalidArgument(fmt::format("piece {} of {} ({}) is {} bytes, {} arrived", piece, p.meta.name,
+                                         sp.hf_name, r.count * r.run_bytes, packed.size()));
+    }
+    Shape shape = table_->hf_tensors()[table_->PieceHf(param, piece)].shape;
+    shape[sp.dim] = sp.length;
+    slices_.push_back(SliceRef{param, piece, sp.hf_name, p.meta.dtype, std::move(shape), packed, where});
     return Status::Ok();
   }
 
   Status ChunkLanded() override {
     if (on_chunk_ == nullptr) return Internal("a chunk landed outside a receive");
-    std::vector<TensorRef> chunk = std::move(chunk_);
-    chunk_.clear();
-    if (chunk.empty()) return Status::Ok();
-    return (*on_chunk_)(chunk);
+    std::vector<SliceRef> slices = std::move(slices_);
+    slices_.clear();
+    if (!slices.empty()) {
+      if (on_slices_ == nullptr || *on_slices_ == nullptr) {
+        return FailedPrecondition(fmt::format("the update lands slices ({} of {}), and this receive takes whole "
+                                              "tensors only: pass a slice callback",
+                                              slices.front().hf_name, table_->params()[slices.front().param].meta.name));
+      }
+      WSYNC_RETURN_IF_ERROR((*on_slices_)(slices));
+    }
+    return LendTensors();
   }
 
-  // The callback of the receive that is about to run; null after it.
-  void Arm(const ChunkCallback* on_chunk) {
+  // The callbacks of the receive that is about to run; null after it.
+  void Arm(const ChunkCallback* on_chunk, const SliceCallback* on_slices) {
     on_chunk_ = on_chunk;
+    on_slices_ = on_slices;
     chunk_.clear();
+    chunk_bytes_ = 0;
+    slices_.clear();
   }
 
  private:
+  // The module a tensor belongs to: its name up to the decoder layer's index
+  // ("model.layers.3."), else up to its last dot ("model.embed_tokens"). A batch ends only
+  // between modules, so a model's loader sees each layer's tensors in one call.
+  static std::string_view ModuleOf(std::string_view name) {
+    for (size_t at = name.find("layers."); at != std::string_view::npos; at = name.find("layers.", at + 1)) {
+      size_t end = at + 7;
+      while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+      if (end > at + 7 && end < name.size() && name[end] == '.') return name.substr(0, end + 1);
+    }
+    size_t dot = name.rfind('.');
+    return dot == std::string_view::npos ? name : name.substr(0, dot);
+  }
+
+  // Hands the tensors gathered so far to the chunk callback.
+  Status LendTensors() {
+    std::vector<TensorRef> batch = std::move(chunk_);
+    chunk_.clear();
+    chunk_bytes_ = 0;
+    if (batch.empty()) return Status::Ok();
+    return (*on_chunk_)(batch);
+  }
+
   const std::vector<TensorMeta> expected_;
   std::unordered_set<std::string_view> names_;  // into expected_
   bool tied_ = false;
+  const std::optional<ShardingTable> table_;  // the worker's slices, when it lands them
+  const size_t batch_bytes_;
   const ChunkCallback* on_chunk_ = nullptr;
-  std::vector<TensorRef> chunk_;  // the current chunk's views
+  const SliceCallback* on_slices_ = nullptr;
+  std::vector<TensorRef> chunk_;  // the current batch's views
+  size_t chunk_bytes_ = 0;        // their bytes
+  std::vector<SliceRef> slices_;  // the current chunk's slices
 };
 
 // The tensors a ReceiverEngine's worker holds, as admission asks: any tensor when the
-// worker named none, else one of its metadata with the same dtype and shape; names the
-// sink drops are dropped.
+// worker named none, else its metadata; names the sink drops are dropped.
 class EngineTensors final : public HeldTensors {
  public:
-  EngineTensors(const LendingSink* sink, const std::vector<TensorMeta>& metadata, std::string label)
-      : sink_(sink), label_(std::move(label)) {
+  EngineTensors(const LendingSink* sink, const std::vector<TensorMeta>& metadata) : sink_(sink) {
     for (const TensorMeta& m : metadata) by_name_.emplace(m.name, &m);
   }
   std::string_view DropReason(std::string_view name) const override { return sink_->DropReason(name); }
-  Status Check(const TensorMeta& t) const override {
-    if (by_name_.empty()) return Status::Ok();
-    auto it = by_name_.find(t.name);
-    if (it == by_name_.end()) {
-      return InvalidArgument(fmt::format("update_info names tensor {}, which {} does not hold", t.name, label_));
-    }
-    return CheckSameMeta(*it->second, t);
+  const TensorMeta* Find(std::string_view name) const override {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
   }
+  bool TakesAny() const override { return by_name_.empty(); }
 
  private:
   const LendingSink* sink_;
-  const std::string label_;
   std::unordered_map<std::string_view, const TensorMeta*> by_name_;  // into the metadata
 };
 
@@ -116,7 +180,8 @@ struct ReceiverEngine::State {
 
   // Runs one update: admission (unless `reject` already refuses it), then the backend,
   // which hears of a refusal too (a collective data plane tells the trainer "no").
-  Status Update(Status reject, const json& update_info, const ChunkCallback& on_chunk) {
+  Status Update(Status reject, const json& update_info, const ChunkCallback& on_chunk,
+                const SliceCallback& on_slices) {
     static const auto kNoTensors = std::make_shared<const std::vector<TensorMeta>>();
     UpdateRequest req;
     req.reject = std::move(reject);
@@ -129,9 +194,9 @@ struct ReceiverEngine::State {
     } else {
       req.update_info = std::make_shared<const json>(update_info);
     }
-    sink->Arm(&on_chunk);
+    sink->Arm(&on_chunk, &on_slices);
     Status out = backend->Update(req);
-    sink->Arm(nullptr);
+    sink->Arm(nullptr, nullptr);
     if (!req.reject.ok()) return req.reject.WithContext(options.label);
     return out;
   }
@@ -159,7 +224,16 @@ Result<std::unique_ptr<ReceiverEngine>> ReceiverEngine::Create(const ReceiverEng
     if (!named.insert(m.name).second) return InvalidArgument(fmt::format("metadata names tensor {} twice", m.name));
   }
   if (!options.device.is_cpu()) WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options.device).status());
-  s->sink = std::make_unique<LendingSink>(s->options.metadata);
+  std::optional<ShardingTable> table;
+  if (!options.model.empty()) {
+    if (options.tp_size < 1) return InvalidArgument(fmt::format("tp_size {} must be at least 1", options.tp_size));
+    WSYNC_ASSIGN_OR_RETURN(ModelConfig config, LookupModel(options.model));
+    Result<ShardingTable> built = ShardingTable::Build(config, options.worker_rank % options.tp_size, options.tp_size,
+                                                       {}, options.mtp_drafter ? Drafter::kMtp : Drafter::kNone);
+    if (!built.ok()) return built.status().WithContext(fmt::format("{}: the sharding table of {}", options.label, options.model));
+    table = std::move(*built);
+  }
+  s->sink = std::make_unique<LendingSink>(s->options.metadata, std::move(table), s->options.lend_batch_bytes);
   s->thread = std::make_unique<WorkerThread>(options.label);
   // Every task of the worker runs with its device current (CUDA's is per thread).
   WSYNC_RETURN_IF_ERROR(s->thread->Post([d = options.device] { return UseDeviceOnThisThread(d); }).get());
@@ -172,7 +246,7 @@ Result<std::unique_ptr<ReceiverEngine>> ReceiverEngine::Create(const ReceiverEng
   WSYNC_ASSIGN_OR_RETURN(s->backend, CreateReceiverBackend(options.backend, &s->context));
   s->session = std::make_unique<ReceiverSession>(options.timeout_seconds, [] { return ReceiverSession::Clock::now(); },
                                                  options.timeout_seconds);
-  s->held = std::make_unique<EngineTensors>(s->sink.get(), s->options.metadata, options.label);
+  s->held = std::make_unique<EngineTensors>(s->sink.get(), s->options.metadata);
   s->admission = std::make_unique<UpdateAdmission>(
       s->held.get(),
       AdmissionOptions{.max_update_bytes = options.max_update_bytes, .label = options.label, .compare_values = true});
@@ -191,10 +265,11 @@ Status ReceiverEngine::Init(const json& init_info, const std::string& peer_addre
   return s;
 }
 
-Status ReceiverEngine::Receive(const json& update_info, const ChunkCallback& on_chunk) {
+Status ReceiverEngine::Receive(const json& update_info, const ChunkCallback& on_chunk,
+                               const SliceCallback& on_slices) {
   Result<ReceiverSession::Call> call = state_->session->BeginExclusive("update_weights");
   if (!call.ok()) return call.status().WithContext(state_->options.label);
-  Status s = state_->Update(Status::Ok(), update_info, on_chunk);
+  Status s = state_->Update(Status::Ok(), update_info, on_chunk, on_slices);
   call->Done(s, false);
   return s;
 }
@@ -203,11 +278,12 @@ Status ReceiverEngine::StartWeightUpdate() {
   return state_->session->Start([&] { return state_->backend->Start(); }).WithContext(state_->options.label);
 }
 
-Status ReceiverEngine::UpdateWeights(const json& update_info, const ChunkCallback& on_chunk) {
+Status ReceiverEngine::UpdateWeights(const json& update_info, const ChunkCallback& on_chunk,
+                                     const SliceCallback& on_slices) {
   Status outside;
   Result<ReceiverSession::Call> call = state_->session->BeginUpdate(&outside);
   if (!call.ok()) return call.status().WithContext(state_->options.label);
-  Status s = state_->Update(std::move(outside), update_info, on_chunk);
+  Status s = state_->Update(std::move(outside), update_info, on_chunk, on_slices);
   call->Done(s, ReceiverSession::MayHaveLanded(s));
   return s;
 }

@@ -50,11 +50,11 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
   if (call.kind_ == Call::Kind::kUpdate) {
     if (!mine) return;
     if (outcome.ok()) {
-      session_touched_ = true;
+      session_touched_ = !side_;
     } else {
       active_ = false;  // a failed update ends the session
       ++failed_update_;
-      if (may_have_landed) {
+      if (may_have_landed && !side_) {
         MarkInconsistentLocked(Inconsistency::kSession,
                                fmt::format("an update failed after its bytes may have landed: {}", outcome.message()));
       }
@@ -66,7 +66,7 @@ void ReceiverSession::OutcomeLocked(const Call& call, const Status& outcome, boo
     expiry_note_.clear();
     ++(outcome.ok() ? finished_ : failed_finish_);
     if (outcome.ok()) {
-      ClearInconsistencyLocked();
+      if (!side_) ClearInconsistencyLocked();
     } else if (session_touched_ && may_have_landed) {
       MarkInconsistentLocked(Inconsistency::kSession,
                              fmt::format("finish_weight_update failed after the session's updates landed: {}",
@@ -136,7 +136,7 @@ Result<ReceiverSession::Call> ReceiverSession::BeginInit(const std::string& peer
   return BeginExclusiveLocked("init_weight_transfer_engine", /*refuse_in_session=*/true);
 }
 
-Status ReceiverSession::Start(const std::function<Status()>& open) {
+Status ReceiverSession::Start(const std::function<Status()>& open, bool side) {
   std::lock_guard lock(mu_);
   ExpireIfIdleLocked();
   if (active_) {
@@ -156,6 +156,7 @@ Status ReceiverSession::Start(const std::function<Status()>& open) {
   ++session_;
   ++started_;
   session_touched_ = false;
+  side_ = side;
   expiry_note_.clear();
   last_call_ = now_();
   return Status::Ok();

@@ -101,8 +101,10 @@ class ReceiverSession {
   // start_weight_update: FailedPrecondition while a session is active (an expired one is
   // closed first). Does not wait for a call in flight outside the session (init).
   // `open` (the backend's Start, which must not block) runs under the object's lock once
-  // the session may open; its failure leaves the session closed.
-  Status Start(const std::function<Status()>& open = nullptr);
+  // the session may open; its failure leaves the session closed. `side`: a session whose
+  // updates land beside the weights (a LoRA adapter's staging), never in them: its
+  // outcome neither marks the weights inconsistent nor clears a mark.
+  Status Start(const std::function<Status()>& open = nullptr, bool side = false);
   // update_weights: holds the server even outside a session, so that a backend whose
   // data plane is a collective can tell the trainer "no"; `*outside` is then set to the
   // FailedPrecondition the update must answer, otherwise to OK.
@@ -175,6 +177,7 @@ class ReceiverSession {
   Inconsistency inconsistent_ = Inconsistency::kNone;  // GUARDED_BY(mu_)
   std::string inconsistent_why_;        // GUARDED_BY(mu_): the reason's words
   bool session_touched_ = false;        // GUARDED_BY(mu_): an update ran in this session
+  bool side_ = false;                   // GUARDED_BY(mu_): the session is a side session (Start)
   Clock::time_point last_call_;         // GUARDED_BY(mu_): end of the session's last call
   int started_ = 0;                     // GUARDED_BY(mu_)
   int finished_ = 0;                    // GUARDED_BY(mu_)

@@ -11,7 +11,10 @@ std::string_view StoreTensors::DropReason(std::string_view name) const {
   return DroppedNameReason(name, store_->config());
 }
 
-Status StoreTensors::Check(const TensorMeta& t) const { return store_->CheckHf(t); }
+const TensorMeta* StoreTensors::Find(std::string_view name) const {
+  const int i = store_->table().FindHf(name);
+  return i < 0 ? nullptr : &store_->table().hf_tensors()[i];
+}
 
 bool IsDroppedBy(const WorkerStore& store, std::string_view hf_name) {
   std::string_view reason = StoreTensors(&store).DropReason(hf_name);

@@ -13,14 +13,13 @@ namespace wsync {
 
 class WorkerStore;
 
-// The tensors of a store's model: a tensor is held with the model's dtype and shape
-// (WorkerStore::CheckHf's refusal otherwise), or dropped by the rule of
-// model/dropped_names.h when the model has no tensor of that name.
+// The tensors of a store's model, each held with the model's dtype and shape; a name the
+// model has no tensor of is dropped by the rule of model/dropped_names.h, or not held.
 class StoreTensors final : public HeldTensors {
  public:
   explicit StoreTensors(const WorkerStore* store) : store_(store) {}
   std::string_view DropReason(std::string_view name) const override;
-  Status Check(const TensorMeta& t) const override;
+  const TensorMeta* Find(std::string_view name) const override;
 
  private:
   const WorkerStore* store_;

@@ -84,7 +84,10 @@ Result<CompletionRequest> ParseCompletionRequest(const json& body, const Complet
   CompletionRequest r;
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return InvalidArgument("field 'model' must be a string");
-    if (it->get_ref<const std::string&>() != limits.model) {
+    const std::string& model = it->get_ref<const std::string&>();
+    if (model != limits.model && limits.is_adapter && limits.is_adapter(model)) {
+      r.adapter = model;
+    } else if (model != limits.model) {
       return NotFound(fmt::format("The model `{}` does not exist: this server serves '{}' (field 'model')",
                                   it->get_ref<const std::string&>().substr(0, 256), limits.model));
     }

@@ -14,6 +14,7 @@ using nlohmann::json;
 struct Generator::Request {
   std::string id;
   std::vector<int32_t> prompt;
+  std::string adapter;  // empty: the base model
   int max_tokens = 0;
   Clock::time_point arrived;
   int64_t created = 0;  // unix seconds
@@ -90,6 +91,7 @@ Result<json> Generator::Complete(const json& body) {
 Result<json> Generator::Run(CompletionRequest req) {
   auto r = std::make_shared<Request>();
   r->prompt = std::move(req.prompt);
+  r->adapter = std::move(req.adapter);
   r->max_tokens = req.max_tokens;
   r->arrived = Clock::now();
   r->created = static_cast<int64_t>(std::time(nullptr));
@@ -135,7 +137,7 @@ json Generator::ReplyLocked(const Request& r) const {
   json out{{"id", r.id},
            {"object", "text_completion"},
            {"created", r.created},
-           {"model", options_.limits.model},
+           {"model", r.adapter.empty() ? options_.limits.model : r.adapter},
            {"choices", json::array({std::move(choice)})},
            {"usage",
             {{"prompt_tokens", r.prompt.size()},
@@ -155,6 +157,7 @@ struct Work {
   int cached = 0;
   uint64_t state = 0;
   int32_t token = 0;
+  std::string version;  // a request naming an adapter: the adapter's version
   Status error;
 };
 
@@ -224,7 +227,7 @@ void Generator::Loop() {
     for (size_t i = 0; i < due.size(); ++i) {
       Request& r = *due[i];
       work[i].prefill = !r.prefilled || r.recompute;
-      work[i].use_cache = !r.prefilled && !r.recompute;
+      work[i].use_cache = !r.prefilled && !r.recompute && r.adapter.empty();
       work[i].state = r.state;
     }
     in_step_ = true;
@@ -242,13 +245,26 @@ void Generator::Loop() {
             for (size_t i = 0; i < due.size(); ++i) {
               const Request& r = *due[i];
               Work& w = work[i];
+              std::optional<uint64_t> adapter_key;
+              if (!r.adapter.empty()) {
+                Result<std::pair<uint64_t, std::string>> a =
+                    options_.adapter ? options_.adapter(r.adapter)
+                                     : Result<std::pair<uint64_t, std::string>>(
+                                           NotFound(fmt::format("no LoRA adapter named {}", r.adapter)));
+                if (!a.ok()) {
+                  w.error = a.status().WithContext(fmt::format("request {}", r.id));
+                  continue;
+                }
+                adapter_key = a->first;
+                w.version = std::move(a->second);
+              }
               auto absorb = [&](int32_t t) -> bool {
                 Result<uint64_t> p = probe(t);
                 if (!p.ok()) {
                   w.error = p.status().WithContext(fmt::format("request {}: reading the weights of token {}", r.id, t));
                   return false;
                 }
-                w.state = AbsorbToken(w.state, t, *p);
+                w.state = AbsorbToken(w.state, t, adapter_key ? GenerationMix(*p ^ *adapter_key) : *p);
                 return true;
               };
               bool ok = true;
@@ -310,7 +326,7 @@ void Generator::Loop() {
         r->recompute = false;
       }
       r->tokens.push_back(w.token);
-      r->versions.push_back(version);
+      r->versions.push_back(r->adapter.empty() ? version : w.version);
       r->next_at = now + interval;
       if (static_cast<int>(r->tokens.size()) >= r->max_tokens) {
         FinishLocked(r, "length");

@@ -21,6 +21,12 @@
 //   of now, s = Absorb(s, y(k-1), Probe(y(k-1))), and produces yk = Sample(s). The weight
 //   version of yk is the server's version at that step.
 //
+//   A request whose "model" names a LoRA adapter reads Probe_a(t) = Mix(Probe(t) ^ K) in
+//   place of Probe(t), where K is the key of the adapter's version live at that step
+//   (LoraAdapter::key, receiver/lora_store.h: it folds the digests of the adapter's
+//   tensors), and the weight version of each of its tokens is that adapter version. Such
+//   a request neither reads nor fills the prefix cache.
+//
 // Prefix cache (prefix_cache.h): the first step looks up the longest cached prefix of
 // whole blocks of 16 prompt tokens, ending at most at the prompt's last token but one
 // (the last token is always computed, as in vLLM), reports it as cached_tokens, and
@@ -56,6 +62,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -84,21 +91,28 @@ struct CompletionLimits {
   int max_tokens = 4096;        // the largest "max_tokens"
   size_t max_prompt_tokens = 32768;
   size_t max_request_id_bytes = 256;
+  // Whether "model" names a LoRA adapter the server holds (null: none does).
+  std::function<bool(std::string_view)> is_adapter;
 };
 struct CompletionRequest {
   std::string request_id;       // empty: the generator names it "cmpl-<n>"
   std::vector<int32_t> prompt;  // token ids; a string prompt's UTF-8 bytes
   int max_tokens = 16;
+  std::string adapter;          // the LoRA adapter "model" names; empty: the base model
 };
 // Parses an OpenAI completions body: "prompt" (a string or a list of token ids, non-empty),
-// "max_tokens" (default 16, in [1, limits.max_tokens]), "model" (optional; NotFound when it
-// is not limits.model, as OpenAI servers answer 404), "request_id" (optional string).
+// "max_tokens" (default 16, in [1, limits.max_tokens]), "model" (optional: limits.model, or
+// an adapter limits.is_adapter knows; NotFound otherwise, as OpenAI servers answer 404),
+// "request_id" (optional string).
 // "stream": true and "n" other than 1 are refused. InvalidArgument naming the field.
 Result<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body, const CompletionLimits& limits);
 
 // ---- The generator ----
 struct GeneratorOptions {
   CompletionLimits limits;
+  // The key and version of the live version of an adapter (generation's K above), read
+  // inside a step; NotFound once it is unloaded. Null: no request names an adapter.
+  std::function<Result<std::pair<uint64_t, std::string>>(const std::string& adapter)> adapter;
   double token_interval_ms = 0;       // pause between a request's tokens; 0: none
   double timeout_seconds = 300;       // the bound on any wait (a frozen request, a drain)
   size_t kv_cache_bytes = size_t{16} << 20;  // prefix cache pool; 0 disables prefix caching

@@ -28,6 +28,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
   if (o.quantization != "none" && o.quantization != "fp8") {
     return InvalidArgument(fmt::format("--quantization {}: expected none or fp8", o.quantization));
   }
+  if (o.max_loras < 0) return InvalidArgument(fmt::format("--max-loras {} must be >= 0", o.max_loras));
   if (o.speculative != "none" && o.speculative != "mtp") {
     return InvalidArgument(fmt::format("--speculative {}: expected none or mtp", o.speculative));
   }
@@ -69,6 +70,7 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const Inference
         if (!fp8.ok()) return fp8.status().WithContext("--quantization fp8");
         w->fp8 = std::move(fp8).value();
       }
+      w->lora = std::make_unique<LoraStore>();
       w->thread = std::make_unique<WorkerThread>(fmt::format("dp{}/tp{}", dp, tp));
       // Every task of the worker runs with its device current (CUDA's is per thread).
       WSYNC_RETURN_IF_ERROR(w->thread->Post([d = w->device] { return UseDeviceOnThisThread(d); }).get());
@@ -143,25 +145,6 @@ void InferenceServer::set_url(const std::string& url) {
   }
 }
 
-namespace {
-
-// Runs one backend call: an exception it throws (a bug, or an allocation that failed)
-// becomes Internal naming the route, so that it reaches the trainer as a 500 and the
-// call's ReceiverSession::Call still frees the server.
-template <typename F>
-auto CatchAll(const char* route, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    WSYNC_LOG_ERROR("{} threw: {}", route, e.what());
-    return Internal(fmt::format("{} failed: {}", route, e.what()));
-  } catch (...) {
-    WSYNC_LOG_ERROR("{} threw a non-standard exception", route);
-    return Internal(fmt::format("{} failed: unknown exception", route));
-  }
-}
-
-}  // namespace
 
 Status InferenceServer::Measured(WeightOperation op, const std::function<Status()>& call) {
   Status s = metrics_->Measure(op, call);
@@ -310,6 +293,7 @@ Status InferenceServer::InitNow(const json& init_info, const std::string& peer_a
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginInit(peer_address, &took_over));
   // A dead trainer's pause ends with its session.
   if (took_over) ResumeAfterLostTrainer("its session was taken over by a new trainer's init");
+  EndLoraSession();
   // Another backend's init_info is named as such before this backend's parser sees it.
   if (Status mismatch = CheckInitInfoBackend(backend_->name(), init_info); !mismatch.ok()) {
     WSYNC_LOG_WARN("init_weight_transfer_engine refused: {}", mismatch.message());
@@ -357,6 +341,7 @@ Status InferenceServer::StartSession(bool draft, bool inline_verify) {
   auto no_generation_step = ExcludeGeneration();
   Status s = session_->Start([&] { return CatchAll("start_weight_update", [&] { return backend_->Start(); }); });
   if (s.ok()) {
+    EndLoraSession();
     // Landing digests: what a host worker lands in this session is hashed as it lands.
     const bool hash = inline_verify && !InlineVerification().empty();
     (void)OnEachWorker("starting an update's landing digests", [hash](Worker& w) {
@@ -414,8 +399,14 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
   }
   req.update_info = update_info;
   req.tensors = kNoTensors;
+  const bool lora = InLoraSession();
   Status s = CatchAll("update_weights", [&]() -> Status {
-    if (req.reject.ok()) {
+    if (req.reject.ok() && lora) {
+      AdmittedUpdate admitted = AdmitLora(update_info);
+      req.update_info = std::move(admitted.update_info);
+      req.tensors = std::move(admitted.tensors);
+      req.reject = std::move(admitted.reject);
+    } else if (req.reject.ok()) {
       AdmittedUpdate admitted = admission_->Admit(update_info, !backend_->ParsesOwnUpdateInfo());
       req.update_info = std::move(admitted.update_info);
       req.tensors = std::move(admitted.tensors);
@@ -442,7 +433,8 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
     return backend_->Update(req);
   });
   // Bytes may have landed before a data-phase failure: say so until a sync completes.
-  call.Done(s, req.reject.ok() && ReceiverSession::MayHaveLanded(s));
+  // A lora session's bytes land in the adapter's staging, never in the weights.
+  call.Done(s, !lora && req.reject.ok() && ReceiverSession::MayHaveLanded(s));
   if (!s.ok()) WSYNC_LOG_WARN("update_weights failed: {}", s.ToString());
   if (s.ok() && !req.tensors->empty()) {
     uint64_t bytes = 0;
@@ -455,6 +447,15 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
 Status InferenceServer::FinishNow(const std::optional<std::string>& weight_version, const json* digests,
                                   std::string_view algorithm, json* verified) {
   WSYNC_ASSIGN_OR_RETURN(ReceiverSession::Call call, session_->BeginFinish());
+  if (InLoraSession()) {
+    Status s = FinishLora(weight_version, digests, algorithm, verified);
+    if (s.ok()) {
+      std::lock_guard lock(mu_);
+      sync_window_.reset();
+    }
+    call.Done(s, false);
+    return s;
+  }
   Status s = CatchAll("finish_weight_update", [&] { return backend_->Finish(); });
   if (s.ok() && digests != nullptr) {
     s = CatchAll("finish_weight_update", [&] { return VerifyInline(*digests, algorithm, verified); });
@@ -616,6 +617,7 @@ json InferenceServer::Health() const {
   json generation = generator_->Health();
   json memory = Memory();
   json speculative = Speculative();
+  json lora = Loras();
   std::lock_guard lock(mu_);
   json out{{"status", "ok"},          {"server", "wsync"},
               {"model", model_.name},    {"backend", std::string(backend_->name())},
@@ -624,6 +626,7 @@ json InferenceServer::Health() const {
               {"device", options_.device.ToString()},
               {"quantization", options_.quantization},
               {"speculative", speculative},
+              {"lora", lora},
               {"weight_version", weight_version_},
               {"syncs", syncs_},
               {"weights_consistent", session.consistent},

@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/group_landing.h"
 #include "receiver/admission.h"
+#include "receiver/lora_spec.h"
 #include "receiver/session.h"
 #include "receiver/update_info.h"
 #include "receiver/backend.h"
@@ -66,6 +67,18 @@ class InferenceServer : public ControlService {
   // (SkyRL's draft session); it must reload every drafter layer and leaves the target's
   // weight version as it is. Without a drafter: InvalidArgument.
   Status StartDraftWeightUpdate() override;
+  // --- LoRA adapters (inference_server_lora.cc; options_.max_loras, docs/lora.md) ---
+  // A lora session: the spec is parsed and checked against the model, the adapter is
+  // staged on every worker and the backends land its tensors there (admission against
+  // the adapter's own tensor list); finish checks every tensor landed (and the in-line
+  // digests), then installs the version on every worker at once. A failed or abandoned
+  // session leaves the previous version serving and the base weights' state untouched.
+  // Refused: without --max-loras, on a backend that parses its own update_info (its
+  // plane carries the model's tensors only), and for a new name while max_loras are held.
+  Status StartLoraWeightUpdate(const nlohmann::json& lora, bool inline_verify) override;
+  Result<nlohmann::json> Models() const override;
+  Status UnloadLoraAdapter(const std::string& name) override;
+  Result<nlohmann::json> LoraChecksums(const std::string& name, DigestAlgorithm algorithm) override;
   Status UpdateWeights(std::shared_ptr<const nlohmann::json> update_info) override;
   Status UpdateWeights(const nlohmann::json& update_info) {  // a copy; for tests
     return UpdateWeights(std::make_shared<const nlohmann::json>(update_info));
@@ -165,6 +178,25 @@ class InferenceServer : public ControlService {
   Status StartSession(bool draft, bool inline_verify = false);
   // The "speculative" object of /health: null without a drafter.
   nlohmann::json Speculative() const;
+  // The "lora" object of /health: null without --max-loras.
+  nlohmann::json Loras() const;
+  // Whether the open session is a lora session (its spec then in lora_session_).
+  bool InLoraSession() const;
+  // The lora session's update admission and finish (inference_server_lora.cc).
+  AdmittedUpdate AdmitLora(std::shared_ptr<const nlohmann::json> update_info);
+  Status FinishLora(const std::optional<std::string>& weight_version, const nlohmann::json* digests,
+                    std::string_view algorithm, nlohmann::json* verified);
+  // Points every worker's backend sink at its store (the weights) or at its adapter
+  // staging. Only while no backend call runs.
+  void UseWeightSinks();
+  // Forgets a lora session that ended without its finish (expired, taken over, or
+  // followed by another session): its staging is discarded, the weights' sinks restored.
+  void EndLoraSession();
+  void UseLoraSinks();
+  // The generation's view of adapter `name`: its key and version (generation.h).
+  Result<std::pair<uint64_t, std::string>> AdapterForGeneration(const std::string& name) const;
+  std::optional<LoraSpec> lora_session_;         // GUARDED_BY(mu_)
+  std::unique_ptr<UpdateAdmission> lora_admission_;  // the lora session's; used as admission_ is
 
   InferenceServerOptions options_;
   ModelConfig model_;

@@ -8,6 +8,7 @@
 
 #include "model/worker_store.h"
 #include "server/inference_server.h"
+#include "server/inference_server_worker.h"
 #include "receiver/worker_thread.h"
 #include "wsync/device_runtime.h"
 
@@ -25,6 +26,10 @@ Status InferenceServer::CreateGenerator() {
   GeneratorOptions g;
   g.limits.model = model_.name;
   g.limits.vocab_size = model_.vocab_size;
+  if (options_.max_loras > 0) {
+    g.limits.is_adapter = [this](std::string_view name) { return workers_.front()->lora->Find(name) != nullptr; };
+    g.adapter = [this](const std::string& name) { return AdapterForGeneration(name); };
+  }
   g.token_interval_ms = options_.token_interval_ms;
   g.timeout_seconds = options_.timeout_seconds;
   g.kv_cache_bytes = options_.kv_cache_bytes;

@@ -53,6 +53,7 @@ class FaultySource final : public WeightSource {
   const std::vector<TensorMeta>& metadata() const override { return meta_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
   std::optional<std::vector<std::string>> HeldNames() const override { return inner_->HeldNames(); }
+  std::vector<HeldRows> HeldRowRanges() const override { return inner_->HeldRowRanges(); }
   // The inner source's held pass, through the same faults and counters as Iterate():
   // passes count both kinds, and tensor indices are positions in the held pass.
   Result<std::unique_ptr<TensorStream>> IterateHeld() override;

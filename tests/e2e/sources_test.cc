@@ -77,8 +77,8 @@ TEST_F(SourcesTest, MegatronTiedEmbeddingsOverTwoStages) {
 TEST_F(SourcesTest, SenderThatFailsStopsTheOtherRanksAtOnce) {
   E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("dense", {"--model", "qwen3-tiny"}));
   const std::string cause = s.url +
-                            ": POST /update_weights -> 400: model qwen3-tiny has no tensor "
-                            "model.layers.0.mlp.gate.weight";
+                            ": POST /update_weights -> 400: update_info names tensor "
+                            "model.layers.0.mlp.gate.weight, which the worker does not hold";
   for (const std::string layout : {"fsdp", "tp1pp2ep1"}) {
     SCOPED_TRACE(layout);
     const int ranks = layout == "fsdp" ? 3 : 4;

@@ -7,10 +7,14 @@ the fusing (by the model's ``packed_modules_mapping`` and the layer's ``output_s
 gathers tensor-parallel shards over vLLM's TP group and cuts vocabulary padding, so the
 digests are those of the trainer's tensors.
 
-``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)``, ``wsync_stats()``,
+``install_worker_rpcs()`` adds ``wsync_weight_digests(algorithm)``,
+``wsync_drafter_digests(algorithm)`` (the MTP drafter's own parameters by vLLM name, the
+empty ones vLLM prepacked listed as empty: ``{"checksums": {vllm_name: hex}, "empty":
+[...]}``; ``{}`` without a drafter), ``wsync_stats()``,
 ``wsync_fetch_weights(body_json)`` (delta: wsync's ``/fetch_weights``, which vLLM lacks)
 and ``wsync_inline_digests(body_json)`` (in-line verification, see
-``wsync.vllm.worker_engine``) to vLLM's worker base class, and, where the environment sets
+``wsync.vllm.worker_engine``), ``wsync_lora_start(body_json)``, ``wsync_lora_adapters()``
+and ``wsync_lora_digests(name)`` (LoRA adapters, see ``wsync.vllm.lora``) to vLLM's worker base class, and, where the environment sets
 ``WSYNC_VLLM_TEST_FAULTS=1``, the test-only ``wsync_corrupt_next_landing()``, so that ``POST /collective_rpc {"method":
 "wsync_weight_digests", "args": ["xxh3_128"]}`` answers, from every worker, the reply
 shape of wsync's ``/weight_checker`` checksum action (``{"checksums": {hf_name: hex}}``).
@@ -117,6 +121,23 @@ def _worker_weight_digests(self, algorithm="xxh3_128"):
     return weight_digests(self.model_runner.get_model(), algorithm, getattr(engine, "landed", None))
 
 
+def _worker_drafter_digests(self, algorithm="sha256"):
+    get = getattr(self.model_runner, "get_draft_model", None)
+    drafter = get() if callable(get) else None
+    if drafter is None:
+        return {}
+    target = {id(p) for p in self.model_runner.get_model().parameters()}
+    sums, empty = {}, []
+    for name, param in drafter.named_parameters():
+        if id(param) in target:
+            continue  # shared with the target (embed_tokens, lm_head)
+        if param.numel() == 0:
+            empty.append(name)
+        else:
+            sums[name] = _hex(str(algorithm).replace("-", "_"), param.detach())
+    return {"checksums": sums, "empty": empty}
+
+
 def _worker_stats(self):
     engine = getattr(self, "weight_transfer_engine", None)
     stats = getattr(engine, "stats", None)
@@ -145,6 +166,20 @@ def _worker_inline_digests(self, body_json):
     return _wsync_engine(self, "wsync_inline_digests").check_inline(json.loads(body_json))
 
 
+def _worker_lora_start(self, body_json):
+    import json
+    manager = getattr(self.model_runner, "lora_manager", None)
+    return _wsync_engine(self, "wsync_lora_start").lora_start(json.loads(body_json), manager)
+
+
+def _worker_lora_adapters(self):
+    return _wsync_engine(self, "wsync_lora_adapters").lora_adapters()
+
+
+def _worker_lora_digests(self, name):
+    return _wsync_engine(self, "wsync_lora_digests").lora_digests(name)
+
+
 def _worker_corrupt_next_landing(self):
     _wsync_engine(self, "wsync_corrupt_next_landing").corrupt_next_landing()
     return True
@@ -158,8 +193,11 @@ def install_worker_rpcs():
     """Adds the wsync_* collective RPCs to vLLM's worker base class (new names only)."""
     import os
     from vllm.v1.worker.worker_base import WorkerBase
-    rpcs = [("wsync_weight_digests", _worker_weight_digests), ("wsync_stats", _worker_stats),
-            ("wsync_fetch_weights", _worker_fetch_weights), ("wsync_inline_digests", _worker_inline_digests)]
+    rpcs = [("wsync_weight_digests", _worker_weight_digests), ("wsync_drafter_digests", _worker_drafter_digests),
+            ("wsync_stats", _worker_stats),
+            ("wsync_fetch_weights", _worker_fetch_weights), ("wsync_inline_digests", _worker_inline_digests),
+            ("wsync_lora_start", _worker_lora_start), ("wsync_lora_adapters", _worker_lora_adapters),
+            ("wsync_lora_digests", _worker_lora_digests)]
     if os.environ.get(TEST_FAULTS_ENV) == "1":
         rpcs.append(("wsync_corrupt_next_landing", _worker_corrupt_next_landing))
     for name, fn in rpcs:

@@ -12,11 +12,22 @@ to a wsync server; it names its wsync backend by its fields (see ``backend_of``)
 explicitly with ``"wsync_backend"``. The worker is rank ``rank_offset + dp_index *
 world_size + rank`` of the trainer's group, as vLLM numbers workers.
 
+``sharded`` lands each worker's pre-sliced TP shards straight into its parameters by vLLM
+name, planned from wsync's sharding table of the served model (``wsync.vllm.slices``).
+
 Received tensors are views of wsync's receive buffers, valid only during one chunk's
 callback. vLLM's layerwise reload keeps the tensors handed to ``load_weights`` until a
 layer has all its weights, which may be in a later chunk, so after each chunk the engine
 copies what the reload still holds for layers it has not completed (usually only a layer
 split across two chunks).
+
+An MTP drafter (``--speculative-config '{"method": "mtp", ...}'``) is reloaded from the
+same stream, as ``wsync serve --speculative mtp`` reloads it: in an ordinary session the
+engine brackets the drafter with its own layerwise reload and hands it, after the target,
+each chunk's tensors of the MTP layers (the drafter shares the target's embed_tokens and
+lm_head). vLLM hands the engine its target only; the drafter is the one of the worker that
+holds the engine (``Worker.get_draft_model``). A draft session
+(``/start_draft_weight_update``) lands its stream in the drafter alone, as vLLM's own.
 
 In-line verification: a wsync trainer sends the xxh3-128 digest of every tensor it read
 through the collective RPC ``wsync_inline_digests`` after the session's last
@@ -26,6 +37,12 @@ through the collective RPC ``wsync_inline_digests`` after the session's last
 session whose bytes differ: it puts back what the layerwise reload still holds, raises
 naming the tensors (vLLM answers 500 and keeps the previous weight version), and leaves
 the mismatch in ``stats``.
+
+A LoRA adapter (docs/lora.md) comes in a lora session: the collective RPC
+``wsync_lora_start`` names it before ``/start_weight_update``; the session lands its
+tensors in staging beside the version the worker holds (no layerwise reload: the base
+weights are untouched), verified in-line as full weights are, and its finish installs the
+version, which vLLM's LoRA manager builds from memory (``wsync.vllm.lora``).
 """
 
 import json
@@ -52,11 +69,19 @@ DEFAULT_STORE_HOSTS = ["127.0.0.1", "::1", "localhost"]
 # The bound on every wait of the receiving core, seconds (the trainer's own, if shorter, wins).
 DEFAULT_TIMEOUT = 300.0
 
+# A value not looked up yet.
+_UNSET = object()
 # Marks a tensor the engine copied out of a receive buffer (see _own_pending).
 _OWNED = "_wsync_owned"
 
 # The backends whose receiver answers fetch_weights (their descriptors say so).
 _FETCHING = frozenset(b["name"] for b in _wsync.backends() if b["fetches"])
+# The backends that land slices planned from the model (their descriptors name a model
+# option, the servers' model the trainer plans from).
+_SLICING = frozenset(b["name"] for b in _wsync.backends() if b["model_option"])
+# The backends whose update_info is the tensor list (neither fetching nor planning from
+# the model), which carry LoRA adapters.
+_LORA = frozenset(b["name"] for b in _wsync.backends() if not b["fetches"] and not b["model_option"])
 
 
 def backend_of(init_info):
@@ -118,8 +143,9 @@ class UpdateStats:
     """Timings of this worker's last weight update, seconds."""
 
     receive_seconds: float = 0.0      # update_weights calls, start to end (data plane included)
-    load_seconds: float = 0.0         # inside the model's load_weights
+    load_seconds: float = 0.0         # inside the model's load_weights (sharded: vLLM processing whole layers)
     copy_seconds: float = 0.0         # copying views the layerwise reload still holds after a chunk
+                                      # (sharded: copying slices into the parameters)
     digest_seconds: float = 0.0       # xxh3-128 of each landed tensor (read-back of emptied weights)
     finish_seconds: float = 0.0       # finish_weight_update (layerwise reload's tail)
     tensors: int = 0
@@ -157,6 +183,20 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._differing = []
         # Test-only fault (wsync_corrupt_next_landing): flip one byte of the next tensor landed.
         self._corrupt_next = False
+        # sharded: the table's parameters bound to the model (wsync.vllm.slices), per backend.
+        self._slices = None
+        # The MTP drafter reloaded beside the target in the session under way (_CoTarget),
+        # and the worker's drafter once looked up (None: it serves none).
+        self._co = None
+        self._drafter = _UNSET
+        # LoRA: the spec wsync_lora_start named for the next session, the session's
+        # staging (wsync.vllm.lora.Staging), and the versions held by adapter name:
+        # {"spec", "tensors", "digests", "ids": lora int ids vLLM built it under}.
+        self._lora_next = None
+        self._lora = None
+        self._lora_manager = None
+        self.adapters = {}
+        self.lora_syncs = 0
         from wsync.vllm import digests
         digests.install_worker_rpcs()
 
@@ -190,21 +230,53 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if self._rx is not None and self._rx.backend != init_info.backend:
             self._rx.shutdown()
             self._rx = None
+            self._slices = None
         if self._rx is None:
             pc = self.parallel_config
+            label = f"vLLM worker dp{pc.data_parallel_index}/rank{pc.rank}"
+            slicing = {}
+            if init_info.backend in _SLICING:
+                slicing, self._slices = self._slice_plan(label)
             self._rx = wsync.ReceiverEngine(
                 init_info.backend, worker_rank=self.worker_rank, device=str(self.device),
-                timeout=DEFAULT_TIMEOUT, label=f"vLLM worker dp{pc.data_parallel_index}/rank{pc.rank}",
-                **server_options(init_info.backend))
+                timeout=DEFAULT_TIMEOUT, label=label, **slicing, **server_options(init_info.backend))
         self._rx.init(init_info.fields, "")
 
+    def _slice_plan(self, label):
+        """(the ReceiverEngine's model and tp_size, the SliceLanding) of a backend that lands
+        slices; ValueError for a deployment or model it cannot map."""
+        from wsync.receiver import sharding_table
+        from wsync.vllm.slices import SliceLanding, plan_targets
+        pc = self.parallel_config
+        if pc.pipeline_parallel_size != 1:
+            raise ValueError(f"backend sharded inside vLLM lands tensor-parallel shards only; this server runs "
+                             f"pipeline_parallel_size {pc.pipeline_parallel_size}")
+        if self.vllm_config.speculative_config is not None:
+            raise ValueError("backend sharded inside vLLM does not land a speculative drafter's weights; use nccl, "
+                             "ipc or delta for a server with --speculative-config")
+        model_dir = _config_dir(self.model_config)
+        tp_rank = self.worker_rank % pc.tensor_parallel_size
+        table = sharding_table(model_dir, tp_rank, pc.tensor_parallel_size)
+        landing = SliceLanding(plan_targets(self.model, table, label), lambda t: tensor_digest(t, "xxh3_128"))
+        return {"model": model_dir, "tp_size": pc.tensor_parallel_size}, landing
+
     def start_weight_update(self) -> None:
+        if self._lora_next is not None:
+            self._start_lora()
+            return
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        if self._drafter is _UNSET:
+            self._drafter = _mtp_drafter(self)  # the worker's drafter never changes
+        self._co = self._drafter if self.model is self._default_model else None
         initialize_layerwise_reload(self.model)
+        if self._co is not None:
+            initialize_layerwise_reload(self._co.model)
         self._reloading = True
         self._landing = {}
         self._differing = []
         self.stats = UpdateStats()
+        if self._slices is not None:
+            self._slices.begin()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # vLLM's own synchronizes the accelerator afterwards; the CPU has nothing to wait for.
@@ -217,21 +289,27 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if self._rx is None:
             raise RuntimeError("wsync weight transfer is not initialized: POST /init_weight_transfer_engine "
                                "first (a wsync trainer does)")
+        if self._lora is not None:
+            self._receive_lora(update_info)
+            return
         stats = self.stats
         copy = self._reloading
         model = self.model
+        co = self._co
 
         landed = self._landing
 
         def load(chunk):
             t0 = time.perf_counter()
-            if self._corrupt_next and chunk:
-                self._corrupt_next = False
-                _flip_first_byte(chunk[0][1])
+            self._inject_fault(chunk)
             for name, tensor in chunk:
                 landed[name] = tensor_digest(tensor, "xxh3_128")
             t1 = time.perf_counter()
             model.load_weights(chunk)
+            if co is not None:
+                drafts = [(name, t) for name, t in chunk if name.startswith(co.prefixes)]
+                if drafts:
+                    co.model.load_weights(drafts)
             t2 = time.perf_counter()
             if copy:
                 self._own_pending()
@@ -243,11 +321,32 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             stats.tensors += len(chunk)
             stats.bytes += sum(t.numel() * t.element_size() for _, t in chunk)
 
+        load_slices = None
+        if self._slices is not None and self._rx.backend in _SLICING:
+            if not self._reloading:
+                raise RuntimeError("backend sharded lands slices inside a weight update: POST /start_weight_update "
+                                   "first (a wsync trainer does)")
+            slices = self._slices
+
+            def load_slices(items):
+                corrupt = None
+                if self._corrupt_next and items:
+                    self._corrupt_next = False
+                    corrupt = _flip_first_byte
+                slices.land(items, landed, corrupt)
+                # load: vLLM's processing of completed layers; copy: the slices copied in.
+                stats.load_seconds = slices.process_seconds
+                stats.copy_seconds = slices.copy_seconds
+                stats.digest_seconds = slices.digest_seconds
+                stats.chunks += 1
+                stats.tensors = len(slices.names)
+                stats.bytes = slices.bytes
+
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
         t0 = time.perf_counter()
         try:
             with disable_mtp_completeness_check():
-                self._rx.receive_weights(update_info.fields, load)
+                self._rx.receive_weights(update_info.fields, load, load_slices)
         except BaseException:
             # vLLM ends the session on this exception without finish_weight_update.
             self._abort_reload()
@@ -256,6 +355,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             stats.receive_seconds += time.perf_counter() - t0
 
     def finish_weight_update(self) -> None:
+        if self._lora is not None:
+            self._finish_lora()
+            return
         if not self._reloading:
             return  # the update failed and its reload was undone: nothing to finish
         if self._differing:
@@ -266,13 +368,30 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                 f"{self.worker_rank} differ from what the trainer read: {'; '.join(differing[:MAX_NAMED])}"
                 + (f"; and {len(differing) - MAX_NAMED} more" if len(differing) > MAX_NAMED else "")
                 + ". The update is not finished; the previous weight version stays reported")
+        if self._slices is not None and self._rx is not None and self._rx.backend in _SLICING:
+            unfinished = self._slices.unfinished()
+            if unfinished:
+                self._abort_reload()
+                raise RuntimeError(f"backend sharded: vLLM worker {self.worker_rank} did not receive every slice of "
+                                   f"{', '.join(unfinished[:MAX_NAMED])}"
+                                   + (f" and {len(unfinished) - MAX_NAMED} more" if len(unfinished) > MAX_NAMED else "")
+                                   + "; the update is not finished")
+            self._slices.digest_split(self._landing)
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
         t0 = time.perf_counter()
         try:
+            if self._co is not None:
+                finalize_layerwise_reload(self._co.model, self._co.model_config)
             finalize_layerwise_reload(self.model, self.model_config)
         finally:
             self._reloading = False
+            self._co = None
             self.stats.finish_seconds = time.perf_counter() - t0
+        if self._slices is not None:
+            # A tensor this worker got only a slice of has its digest on TP rank 0 alone:
+            # what this worker held for it before describes the previous weights.
+            for name in self._slices.names:
+                self.landed.pop(name, None)
         self.landed.update(self._landing)
         self._landing = {}
         self.syncs += 1
@@ -282,7 +401,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         has not completed: they view receive buffers that the next chunk reuses. A layer
         whose weights all arrived was processed inside load_weights and holds none."""
         from vllm.model_executor.model_loader.reload import layerwise
-        for layer in self.model.modules():
+        for layer in self._reloaded_modules():
             info = layerwise.LAYERWISE_INFO.get(layer)
             if info is None or not info.can_load() or not info.loaded_weights:
                 continue
@@ -296,27 +415,43 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
     def _abort_reload(self):
         """Puts back every layer a failed or abandoned update took apart, with the tensors
         it held before (vLLM's layerwise reload keeps them; a layer the update completed
-        keeps its new values, so a later sync must land). Idempotent."""
+        keeps its new values, so a later sync must land); a lora session's staging is
+        dropped. Idempotent."""
+        self._lora = None
         if not self._reloading:
             return
         self._reloading = False
         self._landing = {}
+        if self._slices is not None:
+            self._slices.abort()
         from vllm.model_executor.model_loader.reload import layerwise
-        for layer in self.model.modules():
+        for layer in self._reloaded_modules():
             info = layerwise.LAYERWISE_INFO.get(layer)
             if info is not None and info.can_load():
                 if info.kernel_tensors is not None:
                     layerwise._place_kernel_tensors(layer, info)
                 info.reset()
         layerwise.LOADING_LAYERS.clear()
-        if hasattr(self.model, "_original_do_torchao_reload"):
-            self.model._do_torchao_reload = self.model._original_do_torchao_reload
+        for model in [self.model] + ([self._co.model] if self._co is not None else []):
+            if hasattr(model, "_original_do_torchao_reload"):
+                model._do_torchao_reload = model._original_do_torchao_reload
+        self._co = None
+
+    def _reloaded_modules(self):
+        """The modules of the session's models (the target's, then the drafter's own)."""
+        seen = set()
+        for model in [self.model] + ([self._co.model] if self._co is not None else []):
+            for layer in model.modules():
+                if id(layer) not in seen:
+                    seen.add(id(layer))
+                    yield layer
 
     def shutdown(self) -> None:
         self._abort_reload()
         if self._rx is not None:
             self._rx.shutdown()
             self._rx = None
+            self._slices = None
 
     # ---- wsync's extras (collective RPCs, wsync.vllm.digests) --------------------------
     def check_inline(self, body):
@@ -330,9 +465,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         algorithm = body.get("digest_algorithm", "xxh3_128")
         if algorithm != "xxh3_128":
             raise ValueError(f"digest_algorithm {algorithm!r}: the vLLM plugin verifies in-line with 'xxh3_128' only")
-        if not self._reloading:
+        if not self._reloading and self._lora is None:
             raise RuntimeError("wsync_inline_digests outside a weight update (after /start_weight_update and "
                                "/update_weights, before /finish_weight_update)")
+        if self._slices is not None and self._rx is not None and self._rx.backend in _SLICING:
+            self._slices.digest_split(self._landing)
         digests = body["wsync_digests"]
         matched, not_landed, differing = 0, [], []
         for name, want in digests.items():
@@ -351,6 +488,120 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         return {"tensors": matched, "not_landed": not_landed, "differing": len(differing),
                 "differ": differing[:MAX_NAMED]}
 
+    # ---- LoRA adapters (wsync.vllm.lora) ------------------------------------------------
+    def lora_start(self, body, manager):
+        """wsync_lora_start: the next session is a lora session for ``body`` (the start's
+        ``wsync_lora`` object); `manager` is the worker's LoRA manager. Returns the number of
+        tensors the declaration fixes."""
+        from wsync.vllm import lora
+        if manager is None:
+            raise RuntimeError("a LoRA adapter needs a server started with --enable-lora")
+        spec = lora.parse_spec(body)
+        lora.check_rank(spec, manager)
+        declared = lora.declared_tensors(spec, self.model_config.hf_config, self.model_config.dtype)
+        lora.install_load_hook(manager, self)
+        self._lora_manager = manager
+        self._lora_next = (spec, declared)
+        return len(declared)
+
+    def _start_lora(self):
+        from wsync.vllm.lora import Staging
+        spec, declared = self._lora_next
+        self._lora_next = None
+        if self._rx is not None and self._rx.backend not in _LORA:
+            raise ValueError(f"backend {self._rx.backend} does not carry LoRA adapters "
+                             f"({', '.join(sorted(_LORA))} do)")
+        self._lora = Staging(spec, declared)
+        self._landing = {}
+        self._differing = []
+        self.stats = UpdateStats()
+
+    def _receive_lora(self, update_info):
+        staging, stats, landed = self._lora, self.stats, self._landing
+
+        def load(chunk):
+            t0 = time.perf_counter()
+            self._inject_fault(chunk)
+            for name, tensor in chunk:
+                staging.land(name, tensor)
+                landed[name] = tensor_digest(staging.tensors[name], "xxh3_128")
+                stats.bytes += tensor.numel() * tensor.element_size()
+            stats.copy_seconds += time.perf_counter() - t0
+            stats.chunks += 1
+            stats.tensors += len(chunk)
+
+        t0 = time.perf_counter()
+        try:
+            self._rx.receive_weights(update_info.fields, load, None)
+        except BaseException:
+            self._lora = None  # vLLM ends the session: the held version keeps serving
+            raise
+        finally:
+            stats.receive_seconds += time.perf_counter() - t0
+
+    def _finish_lora(self):
+        staging, self._lora = self._lora, None
+        spec = staging.spec
+        held = self.adapters.get(spec["name"])
+        keeps = (f"version {held['spec']['version']} of adapter {spec['name']} keeps serving" if held
+                 else f"adapter {spec['name']} is not installed")
+        if self._differing:
+            differing, self._differing = self._differing, []
+            raise RuntimeError(
+                f"wsync in-line verification: {len(differing)} tensor(s) of adapter {spec['name']} landed on vLLM "
+                f"worker {self.worker_rank} differ from what the trainer read: {'; '.join(differing[:MAX_NAMED])}. "
+                f"The update is not finished; {keeps}")
+        missing = staging.missing()
+        if missing:
+            raise RuntimeError(
+                f"adapter {spec['name']} version {spec['version']}: {len(missing)} declared tensor(s) did not land "
+                f"on vLLM worker {self.worker_rank}: {', '.join(missing[:MAX_NAMED])}"
+                + (f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else "") + f"; {keeps}")
+        t0 = time.perf_counter()
+        ids = held["ids"] if held else set()
+        self.adapters[spec["name"]] = {"spec": spec, "tensors": staging.tensors, "digests": self._landing,
+                                       "ids": ids}
+        self._landing = {}
+        # The next step naming the adapter builds the new version (wsync.vllm.lora).
+        for lora_int_id in ids:
+            self._lora_manager.remove_adapter(lora_int_id)
+        self.stats.finish_seconds = time.perf_counter() - t0
+        self.lora_syncs += 1
+
+    def lora_model(self, name, lora_request, manager):
+        """vLLM's LoRAModel of the held version of adapter `name` (the load hook's)."""
+        from vllm.exceptions import LoRAAdapterNotFoundError
+        from wsync.vllm.lora import build
+        held = self.adapters.get(name)
+        if held is None:
+            raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path)
+        held["ids"].add(lora_request.lora_int_id)
+        return build(held, lora_request.lora_int_id, manager)
+
+    def lora_adapters(self):
+        """{name: {"version", "r", "alpha", "use_rslora", "target_modules", "tensors",
+        "bytes"}} of the versions this worker holds."""
+        return {name: {**{k: a["spec"][k] for k in ("version", "r", "alpha", "use_rslora", "target_modules")},
+                       "tensors": len(a["tensors"]),
+                       "bytes": sum(t.numel() * t.element_size() for t in a["tensors"].values())}
+                for name, a in self.adapters.items()}
+
+    def lora_digests(self, name):
+        """wsync's /weight_checker reply for adapter `name`: the xxh3-128 of the bytes that
+        landed, by PEFT name."""
+        held = self.adapters.get(name)
+        if held is None:
+            raise ValueError(f"no LoRA adapter {name!r} on vLLM worker {self.worker_rank} "
+                             f"(held: {sorted(self.adapters)})")
+        return {"lora": name, "version": held["spec"]["version"], "algorithm": "xxh3_128",
+                "checksums": dict(held["digests"])}
+
+    def _inject_fault(self, chunk):
+        """Applies a pending corrupt_next_landing to the first tensor of `chunk`."""
+        if self._corrupt_next and chunk:
+            self._corrupt_next = False
+            _flip_first_byte(chunk[0][1])
+
     def corrupt_next_landing(self):
         """Test-only fault: flips the first byte of the next tensor this worker lands, after
         it arrived and before it is digested and loaded (a data plane that delivered one
@@ -363,6 +614,51 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if self._rx is None or self._rx.backend not in _FETCHING:
             raise RuntimeError("fetch_weights needs the delta backend, initialized")
         return self._rx.fetch_weights(body)
+
+
+@dataclass
+class _CoTarget:
+    """A model reloaded beside the session's target from the same stream."""
+
+    model: Any
+    model_config: Any
+    prefixes: tuple  # the HF name prefixes of the tensors it loads
+
+
+def _mtp_drafter(engine):
+    """The worker's MTP drafter and its MTP layers' HF prefixes, when the server runs one;
+    None without. RuntimeError when the server runs one the engine cannot reach."""
+    spec = engine.vllm_config.speculative_config
+    if spec is None or spec.method != "mtp":
+        return None
+    drafter = None
+    import gc
+    for ref in gc.get_referrers(engine):
+        owner = ref if isinstance(ref, dict) else getattr(ref, "__dict__", None)
+        if isinstance(owner, dict) and owner.get("weight_transfer_engine") is engine:
+            get = getattr(owner.get("model_runner"), "get_draft_model", None)
+            drafter = get() if callable(get) else None
+            break
+    if drafter is None:
+        raise RuntimeError("this server runs an MTP drafter (--speculative-config method mtp) that the wsync engine "
+                           "cannot reach through its vLLM worker: the drafter would keep its old weights")
+    hf = engine.model_config.hf_config
+    first, count = hf.num_hidden_layers, getattr(hf, "num_nextn_predict_layers", 0) or 0
+    return _CoTarget(drafter, spec.draft_model_config,
+                     tuple(f"model.layers.{i}." for i in range(first, first + count)))
+
+
+def _config_dir(model_config):
+    """A directory holding the served model's config.json: vLLM's model directory, or one
+    written from vLLM's hf_config for a model vLLM found elsewhere (a hub name)."""
+    path = str(model_config.model)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="wsync-vllm-config-")
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        f.write(model_config.hf_config.to_json_string())
+    return directory
 
 
 def _flip_first_byte(tensor):

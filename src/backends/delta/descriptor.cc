@@ -1,5 +1,6 @@
 #include "backends/delta/descriptor.h"
 
+#include "backends/delta/cost.h"
 #include "backends/delta/receiver.h"
 #include "backends/delta/trainer.h"
 
@@ -35,6 +36,7 @@ const BackendDescriptor& DeltaBackend() {
       .fetches = true,
       .create_receiver = CreateDeltaReceiver,
       .create_trainer = CreateDeltaTrainer,
+      .cost = {.predict = PredictDeltaCost, .plan_order = 2},
   };
   return kDelta;
 }

@@ -1,5 +1,6 @@
 #include "backends/ipc/descriptor.h"
 
+#include "backends/ipc/cost.h"
 #include "backends/ipc/receiver.h"
 #include "backends/ipc/trainer.h"
 
@@ -21,6 +22,7 @@ const BackendDescriptor& IpcBackend() {
       .trainer_group = TrainerGroupUse::kOnDevice,
       .create_receiver = CreateIpcReceiver,
       .create_trainer = CreateIpcTrainer,
+      .cost = {.predict = PredictIpcCost, .describe_options = DescribeIpcCostOptions, .plan_order = 1},
   };
   return kIpc;
 }

@@ -1,5 +1,6 @@
 #include "backends/nccl/descriptor.h"
 
+#include "backends/nccl/cost.h"
 #include "backends/nccl/receiver.h"
 #include "backends/nccl/trainer.h"
 #include "backends/receiver_group.h"
@@ -17,6 +18,7 @@ const BackendDescriptor& NcclBackend() {
       .receiver_options = GroupReceiverOptions(),
       .create_receiver = CreateNcclReceiver,
       .create_trainer = CreateNcclTrainer,
+      .cost = {.predict = PredictNcclCost, .plan_order = 0},
   };
   return kNccl;
 }

@@ -1,6 +1,7 @@
 #include "backends/sharded/descriptor.h"
 
 #include "backends/receiver_group.h"
+#include "backends/sharded/cost.h"
 #include "backends/sharded/receiver.h"
 #include "backends/sharded/trainer.h"
 
@@ -27,9 +28,14 @@ const BackendDescriptor& ShardedBackend() {
       .receiver_options = GroupReceiverOptions(),
       .trainer_group = TrainerGroupUse::kAlways,
       .model_option = "model",
-      .single_worker_receiver = false,
+      // A ReceiverEngine hosts it given the worker's model and TP place (its sharding table).
+      .single_worker_receiver = true,
       .create_receiver = CreateShardedReceiver,
       .create_trainer = CreateShardedTrainer,
+      .cost = {.predict = PredictShardedCost,
+               .reads_plans = ShardedCostReadsPlans,
+               .describe_options = DescribeShardedCostOptions,
+               .plan_order = 3},
   };
   return kSharded;
 }

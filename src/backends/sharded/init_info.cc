@@ -20,6 +20,13 @@ json ShardedInitInfo::ToJson() const {
   j["group_lens"] = group_lens;
   j["owner_sets"] = owner_sets;
   j["name_owner_class"] = name_owner_class;
+  if (!tensor_parts.empty()) {
+    json parts = json::array();
+    for (size_t i = 0; i < tensor_parts.size(); ++i) {
+      for (const TensorPart& p : tensor_parts[i]) parts.push_back({i, p.row_begin, p.row_end, p.owner_class});
+    }
+    j["tensor_parts"] = std::move(parts);
+  }
   j["num_producers"] = num_producers;
   j["num_consumers"] = num_consumers;
   j["workers_per_replica"] = workers_per_replica;
@@ -130,7 +137,8 @@ const std::set<std::string, std::less<>>& KnownFields() {
       "num_consumers", "workers_per_replica", "replica_rank", "num_replicas", "consumer_offset",
       "deployment_workers", "plan_digests", "world_size", "num_buffers", "concurrent_stages", "receive_staging_mb", "gloo_store_host",
       "gloo_store_port",
-      "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers"};
+      "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers",
+      "tensor_parts"};
   return kKnown;
 }
 
@@ -221,6 +229,32 @@ Status ReadRendezvous(const FieldReader& r, ShardedInitInfo* info) {
   return Status::Ok();
 }
 
+// tensor_parts: [tensor, row_begin, row_end, class] quads, by tensor then row; the rows
+// are checked against the shapes where the plan is made (CheckShardedStream).
+Status ReadTensorParts(const FieldReader& r, ShardedInitInfo* info) {
+  WSYNC_ASSIGN_OR_RETURN(const json* list, r.List("tensor_parts", false, static_cast<size_t>(kMaxShardedTensors)));
+  if (list == nullptr) return Status::Ok();
+  const size_t n = info->tensors.size();
+  info->tensor_parts.assign(n, {});
+  int64_t last = -1;
+  for (size_t k = 0; k < list->size(); ++k) {
+    const json& q = (*list)[k];
+    const std::string what = fmt::format("tensor_parts[{}]", k);
+    if (!q.is_array() || q.size() != 4) {
+      return InvalidArgument(fmt::format("init_info {} must be [tensor, row_begin, row_end, owner_class]", what));
+    }
+    WSYNC_ASSIGN_OR_RETURN(int64_t tensor, JsonIntInRange(q[0], "init_info " + what, 0, static_cast<int64_t>(n) - 1));
+    WSYNC_ASSIGN_OR_RETURN(int64_t begin, JsonIntInRange(q[1], "init_info " + what, 0, INT64_MAX - 1));
+    WSYNC_ASSIGN_OR_RETURN(int64_t end, JsonIntInRange(q[2], "init_info " + what, begin + 1, INT64_MAX));
+    WSYNC_ASSIGN_OR_RETURN(int64_t cls, JsonIntInRange(q[3], "init_info " + what, 0,
+                                                       static_cast<int64_t>(info->owner_sets.size()) - 1));
+    if (tensor < last) return InvalidArgument(fmt::format("init_info {} is out of tensor order", what));
+    last = tensor;
+    info->tensor_parts[tensor].push_back(TensorPart{begin, end, static_cast<int>(cls)});
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
@@ -289,7 +323,7 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
   const size_t n = info.tensors.size();
   WSYNC_ASSIGN_OR_RETURN(info.group_lens, r.Ints("group_lens", n, 1, kMaxShardedTensors));
   WSYNC_RETURN_IF_ERROR(CheckGroupLens(info.group_lens, n));
-  WSYNC_ASSIGN_OR_RETURN(info.owner_sets, ReadOwnerSets(r, info.num_producers, n));
+  WSYNC_ASSIGN_OR_RETURN(info.owner_sets, ReadOwnerSets(r, info.num_producers, 2 * n + info.num_producers));
   WSYNC_ASSIGN_OR_RETURN(const json* classes, r.List("name_owner_class", true, n));
   if (classes->size() != n) {
     return InvalidArgument(
@@ -298,6 +332,8 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
   WSYNC_ASSIGN_OR_RETURN(info.name_owner_class,
                          FieldReader::IntsOf(*classes, "name_owner_class", 0,
                                              static_cast<int64_t>(info.owner_sets.size()) - 1));
+
+  WSYNC_RETURN_IF_ERROR(ReadTensorParts(r, &info));
 
   // Per-server: the deployment's plan digests, by deployment index.
   WSYNC_ASSIGN_OR_RETURN(const json* digests, r.List("plan_digests", true, info.deployment_workers));

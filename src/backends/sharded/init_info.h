@@ -29,6 +29,10 @@
 //   receive_staging_mb  a bound on each worker's receive staging with concurrent stages,
 //                       in MB (1e6 bytes): lanes of neighbouring ranks merge until it fits
 //                       (lanes.h SplitLanesWithin). Absent or 0: none
+//   tensor_parts        the tensors no trainer rank holds whole (FSDP's dim-0 shards):
+//                       [[tensor index, row_begin, row_end, owner class], ...], by tensor
+//                       then row, each split tensor's parts covering its dim 0
+//                       (ShardedStream::parts). Absent: every tensor is held whole
 //   gloo_* / nccl_unique_id_b64, rank_labels, timeout_seconds, wsync_protocol
 //
 // Untrusted: every integer is range-checked before it sizes anything (names and owner
@@ -44,6 +48,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/sharded_plan.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -72,6 +77,8 @@ struct ShardedInitInfo {
   // Who holds what.
   std::vector<std::vector<int>> owner_sets;
   std::vector<int> name_owner_class;
+  // By tensor, its parts (ShardedStream::parts); empty: every tensor held whole.
+  std::vector<std::vector<TensorPart>> tensor_parts;
   int num_producers = 1;
   int num_consumers = 1;
   int workers_per_replica = 0;  // SkyRL's; 0 when deployments differ in size

@@ -209,6 +209,26 @@ TEST(ShardedInitInfo, GroupsAndOwnershipMustDescribeTheTensors) {
   EXPECT_EQ(ErrorOf(With("name_owner_class", {0, 0, 1})), "init_info name_owner_class has 3 entries for 4 names");
 }
 
+TEST(ShardedInitInfo, TensorPartsRoundTripAndAreRangeChecked) {
+  // Tensor 0 ("a", 4 rows) split between the two classes; tensor 2 at row 3.
+  json j = With("tensor_parts", {{0, 0, 2, 0}, {0, 2, 4, 1}, {2, 0, 3, 1}, {2, 3, 4, 0}});
+  Result<ShardedInitInfo> info = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_EQ(info->tensor_parts.size(), 4u);
+  EXPECT_EQ(info->tensor_parts[0], (std::vector<TensorPart>{{0, 2, 0}, {2, 4, 1}}));
+  EXPECT_TRUE(info->tensor_parts[1].empty());
+  EXPECT_EQ(info->tensor_parts[2], (std::vector<TensorPart>{{0, 3, 1}, {3, 4, 0}}));
+  EXPECT_EQ(info->ToJson(), j);
+  EXPECT_FALSE(ShardedInitInfo::Parse(Init())->ToJson().contains("tensor_parts"));
+  EXPECT_NE(ErrorOf(With("tensor_parts", {{0, 0, 2}})).find("tensor_parts[0] must be"), std::string::npos);
+  EXPECT_NE(ErrorOf(With("tensor_parts", {{4, 0, 2, 0}})).find("tensor_parts[0]"), std::string::npos);
+  EXPECT_NE(ErrorOf(With("tensor_parts", {{0, 2, 2, 0}})).find("tensor_parts[0]"), std::string::npos);
+  EXPECT_NE(ErrorOf(With("tensor_parts", {{0, 0, 2, 2}})).find("tensor_parts[0]"), std::string::npos);
+  EXPECT_NE(ErrorOf(With("tensor_parts", {{2, 0, 4, 0}, {0, 0, 4, 0}})).find("out of tensor order"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(With("tensor_parts", 3)).find("'tensor_parts' must be a list"), std::string::npos);
+}
+
 TEST(ShardedInitInfo, PlanDigestsLabelsAndRendezvousAreChecked) {
   EXPECT_EQ(ErrorOf(With("plan_digests", {"aa"})), "init_info plan_digests has 1 entries for deployment_workers 2");
   EXPECT_EQ(ErrorOf(With("plan_digests", {"aa", "not hex"})), "init_info plan_digests[1] must be a hex digest");

@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +65,10 @@ class ShardedReceiver final : public ReceiverBackend {
       WSYNC_RETURN_IF_ERROR(CheckNcclWorkers(*ctx_));
     }
     WSYNC_ASSIGN_OR_RETURN(std::vector<ConsumerPlan> plans, PlanWorkers(info));
+    if (!info.uses_gloo() && !info.tensor_parts.empty()) {
+      return Unimplemented("the trainer's ranks hold row ranges of some tensors (tensor_parts): a worker assembles "
+                           "those pieces in host memory, which only a Gloo (cpu) sharded group lands");
+    }
     for (size_t i = 0; i < plans.size(); ++i) {
       if (info.RankOf(plans[i].consumer) < 0) {
         return InvalidArgument(fmt::format("{} (consumer {}) is not among init_info live_consumers: a degraded "
@@ -164,10 +170,16 @@ class ShardedReceiver final : public ReceiverBackend {
   }
 
  private:
+  // A split tensor's piece while its parts arrive: the packed piece and the bytes in.
+  struct Partial {
+    std::vector<std::byte> bytes;
+    size_t received = 0;
+  };
   struct Slot {
     std::unique_ptr<Communicator> comm;
     ConsumerPlan plan;
     std::vector<ReceiveLane> lanes;  // the receive lanes and their rings, reused across syncs
+    std::map<std::pair<int, int>, Partial> partial;  // by (param, piece), during an update
   };
 
   // Every worker's plan, made from its own sharding table and checked against the
@@ -187,12 +199,13 @@ class ShardedReceiver final : public ReceiverBackend {
             info.deployment_workers));
       }
       if (w.sink->sharding() == nullptr) {
-        return Unimplemented(fmt::format("{} keeps no sharding table: backend sharded needs a server's workers",
+        return Unimplemented(fmt::format("{} keeps no sharding table: backend sharded needs the worker's model and "
+                                         "TP place (a wsync serve worker's, or ReceiverEngine's model and tp_size)",
                                          w.label));
       }
     }
     ShardedStream stream{info.tensors, info.group_lens, Ownership{info.owner_sets, info.name_owner_class},
-                         info.num_producers};
+                         info.num_producers, info.tensor_parts};
     std::vector<ConsumerPlan> plans;
     for (const ReceiverWorker& w : ctx_->workers) {
       const int index = ctx_->DeploymentIndex(w);
@@ -234,7 +247,20 @@ class ShardedReceiver final : public ReceiverBackend {
     size_t landed = 0;
     auto land = [&](size_t k, std::span<const std::byte> bytes) -> Status {
       for (const PlanSlice& sl : plan.chunks[k].slices) {
-        Status s = w.sink->LoadPiece(sl.param, sl.piece, bytes.subspan(sl.offset, sl.bytes), where);
+        std::span<const std::byte> piece = bytes.subspan(sl.offset, sl.bytes);
+        if (info_->tensor_parts.size() > static_cast<size_t>(sl.tensor) &&
+            !info_->tensor_parts[sl.tensor].empty()) {
+          // A split tensor's sub-slice: the piece lands once all its parts are here.
+          WSYNC_ASSIGN_OR_RETURN(std::optional<std::vector<std::byte>> whole, Assemble(w, slot, sl, piece));
+          if (!whole) continue;
+          Status s = w.sink->LoadPiece(sl.param, sl.piece, *whole, where);
+          if (!s.ok()) {
+            return s.WithContext(
+                fmt::format("landing {} of {}", info_->tensors[sl.tensor].name, DescribeChunk(plan, k)));
+          }
+          continue;
+        }
+        Status s = w.sink->LoadPiece(sl.param, sl.piece, piece, where);
         if (!s.ok()) {
           return s.WithContext(fmt::format("landing {} of {}", info_->tensors[sl.tensor].name, DescribeChunk(plan, k)));
         }
@@ -248,7 +274,27 @@ class ShardedReceiver final : public ReceiverBackend {
       return Status::Ok();
     };
     auto name = [&](size_t k) { return DescribeChunk(plan, k); };
+    slot.partial.clear();
     return ReceiveLanes(*slot.comm, plan, slot.lanes, land, name, deadline).WithContext(w.label);
+  }
+
+  // Copies sub-slice `sl` into its piece's assembly buffer; the whole piece once its
+  // last part is in (its buffer leaves the slot then), else nullopt.
+  Result<std::optional<std::vector<std::byte>>> Assemble(const ReceiverWorker& w, Slot& slot, const PlanSlice& sl,
+                                                         std::span<const std::byte> part) {
+    const PieceRuns runs = w.sink->sharding()->Runs(sl.param, sl.piece);
+    const size_t whole = static_cast<size_t>(runs.count * runs.run_bytes);
+    if (sl.begin + sl.bytes > whole) {
+      return Internal(fmt::format("a part of {} ends past its piece", info_->tensors[sl.tensor].name));
+    }
+    Partial& p = slot.partial[{sl.param, sl.piece}];
+    if (p.bytes.empty()) p.bytes.resize(whole);
+    std::memcpy(p.bytes.data() + sl.begin, part.data(), part.size());
+    p.received += sl.bytes;
+    if (p.received < whole) return std::optional<std::vector<std::byte>>();
+    std::vector<std::byte> out = std::move(p.bytes);
+    slot.partial.erase({sl.param, sl.piece});
+    return std::optional<std::vector<std::byte>>(std::move(out));
   }
 
   ReceiverContext* ctx_;

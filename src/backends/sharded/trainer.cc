@@ -145,6 +145,12 @@ bool HealthDrafter(const json& health) {
 struct PackStep {
   PieceRuns runs;
   size_t offset = 0;
+  // A sub-slice of a split tensor: packed bytes [begin, begin + bytes) of the piece, read
+  // from this rank's rows, which start at byte `first_byte` of the whole tensor.
+  bool part = false;
+  size_t begin = 0;
+  size_t bytes = 0;
+  size_t first_byte = 0;
 };
 
 class ShardedPlane final : public DataPlane {
@@ -175,6 +181,11 @@ class ShardedPlane final : public DataPlane {
       WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
     }
     WSYNC_RETURN_IF_ERROR(AgreeOnOwnership(init, deadline));
+    if (stream_.split() && !options_.device.is_cpu()) {
+      return Unimplemented(fmt::format(
+          "trainer rank {}: the trainer ranks hold rows of some tensors (FSDP's dim-0 shards, held_rows()); "
+          "the sharded backend sends those parts from a cpu trainer only", me_));
+    }
 
     // Rank 0 discovers the fleet and opens the rendezvous; every rank plans from its word.
     std::string shape_text;
@@ -296,12 +307,27 @@ class ShardedPlane final : public DataPlane {
         mask[it->second] = '1';
       }
     }
-    json mine{{"digest", MetadataDigest(names)}, {"held", mask}};
+    // The rows of the held names this rank holds only part of: {"tensor index": [begin, end]}.
+    json rows = json::object();
+    if (init.held_rows != nullptr) {
+      std::map<std::string_view, size_t> index;
+      for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], i);
+      for (const HeldRows& h : *init.held_rows) {
+        auto it = index.find(h.name);
+        if (it == index.end() || mask[it->second] != '1') {
+          return InvalidArgument(fmt::format("trainer rank {} holds rows of {}, which it does not list as held", me_,
+                                             h.name));
+        }
+        rows[std::to_string(it->second)] = {h.begin, h.end};
+      }
+    }
+    json mine{{"digest", MetadataDigest(names)}, {"held", mask}, {"rows", rows}};
     std::vector<std::string> all{mine.dump()};
     if (producers_ > 1) {
       WSYNC_ASSIGN_OR_RETURN(all, AllGatherStrings(*rank_comm_, mine.dump(), deadline));
     }
     std::vector<std::vector<bool>> held(all.size());
+    HeldRowsByRank row_ranges(all.size(), std::vector<std::optional<std::pair<int64_t, int64_t>>>(names.size()));
     std::string first_digest;
     for (size_t r = 0; r < all.size(); ++r) {
       json j = json::parse(all[r]);
@@ -316,24 +342,40 @@ class ShardedPlane final : public DataPlane {
       if (m.size() != names.size()) return Internal(fmt::format("trainer rank {} sent a held mask of {} names", r, m.size()));
       held[r].resize(m.size());
       for (size_t i = 0; i < m.size(); ++i) held[r][i] = m[i] == '1';
+      const json rows_of = j.value("rows", json::object());
+      for (const auto& [key, range] : rows_of.items()) {
+        const size_t i = std::stoul(key);
+        if (i >= names.size()) return Internal(fmt::format("trainer rank {} sent rows of tensor {}", r, i));
+        row_ranges[r][i] = std::make_pair(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+      }
     }
     WSYNC_ASSIGN_OR_RETURN(Ownership ownership, ResolveOwnership(names, held));
+    WSYNC_ASSIGN_OR_RETURN(std::vector<std::vector<TensorPart>> parts,
+                           ResolveParts(init.metadata, held, row_ranges, ownership));
     WSYNC_ASSIGN_OR_RETURN(std::vector<LayerGroup> groups, LayerGroups(names));
     stream_ = ShardedStream{};
     stream_.tensors = init.metadata;
     for (const LayerGroup& g : groups) stream_.group_lens.push_back(static_cast<int>(g.size()));
     stream_.ownership = std::move(ownership);
+    stream_.parts = std::move(parts);
     stream_.num_producers = producers_;
     group_first_.clear();
     for (const LayerGroup& g : groups) group_first_.push_back(g.begin);
     group_first_.push_back(names.size());
     held_.clear();
     held_meta_.clear();
+    held_first_byte_.assign(names.size(), 0);
     for (size_t i = 0; i < names.size(); ++i) {
-      if (held[me_][i]) {
-        held_.push_back(i);
-        held_meta_.push_back(init.metadata[i]);
+      if (!held[me_][i]) continue;
+      held_.push_back(i);
+      TensorMeta m = init.metadata[i];
+      if (const auto& range = row_ranges[me_][i]) {
+        // This rank's rows alone: the pass yields them, and packing reads them from their
+        // place in the whole tensor.
+        held_first_byte_[i] = m.nbytes() / static_cast<size_t>(m.shape[0]) * static_cast<size_t>(range->first);
+        m.shape[0] = range->second - range->first;
       }
+      held_meta_.push_back(std::move(m));
     }
     return Status::Ok();
   }
@@ -476,7 +518,15 @@ class ShardedPlane final : public DataPlane {
         const std::vector<PieceRuns>& runs = plans_.runs[s.plan][s.chunk];
         for (size_t i = 0; i < chunk.slices.size(); ++i) {
           const PlanSlice& slice = chunk.slices[i];
-          pack_[slice.tensor].push_back(PackStep{runs[i], off + slice.offset});
+          PackStep step{runs[i], off + slice.offset};
+          const size_t whole = static_cast<size_t>(runs[i].count * runs[i].run_bytes);
+          if (held_first_byte_[slice.tensor] != 0 || slice.begin != 0 || slice.bytes != whole) {
+            step.part = true;
+            step.begin = slice.begin;
+            step.bytes = slice.bytes;
+            step.first_byte = held_first_byte_[slice.tensor];
+          }
+          pack_[slice.tensor].push_back(step);
         }
         off += s.bytes;
         messages_ += s.consumers.size();
@@ -498,6 +548,7 @@ class ShardedPlane final : public DataPlane {
     info.group_lens = stream_.group_lens;
     info.owner_sets = stream_.ownership.owner_sets;
     info.name_owner_class = stream_.ownership.name_owner_class;
+    info.tensor_parts = stream_.parts;
     info.num_producers = producers_;
     info.num_consumers = fleet_.num_consumers;
     info.workers_per_replica = fleet_.uniform() ? fleet_.deployments.front().workers : 0;
@@ -704,7 +755,10 @@ class ShardedPlane final : public DataPlane {
         WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
         if (!more) return Internal("the held pass ended early");
         // Hashed after the pack below reads it, while it is in cache.
-        const bool hash = st.digests && t.device.is_cpu() && HashingRank(i) == me_;
+        // A split tensor is whole on no rank, so none digests it: its sync is not
+        // verified in-line.
+        const bool split = !stream_.parts.empty() && !stream_.parts[i].empty();
+        const bool hash = st.digests && t.device.is_cpu() && !split && HashingRank(i) == me_;
         auto record = [&] {
           if (hash) st.digests->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
         };
@@ -718,6 +772,10 @@ class ShardedPlane final : public DataPlane {
         }
         for (const PackStep& p : pack_[i]) {
           const PieceRuns& r = p.runs;
+          if (p.part) {
+            PackPartHost(r, p.begin, p.bytes, p.first_byte, t.bytes.data(), buf + p.offset);
+            continue;
+          }
           if (rt != nullptr) {
             WSYNC_RETURN_IF_ERROR(rt->Copy2D(buf + p.offset, r.run_bytes, t.bytes.data() + r.hf_offset, r.hf_stride,
                                              r.run_bytes, r.count));
@@ -782,7 +840,8 @@ class ShardedPlane final : public DataPlane {
   ShardedStream stream_;
   std::vector<size_t> group_first_;   // first tensor of each group, then the tensor count
   std::vector<size_t> held_;          // stream indices this rank holds, ascending
-  std::vector<TensorMeta> held_meta_;
+  std::vector<TensorMeta> held_meta_;         // a split tensor's: this rank's rows
+  std::vector<size_t> held_first_byte_;       // by stream tensor: where this rank's rows begin
   FleetShape fleet_;
   FleetPlans plans_;
   ProducerPlan producer_;
