@@ -165,12 +165,10 @@ def sync_in_memory(url, name, state, r, alpha, version, backend):
         engine = _ENGINES[name] = wsync.TrainerEngine(backend=backend, servers=[url], device="cpu", timeout=300.0,
                                                       lora=source)
     t0 = time.perf_counter()
-    lora_session(url, source, version)
-    t1 = time.perf_counter()
     stats = engine.send_weights(source, weight_version=version)
     status, workers = request(url, "/collective_rpc", {"method": "wsync_stats"})
     worker = workers["results"][0] if status == 200 else {}
-    print(json.dumps({"phases_s": {"wsync_lora_start": round(t1 - t0, 4), "start": round(stats.start_seconds, 4),
+    print(json.dumps({"phases_s": {"start": round(stats.start_seconds, 4),
                                    "transfer": round(stats.transfer_seconds, 4),
                                    "finish": round(stats.finish_seconds, 4),
                                    "worker_receive": round(worker.get("receive_seconds", 0), 4),
@@ -181,14 +179,6 @@ def sync_in_memory(url, name, state, r, alpha, version, backend):
             raise RuntimeError(f"/v1/load_lora_adapter answered {status}: {reply}")
         _REGISTERED.add(name)
     return time.perf_counter() - t0
-
-
-def lora_session(url, source, version):
-    """Names the adapter of the next session to vLLM's workers (wsync_lora_start)."""
-    spec = {"format": 1, "version": version, **{k: v for k, v in source.spec.items() if v is not None}}
-    status, reply = request(url, "/collective_rpc", {"method": "wsync_lora_start", "args": [json.dumps(spec)]})
-    if status != 200:
-        raise RuntimeError(f"wsync_lora_start answered {status}: {reply}")
 
 
 _ENGINES = {}

@@ -70,11 +70,15 @@ def rpc(server, method, *args):
     return status, reply
 
 
-def sync(server, engine, source, version, spec_override=None):
-    spec = {"format": 1, "version": version, **source.spec, **(spec_override or {})}
-    status, reply = rpc(server, "wsync_lora_start", json.dumps(spec))
-    assert status == 200, reply
+def sync(engine, source, version):
+    # The engine names the adapter to vLLM's workers itself (wsync_lora_start).
     return engine.send_weights(source, weight_version=version)
+
+
+def base_version(server):
+    status, reply = request(server.url, "/weight_info")
+    assert status == 200, reply
+    return reply["weight_version"]
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +97,13 @@ def test_versions_land_in_memory_and_change_generation(server, trainer):
     from wsync.lora import LoraSource
     from wsync.worker_server import tensor_digest
     base = completion(server, server.model_dir)
+    before = base_version(server)
     seen = [base]
     for n, seed in enumerate([1, 2, 3]):
         state = adapter(seed)
         source = LoraSource(state, r=R, alpha=ALPHA, target_modules=MODULES, name="math")
         t0 = time.perf_counter()
-        stats = sync(server, trainer, source, f"step-{n}")
+        stats = sync(trainer, source, f"step-{n}")
         TIMINGS.setdefault("lora sync (s)", []).append(round(time.perf_counter() - t0, 3))
         assert (stats.inline_verified_servers, stats.inline_verified_tensors) == (1, len(state))
         if n == 0:
@@ -115,8 +120,9 @@ def test_versions_land_in_memory_and_change_generation(server, trainer):
         assert held["version"] == f"step-{n}"
         assert held["checksums"] == {k: tensor_digest(v, "xxh3_128") for k, v in state.items()}
     assert len({tuple(t) for t in seen}) == len(seen), seen
-    # The base model is untouched by the adapter's sessions.
+    # The base model and its version are untouched by the adapter's sessions.
     assert completion(server, server.model_dir) == base
+    assert base_version(server) == before
     status, reply = request(server.url, "/v1/models")
     assert "math" in [m["id"] for m in reply["data"]]
 
@@ -128,12 +134,12 @@ def test_a_corrupted_byte_keeps_the_previous_version(server, trainer):
     assert status == 200, reply
     source = LoraSource(adapter(10), r=R, alpha=ALPHA, target_modules=MODULES, name="math")
     with pytest.raises(Exception):
-        sync(server, trainer, source, "step-corrupt")
+        sync(trainer, source, "step-corrupt")
     assert "in-line verification" in server.log_tail(400)
     assert completion(server, "math") == before
     # The next sync lands.
     state = adapter(4)
-    sync(server, trainer, LoraSource(state, r=R, alpha=ALPHA, target_modules=MODULES, name="math"), "step-3")
+    sync(trainer, LoraSource(state, r=R, alpha=ALPHA, target_modules=MODULES, name="math"), "step-3")
     assert completion(server, "math") == reference_tokens(merged(state))
 
 
@@ -149,13 +155,13 @@ def test_a_missing_tensor_keeps_the_previous_version(server, trainer):
     import wsync
     from wsync.lora import LoraSource
     before = completion(server, "math")
-    # The workers expect o_proj too: the trainer never sends it, so finish is refused.
-    source = LoraSource({k: v for k, v in adapter(9).items() if ".o_proj." not in k}, r=R, alpha=ALPHA,
-                        target_modules=[m for m in MODULES if m != "o_proj"], name="math")
+    # The adapter declares o_proj; the source lacks its matrices, so finish is refused.
+    declared = LoraSource(adapter(9), r=R, alpha=ALPHA, target_modules=MODULES, name="math")
+    partial = wsync.TensorListSource([(k, v) for k, v in adapter(9).items() if ".o_proj." not in k])
     with wsync.TrainerEngine(backend="nccl", servers=[server.url], device="cpu", timeout=120.0,
-                             lora=source) as engine:
+                             lora=declared) as engine:
         with pytest.raises(wsync.Error):
-            sync(server, engine, source, "step-missing", {"target_modules": MODULES})
+            sync(engine, partial, "step-missing")
     assert "did not land" in server.log_tail(400)
     assert completion(server, "math") == before
     status, reply = rpc(server, "wsync_lora_digests", "math")

@@ -161,7 +161,25 @@ Status SessionDriver::InitAll(const json& init_info) const {
   return client_.Post(Path(route::kInitWeightTransfer), WrapInit(init_info), policy_.Http()).status();
 }
 
+Status SessionDriver::StartVllmLora() const {
+  auto lora = start_fields_.find("wsync_lora");
+  if (lora == start_fields_.end()) return Status::Ok();
+  std::vector<std::string> vllm_urls;
+  for (size_t i = 0; i < size(); ++i) {
+    if (InVllm(i)) vllm_urls.push_back(urls()[i]);
+  }
+  if (vllm_urls.empty()) return Status::Ok();
+  FanOutClient vllm_client(vllm_urls, ClientOptions{api_key_, 10});
+  const json call = {{"method", "wsync_lora_start"}, {"args", json::array({lora->dump()})}};
+  Deadline deadline = policy_.Call();
+  return vllm_client.PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm_urls.size(), call), deadline)
+      ->Wait(deadline)
+      .status()
+      .WithContext("naming the LoRA adapter to vLLM's workers (wsync_lora_start)");
+}
+
 Status SessionDriver::Start(const std::vector<bool>* inline_verify) const {
+  if (!draft_sessions_) WSYNC_RETURN_IF_ERROR(StartVllmLora());
   if (inline_verify != nullptr && !draft_sessions_ &&
       std::find(inline_verify->begin(), inline_verify->end(), true) != inline_verify->end()) {
     json with = start_fields_;
@@ -187,21 +205,23 @@ Status SessionDriver::Update(const json& update_info) const {
   return client_.Post(Path(route::kUpdateWeights), json{{"update_info", update_info}}, policy_.Call()).status();
 }
 
-Status SessionDriver::Finish(const std::optional<std::string>& weight_version) const {
+json SessionDriver::FinishBody(size_t i, const std::optional<std::string>& weight_version) const {
   json body = json::object();
-  if (weight_version) body["weight_version"] = *weight_version;
-  return client_.Post(Path(route::kFinishWeightUpdate), body, policy_.Call()).status();
+  if (weight_version && !(InVllm(i) && start_fields_.contains("wsync_lora"))) body["weight_version"] = *weight_version;
+  return body;
+}
+
+Status SessionDriver::Finish(const std::optional<std::string>& weight_version) const {
+  std::vector<json> bodies;
+  for (size_t i = 0; i < size(); ++i) bodies.push_back(FinishBody(i, weight_version));
+  Deadline deadline = policy_.Call();
+  return client_.PostAsync(Path(route::kFinishWeightUpdate), std::move(bodies), deadline)->Wait(deadline).status();
 }
 
 Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std::string>& weight_version,
                                                         const std::map<std::string, std::string>& digests,
                                                         const std::vector<bool>& verifying,
                                                         const std::vector<bool>& vllm) const {
-  json plain = json::object();
-  if (weight_version) plain["weight_version"] = *weight_version;
-  json with = plain;
-  with["wsync_digests"] = digests;
-  with["digest_algorithm"] = "xxh3_128";
   auto verifies = [&](size_t i) { return i < verifying.size() && verifying[i]; };
   auto in_vllm = [&](size_t i) { return i < vllm.size() && vllm[i]; };
   Deadline deadline = policy_.Call();
@@ -224,7 +244,14 @@ Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std:
     rpc_replies = *std::move(sent);
   }
   std::vector<json> bodies;
-  for (size_t i = 0; i < size(); ++i) bodies.push_back(verifies(i) && !in_vllm(i) ? with : plain);
+  for (size_t i = 0; i < size(); ++i) {
+    json body = FinishBody(i, weight_version);
+    if (verifies(i) && !in_vllm(i)) {
+      body["wsync_digests"] = digests;
+      body["digest_algorithm"] = "xxh3_128";
+    }
+    bodies.push_back(std::move(body));
+  }
   std::vector<Result<json>> merged;
   for (size_t i = 0, v = 0; i < size(); ++i) {
     if (!(verifies(i) && in_vllm(i))) continue;

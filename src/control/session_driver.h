@@ -96,6 +96,11 @@ class SessionDriver {
   // Fields every later Start adds to its /start_weight_update body (a lora session's
   // {"wsync_lora": {...}}); an empty object: none.
   void set_start_fields(nlohmann::json fields) { start_fields_ = std::move(fields); }
+  // Which servers (in server order) are vLLM running wsync's plugin (Fleet health
+  // "frontend": "vllm"). A lora session reaches their workers by collective RPC (vLLM's
+  // start route passes no body), and its finish leaves their weight_version alone (it
+  // names vLLM's base weights, not an adapter).
+  void set_vllm_servers(std::vector<bool> vllm) { vllm_ = std::move(vllm); }
   const DeadlinePolicy& deadlines() const { return policy_; }
 
   // --- fleet discovery (GET /health, GET /get_world_size) ---
@@ -123,14 +128,17 @@ class SessionDriver {
   // --- one sync ---
   // POST /start_weight_update; servers marked in `inline_verify` are told that the finish
   // will carry in-line digests ({"wsync_inline_verify": true}), so that they hash what
-  // they land from the start of the session on.
+  // they land from the start of the session on. In a lora session the vLLM servers get
+  // POST /collective_rpc {"method": "wsync_lora_start", "args": ["<wsync_lora as JSON>"]}
+  // first (docs/lora.md); a refusal there fails the start naming the server.
   Status Start(const std::vector<bool>* inline_verify = nullptr) const;
   // POST /update_weights with a body already serialized ({"update_info": ...}; see
   // UpdateBodyCache), in the background: the data plane runs while it is in flight.
   std::shared_ptr<Pending> UpdateAsync(std::shared_ptr<const std::string> body) const;
   // POST /update_weights {"update_info": ...}, waited for (bounded by Call()).
   Status Update(const nlohmann::json& update_info) const;
-  // POST /finish_weight_update, with "weight_version" when given.
+  // POST /finish_weight_update, with "weight_version" when given (not to vLLM servers in a
+  // lora session).
   Status Finish(const std::optional<std::string>& weight_version) const;
   // POST /finish_weight_update with the pass's digests to the servers marked in
   // `verifying` (in server order; their body adds "wsync_digests" and
@@ -188,8 +196,16 @@ class SessionDriver {
   FanOutClient client_;
   std::string api_key_;  // for calls to a subset of the servers
   DeadlinePolicy policy_;
+  // The finish body of server `i`: "weight_version" when given, unless `i` is a vLLM
+  // server in a lora session.
+  nlohmann::json FinishBody(size_t i, const std::optional<std::string>& weight_version) const;
+  bool InVllm(size_t i) const { return i < vllm_.size() && vllm_[i]; }
+  // In a lora session: wsync_lora_start to every vLLM server, waited for.
+  Status StartVllmLora() const;
+
   bool draft_sessions_ = false;
   nlohmann::json start_fields_ = nlohmann::json::object();
+  std::vector<bool> vllm_;
 };
 
 // Whether one /server_info reply says the server caches prefixes (see PrefixCaching).

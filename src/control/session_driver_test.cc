@@ -4,6 +4,9 @@
 #include "control/session_driver.h"
 
 #include <mutex>
+#include <thread>
+
+#include <httplib.h>
 
 #include <fmt/format.h>
 
@@ -30,6 +33,13 @@ class Service : public ControlService {
     if (active) return FailedPrecondition("a session is active");
     active = true;
     return Status::Ok();
+  }
+  Status StartLoraWeightUpdate(const json& spec, bool) override {
+    {
+      std::lock_guard lock(mu);
+      lora = spec;
+    }
+    return StartWeightUpdate();
   }
   Status UpdateWeights(std::shared_ptr<const json> body) override {
     std::lock_guard lock(mu);
@@ -70,7 +80,7 @@ class Service : public ControlService {
   }
 
   std::mutex mu;
-  json init, update;
+  json init, update, lora;
   bool active = false;
   std::string version, pause;
 
@@ -215,6 +225,82 @@ TEST(SessionDriver, WorkerChecksumsMergeAndDisagreementsAreNamed) {
   EXPECT_NE(bad.status().message().find("http://s: workers disagree about a"), std::string::npos);
   EXPECT_FALSE(MergeWorkerChecksums(json{{"results", json::array()}}, "http://s").ok());
   EXPECT_FALSE(MergeWorkerChecksums(json{{"results", {{{"no", 1}}}}}, "http://s").ok());
+}
+
+// A vLLM server as wsync's plugin answers: every body it is sent, by route; its
+// collective RPC answers `rpc_status`.
+struct VllmFront {
+  explicit VllmFront(int rpc_status) {
+    for (const char* route : {"/collective_rpc", "/start_weight_update", "/finish_weight_update"}) {
+      srv.Post(route, [this, route, rpc_status](const httplib::Request& req, httplib::Response& res) {
+        std::lock_guard lock(mu);
+        bodies[route].push_back(req.body.empty() ? json::object() : json::parse(req.body));
+        const bool rpc = std::string_view(route) == "/collective_rpc";
+        res.status = rpc ? rpc_status : 200;
+        res.set_content(rpc && rpc_status != 200 ? R"({"error": "max_lora_rank is 8"})" : R"({"results": [{}]})",
+                        "application/json");
+      });
+    }
+    port = srv.bind_to_any_port("127.0.0.1");
+    serving = std::thread([this] { srv.listen_after_bind(); });
+  }
+  ~VllmFront() {
+    srv.stop();
+    serving.join();
+  }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port); }
+  std::vector<json> Sent(const std::string& route) {
+    std::lock_guard lock(mu);
+    return bodies[route];
+  }
+
+  httplib::Server srv;
+  int port = 0;
+  std::thread serving;
+  std::mutex mu;
+  std::map<std::string, std::vector<json>> bodies;
+};
+
+TEST(SessionDriver, ALoraSessionNamesTheAdapterToVllmAndLeavesItsVersion) {
+  Fixture f({"nccl"});
+  VllmFront vllm(200);
+  SessionDriver driver({f.urls[0], vllm.url()}, "", 10);
+  driver.set_vllm_servers({false, true});
+  const json spec = {{"format", 1}, {"name", "math"}, {"version", "step-1"}, {"r", 8}, {"alpha", 16.0}};
+  driver.set_start_fields(json{{"wsync_lora", spec}});
+  ASSERT_TRUE(driver.Start().ok());
+  std::vector<json> rpcs = vllm.Sent("/collective_rpc");
+  ASSERT_EQ(rpcs.size(), 1u);
+  EXPECT_EQ(rpcs[0]["method"], "wsync_lora_start");
+  EXPECT_EQ(json::parse(rpcs[0]["args"][0].get<std::string>()), spec);
+  EXPECT_EQ(vllm.Sent("/start_weight_update").size(), 1u);
+  EXPECT_EQ(f.services[0]->lora, spec);  // wsync serve takes it in the start body
+  ASSERT_TRUE(driver.Finish("step-1").ok());
+  EXPECT_EQ(f.services[0]->version, "step-1");
+  // vLLM's weight_version names its base weights: a lora finish leaves it alone.
+  EXPECT_EQ(vllm.Sent("/finish_weight_update").back(), json::object());
+
+  // A full-weight session: no RPC, and the version reaches vLLM.
+  driver.set_start_fields(json::object());
+  ASSERT_TRUE(driver.Start().ok());
+  EXPECT_EQ(vllm.Sent("/collective_rpc").size(), 1u);
+  ASSERT_TRUE(driver.Finish("v2").ok());
+  EXPECT_EQ(vllm.Sent("/finish_weight_update").back(), (json{{"weight_version", "v2"}}));
+}
+
+TEST(SessionDriver, AnAdapterVllmRefusesFailsTheStartBeforeAnyServerStarts) {
+  Fixture f({"nccl"});
+  VllmFront vllm(500);
+  SessionDriver driver({f.urls[0], vllm.url()}, "", 10);
+  driver.set_vllm_servers({false, true});
+  driver.set_start_fields(json{{"wsync_lora", {{"name", "big"}, {"r", 64}}}});
+  Status s = driver.Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("wsync_lora_start"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(vllm.url()), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("max_lora_rank is 8"), std::string::npos) << s.message();
+  EXPECT_TRUE(vllm.Sent("/start_weight_update").empty());
+  EXPECT_FALSE(f.services[0]->active);
 }
 
 }  // namespace

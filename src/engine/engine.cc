@@ -175,6 +175,7 @@ class Engine final : public TrainerEngine {
       for (size_t i = 0; i < fleet.health.size(); ++i) {
         vllm_servers_[i] = fleet.health[i].is_object() && fleet.health[i].value("frontend", nlohmann::json()) == "vllm";
       }
+      driver_->set_vllm_servers(vllm_servers_);
       for (size_t i = 0; i < prefix_caching_.size(); ++i) {
         if (prefix_caching_[i]) WSYNC_LOG_INFO("{} caches prefixes: each sync resets its cache", driver_->urls()[i]);
       }
