@@ -38,6 +38,8 @@ def parse_args():
     p.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--spec", default="", help=argparse.SUPPRESS)
     p.add_argument("--skip-cpp", action="store_true", help="run the Python side only")
+    p.add_argument("--inline-verify", choices=["on", "off"], default="on",
+                   help="the Python ranks' in-line verification (split tensors by row ranges)")
     return p.parse_args()
 
 
@@ -87,7 +89,7 @@ def worker(args):
     start_rss = rss_bytes("VmRSS")
     start_ok = reset_peak()
     engine = wsync.TrainerEngine(backend="sharded", servers=spec["servers"], rank=rank, world_size=world,
-                                 timeout=600, model=args.model)
+                                 timeout=600, inline_verify=args.inline_verify == "on", model=args.model)
     t0 = time.monotonic()
     engine.init(source)
     init_s = time.monotonic() - t0
@@ -95,19 +97,23 @@ def worker(args):
     first_peak = rss_bytes("VmHWM")
     before = rss_bytes("VmRSS")
     peak_ok = reset_peak()
-    times, sent = [], 0
+    times, sent, finish, verified = [], 0, [], []
     for i in range(args.iters):
         dist.barrier()
         t0 = time.monotonic()
         stats = engine.send_weights(source, weight_version=f"v{i}")
         times.append(stats.seconds if rank == 0 else time.monotonic() - t0)
         sent = stats.bytes
+        if rank == 0:
+            finish.append(stats.finish_seconds)
+            verified.append((stats.inline_verified_servers, stats.inline_verified_tensors, stats.inline_digests))
     peak = rss_bytes("VmHWM")
     print(json.dumps({"rank": rank, "init_s": init_s, "first_s": first.seconds, "times": times, "bytes": sent,
                       "own_shard_bytes": own, "rss_before": before, "peak_growth": peak - before if peak_ok else None,
                       "first_growth": first_peak - start_rss if start_ok else None,
                       "peak_gather_bytes": source.peak_gather_bytes, "held": len(source.held_names()),
-                      "held_rows": len(source.held_rows())}), flush=True)
+                      "held_rows": len(source.held_rows()), "finish": finish,
+                      "verified": verified}), flush=True)
     engine.shutdown()
     dist.destroy_process_group()
 
@@ -147,7 +153,8 @@ def main():
             port = s.getsockname()[1]
         spec = json.dumps({"servers": urls, "port": port})
         ranks = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), "--spec", spec, "--model", args.model,
-                                   "--ranks", str(args.ranks), "--iters", str(args.iters)],
+                                   "--ranks", str(args.ranks), "--iters", str(args.iters),
+                                   "--inline-verify", args.inline_verify],
                                   stdout=subprocess.PIPE, text=True) for r in range(args.ranks)]
         out = []
         for p in ranks:
@@ -165,6 +172,8 @@ def main():
     print(f"  sync median {median(out[0]['times']):.3f} s (rank 0's whole sync), first {out[0]['first_s']:.3f} s, "
           f"init {out[0]['init_s']:.2f} s; fleet bytes {out[0]['bytes']} ({out[0]['bytes'] / workers / 1e6:.1f} MB "
           f"per worker on average)")
+    print(f"  in-line verification {args.inline_verify}: finish median {median(out[0]['finish']):.3f} s; "
+          f"(servers, tensors verified, digests sent) per sync {out[0]['verified']}")
     for r in out:
         growth = "n/a" if r["peak_growth"] is None else f"{r['peak_growth'] / 1e6:.1f} MB"
         if r["first_growth"] is not None:

@@ -122,7 +122,10 @@ def main():
         out = {"step": step}
         try:
             stats = engine.send_weights(run, weight_version=f"step-{step}")
-            out.update(ok=True, bytes=stats.bytes)
+            out.update(ok=True, bytes=stats.bytes,
+                       inline={"digests": stats.inline_digests, "servers": stats.inline_verified_servers,
+                               "unverified_servers": stats.inline_unverified_servers,
+                               "tensors": stats.inline_verified_tensors})
         except Exception as e:  # reported to the test, which asserts on it
             out.update(ok=False, type=type(e).__name__, message=str(e))
         out["seconds"] = time.monotonic() - t0

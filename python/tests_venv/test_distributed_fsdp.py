@@ -54,3 +54,9 @@ def test_fsdp2_four_ranks_sharded(tps, wsync_server, tmp_path):
     results, _, logs = run_ranks(spec, tmp_path, world=4)
     assert_landed(results, logs, 2)
     assert_no_gather(results)
+    # No rank holds a tensor whole, yet every server verifies every tensor in-line: each
+    # part's rows are digested by a rank holding them, each server digests the same rows.
+    for line in results[0]:
+        inline = line["inline"]
+        assert inline["digests"] > 0 and inline["unverified_servers"] == 0, line
+        assert (inline["servers"], inline["tensors"]) == (len(servers), inline["digests"]), line

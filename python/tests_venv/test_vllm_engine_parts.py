@@ -114,3 +114,21 @@ def test_sharded_padded_vocabulary_rows_are_zeroed_before_slices_land(tmp_path):
     assert [(p["hf_start"], p["length"], p["dst_start"]) for p in embed["pieces"]] == [(256, 244, 0)]
     zeroed = {t.name for t in plan_targets(_module_tree(table), table, "worker") if t.zero}
     assert zeroed == {"model.embed_tokens.weight", "lm_head.weight"}
+
+
+def test_row_digests_are_named_unverifiable_not_differing():
+    # A tensor no trainer rank held whole comes with {"rows": [[begin, end, hex], ...]};
+    # the plugin's workers digest whole tensors, so they name it unverifiable (the trainer
+    # then counts it so) instead of failing the finish. The method alone, on an engine
+    # object holding one landed digest: no vLLM worker is started for this rule.
+    from types import SimpleNamespace
+
+    from wsync.vllm.worker_engine import UpdateStats, WsyncWeightTransferEngine
+    engine = object.__new__(WsyncWeightTransferEngine)
+    engine._reloading, engine._lora, engine._slices, engine._rx = True, None, None, None
+    engine._landing, engine.stats = {"a": "11", "b": "22"}, UpdateStats()
+    engine.parallel_config = SimpleNamespace(data_parallel_index=0, world_size=1, rank=0)
+    reply = engine.check_inline({"wsync_digests": {"a": "11", "b": {"rows": [[0, 2, "22"]]}},
+                                 "digest_algorithm": "xxh3_128"})
+    assert (reply["tensors"], reply["differing"], reply["not_landed"]) == (1, 0, ["b"])
+    assert "row ranges" in reply["unverifiable"]["b"]

@@ -219,7 +219,7 @@ Status SessionDriver::Finish(const std::optional<std::string>& weight_version) c
 }
 
 Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std::string>& weight_version,
-                                                        const std::map<std::string, std::string>& digests,
+                                                        const json& digests,
                                                         const std::vector<bool>& verifying,
                                                         const std::vector<bool>& vllm) const {
   auto verifies = [&](size_t i) { return i < verifying.size() && verifying[i]; };
@@ -461,6 +461,7 @@ Result<json> MergeInlineResults(const json& reply, size_t digests, std::string_v
                                 route::kCollectiveRpc));
   }
   std::optional<std::set<std::string>> not_landed;  // by every worker so far
+  std::map<std::string, std::string> reasons;        // a worker's why, where it gave one
   std::vector<std::string> differ;
   for (size_t w = 0; w < results->size(); ++w) {
     const json& r = (*results)[w];
@@ -472,6 +473,11 @@ Result<json> MergeInlineResults(const json& reply, size_t digests, std::string_v
     if (auto it = r.find("not_landed"); it != r.end() && it->is_array()) {
       for (const json& n : *it) {
         if (n.is_string()) mine.insert(n.get<std::string>());
+      }
+    }
+    if (auto it = r.find("unverifiable"); it != r.end() && it->is_object()) {
+      for (const auto& [name, why] : it->items()) {
+        if (why.is_string() && mine.contains(name)) reasons.emplace(name, why.get<std::string>().substr(0, 200));
       }
     }
     if (!not_landed) {
@@ -495,7 +501,10 @@ Result<json> MergeInlineResults(const json& reply, size_t digests, std::string_v
   // A tensor is verified where some worker landed it: each worker checked all it landed.
   const size_t tensors = digests - std::min(digests, not_landed->size());
   json unverifiable = json::object();
-  for (const std::string& n : *not_landed) unverifiable[n.substr(0, 200)] = "landed by no worker of this server";
+  for (const std::string& n : *not_landed) {
+    auto why = reasons.find(n);
+    unverifiable[n.substr(0, 200)] = why != reasons.end() ? why->second : "landed by no worker of this server";
+  }
   return json{{"tensors", tensors}, {"algorithm", "xxh3_128"}, {"unverifiable", std::move(unverifiable)}};
 }
 

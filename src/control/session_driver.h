@@ -140,8 +140,8 @@ class SessionDriver {
   // POST /finish_weight_update, with "weight_version" when given (not to vLLM servers in a
   // lora session).
   Status Finish(const std::optional<std::string>& weight_version) const;
-  // POST /finish_weight_update with the pass's digests to the servers marked in
-  // `verifying` (in server order; their body adds "wsync_digests" and
+  // POST /finish_weight_update with the pass's digests (PassDigests::Json) to the servers
+  // marked in `verifying` (in server order; their body adds "wsync_digests" and
   // "digest_algorithm": "xxh3_128"), the plain body to the others; every server's reply.
   // A verifying server marked in `vllm` (wsync's plugin in vLLM, whose finish route passes
   // only weight_version) gets the digests first by POST /collective_rpc
@@ -150,7 +150,7 @@ class SessionDriver {
   // {"verified": ...} merged from its workers' (MergeInlineResults). When a finish fails,
   // those vLLM servers get a plain finish that closes vLLM's session.
   Result<std::vector<nlohmann::json>> FinishVerified(const std::optional<std::string>& weight_version,
-                                                     const std::map<std::string, std::string>& digests,
+                                                     const nlohmann::json& digests,
                                                      const std::vector<bool>& verifying,
                                                      const std::vector<bool>& vllm = {}) const;
   // After a failed sync: a best-effort finish that ends any session still open (servers

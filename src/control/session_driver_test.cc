@@ -205,6 +205,14 @@ TEST(SessionDriver, InlineResultsOfVllmWorkersMergeAndDifferencesAreNamed) {
   ASSERT_FALSE(merged.ok());
   EXPECT_EQ(merged.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(merged.status().message().find("b (worker 1 landed 00"), std::string::npos);
+  // A worker's reason for a tensor no worker could check is kept.
+  json rows = {{"results",
+                {{{"tensors", 1}, {"not_landed", {"r"}}, {"unverifiable", {{"r", "digested by row ranges"}}}},
+                 {{"tensors", 1}, {"not_landed", {"r"}}}}}};
+  merged = MergeInlineResults(rows, 2, "http://s");
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  EXPECT_EQ((*merged)["tensors"], 1);
+  EXPECT_EQ((*merged)["unverifiable"], (json{{"r", "digested by row ranges"}}));
   EXPECT_EQ(MergeInlineResults(json{{"results", json::array()}}, 3, "http://s").status().code(),
             StatusCode::kInternal);
   EXPECT_EQ(MergeInlineResults(json{{"results", {{{"x", 1}}}}}, 3, "http://s").status().code(),

@@ -281,7 +281,7 @@ class Engine final : public TrainerEngine {
   // (SyncStats says how many did); a server that verified fewer tensors than it was sent
   // without naming why fails the sync.
   Status Finish(SyncContext& sync) {
-    const std::map<std::string, std::string>& digests = sync.pass.digests();
+    const nlohmann::json digests = sync.pass.digest_set().Json();
     const bool verify = options_.inline_verify && sync.pass.complete() && sync.pass.digests_complete() &&
                         !digests.empty() &&
                         inline_servers_.size() == driver_->size();

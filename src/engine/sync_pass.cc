@@ -15,9 +15,48 @@ void PassDigests::Record(std::string_view name, std::string hex) {
   digests_.insert_or_assign(std::string(name), std::move(hex));
 }
 
+void PassDigests::RecordRows(std::string_view name, int64_t begin, int64_t end, std::string hex) {
+  std::lock_guard lock(mu_);
+  std::vector<Rows>& rows = rows_[std::string(name)];
+  auto at = std::ranges::find(rows, begin, &Rows::begin);
+  if (at != rows.end()) {
+    *at = Rows{begin, end, std::move(hex)};
+    return;
+  }
+  rows.push_back(Rows{begin, end, std::move(hex)});
+  std::ranges::sort(rows, {}, &Rows::begin);
+}
+
+bool PassDigests::Covers(const std::string& name, int64_t dim0) const {
+  std::lock_guard lock(mu_);
+  if (digests_.contains(name)) return true;
+  auto it = rows_.find(name);
+  if (it == rows_.end()) return false;
+  int64_t next = 0;
+  for (const Rows& r : it->second) {
+    if (r.begin != next || r.end <= r.begin) return false;
+    next = r.end;
+  }
+  return next == dim0;
+}
+
 size_t PassDigests::size() const {
   std::lock_guard lock(mu_);
-  return digests_.size();
+  size_t n = digests_.size();
+  for (const auto& [name, rows] : rows_) n += digests_.contains(name) ? 0 : 1;
+  return n;
+}
+
+nlohmann::json PassDigests::Json() const {
+  std::lock_guard lock(mu_);
+  nlohmann::json j = digests_;
+  for (const auto& [name, rows] : rows_) {
+    if (digests_.contains(name)) continue;
+    nlohmann::json list = nlohmann::json::array();
+    for (const Rows& r : rows) list.push_back(nlohmann::json::array({r.begin, r.end, r.hex}));
+    j[name] = nlohmann::json{{"rows", std::move(list)}};
+  }
+  return j;
 }
 
 class SyncPass::Outer final : public TensorStream {
@@ -151,8 +190,12 @@ const std::map<std::string, std::string>& SyncPass::digests() const { return dig
 
 bool SyncPass::digests_complete() const {
   if (!collect_digests_ || !outer_) return false;
-  const std::map<std::string, std::string>& have = digests_->map();
-  return std::ranges::all_of(outer_->host_names(), [&](const std::string& n) { return have.contains(n); });
+  std::map<std::string_view, int64_t> dim0;
+  for (const TensorMeta& m : source_.metadata()) dim0.emplace(m.name, m.shape.empty() ? 0 : m.shape[0]);
+  return std::ranges::all_of(outer_->host_names(), [&](const std::string& n) {
+    auto it = dim0.find(n);
+    return digests_->Covers(n, it == dim0.end() ? 0 : it->second);
+  });
 }
 
 }  // namespace wsync

@@ -15,23 +15,42 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "wsync/source.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
 namespace wsync {
 
-// The in-line digests of one pass: {HF name: xxh3-128 hex}. Record() is thread-safe; read
-// map() once the pass's readers are done.
+// The in-line digests of one pass: {HF name: xxh3-128 hex} of the tensors some trainer
+// rank read whole, and, for a tensor no rank holds whole (FSDP's dim-0 shards), digests
+// of its row ranges [begin, end) of dim 0, each taken by a rank that holds those rows.
+// Record() and RecordRows() are thread-safe; read the rest once the pass's readers are
+// done.
 class PassDigests {
  public:
+  struct Rows {
+    int64_t begin = 0;
+    int64_t end = 0;
+    std::string hex;
+  };
   void Record(std::string_view name, std::string hex);
+  void RecordRows(std::string_view name, int64_t begin, int64_t end, std::string hex);
   const std::map<std::string, std::string>& map() const { return digests_; }
+  // By name, ascending by begin.
+  const std::map<std::string, std::vector<Rows>>& rows() const { return rows_; }
+  // Whether `name` has a whole digest, or row digests that cover [0, dim0) without gaps.
+  bool Covers(const std::string& name, int64_t dim0) const;
   size_t size() const;
+  // The finish body's "wsync_digests" (docs/protocol.md): a whole tensor's hex, or
+  // {"rows": [[begin, end, hex], ...]} for a tensor digested by row ranges.
+  nlohmann::json Json() const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::string> digests_;
+  std::map<std::string, std::vector<Rows>> rows_;
 };
 
 class SyncPass {
@@ -73,8 +92,10 @@ class SyncPass {
   // reader records every host tensor it reads, under its name, before it reads the
   // next. Null when the pass collects no digests. Call before the pass starts.
   std::shared_ptr<PassDigests> TakeDigests();
-  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far.
+  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; row digests
+  // of split tensors are in digest_set().rows().
   const std::map<std::string, std::string>& digests() const;
+  const PassDigests& digest_set() const { return *digests_; }
   // Whether digests() holds a digest of every host tensor the pass yielded (a reader
   // that took the hashing over may have stopped short; it may also have recorded
   // digests other trainer ranks took); false when none are collected.

@@ -531,6 +531,28 @@ Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std:
 
 }  // namespace
 
+Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> group, std::string_view hf_name,
+                                 int64_t row_begin, int64_t row_end, DigestAlgorithm algorithm,
+                                 std::vector<std::byte>* scratch, size_t block_bytes) {
+  WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name, /*devices=*/true));
+  const int64_t rows = hf->shape.empty() ? 0 : hf->shape[0];
+  if (row_begin < 0 || row_begin >= row_end || row_end > rows) {
+    return InvalidArgument(fmt::format("rows [{}, {}) of {}: outside its {} rows", row_begin, row_end, hf_name, rows));
+  }
+  const std::vector<SourcePiece> pieces = PrimaryPieces(group, hf_name);
+  const int64_t row_bytes = static_cast<int64_t>(hf->nbytes()) / rows;
+  const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / std::max<int64_t>(row_bytes, 1), 1,
+                                            row_end - row_begin);
+  if (scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
+  auto hasher = Hasher::Create(algorithm);
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += block) {
+    const int64_t r1 = std::min(row_end, r0 + block);
+    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, *hf, r0, r1, scratch->data()).WithContext(hf_name));
+    hasher->Update({scratch->data(), static_cast<size_t>((r1 - r0) * row_bytes)});
+  }
+  return hasher->FinishHex();
+}
+
 Result<std::map<std::string, std::string>> DigestEach(std::span<const TensorMeta> tensors, size_t threads,
                                                       const TensorDigestFn& digest) {
   // Largest first, pulled from a shared counter, so one big tensor does not trail.

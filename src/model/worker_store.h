@@ -237,6 +237,14 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> tp_group,
                              std::string_view hf_name, DigestAlgorithm algorithm,
                              size_t block_bytes = size_t{64} << 20);
 
+// The digest of rows [row_begin, row_end) of dim 0 of the HF tensor (0 <= row_begin <
+// row_end <= its dim 0, else InvalidArgument naming it), as HfDigest would hash those
+// bytes alone; assembled in blocks of at most `block_bytes` (at least one row) in
+// `scratch`, reused across calls.
+Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> tp_group, std::string_view hf_name,
+                                 int64_t row_begin, int64_t row_end, DigestAlgorithm algorithm,
+                                 std::vector<std::byte>* scratch, size_t block_bytes = size_t{64} << 20);
+
 // HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads.
 Result<std::map<std::string, std::string>> AllHfDigests(
     std::span<const WorkerStore* const> tp_group, DigestAlgorithm algorithm, size_t threads);

@@ -10,11 +10,28 @@
 #include "model/dropped_names.h"
 #include "model/worker_store.h"
 #include "receiver/backend_mismatch.h"
+#include "receiver/row_digests.h"
 #include "server/runtime_checker.h"
 #include "server/inference_server_worker.h"
 #include "receiver/worker_thread.h"
 
 namespace wsync {
+namespace {
+
+// The group's digests of those ranges, joined as RowDigests::joined.
+Result<std::string> JoinedRowsDigest(std::span<const WorkerStore* const> group, std::string_view name,
+                                     const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                     DigestAlgorithm algorithm, std::vector<std::byte>* scratch) {
+  std::string joined;
+  for (const auto& [begin, end] : ranges) {
+    WSYNC_ASSIGN_OR_RETURN(std::string hex, HfRowsDigest(group, name, begin, end, algorithm, scratch));
+    if (!joined.empty()) joined += ',';
+    joined += hex;
+  }
+  return joined;
+}
+
+}  // namespace
 
 using nlohmann::json;
 
@@ -208,11 +225,27 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
   std::map<std::string_view, const TensorMeta*> by_name;
   for (const TensorMeta& m : table.hf_tensors()) by_name.emplace(m.name, &m);
   std::vector<TensorMeta> check;
-  std::vector<const std::string*> want;
+  std::vector<std::string> want;
+  // Tensors the trainer digested by row ranges (no trainer rank held them whole): their
+  // ranges, compared joined (ranges ascending, digests joined by ',').
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> row_ranges;
   json unverifiable = json::object();
   for (const auto& [name, hex] : digests.items()) {
-    if (!hex.is_string() || hex.get_ref<const std::string&>().size() > 128) {
-      return InvalidArgument(fmt::format("wsync_digests[{}] must be a hex string", name.substr(0, 200)));
+    std::string expected;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    if (hex.is_object()) {
+      // A name outside the model is named unverifiable below, its ranges unread.
+      if (auto known = by_name.find(name); known != by_name.end()) {
+        const std::vector<int64_t>& shape = known->second->shape;
+        WSYNC_ASSIGN_OR_RETURN(RowDigests rows, ParseRowDigests(hex, name, shape.empty() ? 0 : shape[0]));
+        ranges = std::move(rows.ranges);
+        expected = std::move(rows.joined);
+      }
+    } else if (hex.is_string() && hex.get_ref<const std::string&>().size() <= 128) {
+      expected = hex.get<std::string>();
+    } else {
+      return InvalidArgument(fmt::format("wsync_digests[{}] must be a hex string or {{\"rows\": [[begin, end, hex], "
+                                         "...]}}", name.substr(0, 200)));
     }
     auto it = by_name.find(name);
     if (it == by_name.end()) {
@@ -223,7 +256,8 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
       unverifiable[name] = "not held by this server";
     } else {
       check.push_back(*it->second);
-      want.push_back(&hex.get_ref<const std::string&>());
+      want.push_back(std::move(expected));
+      if (!ranges.empty()) row_ranges.emplace(name, std::move(ranges));
     }
   }
   const size_t threads = options_.digest_threads ? options_.digest_threads : DefaultThreads();
@@ -250,6 +284,10 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
       group_sums = group_landing_[g]->Digests();
     }
     for (const TensorMeta& m : check) {
+      if (row_ranges.contains(m.name)) {  // landing digests cover whole tensors only
+        at_finish.push_back(m);
+        continue;
+      }
       std::optional<std::string> landed;
       for (size_t t = 0; t < group.size() && !landed; ++t) landed = group[t]->LandedDigest(m.name);
       if (!landed) {
@@ -261,18 +299,21 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
         at_finish.push_back(m);
       }
     }
-    WSYNC_ASSIGN_OR_RETURN(auto read, DigestEach(at_finish, threads, [&](const TensorMeta& m, std::vector<std::byte>*) {
-                             return HfDigest(group, m.name, algorithm);
+    WSYNC_ASSIGN_OR_RETURN(auto read, DigestEach(at_finish, threads, [&](const TensorMeta& m,
+                                                                         std::vector<std::byte>* scratch) {
+                             auto rows = row_ranges.find(m.name);
+                             if (rows == row_ranges.end()) return HfDigest(group, m.name, algorithm);
+                             return JoinedRowsDigest(group, m.name, rows->second, algorithm, scratch);
                            }));
     sums.merge(read);
     at_landing += check.size() - at_finish.size();
     for (size_t i = 0; i < check.size(); ++i) {
       const std::string& held = sums.at(check[i].name);
-      if (held == *want[i]) continue;
+      if (held == want[i]) continue;
       ++differing;
       if (differ.size() < 5) {
         differ.push_back(fmt::format("{} ({} holds {}, the trainer read {})", check[i].name, replica, held,
-                                     want[i]->substr(0, 64)));
+                                     want[i].substr(0, 64)));
       }
     }
   }

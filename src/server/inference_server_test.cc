@@ -243,5 +243,81 @@ TEST(InferenceServerInline, ACorruptLandingFailsTheFinishNamingTheTensor) {
   }
 }
 
+// Row digests (a tensor no trainer rank held whole, digested by row ranges): each range
+// is digested from the group's shards at finish and compared, at TP=1 and TP=2; one wrong
+// byte fails the finish naming the tensor; ranges that do not tile dim 0 are refused.
+json RowDigestsOf(const HostTensor& t, int64_t split) {
+  const int64_t rows = t.meta.shape[0];
+  const size_t row_bytes = t.meta.nbytes() / static_cast<size_t>(rows);
+  json list = json::array();
+  for (auto [a, b] : {std::pair<int64_t, int64_t>{0, split}, {split, rows}}) {
+    list.push_back({a, b, HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes.subspan(a * row_bytes, (b - a) * row_bytes))});
+  }
+  return json{{"rows", list}};
+}
+
+TEST(InferenceServerInline, RowDigestsOfSplitTensorsAreVerifiedAtFinish) {
+  for (int tp : {1, 2}) {
+    for (bool corrupt : {false, true}) {
+      SCOPED_TRACE(fmt::format("tp={} corrupt={}", tp, corrupt));
+      auto ls = MakeLandingServer(tp, corrupt);
+      ASSERT_NE(ls, nullptr);
+      size_t by_rows = 0;
+      for (const HostTensor& t : ls->hf) {
+        if (t.meta.shape.size() < 1 || t.meta.shape[0] < 2) continue;
+        ls->digests[t.meta.name] = RowDigestsOf(t, t.meta.shape[0] / 2 + 1);
+        ++by_rows;
+      }
+      ASSERT_GT(by_rows, 0u);
+      InferenceServer& server = *ls->server;
+      ASSERT_TRUE(server.StartWeightUpdateInlineVerified().ok());
+      ASSERT_TRUE(server.UpdateWeights(std::make_shared<const json>(kNormUpdate)).ok());
+      Result<json> r = server.FinishWeightUpdateVerified(std::string("v1"), ls->digests, "xxh3_128");
+      if (corrupt) {
+        ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+        EXPECT_NE(r.status().message().find("model.embed_tokens.weight"), std::string::npos) << r.status().ToString();
+        EXPECT_NE(server.Health()["weight_version"], "v1");
+        continue;
+      }
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      const json& v = (*r)["verified"];
+      EXPECT_EQ(v["tensors"].get<size_t>(), ls->hf.size()) << v.dump();
+      EXPECT_EQ(v["hashed_at_landing"].get<size_t>(), ls->hf.size() - by_rows) << v.dump();
+      EXPECT_EQ(server.Health()["weight_version"], "v1");
+    }
+  }
+}
+
+TEST(InferenceServerInline, RowRangesThatDoNotTileDimZeroAreRefusedNamingTheTensor) {
+  auto ls = MakeLandingServer(2, /*corrupt=*/false);
+  ASSERT_NE(ls, nullptr);
+  const HostTensor& embed = ls->hf.front();
+  ASSERT_EQ(embed.meta.name, "model.embed_tokens.weight");
+  const int64_t rows = embed.meta.shape[0];
+  const std::string hex(32, '0');
+  const std::vector<json> hostile = {
+      json{{"rows", {{0, rows - 1, hex}}}},                      // stops short
+      json{{"rows", {{1, rows, hex}}}},                          // starts late
+      json{{"rows", {{0, 5, hex}, {4, rows, hex}}}},             // overlaps
+      json{{"rows", {{0, rows + 1, hex}}}},                      // past dim 0
+      json{{"rows", json::array()}},                             // empty
+      json{{"rows", {{0, rows, 7}}}},                            // digest not a string
+      json{{"rows", {{0, rows, hex}}}, {"extra", 1}},            // unknown field
+  };
+  for (const json& entry : hostile) {
+    SCOPED_TRACE(entry.dump());
+    InferenceServer& server = *ls->server;
+    ASSERT_TRUE(server.StartWeightUpdateInlineVerified().ok());
+    ASSERT_TRUE(server.UpdateWeights(std::make_shared<const json>(kNormUpdate)).ok());
+    json digests = ls->digests;
+    digests[embed.meta.name] = entry;
+    Result<json> r = server.FinishWeightUpdateVerified(std::string("v1"), digests, "xxh3_128");
+    ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("wsync_digests[model.embed_tokens.weight]"), std::string::npos)
+        << r.status().ToString();
+    EXPECT_NE(server.Health()["weight_version"], "v1");
+  }
+}
+
 }  // namespace
 }  // namespace wsync

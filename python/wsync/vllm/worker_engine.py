@@ -329,11 +329,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             slices = self._slices
 
             def load_slices(items):
-                corrupt = None
-                if self._corrupt_next and items:
-                    self._corrupt_next = False
-                    corrupt = _flip_first_byte
-                slices.land(items, landed, corrupt)
+                slices.land(items, landed, _flip_first_byte if items and self._take_fault() else None)
                 # load: vLLM's processing of completed layers; copy: the slices copied in.
                 stats.load_seconds = slices.process_seconds
                 stats.copy_seconds = slices.copy_seconds
@@ -458,8 +454,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         """In-line verification (module doc): compares ``body["wsync_digests"]`` ({hf_name:
         xxh3-128 hex}, ``"digest_algorithm": "xxh3_128"``) with the bytes this worker landed
         in the update under way; finish_weight_update refuses the update if any differ.
-        Returns {"tensors": matched, "not_landed": [names this worker did not land],
-        "differing": count, "differ": [up to MAX_NAMED descriptions]}."""
+        Returns {"tensors": matched, "not_landed": [names this worker did not land or
+        cannot check], "differing": count, "differ": [up to MAX_NAMED descriptions],
+        "unverifiable": {name: why, for those it cannot check}}."""
         if not isinstance(body, dict) or not isinstance(body.get("wsync_digests"), dict):
             raise ValueError("wsync_inline_digests needs a JSON object with a 'wsync_digests' object")
         algorithm = body.get("digest_algorithm", "xxh3_128")
@@ -471,10 +468,15 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if self._slices is not None and self._rx is not None and self._rx.backend in _SLICING:
             self._slices.digest_split(self._landing)
         digests = body["wsync_digests"]
-        matched, not_landed, differing = 0, [], []
+        matched, not_landed, differing, reasons = 0, [], [], {}
         for name, want in digests.items():
             held = self._landing.get(name)
-            if held is None:
+            if not isinstance(want, str):
+                # {"rows": [[begin, end, hex], ...]}: a tensor no trainer rank held whole,
+                # digested by row ranges; this worker's digests are of whole tensors.
+                not_landed.append(name)
+                reasons[name] = "digested by row ranges; the vLLM plugin verifies whole tensors only"
+            elif held is None:
                 not_landed.append(name)
             elif held == want:
                 matched += 1
@@ -486,7 +488,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self.stats.inline_verified = matched
         self.stats.inline_differing = len(differing)
         return {"tensors": matched, "not_landed": not_landed, "differing": len(differing),
-                "differ": differing[:MAX_NAMED]}
+                "differ": differing[:MAX_NAMED], "unverifiable": reasons}
 
     # ---- LoRA adapters (wsync.vllm.lora) ------------------------------------------------
     def lora_start(self, body, manager):
@@ -596,10 +598,14 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         return {"lora": name, "version": held["spec"]["version"], "algorithm": "xxh3_128",
                 "checksums": dict(held["digests"])}
 
+    def _take_fault(self):
+        """Whether a corrupt_next_landing is pending; it is then spent."""
+        pending, self._corrupt_next = self._corrupt_next, False
+        return pending
+
     def _inject_fault(self, chunk):
         """Applies a pending corrupt_next_landing to the first tensor of `chunk`."""
-        if self._corrupt_next and chunk:
-            self._corrupt_next = False
+        if chunk and self._take_fault():
             _flip_first_byte(chunk[0][1])
 
     def corrupt_next_landing(self):

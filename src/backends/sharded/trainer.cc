@@ -658,7 +658,8 @@ class ShardedPlane final : public DataPlane {
   // This rank's part of one sync: its held pass, group by group, packed and sent.
   //
   // In-line verification with several trainer ranks: every rank hashes its share of the
-  // host tensors it holds (HashingRank), after packing each, and rank 0 gathers every rank's digests
+  // host tensors it holds (HashingRank; a split tensor's parts, PartHashingRank, by row
+  // range), after packing each, and rank 0 gathers every rank's digests
   // once all have sent, so that its finish carries a digest of every tensor whichever
   // ranks hold them. Every rank must run with the same TrainerOptions::inline_verify (the
   // gather is a collective of the trainer ranks).
@@ -687,14 +688,29 @@ class ShardedPlane final : public DataPlane {
     TensorRef end;
     WSYNC_RETURN_IF_ERROR(stream->Next(&end).status());
     if (!digests) return Status::Ok();
-    Result<std::vector<std::string>> all = AllGatherStrings(*rank_comm_, json(sync.pass.digests()).dump(), sync.deadline);
+    Result<std::vector<std::string>> all = AllGatherStrings(*rank_comm_, digests->Json().dump(), sync.deadline);
     if (!all.ok()) return all.status().WithContext(fmt::format("trainer rank {}: gathering the in-line digests", me_));
     if (me_ != 0) return Status::Ok();
     for (size_t r = 1; r < all->size(); ++r) {
       json j = json::parse((*all)[r], nullptr, /*allow_exceptions=*/false);
       if (!j.is_object()) return Internal(fmt::format("trainer rank {} sent malformed in-line digests", r));
-      for (const auto& [name, hex] : j.items()) {
-        if (hex.is_string()) digests->Record(name, hex.get<std::string>());
+      for (const auto& [name, value] : j.items()) {
+        if (value.is_string()) {
+          digests->Record(name, value.get<std::string>());
+          continue;
+        }
+        // {"rows": [[begin, end, hex], ...]} (PassDigests::Json), from a rank of this group.
+        const json* rows = value.is_object() && value.contains("rows") ? &value["rows"] : nullptr;
+        if (rows == nullptr || !rows->is_array()) {
+          return Internal(fmt::format("trainer rank {} sent malformed in-line digests of {}", r, name));
+        }
+        for (const json& e : *rows) {
+          if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
+              !e[2].is_string()) {
+            return Internal(fmt::format("trainer rank {} sent malformed row digests of {}", r, name));
+          }
+          digests->RecordRows(name, e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<std::string>());
+        }
       }
     }
     return Status::Ok();
@@ -713,6 +729,11 @@ class ShardedPlane final : public DataPlane {
   int HashingRank(size_t i) const {
     const std::vector<int>& owners = stream_.ownership.owner_sets[stream_.ownership.name_owner_class[i]];
     return owners.empty() ? 0 : owners[i % owners.size()];
+  }
+  // The same for part k of split stream tensor i: one of the ranks holding its rows.
+  int PartHashingRank(size_t i, size_t k) const {
+    const std::vector<int>& owners = stream_.ownership.owner_sets[stream_.parts[i][k].owner_class];
+    return owners.empty() ? 0 : owners[(i + k) % owners.size()];
   }
 
   Status ProduceLoop(ProduceState& st, Deadline deadline) {
@@ -754,13 +775,26 @@ class ShardedPlane final : public DataPlane {
         TensorRef t;
         WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
         if (!more) return Internal("the held pass ended early");
-        // Hashed after the pack below reads it, while it is in cache.
-        // A split tensor is whole on no rank, so none digests it: its sync is not
-        // verified in-line.
+        // Hashed after the pack below reads it, while it is in cache. A split tensor is
+        // whole on no rank: each of its parts is hashed by one of the ranks holding it.
         const bool split = !stream_.parts.empty() && !stream_.parts[i].empty();
-        const bool hash = st.digests && t.device.is_cpu() && !split && HashingRank(i) == me_;
+        const bool hash = st.digests && t.device.is_cpu() && (split || HashingRank(i) == me_);
         auto record = [&] {
-          if (hash) st.digests->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
+          if (!hash) return;
+          if (!split) {
+            st.digests->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
+            return;
+          }
+          const TensorMeta& whole = stream_.tensors[i];
+          const size_t row_bytes = whole.nbytes() / static_cast<size_t>(whole.shape[0]);
+          const std::vector<TensorPart>& parts = stream_.parts[i];
+          for (size_t k = 0; k < parts.size(); ++k) {
+            if (PartHashingRank(i, k) != me_) continue;
+            const size_t from = static_cast<size_t>(parts[k].row_begin) * row_bytes - held_first_byte_[i];
+            const size_t bytes = static_cast<size_t>(parts[k].row_end - parts[k].row_begin) * row_bytes;
+            st.digests->RecordRows(t.name, parts[k].row_begin, parts[k].row_end,
+                                   HexDigest(DigestAlgorithm::kXxh3_128, t.bytes.subspan(from, bytes)));
+          }
         };
         if (pack_[i].empty()) {
           record();
