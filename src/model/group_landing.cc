@@ -41,10 +41,17 @@ void GroupLandingDigests::WaitIdle(std::unique_lock<std::mutex>& lock) {
   cv_.wait(lock, [&] { return queue_.empty() && running_ == 0; });
 }
 
-void GroupLandingDigests::Begin() {
+void GroupLandingDigests::Begin(const std::map<std::string, RowRanges>& rows) {
   std::unique_lock lock(mu_);
   WaitIdle(lock);
   digests_.clear();
+  rows_.assign(expected_.size(), RowRanges());
+  if (!group_.empty()) {
+    for (const auto& [name, ranges] : rows) {
+      const int h = group_.front()->table().FindHf(name);
+      if (h >= 0) rows_[h] = ranges;
+    }
+  }
   for (size_t h = 0; h < expected_.size(); ++h) {
     left_[h].store(expected_[h], std::memory_order_relaxed);
     stale_[h].store(false, std::memory_order_relaxed);
@@ -79,6 +86,7 @@ void GroupLandingDigests::Count(int hf_index, int pieces) {
 }
 
 void GroupLandingDigests::Run() {
+  std::vector<std::byte> scratch;  // row-range reads, reused
   std::unique_lock lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -88,7 +96,10 @@ void GroupLandingDigests::Run() {
     ++running_;
     lock.unlock();
     const std::string& name = group_.front()->table().hf_tensors()[h].name;
-    Result<std::string> digest = HfDigest(group_, name, DigestAlgorithm::kXxh3_128);
+    // rows_ changes only in Begin, which waits for every digest in flight first.
+    Result<std::string> digest =
+        rows_[h].empty() ? HfDigest(group_, name, DigestAlgorithm::kXxh3_128)
+                         : HfRangesDigest(group_, name, rows_[h], DigestAlgorithm::kXxh3_128, &scratch);
     lock.lock();
     --running_;
     if (digest.ok()) digests_[h] = std::move(*digest);
@@ -96,13 +107,13 @@ void GroupLandingDigests::Run() {
   }
 }
 
-std::map<std::string, std::string> GroupLandingDigests::Digests() {
+std::map<std::string, GroupLandingDigests::Digest> GroupLandingDigests::Digests() {
   std::unique_lock lock(mu_);
   WaitIdle(lock);
-  std::map<std::string, std::string> out;
+  std::map<std::string, Digest> out;
   for (const auto& [h, hex] : digests_) {
     if (stale_[h].load(std::memory_order_acquire)) continue;
-    out.emplace(group_.front()->table().hf_tensors()[h].name, hex);
+    out.emplace(group_.front()->table().hf_tensors()[h].name, Digest{rows_[h], hex});
   }
   return out;
 }

@@ -18,12 +18,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace wsync {
@@ -39,15 +41,25 @@ class GroupLandingDigests {
   GroupLandingDigests(const GroupLandingDigests&) = delete;
   GroupLandingDigests& operator=(const GroupLandingDigests&) = delete;
 
-  // A new session: waits for digests in flight, forgets every count and digest.
-  void Begin();
+  using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+  // A tensor's digest, whole (ranges empty) or of row ranges joined by ','
+  // (HfRangesDigest).
+  struct Digest {
+    RowRanges ranges;
+    std::string hex;
+  };
+
+  // A new session: waits for digests in flight, forgets every count and digest. The
+  // tensors named in `rows` are digested by those row ranges (ReceiverBackend::
+  // RowDigestRanges) instead of whole.
+  void Begin(const std::map<std::string, RowRanges>& rows = {});
   // Store `tp_rank` landed every primary piece it holds of HF tensor `hf_index`.
   void LandedAll(int tp_rank, int hf_index);
   // A store landed one primary piece of HF tensor `hf_index`.
   void LandedPiece(int hf_index);
   // Waits for the digests in flight; the digest of every tensor whose primary pieces all
   // landed exactly once since Begin, by HF name.
-  std::map<std::string, std::string> Digests();
+  std::map<std::string, Digest> Digests();
 
  private:
   void Count(int hf_index, int pieces);
@@ -64,6 +76,7 @@ class GroupLandingDigests {
   std::deque<int> queue_;                // GUARDED_BY(mu_): hf indices to digest
   size_t running_ = 0;                   // GUARDED_BY(mu_)
   bool stop_ = false;                    // GUARDED_BY(mu_)
+  std::vector<RowRanges> rows_;          // by hf index, set at Begin; empty: whole
   std::map<int, std::string> digests_;   // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };

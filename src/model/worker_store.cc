@@ -553,6 +553,18 @@ Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> group, std:
   return hasher->FinishHex();
 }
 
+Result<std::string> HfRangesDigest(std::span<const WorkerStore* const> group, std::string_view hf_name,
+                                   const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                   DigestAlgorithm algorithm, std::vector<std::byte>* scratch) {
+  std::string joined;
+  for (const auto& [begin, end] : ranges) {
+    WSYNC_ASSIGN_OR_RETURN(std::string hex, HfRowsDigest(group, hf_name, begin, end, algorithm, scratch));
+    if (!joined.empty()) joined += ',';
+    joined += hex;
+  }
+  return joined;
+}
+
 Result<std::map<std::string, std::string>> DigestEach(std::span<const TensorMeta> tensors, size_t threads,
                                                       const TensorDigestFn& digest) {
   // Largest first, pulled from a shared counter, so one big tensor does not trail.

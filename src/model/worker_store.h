@@ -245,6 +245,12 @@ Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> tp_group, s
                                  int64_t row_begin, int64_t row_end, DigestAlgorithm algorithm,
                                  std::vector<std::byte>* scratch, size_t block_bytes = size_t{64} << 20);
 
+// HfRowsDigest of each range of `ranges`, in order, joined by ',' (the form the server
+// compares a trainer's row digests in).
+Result<std::string> HfRangesDigest(std::span<const WorkerStore* const> tp_group, std::string_view hf_name,
+                                   const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                   DigestAlgorithm algorithm, std::vector<std::byte>* scratch);
+
 // HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads.
 Result<std::map<std::string, std::string>> AllHfDigests(
     std::span<const WorkerStore* const> tp_group, DigestAlgorithm algorithm, size_t threads);

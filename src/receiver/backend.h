@@ -14,10 +14,12 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -99,6 +101,10 @@ class ReceiverBackend {
   // backend's own (`delta`: {"target_version", ...}): the server then hands it over
   // unparsed, with UpdateRequest::tensors empty.
   virtual bool ParsesOwnUpdateInfo() const { return false; }
+  // The tensors the trainer digests by row ranges in line (no trainer rank holds them
+  // whole: docs/protocol.md), by HF name, their ranges ascending; known from Init. The
+  // server then digests those ranges as the tensor lands. Empty: none.
+  virtual std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const { return {}; }
   // Releases communicators and mappings; later calls fail until Init.
   virtual void Shutdown() {}
 };

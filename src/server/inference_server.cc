@@ -16,25 +16,8 @@
 #include "receiver/worker_thread.h"
 
 namespace wsync {
-namespace {
-
-// The group's digests of those ranges, joined as RowDigests::joined.
-Result<std::string> JoinedRowsDigest(std::span<const WorkerStore* const> group, std::string_view name,
-                                     const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                                     DigestAlgorithm algorithm, std::vector<std::byte>* scratch) {
-  std::string joined;
-  for (const auto& [begin, end] : ranges) {
-    WSYNC_ASSIGN_OR_RETURN(std::string hex, HfRowsDigest(group, name, begin, end, algorithm, scratch));
-    if (!joined.empty()) joined += ',';
-    joined += hex;
-  }
-  return joined;
-}
-
-}  // namespace
 
 using nlohmann::json;
-
 
 Result<std::unique_ptr<InferenceServer>> InferenceServer::Create(const InferenceServerOptions& o,
                                                                  const BackendMaker& make_backend) {
@@ -277,21 +260,22 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
     std::vector<TensorMeta> at_finish;
     std::map<std::string, std::string> sums;
     // What the group digested as it came whole (GroupLandingDigests), if this session
-    // tracked it.
+    // tracked it: whole, or by the row ranges the backend announced.
     const size_t g = begin / options_.tp;
-    std::map<std::string, std::string> group_sums;
+    std::map<std::string, GroupLandingDigests::Digest> group_sums;
     if (g < group_landing_.size() && group_landing_[g] && group.front()->group_landing() == group_landing_[g].get()) {
       group_sums = group_landing_[g]->Digests();
     }
     for (const TensorMeta& m : check) {
-      if (row_ranges.contains(m.name)) {  // landing digests cover whole tensors only
-        at_finish.push_back(m);
-        continue;
-      }
+      auto rows = row_ranges.find(m.name);
+      const GroupLandingDigests::RowRanges whole;
+      const GroupLandingDigests::RowRanges& want_ranges = rows == row_ranges.end() ? whole : rows->second;
       std::optional<std::string> landed;
-      for (size_t t = 0; t < group.size() && !landed; ++t) landed = group[t]->LandedDigest(m.name);
+      // A worker's landing digest is of the whole tensor.
+      for (size_t t = 0; t < group.size() && !landed && want_ranges.empty(); ++t) landed = group[t]->LandedDigest(m.name);
       if (!landed) {
-        if (auto it = group_sums.find(m.name); it != group_sums.end()) landed = it->second;
+        auto it = group_sums.find(m.name);
+        if (it != group_sums.end() && it->second.ranges == want_ranges) landed = it->second.hex;
       }
       if (landed) {
         sums.emplace(m.name, std::move(*landed));
@@ -303,7 +287,7 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
                                                                          std::vector<std::byte>* scratch) {
                              auto rows = row_ranges.find(m.name);
                              if (rows == row_ranges.end()) return HfDigest(group, m.name, algorithm);
-                             return JoinedRowsDigest(group, m.name, rows->second, algorithm, scratch);
+                             return HfRangesDigest(group, m.name, rows->second, algorithm, scratch);
                            }));
     sums.merge(read);
     at_landing += check.size() - at_finish.size();
@@ -395,12 +379,13 @@ Status InferenceServer::StartSession(bool draft, bool inline_verify) {
     const bool on_host = std::ranges::all_of(workers_, [](const auto& w) { return w->device.is_cpu(); });
     if (hash && options_.tp > 1 && on_host) {
       group_landing_.resize(workers_.size() / options_.tp);
+      const auto row_ranges = backend_->RowDigestRanges();
       const size_t threads = std::max<size_t>(1, DefaultThreads() / 2);
       for (size_t g = 0; g < group_landing_.size(); ++g) {
         std::vector<const WorkerStore*> group;
         for (int t = 0; t < options_.tp; ++t) group.push_back(workers_[g * options_.tp + t]->store.get());
         if (!group_landing_[g]) group_landing_[g] = std::make_unique<GroupLandingDigests>(group, threads);
-        group_landing_[g]->Begin();
+        group_landing_[g]->Begin(row_ranges);
         for (int t = 0; t < options_.tp; ++t) workers_[g * options_.tp + t]->store->set_group_landing(group_landing_[g].get());
       }
     }

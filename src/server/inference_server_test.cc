@@ -142,8 +142,11 @@ TEST(InferenceServerDraft, ADraftSessionRefusesATargetTensorEvenInABodyCheckedBe
 // Lands every HF tensor of `hf` through every worker's sink, whatever the update names.
 class LandingBackend : public ReceiverBackend {
  public:
-  LandingBackend(ReceiverContext* ctx, const std::vector<HostTensor>* hf) : ctx_(ctx), hf_(hf) {}
+  using Rows = std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>;
+  LandingBackend(ReceiverContext* ctx, const std::vector<HostTensor>* hf, const Rows* rows)
+      : ctx_(ctx), hf_(hf), rows_(rows) {}
   std::string_view name() const override { return "landing"; }
+  Rows RowDigestRanges() const override { return *rows_; }
   Status Init(const json&) override { return Status::Ok(); }
   Status Update(const UpdateRequest& req) override {
     WSYNC_RETURN_IF_ERROR(req.reject);
@@ -157,11 +160,13 @@ class LandingBackend : public ReceiverBackend {
  private:
   ReceiverContext* ctx_;
   const std::vector<HostTensor>* hf_;
+  const Rows* rows_;
 };
 
 struct LandingServer {
   std::vector<HostTensor> hf;
   json digests = json::object();
+  LandingBackend::Rows announced;  // what the backend says the trainer digests by rows
   std::unique_ptr<InferenceServer> server;
 };
 
@@ -182,7 +187,7 @@ std::unique_ptr<LandingServer> MakeLandingServer(int tp, bool corrupt) {
   o.fault_corrupt_landed = corrupt;
   LandingServer* raw = out.get();
   auto s = InferenceServer::Create(o, [raw](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
-    return std::unique_ptr<ReceiverBackend>(std::make_unique<LandingBackend>(ctx, &raw->hf));
+    return std::unique_ptr<ReceiverBackend>(std::make_unique<LandingBackend>(ctx, &raw->hf, &raw->announced));
   });
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   if (!s.ok()) return nullptr;
@@ -256,16 +261,21 @@ json RowDigestsOf(const HostTensor& t, int64_t split) {
   return json{{"rows", list}};
 }
 
-TEST(InferenceServerInline, RowDigestsOfSplitTensorsAreVerifiedAtFinish) {
+// Row ranges the backend announced are digested as the TP group lands the tensor; ranges
+// it did not announce (or a TP=1 server, which tracks no group) are read at finish.
+TEST(InferenceServerInline, RowDigestsOfSplitTensorsAreVerifiedAtLandingOrFinish) {
   for (int tp : {1, 2}) {
+    for (bool announce : {false, true}) {
     for (bool corrupt : {false, true}) {
-      SCOPED_TRACE(fmt::format("tp={} corrupt={}", tp, corrupt));
+      SCOPED_TRACE(fmt::format("tp={} announce={} corrupt={}", tp, announce, corrupt));
       auto ls = MakeLandingServer(tp, corrupt);
       ASSERT_NE(ls, nullptr);
       size_t by_rows = 0;
       for (const HostTensor& t : ls->hf) {
         if (t.meta.shape.size() < 1 || t.meta.shape[0] < 2) continue;
-        ls->digests[t.meta.name] = RowDigestsOf(t, t.meta.shape[0] / 2 + 1);
+        const int64_t split = t.meta.shape[0] / 2 + 1;
+        ls->digests[t.meta.name] = RowDigestsOf(t, split);
+        if (announce) ls->announced[t.meta.name] = {{0, split}, {split, t.meta.shape[0]}};
         ++by_rows;
       }
       ASSERT_GT(by_rows, 0u);
@@ -282,8 +292,10 @@ TEST(InferenceServerInline, RowDigestsOfSplitTensorsAreVerifiedAtFinish) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       const json& v = (*r)["verified"];
       EXPECT_EQ(v["tensors"].get<size_t>(), ls->hf.size()) << v.dump();
-      EXPECT_EQ(v["hashed_at_landing"].get<size_t>(), ls->hf.size() - by_rows) << v.dump();
+      const size_t at_landing = tp > 1 && announce ? ls->hf.size() : ls->hf.size() - by_rows;
+      EXPECT_EQ(v["hashed_at_landing"].get<size_t>(), at_landing) << v.dump();
       EXPECT_EQ(server.Health()["weight_version"], "v1");
+    }
     }
   }
 }

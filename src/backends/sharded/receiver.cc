@@ -53,6 +53,18 @@ class ShardedReceiver final : public ReceiverBackend {
   // update_info is SkyRL's empty ShardedRDTWeightTransferUpdateInfo: {}.
   bool ParsesOwnUpdateInfo() const override { return true; }
 
+  // A split tensor's parts are the row ranges the trainer digests it by.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const override {
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
+    if (!info_) return out;
+    for (size_t i = 0; i < info_->tensor_parts.size() && i < info_->tensors.size(); ++i) {
+      if (info_->tensor_parts[i].empty()) continue;
+      std::vector<std::pair<int64_t, int64_t>>& ranges = out[info_->tensors[i].name];
+      for (const TensorPart& p : info_->tensor_parts[i]) ranges.emplace_back(p.row_begin, p.row_end);
+    }
+    return out;
+  }
+
   // Without a peer address only --allow-store-host admits a Gloo store.
   Status Init(const json& init_info) override { return InitFromPeer(init_info, ""); }
 
