@@ -70,9 +70,9 @@ def rpc(server, method, *args):
     return status, reply
 
 
-def sync(engine, source, version):
+def sync(engine, source, version, verify=False):
     # The engine names the adapter to vLLM's workers itself (wsync_lora_start).
-    return engine.send_weights(source, weight_version=version)
+    return engine.send_weights(source, weight_version=version, verify=verify)
 
 
 def base_version(server):
@@ -103,8 +103,10 @@ def test_versions_land_in_memory_and_change_generation(server, trainer):
         state = adapter(seed)
         source = LoraSource(state, r=R, alpha=ALPHA, target_modules=MODULES, name="math")
         t0 = time.perf_counter()
-        stats = sync(trainer, source, f"step-{n}")
+        # The last version is also read back (verify=: the workers digest what they hold).
+        stats = sync(trainer, source, f"step-{n}", verify=n == 2)
         TIMINGS.setdefault("lora sync (s)", []).append(round(time.perf_counter() - t0, 3))
+        assert stats.verified == (n == 2), stats
         assert (stats.inline_verified_servers, stats.inline_verified_tensors) == (1, len(state))
         if n == 0:
             # The API server learns the name once; the workers build it from memory.

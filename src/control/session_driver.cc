@@ -417,8 +417,10 @@ std::shared_ptr<SessionDriver::Pending> SessionDriver::ChecksumsAsync(std::strin
   return client_.PostAsync(Path(route::kWeightChecker), std::vector<json>(size(), body), policy_.Call());
 }
 
-std::shared_ptr<SessionDriver::Pending> SessionDriver::WorkerChecksumsAsync(std::string_view algorithm) const {
-  json body = {{"method", "wsync_weight_digests"}, {"args", json::array({algorithm})}};
+std::shared_ptr<SessionDriver::Pending> SessionDriver::WorkerChecksumsAsync(std::string_view algorithm,
+                                                                          std::string_view lora) const {
+  json body = lora.empty() ? json{{"method", "wsync_weight_digests"}, {"args", json::array({algorithm})}}
+                           : json{{"method", "wsync_lora_digests"}, {"args", json::array({lora, algorithm})}};
   return client_.PostAsync(Path(route::kCollectiveRpc), std::vector<json>(size(), body), policy_.Call());
 }
 

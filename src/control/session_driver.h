@@ -190,7 +190,9 @@ class SessionDriver {
   // The same from vLLM servers running wsync's plugin (Fleet health "frontend": "vllm"):
   // POST /collective_rpc {"method": "wsync_weight_digests", "args": [algorithm]}, whose
   // reply holds one {"checksums"} per worker; MergeWorkerChecksums() makes one of them.
-  std::shared_ptr<Pending> WorkerChecksumsAsync(std::string_view algorithm) const;
+  // `lora` non-empty: that adapter's tensors instead ({"method": "wsync_lora_digests",
+  // "args": [lora, algorithm]}, read back from what each worker holds).
+  std::shared_ptr<Pending> WorkerChecksumsAsync(std::string_view algorithm, std::string_view lora = {}) const;
 
  private:
   FanOutClient client_;

@@ -74,7 +74,7 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
   }
   if (!vllm_urls.empty()) {
     vllm.emplace(vllm_urls, trainer.api_key, trainer.timeout_seconds);
-    pending_vllm = vllm->WorkerChecksumsAsync(DigestAlgorithmName(alg));
+    pending_vllm = vllm->WorkerChecksumsAsync(DigestAlgorithmName(alg), trainer.lora ? trainer.lora->name : std::string());
   }
   // The trainer's digests, computed while the servers compute theirs.
   const auto& meta = source.metadata();

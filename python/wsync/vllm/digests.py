@@ -176,8 +176,8 @@ def _worker_lora_adapters(self):
     return _wsync_engine(self, "wsync_lora_adapters").lora_adapters()
 
 
-def _worker_lora_digests(self, name):
-    return _wsync_engine(self, "wsync_lora_digests").lora_digests(name)
+def _worker_lora_digests(self, name, algorithm=None):
+    return _wsync_engine(self, "wsync_lora_digests").lora_digests(name, algorithm)
 
 
 def _worker_corrupt_next_landing(self):

@@ -588,15 +588,22 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                        "bytes": sum(t.numel() * t.element_size() for t in a["tensors"].values())}
                 for name, a in self.adapters.items()}
 
-    def lora_digests(self, name):
-        """wsync's /weight_checker reply for adapter `name`: the xxh3-128 of the bytes that
-        landed, by PEFT name."""
+    def lora_digests(self, name, algorithm=None):
+        """wsync's /weight_checker reply for adapter `name`, by PEFT name: without
+        `algorithm`, the xxh3-128 of the bytes that landed; with one ('xxh3_128' or
+        'sha256'), digests read back from the held tensors now (a trainer's verify=)."""
         held = self.adapters.get(name)
         if held is None:
             raise ValueError(f"no LoRA adapter {name!r} on vLLM worker {self.worker_rank} "
                              f"(held: {sorted(self.adapters)})")
-        return {"lora": name, "version": held["spec"]["version"], "algorithm": "xxh3_128",
-                "checksums": dict(held["digests"])}
+        if algorithm is None:
+            return {"lora": name, "version": held["spec"]["version"], "algorithm": "xxh3_128",
+                    "checksums": dict(held["digests"])}
+        if algorithm not in ("xxh3_128", "sha256"):
+            raise ValueError(f"algorithm {algorithm!r}: xxh3_128 or sha256")
+        return {"lora": name, "version": held["spec"]["version"], "algorithm": algorithm,
+                "checksums": {k: tensor_digest(t, algorithm) for k, t in held["tensors"].items()},
+                "not_held": []}
 
     def _take_fault(self):
         """Whether a corrupt_next_landing is pending; it is then spent."""
