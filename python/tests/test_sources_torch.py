@@ -71,3 +71,21 @@ def test_a_cuda_tensor_for_a_cpu_engine_is_named():
     with wsync.TrainerEngine(servers=[], rank=1, world_size=2, group_port=0) as engine:
         with pytest.raises(wsync.InvalidArgumentError, match="w lives on cuda:0"):
             engine.send_weights(wsync.TensorListSource(pairs))
+
+
+def test_copy_and_digest_in_one_pass_equals_copy_then_digest():
+    # What a vLLM worker does with each LoRA tensor it lands (wsync.vllm.lora): the copy
+    # holds the same bytes in its own storage, the digest is theirs, for every dtype's
+    # byte view, contiguous or not.
+    import hashlib
+
+    from wsync.worker_server import tensor_copy_digest, tensor_digest
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        t = (torch.arange(37 * 129) * 7 % 1001).reshape(37, 129).to(dtype)
+        for src in (t, t.t()):
+            copy, hex_ = tensor_copy_digest(src, "xxh3_128")
+            assert torch.equal(copy, src) and copy.data_ptr() != src.data_ptr()
+            assert hex_ == tensor_digest(src.contiguous(), "xxh3_128")
+        copy, hex_ = tensor_copy_digest(t, "sha256")
+        raw = t.view(torch.int16) if dtype in (torch.bfloat16, torch.float16) else t
+        assert hex_ == hashlib.sha256(raw.numpy().tobytes()).hexdigest()

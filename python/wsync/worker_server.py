@@ -65,6 +65,29 @@ def tensor_digest(tensor, algorithm):
     return _wsync._hex_digest(algorithm, data)
 
 
+def _bytes_view(t):
+    """A numpy view of a contiguous CPU tensor's bytes (dtypes numpy lacks as int views)."""
+    import torch
+    t = t.reshape(-1)
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.view(torch.int16)
+    elif t.dtype == torch.bool or "float8" in str(t.dtype):
+        t = t.view(torch.uint8)
+    return t.numpy()
+
+
+def tensor_copy_digest(tensor, algorithm):
+    """(a CPU copy of `tensor`, the hex digest of the copy's bytes), the copy and the
+    digest made in one pass over the bytes where the tensor is a contiguous CPU tensor."""
+    import torch
+    t = tensor.detach()
+    if t.device.type != "cpu" or not t.is_contiguous():
+        copy = t.to("cpu", copy=True).contiguous()
+        return copy, tensor_digest(copy, algorithm)
+    copy = torch.empty_like(t, memory_format=torch.contiguous_format)
+    return copy, _wsync._copy_hex_digest(algorithm, _bytes_view(t), _bytes_view(copy))
+
+
 def parameters_of(model):
     """{hf_name: tensor} of a model: named_parameters() (and buffers), else state_dict()."""
     if hasattr(model, "named_parameters"):

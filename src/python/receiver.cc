@@ -214,21 +214,45 @@ class PyReceiverEngine {
   std::unique_ptr<ReceiverEngine> engine_;
 };
 
+// A contiguous buffer's bytes; TypeError-style InvalidArgument naming `what` otherwise.
+std::span<std::byte> ContiguousBytes(const py::buffer_info& info, std::string_view what) {
+  py::ssize_t stride = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != stride) {
+      RaiseStatus(InvalidArgument(fmt::format("{} takes a contiguous buffer", what)));
+    }
+    stride *= info.shape[d];
+  }
+  return {static_cast<std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+}
+
 // The hex digest of a buffer's bytes ("sha256" or "xxh3_128"), as /weight_checker gives it.
 std::string BufferDigest(const std::string& algorithm, py::buffer data) {
   DigestAlgorithm alg = ValueOrRaise(ParseDigestAlgorithm(algorithm));
   py::buffer_info info = data.request();
-  py::ssize_t stride = info.itemsize;
-  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
-    if (info.shape[d] > 1 && info.strides[d] != stride) {
-      RaiseStatus(InvalidArgument("_hex_digest takes a contiguous buffer"));
-    }
-    stride *= info.shape[d];
-  }
-  std::span<const std::byte> bytes(static_cast<const std::byte*>(info.ptr),
-                                   static_cast<size_t>(info.size * info.itemsize));
+  std::span<const std::byte> bytes = ContiguousBytes(info, "_hex_digest");
   py::gil_scoped_release release;
   return HexDigest(alg, bytes);
+}
+
+// Copies `src` into `dst` (contiguous buffers of the same byte size) and returns the hex
+// digest of the bytes written, in one pass over them (core/digest.h CopyAndHash).
+std::string BufferCopyDigest(const std::string& algorithm, py::buffer src, py::buffer dst) {
+  DigestAlgorithm alg = ValueOrRaise(ParseDigestAlgorithm(algorithm));
+  py::buffer_info from = src.request();
+  py::buffer_info to = dst.request(/*writable=*/true);
+  std::span<const std::byte> in = ContiguousBytes(from, "_copy_hex_digest");
+  std::span<std::byte> out = ContiguousBytes(to, "_copy_hex_digest");
+  if (in.size() != out.size()) {
+    RaiseStatus(InvalidArgument(fmt::format("_copy_hex_digest: {} bytes into a buffer of {}", in.size(), out.size())));
+  }
+  if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size()) {
+    RaiseStatus(InvalidArgument("_copy_hex_digest: src and dst overlap"));
+  }
+  py::gil_scoped_release release;
+  auto hasher = Hasher::Create(alg);
+  CopyAndHash(out.data(), in, *hasher, /*hash_destination=*/true);
+  return hasher->FinishHex();
 }
 
 // The sharding table of worker `tp_rank` of `tp_size` of `model` (a registered name or a
@@ -329,6 +353,9 @@ void BindReceiver(py::module_& m) {
       .def_property_readonly("device", &PyReceiverEngine::device);
   m.def("_hex_digest", &BufferDigest, py::arg("algorithm"), py::arg("data"),
         "Hex digest ('sha256' or 'xxh3_128') of a contiguous buffer's bytes.");
+  m.def("_copy_hex_digest", &BufferCopyDigest, py::arg("algorithm"), py::arg("src"), py::arg("dst"),
+        "Copies contiguous buffer src into dst (the same byte size) and returns the hex digest of the bytes "
+        "written, in one pass.");
   m.def("http_status_for", &HttpStatusForName, py::arg("code"),
         "The HTTP status of a Status code name ('FAILED_PRECONDITION' -> 409), as every wsync HTTP front answers it.");
   m.def("http_error", &HttpErrorReply, py::arg("code"), py::arg("message"),

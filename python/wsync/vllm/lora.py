@@ -23,6 +23,8 @@ import re
 
 import torch
 
+from wsync.worker_server import tensor_copy_digest
+
 # The lora_path prefix that names an adapter the workers hold in memory.
 PLACEHOLDER = "wsync://"
 FORMAT = 1
@@ -104,8 +106,9 @@ class Staging:
         self.tensors = {}
 
     def land(self, name, tensor):
-        """Copies `tensor` (a view of a receive buffer) in; ValueError for a tensor the
-        declaration does not list as sent, or one sent twice."""
+        """Copies `tensor` (a view of a receive buffer) in and returns the xxh3-128 of the
+        copy, taken as it is copied; ValueError for a tensor the declaration does not list
+        as sent, or one sent twice."""
         want = self.declared.get(name)
         if want is None:
             raise ValueError(f"tensor {name} is not one of adapter {self.spec['name']}'s ({len(self.declared)} "
@@ -116,7 +119,8 @@ class Staging:
                              f"{list(tensor.shape)}; declared {str(want[0])[6:]} {list(want[1])}")
         if name in self.tensors:
             raise ValueError(f"adapter {self.spec['name']}: tensor {name} sent twice in one session")
-        self.tensors[name] = tensor.detach().to("cpu", copy=True)
+        self.tensors[name], digest = tensor_copy_digest(tensor, "xxh3_128")
+        return digest
 
     def missing(self):
         return [n for n in self.declared if n not in self.tensors]
