@@ -2,8 +2,9 @@
 
 vLLM's ``/start_weight_update`` passes no body to the workers, so a lora session's
 ``wsync_lora`` object reaches them through the collective RPC ``wsync_lora_start`` (args:
-the object as JSON), sent before ``/start_weight_update``; the session then runs as any
-other (``/update_weights``, ``wsync_inline_digests``, ``/finish_weight_update``). The
+the object as JSON), which a wsync trainer sends before ``/start_weight_update``; the
+session then runs as any other (``/update_weights``, ``wsync_inline_digests``,
+``/finish_weight_update``). The
 workers stage the adapter's tensors beside the version they serve, check each against the
 declared list as it lands and digest it, and at finish install the staged version in one
 step; a session that fails, is refused or is abandoned leaves the previous version.
