@@ -50,16 +50,10 @@ MAX_CONNECTIONS = 1024        # open connections; beyond, new ones wait in the l
 
 def tensor_digest(tensor, algorithm):
     """Hex digest of a tensor's bytes (row-major) with `algorithm` ('sha256' or 'xxh3_128')."""
-    import torch
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
-    if t.dtype in (torch.bfloat16, torch.float16):
-        t = t.view(torch.int16)
-    elif t.dtype == torch.bool or "float8" in str(t.dtype):
-        t = t.view(torch.uint8)
-    data = t.numpy()
+    data = _bytes_view(t.contiguous())
     if algorithm == "sha256":
         return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
     return _wsync._hex_digest(algorithm, data)

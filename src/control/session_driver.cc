@@ -220,16 +220,14 @@ Status SessionDriver::Finish(const std::optional<std::string>& weight_version) c
 
 Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std::string>& weight_version,
                                                         const json& digests,
-                                                        const std::vector<bool>& verifying,
-                                                        const std::vector<bool>& vllm) const {
+                                                        const std::vector<bool>& verifying) const {
   auto verifies = [&](size_t i) { return i < verifying.size() && verifying[i]; };
-  auto in_vllm = [&](size_t i) { return i < vllm.size() && vllm[i]; };
   Deadline deadline = policy_.Call();
   // vLLM's /finish_weight_update passes only weight_version: its workers take the digests
   // by collective RPC first, and refuse the finish that follows if any differ.
   std::vector<std::string> vllm_urls;
   for (size_t i = 0; i < size(); ++i) {
-    if (verifies(i) && in_vllm(i)) vllm_urls.push_back(urls()[i]);
+    if (verifies(i) && InVllm(i)) vllm_urls.push_back(urls()[i]);
   }
   std::vector<json> rpc_replies;
   std::optional<FanOutClient> vllm_client;
@@ -246,7 +244,7 @@ Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std:
   std::vector<json> bodies;
   for (size_t i = 0; i < size(); ++i) {
     json body = FinishBody(i, weight_version);
-    if (verifies(i) && !in_vllm(i)) {
+    if (verifies(i) && !InVllm(i)) {
       body["wsync_digests"] = digests;
       body["digest_algorithm"] = "xxh3_128";
     }
@@ -254,7 +252,7 @@ Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std:
   }
   std::vector<Result<json>> merged;
   for (size_t i = 0, v = 0; i < size(); ++i) {
-    if (!(verifies(i) && in_vllm(i))) continue;
+    if (!(verifies(i) && InVllm(i))) continue;
     merged.push_back(MergeInlineResults(v < rpc_replies.size() ? rpc_replies[v] : json(), digests.size(), urls()[i]));
     ++v;
   }
@@ -272,7 +270,7 @@ Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std:
     return first_failed.ok() ? replies.status() : first_failed;
   }
   for (size_t i = 0, v = 0; i < size() && i < replies->size(); ++i) {
-    if (verifies(i) && in_vllm(i)) (*replies)[i] = json{{"verified", *std::move(merged[v++])}};
+    if (verifies(i) && InVllm(i)) (*replies)[i] = json{{"verified", *std::move(merged[v++])}};
   }
   return replies;
 }

@@ -143,7 +143,7 @@ class SessionDriver {
   // POST /finish_weight_update with the pass's digests (PassDigests::Json) to the servers
   // marked in `verifying` (in server order; their body adds "wsync_digests" and
   // "digest_algorithm": "xxh3_128"), the plain body to the others; every server's reply.
-  // A verifying server marked in `vllm` (wsync's plugin in vLLM, whose finish route passes
+  // A verifying vLLM server (set_vllm_servers: wsync's plugin, whose finish route passes
   // only weight_version) gets the digests first by POST /collective_rpc
   // {"method": "wsync_inline_digests", "args": ["{\"wsync_digests\": ..., ...}"]}, then
   // the plain finish, which its workers refuse (500) when bytes differ; its reply here is
@@ -151,8 +151,7 @@ class SessionDriver {
   // those vLLM servers get a plain finish that closes vLLM's session.
   Result<std::vector<nlohmann::json>> FinishVerified(const std::optional<std::string>& weight_version,
                                                      const nlohmann::json& digests,
-                                                     const std::vector<bool>& verifying,
-                                                     const std::vector<bool>& vllm = {}) const;
+                                                     const std::vector<bool>& verifying) const;
   // After a failed sync: a best-effort finish that ends any session still open (servers
   // whose failed update already ended theirs answer 409, which is expected), bounded by
   // Close().

@@ -171,11 +171,11 @@ class Engine final : public TrainerEngine {
       // Which servers cache prefixes: their caches are reset every sync.
       prefix_caching_ = driver_->PrefixCaching();
       inline_servers_ = fleet.inline_verification;
-      vllm_servers_.assign(fleet.health.size(), false);
+      std::vector<bool> vllm(fleet.health.size(), false);
       for (size_t i = 0; i < fleet.health.size(); ++i) {
-        vllm_servers_[i] = fleet.health[i].is_object() && fleet.health[i].value("frontend", nlohmann::json()) == "vllm";
+        vllm[i] = fleet.health[i].is_object() && fleet.health[i].value("frontend", nlohmann::json()) == "vllm";
       }
-      driver_->set_vllm_servers(vllm_servers_);
+      driver_->set_vllm_servers(std::move(vllm));
       for (size_t i = 0; i < prefix_caching_.size(); ++i) {
         if (prefix_caching_[i]) WSYNC_LOG_INFO("{} caches prefixes: each sync resets its cache", driver_->urls()[i]);
       }
@@ -290,7 +290,7 @@ class Engine final : public TrainerEngine {
       return driver_->Finish(sync.weight_version);
     }
     WSYNC_ASSIGN_OR_RETURN(std::vector<nlohmann::json> replies,
-                           driver_->FinishVerified(sync.weight_version, digests, inline_servers_, vllm_servers_));
+                           driver_->FinishVerified(sync.weight_version, digests, inline_servers_));
     sync.stats.inline_digests = digests.size();
     for (size_t i = 0; i < driver_->size(); ++i) {
       if (!inline_servers_[i]) {
@@ -330,7 +330,6 @@ class Engine final : public TrainerEngine {
   std::unique_ptr<SessionDriver> driver_;  // rank 0 with servers
   std::vector<bool> prefix_caching_;       // per server, probed at each InitPlane
   std::vector<bool> inline_servers_;       // per server: declares in-line verification
-  std::vector<bool> vllm_servers_;         // per server: wsync's plugin inside vLLM
   std::vector<TensorMeta> metadata_;       // what Init planned for
   std::optional<std::vector<std::string>> held_;  // the names Init's source held (nullopt: all)
   std::vector<HeldRows> held_rows_;  // the held names Init's source held rows of only

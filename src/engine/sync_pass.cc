@@ -59,6 +59,28 @@ nlohmann::json PassDigests::Json() const {
   return j;
 }
 
+Status PassDigests::Merge(const nlohmann::json& j) {
+  if (!j.is_object()) return InvalidArgument("in-line digests: not a JSON object");
+  for (const auto& [name, value] : j.items()) {
+    if (value.is_string()) {
+      Record(name, value.get<std::string>());
+      continue;
+    }
+    const nlohmann::json* rows = value.is_object() && value.contains("rows") ? &value["rows"] : nullptr;
+    if (rows == nullptr || !rows->is_array()) {
+      return InvalidArgument(fmt::format("in-line digests of {}: neither a hex string nor {{\"rows\": [...]}}", name));
+    }
+    for (const nlohmann::json& e : *rows) {
+      if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
+          !e[2].is_string()) {
+        return InvalidArgument(fmt::format("in-line digests of {}: a row range is not [begin, end, hex]", name));
+      }
+      RecordRows(name, e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<std::string>());
+    }
+  }
+  return Status::Ok();
+}
+
 class SyncPass::Outer final : public TensorStream {
  public:
   // `digests`: where the pass's digests go (null: none); `hash`: whether the pass hashes

@@ -38,14 +38,15 @@ class PassDigests {
   void Record(std::string_view name, std::string hex);
   void RecordRows(std::string_view name, int64_t begin, int64_t end, std::string hex);
   const std::map<std::string, std::string>& map() const { return digests_; }
-  // By name, ascending by begin.
-  const std::map<std::string, std::vector<Rows>>& rows() const { return rows_; }
   // Whether `name` has a whole digest, or row digests that cover [0, dim0) without gaps.
   bool Covers(const std::string& name, int64_t dim0) const;
   size_t size() const;
   // The finish body's "wsync_digests" (docs/protocol.md): a whole tensor's hex, or
   // {"rows": [[begin, end, hex], ...]} for a tensor digested by row ranges.
   nlohmann::json Json() const;
+  // Records what another PassDigests' Json() holds (another trainer rank's share);
+  // InvalidArgument naming the tensor of an entry of another shape.
+  Status Merge(const nlohmann::json& j);
 
  private:
   mutable std::mutex mu_;
@@ -92,8 +93,8 @@ class SyncPass {
   // reader records every host tensor it reads, under its name, before it reads the
   // next. Null when the pass collects no digests. Call before the pass starts.
   std::shared_ptr<PassDigests> TakeDigests();
-  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; row digests
-  // of split tensors are in digest_set().rows().
+  // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; all of its
+  // digests, row digests of split tensors too, are in digest_set().
   const std::map<std::string, std::string>& digests() const;
   const PassDigests& digest_set() const { return *digests_; }
   // Whether digests() holds a digest of every host tensor the pass yielded (a reader

@@ -480,6 +480,22 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
 
 namespace {
 
+// Feeds `hasher` rows [row_begin, row_end) of `hf` in HF order, read from the group's
+// primary `pieces` in blocks of at most `block_bytes` (at least one row) in `scratch`.
+Status HashRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int64_t row_begin, int64_t row_end,
+                size_t block_bytes, std::vector<std::byte>* scratch, Hasher& hasher) {
+  const int64_t row_bytes = static_cast<int64_t>(hf.nbytes()) / hf.shape[0];
+  const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / std::max<int64_t>(row_bytes, 1), 1,
+                                            row_end - row_begin);
+  if (scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += block) {
+    const int64_t r1 = std::min(row_end, r0 + block);
+    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, hf, r0, r1, scratch->data()).WithContext(hf.name));
+    hasher.Update({scratch->data(), static_cast<size_t>((r1 - r0) * row_bytes)});
+  }
+  return Status::Ok();
+}
+
 Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std::string_view hf_name,
                                  DigestAlgorithm algorithm, size_t block_bytes, std::vector<std::byte>* scratch) {
   WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name, /*devices=*/true));
@@ -516,16 +532,7 @@ Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std:
   }
 
   // General path (and every device store): assemble bounded row blocks in host memory.
-  const int64_t rows = hf->shape[0];
-  const int64_t row_bytes = static_cast<int64_t>(hf->nbytes()) / rows;
-  const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / row_bytes, 1, rows);
-  if (scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
-  std::byte* buf = scratch->data();
-  for (int64_t r0 = 0; r0 < rows; r0 += block) {
-    const int64_t r1 = std::min(rows, r0 + block);
-    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, *hf, r0, r1, buf).WithContext(hf_name));
-    hasher->Update({buf, static_cast<size_t>((r1 - r0) * row_bytes)});
-  }
+  WSYNC_RETURN_IF_ERROR(HashRows(pieces, *hf, 0, hf->shape[0], block_bytes, scratch, *hasher));
   return hasher->FinishHex();
 }
 
@@ -539,17 +546,9 @@ Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> group, std:
   if (row_begin < 0 || row_begin >= row_end || row_end > rows) {
     return InvalidArgument(fmt::format("rows [{}, {}) of {}: outside its {} rows", row_begin, row_end, hf_name, rows));
   }
-  const std::vector<SourcePiece> pieces = PrimaryPieces(group, hf_name);
-  const int64_t row_bytes = static_cast<int64_t>(hf->nbytes()) / rows;
-  const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / std::max<int64_t>(row_bytes, 1), 1,
-                                            row_end - row_begin);
-  if (scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
   auto hasher = Hasher::Create(algorithm);
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += block) {
-    const int64_t r1 = std::min(row_end, r0 + block);
-    WSYNC_RETURN_IF_ERROR(ReadRows(pieces, *hf, r0, r1, scratch->data()).WithContext(hf_name));
-    hasher->Update({scratch->data(), static_cast<size_t>((r1 - r0) * row_bytes)});
-  }
+  WSYNC_RETURN_IF_ERROR(
+      HashRows(PrimaryPieces(group, hf_name), *hf, row_begin, row_end, block_bytes, scratch, *hasher));
   return hasher->FinishHex();
 }
 

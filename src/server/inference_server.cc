@@ -214,23 +214,23 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> row_ranges;
   json unverifiable = json::object();
   for (const auto& [name, hex] : digests.items()) {
+    auto it = by_name.find(name);
     std::string expected;
     std::vector<std::pair<int64_t, int64_t>> ranges;
     if (hex.is_object()) {
       // A name outside the model is named unverifiable below, its ranges unread.
-      if (auto known = by_name.find(name); known != by_name.end()) {
-        const std::vector<int64_t>& shape = known->second->shape;
+      if (it != by_name.end()) {
+        const std::vector<int64_t>& shape = it->second->shape;
         WSYNC_ASSIGN_OR_RETURN(RowDigests rows, ParseRowDigests(hex, name, shape.empty() ? 0 : shape[0]));
         ranges = std::move(rows.ranges);
         expected = std::move(rows.joined);
       }
-    } else if (hex.is_string() && hex.get_ref<const std::string&>().size() <= 128) {
+    } else if (hex.is_string() && hex.get_ref<const std::string&>().size() <= kMaxDigestHexBytes) {
       expected = hex.get<std::string>();
     } else {
       return InvalidArgument(fmt::format("wsync_digests[{}] must be a hex string or {{\"rows\": [[begin, end, hex], "
                                          "...]}}", name.substr(0, 200)));
     }
-    auto it = by_name.find(name);
     if (it == by_name.end()) {
       std::string_view dropped = DroppedNameReason(name, model_);
       unverifiable[name.substr(0, 200)] = dropped.empty() ? fmt::format("not a tensor of model {}", model_.name)

@@ -692,26 +692,8 @@ class ShardedPlane final : public DataPlane {
     if (!all.ok()) return all.status().WithContext(fmt::format("trainer rank {}: gathering the in-line digests", me_));
     if (me_ != 0) return Status::Ok();
     for (size_t r = 1; r < all->size(); ++r) {
-      json j = json::parse((*all)[r], nullptr, /*allow_exceptions=*/false);
-      if (!j.is_object()) return Internal(fmt::format("trainer rank {} sent malformed in-line digests", r));
-      for (const auto& [name, value] : j.items()) {
-        if (value.is_string()) {
-          digests->Record(name, value.get<std::string>());
-          continue;
-        }
-        // {"rows": [[begin, end, hex], ...]} (PassDigests::Json), from a rank of this group.
-        const json* rows = value.is_object() && value.contains("rows") ? &value["rows"] : nullptr;
-        if (rows == nullptr || !rows->is_array()) {
-          return Internal(fmt::format("trainer rank {} sent malformed in-line digests of {}", r, name));
-        }
-        for (const json& e : *rows) {
-          if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
-              !e[2].is_string()) {
-            return Internal(fmt::format("trainer rank {} sent malformed row digests of {}", r, name));
-          }
-          digests->RecordRows(name, e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<std::string>());
-        }
-      }
+      Status merged = digests->Merge(json::parse((*all)[r], nullptr, /*allow_exceptions=*/false));
+      if (!merged.ok()) return Internal(fmt::format("trainer rank {} sent malformed {}", r, merged.message()));
     }
     return Status::Ok();
   }
