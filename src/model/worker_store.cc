@@ -480,16 +480,67 @@ Result<std::string> HfDigest(std::span<const WorkerStore* const> group, std::str
 
 namespace {
 
+// One contiguous run of a host piece's bytes, at `hf_offset` in the HF tensor.
+struct HostSpan {
+  int64_t hf_offset;
+  const std::byte* data;
+  int64_t bytes;
+};
+
+// Feeds `hasher` HF rows [row_begin, row_end) straight from host pieces, in HF order:
+// the runs that fall in those rows, sorted by HF offset (`spans` is scratch). A
+// dim-1 split interleaves its pieces' runs row by row; the hash streams across them
+// without assembling the rows first.
+Status HashHostRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int64_t row_begin,
+                    int64_t row_end, std::vector<HostSpan>& spans, Hasher& hasher) {
+  const int64_t row_bytes = static_cast<int64_t>(hf.nbytes()) / hf.shape[0];
+  const int64_t lo_bound = row_begin * row_bytes, hi_bound = row_end * row_bytes;
+  spans.clear();
+  for (const SourcePiece& sp : pieces) {
+    const ShardPiece& p = sp.store->table().params()[sp.param].pieces[sp.piece];
+    const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
+    const std::byte* src = sp.store->param_data(sp.param) + r.dst_offset;
+    int64_t o_begin = 0, o_end = r.count;
+    if (p.dim > 0) {  // each run lies inside one dim-0 row
+      const int64_t per_row = r.count / hf.shape[0];
+      o_begin = row_begin * per_row;
+      o_end = row_end * per_row;
+    }
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      const int64_t hs = r.hf_offset + o * r.hf_stride, he = hs + r.run_bytes;
+      const int64_t lo = std::max(hs, lo_bound), hi = std::min(he, hi_bound);
+      if (lo < hi) spans.push_back({lo, src + o * r.dst_stride + (lo - hs), hi - lo});
+    }
+  }
+  std::ranges::sort(spans, {}, &HostSpan::hf_offset);
+  int64_t next = lo_bound;
+  for (const HostSpan& s : spans) {
+    if (s.hf_offset != next) break;
+    hasher.Update({s.data, static_cast<size_t>(s.bytes)});
+    next += s.bytes;
+  }
+  if (next != hi_bound) return Internal(fmt::format("primary pieces of {} do not tile its rows", hf.name));
+  return Status::Ok();
+}
+
 // Feeds `hasher` rows [row_begin, row_end) of `hf` in HF order, read from the group's
-// primary `pieces` in blocks of at most `block_bytes` (at least one row) in `scratch`.
+// primary `pieces` in blocks of at most `block_bytes` (at least one row): in place from
+// host stores, through `scratch` from device ones.
 Status HashRows(const std::vector<SourcePiece>& pieces, const TensorMeta& hf, int64_t row_begin, int64_t row_end,
                 size_t block_bytes, std::vector<std::byte>* scratch, Hasher& hasher) {
+  if (row_end <= row_begin) return Status::Ok();
   const int64_t row_bytes = static_cast<int64_t>(hf.nbytes()) / hf.shape[0];
   const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(block_bytes) / std::max<int64_t>(row_bytes, 1), 1,
                                             row_end - row_begin);
-  if (scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
+  const bool on_host = std::ranges::all_of(pieces, [](const SourcePiece& sp) { return sp.store->device().is_cpu(); });
+  std::vector<HostSpan> spans;
+  if (!on_host && scratch->size() < static_cast<size_t>(block * row_bytes)) scratch->resize(block * row_bytes);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += block) {
     const int64_t r1 = std::min(row_end, r0 + block);
+    if (on_host) {
+      WSYNC_RETURN_IF_ERROR(HashHostRows(pieces, hf, r0, r1, spans, hasher));
+      continue;
+    }
     WSYNC_RETURN_IF_ERROR(ReadRows(pieces, hf, r0, r1, scratch->data()).WithContext(hf.name));
     hasher.Update({scratch->data(), static_cast<size_t>((r1 - r0) * row_bytes)});
   }
@@ -501,37 +552,6 @@ Result<std::string> HfDigestWith(std::span<const WorkerStore* const> group, std:
   WSYNC_ASSIGN_OR_RETURN(const TensorMeta* hf, FindHfInGroup(group, hf_name, /*devices=*/true));
   const std::vector<SourcePiece> pieces = PrimaryPieces(group, hf_name);
   auto hasher = Hasher::Create(algorithm);
-  const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
-
-  // Fast path (host stores): every piece is one run of whole rows; hash them in HF order,
-  // in place.
-  struct Run {
-    int64_t hf_offset;
-    const std::byte* data;
-    int64_t bytes;
-  };
-  std::vector<Run> runs;
-  for (const SourcePiece& sp : pieces) {
-    const PieceRuns r = sp.store->table().Runs(sp.param, sp.piece);
-    if (r.count != 1 || !on_host) break;
-    runs.push_back({r.hf_offset, sp.store->param_data(sp.param) + r.dst_offset,
-                    r.run_bytes});
-  }
-  if (on_host && runs.size() == pieces.size()) {
-    std::ranges::sort(runs, {}, &Run::hf_offset);
-    int64_t next = 0;
-    for (const Run& r : runs) {
-      if (r.hf_offset != next) break;
-      hasher->Update({r.data, static_cast<size_t>(r.bytes)});
-      next += r.bytes;
-    }
-    if (next != static_cast<int64_t>(hf->nbytes())) {
-      return Internal(fmt::format("primary pieces of {} do not tile the tensor", hf_name));
-    }
-    return hasher->FinishHex();
-  }
-
-  // General path (and every device store): assemble bounded row blocks in host memory.
   WSYNC_RETURN_IF_ERROR(HashRows(pieces, *hf, 0, hf->shape[0], block_bytes, scratch, *hasher));
   return hasher->FinishHex();
 }
