@@ -5,12 +5,13 @@ One vLLM server (CPU, TP=1, --enable-lora --max-lora-rank R, the wsync engine pl
 holds a Qwen3-shaped model (--model tiny: the plugin tests' sizes; qwen3-0.6b: its
 shapes); a rank-R adapter on every attention and MLP projection, random values, is
 installed REPEATS times by each path, alternating. Printed: the median and best
-seconds of each path and their ratio, and the first completion after each version (the
+seconds of each path over the versions after the first WARMUP (those are printed apart:
+the in-memory path's first includes the trainer's init) and their ratio, and the first completion after each version (the
 in-memory path builds vLLM's LoRAModel there, the disk path already did in its load);
 each version's completion must differ.
 
   PYTHONPATH=build/python WSYNC_BIN=build/tools/wsync .venv/bin/python bench/vllm_lora.py \
-      [--model tiny|qwen3-0.6b] [--r 32] [--repeats 5] [--paths disk,memory] [--backend nccl|ipc]
+      [--model tiny|qwen3-0.6b] [--r 32] [--repeats 5] [--warmup 1] [--paths disk,memory] [--backend nccl|ipc]
 """
 
 import argparse
@@ -97,8 +98,13 @@ def main():
     p.add_argument("--r", type=int, default=32)
     p.add_argument("--alpha", type=float, default=64.0)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1,
+                   help="first versions of each path left out of the medians (the trainer's init, vLLM's first "
+                        "load); printed all the same")
     p.add_argument("--paths", default="disk,memory")
     p.add_argument("--backend", default="nccl", help="the in-memory path's wsync backend: nccl or ipc")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="the in-memory path's packed buffer size, MB (TrainerEngine bucket_gb); default: the engine's")
     p.add_argument("--keep-log", action="store_true")
     args = p.parse_args()
     paths = args.paths.split(",")
@@ -130,7 +136,8 @@ def main():
                     s = load_from_disk(srv.url, name, os.path.join(root, f"peft-{n}"), state, args.r, args.alpha,
                                        inplace=n > 0)
                 else:
-                    s = sync_in_memory(srv.url, name, state, args.r, args.alpha, f"v{n}", args.backend)
+                    s = sync_in_memory(srv.url, name, state, args.r, args.alpha, f"v{n}", args.backend,
+                                       args.bucket_mb)
                 timings[path].append(s)
                 t0 = time.perf_counter()
                 got = completion(srv.url, name)
@@ -142,7 +149,9 @@ def main():
         summary = {"model": args.model, "backend": args.backend, "r": args.r, "adapter_bytes": adapter_bytes,
                    "distinct_completions": len(seen)}
         for path, ts in timings.items():
-            summary[path] = {"median_s": round(statistics.median(ts), 4), "best_s": round(min(ts), 4),
+            steady = ts[args.warmup:] or ts
+            summary[path] = {"median_s": round(statistics.median(steady), 4), "best_s": round(min(steady), 4),
+                             "warmup_s": [round(t, 4) for t in ts[:args.warmup]],
                              "first_completion_median_s": round(statistics.median(firsts[path]), 4)}
         if "disk" in timings and "memory" in timings:
             summary["disk/memory (median)"] = round(summary["disk"]["median_s"] / summary["memory"]["median_s"], 1)
@@ -154,7 +163,7 @@ def main():
         srv.stop()
 
 
-def sync_in_memory(url, name, state, r, alpha, version, backend):
+def sync_in_memory(url, name, state, r, alpha, version, backend, bucket_mb=None):
     """wsync's path: a lora session through the plugin (wsync.vllm.lora), the API server
     told the name after the first version. Seconds."""
     import wsync
@@ -162,8 +171,9 @@ def sync_in_memory(url, name, state, r, alpha, version, backend):
     source = LoraSource(state, r=r, alpha=alpha, target_modules=MODULES, name=name)
     engine = _ENGINES.get(name)
     if engine is None:
+        extra = {} if bucket_mb is None else {"bucket_gb": bucket_mb / 1024}
         engine = _ENGINES[name] = wsync.TrainerEngine(backend=backend, servers=[url], device="cpu", timeout=300.0,
-                                                      lora=source)
+                                                      lora=source, **extra)
     t0 = time.perf_counter()
     stats = engine.send_weights(source, weight_version=version)
     status, workers = request(url, "/collective_rpc", {"method": "wsync_stats"})

@@ -89,3 +89,24 @@ def test_copy_and_digest_in_one_pass_equals_copy_then_digest():
         copy, hex_ = tensor_copy_digest(t, "sha256")
         raw = t.view(torch.int16) if dtype in (torch.bfloat16, torch.float16) else t
         assert hex_ == hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+
+
+def test_copies_into_given_tensors_digest_each_on_several_threads():
+    # A vLLM worker's LoRA staging (wsync.vllm.lora.Staging): each source lands in its own
+    # preallocated view, a transposed (non-contiguous) source through the slow path.
+    from wsync.worker_server import tensor_digest, tensors_copy_digest_into
+    flat = torch.empty(3 * 64 * 129 * 4, dtype=torch.uint8)
+    srcs = [(torch.arange(64 * 129) * 3 % 997).reshape(64, 129).to(torch.float32),
+            (torch.arange(129 * 64) % 101).reshape(129, 64).to(torch.float32).t(),
+            (torch.arange(64 * 129) % 13).reshape(64, 129).to(torch.bfloat16)]
+    dsts = [flat[:64 * 129 * 4].view(torch.float32).view(64, 129),
+            flat[64 * 129 * 4:2 * 64 * 129 * 4].view(torch.float32).view(64, 129),
+            flat[2 * 64 * 129 * 4:2 * 64 * 129 * 4 + 64 * 129 * 2].view(torch.bfloat16).view(64, 129)]
+    for threads in (1, 3):
+        flat.zero_()
+        digests = tensors_copy_digest_into(srcs, dsts, "xxh3_128", threads=threads)
+        for src, dst, hex_ in zip(srcs, dsts, digests):
+            assert torch.equal(dst, src)
+            assert hex_ == tensor_digest(src.contiguous(), "xxh3_128")
+    with pytest.raises(Exception, match="bytes into a buffer of"):
+        tensors_copy_digest_into([srcs[0]], [dsts[2]], "xxh3_128")

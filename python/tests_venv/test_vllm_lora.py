@@ -145,6 +145,75 @@ def test_a_corrupted_byte_keeps_the_previous_version(server, trainer):
     assert completion(server, "math") == reference_tokens(merged(state))
 
 
+def test_an_opened_session_aborts_and_a_wrong_shape_fails_the_update_without_a_stuck_session(server, trainer):
+    from wsync.lora import LoraSource
+    before = completion(server, "math")
+    # wsync_lora_start with start opens vLLM's session itself; a second open is vLLM's refusal.
+    spec = {"format": 1, "name": "math", "version": "by-hand", "r": R, "alpha": ALPHA, "target_modules": MODULES}
+    status, reply = rpc(server, "wsync_lora_start", json.dumps(spec), "start")
+    assert status == 200, reply
+    assert reply["results"][0] == str(2 * len(MODULES) * policy(0).config.num_hidden_layers)
+    status, _ = rpc(server, "wsync_lora_start", json.dumps(spec), "start")
+    assert status == 500
+    assert "already active" in server.log_tail(200)
+    # What a trainer's Close sends after a failed sync: nothing installs, the session ends.
+    status, reply = rpc(server, "wsync_lora_finish", json.dumps({"abort": True}))
+    assert status == 200, reply
+    assert reply["results"][0] == {"finished": False, "aborted": True}
+    status, _ = rpc(server, "wsync_lora_finish", json.dumps({"wsync_digests": {}}))
+    assert status == 500
+    assert "outside a lora session" in server.log_tail(200)
+    # A source that raises mid-pass fails the sync after the session opened: the trainer
+    # ends it (wsync_lora_finish with abort) and the previous version keeps serving.
+    state = adapter(11)
+    import wsync
+
+    class Raising(wsync.TensorListSource):
+        def __iter__(self):
+            for i, pair in enumerate(super().__iter__()):
+                if i == 5:
+                    raise RuntimeError("the adapter's shard went missing at tensor 5")
+                yield pair
+
+    with pytest.raises(wsync.Error, match="went missing at tensor 5"):
+        sync(trainer, Raising(list(state.items())), "step-raising")
+    assert completion(server, "math") == before
+    # No session stays open: the next sync lands at once.
+    sync(trainer, LoraSource(state, r=R, alpha=ALPHA, target_modules=MODULES, name="math"), "step-after-abort")
+    assert completion(server, "math") == reference_tokens(merged(state))
+
+
+def test_a_lora_session_leaves_other_loaded_adapters_loaded(server, trainer, tmp_path):
+    # vLLM resets every adapter after a full-weight update; a lora session changes no base
+    # weight, so an adapter loaded from disk stays loaded across it.
+    from safetensors.torch import save_file
+
+    from wsync.lora import LoraSource
+    (tmp_path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": R, "lora_alpha": ALPHA, "target_modules": MODULES, "bias": "none",
+        "task_type": "CAUSAL_LM"}))
+    save_file(adapter(21), str(tmp_path / "adapter_model.safetensors"))
+    status, reply = request(server.url, "/v1/load_lora_adapter", {"lora_name": "from-disk", "lora_path": str(tmp_path)})
+    assert status == 200, reply
+    completion(server, "from-disk")
+    status, reply = rpc(server, "list_loras")
+    assert status == 200, reply
+    loaded = reply["results"][0]
+    sync(trainer, LoraSource(adapter(22), r=R, alpha=ALPHA, target_modules=MODULES, name="math"), "step-beside")
+    status, reply = rpc(server, "list_loras")
+    assert status == 200, reply
+    # At most the synced adapter's old build is dropped; the disk adapter's stays.
+    before_ids, after_ids = _ids(loaded), _ids(reply["results"][0])
+    assert after_ids and after_ids <= before_ids and len(before_ids - after_ids) <= 1, (loaded, reply)
+
+
+def _ids(text):
+    """The lora int ids of a worker's list_loras reply (a set, which vLLM's route answers as text)."""
+    if isinstance(text, list):
+        return {int(x) for x in text}
+    return {int(x) for x in text.strip("{}").replace("set()", "").split(",") if x.strip()}
+
+
 def test_a_rank_above_max_lora_rank_is_refused(server):
     spec = {"format": 1, "name": "big", "version": "v", "r": 2 * R, "alpha": 1.0, "target_modules": ["q_proj"]}
     status, reply = rpc(server, "wsync_lora_start", json.dumps(spec))
@@ -157,6 +226,7 @@ def test_a_missing_tensor_keeps_the_previous_version(server, trainer):
     import wsync
     from wsync.lora import LoraSource
     before = completion(server, "math")
+    held = rpc(server, "wsync_lora_digests", "math")[1]["results"][0]["version"]
     # The adapter declares o_proj; the source lacks its matrices, so finish is refused.
     declared = LoraSource(adapter(9), r=R, alpha=ALPHA, target_modules=MODULES, name="math")
     partial = wsync.TensorListSource([(k, v) for k, v in adapter(9).items() if ".o_proj." not in k])
@@ -167,4 +237,4 @@ def test_a_missing_tensor_keeps_the_previous_version(server, trainer):
     assert "did not land" in server.log_tail(400)
     assert completion(server, "math") == before
     status, reply = rpc(server, "wsync_lora_digests", "math")
-    assert reply["results"][0]["version"] == "step-3"
+    assert reply["results"][0]["version"] == held != "step-missing"

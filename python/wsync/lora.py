@@ -80,6 +80,10 @@ def _state_dict(obj, adapter):
     raise TypeError(f"LoraSource takes a PEFT model, a torch module or a state dict, not {type(obj).__name__}")
 
 
+# The smallest packed buffer of a lora session by default (LoraSource.bucket_gb).
+LORA_BUCKET_BYTES = 16 << 20
+
+
 class LoraSource(TensorListSource):
     """``LoraSource(peft_model_or_state_dict, r=None, alpha=None, target_modules=None,
     name="default", use_rslora=None, adapter=None)``.
@@ -172,6 +176,14 @@ class LoraSource(TensorListSource):
         self.target_modules = target_modules
         self.dtype = dtypes.pop()
         super().__init__(sorted(tensors.items(), key=lambda kv: _module_order(kv[0])))
+
+    @property
+    def bucket_gb(self):
+        """The packed buffer ``TrainerEngine(lora=this)`` uses unless given one: 16 MB, or
+        twice the largest matrix, so that an adapter moves in several chunks, each landing
+        on the servers while the next is packed."""
+        largest = max((t.numel() * t.element_size() for _, t in self._items), default=0)
+        return min(1.0, max(LORA_BUCKET_BYTES, 2 * largest) / 2**30)
 
     @property
     def scaling(self):

@@ -88,7 +88,7 @@ class _Without:
 class TrainerEngine:
     """Sends one trainer rank's weights to running inference servers, every step.
 
-    ``TrainerEngine(backend="nccl", servers=[...], data_parallel_size=1, bucket_gb=1.0,
+    ``TrainerEngine(backend="nccl", servers=[...], data_parallel_size=1, bucket_gb=None,
     timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
     num_buffers=2, store_host="127.0.0.1", group_port=None, bind_host=None, progress=None,
     inline_verify=True, **backend_options)``
@@ -106,7 +106,9 @@ class TrainerEngine:
         Servers per deployment (SkyRL's ``data_parallel_size``).
     bucket_gb
         Size of a packed buffer, GB (at least the largest tensor). The engine's own memory
-        is ``num_buffers`` such buffers: it never copies the whole model.
+        is ``num_buffers`` such buffers: it never copies the whole model. Default 1.0; with
+        ``lora=`` a ``wsync.LoraSource``, its ``bucket_gb`` (16 MB or twice its largest
+        matrix: an adapter moves in several chunks, each landing while the next is packed).
     timeout
         Seconds any one wait may take (HTTP calls, rendezvous, data plane).
     api_key
@@ -213,13 +215,15 @@ class TrainerEngine:
     to this engine's).
     """
 
-    def __init__(self, backend=_wsync.DEFAULT_BACKEND, servers=(), data_parallel_size=1, bucket_gb=1.0,
+    def __init__(self, backend=_wsync.DEFAULT_BACKEND, servers=(), data_parallel_size=1, bucket_gb=None,
                  timeout=300.0, api_key=None, device="cpu", rank=0, world_size=1, packed=True,
                  num_buffers=2, store_host="127.0.0.1", group_port=None, bind_host=None, progress=None,
                  inline_verify=True, **backend_options):
         # lora: a wsync.LoraSource (or its .spec): every sync is a lora session (wsync.lora).
-        lora = backend_options.pop("lora", None)
-        lora = getattr(lora, "spec", lora)
+        lora_source = backend_options.pop("lora", None)
+        lora = getattr(lora_source, "spec", lora_source)
+        if bucket_gb is None:
+            bucket_gb = getattr(lora_source, "bucket_gb", 1.0) if lora is not None else 1.0
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
         if progress is not None and not callable(progress):

@@ -82,6 +82,25 @@ def tensor_copy_digest(tensor, algorithm):
     return copy, _wsync._copy_hex_digest(algorithm, _bytes_view(t), _bytes_view(copy))
 
 
+def tensors_copy_digest_into(srcs, dsts, algorithm, threads=0):
+    """Copies each tensor of `srcs` into the contiguous CPU tensor of `dsts` at the same
+    index (the same dtype and shape) and returns the hex digest of each copy's bytes. A
+    contiguous CPU source is copied and digested in one pass over its bytes, all of them
+    on up to `threads` threads (0: as many as this process may use)."""
+    out = [None] * len(srcs)
+    fast = [i for i, t in enumerate(srcs) if t.device.type == "cpu" and t.is_contiguous()]
+    if fast:
+        digests = _wsync._copy_hex_digests(algorithm, [_bytes_view(srcs[i].detach()) for i in fast],
+                                           [_bytes_view(dsts[i]) for i in fast], threads)
+        for i, hex_ in zip(fast, digests):
+            out[i] = hex_
+    for i, t in enumerate(srcs):
+        if out[i] is None:
+            dsts[i].copy_(t.detach())
+            out[i] = tensor_digest(dsts[i], algorithm)
+    return out
+
+
 def parameters_of(model):
     """{hf_name: tensor} of a model: named_parameters() (and buffers), else state_dict()."""
     if hasattr(model, "named_parameters"):

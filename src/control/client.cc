@@ -246,17 +246,18 @@ std::vector<std::shared_ptr<const std::string>> FanOutClient::Serialize(const st
 }
 
 std::shared_ptr<FanOutClient::Pending> FanOutClient::Start(const std::string& method,
-                                                           const std::string& path,
+                                                           const std::vector<std::string>& paths,
                                                            std::vector<std::shared_ptr<const std::string>> bodies,
                                                            Deadline deadline, bool blocking) const {
   auto fan = std::make_shared<FanOut>(urls_);
+  auto path_of = [&](size_t i) -> const std::string& { return paths.size() == 1 ? paths[0] : paths[i]; };
   if (blocking && urls_.size() == 1) {  // no thread to start and join
-    fan->Finish(0, DoRequest(*connections_, urls_[0], method, path, bodies[0].get(), options_, deadline));
+    fan->Finish(0, DoRequest(*connections_, urls_[0], method, path_of(0), bodies[0].get(), options_, deadline));
     return fan;
   }
   for (size_t i = 0; i < urls_.size(); ++i) {
-    std::thread([fan, i, connections = connections_, url = urls_[i], method, path, body = std::move(bodies[i]),
-                 options = options_, deadline] {
+    std::thread([fan, i, connections = connections_, url = urls_[i], method, path = path_of(i),
+                 body = std::move(bodies[i]), options = options_, deadline] {
       fan->Finish(i, DoRequest(*connections, url, method, path, body.get(), options, deadline));
     }).detach();
   }
@@ -264,14 +265,14 @@ std::shared_ptr<FanOutClient::Pending> FanOutClient::Start(const std::string& me
 }
 
 Result<std::vector<json>> FanOutClient::Get(const std::string& path, Deadline deadline) const {
-  return Start("GET", path, std::vector<std::shared_ptr<const std::string>>(urls_.size()), deadline, true)
+  return Start("GET", {path}, std::vector<std::shared_ptr<const std::string>>(urls_.size()), deadline, true)
       ->Wait(deadline);
 }
 
 Result<std::vector<json>> FanOutClient::Post(const std::string& path, const json& body,
                                              Deadline deadline) const {
   auto serialized = body.is_null() ? nullptr : std::make_shared<const std::string>(body.dump());
-  return Start("POST", path, std::vector<std::shared_ptr<const std::string>>(urls_.size(), serialized), deadline,
+  return Start("POST", {path}, std::vector<std::shared_ptr<const std::string>>(urls_.size(), serialized), deadline,
                true)
       ->Wait(deadline);
 }
@@ -281,21 +282,29 @@ Result<std::vector<json>> FanOutClient::PostEach(const std::string& path, std::v
   if (bodies.size() != urls_.size()) {
     return Internal(fmt::format("{} bodies for {} servers", bodies.size(), urls_.size()));
   }
-  return Start("POST", path, Serialize(bodies), deadline, true)->Wait(deadline);
+  return Start("POST", {path}, Serialize(bodies), deadline, true)->Wait(deadline);
 }
 
 std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(const std::string& path,
                                                                std::vector<json> bodies,
                                                                Deadline deadline) const {
   bodies.resize(urls_.size());
-  return Start("POST", path, Serialize(bodies), deadline);
+  return Start("POST", {path}, Serialize(bodies), deadline);
 }
 
 std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(const std::string& path,
                                                                std::shared_ptr<const std::string> body,
                                                                Deadline deadline) const {
-  return Start("POST", path, std::vector<std::shared_ptr<const std::string>>(urls_.size(), std::move(body)),
+  return Start("POST", {path}, std::vector<std::shared_ptr<const std::string>>(urls_.size(), std::move(body)),
                deadline);
+}
+
+std::shared_ptr<FanOutClient::Pending> FanOutClient::PostAsync(std::vector<std::string> paths,
+                                                               std::vector<json> bodies,
+                                                               Deadline deadline) const {
+  paths.resize(urls_.size());
+  bodies.resize(urls_.size());
+  return Start("POST", paths, Serialize(bodies), deadline);
 }
 
 }  // namespace wsync

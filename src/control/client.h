@@ -68,11 +68,16 @@ class FanOutClient {
   // serialized update_info of an unchanged tensor list across syncs: no dump, no copies).
   std::shared_ptr<Pending> PostAsync(const std::string& path, std::shared_ptr<const std::string> body,
                                      Deadline deadline) const;
+  // One path and one body per server, in server order (a fleet of wsync servers and vLLM
+  // ones, which take some steps as collective RPCs).
+  std::shared_ptr<Pending> PostAsync(std::vector<std::string> paths, std::vector<nlohmann::json> bodies,
+                                     Deadline deadline) const;
 
  private:
   // One body per server; null for none (GET). `blocking`: the caller waits at once, so a
   // single server's request may run on the caller's thread.
-  std::shared_ptr<Pending> Start(const std::string& method, const std::string& path,
+  // `paths`: one for every server, or one per server.
+  std::shared_ptr<Pending> Start(const std::string& method, const std::vector<std::string>& paths,
                                  std::vector<std::shared_ptr<const std::string>> bodies, Deadline deadline,
                                  bool blocking = false) const;
   static std::vector<std::shared_ptr<const std::string>> Serialize(const std::vector<nlohmann::json>& bodies);

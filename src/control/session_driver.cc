@@ -161,40 +161,45 @@ Status SessionDriver::InitAll(const json& init_info) const {
   return client_.Post(Path(route::kInitWeightTransfer), WrapInit(init_info), policy_.Http()).status();
 }
 
-Status SessionDriver::StartVllmLora() const {
-  auto lora = start_fields_.find("wsync_lora");
-  if (lora == start_fields_.end()) return Status::Ok();
-  std::vector<std::string> vllm_urls;
-  for (size_t i = 0; i < size(); ++i) {
-    if (InVllm(i)) vllm_urls.push_back(urls()[i]);
-  }
-  if (vllm_urls.empty()) return Status::Ok();
-  FanOutClient vllm_client(vllm_urls, ClientOptions{api_key_, 10});
-  const json call = {{"method", "wsync_lora_start"}, {"args", json::array({lora->dump()})}};
+bool SessionDriver::LoraByRpc(size_t i) const {
+  return InVllm(i) && !draft_sessions_ && start_fields_.contains("wsync_lora");
+}
+
+FanOutClient SessionDriver::Subset(const std::vector<size_t>& which) const {
+  if (which.size() == size()) return client_;  // every server: the kept-alive connections
+  std::vector<std::string> urls;
+  for (size_t i : which) urls.push_back(this->urls()[i]);
+  return FanOutClient(std::move(urls), ClientOptions{api_key_, 10});
+}
+
+Status SessionDriver::StartVllmLora(const std::vector<size_t>& vllm) const {
+  const json call = {{"method", "wsync_lora_start"},
+                     {"args", json::array({start_fields_.at("wsync_lora").dump(), "start"})}};
   Deadline deadline = policy_.Call();
-  return vllm_client.PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm_urls.size(), call), deadline)
+  return Subset(vllm)
+      .PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm.size(), call), deadline)
       ->Wait(deadline)
       .status()
-      .WithContext("naming the LoRA adapter to vLLM's workers (wsync_lora_start)");
+      .WithContext("naming the LoRA adapter to vLLM's workers and opening their session (wsync_lora_start)");
 }
 
 Status SessionDriver::Start(const std::vector<bool>* inline_verify) const {
-  if (!draft_sessions_) WSYNC_RETURN_IF_ERROR(StartVllmLora());
-  if (inline_verify != nullptr && !draft_sessions_ &&
-      std::find(inline_verify->begin(), inline_verify->end(), true) != inline_verify->end()) {
-    json with = start_fields_;
-    with["wsync_inline_verify"] = true;
-    std::vector<json> bodies;
-    for (size_t i = 0; i < size(); ++i) {
-      bodies.push_back(i < inline_verify->size() && (*inline_verify)[i] ? with : start_fields_);
-    }
-    Deadline deadline = policy_.Call();
-    return client_.PostAsync(Path(route::kStartWeightUpdate), std::move(bodies), deadline)->Wait(deadline).status();
-  }
-  return client_
-      .Post(Path(draft_sessions_ ? route::kStartDraftWeightUpdate : route::kStartWeightUpdate), start_fields_,
-            policy_.Call())
-      .status();
+  std::vector<size_t> vllm_lora, rest;
+  for (size_t i = 0; i < size(); ++i) (LoraByRpc(i) ? vllm_lora : rest).push_back(i);
+  // vLLM servers first: one refusing the adapter starts nothing anywhere.
+  if (!vllm_lora.empty()) WSYNC_RETURN_IF_ERROR(StartVllmLora(vllm_lora));
+  if (rest.empty()) return Status::Ok();
+  auto marked = [&](size_t i) { return inline_verify != nullptr && i < inline_verify->size() && (*inline_verify)[i]; };
+  const bool marks = !draft_sessions_ && std::ranges::any_of(rest, marked);
+  const std::string path = Path(draft_sessions_ ? route::kStartDraftWeightUpdate : route::kStartWeightUpdate);
+  if (!marks && vllm_lora.empty()) return client_.Post(path, start_fields_, policy_.Call()).status();
+  json with = start_fields_;
+  with["wsync_inline_verify"] = true;
+  std::vector<json> bodies;
+  for (size_t i : rest) bodies.push_back(marks && marked(i) ? with : start_fields_);
+  Deadline deadline = policy_.Call();
+  if (vllm_lora.empty()) return client_.PostAsync(path, std::move(bodies), deadline)->Wait(deadline).status();
+  return Subset(rest).PostAsync(path, std::move(bodies), deadline)->Wait(deadline).status();
 }
 
 std::shared_ptr<SessionDriver::Pending> SessionDriver::UpdateAsync(std::shared_ptr<const std::string> body) const {
@@ -223,60 +228,106 @@ Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std:
                                                         const std::vector<bool>& verifying) const {
   auto verifies = [&](size_t i) { return i < verifying.size() && verifying[i]; };
   Deadline deadline = policy_.Call();
-  // vLLM's /finish_weight_update passes only weight_version: its workers take the digests
-  // by collective RPC first, and refuse the finish that follows if any differ.
-  std::vector<std::string> vllm_urls;
+  const std::string digests_arg = json{{"wsync_digests", digests}, {"digest_algorithm", "xxh3_128"}}.dump();
+  // vLLM's /finish_weight_update passes only weight_version. In a lora session its workers
+  // take the digests and finish in one collective RPC (wsync_lora_finish); otherwise they
+  // take the digests by collective RPC first, and refuse the finish that follows if any
+  // differ.
+  std::vector<size_t> two_step;
   for (size_t i = 0; i < size(); ++i) {
-    if (verifies(i) && InVllm(i)) vllm_urls.push_back(urls()[i]);
+    if (verifies(i) && InVllm(i) && !LoraByRpc(i)) two_step.push_back(i);
   }
   std::vector<json> rpc_replies;
-  std::optional<FanOutClient> vllm_client;
-  if (!vllm_urls.empty()) {
-    vllm_client.emplace(vllm_urls, ClientOptions{api_key_, 10});
-    json call = {{"method", "wsync_inline_digests"},
-                 {"args", json::array({json{{"wsync_digests", digests}, {"digest_algorithm", "xxh3_128"}}.dump()})}};
+  if (!two_step.empty()) {
+    const json call = {{"method", "wsync_inline_digests"}, {"args", json::array({digests_arg})}};
     Result<std::vector<json>> sent =
-        vllm_client->PostAsync(Path(route::kCollectiveRpc), std::vector<json>(vllm_urls.size(), call), deadline)
+        Subset(two_step).PostAsync(Path(route::kCollectiveRpc), std::vector<json>(two_step.size(), call), deadline)
             ->Wait(deadline);
     if (!sent.ok()) return sent.status().WithContext("sending the in-line digests to vLLM's workers");
     rpc_replies = *std::move(sent);
   }
+  std::vector<std::string> paths;
   std::vector<json> bodies;
   for (size_t i = 0; i < size(); ++i) {
+    if (verifies(i) && LoraByRpc(i)) {
+      paths.push_back(Path(route::kCollectiveRpc));
+      bodies.push_back({{"method", "wsync_lora_finish"}, {"args", json::array({digests_arg})}});
+      continue;
+    }
     json body = FinishBody(i, weight_version);
     if (verifies(i) && !InVllm(i)) {
       body["wsync_digests"] = digests;
       body["digest_algorithm"] = "xxh3_128";
     }
+    paths.push_back(Path(route::kFinishWeightUpdate));
     bodies.push_back(std::move(body));
   }
-  std::vector<Result<json>> merged;
-  for (size_t i = 0, v = 0; i < size(); ++i) {
-    if (!(verifies(i) && InVllm(i))) continue;
-    merged.push_back(MergeInlineResults(v < rpc_replies.size() ? rpc_replies[v] : json(), digests.size(), urls()[i]));
-    ++v;
-  }
-  Result<std::vector<json>> replies =
-      client_.PostAsync(Path(route::kFinishWeightUpdate), std::move(bodies), deadline)->Wait(deadline);
+  Result<std::vector<json>> replies = client_.PostAsync(std::move(paths), std::move(bodies), deadline)->Wait(deadline);
   // vLLM cuts a worker's error short: the merged results name the differing tensors in full.
+  std::vector<std::optional<Result<json>>> merged(size());
+  for (size_t v = 0; v < two_step.size(); ++v) {
+    merged[two_step[v]] = MergeInlineResults(v < rpc_replies.size() ? rpc_replies[v] : json(), digests.size(),
+                                             urls()[two_step[v]]);
+  }
+  for (size_t i = 0; replies.ok() && i < size() && i < replies->size(); ++i) {
+    if (!(verifies(i) && LoraByRpc(i))) continue;
+    const json& reply = (*replies)[i];
+    merged[i] = MergeInlineResults(reply, digests.size(), urls()[i]);
+    if (!merged[i]->ok()) continue;
+    // Its workers agree before any installs: one refusing means none did.
+    for (const json& r : reply["results"]) {
+      if (r.is_object() && r.value("finished", true) == false) {
+        merged[i] = Aborted(fmt::format("{}: a worker refused LoRA adapter {}; the previous version keeps serving",
+                                        urls()[i], start_fields_["wsync_lora"].value("name", "")));
+        break;
+      }
+    }
+  }
   Status first_failed = Status::Ok();
-  for (const Result<json>& m : merged) {
-    if (!m.ok() && first_failed.ok()) first_failed = m.status();
+  for (const auto& m : merged) {
+    if (m && !m->ok() && first_failed.ok()) first_failed = m->status();
   }
   if (!replies.ok() || !first_failed.ok()) {
     // A vLLM worker that refused to finish leaves vLLM's session open (its engine undid the
-    // update): a plain finish closes it without setting a version.
-    if (vllm_client) (void)vllm_client->Post(Path(route::kFinishWeightUpdate), json::object(), policy_.Close());
+    // update): a plain finish closes it without setting a version. A lora session's
+    // workers close theirs as they refuse; one that did not answer is closed here.
+    if (!two_step.empty()) {
+      (void)Subset(two_step).Post(Path(route::kFinishWeightUpdate), json::object(), policy_.Close());
+    }
+    if (!replies.ok()) Close(/*only_lora=*/true);
     return first_failed.ok() ? replies.status() : first_failed;
   }
-  for (size_t i = 0, v = 0; i < size() && i < replies->size(); ++i) {
-    if (verifies(i) && InVllm(i)) (*replies)[i] = json{{"verified", *std::move(merged[v++])}};
+  for (size_t i = 0; i < size() && i < replies->size(); ++i) {
+    if (merged[i]) (*replies)[i] = json{{"verified", *std::move(*merged[i])}};
   }
   return replies;
 }
 
-void SessionDriver::Close() const {
-  (void)client_.Post(Path(route::kFinishWeightUpdate), json::object(), policy_.Close());
+void SessionDriver::Close(bool only_lora) const {
+  // A lora session on vLLM ends by wsync_lora_finish with abort: its workers drop what
+  // they staged and close vLLM's session (a plain finish would install it).
+  std::vector<size_t> which;
+  std::vector<std::string> paths;
+  std::vector<json> bodies;
+  for (size_t i = 0; i < size(); ++i) {
+    if (LoraByRpc(i)) {
+      paths.push_back(Path(route::kCollectiveRpc));
+      bodies.push_back({{"method", "wsync_lora_finish"}, {"args", json::array({R"({"abort": true})"})}});
+    } else if (only_lora) {
+      continue;
+    } else {
+      paths.push_back(Path(route::kFinishWeightUpdate));
+      bodies.push_back(json::object());
+    }
+    which.push_back(i);
+  }
+  if (which.empty()) return;
+  Deadline deadline = policy_.Close();
+  if (which.size() == size()) {
+    (void)client_.PostAsync(std::move(paths), std::move(bodies), deadline)->Wait(deadline);
+    return;
+  }
+  (void)Subset(which).PostAsync(std::move(paths), std::move(bodies), deadline)->Wait(deadline);
 }
 
 Result<std::vector<json>> SessionDriver::Fetch(const json& body) const {
@@ -386,12 +437,13 @@ std::vector<bool> SessionDriver::PrefixCaching() const {
 }
 
 Status SessionDriver::ResetPrefixCache(const std::vector<bool>& which) const {
-  std::vector<std::string> chosen;
+  std::vector<size_t> indices;
   for (size_t i = 0; i < which.size() && i < size(); ++i) {
-    if (which[i]) chosen.push_back(urls()[i]);
+    if (which[i]) indices.push_back(i);
   }
-  if (chosen.empty()) return Status::Ok();
-  FanOutClient some(chosen, ClientOptions{api_key_, 10});
+  if (indices.empty()) return Status::Ok();
+  FanOutClient some = Subset(indices);
+  const std::vector<std::string>& chosen = some.urls();
   WSYNC_ASSIGN_OR_RETURN(std::vector<json> replies,
                          some.Post(Path(route::kResetPrefixCache) + "?reset_running_requests=true", json::object(),
                                    policy_.Call()));

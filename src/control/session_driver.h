@@ -129,8 +129,9 @@ class SessionDriver {
   // POST /start_weight_update; servers marked in `inline_verify` are told that the finish
   // will carry in-line digests ({"wsync_inline_verify": true}), so that they hash what
   // they land from the start of the session on. In a lora session the vLLM servers get
-  // POST /collective_rpc {"method": "wsync_lora_start", "args": ["<wsync_lora as JSON>"]}
-  // first (docs/lora.md); a refusal there fails the start naming the server.
+  // POST /collective_rpc {"method": "wsync_lora_start", "args": ["<wsync_lora as JSON>",
+  // "start"]} instead, before the others start (docs/lora.md): it opens vLLM's session,
+  // and a refusal there fails the start naming the server.
   Status Start(const std::vector<bool>* inline_verify = nullptr) const;
   // POST /update_weights with a body already serialized ({"update_info": ...}; see
   // UpdateBodyCache), in the background: the data plane runs while it is in flight.
@@ -146,16 +147,21 @@ class SessionDriver {
   // A verifying vLLM server (set_vllm_servers: wsync's plugin, whose finish route passes
   // only weight_version) gets the digests first by POST /collective_rpc
   // {"method": "wsync_inline_digests", "args": ["{\"wsync_digests\": ..., ...}"]}, then
-  // the plain finish, which its workers refuse (500) when bytes differ; its reply here is
-  // {"verified": ...} merged from its workers' (MergeInlineResults). When a finish fails,
-  // those vLLM servers get a plain finish that closes vLLM's session.
+  // the plain finish, which its workers refuse (500) when bytes differ; in a lora session
+  // it gets one POST /collective_rpc {"method": "wsync_lora_finish", "args": [the same]}
+  // instead, which checks and finishes. Its reply here is {"verified": ...} merged from
+  // its workers' (MergeInlineResults). When a finish fails, those vLLM servers get a plain
+  // finish (a lora session: Close's abort) that closes vLLM's session.
   Result<std::vector<nlohmann::json>> FinishVerified(const std::optional<std::string>& weight_version,
                                                      const nlohmann::json& digests,
                                                      const std::vector<bool>& verifying) const;
   // After a failed sync: a best-effort finish that ends any session still open (servers
   // whose failed update already ended theirs answer 409, which is expected), bounded by
   // Close().
-  void Close() const;
+  // A vLLM server in a lora session gets the collective RPC wsync_lora_finish
+  // {"abort": true} instead: its workers drop the staged adapter and close vLLM's session.
+  // `only_lora`: those servers alone.
+  void Close(bool only_lora = false) const;
 
   // --- delta's flow ---
   // POST /fetch_weights with `body`; every server's reply.
@@ -201,8 +207,14 @@ class SessionDriver {
   // server in a lora session.
   nlohmann::json FinishBody(size_t i, const std::optional<std::string>& weight_version) const;
   bool InVllm(size_t i) const { return i < vllm_.size() && vllm_[i]; }
-  // In a lora session: wsync_lora_start to every vLLM server, waited for.
-  Status StartVllmLora() const;
+  // Whether server `i` takes this session's start and finish as collective RPCs: a vLLM
+  // server in a lora session.
+  bool LoraByRpc(size_t i) const;
+  // A client of the servers at these indices (ascending): new connections, unless they
+  // are every server.
+  FanOutClient Subset(const std::vector<size_t>& which) const;
+  // wsync_lora_start, opening the session, to the vLLM servers at these indices, waited for.
+  Status StartVllmLora(const std::vector<size_t>& vllm) const;
 
   bool draft_sessions_ = false;
   nlohmann::json start_fields_ = nlohmann::json::object();

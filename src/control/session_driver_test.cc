@@ -236,7 +236,7 @@ TEST(SessionDriver, WorkerChecksumsMergeAndDisagreementsAreNamed) {
 }
 
 // A vLLM server as wsync's plugin answers: every body it is sent, by route; its
-// collective RPC answers `rpc_status`.
+// collective RPC answers `rpc_status`, with `rpc_reply` when that is 200.
 struct VllmFront {
   explicit VllmFront(int rpc_status) {
     for (const char* route : {"/collective_rpc", "/start_weight_update", "/finish_weight_update"}) {
@@ -245,7 +245,9 @@ struct VllmFront {
         bodies[route].push_back(req.body.empty() ? json::object() : json::parse(req.body));
         const bool rpc = std::string_view(route) == "/collective_rpc";
         res.status = rpc ? rpc_status : 200;
-        res.set_content(rpc && rpc_status != 200 ? R"({"error": "max_lora_rank is 8"})" : R"({"results": [{}]})",
+        res.set_content(rpc && rpc_status != 200 ? R"({"error": "max_lora_rank is 8"})"
+                        : rpc                     ? rpc_reply.dump()
+                                                  : R"({"results": [{}]})",
                         "application/json");
       });
     }
@@ -267,6 +269,7 @@ struct VllmFront {
   std::thread serving;
   std::mutex mu;
   std::map<std::string, std::vector<json>> bodies;
+  json rpc_reply = {{"results", json::array({json::object()})}};
 };
 
 TEST(SessionDriver, ALoraSessionNamesTheAdapterToVllmAndLeavesItsVersion) {
@@ -281,7 +284,8 @@ TEST(SessionDriver, ALoraSessionNamesTheAdapterToVllmAndLeavesItsVersion) {
   ASSERT_EQ(rpcs.size(), 1u);
   EXPECT_EQ(rpcs[0]["method"], "wsync_lora_start");
   EXPECT_EQ(json::parse(rpcs[0]["args"][0].get<std::string>()), spec);
-  EXPECT_EQ(vllm.Sent("/start_weight_update").size(), 1u);
+  EXPECT_EQ(rpcs[0]["args"][1], "start");  // the RPC opens vLLM's session itself
+  EXPECT_TRUE(vllm.Sent("/start_weight_update").empty());
   EXPECT_EQ(f.services[0]->lora, spec);  // wsync serve takes it in the start body
   ASSERT_TRUE(driver.Finish("step-1").ok());
   EXPECT_EQ(f.services[0]->version, "step-1");
@@ -292,8 +296,48 @@ TEST(SessionDriver, ALoraSessionNamesTheAdapterToVllmAndLeavesItsVersion) {
   driver.set_start_fields(json::object());
   ASSERT_TRUE(driver.Start().ok());
   EXPECT_EQ(vllm.Sent("/collective_rpc").size(), 1u);
+  EXPECT_EQ(vllm.Sent("/start_weight_update").size(), 1u);
   ASSERT_TRUE(driver.Finish("v2").ok());
   EXPECT_EQ(vllm.Sent("/finish_weight_update").back(), (json{{"weight_version", "v2"}}));
+}
+
+TEST(SessionDriver, AVerifiedLoraFinishIsOneRpcToVllmAndAnAbortDropsTheStaging) {
+  Fixture f({"nccl"});
+  VllmFront vllm(200);
+  SessionDriver driver({f.urls[0], vllm.url()}, "", 10);
+  driver.set_vllm_servers({false, true});
+  driver.set_start_fields(json{{"wsync_lora", {{"name", "math"}, {"version", "v1"}}}});
+  ASSERT_TRUE(driver.Start().ok());
+  const json digests = {{"a", "00ff"}, {"b", "11ee"}};
+  vllm.rpc_reply = {{"results", json::array({json{{"tensors", 2}, {"differing", 0}, {"finished", true}}})}};
+  Result<std::vector<json>> replies = driver.FinishVerified("v1", digests, {false, true});
+  ASSERT_TRUE(replies.ok()) << replies.status().ToString();
+  EXPECT_EQ((*replies)[1]["verified"]["tensors"], 2);
+  std::vector<json> rpcs = vllm.Sent("/collective_rpc");
+  ASSERT_EQ(rpcs.size(), 2u);  // wsync_lora_start, wsync_lora_finish: no finish route
+  EXPECT_EQ(rpcs[1]["method"], "wsync_lora_finish");
+  EXPECT_EQ(json::parse(rpcs[1]["args"][0].get<std::string>()),
+            (json{{"wsync_digests", digests}, {"digest_algorithm", "xxh3_128"}}));
+  EXPECT_TRUE(vllm.Sent("/finish_weight_update").empty());
+  EXPECT_EQ(f.services[0]->version, "v1");
+
+  // A worker of the group refused: the sync fails naming the server.
+  ASSERT_TRUE(driver.Start().ok());
+  vllm.rpc_reply = {{"results", json::array({json{{"tensors", 2}, {"differing", 0}, {"finished", true}},
+                                             json{{"tensors", 2}, {"differing", 0}, {"finished", false}}})}};
+  replies = driver.FinishVerified("v2", digests, {false, true});
+  ASSERT_FALSE(replies.ok());
+  EXPECT_NE(replies.status().message().find(vllm.url() + ": a worker refused LoRA adapter math"), std::string::npos)
+      << replies.status().message();
+
+  // Close after a failed sync: the abort RPC, not the finish route (which would install).
+  ASSERT_TRUE(driver.Start().ok());
+  driver.Close();
+  rpcs = vllm.Sent("/collective_rpc");
+  EXPECT_EQ(rpcs.back()["method"], "wsync_lora_finish");
+  EXPECT_EQ(json::parse(rpcs.back()["args"][0].get<std::string>()), (json{{"abort", true}}));
+  EXPECT_TRUE(vllm.Sent("/finish_weight_update").empty());
+  EXPECT_FALSE(f.services[0]->active);
 }
 
 TEST(SessionDriver, AnAdapterVllmRefusesFailsTheStartBeforeAnyServerStarts) {

@@ -5,6 +5,7 @@
 // tensors made by torch.utils.dlpack.from_dlpack over wsync's receive buffers (Lend).
 // Every call releases the GIL while the engine works; load_weights runs on the engine's
 // worker thread with the GIL taken for the call.
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -20,6 +21,7 @@
 #include "control/route_table.h"
 #include "core/digest.h"
 #include "core/json_limits.h"
+#include "core/parallel.h"
 #include "model/config.h"
 #include "model/sharding.h"
 #include "receiver/backend.h"
@@ -255,6 +257,50 @@ std::string BufferCopyDigest(const std::string& algorithm, py::buffer src, py::b
   return hasher->FinishHex();
 }
 
+// BufferCopyDigest over pairs: copies srcs[i] into dsts[i] and returns the hex digest of
+// each copy, on up to `threads` threads (0: DefaultThreads()), the GIL released once.
+py::list BufferCopyDigests(const std::string& algorithm, const std::vector<py::buffer>& srcs,
+                           const std::vector<py::buffer>& dsts, size_t threads) {
+  DigestAlgorithm alg = ValueOrRaise(ParseDigestAlgorithm(algorithm));
+  if (srcs.size() != dsts.size()) {
+    RaiseStatus(InvalidArgument(fmt::format("_copy_hex_digests: {} sources for {} destinations", srcs.size(),
+                                            dsts.size())));
+  }
+  std::vector<py::buffer_info> infos;  // keeps every buffer exported while the copies run
+  infos.reserve(2 * srcs.size());
+  std::vector<std::pair<std::span<const std::byte>, std::span<std::byte>>> pairs;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    infos.push_back(srcs[i].request());
+    std::span<const std::byte> in = ContiguousBytes(infos.back(), "_copy_hex_digests");
+    infos.push_back(dsts[i].request(/*writable=*/true));
+    std::span<std::byte> out = ContiguousBytes(infos.back(), "_copy_hex_digests");
+    if (in.size() != out.size()) {
+      RaiseStatus(InvalidArgument(
+          fmt::format("_copy_hex_digests: pair {}: {} bytes into a buffer of {}", i, in.size(), out.size())));
+    }
+    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size()) {
+      RaiseStatus(InvalidArgument(fmt::format("_copy_hex_digests: pair {}: src and dst overlap", i)));
+    }
+    pairs.emplace_back(in, out);
+  }
+  std::vector<std::string> hex(pairs.size());
+  {
+    py::gil_scoped_release release;
+    std::atomic<size_t> next{0};
+    const size_t n = threads == 0 ? DefaultThreads() : threads;
+    ParallelFor(n, n, [&](size_t, size_t) {
+      for (size_t i; (i = next.fetch_add(1)) < pairs.size();) {
+        auto hasher = Hasher::Create(alg);
+        CopyAndHash(pairs[i].second.data(), pairs[i].first, *hasher, /*hash_destination=*/true);
+        hex[i] = hasher->FinishHex();
+      }
+    });
+  }
+  py::list out;
+  for (std::string& h : hex) out.append(py::str(h));
+  return out;
+}
+
 // The sharding table of worker `tp_rank` of `tp_size` of `model` (a registered name or a
 // config.json directory), as ReceiverEngine plans a sharded worker's slices: one dict per
 // parameter, in the table's order (the `param` of a SliceRef indexes it).
@@ -356,6 +402,10 @@ void BindReceiver(py::module_& m) {
   m.def("_copy_hex_digest", &BufferCopyDigest, py::arg("algorithm"), py::arg("src"), py::arg("dst"),
         "Copies contiguous buffer src into dst (the same byte size) and returns the hex digest of the bytes "
         "written, in one pass.");
+  m.def("_copy_hex_digests", &BufferCopyDigests, py::arg("algorithm"), py::arg("srcs"), py::arg("dsts"),
+        py::arg("threads") = 0,
+        "_copy_hex_digest over lists of buffers: copies srcs[i] into dsts[i] and returns each copy's hex digest, "
+        "on up to `threads` threads (0: as many as this process may use).");
   m.def("http_status_for", &HttpStatusForName, py::arg("code"),
         "The HTTP status of a Status code name ('FAILED_PRECONDITION' -> 409), as every wsync HTTP front answers it.");
   m.def("http_error", &HttpErrorReply, py::arg("code"), py::arg("message"),

@@ -13,8 +13,10 @@ empty ones vLLM prepacked listed as empty: ``{"checksums": {vllm_name: hex}, "em
 [...]}``; ``{}`` without a drafter), ``wsync_stats()``,
 ``wsync_fetch_weights(body_json)`` (delta: wsync's ``/fetch_weights``, which vLLM lacks)
 and ``wsync_inline_digests(body_json)`` (in-line verification, see
-``wsync.vllm.worker_engine``), ``wsync_lora_start(body_json)``, ``wsync_lora_adapters()``
-and ``wsync_lora_digests(name)`` (LoRA adapters, see ``wsync.vllm.lora``) to vLLM's worker base class, and, where the environment sets
+``wsync.vllm.worker_engine``), ``wsync_lora_start(body_json[, "start"])``,
+``wsync_lora_finish(body_json)``, ``wsync_lora_adapters()`` and
+``wsync_lora_digests(name)`` (LoRA adapters, see ``wsync.vllm.lora``) to vLLM's worker
+base class, and, where the environment sets
 ``WSYNC_VLLM_TEST_FAULTS=1``, the test-only ``wsync_corrupt_next_landing()``, so that ``POST /collective_rpc {"method":
 "wsync_weight_digests", "args": ["xxh3_128"]}`` answers, from every worker, the reply
 shape of wsync's ``/weight_checker`` checksum action (``{"checksums": {hf_name: hex}}``).
@@ -166,10 +168,21 @@ def _worker_inline_digests(self, body_json):
     return _wsync_engine(self, "wsync_inline_digests").check_inline(json.loads(body_json))
 
 
-def _worker_lora_start(self, body_json):
+def _worker_lora_start(self, body_json, start=None):
     import json
     manager = getattr(self.model_runner, "lora_manager", None)
-    return _wsync_engine(self, "wsync_lora_start").lora_start(json.loads(body_json), manager)
+    engine = _wsync_engine(self, "wsync_lora_start")
+    if start not in (None, "start"):
+        raise ValueError(f"wsync_lora_start's second argument is 'start' (open the session) or absent, not {start!r}")
+    declared = engine.lora_start(json.loads(body_json), manager)
+    if start == "start":
+        engine.open_lora_session(self)
+    return declared
+
+
+def _worker_lora_finish(self, body_json):
+    import json
+    return _wsync_engine(self, "wsync_lora_finish").lora_finish(json.loads(body_json), self)
 
 
 def _worker_lora_adapters(self):
@@ -196,7 +209,8 @@ def install_worker_rpcs():
     rpcs = [("wsync_weight_digests", _worker_weight_digests), ("wsync_drafter_digests", _worker_drafter_digests),
             ("wsync_stats", _worker_stats),
             ("wsync_fetch_weights", _worker_fetch_weights), ("wsync_inline_digests", _worker_inline_digests),
-            ("wsync_lora_start", _worker_lora_start), ("wsync_lora_adapters", _worker_lora_adapters),
+            ("wsync_lora_start", _worker_lora_start), ("wsync_lora_finish", _worker_lora_finish),
+            ("wsync_lora_adapters", _worker_lora_adapters),
             ("wsync_lora_digests", _worker_lora_digests)]
     if os.environ.get(TEST_FAULTS_ENV) == "1":
         rpcs.append(("wsync_corrupt_next_landing", _worker_corrupt_next_landing))

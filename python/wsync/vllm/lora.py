@@ -2,9 +2,11 @@
 
 vLLM's ``/start_weight_update`` passes no body to the workers, so a lora session's
 ``wsync_lora`` object reaches them through the collective RPC ``wsync_lora_start`` (args:
-the object as JSON), which a wsync trainer sends before ``/start_weight_update``; the
-session then runs as any other (``/update_weights``, ``wsync_inline_digests``,
-``/finish_weight_update``). The
+the object as JSON, then ``"start"`` to open vLLM's session in the same call, as a wsync
+trainer does; without it ``/start_weight_update`` follows). The data comes by
+``/update_weights``; a wsync trainer ends the session with the collective RPC
+``wsync_lora_finish`` (its in-line digests, checked, then vLLM's finish), or
+``wsync_inline_digests`` and ``/finish_weight_update`` do it in two calls. The
 workers stage the adapter's tensors beside the version they serve, check each against the
 declared list as it lands and digest it, and at finish install the staged version in one
 step; a session that fails, is refused or is abandoned leaves the previous version.
@@ -24,7 +26,7 @@ import re
 
 import torch
 
-from wsync.worker_server import tensor_copy_digest
+from wsync.worker_server import tensors_copy_digest_into
 
 # The lora_path prefix that names an adapter the workers hold in memory.
 PLACEHOLDER = "wsync://"
@@ -98,30 +100,67 @@ def declared_tensors(spec, hf_config, model_dtype):
     return out
 
 
+class StagingBuffer:
+    """Host memory for one version of an adapter: one flat allocation, a view per declared
+    tensor. A worker keeps the buffer of the version it replaced for the next session of
+    that adapter, so that a steady sync writes into memory already faulted in."""
+
+    ALIGN = 64
+
+    def __init__(self, declared):
+        self.layout = tuple((name, str(dtype), tuple(shape)) for name, (dtype, shape) in declared.items())
+        offsets, total = [], 0
+        for dtype, shape in declared.values():
+            offsets.append(total)
+            nbytes = torch.empty(0, dtype=dtype).element_size()
+            for d in shape:
+                nbytes *= d
+            total += -(-nbytes // self.ALIGN) * self.ALIGN
+        self.flat = torch.empty(total, dtype=torch.uint8)
+        self.views = {}
+        for (name, (dtype, shape)), off in zip(declared.items(), offsets):
+            count = 1
+            for d in shape:
+                count *= d
+            nbytes = count * torch.empty(0, dtype=dtype).element_size()
+            self.views[name] = self.flat[off:off + nbytes].view(dtype).view(shape)
+
+    def fits(self, declared):
+        return self.layout == tuple((n, str(d), tuple(s)) for n, (d, s) in declared.items())
+
+
 class Staging:
     """One lora session's tensors on one worker, checked as they land."""
 
-    def __init__(self, spec, declared):
+    def __init__(self, spec, declared, buffer=None):
         self.spec = spec
         self.declared = declared
+        self.buffer = buffer if buffer is not None and buffer.fits(declared) else StagingBuffer(declared)
         self.tensors = {}
 
-    def land(self, name, tensor):
-        """Copies `tensor` (a view of a receive buffer) in and returns the xxh3-128 of the
-        copy, taken as it is copied; ValueError for a tensor the declaration does not list
-        as sent, or one sent twice."""
-        want = self.declared.get(name)
-        if want is None:
-            raise ValueError(f"tensor {name} is not one of adapter {self.spec['name']}'s ({len(self.declared)} "
-                             f"tensors: lora_A and lora_B of {', '.join(self.spec['target_modules'])} in every "
-                             "decoder layer)")
-        if tensor.dtype != want[0] or tuple(tensor.shape) != want[1]:
-            raise ValueError(f"adapter {self.spec['name']}: tensor {name} is {str(tensor.dtype)[6:]} "
-                             f"{list(tensor.shape)}; declared {str(want[0])[6:]} {list(want[1])}")
-        if name in self.tensors:
-            raise ValueError(f"adapter {self.spec['name']}: tensor {name} sent twice in one session")
-        self.tensors[name], digest = tensor_copy_digest(tensor, "xxh3_128")
-        return digest
+    def land(self, chunk):
+        """Copies each (name, tensor) of `chunk` (views of a receive buffer) into its place
+        and returns the xxh3-128 of each copy, taken as it is copied; ValueError, before
+        anything is copied, for a tensor the declaration does not list as sent, one of
+        another dtype or shape, or one sent twice."""
+        names = set()
+        for name, tensor in chunk:
+            want = self.declared.get(name)
+            if want is None:
+                raise ValueError(f"tensor {name} is not one of adapter {self.spec['name']}'s ({len(self.declared)} "
+                                 f"tensors: lora_A and lora_B of {', '.join(self.spec['target_modules'])} in every "
+                                 "decoder layer)")
+            if tensor.dtype != want[0] or tuple(tensor.shape) != want[1]:
+                raise ValueError(f"adapter {self.spec['name']}: tensor {name} is {str(tensor.dtype)[6:]} "
+                                 f"{list(tensor.shape)}; declared {str(want[0])[6:]} {list(want[1])}")
+            if name in self.tensors or name in names:
+                raise ValueError(f"adapter {self.spec['name']}: tensor {name} sent twice in one session")
+            names.add(name)
+        dsts = [self.buffer.views[name] for name, _ in chunk]
+        digests = tensors_copy_digest_into([t for _, t in chunk], dsts, "xxh3_128")
+        for (name, _), dst in zip(chunk, dsts):
+            self.tensors[name] = dst
+        return digests
 
     def missing(self):
         return [n for n in self.declared if n not in self.tensors]

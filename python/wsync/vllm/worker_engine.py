@@ -39,10 +39,14 @@ naming the tensors (vLLM answers 500 and keeps the previous weight version), and
 the mismatch in ``stats``.
 
 A LoRA adapter (docs/lora.md) comes in a lora session: the collective RPC
-``wsync_lora_start`` names it before ``/start_weight_update``; the session lands its
-tensors in staging beside the version the worker holds (no layerwise reload: the base
-weights are untouched), verified in-line as full weights are, and its finish installs the
-version, which vLLM's LoRA manager builds from memory (``wsync.vllm.lora``).
+``wsync_lora_start`` names it before ``/start_weight_update`` (or, given ``"start"``,
+opens the session itself); the session lands its tensors in staging beside the version the
+worker holds (no layerwise reload: the base weights are untouched), verified in-line as
+full weights are, and its finish installs the version, which vLLM's LoRA manager builds
+from memory (``wsync.vllm.lora``). A wsync trainer ends it with the collective RPC
+``wsync_lora_finish`` (the digests, the check and vLLM's finish in one call, all-or-none
+over the server's workers), so that a lora session costs three calls through vLLM's
+engine loop: ``wsync_lora_start``, ``/update_weights``, ``wsync_lora_finish``.
 """
 
 import json
@@ -52,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
 
@@ -68,6 +73,8 @@ OPTIONS_ENV = "WSYNC_VLLM_OPTIONS"
 DEFAULT_STORE_HOSTS = ["127.0.0.1", "::1", "localhost"]
 # The bound on every wait of the receiving core, seconds (the trainer's own, if shorter, wins).
 DEFAULT_TIMEOUT = 300.0
+
+logger = init_logger(__name__)
 
 # A value not looked up yet.
 _UNSET = object()
@@ -196,6 +203,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._lora = None
         self._lora_manager = None
         self.adapters = {}
+        # By adapter name: the StagingBuffer of a version replaced or refused, which the
+        # next session of that adapter writes into.
+        self._lora_spare = {}
         self.lora_syncs = 0
         from wsync.vllm import digests
         digests.install_worker_rpcs()
@@ -506,6 +516,58 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._lora_next = (spec, declared)
         return len(declared)
 
+    def open_lora_session(self, worker):
+        """wsync_lora_start with "start": opens vLLM's session on `worker` (its
+        start_weight_update, which reaches start_weight_update here) for the adapter just
+        named, in the same call; if vLLM refuses, nothing stays named for a later start."""
+        try:
+            worker.start_weight_update()
+        except BaseException:
+            self._lora_next = None
+            raise
+
+    def lora_finish(self, body, worker):
+        """wsync_lora_finish: a lora session's in-line check and vLLM's finish in one call.
+        The workers of the server agree (over vLLM's TP group) before any installs: if
+        any landed a tensor that differs from the trainer's or lacks a declared one, every
+        one drops its staging and the previous version keeps serving. vLLM's session is
+        closed either way. Returns check_inline's reply with "finished"; raises for a
+        missing tensor (check_inline's reply names differing ones in full). With
+        ``{"abort": true}`` (a trainer ending a failed sync): drops what was staged and
+        closes vLLM's session, if one is open."""
+        if isinstance(body, dict) and body.get("abort") is True:
+            self._abort_reload()
+            self._lora_next = None
+            self._differing = []
+            if getattr(worker, "_weight_update_active", True):
+                _finish_keeping_adapters(worker)
+            return {"finished": False, "aborted": True}
+        if self._lora is None:
+            raise RuntimeError("wsync_lora_finish outside a lora session (after wsync_lora_start and "
+                               "/update_weights, before /finish_weight_update)")
+        spec = self._lora.spec
+        result = self.check_inline(body)
+        missing = self._lora.missing()
+        if not _tp_all(not result["differing"] and not missing):
+            held = self.adapters.get(spec["name"])
+            keeps = (f"version {held['spec']['version']} of adapter {spec['name']} keeps serving" if held
+                     else f"adapter {spec['name']} is not installed")
+            self._lora_spare[spec["name"]] = self._lora.buffer
+            self._lora = None
+            self._differing = []
+            _finish_keeping_adapters(worker)  # closes vLLM's session; nothing to install
+            if missing:
+                raise RuntimeError(
+                    f"adapter {spec['name']} version {spec['version']}: {len(missing)} declared tensor(s) did not "
+                    f"land on vLLM worker {self.worker_rank}: {', '.join(missing[:MAX_NAMED])}"
+                    + (f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else "") + f"; {keeps}")
+            logger.warning("wsync in-line verification: adapter %s version %s refused on vLLM worker %d (%d tensor(s) "
+                           "differ here: %s); %s", spec["name"], spec["version"], self.worker_rank,
+                           len(result["differ"]), "; ".join(result["differ"]) or "none", keeps)
+            return {**result, "finished": False}
+        _finish_keeping_adapters(worker)
+        return {**result, "finished": True}
+
     def _start_lora(self):
         from wsync.vllm.lora import Staging
         spec, declared = self._lora_next
@@ -513,7 +575,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         if self._rx is not None and self._rx.backend not in _LORA:
             raise ValueError(f"backend {self._rx.backend} does not carry LoRA adapters "
                              f"({', '.join(sorted(_LORA))} do)")
-        self._lora = Staging(spec, declared)
+        self._lora = Staging(spec, declared, self._lora_spare.pop(spec["name"], None))
         self._landing = {}
         self._differing = []
         self.stats = UpdateStats()
@@ -524,8 +586,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         def load(chunk):
             t0 = time.perf_counter()
             self._inject_fault(chunk)
-            for name, tensor in chunk:
-                landed[name] = staging.land(name, tensor)
+            for (name, tensor), digest in zip(chunk, staging.land(chunk)):
+                landed[name] = digest
                 stats.bytes += tensor.numel() * tensor.element_size()
             stats.copy_seconds += time.perf_counter() - t0
             stats.chunks += 1
@@ -546,6 +608,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         held = self.adapters.get(spec["name"])
         keeps = (f"version {held['spec']['version']} of adapter {spec['name']} keeps serving" if held
                  else f"adapter {spec['name']} is not installed")
+        if self._differing or staging.missing():
+            self._lora_spare[spec["name"]] = staging.buffer
         if self._differing:
             differing, self._differing = self._differing, []
             raise RuntimeError(
@@ -561,7 +625,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         t0 = time.perf_counter()
         ids = held["ids"] if held else set()
         self.adapters[spec["name"]] = {"spec": spec, "tensors": staging.tensors, "digests": self._landing,
-                                       "ids": ids}
+                                       "ids": ids, "buffer": staging.buffer}
+        if held:
+            self._lora_spare[spec["name"]] = held["buffer"]
         self._landing = {}
         # The next step naming the adapter builds the new version (wsync.vllm.lora).
         for lora_int_id in ids:
@@ -658,6 +724,35 @@ def _mtp_drafter(engine):
     first, count = hf.num_hidden_layers, getattr(hf, "num_nextn_predict_layers", 0) or 0
     return _CoTarget(drafter, spec.draft_model_config,
                      tuple(f"model.layers.{i}." for i in range(first, first + count)))
+
+
+def _finish_keeping_adapters(worker):
+    """vLLM's finish_weight_update on `worker`, for a lora session: without the reset of
+    every loaded adapter that follows a full-weight update there (a lora session leaves the
+    base weights as they were; finish_weight_update here drops what was built of the
+    adapter it replaced). vLLM skips that reset for a drafter's session, so the session is
+    finished as one."""
+    draft = getattr(worker, "_weight_update_is_draft", None)
+    if draft is None:
+        worker.finish_weight_update()
+        return
+    worker._weight_update_is_draft = True
+    try:
+        worker.finish_weight_update()
+    finally:
+        worker._weight_update_is_draft = draft
+
+
+def _tp_all(ok):
+    """Whether `ok` holds on every worker of this server's TP group (a collective: every
+    worker of the group calls it)."""
+    from vllm.distributed import get_tp_group
+    group = get_tp_group()
+    if group.world_size == 1:
+        return bool(ok)
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int64)
+    torch.distributed.all_reduce(flag, group=group.cpu_group)
+    return int(flag.item()) == 0
 
 
 def _config_dir(model_config):

@@ -3,7 +3,8 @@
 # DIR/wsync_before (a build to compare against), on with DIR/wsync. Run from anywhere as
 # `bash sharded_inline_onoff.sh DIR` where DIR holds the stripped binaries and their
 # shared libraries (the bundle the device tool carries). ROUNDS (4) rounds; no new run
-# starts after BUDGET_S (200) seconds.
+# starts after BUDGET_S (200) seconds. RUNS overrides a round's runs, as "MODE BINARY"
+# pairs separated by commas (default "off wsync,on wsync_before,on wsync").
 here=$(cd "$1" && pwd)
 res=${OUT:-/tmp/res}; mkdir -p "$res"
 nccl=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "nccl", "lib"))' 2>/dev/null)
@@ -12,7 +13,8 @@ start=$SECONDS
 cd /tmp
 echo "cores $(nproc) load $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq 1 ${ROUNDS:-4}); do
-  for run in "off wsync" "on wsync_before" "on wsync"; do
+  IFS=, read -ra runs <<< "${RUNS:-off wsync,on wsync_before,on wsync}"
+  for run in "${runs[@]}"; do
     set -- $run
     [ $((SECONDS - start)) -gt ${BUDGET_S:-200} ] && break 2
     f="$res/${rep}_$1_$2.txt"
