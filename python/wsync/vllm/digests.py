@@ -17,7 +17,8 @@ and ``wsync_inline_digests(body_json)`` (in-line verification, see
 ``wsync_lora_finish(body_json)``, ``wsync_lora_adapters()`` and
 ``wsync_lora_digests(name)`` (LoRA adapters, see ``wsync.vllm.lora``) to vLLM's worker
 base class, and, where the environment sets
-``WSYNC_VLLM_TEST_FAULTS=1``, the test-only ``wsync_corrupt_next_landing()``, so that ``POST /collective_rpc {"method":
+``WSYNC_VLLM_TEST_FAULTS=1``, the test-only ``wsync_corrupt_next_landing([worker])``
+(every worker, or the one of that rank), so that ``POST /collective_rpc {"method":
 "wsync_weight_digests", "args": ["xxh3_128"]}`` answers, from every worker, the reply
 shape of wsync's ``/weight_checker`` checksum action (``{"checksums": {hf_name: hex}}``).
 They are collectives across the TP group: every worker of the server runs them (which
@@ -193,8 +194,10 @@ def _worker_lora_digests(self, name, algorithm=None):
     return _wsync_engine(self, "wsync_lora_digests").lora_digests(name, algorithm)
 
 
-def _worker_corrupt_next_landing(self):
-    _wsync_engine(self, "wsync_corrupt_next_landing").corrupt_next_landing()
+def _worker_corrupt_next_landing(self, worker=None):
+    engine = _wsync_engine(self, "wsync_corrupt_next_landing")
+    if worker is None or int(worker) == engine.worker_rank:
+        engine.corrupt_next_landing()
     return True
 
 
