@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -186,6 +188,12 @@ std::string DescribeHttpError(httplib::Error err) {
   }
 }
 
+bool ClosesConnection(const httplib::Response& res) {
+  std::string v = res.get_header_value("Connection");
+  std::ranges::transform(v, v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return v.find("close") != std::string::npos;
+}
+
 Result<json> DoRequest(FanOutClient::Connections& connections, const std::string& url, const std::string& method,
                        const std::string& path, const std::string* body, const ClientOptions& options,
                        Deadline deadline) {
@@ -209,7 +217,13 @@ Result<json> DoRequest(FanOutClient::Connections& connections, const std::string
     // written, before the server can have acted on it: once more on a new connection.
     if (res || !reused || res.error() != httplib::Error::Write) break;
   }
-  if (res) connections.Give(url, std::move(cli));
+  // Only a connection whose last reply was a success is reused: a server may close the
+  // connection right after an error reply (uvicorn does when the app answered without
+  // reading the whole request), and a request written into it before the close arrives
+  // is never answered.
+  if (res && res->status >= 200 && res->status < 300 && !ClosesConnection(*res)) {
+    connections.Give(url, std::move(cli));
+  }
   if (!res) {
     auto err = res.error();
     if (err == httplib::Error::Read && deadline.expired()) {

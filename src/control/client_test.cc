@@ -2,8 +2,14 @@
 // untrusted as a request, so deep nesting and long messages end as bounded errors.
 #include "control/client.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -54,6 +60,74 @@ TEST(FanOutClient, HostileRepliesAreBoundedErrors) {
 
   srv.stop();
   serving.join();
+}
+
+// Answers each connection's first request with an error, as a keep-alive reply, and
+// closes the connection a moment later (as uvicorn does when the app answered without
+// reading the whole request); `served` counts the requests. Connections are served one
+// after another.
+class ClosingServer {
+ public:
+  ClosingServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      for (;;) {
+        int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        std::string got;
+        char buf[4096];
+        while (got.find("\r\n\r\n") == std::string::npos) {
+          ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+          if (n <= 0) break;
+          got.append(buf, static_cast<size_t>(n));
+        }
+        const std::string body = R"({"error": "Worker failed"})";
+        const std::string reply = fmt::format(
+            "HTTP/1.1 500 \r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+            body.size(), body);
+        (void)::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        ++served;
+        // As uvicorn may: the socket closes a moment after the reply, so that a request
+        // written into the connection meanwhile is taken and never answered.
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        ::close(c);
+      }
+    });
+  }
+  ~ClosingServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    if (thread_.joinable()) thread_.join();
+  }
+  int port() const { return port_; }
+  std::atomic<int> served{0};
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST(FanOutClient, AConnectionThatGotAnErrorReplyIsNotReused) {
+  // The request after an error reply goes out on a new connection and reaches the server.
+  ClosingServer server;
+  ASSERT_GT(server.port(), 0);
+  FanOutClient client({fmt::format("http://127.0.0.1:{}", server.port())}, ClientOptions{});
+  for (int round = 1; round <= 3; ++round) {
+    auto failed = client.Post("/finish_weight_update", nlohmann::json::object(), Deadline::InSeconds(30));
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("-> 500: Worker failed"), std::string::npos) << failed.status().message();
+    EXPECT_EQ(server.served.load(), round);
+  }
 }
 
 }  // namespace
