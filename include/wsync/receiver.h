@@ -42,10 +42,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -166,6 +168,11 @@ class ReceiverEngine {
   // The body of /fetch_weights (delta: brings the local checkpoint to a target version;
   // the answer is the route's reply). Other backends: Unimplemented.
   Result<nlohmann::json> Fetch(const nlohmann::json& body);
+  // The row ranges [begin, end) by which the trainer digests tensors no trainer rank holds
+  // whole (sharded, from the last init: DTensor ranks' dim-0 parts), by HF name; empty for
+  // other backends and before Init. A receiver that verifies in line digests those tensors
+  // by these ranges.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const;
   // Releases communicators and mappings; Init may be called again afterwards. While
   // another call runs it does nothing (that call ends at its own deadline).
   void Shutdown();

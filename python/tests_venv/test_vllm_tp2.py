@@ -79,3 +79,20 @@ def test_sharded_from_two_trainer_ranks_tp2(server):
     TIMINGS["sharded tp2 two ranks sync (s)"] = [round(x["seconds"], 3) for x in lines[0]]
     check_server_weights(server, model, tp=2)
     assert server.completion() == reference_tokens(model)
+
+
+
+def test_dtensor_ranks_split_tensors_are_verified_by_row_ranges_tp2(server, tmp_path):
+    # Two FSDP2 ranks (wsync.DTensorSource) each hold a dim-0 half of every tensor: no rank
+    # holds one whole, so each is digested by the row ranges the ranks hold. Both vLLM
+    # workers digest the same ranges (announced at init) and verify every tensor in line.
+    from dist_helpers import assert_landed, run_ranks
+    spec = {"backend": "sharded", "servers": [server.url], "model_dir": server.model_dir, "source": "dtensor",
+            "steps": 2, "backend_options": {"model": server.model_dir}, "dropped": ["lm_head.weight"],
+            "check_servers": False}
+    results, _, logs = run_ranks(spec, tmp_path)
+    assert_landed(results, logs, 2)
+    for line in results[0]:
+        inline = line["inline"]
+        assert inline["digests"] > 0 and inline == {"digests": inline["digests"], "servers": 1,
+                                                    "unverified_servers": 0, "tensors": inline["digests"]}, line

@@ -129,6 +129,12 @@ class ReceiverEngine:
         sync directory (the body of ``/fetch_weights``); returns the route's reply."""
         return json.loads(self._native.fetch(json.dumps(body)))
 
+    def row_digest_ranges(self):
+        """``{hf_name: [(begin, end), ...]}``: the dim-0 row ranges by which the trainer's
+        in-line digests cover tensors no trainer rank holds whole (``sharded``, from the last
+        ``init``); empty for other backends."""
+        return self._native.row_digest_ranges()
+
     def shutdown(self):
         """Releases the communicator and mappings; ``init`` may be called again."""
         self._native.shutdown()

@@ -208,6 +208,11 @@ class PyReceiverEngine {
     engine_->Shutdown();
   }
 
+  // {hf_name: [(begin, end), ...]}: ReceiverEngine::RowDigestRanges.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const {
+    return engine_->RowDigestRanges();
+  }
+
   std::string backend() const { return engine_->options().backend; }
   int worker_rank() const { return engine_->options().worker_rank; }
   std::string device() const { return engine_->options().device.ToString(); }
@@ -394,6 +399,9 @@ void BindReceiver(py::module_& m) {
       .def("session", &PyReceiverEngine::Session)
       .def("fetch", &PyReceiverEngine::Fetch, py::arg("body"))
       .def("shutdown", &PyReceiverEngine::Shutdown)
+      .def("row_digest_ranges", &PyReceiverEngine::RowDigestRanges,
+           "{hf_name: [(begin, end), ...]}: the row ranges the trainer digests tensors no rank holds whole by "
+           "(sharded, from the last init); empty for other backends.")
       .def_property_readonly("backend", &PyReceiverEngine::backend)
       .def_property_readonly("worker_rank", &PyReceiverEngine::worker_rank)
       .def_property_readonly("device", &PyReceiverEngine::device);

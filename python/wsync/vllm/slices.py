@@ -126,14 +126,18 @@ class SliceLanding:
                 self._hf[p["hf_name"]] = (tuple(p["hf_shape"]), t.dtype)
         self._open = {}    # layer -> elements still to land in this update
         self._split = None  # hf_name -> [(dim, start, copy)] of split primary slices; None: gathered
+        self._rows = {}     # hf_name -> [(begin, end)]: digested by those row ranges (begin())
         self.names = set()  # HF tensors this update landed slices of
         self.bytes = 0
         # Seconds of this update: digesting, copying slices in, vLLM's processing of layers.
         self.digest_seconds = self.copy_seconds = self.process_seconds = 0.0
 
-    def begin(self):
+    def begin(self, rows=None):
+        """A new update; `rows` ({hf_name: [(begin, end), ...]}, the receiver's
+        row_digest_ranges()) names the tensors digested by row ranges."""
         self._open = {}
         self._split = {}
+        self._rows = dict(rows or {})
         self.names = set()
         self.bytes = 0
         self.digest_seconds = self.copy_seconds = self.process_seconds = 0.0
@@ -162,7 +166,7 @@ class SliceLanding:
             name, dim = p["hf_name"], p["dim"]
             t0 = time.perf_counter()
             if p["length"] == p["hf_shape"][dim]:
-                landing[name] = self._digest(tensor)
+                landing[name] = self._digest_of(name, tensor)
             t1 = time.perf_counter()
             if p["length"] != p["hf_shape"][dim] and p["primary"]:
                 self._split.setdefault(name, []).append((dim, p["hf_start"], tensor.clone()))
@@ -219,5 +223,13 @@ class SliceLanding:
             if filled != whole.numel():
                 raise RuntimeError(f"in-line verification of {name}: the TP group's primary slices fill {filled} of "
                                    f"its {whole.numel()} elements")
-            landing[name] = self._digest(whole)
+            landing[name] = self._digest_of(name, whole)
+
+    def _digest_of(self, name, whole):
+        """The xxh3-128 hex of a whole HF tensor, or [(begin, end, hex), ...] of its rows by
+        the ranges begin() named for it."""
+        ranges = self._rows.get(name)
+        if not ranges:
+            return self._digest(whole)
+        return [(b, e, self._digest(whole.narrow(0, b, e - b).contiguous())) for b, e in ranges]
 

@@ -286,7 +286,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._differing = []
         self.stats = UpdateStats()
         if self._slices is not None:
-            self._slices.begin()
+            rows = self._rx.row_digest_ranges() if self._rx is not None and self._rx.backend in _SLICING else {}
+            self._slices.begin(rows)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # vLLM's own synchronizes the accelerator afterwards; the CPU has nothing to wait for.
@@ -398,7 +399,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             # what this worker held for it before describes the previous weights.
             for name in self._slices.names:
                 self.landed.pop(name, None)
-        self.landed.update(self._landing)
+        # A tensor digested by row ranges has no whole digest to answer a read-back with.
+        self.landed.update({k: v for k, v in self._landing.items() if isinstance(v, str)})
+        for name, digest in self._landing.items():
+            if not isinstance(digest, str):
+                self.landed.pop(name, None)
         self._landing = {}
         self.syncs += 1
 
@@ -481,18 +486,20 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         matched, not_landed, differing, reasons = 0, [], [], {}
         for name, want in digests.items():
             held = self._landing.get(name)
-            if not isinstance(want, str):
-                # {"rows": [[begin, end, hex], ...]}: a tensor no trainer rank held whole,
-                # digested by row ranges; this worker's digests are of whole tensors.
+            if held is None:
                 not_landed.append(name)
-                reasons[name] = "digested by row ranges; the vLLM plugin verifies whole tensors only"
-            elif held is None:
+            elif isinstance(want, str) != isinstance(held, str):
+                # {"rows": [[begin, end, hex], ...]} (a tensor no trainer rank held whole)
+                # against a whole digest, or the reverse: the ranges were not announced at
+                # init (only sharded's are).
                 not_landed.append(name)
-            elif held == want:
+                reasons[name] = ("digested by row ranges the vLLM worker was not told of" if isinstance(held, str)
+                                 else "the worker digested it by row ranges, the trainer whole")
+            elif (held == want) if isinstance(want, str) else (_rows_of(want) == [tuple(r) for r in held]):
                 matched += 1
             else:
-                differing.append(f"{name} (worker {self.worker_rank} landed {held}, the trainer read "
-                                 f"{str(want)[:64]})")
+                differing.append(f"{name} (worker {self.worker_rank} landed {_digest_text(held)}, the trainer read "
+                                 f"{_digest_text(want)})")
         self._differing = differing
         self.stats.inline_digests = len(digests)
         self.stats.inline_verified = matched
@@ -724,6 +731,31 @@ def _mtp_drafter(engine):
     first, count = hf.num_hidden_layers, getattr(hf, "num_nextn_predict_layers", 0) or 0
     return _CoTarget(drafter, spec.draft_model_config,
                      tuple(f"model.layers.{i}." for i in range(first, first + count)))
+
+
+def _rows_of(want):
+    """[(begin, end, hex), ...] of a trainer's row-range digest ({"rows": [...]}); None
+    when it is malformed (it then matches nothing)."""
+    rows = want.get("rows") if isinstance(want, dict) else None
+    if not isinstance(rows, list):
+        return None
+    out = []
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in r[:2]) and isinstance(r[2], str)):
+            return None
+        out.append((r[0], r[1], r[2]))
+    return out
+
+
+def _digest_text(digest):
+    """A digest as an error names it: the hex, or the row ranges' hexes, cut short."""
+    if isinstance(digest, str):
+        return digest[:64]
+    rows = _rows_of(digest) if isinstance(digest, dict) else [tuple(r) for r in digest]
+    if rows is None:
+        return "a malformed row digest"
+    return "rows " + ", ".join(f"[{b}, {e}) {h[:16]}" for b, e, h in rows[:3]) + (" ..." if len(rows) > 3 else "")
 
 
 def _finish_keeping_adapters(worker):

@@ -192,6 +192,9 @@ class ShardedReceiver final : public ReceiverBackend {
     ConsumerPlan plan;
     std::vector<ReceiveLane> lanes;  // the receive lanes and their rings, reused across syncs
     std::map<std::pair<int, int>, Partial> partial;  // by (param, piece), during an update
+    // Assembled split pieces lent to the sink: they live until its ChunkLanded returns
+    // (WorkerSink::LoadPiece may keep views of them until then).
+    std::vector<std::vector<std::byte>> assembled;
   };
 
   // Every worker's plan, made from its own sharding table and checked against the
@@ -265,7 +268,8 @@ class ShardedReceiver final : public ReceiverBackend {
           // A split tensor's sub-slice: the piece lands once all its parts are here.
           WSYNC_ASSIGN_OR_RETURN(std::optional<std::vector<std::byte>> whole, Assemble(w, slot, sl, piece));
           if (!whole) continue;
-          Status s = w.sink->LoadPiece(sl.param, sl.piece, *whole, where);
+          slot.assembled.push_back(std::move(*whole));
+          Status s = w.sink->LoadPiece(sl.param, sl.piece, slot.assembled.back(), where);
           if (!s.ok()) {
             return s.WithContext(
                 fmt::format("landing {} of {}", info_->tensors[sl.tensor].name, DescribeChunk(plan, k)));
@@ -277,7 +281,9 @@ class ShardedReceiver final : public ReceiverBackend {
           return s.WithContext(fmt::format("landing {} of {}", info_->tensors[sl.tensor].name, DescribeChunk(plan, k)));
         }
       }
-      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded());
+      Status landed_chunk = w.sink->ChunkLanded();
+      slot.assembled.clear();
+      WSYNC_RETURN_IF_ERROR(landed_chunk);
       if (fault_die_mid_update_ && ++landed < n) {
         WSYNC_LOG_WARN("fault injection (--fault die-mid-update): {} landed chunk 1/{}; killing this process",
                        w.label, n);
@@ -287,6 +293,7 @@ class ShardedReceiver final : public ReceiverBackend {
     };
     auto name = [&](size_t k) { return DescribeChunk(plan, k); };
     slot.partial.clear();
+    slot.assembled.clear();
     return ReceiveLanes(*slot.comm, plan, slot.lanes, land, name, deadline).WithContext(w.label);
   }
 
