@@ -1,7 +1,8 @@
 """Builds the `_wsync` extension with CMake and packages it with python/wsync.
 
 The build directory is $WSYNC_BUILD_DIR when set (an existing CMake build of this tree,
-reused as it is: only the `_wsync` and `wsync_py_package` targets are built), else
+reused as it is: only the `_wsync` and `wsync_py_package` targets are built, and not even
+those with WSYNC_BUILT=1, which packages what that directory already holds), else
 build/pip under this tree, configured here for the interpreter running the install.
 Parallel jobs: $CMAKE_BUILD_PARALLEL_LEVEL, else 2.
 """
@@ -37,9 +38,10 @@ class BuildWithCMake(build_py):
             build_dir = os.path.join(ROOT, "build", "pip")
             subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
                                    f"-DWSYNC_PYTHON_EXECUTABLE={sys.executable}", "-DWSYNC_PYTHON=ON"])
-        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")
-        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs,
-                               "--target", "_wsync", "wsync_py_package"])
+        if not (os.environ.get("WSYNC_BUILT") == "1" and os.environ.get("WSYNC_BUILD_DIR")):
+            jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")
+            subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs,
+                                   "--target", "_wsync", "wsync_py_package"])
         built = glob.glob(os.path.join(build_dir, "python", "wsync", "_wsync*.so"))
         if not built:
             sys.exit(f"no _wsync*.so under {build_dir}/python/wsync after the CMake build")

@@ -1,5 +1,6 @@
-"""`pip install` from the source tree, offline, into a user's virtual environment, reusing
-the current build directory; the installed package imports outside the source tree."""
+"""`pip install` from the source tree, offline, into a user's virtual environment, packaging
+what the current build directory holds (WSYNC_BUILT: no build runs in a tree other tests
+use); the installed package imports outside the source tree."""
 
 import os
 import subprocess
@@ -21,6 +22,7 @@ def test_pip_install_into_a_venv(tmp_path):
     python = str(venv / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["WSYNC_BUILD_DIR"] = str(build_dir)
+    env["WSYNC_BUILT"] = "1"
     install = subprocess.run(
         [python, "-m", "pip", "install", "--no-build-isolation", "--no-index", "--no-deps",
          "--disable-pip-version-check", "-q", str(SOURCE_DIR)],
@@ -28,6 +30,7 @@ def test_pip_install_into_a_venv(tmp_path):
     assert install.returncode == 0, install.stdout + install.stderr
 
     env.pop("WSYNC_BUILD_DIR")
+    env.pop("WSYNC_BUILT")
     check = subprocess.run(
         [python, "-c", "import wsync, sys; print(wsync.__file__); print(sorted(wsync.trainer_backends()));"
                        "print(wsync.TrainerEngine.__doc__.splitlines()[0]);"
