@@ -316,6 +316,10 @@ Result<json> ReceiverEngine::Fetch(const json& body) {
   return r;
 }
 
+std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ReceiverEngine::RowDigestRanges() const {
+  return state_->backend->RowDigestRanges();
+}
+
 void ReceiverEngine::Shutdown() {
   Result<ReceiverSession::Call> call = state_->session->BeginExclusive("shutdown_weight_transfer_engine");
   if (!call.ok()) return;  // the call in flight ends at its own deadline
