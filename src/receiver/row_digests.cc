@@ -1,5 +1,7 @@
 #include "receiver/row_digests.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace wsync {
@@ -14,10 +16,15 @@ Result<RowDigests> ParseRowDigests(const nlohmann::json& entry, std::string_view
   }
   RowDigests out;
   int64_t next = 0;
+  auto is_hex = [](const std::string& h) {
+    return !h.empty() && h.size() <= kMaxDigestHexBytes &&
+           std::ranges::all_of(h, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  };
   for (const nlohmann::json& e : *rows) {
     if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
-        !e[2].is_string() || e[2].get_ref<const std::string&>().size() > kMaxDigestHexBytes) {
-      return InvalidArgument(fmt::format("{}: each range must be [begin, end, hex]", label));
+        !e[2].is_string() || !is_hex(e[2].get_ref<const std::string&>())) {
+      return InvalidArgument(fmt::format("{}: each range must be [begin, end, hex] with 1 to {} lowercase hex digits",
+                                         label, kMaxDigestHexBytes));
     }
     const int64_t begin = e[0].get<int64_t>(), end = e[1].get<int64_t>();
     if (begin != next || end <= begin || end > dim0) {
@@ -25,9 +32,9 @@ Result<RowDigests> ParseRowDigests(const nlohmann::json& entry, std::string_view
                                          "within dim 0 ({} rows)", label, begin, end, next, dim0));
     }
     next = end;
-    out.ranges.emplace_back(begin, end);
-    if (!out.joined.empty()) out.joined += ',';
+    if (!out.ranges.empty()) out.joined += ',';
     out.joined += e[2].get_ref<const std::string&>();
+    out.ranges.emplace_back(begin, end);
   }
   if (next != dim0) {
     return InvalidArgument(fmt::format("{}: the ranges end at row {}; dim 0 has {} rows", label, next, dim0));

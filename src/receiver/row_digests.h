@@ -28,7 +28,7 @@ struct RowDigests {
 // `entry`, the "wsync_digests" value of tensor `name` (for messages), for a tensor of
 // `dim0` rows: exactly {"rows": [...]} with 1 to kMaxRowRanges ranges [begin, end, hex],
 // each beginning where the previous ended (the first at 0), non-empty, the last ending at
-// dim0, hex a string of at most kMaxDigestHexBytes. InvalidArgument naming
+// dim0, hex 1 to kMaxDigestHexBytes lowercase hex digits. InvalidArgument naming
 // wsync_digests[name] and what is wrong.
 Result<RowDigests> ParseRowDigests(const nlohmann::json& entry, std::string_view name, int64_t dim0);
 
