@@ -49,11 +49,21 @@ Status Watched(std::function<Status()> op, Communicator& comm, SessionDriver::Pe
                     fmt::format("{} (the {} failed with: {})", r.status().message(), what, op_status.message()));
     }
     if (http != nullptr && http->AnyFailed()) {
-      comm.Abort();
-      state->cv.wait_for(lock, std::chrono::seconds(10), [&] { return state->done; });
+      // The op may have failed first and so broken the servers' connections (a source
+      // that lied mid-pass): an op that ends on its own within a moment keeps its error
+      // beside the server's; one still blocked is aborted.
+      const bool ended = state->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return state->done; });
+      const Status op_status = ended ? state->status : Status::Ok();
+      if (!ended) {
+        comm.Abort();
+        state->cv.wait_for(lock, std::chrono::seconds(10), [&] { return state->done; });
+      }
       lock.unlock();
       Result<std::vector<json>> r = http->Wait(Deadline::InSeconds(1));
-      return r.ok() ? Aborted(fmt::format("{} aborted", what)) : r.status();
+      if (r.ok()) return ended && !op_status.ok() ? op_status : Aborted(fmt::format("{} aborted", what));
+      if (op_status.ok()) return r.status();
+      return Status(r.status().code(),
+                    fmt::format("{} (the {} failed with: {})", r.status().message(), what, op_status.message()));
     }
     if (deadline.expired()) {
       comm.Abort();
