@@ -3,7 +3,7 @@ process: a rank-32 adapter on every attention and MLP projection (q/k/v/o/gate/u
 of a model's shapes (default qwen3-0.6b), random values, synced version after version.
 
     PYTHONPATH=build/python python3 bench/lora_sync.py [--model qwen3-0.6b] [--r 32]
-        [--backend nccl|ipc] [--syncs 10] [--wsync build/tools/wsync]
+        [--backend nccl|ipc|sharded] [--tp 1] [--syncs 10] [--wsync build/tools/wsync]
 
 Prints one JSON line per sync (its wall time as send_weights measures it and the server's
 adapter version afterwards), then a summary line: adapter bytes, median and best seconds,
@@ -48,6 +48,7 @@ def main():
     p.add_argument("--model", default="qwen3-0.6b")
     p.add_argument("--r", type=int, default=32)
     p.add_argument("--backend", default="nccl")
+    p.add_argument("--tp", type=int, default=1, help="the server's TP size (each worker holds the whole adapter)")
     p.add_argument("--syncs", type=int, default=10)
     p.add_argument("--wsync", default=os.environ.get("WSYNC_BIN", "build/tools/wsync"))
     a = p.parse_args()
@@ -57,7 +58,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         ready = os.path.join(tmp, "url")
         server = subprocess.Popen([a.wsync, "serve", "--port", "0", "--ready-file", ready, "--model", a.model,
-                                   "--backend", a.backend, "--max-loras", "1", "--timeout", "600"],
+                                   "--backend", a.backend, "--max-loras", "1", "--timeout", "600", "--tp", str(a.tp)],
                                   stdout=subprocess.DEVNULL, stderr=sys.stderr, env=dict(os.environ, TMPDIR=tmp))
         try:
             deadline = time.monotonic() + 600
@@ -67,7 +68,8 @@ def main():
                 time.sleep(0.05)
             url = open(ready).read().strip()
             seconds = []
-            with wsync.TrainerEngine(backend=a.backend, servers=[url], timeout=600, lora=adapter) as engine:
+            options = {"model": a.model} if a.backend == "sharded" else {}
+            with wsync.TrainerEngine(backend=a.backend, servers=[url], timeout=600, lora=adapter, **options) as engine:
                 for k in range(a.syncs + 1):
                     for t in tensors.values():
                         t += 1e-3  # a new version each sync
@@ -78,7 +80,7 @@ def main():
                                       "warmup": k == 0}), flush=True)
                     if k > 0:
                         seconds.append(stats.seconds)
-            print(json.dumps({"model": a.model, "r": a.r, "backend": a.backend, "modules": MODULES,
+            print(json.dumps({"model": a.model, "r": a.r, "backend": a.backend, "tp": a.tp, "modules": MODULES,
                               "tensors": len(tensors), "bytes": nbytes,
                               "median_seconds": round(statistics.median(seconds), 5),
                               "best_seconds": round(min(seconds), 5),

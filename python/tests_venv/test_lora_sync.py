@@ -108,9 +108,13 @@ def test_lora_source_names_checks_and_deduplicates_ranks():
         wsync.LoraSource(sd, r=R, alpha=ALPHA, name="../x")
 
 
-@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+@pytest.mark.parametrize("backend", ["nccl", "ipc", "sharded"])
 def test_adapter_trained_and_synced_every_step(backend, wsync_server):
-    server = wsync_server(backend=backend, args=["--max-loras", "2", "--timeout", "60"], name=backend)
+    # sharded: a TP=2 server, whose two workers each receive the whole adapter from
+    # trainer rank 0 over the adapter group.
+    tp = ["--tp", "2"] if backend == "sharded" else []
+    server = wsync_server(backend=backend, args=["--max-loras", "2", "--timeout", "60", *tp], name=backend)
+    options = {"model": "qwen3-tiny"} if backend == "sharded" else {}
     model = lora_model()
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
@@ -119,7 +123,7 @@ def test_adapter_trained_and_synced_every_step(backend, wsync_server):
     assert adapter.scaling == ALPHA / R
     base_tokens, base_versions = complete(server, "qwen3-tiny")
     seen = {}
-    with wsync.TrainerEngine(backend=backend, servers=[server.url], timeout=60, lora=adapter) as engine:
+    with wsync.TrainerEngine(backend=backend, servers=[server.url], timeout=60, lora=adapter, **options) as engine:
         for step in range(3):
             train_step(model, optimizer, step)
             stats = engine.send_weights(adapter, weight_version=f"step-{step}", verify=step == 2)
@@ -139,6 +143,14 @@ def test_adapter_trained_and_synced_every_step(backend, wsync_server):
             assert complete(server, "qwen3-tiny") == (base_tokens, base_versions)
     models = http_json(server.url, "/v1/models")[1]["data"]
     assert [(m["id"], m["parent"]) for m in models] == [("qwen3-tiny", None), ("math", "qwen3-tiny")]
+    if backend == "sharded":
+        # The adapter group carries lora sessions only: a full-weight update on it is
+        # refused, and the weights stay as they were.
+        post(server, "/start_weight_update", {})
+        reply = post(server, "/update_weights", {"update_info": {}}, status=409)
+        assert "adapter group" in str(reply), reply
+        post(server, "/finish_weight_update", {}, status=409)
+        assert server.health()["weights_consistent"]
 
 
 def test_failed_updates_keep_the_previous_adapter(wsync_server, tmp_path):

@@ -101,6 +101,9 @@ class ReceiverBackend {
   // backend's own (`delta`: {"target_version", ...}): the server then hands it over
   // unparsed, with UpdateRequest::tensors empty.
   virtual bool ParsesOwnUpdateInfo() const { return false; }
+  // Whether a lora session's tensors (docs/lora.md) travel over this backend: its
+  // update_info is then a tensor list, admitted against the adapter's declaration.
+  virtual bool CarriesAdapters() const { return !ParsesOwnUpdateInfo(); }
   // The tensors the trainer digests by row ranges in line (no trainer rank holds them
   // whole: docs/protocol.md), by HF name, their ranges ascending; known from Init. The
   // server then digests those ranges as the tensor lands. Empty: none.

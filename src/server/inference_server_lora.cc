@@ -54,10 +54,9 @@ Status InferenceServer::StartLoraWeightUpdate(const json& lora, bool inline_veri
     if (options_.max_loras <= 0) {
       return InvalidArgument("this server holds no LoRA adapters (start it with --max-loras N)");
     }
-    if (backend_->ParsesOwnUpdateInfo()) {
+    if (!backend_->CarriesAdapters()) {
       return InvalidArgument(fmt::format("backend {} carries the model's own tensors only; LoRA adapters sync over "
-                                         "a backend whose update_info is a tensor list (nccl, ipc)",
-                                         backend_->name()));
+                                         "nccl, ipc or sharded", backend_->name()));
     }
     WSYNC_ASSIGN_OR_RETURN(LoraSpec spec, ParseLoraSpec(lora, model_));
     WSYNC_ASSIGN_OR_RETURN(std::vector<TensorMeta> tensors,

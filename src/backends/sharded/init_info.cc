@@ -15,11 +15,26 @@ namespace wsync {
 
 using nlohmann::json;
 
+std::vector<LoraBucket> ShardedLoraBuckets(const std::vector<TensorMeta>& tensors) {
+  std::vector<LoraBucket> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t bytes = tensors[i].nbytes();
+    if (out.empty() || out.back().bytes + bytes > kShardedLoraBucketBytes) out.push_back({i, i, 0});
+    out.back().end = i + 1;
+    out.back().bytes += bytes;
+  }
+  return out;
+}
+
 json ShardedInitInfo::ToJson() const {
-  json j = TensorListJson(tensors);
-  j["group_lens"] = group_lens;
-  j["owner_sets"] = owner_sets;
-  j["name_owner_class"] = name_owner_class;
+  json j = adapters_only ? json::object() : TensorListJson(tensors);
+  if (adapters_only) {
+    j["wsync_lora"] = true;
+  } else {
+    j["group_lens"] = group_lens;
+    j["owner_sets"] = owner_sets;
+    j["name_owner_class"] = name_owner_class;
+  }
   if (!tensor_parts.empty()) {
     json parts = json::array();
     for (size_t i = 0; i < tensor_parts.size(); ++i) {
@@ -34,7 +49,7 @@ json ShardedInitInfo::ToJson() const {
   j["num_replicas"] = num_replicas;
   j["consumer_offset"] = consumer_offset;
   j["deployment_workers"] = deployment_workers;
-  j["plan_digests"] = plan_digests;
+  if (!adapters_only) j["plan_digests"] = plan_digests;
   j["world_size"] = world_size;
   j["num_buffers"] = num_buffers;
   if (!concurrent_stages) j["concurrent_stages"] = false;
@@ -138,7 +153,7 @@ const std::set<std::string, std::less<>>& KnownFields() {
       "deployment_workers", "plan_digests", "world_size", "num_buffers", "concurrent_stages", "receive_staging_mb", "gloo_store_host",
       "gloo_store_port",
       "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers",
-      "tensor_parts"};
+      "tensor_parts", "wsync_lora"};
   return kKnown;
 }
 
@@ -255,6 +270,39 @@ Status ReadTensorParts(const FieldReader& r, ShardedInitInfo* info) {
   return Status::Ok();
 }
 
+// The model and who holds what: the tensors, their groups and owners, the split
+// tensors' parts and the deployment's plan digests.
+Status ReadModel(const FieldReader& r, ShardedInitInfo* info) {
+  WSYNC_ASSIGN_OR_RETURN(info->tensors, ReadTensors(r));
+  const size_t n = info->tensors.size();
+  WSYNC_ASSIGN_OR_RETURN(info->group_lens, r.Ints("group_lens", n, 1, kMaxShardedTensors));
+  WSYNC_RETURN_IF_ERROR(CheckGroupLens(info->group_lens, n));
+  WSYNC_ASSIGN_OR_RETURN(info->owner_sets, ReadOwnerSets(r, info->num_producers, 2 * n + info->num_producers));
+  WSYNC_ASSIGN_OR_RETURN(const json* classes, r.List("name_owner_class", true, n));
+  if (classes->size() != n) {
+    return InvalidArgument(
+        fmt::format("init_info name_owner_class has {} entries for {} names", classes->size(), n));
+  }
+  WSYNC_ASSIGN_OR_RETURN(info->name_owner_class,
+                         FieldReader::IntsOf(*classes, "name_owner_class", 0,
+                                             static_cast<int64_t>(info->owner_sets.size()) - 1));
+
+  WSYNC_RETURN_IF_ERROR(ReadTensorParts(r, info));
+
+  // Per-server: the deployment's plan digests, by deployment index.
+  WSYNC_ASSIGN_OR_RETURN(const json* digests, r.List("plan_digests", true, info->deployment_workers));
+  if (digests->size() != static_cast<size_t>(info->deployment_workers)) {
+    return InvalidArgument(fmt::format("init_info plan_digests has {} entries for deployment_workers {}",
+                                       digests->size(), info->deployment_workers));
+  }
+  for (size_t i = 0; i < digests->size(); ++i) {
+    const json& d = (*digests)[i];
+    if (!IsHexDigest(d)) return InvalidArgument(fmt::format("init_info plan_digests[{}] must be a hex digest", i));
+    info->plan_digests.push_back(d.get<std::string>());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
@@ -318,36 +366,21 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
   }
   WSYNC_ASSIGN_OR_RETURN(info.receive_staging_mb, r.Int("receive_staging_mb", 0, INT32_MAX, 0));
 
-  // The model and who holds what.
-  WSYNC_ASSIGN_OR_RETURN(info.tensors, ReadTensors(r));
-  const size_t n = info.tensors.size();
-  WSYNC_ASSIGN_OR_RETURN(info.group_lens, r.Ints("group_lens", n, 1, kMaxShardedTensors));
-  WSYNC_RETURN_IF_ERROR(CheckGroupLens(info.group_lens, n));
-  WSYNC_ASSIGN_OR_RETURN(info.owner_sets, ReadOwnerSets(r, info.num_producers, 2 * n + info.num_producers));
-  WSYNC_ASSIGN_OR_RETURN(const json* classes, r.List("name_owner_class", true, n));
-  if (classes->size() != n) {
-    return InvalidArgument(
-        fmt::format("init_info name_owner_class has {} entries for {} names", classes->size(), n));
+  if (const json* v = r.Find("wsync_lora"); v != nullptr) {
+    if (!v->is_boolean()) return InvalidArgument("init_info 'wsync_lora' must be true or false");
+    info.adapters_only = v->get<bool>();
   }
-  WSYNC_ASSIGN_OR_RETURN(info.name_owner_class,
-                         FieldReader::IntsOf(*classes, "name_owner_class", 0,
-                                             static_cast<int64_t>(info.owner_sets.size()) - 1));
-
-  WSYNC_RETURN_IF_ERROR(ReadTensorParts(r, &info));
-
-  // Per-server: the deployment's plan digests, by deployment index.
-  WSYNC_ASSIGN_OR_RETURN(const json* digests, r.List("plan_digests", true, info.deployment_workers));
-  if (digests->size() != static_cast<size_t>(info.deployment_workers)) {
-    return InvalidArgument(fmt::format("init_info plan_digests has {} entries for deployment_workers {}",
-                                       digests->size(), info.deployment_workers));
+  if (info.adapters_only) {
+    // An adapter group: no model, no plan.
+    for (const char* field : {"names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class",
+                              "tensor_parts", "plan_digests"}) {
+      if (r.Find(field) != nullptr) {
+        return InvalidArgument(fmt::format("init_info '{}': an adapter group (wsync_lora) carries no model", field));
+      }
+    }
+  } else {
+    WSYNC_RETURN_IF_ERROR(ReadModel(r, &info));
   }
-  for (size_t i = 0; i < digests->size(); ++i) {
-    const json& d = (*digests)[i];
-    if (!IsHexDigest(d)) return InvalidArgument(fmt::format("init_info plan_digests[{}] must be a hex digest", i));
-    info.plan_digests.push_back(d.get<std::string>());
-  }
-
-  // The data plane.
   WSYNC_RETURN_IF_ERROR(ReadRendezvous(r, &info));
   WSYNC_ASSIGN_OR_RETURN(const json* labels, r.List("rank_labels", false, info.world_size));
   if (labels != nullptr) {

@@ -34,6 +34,11 @@
 //                       then row, each split tensor's parts covering its dim 0
 //                       (ShardedStream::parts). Absent: every tensor is held whole
 //   gloo_* / nccl_unique_id_b64, rank_labels, timeout_seconds, wsync_protocol
+//   wsync_lora          true: an adapter group (a LoRA trainer's, docs/lora.md). It
+//                       carries no model: names, dtype_names, shapes, group_lens,
+//                       owner_sets, name_owner_class, tensor_parts and plan_digests are
+//                       absent, and its sessions are lora sessions, whose tensors trainer
+//                       rank 0 sends every consumer in ShardedLoraBuckets. Absent: false
 //
 // Untrusted: every integer is range-checked before it sizes anything (names and owner
 // sets are bounded by the model the server holds; the server checks them against it).
@@ -59,6 +64,17 @@ inline constexpr int kShardedProtocolVersion = 1;
 inline constexpr int64_t kMaxShardedRanks = int64_t{1} << 16;     // producers, consumers
 inline constexpr int64_t kMaxShardedTensors = int64_t{1} << 22;   // names
 inline constexpr int64_t kMaxShardedBuffers = 16;
+
+// A lora session over the sharded group: trainer rank 0 sends every consumer the
+// update's tensors, in the order of its update_info, packed into buckets of at most
+// kShardedLoraBucketBytes (a larger tensor alone in its bucket); message tag = bucket
+// index. Both sides cut the buckets from the tensor list alone.
+inline constexpr size_t kShardedLoraBucketBytes = size_t{16} << 20;
+struct LoraBucket {
+  size_t first = 0, end = 0;  // tensors [first, end)
+  size_t bytes = 0;
+};
+std::vector<LoraBucket> ShardedLoraBuckets(const std::vector<TensorMeta>& tensors);
 
 // The group rank of consumer `consumer` in a group of `producers` trainer ranks and, when
 // `live` (ascending) is not empty, only those consumers: producers + its place among them;
@@ -104,6 +120,7 @@ struct ShardedInitInfo {
   std::vector<std::string> rank_labels;  // names of ranks, for error messages
   std::optional<double> timeout_seconds;
   int wsync_protocol = kShardedProtocolVersion;
+  bool adapters_only = false;  // wsync_lora
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }
   // The group rank of consumer `consumer`; -1 when it is not in a degraded group.

@@ -245,3 +245,62 @@ TEST(ShardedInitInfo, PlanDigestsLabelsAndRendezvousAreChecked) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+// An adapter group's init (a LoRA trainer's): no model, no plan.
+json AdapterInit() {
+  json j = Init();
+  for (const char* field : {"names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class",
+                            "plan_digests"}) {
+    j.erase(field);
+  }
+  j["wsync_lora"] = true;
+  return j;
+}
+
+TEST(ShardedInitInfo, AnAdapterGroupCarriesNoModelAndRoundTrips) {
+  Result<ShardedInitInfo> info = ShardedInitInfo::Parse(AdapterInit());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_TRUE(info->adapters_only);
+  EXPECT_TRUE(info->tensors.empty());
+  EXPECT_TRUE(info->plan_digests.empty());
+  EXPECT_EQ(info->RankOf(3), 6);
+  EXPECT_EQ(info->ToJson(), AdapterInit());
+  // A model group never says wsync_lora.
+  EXPECT_FALSE(ShardedInitInfo::Parse(Init())->ToJson().contains("wsync_lora"));
+}
+
+TEST(ShardedInitInfo, AnAdapterGroupRefusesModelFieldsAndANonBoolean) {
+  for (const char* field : {"names", "group_lens", "owner_sets", "plan_digests", "tensor_parts"}) {
+    json j = AdapterInit();
+    j[field] = json::array();
+    EXPECT_EQ(ErrorOf(j), fmt::format("init_info '{}': an adapter group (wsync_lora) carries no model", field));
+  }
+  json j = AdapterInit();
+  j["wsync_lora"] = 1;
+  EXPECT_EQ(ErrorOf(j), "init_info 'wsync_lora' must be true or false");
+  // wsync_lora false is a model group: its model is required.
+  j["wsync_lora"] = false;
+  EXPECT_EQ(ErrorOf(j), "init_info is missing 'names'");
+}
+
+TEST(ShardedLoraBuckets, PacksInOrderUpToTheCapWithALargeTensorAlone) {
+  auto meta = [](const char* name, int64_t bytes) {
+    return TensorMeta{name, DType::kU8, {bytes}};
+  };
+  const int64_t cap = static_cast<int64_t>(kShardedLoraBucketBytes);
+  std::vector<TensorMeta> t = {meta("a", cap / 2), meta("b", cap / 2), meta("c", 1), meta("d", cap + 1),
+                               meta("e", 7)};
+  std::vector<LoraBucket> b = ShardedLoraBuckets(t);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(std::tie(b[0].first, b[0].end, b[0].bytes), std::make_tuple(size_t{0}, size_t{2}, size_t(cap)));
+  EXPECT_EQ(std::tie(b[1].first, b[1].end, b[1].bytes), std::make_tuple(size_t{2}, size_t{3}, size_t{1}));
+  EXPECT_EQ(std::tie(b[2].first, b[2].end, b[2].bytes), std::make_tuple(size_t{3}, size_t{4}, size_t(cap + 1)));
+  EXPECT_EQ(std::tie(b[3].first, b[3].end, b[3].bytes), std::make_tuple(size_t{4}, size_t{5}, size_t{7}));
+  EXPECT_TRUE(ShardedLoraBuckets({}).empty());
+}
+
+}  // namespace
+}  // namespace wsync

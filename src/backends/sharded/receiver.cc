@@ -52,6 +52,9 @@ class ShardedReceiver final : public ReceiverBackend {
   std::string_view name() const override { return "sharded"; }
   // update_info is SkyRL's empty ShardedRDTWeightTransferUpdateInfo: {}.
   bool ParsesOwnUpdateInfo() const override { return true; }
+  // A lora session's update_info is its tensor list; trainer rank 0 sends them to every
+  // worker (ShardedLoraBuckets).
+  bool CarriesAdapters() const override { return true; }
 
   // A split tensor's parts are the row ranges the trainer digests it by.
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const override {
@@ -76,7 +79,11 @@ class ShardedReceiver final : public ReceiverBackend {
     } else {
       WSYNC_RETURN_IF_ERROR(CheckNcclWorkers(*ctx_));
     }
-    WSYNC_ASSIGN_OR_RETURN(std::vector<ConsumerPlan> plans, PlanWorkers(info));
+    if (info.adapters_only && !info.uses_gloo()) {
+      return Unimplemented("an adapter group (init_info wsync_lora) over NCCL: LoRA adapters sync over a Gloo (cpu) "
+                           "sharded group, or over the nccl or ipc backends");
+    }
+    WSYNC_ASSIGN_OR_RETURN(std::vector<ConsumerPlan> plans, info.adapters_only ? AdapterSlots(info) : PlanWorkers(info));
     if (!info.uses_gloo() && !info.tensor_parts.empty()) {
       return Unimplemented("the trainer's ranks hold row ranges of some tensors (tensor_parts): a worker assembles "
                            "those pieces in host memory, which only a Gloo (cpu) sharded group lands");
@@ -148,8 +155,16 @@ class ShardedReceiver final : public ReceiverBackend {
   Status Update(const UpdateRequest& req) override {
     if (!req.reject.ok()) return req.reject;
     const json& update_info = *req.update_info;
-    if (!update_info.is_object()) return InvalidArgument("update_info must be an object ({} for backend sharded)");
-    if (!update_info.empty()) {
+    const bool lora = !req.tensors->empty();  // a lora session's admitted tensor list
+    if (!lora && info_ && info_->adapters_only) {
+      return FailedPrecondition(
+          "this server's sharded group is an adapter group (a LoRA trainer's init, init_info wsync_lora): it carries "
+          "lora sessions only; full weights need init_weight_transfer_engine from a full-weight trainer");
+    }
+    if (!lora && !update_info.is_object()) {
+      return InvalidArgument("update_info must be an object ({} for backend sharded)");
+    }
+    if (!lora && !update_info.empty()) {
       std::vector<std::string> keys;  // the first few, cut short: the body is untrusted
       for (const auto& [key, _] : update_info.items()) {
         if (keys.size() == 8) {
@@ -167,7 +182,7 @@ class ShardedReceiver final : public ReceiverBackend {
     }
     const Deadline deadline = Deadline::InSeconds(timeout_);
     Status s = RunOnEveryWorker(ctx_->workers, "update_weights", deadline, [&](size_t i, const ReceiverWorker& w) {
-      Status r = ReceivePlan(w, slots_[i], deadline);
+      Status r = lora ? ReceiveAdapter(w, slots_[i], *req.tensors, deadline) : ReceivePlan(w, slots_[i], deadline);
       if (!r.ok()) AbortGroup();  // the other workers' waits end now, not at the deadline
       return r;
     });
@@ -195,6 +210,7 @@ class ShardedReceiver final : public ReceiverBackend {
     // Assembled split pieces lent to the sink: they live until its ChunkLanded returns
     // (WorkerSink::LoadPiece may keep views of them until then).
     std::vector<std::vector<std::byte>> assembled;
+    std::vector<std::byte> adapter[2];  // a lora session's receive buffers, reused across syncs
   };
 
   // Every worker's plan, made from its own sharding table and checked against the
@@ -237,6 +253,71 @@ class ShardedReceiver final : public ReceiverBackend {
       plans.push_back(std::move(*plan));
     }
     return plans;
+  }
+
+  // An adapter group's workers: their place in the group, no plan.
+  Result<std::vector<ConsumerPlan>> AdapterSlots(const ShardedInitInfo& info) const {
+    if (ctx_->workers.empty()) return FailedPrecondition("this server has no workers to join the sharded group");
+    std::vector<ConsumerPlan> plans;
+    for (const ReceiverWorker& w : ctx_->workers) {
+      const int index = ctx_->DeploymentIndex(w);
+      const int64_t consumer = int64_t{info.consumer_offset} + index;
+      if (index >= info.deployment_workers || consumer >= info.num_consumers) {
+        return InvalidArgument(fmt::format(
+            "{} would be consumer {} (consumer_offset {} + deployment index {}), outside the fleet's {} consumers "
+            "or its deployment's {} workers", w.label, consumer, info.consumer_offset, index, info.num_consumers,
+            info.deployment_workers));
+      }
+      ConsumerPlan plan;
+      plan.consumer = static_cast<int>(consumer);
+      plans.push_back(std::move(plan));
+    }
+    return plans;
+  }
+
+  // A lora session's tensors from trainer rank 0, bucket by bucket (ShardedLoraBuckets),
+  // the next bucket in flight while one lands; runs on the worker's thread.
+  Status ReceiveAdapter(const ReceiverWorker& w, Slot& slot, const std::vector<TensorMeta>& tensors,
+                        Deadline deadline) {
+    if (!info_->uses_gloo()) {
+      return Unimplemented(fmt::format("{}: a lora session over an NCCL sharded group (adapters sync over a Gloo "
+                                       "group)", w.label));
+    }
+    const std::vector<LoraBucket> buckets = ShardedLoraBuckets(tensors);
+    size_t largest = 0;
+    for (const LoraBucket& b : buckets) largest = std::max(largest, b.bytes);
+    for (std::vector<std::byte>& buffer : slot.adapter) buffer.resize(largest);
+    auto post = [&](size_t k) -> Result<std::unique_ptr<Communicator::PeerBatch>> {
+      Communicator::PeerMessage m{0, static_cast<uint32_t>(k), std::span(slot.adapter[k % 2].data(), buckets[k].bytes)};
+      return slot.comm->PostPeerBatch({}, std::span(&m, 1));
+    };
+    std::unique_ptr<Communicator::PeerBatch> next;
+    if (!buckets.empty()) {
+      WSYNC_ASSIGN_OR_RETURN(next, post(0));
+    }
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      std::unique_ptr<Communicator::PeerBatch> batch = std::move(next);
+      const LoraBucket& b = buckets[k];
+      Status s = batch->Wait(deadline);
+      if (!s.ok()) {
+        return s.WithContext(fmt::format("{}: receiving bucket {}/{} of the adapter ({}..{}) from {}", w.label, k + 1,
+                                         buckets.size(), tensors[b.first].name, tensors[b.end - 1].name,
+                                         Describer(*info_)(0)));
+      }
+      if (k + 1 < buckets.size()) {
+        WSYNC_ASSIGN_OR_RETURN(next, post(k + 1));
+      }
+      std::span<const std::byte> bytes(slot.adapter[k % 2].data(), b.bytes);
+      size_t off = 0;
+      for (size_t i = b.first; i < b.end; ++i) {
+        const TensorMeta& m = tensors[i];
+        WSYNC_RETURN_IF_ERROR(
+            w.sink->Load(TensorRef{m.name, m.dtype, m.shape, bytes.subspan(off, m.nbytes()), Device{}}).WithContext(w.label));
+        off += m.nbytes();
+      }
+      WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded().WithContext(w.label));
+    }
+    return Status::Ok();
   }
 
   void AbortGroup() {

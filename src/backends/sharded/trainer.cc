@@ -1,6 +1,7 @@
 #include "backends/sharded/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -180,7 +181,15 @@ class ShardedPlane final : public DataPlane {
       }
       WSYNC_RETURN_IF_ERROR(CudaRuntimeFor(options_.device).status());
     }
-    WSYNC_RETURN_IF_ERROR(AgreeOnOwnership(init, deadline));
+    adapters_ = options_.lora.has_value();
+    if (adapters_ && !options_.device.is_cpu()) {
+      return Unimplemented(fmt::format("LoRA adapter {} over the sharded backend: trainer device {}; adapters sync "
+                                       "over a Gloo (cpu) sharded group, or over the nccl or ipc backends",
+                                       options_.lora->name, options_.device.ToString()));
+    }
+    // An adapter group carries no model: its sessions send the adapter, rank 0 to every
+    // worker (ShardedLoraBuckets), and plan nothing.
+    if (!adapters_) WSYNC_RETURN_IF_ERROR(AgreeOnOwnership(init, deadline));
     if (stream_.split() && !options_.device.is_cpu()) {
       return Unimplemented(fmt::format(
           "trainer rank {}: the trainer ranks hold rows of some tensors (FSDP's dim-0 shards, held_rows()); "
@@ -200,7 +209,7 @@ class ShardedPlane final : public DataPlane {
     json shape_json = json::parse(shape_text);
     if (shape_json.contains("error")) return StatusFromJson(shape_json, me_ == 0 ? "" : "trainer rank 0");
     fleet_ = FleetShape::FromJson(shape_json);
-    WSYNC_RETURN_IF_ERROR(BuildPlans());
+    if (!adapters_) WSYNC_RETURN_IF_ERROR(BuildPlans());
     labels_ = Labels();
 
     // Rank 0 tells the others how its side went (its servers' init replies included); they
@@ -240,6 +249,18 @@ class ShardedPlane final : public DataPlane {
   }
 
   Status Prepare(SyncContext& sync) override {
+    if (adapters_) {
+      // A lora session's update_info is its tensor list, admitted against the adapter's
+      // declaration (docs/lora.md).
+      sync.update_body = adapter_body_.Get(sync.pass.metadata());
+      size_t consumers = 0;
+      for (int c = 0; c < fleet_.num_consumers; ++c) consumers += fleet_.RankOf(producers_, c) >= 0 ? 1 : 0;
+      size_t bytes = 0;
+      for (const TensorMeta& m : sync.pass.metadata()) bytes += m.nbytes();
+      sync.stats.bytes = bytes * consumers;
+      sync.stats.chunks = ShardedLoraBuckets(sync.pass.metadata()).size() * consumers;
+      return Status::Ok();
+    }
     static const auto kBody = std::make_shared<const std::string>(json{{"update_info", json::object()}}.dump());
     sync.update_body = kBody;
     sync.stats.bytes = fleet_bytes_;
@@ -247,10 +268,24 @@ class ShardedPlane final : public DataPlane {
     return Status::Ok();
   }
 
-  Status Transfer(SyncContext& sync, Pending& update) override { return Produce(sync, &update); }
+  Status Transfer(SyncContext& sync, Pending& update) override {
+    return adapters_ ? ProduceAdapter(sync, &update) : Produce(sync, &update);
+  }
 
   Result<SyncStats> SyncOtherRank(SyncContext& sync) {
     Stopwatch total;
+    if (adapters_) {
+      // Rank 0 sends the adapter; the others read their pass to its end (a source with
+      // collectives inside needs every rank to).
+      WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
+      TensorRef t;
+      for (;;) {
+        WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+        if (!more) break;
+      }
+      sync.stats.seconds = sync.stats.transfer_seconds = total.seconds();
+      return sync.stats;
+    }
     WSYNC_RETURN_IF_ERROR(Produce(sync, nullptr).WithContext(fmt::format("trainer rank {}", me_)));
     sync.stats.bytes = producer_.bytes_sent;
     sync.stats.chunks = messages_;
@@ -544,6 +579,7 @@ class ShardedPlane final : public DataPlane {
     WSYNC_ASSIGN_OR_RETURN(std::vector<ReplicaStamp> stamps,
                            RdtReplicaStamps(static_cast<int>(fleet_.urls.size()), options_.data_parallel_size));
     ShardedInitInfo info;
+    info.adapters_only = adapters_;
     info.tensors = stream_.tensors;
     info.group_lens = stream_.group_lens;
     info.owner_sets = stream_.ownership.owner_sets;
@@ -571,7 +607,7 @@ class ShardedPlane final : public DataPlane {
       info.consumer_offset = d.first_consumer;
       info.deployment_workers = d.workers;
       info.plan_digests.clear();
-      for (int j = 0; j < d.workers; ++j) info.plan_digests.push_back(plans_.digests[d.first_consumer + j]);
+      for (int j = 0; j < d.workers && !adapters_; ++j) info.plan_digests.push_back(plans_.digests[d.first_consumer + j]);
       for (int s = d.first_server; s < d.first_server + d.servers; ++s) {
         if (!init.live.empty() && !std::binary_search(init.live.begin(), init.live.end(), s)) continue;
         info.replica_rank = stamps[s].replica_rank;
@@ -696,6 +732,83 @@ class ShardedPlane final : public DataPlane {
       if (!merged.ok()) return Internal(fmt::format("trainer rank {} sent malformed {}", r, merged.message()));
     }
     return Status::Ok();
+  }
+
+  // Rank 0's part of a lora session: the adapter's tensors in ShardedLoraBuckets, each
+  // bucket packed (and hashed, for in-line verification) while the one before is on the
+  // wire, and sent to every worker of the group.
+  Status ProduceAdapter(SyncContext& sync, Pending* http) {
+    std::shared_ptr<Communicator> comm = comm_;
+    if (!comm) return FailedPrecondition("no sharded group: Init first");
+    std::shared_ptr<PassDigests> digests = sync.pass.TakeDigests();
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
+    auto meta = std::make_shared<const std::vector<TensorMeta>>(sync.pass.metadata());
+    auto buckets = std::make_shared<const std::vector<LoraBucket>>(ShardedLoraBuckets(*meta));
+    std::vector<int> peers;
+    for (int c = 0; c < fleet_.num_consumers; ++c) {
+      if (const int r = fleet_.RankOf(producers_, c); r >= 0) peers.push_back(r);
+    }
+    size_t largest = 0;
+    for (const LoraBucket& b : *buckets) largest = std::max(largest, b.bytes);
+    for (auto& b : adapter_buffers_) {
+      if (!b) b = std::make_shared<std::vector<std::byte>>();
+      if (b->size() < largest) b->resize(largest);
+    }
+    auto op = [comm, stream, digests, meta, buckets, peers, buffers = adapter_buffers_, progress = sync.progress,
+               deadline = sync.deadline]() -> Status {
+      std::unique_ptr<Communicator::PeerBatch> inflight;
+      size_t inflight_bucket = 0;
+      SyncProgress p{0, 0, 0, buckets->size() * peers.size()};
+      for (const LoraBucket& b : *buckets) p.bytes_total += b.bytes * peers.size();
+      auto wait = [&]() -> Status {
+        const LoraBucket& b = (*buckets)[inflight_bucket];
+        Status s = inflight->Wait(deadline);
+        inflight.reset();
+        if (!s.ok()) {
+          return s.WithContext(fmt::format("sending bucket {}/{} of the adapter ({}..{})", inflight_bucket + 1,
+                                           buckets->size(), (*meta)[b.first].name, (*meta)[b.end - 1].name));
+        }
+        p.bytes_done += b.bytes * peers.size();
+        p.chunks_done += peers.size();
+        if (progress) progress(p);
+        return Status::Ok();
+      };
+      for (size_t k = 0; k < buckets->size(); ++k) {
+        const LoraBucket& b = (*buckets)[k];
+        std::byte* dst = buffers[k % 2]->data();
+        size_t off = 0;
+        for (size_t i = b.first; i < b.end; ++i) {
+          TensorRef t;
+          WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+          if (!more) return Internal("source ended early");
+          if (!t.device.is_cpu()) {
+            return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors", t.name,
+                                               t.device.ToString()));
+          }
+          if (digests) {
+            std::unique_ptr<Hasher> hasher = Hasher::Create(DigestAlgorithm::kXxh3_128);
+            CopyAndHash(dst + off, t.bytes, *hasher, /*hash_destination=*/false);
+            digests->Record(t.name, hasher->FinishHex());
+          } else {
+            std::memcpy(dst + off, t.bytes.data(), t.bytes.size());
+          }
+          off += t.bytes.size();
+        }
+        if (inflight) WSYNC_RETURN_IF_ERROR(wait());
+        std::vector<Communicator::PeerMessage> sends;
+        for (int peer : peers) sends.push_back({peer, static_cast<uint32_t>(k), std::span(dst, b.bytes)});
+        WSYNC_ASSIGN_OR_RETURN(inflight, comm->PostPeerBatch(sends, {}));
+        inflight_bucket = k;
+      }
+      return inflight ? wait() : Status::Ok();
+    };
+    Status s = Watched(op, *comm, http, sync.deadline, "sending the LoRA adapter");
+    if (!s.ok()) {
+      comm->Abort();
+      return s;
+    }
+    TensorRef end;
+    return stream->Next(&end).status();
   }
 
   struct ProduceState {
@@ -873,6 +986,10 @@ class ShardedPlane final : public DataPlane {
   std::optional<FleetShape> provisioned_;          // rank 0: the whole fleet, as last planned
   std::shared_ptr<Communicator> comm_;
   int attempt_ = 0;
+  bool adapters_ = false;  // TrainerOptions::lora: an adapter group (init_info wsync_lora)
+  UpdateBodyCache adapter_body_;
+  // A lora session's two bucket buffers; shared with a send that may outlive an abort.
+  std::array<std::shared_ptr<std::vector<std::byte>>, 2> adapter_buffers_;
 };
 
 }  // namespace
