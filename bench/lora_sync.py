@@ -3,11 +3,13 @@ process: a rank-32 adapter on every attention and MLP projection (q/k/v/o/gate/u
 of a model's shapes (default qwen3-0.6b), random values, synced version after version.
 
     PYTHONPATH=build/python python3 bench/lora_sync.py [--model qwen3-0.6b] [--r 32]
-        [--backend nccl|ipc|sharded] [--tp 1] [--syncs 10] [--wsync build/tools/wsync]
+        [--backend nccl|ipc|sharded|delta] [--tp 1] [--syncs 10] [--wsync build/tools/wsync]
 
 Prints one JSON line per sync (its wall time as send_weights measures it and the server's
 adapter version afterwards), then a summary line: adapter bytes, median and best seconds,
-GB/s. The disk path this replaces (write a PEFT directory, then vLLM's
+GB/s. delta: the server's base checkpoint is a sparse file of zeros of the model's
+shapes, and the adapter goes through one file below the sync dir per sync. The disk path
+this replaces (write a PEFT directory, then vLLM's
 /v1/load_lora_adapter) needs vLLM and is measured apart.
 """
 
@@ -43,6 +45,24 @@ def adapter_tensors(model, r, seed):
     return out
 
 
+SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+def zero_checkpoint(model, directory):
+    """A safetensors checkpoint of `model`'s tensors, all zeros, as a sparse file."""
+    header, offset = {}, 0
+    for name, dtype, shape in wsync.model_metadata(model):
+        nbytes = int(numpy.prod(shape)) * (4 if dtype == "float32" else 2)
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + offset)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3-0.6b")
@@ -57,8 +77,16 @@ def main():
     nbytes = sum(t.nbytes for t in tensors.values())
     with tempfile.TemporaryDirectory() as tmp:
         ready = os.path.join(tmp, "url")
+        extra, options = [], {}
+        if a.backend == "sharded":
+            options = {"model": a.model}
+        if a.backend == "delta":
+            zero_checkpoint(a.model, os.path.join(tmp, "base"))
+            extra = ["--base-checkpoint", os.path.join(tmp, "base"), "--sync-root", os.path.join(tmp, "shared")]
+            options = {"sync_dir": os.path.join(tmp, "shared", "sync")}
         server = subprocess.Popen([a.wsync, "serve", "--port", "0", "--ready-file", ready, "--model", a.model,
-                                   "--backend", a.backend, "--max-loras", "1", "--timeout", "600", "--tp", str(a.tp)],
+                                   "--backend", a.backend, "--max-loras", "1", "--timeout", "600", "--tp", str(a.tp),
+                                   *extra],
                                   stdout=subprocess.DEVNULL, stderr=sys.stderr, env=dict(os.environ, TMPDIR=tmp))
         try:
             deadline = time.monotonic() + 600
@@ -68,7 +96,6 @@ def main():
                 time.sleep(0.05)
             url = open(ready).read().strip()
             seconds = []
-            options = {"model": a.model} if a.backend == "sharded" else {}
             with wsync.TrainerEngine(backend=a.backend, servers=[url], timeout=600, lora=adapter, **options) as engine:
                 for k in range(a.syncs + 1):
                     for t in tensors.values():

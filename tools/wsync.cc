@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "mtp"}));
   s->add_option("--max-loras", serve.max_loras,
-                "LoRA adapters held at once, by name and version, synced by lora sessions (nccl, ipc, sharded); a new name "
+                "LoRA adapters held at once, by name and version, synced by lora sessions (every backend); a new name "
                 "beyond N is refused until /v1/unload_lora_adapter frees one; 0: none (docs/lora.md)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

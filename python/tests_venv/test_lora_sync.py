@@ -108,13 +108,21 @@ def test_lora_source_names_checks_and_deduplicates_ranks():
         wsync.LoraSource(sd, r=R, alpha=ALPHA, name="../x")
 
 
-@pytest.mark.parametrize("backend", ["nccl", "ipc", "sharded"])
-def test_adapter_trained_and_synced_every_step(backend, wsync_server):
+@pytest.mark.parametrize("backend", ["nccl", "ipc", "sharded", "delta"])
+def test_adapter_trained_and_synced_every_step(backend, wsync_server, tmp_path):
     # sharded: a TP=2 server, whose two workers each receive the whole adapter from
-    # trainer rank 0 over the adapter group.
-    tp = ["--tp", "2"] if backend == "sharded" else []
-    server = wsync_server(backend=backend, args=["--max-loras", "2", "--timeout", "60", *tp], name=backend)
-    options = {"model": "qwen3-tiny"} if backend == "sharded" else {}
+    # trainer rank 0 over the adapter group. delta: the adapter goes through one file
+    # below the sync dir, removed once each session ends.
+    args, options = ["--max-loras", "2", "--timeout", "60"], {}
+    if backend == "sharded":
+        args += ["--tp", "2"]
+        options = {"model": "qwen3-tiny"}
+    if backend == "delta":
+        base = ToyQwen3("qwen3-tiny", seed=0).state_dict()
+        delta = shared.DeltaSetup(tmp_path, [(n, str(t.dtype)[len("torch."):], t) for n, t in base.items()])
+        args += delta.server_args()
+        options = {"sync_dir": str(delta.sync_dir)}
+    server = wsync_server(backend=backend, args=args, name=backend)
     model = lora_model()
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
@@ -141,6 +149,8 @@ def test_adapter_trained_and_synced_every_step(backend, wsync_server):
             assert tokens not in seen.values(), "generation did not change with the adapter version"
             seen[step] = tokens
             assert complete(server, "qwen3-tiny") == (base_tokens, base_versions)
+            if backend == "delta":
+                assert [p.name for p in (delta.sync_dir / "lora" / "math").iterdir()] == []
     models = http_json(server.url, "/v1/models")[1]["data"]
     assert [(m["id"], m["parent"]) for m in models] == [("qwen3-tiny", None), ("math", "qwen3-tiny")]
     if backend == "sharded":
@@ -226,3 +236,52 @@ def test_failed_updates_keep_the_previous_adapter(wsync_server, tmp_path):
     with wsync.TrainerEngine(backend="nccl", servers=[server.url], timeout=30, lora=other) as engine:
         with pytest.raises(wsync.FailedPreconditionError, match="max-loras"):
             engine.send_weights(other, weight_version="1")
+
+
+def test_delta_adapter_files_are_confined_and_checked(wsync_server, tmp_path):
+    """A lora session over delta names its file in update_info: a path out of the sync dir,
+    a symlink leading out, a file whose tensors differ from the update's or that ends
+    early are each refused naming why, and the previous version keeps serving."""
+    base = ToyQwen3("qwen3-tiny", seed=0).state_dict()
+    delta = shared.DeltaSetup(tmp_path, [(n, str(t.dtype)[len("torch."):], t) for n, t in base.items()])
+    server = wsync_server(backend="delta", args=["--max-loras", "1", "--timeout", "30", *delta.server_args()])
+    adapter = wsync.LoraSource(lora_model(seed=2), r=R, alpha=ALPHA, name="math")
+    with wsync.TrainerEngine(backend="delta", servers=[server.url], timeout=30, lora=adapter,
+                             sync_dir=str(delta.sync_dir)) as engine:
+        engine.send_weights(adapter, weight_version="good")
+    good = complete(server, "math")
+    entries = [(n, adapter.dtype, t) for n, t in adapter]
+    listing = {"names": [n for n, _, _ in entries], "dtype_names": [d for _, d, _ in entries],
+               "shapes": [list(t.shape) for _, _, t in entries], "sync_dir": str(delta.sync_dir)}
+    spec = {"format": 1, "name": "math", "version": "bad", "r": R, "alpha": ALPHA,
+            "target_modules": sorted(MODULES)}
+    files = delta.sync_dir / "lora" / "math"
+    outside = tmp_path / "outside.safetensors"
+    shared.write_safetensors(outside, entries)
+    (files / "link.safetensors").symlink_to(outside)
+    reshaped = list(entries)
+    reshaped[0] = (reshaped[0][0], adapter.dtype, reshaped[0][2].reshape(-1))
+    shared.write_safetensors(files / "reshaped.safetensors", reshaped)
+    shared.write_safetensors(files / "extra.safetensors", entries + [("extra", "float32", torch.zeros(2))])
+    shared.write_safetensors(files / "short.safetensors", entries)
+    with open(files / "short.safetensors", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 2)
+    cases = [
+        ("../../outside.safetensors", 400, "must be a relative path of plain names"),
+        (str(outside), 400, "must be a relative path of plain names"),
+        ("lora/math/link.safetensors", 400, "link.safetensors"),
+        ("lora/math/reshaped.safetensors", 400, f"tensor {entries[0][0]} is {adapter.dtype} "),
+        ("lora/math/extra.safetensors", 400, f"holds {len(entries) + 1} tensors; the update declares {len(entries)}"),
+        ("lora/math/short.safetensors", 500, "lies past the end of the file"),
+        ("lora/math/absent.safetensors", 404, "absent.safetensors"),
+    ]
+    for name, code, message in cases:
+        post(server, "/start_weight_update", {"wsync_lora": spec})
+        got, reply = http_json(server.url, "/update_weights", {"update_info": {**listing, "wsync_lora_file": name}},
+                               timeout=30)
+        assert got == code, (name, got, reply)
+        assert message in str(reply), (name, reply)
+        http_json(server.url, "/finish_weight_update", {}, timeout=30)  # closes what is left open
+        assert adapter_version(server) == "good", name
+        assert complete(server, "math") == good, name
+        assert server.health()["weights_consistent"]

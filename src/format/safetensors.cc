@@ -274,7 +274,7 @@ Result<std::span<const std::byte>> SafetensorsFile::Bytes(std::string_view name)
 }
 
 Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tensors,
-                        const std::map<std::string, std::string>& metadata) {
+                        const std::map<std::string, std::string>& metadata, bool durable) {
   // Largest item size first keeps every tensor aligned to its item size.
   std::vector<size_t> order(tensors.size());
   std::iota(order.begin(), order.end(), 0);
@@ -344,7 +344,7 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tens
       const TensorRef& t = tensors[i];
       WSYNC_RETURN_IF_ERROR(write_all(t.bytes.data(), t.bytes.size(), fmt::format("tensor {}", t.name)));
     }
-    if (::fsync(fd) != 0) return ErrnoStatus(errno, fmt::format("fsync of {}", tmp));
+    if (durable && ::fsync(fd) != 0) return ErrnoStatus(errno, fmt::format("fsync of {}", tmp));
     closer.fd = -1;
     if (::close(fd) != 0) return ErrnoStatus(errno, fmt::format("closing {}", tmp));
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -356,6 +356,7 @@ Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tens
     ::unlink(tmp.c_str());
     return st;
   }
+  if (!durable) return Status::Ok();
   // Make the rename itself durable.
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));

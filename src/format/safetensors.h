@@ -113,12 +113,13 @@ class SafetensorsFile {
 };
 
 // Writes `tensors` to `path` atomically: to `path + ".tmp"`, fsync, rename, fsync of the
-// directory. Tensors are laid out contiguously by item size, largest first, then in the
+// directory (without `durable`: no fsync, for a file read once and removed, whose
+// readers need it whole but not on disk). Tensors are laid out contiguously by item size, largest first, then in the
 // given order, so every tensor's data is aligned to its item size (the header is padded
 // with spaces to a multiple of 8 bytes, as the reference implementation does). Names must
 // be unique and non-empty, bytes must match numel * itemsize, and data must be on the CPU.
 Status WriteSafetensors(const std::string& path, std::span<const TensorRef> tensors,
-                        const std::map<std::string, std::string>& metadata = {});
+                        const std::map<std::string, std::string>& metadata = {}, bool durable = true);
 
 // A Hugging Face checkpoint directory.
 //

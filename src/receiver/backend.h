@@ -77,6 +77,9 @@ struct UpdateRequest {
   // backend parses its own update_info or the update was rejected before parsing).
   std::shared_ptr<const std::vector<TensorMeta>> tensors;
   Status reject;
+  // A lora session's update (docs/lora.md): `tensors` is the adapter's admitted list and
+  // the workers' sinks stage the adapter.
+  bool lora = false;
 };
 
 class ReceiverBackend {

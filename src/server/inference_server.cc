@@ -426,6 +426,7 @@ Status InferenceServer::UpdateNow(std::shared_ptr<const json> update_info) {
   req.update_info = update_info;
   req.tensors = kNoTensors;
   const bool lora = InLoraSession();
+  req.lora = lora;
   Status s = CatchAll("update_weights", [&]() -> Status {
     if (req.reject.ok() && lora) {
       AdmittedUpdate admitted = AdmitLora(update_info);

@@ -1,7 +1,11 @@
 #include "backends/delta/receiver.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <filesystem>
 #include <tuple>
@@ -17,6 +21,7 @@
 #include "core/dtype_convert.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/syscall.h"
 #include "core/stopwatch.h"
 #include "format/safetensors.h"
 #include "model/worker_store.h"
@@ -28,6 +33,9 @@ namespace {
 using nlohmann::json;
 using delta::FetchReport;
 using delta::LocalCheckpoint;
+
+// An adapter file's header: a few hundred bytes per tensor.
+constexpr uint64_t kMaxAdapterHeaderBytes = uint64_t{16} << 20;
 
 // A string setting from the serve flags ("" when absent).
 std::string Flag(const json& config, const char* key) {
@@ -51,6 +59,9 @@ class DeltaReceiver final : public ReceiverBackend {
 
   std::string_view name() const override { return "delta"; }
   bool ParsesOwnUpdateInfo() const override { return true; }
+  // A lora session's update_info is its tensor list plus the safetensors file below the
+  // sync dir that holds them (ReceiveAdapter).
+  bool CarriesAdapters() const override { return true; }
 
   Status Init(const json& init_info) override {
     WSYNC_ASSIGN_OR_RETURN(delta::DeltaInitRequest init, delta::ParseDeltaInit(init_info));
@@ -141,6 +152,7 @@ class DeltaReceiver final : public ReceiverBackend {
 
   Status Update(const UpdateRequest& req) override {
     if (!req.reject.ok()) return req.reject;
+    if (req.lora) return ReceiveAdapter(*req.update_info, *req.tensors);
     WSYNC_RETURN_IF_ERROR(EnsureOpen());
     if (req.update_info == nullptr || !req.update_info->is_object()) return InvalidArgument("update_info must be an object");
     // SkyRL's update_info: {target_version, version, sync_dir, uri}. The reload reads the
@@ -176,6 +188,80 @@ class DeltaReceiver final : public ReceiverBackend {
                                          "--sync-root DIR (a directory the sync dirs lie below)", sync_dir));
     }
     return delta::PathBelow(root, sync_dir).status();
+  }
+
+  // A lora session (docs/lora.md): update_info's `wsync_lora_file`, a safetensors file
+  // below its sync dir (or init's), holds exactly the admitted tensors, each with the
+  // dtype and shape the update declares; they are read once and lent to every worker's
+  // sink (the adapter's staging). The file is untrusted: its path is confined below the
+  // sync root, its header parsed by the one safetensors parser without quoting it, its
+  // size bounded by the admitted bytes.
+  Status ReceiveAdapter(const json& update_info, const std::vector<TensorMeta>& tensors) {
+    WSYNC_ASSIGN_OR_RETURN(delta::DeltaAdapterRequest req, delta::ParseDeltaAdapterUpdate(update_info));
+    const std::string sync_dir = req.sync_dir.value_or(sync_dir_);
+    const std::string& rel = req.file;
+    if (sync_dir.empty()) {
+      return InvalidArgument("a lora session over backend delta needs update_info 'sync_dir' (none was given at init "
+                             "either)");
+    }
+    WSYNC_RETURN_IF_ERROR(CheckSyncDir(sync_dir));
+    const std::string root = Flag(ctx_->backend_config, "sync_root");
+    WSYNC_ASSIGN_OR_RETURN(std::string below, delta::PathBelow(root, sync_dir));
+    WSYNC_ASSIGN_OR_RETURN(delta::ConfinedDir root_dir, delta::ConfinedDir::Open(root));
+    WSYNC_ASSIGN_OR_RETURN(delta::ConfinedDir dir, root_dir.OpenDir(below));
+    WSYNC_ASSIGN_OR_RETURN(delta::RegularFile file, dir.OpenFile(rel));
+    uint64_t want = 0;
+    for (const TensorMeta& m : tensors) want += m.nbytes();  // admitted: bounded by --max-update-bytes
+    SafetensorsHeaderOptions options;
+    options.max_header_bytes = kMaxAdapterHeaderBytes;
+    options.quote_file = false;
+    if (file.size > want + 8 + options.max_header_bytes) {
+      return InvalidArgument(fmt::format("adapter file {} holds {} bytes, more than the update's {} tensors ({} "
+                                         "bytes) and a header", file.path, file.size, tensors.size(), want));
+    }
+    WSYNC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(file.fd.get(), file.size, file.path, options));
+    if (header.entries.size() != tensors.size()) {
+      return InvalidArgument(fmt::format("adapter file {} holds {} tensors; the update declares {}", file.path,
+                                         header.entries.size(), tensors.size()));
+    }
+    std::map<std::string_view, const SafetensorsEntry*> by_name;
+    for (const SafetensorsEntry& e : header.entries) by_name.emplace(e.meta.name, &e);
+    std::vector<std::byte> data(want);
+    std::vector<TensorRef> refs;
+    refs.reserve(tensors.size());
+    size_t off = 0;
+    for (const TensorMeta& m : tensors) {
+      auto it = by_name.find(m.name);
+      if (it == by_name.end()) return InvalidArgument(fmt::format("adapter file {} has no tensor {}", file.path, m.name));
+      const SafetensorsEntry& e = *it->second;
+      if (e.meta.dtype != m.dtype || e.meta.shape != m.shape) {
+        return InvalidArgument(fmt::format("adapter file {}: tensor {} is {} {} there; the update declares {} {}",
+                                           file.path, m.name, TorchName(e.meta.dtype), ShapeString(e.meta.shape),
+                                           TorchName(m.dtype), ShapeString(m.shape)));
+      }
+      std::span<std::byte> into(data.data() + off, m.nbytes());
+      WSYNC_RETURN_IF_ERROR(PreadAll(file, e.offset, into).WithContext(fmt::format("tensor {}", m.name)));
+      refs.push_back(TensorRef{m.name, m.dtype, m.shape, into, Device{}});
+      off += m.nbytes();
+    }
+    Deadline deadline = Deadline::InSeconds(ctx_->timeout_seconds);
+    return RunOnEveryWorker(ctx_->workers, "update_weights", deadline, [&](size_t, const ReceiverWorker& w) -> Status {
+      for (const TensorRef& r : refs) WSYNC_RETURN_IF_ERROR(w.sink->Load(r).WithContext(w.label));
+      return w.sink->ChunkLanded().WithContext(w.label);
+    });
+  }
+
+  // Reads `into.size()` bytes at `offset` of the file; DataLoss when it ends first.
+  static Status PreadAll(const delta::RegularFile& file, uint64_t offset, std::span<std::byte> into) {
+    size_t done = 0;
+    while (done < into.size()) {
+      const ssize_t n = ::pread(file.fd.get(), into.data() + done, into.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoStatus(errno, fmt::format("reading {}", file.path));
+      if (n == 0) return DataLoss(fmt::format("{} ends {} bytes early", file.path, into.size() - done));
+      done += static_cast<size_t>(n);
+    }
+    return Status::Ok();
   }
 
   // The trainer's base checkpoint (`trainer_base` as its init names it) must be this

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "backends/delta/base_digest.h"
+#include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
 #include "core/json_limits.h"
 
@@ -92,6 +93,33 @@ Result<DeltaFetchRequest> ParseDeltaFetch(const json& body) { return ParseVersio
 
 Result<DeltaFetchRequest> ParseDeltaUpdate(const json& update_info) {
   return ParseVersionedPaths(update_info, "update_weights");
+}
+
+Result<DeltaAdapterRequest> ParseDeltaAdapterUpdate(const json& update_info) {
+  if (!update_info.is_object()) return InvalidArgument("update_info must be an object");
+  DeltaAdapterRequest out;
+  if (auto it = update_info.find("sync_dir"); it != update_info.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidArgument("update_info 'sync_dir' must be a string");
+    out.sync_dir = it->get<std::string>();
+  }
+  auto f = update_info.find("wsync_lora_file");
+  if (f == update_info.end() || !f->is_string()) {
+    return InvalidArgument("a lora session over backend delta needs update_info 'wsync_lora_file': the adapter's "
+                           "safetensors file, relative to the sync dir");
+  }
+  const std::string& rel = f->get_ref<const std::string&>();
+  bool plain = !rel.empty() && rel.size() <= 1024 && rel.ends_with(".safetensors");
+  for (size_t begin = 0; plain && begin <= rel.size();) {
+    const size_t end = std::min(rel.find('/', begin), rel.size());
+    plain = IsPlainFileName(std::string_view(rel).substr(begin, end - begin));
+    begin = end + 1;
+  }
+  if (!plain) {
+    return InvalidArgument("update_info 'wsync_lora_file' must be a relative path of plain names (no '..', no "
+                           "leading '.', no empty component) ending in .safetensors, at most 1024 bytes");
+  }
+  out.file = rel;
+  return out;
 }
 
 }  // namespace wsync::delta

@@ -51,6 +51,16 @@ Result<DeltaFetchRequest> ParseDeltaFetch(const nlohmann::json& body);
 // fetch ("version" is an alias of target_version); the errors name update_weights.
 Result<DeltaFetchRequest> ParseDeltaUpdate(const nlohmann::json& update_info);
 
+// A lora session's update_info over delta (docs/lora.md), beside its tensor list:
+// "sync_dir"? (a string) and "wsync_lora_file", the adapter's safetensors file relative
+// to the sync dir: 1 to 1024 bytes of plain names (confined_dir.h IsPlainFileName)
+// joined by '/', ending in ".safetensors".
+struct DeltaAdapterRequest {
+  std::optional<std::string> sync_dir;
+  std::string file;
+};
+Result<DeltaAdapterRequest> ParseDeltaAdapterUpdate(const nlohmann::json& update_info);
+
 // The non-negative integer "target_version" (or "version") of `body`; `what` names the
 // call in errors.
 Result<int64_t> ParseTargetVersion(const nlohmann::json& body, const char* what);

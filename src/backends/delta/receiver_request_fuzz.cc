@@ -1,7 +1,8 @@
 // Fuzz target: the JSON bodies the delta receiver takes (init_info, /fetch_weights,
-// update_info), and the sync_dir they name placed below a sync root.
-// Nothing throws or crashes; a target version that parses is non-negative; a path that
-// PathBelow accepts is relative and never climbs ("..") out of the root.
+// update_info, a lora session's update_info), and the sync_dir they name placed below a
+// sync root. Nothing throws or crashes; a target version that parses is non-negative; a
+// path that PathBelow accepts is relative and never climbs ("..") out of the root; an
+// adapter file that parses is relative, of plain names (none empty, none hidden).
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -45,6 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (update.ok()) {
     if (update->target_version < 0) std::abort();
     if (update->sync_dir) CheckBelow(*update->sync_dir);
+  }
+  auto adapter = wsync::delta::ParseDeltaAdapterUpdate(j);
+  if (adapter.ok()) {
+    const std::string& f = adapter->file;
+    if (f.empty() || f.starts_with('/') || f.starts_with('.') || f.find("/.") != std::string::npos ||
+        f.find("//") != std::string::npos || !f.ends_with(".safetensors") || f.size() > 1024) {
+      std::abort();
+    }
+    if (adapter->sync_dir) CheckBelow(*adapter->sync_dir);
   }
   auto v = wsync::delta::ParseTargetVersion(j, "update_weights");
   if (v.ok() && *v < 0) std::abort();

@@ -1,19 +1,26 @@
 #include "backends/delta/trainer.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <span>
 
 #include <fmt/format.h>
 
+#include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
 #include "control/session_driver.h"
+#include "control/tensor_list.h"
 #include "core/digest.h"
 #include "core/log.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/engine.h"
 #include "engine/sync_pass.h"
+#include "engine/watched.h"
+#include "format/safetensors.h"
 
 namespace wsync {
 namespace {
@@ -22,12 +29,24 @@ using nlohmann::json;
 
 class DeltaPlane final : public DataPlane {
  public:
-  explicit DeltaPlane(DeltaTrainerOptions d) : delta_(std::move(d)) {}
+  DeltaPlane(DeltaTrainerOptions d, std::optional<LoraAdapterOptions> lora)
+      : delta_(std::move(d)), lora_(std::move(lora)) {}
+  ~DeltaPlane() override { RemoveAdapterFile(); }
 
   // The servers fetch and apply before start, inside a pause that holds through the
   // session (the prefix caches are reset in it); update_weights is their reload.
+  // A lora session (docs/lora.md) writes the adapter to one file below the sync dir
+  // before start; update_weights names it, and the file goes once the session ends.
   SessionShape Shape() override {
     SessionShape shape;
+    if (lora_) {
+      shape.transfer = false;
+      shape.after_session = [this](SyncContext&, Status outcome) {
+        RemoveAdapterFile();
+        return outcome;
+      };
+      return shape;
+    }
     shape.transfer = false;
     shape.prefix_cache_reset = PrefixCacheReset::kBeforeStart;
     shape.before_start = [this](SyncContext& sync) { return FetchAndPause(sync); };
@@ -37,6 +56,7 @@ class DeltaPlane final : public DataPlane {
   }
 
   Status Init(const PlaneInit& init) override {
+    if (lora_) return InitAdapter(init);
     WSYNC_ASSIGN_OR_RETURN(std::vector<int64_t> published, delta::PublishedVersions(delta_.sync_dir));
     if (!published.empty()) {
       return FailedPrecondition(fmt::format(
@@ -76,11 +96,12 @@ class DeltaPlane final : public DataPlane {
 
   Result<bool> Ready(const Status& mine) override {
     WSYNC_RETURN_IF_ERROR(mine);
-    return publisher_ != nullptr;
+    return publisher_ != nullptr || (lora_ && adapter_ready_);
   }
 
   // Publishes the sync's version; the update names it. Nothing reaches the servers.
   Status Prepare(SyncContext& sync) override {
+    if (lora_) return WriteAdapter(sync);
     report_ = DeltaSyncReport{};
     paused_ = false;
     // In-line verification: the encoding's checksums of the new bytes are the digests.
@@ -101,7 +122,11 @@ class DeltaPlane final : public DataPlane {
     return update == nullptr ? cause : cause.WithContext(fmt::format("reloading version {}", version_));
   }
 
-  void Shutdown() override { publisher_.reset(); }
+  void Shutdown() override {
+    publisher_.reset();
+    RemoveAdapterFile();
+    adapter_ready_ = false;
+  }
 
   const DeltaSyncReport& last_report() const { return last_; }
   int64_t version() const { return publisher_ ? publisher_->version() : 0; }
@@ -121,6 +146,98 @@ class DeltaPlane final : public DataPlane {
     Status s = sync.driver->Pause("keep", false);
     report_.pause_seconds = phase.Lap();
     return s;
+  }
+
+  // An adapter trainer's init: the servers are told the sync dir (no base: the model's
+  // weights are not this trainer's), and the adapter's files go in <sync_dir>/lora/<name>.
+  Status InitAdapter(const PlaneInit& init) {
+    const std::string& name = lora_->name;
+    const bool plain = delta::IsPlainFileName(name) && std::all_of(name.begin(), name.end(), [](char c) {
+                         return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                       });
+    if (!plain) return InvalidArgument(fmt::format("LoRA adapter name '{}': [A-Za-z0-9._-], not starting with '.'", name));
+    adapter_dir_ = "lora/" + name;
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(delta_.sync_dir) / adapter_dir_, ec);
+    if (ec) return Internal(fmt::format("creating {}/{}: {}", delta_.sync_dir, adapter_dir_, ec.message()));
+    adapter_tag_ = RandomHex(8);  // this trainer's files, apart from an earlier one's
+    if (init.driver != nullptr) {
+      std::vector<json> infos;
+      for (size_t i = 0; i < init.driver->size(); ++i) {
+        const json* health = init.fleet && i < init.fleet->health.size() ? &init.fleet->health[i] : nullptr;
+        if (!(health && health->is_object() && health->value("server", "") == "wsync")) {
+          return FailedPrecondition(fmt::format("{} is not a wsync server: LoRA adapters over backend delta need "
+                                                "wsync serve --max-loras", init.driver->urls()[i]));
+        }
+        Result<json> info = DeltaInitPayload(delta_, true, "");
+        if (!info.ok()) return info.status().WithContext(init.driver->urls()[i]);
+        infos.push_back(std::move(*info));
+      }
+      WSYNC_RETURN_IF_ERROR(init.driver->Init(std::move(infos)));
+    }
+    adapter_ready_ = true;
+    WSYNC_LOG_INFO("delta: LoRA adapter {} through {}/{} for {} server(s)", name, delta_.sync_dir, adapter_dir_,
+                   init.options.servers.size());
+    return Status::Ok();
+  }
+
+  // A lora session's file: the pass's tensors, hashed as they are copied (in-line
+  // verification), written whole (not fsynced: it is read once and removed) and renamed
+  // into place; update_info is the tensor list, the sync dir and the file.
+  Status WriteAdapter(SyncContext& sync) {
+    RemoveAdapterFile();
+    const std::vector<TensorMeta>& meta = sync.pass.metadata();
+    std::shared_ptr<PassDigests> digests = sync.pass.TakeDigests();
+    WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
+    size_t total = 0;
+    for (const TensorMeta& m : meta) total += m.nbytes();
+    adapter_bytes_.resize(total);
+    std::vector<TensorRef> refs;
+    refs.reserve(meta.size());
+    size_t off = 0;
+    for (const TensorMeta& m : meta) {
+      TensorRef t;
+      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+      if (!more) return Internal("source ended early");
+      if (!t.device.is_cpu()) {
+        return InvalidArgument(fmt::format("tensor {} is on {}: LoRA adapters over backend delta are written from "
+                                           "host tensors", t.name, t.device.ToString()));
+      }
+      if (t.bytes.size() != m.nbytes()) {
+        return InvalidArgument(fmt::format("tensor {} has {} bytes; its metadata says {}", m.name, t.bytes.size(),
+                                           m.nbytes()));
+      }
+      std::span<std::byte> into(adapter_bytes_.data() + off, m.nbytes());
+      if (digests) {
+        std::unique_ptr<Hasher> hasher = Hasher::Create(DigestAlgorithm::kXxh3_128);
+        CopyAndHash(into.data(), t.bytes, *hasher, /*hash_destination=*/false);
+        digests->Record(m.name, hasher->FinishHex());
+      } else {
+        std::memcpy(into.data(), t.bytes.data(), t.bytes.size());
+      }
+      refs.push_back(TensorRef{m.name, m.dtype, m.shape, into, Device{}});
+      off += m.nbytes();
+    }
+    TensorRef end;
+    WSYNC_RETURN_IF_ERROR(stream->Next(&end).status());  // a source yielding more is named
+    const std::string rel = fmt::format("{}/{}-{}.safetensors", adapter_dir_, adapter_tag_, ++adapter_seq_);
+    const std::string path = (std::filesystem::path(delta_.sync_dir) / rel).string();
+    WSYNC_RETURN_IF_ERROR(WriteSafetensors(path, refs, {}, /*durable=*/false));
+    adapter_file_ = path;
+    json info = TensorListJson(meta);
+    info["sync_dir"] = delta_.sync_dir;
+    info["wsync_lora_file"] = rel;
+    sync.update_body = std::make_shared<const std::string>(json{{"update_info", std::move(info)}}.dump());
+    sync.stats.bytes = total;
+    sync.stats.chunks = 1;
+    return Status::Ok();
+  }
+
+  void RemoveAdapterFile() {
+    if (adapter_file_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove(adapter_file_, ec);
+    adapter_file_.clear();
   }
 
   Status Resume(SyncContext& sync, Status outcome) {
@@ -163,6 +280,13 @@ class DeltaPlane final : public DataPlane {
   }
 
   DeltaTrainerOptions delta_;
+  std::optional<LoraAdapterOptions> lora_;  // TrainerOptions::lora: lora sessions only
+  bool adapter_ready_ = false;
+  std::string adapter_dir_;   // relative to the sync dir
+  std::string adapter_tag_;   // this trainer's file prefix
+  int64_t adapter_seq_ = 0;
+  std::string adapter_file_;  // the session's file, removed when it ends
+  std::vector<std::byte> adapter_bytes_;
   // Per server: a vLLM server running wsync's plugin (it fetches through a collective RPC).
   std::vector<bool> vllm_;
   std::unique_ptr<delta::DeltaPublisher> publisher_;
@@ -263,7 +387,7 @@ Result<std::unique_ptr<DeltaTrainer>> NewDeltaTrainer(const TrainerOptions& opti
                                        "(CreateDeltaTrainer gives the other ranks an engine that drains their "
                                        "source)", options.rank));
   }
-  auto plane = std::make_unique<DeltaPlane>(std::move(delta));
+  auto plane = std::make_unique<DeltaPlane>(std::move(delta), options.lora);
   const DeltaPlane* view = plane.get();
   WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TrainerEngine> engine, NewTrainerEngine(options, std::move(plane)));
   return std::unique_ptr<DeltaTrainer>(std::make_unique<DeltaTrainerImpl>(std::move(engine), view));
@@ -273,7 +397,7 @@ Result<std::unique_ptr<TrainerEngine>> CreateDeltaTrainer(const TrainerOptions& 
   WSYNC_ASSIGN_OR_RETURN(DeltaTrainerOptions delta, ParseDeltaTrainerOptions(options.backend_options));
   WSYNC_RETURN_IF_ERROR(CheckDeltaOptions(options, delta));
   // Rank 0 alone publishes; the engine gives the others the one pass per sync it makes.
-  return NewTrainerEngine(options, std::make_unique<DeltaPlane>(std::move(delta)));
+  return NewTrainerEngine(options, std::make_unique<DeltaPlane>(std::move(delta), options.lora));
 }
 
 }  // namespace wsync

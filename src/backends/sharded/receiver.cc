@@ -155,7 +155,7 @@ class ShardedReceiver final : public ReceiverBackend {
   Status Update(const UpdateRequest& req) override {
     if (!req.reject.ok()) return req.reject;
     const json& update_info = *req.update_info;
-    const bool lora = !req.tensors->empty();  // a lora session's admitted tensor list
+    const bool lora = req.lora;
     if (!lora && info_ && info_->adapters_only) {
       return FailedPrecondition(
           "this server's sharded group is an adapter group (a LoRA trainer's init, init_info wsync_lora): it carries "
