@@ -216,19 +216,10 @@ class ShardedReceiver final : public ReceiverBackend {
   // Every worker's plan, made from its own sharding table and checked against the
   // trainer's digest of it.
   Result<std::vector<ConsumerPlan>> PlanWorkers(const ShardedInitInfo& info) const {
-    if (ctx_->workers.empty()) return FailedPrecondition("this server has no workers to join the sharded group");
     // Every worker's place first: a fleet the two sides count differently is named as such,
     // not as the plan digests it also changes.
+    WSYNC_RETURN_IF_ERROR(CheckPlaces(info));
     for (const ReceiverWorker& w : ctx_->workers) {
-      const int index = ctx_->DeploymentIndex(w);
-      // In int64: consumer_offset and the index are bounded, their sum is not.
-      const int64_t consumer = int64_t{info.consumer_offset} + index;
-      if (index >= info.deployment_workers || consumer >= info.num_consumers) {
-        return InvalidArgument(fmt::format(
-            "{} would be consumer {} (consumer_offset {} + deployment index {}), outside the fleet's {} consumers "
-            "or its deployment's {} workers", w.label, consumer, info.consumer_offset, index, info.num_consumers,
-            info.deployment_workers));
-      }
       if (w.sink->sharding() == nullptr) {
         return Unimplemented(fmt::format("{} keeps no sharding table: backend sharded needs the worker's model and "
                                          "TP place (a wsync serve worker's, or ReceiverEngine's model and tp_size)",
@@ -255,12 +246,13 @@ class ShardedReceiver final : public ReceiverBackend {
     return plans;
   }
 
-  // An adapter group's workers: their place in the group, no plan.
-  Result<std::vector<ConsumerPlan>> AdapterSlots(const ShardedInitInfo& info) const {
+  // Every worker's consumer id (consumer_offset + its deployment index) lies inside the
+  // fleet and its deployment.
+  Status CheckPlaces(const ShardedInitInfo& info) const {
     if (ctx_->workers.empty()) return FailedPrecondition("this server has no workers to join the sharded group");
-    std::vector<ConsumerPlan> plans;
     for (const ReceiverWorker& w : ctx_->workers) {
       const int index = ctx_->DeploymentIndex(w);
+      // In int64: consumer_offset and the index are bounded, their sum is not.
       const int64_t consumer = int64_t{info.consumer_offset} + index;
       if (index >= info.deployment_workers || consumer >= info.num_consumers) {
         return InvalidArgument(fmt::format(
@@ -268,8 +260,17 @@ class ShardedReceiver final : public ReceiverBackend {
             "or its deployment's {} workers", w.label, consumer, info.consumer_offset, index, info.num_consumers,
             info.deployment_workers));
       }
+    }
+    return Status::Ok();
+  }
+
+  // An adapter group's workers: their place in the group, no plan.
+  Result<std::vector<ConsumerPlan>> AdapterSlots(const ShardedInitInfo& info) const {
+    WSYNC_RETURN_IF_ERROR(CheckPlaces(info));
+    std::vector<ConsumerPlan> plans;
+    for (const ReceiverWorker& w : ctx_->workers) {
       ConsumerPlan plan;
-      plan.consumer = static_cast<int>(consumer);
+      plan.consumer = info.consumer_offset + ctx_->DeploymentIndex(w);
       plans.push_back(std::move(plan));
     }
     return plans;
