@@ -285,3 +285,42 @@ def test_delta_adapter_files_are_confined_and_checked(wsync_server, tmp_path):
         assert adapter_version(server) == "good", name
         assert complete(server, "math") == good, name
         assert server.health()["weights_consistent"]
+
+
+TWO_RANKS = """
+import json, sys
+sys.path.insert(0, {here!r})
+import torch, wsync
+from test_lora_sync import lora_model, R, ALPHA
+rank = int(sys.argv[1])
+adapter = wsync.LoraSource(lora_model(seed=3), r=R, alpha=ALPHA, name="math")
+with wsync.TrainerEngine(backend="sharded", servers=[{url!r}], timeout=60, rank=rank, world_size=2,
+                         group_port={port}, model="qwen3-tiny", lora=adapter) as engine:
+    stats = engine.send_weights(adapter, weight_version="two-ranks")
+    print(json.dumps({{"bytes": stats.bytes, "inline": stats.inline_verified_servers}}), flush=True)
+"""
+
+
+def test_sharded_adapter_from_two_trainer_ranks(wsync_server):
+    """Two trainer processes in one sharded group, each holding the adapter: rank 0 sends
+    it to both workers of a TP=2 server, rank 1 reads its pass and sends nothing."""
+    import json
+    import socket
+    server = wsync_server(backend="sharded", args=["--max-loras", "1", "--timeout", "60", "--tp", "2"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = TWO_RANKS.format(here=os.path.dirname(__file__), url=server.url, port=port)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    stats = [json.loads(next(x for x in out.splitlines() if x.startswith("{"))) for out, _ in outs]
+    adapter = wsync.LoraSource(lora_model(seed=3), r=R, alpha=ALPHA, name="math")
+    nbytes = sum(t.numel() * t.element_size() for _, t in adapter)
+    assert stats[0] == {"bytes": 2 * nbytes, "inline": 1}, stats  # both workers, verified in line
+    assert stats[1]["bytes"] == 0, stats
+    assert adapter_version(server) == "two-ranks"
+    held = post(server, "/weight_checker", {"action": "checksum", "algorithm": "sha256", "lora": "math"})
+    assert held["checksums"] == sha256_of(adapter)
