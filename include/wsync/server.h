@@ -112,7 +112,7 @@ struct InferenceServerOptions {
 
   // LoRA adapters (`--max-loras N`, docs/lora.md): how many the server holds at once, by
   // name, each at one version, installed by lora sessions (/start_weight_update with
-  // "wsync_lora") on the nccl and ipc backends. A session for a new name while N are held
+  // "wsync_lora") on every backend. A session for a new name while N are held
   // is refused (409 naming them; POST /v1/unload_lora_adapter frees one): an adapter
   // never disappears under requests that name it. 0: lora sessions are refused.
   int max_loras = 0;

@@ -76,8 +76,9 @@ struct TrainerOptions {
   // Set: every sync is a lora session for this adapter (/start_weight_update with
   // "wsync_lora"), its version the sync's weight_version (required), and the source holds
   // exactly the adapter's tensors. The servers stage it beside the version they serve and
-  // install it at finish; a failed sync leaves them serving the previous version. Over
-  // backends whose update_info is a tensor list (nccl, ipc).
+  // install it at finish; a failed sync leaves them serving the previous version. Every
+  // backend: nccl and ipc as for full weights, sharded over an adapter group (rank 0
+  // sends, Gloo only), delta through one file below the sync dir (docs/lora.md).
   std::optional<LoraAdapterOptions> lora;
   std::string store_host = "127.0.0.1";  // where the rendezvous store listens (servers dial it)
   Device device;

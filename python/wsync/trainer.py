@@ -157,7 +157,9 @@ class TrainerEngine:
         ``SyncStats.inline_verified_servers`` counts the servers that checked it.
     lora
         A ``wsync.LoraSource`` (or its ``spec``): every sync is then a lora session that
-        installs that adapter at the sync's ``weight_version`` (docs/lora.md).
+        installs that adapter at the sync's ``weight_version`` (docs/lora.md), on every
+        backend (``sharded``: Gloo only, rank 0 sends; ``delta``: one file per session
+        below ``sync_dir``).
     **backend_options
         The backend's own settings, as keyword arguments: ``nccl``: piece_mb; ``ipc``:
         mode, export_kind, backing, stall_after_chunks; ``delta``: sync_dir (required),
