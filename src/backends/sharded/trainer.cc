@@ -231,9 +231,15 @@ class ShardedPlane final : public DataPlane {
       WSYNC_RETURN_IF_ERROR(FinishConnect(std::move(connecting), nullptr));
       WSYNC_RETURN_IF_ERROR(ReserveBuffers());
     }
-    WSYNC_LOG_INFO("trainer rank {}: sharded group of {} producers and {} workers is up; this rank sends {:.1f} MB "
-                   "per sync in {} groups", me_, producers_, fleet_.num_consumers, producer_.bytes_sent / 1e6,
-                   producer_.by_group.size());
+    if (adapters_) {
+      WSYNC_LOG_INFO("trainer rank {}: adapter group of {} producers and {} workers is up for LoRA adapter {}{}", me_,
+                     producers_, fleet_.num_consumers, options_.lora->name,
+                     me_ == 0 ? "; this rank sends it to every worker" : "");
+    } else {
+      WSYNC_LOG_INFO("trainer rank {}: sharded group of {} producers and {} workers is up; this rank sends {:.1f} MB "
+                     "per sync in {} groups", me_, producers_, fleet_.num_consumers, producer_.bytes_sent / 1e6,
+                     producer_.by_group.size());
+    }
     return Status::Ok();
   }
 
