@@ -1,6 +1,7 @@
 #include "engine/sync_pass.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -9,6 +10,16 @@
 #include "core/digest.h"
 
 namespace wsync {
+
+void CopyRecordingDigest(std::byte* dst, const TensorRef& t, PassDigests* digests) {
+  if (digests == nullptr) {
+    std::memcpy(dst, t.bytes.data(), t.bytes.size());
+    return;
+  }
+  std::unique_ptr<Hasher> hasher = Hasher::Create(DigestAlgorithm::kXxh3_128);
+  CopyAndHash(dst, t.bytes, *hasher, /*hash_destination=*/false);
+  digests->Record(t.name, hasher->FinishHex());
+}
 
 void PassDigests::Record(std::string_view name, std::string hex) {
   std::lock_guard lock(mu_);

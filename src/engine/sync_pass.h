@@ -28,6 +28,12 @@ namespace wsync {
 // of its row ranges [begin, end) of dim 0, each taken by a rank that holds those rows.
 // Record() and RecordRows() are thread-safe; read the rest once the pass's readers are
 // done.
+class PassDigests;
+
+// Copies host tensor `t` to `dst`; with `digests`, hashes it as it copies (core/digest.h
+// CopyAndHash) and records its xxh3-128 digest under its name.
+void CopyRecordingDigest(std::byte* dst, const TensorRef& t, PassDigests* digests);
+
 class PassDigests {
  public:
   struct Rows {

@@ -103,6 +103,11 @@ std::vector<std::string> LoraTargetableModules(const ModelConfig& model) {
   return out;
 }
 
+bool IsLoraName(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxLoraNameBytes && name.front() != '.' &&
+         std::all_of(name.begin(), name.end(), NameChar);
+}
+
 Result<LoraSpec> ParseLoraSpec(const json& j, const ModelConfig& model) {
   if (!j.is_object()) return InvalidArgument(fmt::format("{} must be an object, got {}", kWhere, JsonExcerpt(j)));
   static const std::set<std::string, std::less<>> kFields = {"format", "name", "version", "r", "alpha",
@@ -120,8 +125,7 @@ Result<LoraSpec> ParseLoraSpec(const json& j, const ModelConfig& model) {
 
   LoraSpec spec;
   WSYNC_ASSIGN_OR_RETURN(spec.name, Text(j, "name", kMaxLoraNameBytes, true));
-  if (spec.name.empty() || spec.name.front() == '.' ||
-      !std::all_of(spec.name.begin(), spec.name.end(), NameChar)) {
+  if (!IsLoraName(spec.name)) {
     return InvalidArgument(fmt::format("{} 'name' {} must be 1 to {} characters of [A-Za-z0-9._-], not starting "
                                        "with '.'", kWhere, JsonExcerpt(j["name"]), kMaxLoraNameBytes));
   }

@@ -62,6 +62,10 @@ struct LoraSpec {
 // model's). Unknown fields are refused, so that a later format's field is never ignored.
 Result<LoraSpec> ParseLoraSpec(const nlohmann::json& j, const ModelConfig& model);
 
+// Whether `name` is an adapter name: 1 to kMaxLoraNameBytes characters of [A-Za-z0-9._-],
+// not starting with '.' (so also one plain path component).
+bool IsLoraName(std::string_view name);
+
 // InvalidArgument unless `version` is 1 to kMaxLoraVersionBytes printable ASCII
 // characters (the rule for "version", and for a finish's weight_version that renames it).
 Status CheckLoraVersion(std::string_view version);

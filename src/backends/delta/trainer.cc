@@ -1,15 +1,11 @@
 #include "backends/delta/trainer.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <span>
 
 #include <fmt/format.h>
 
-#include "backends/delta/confined_dir.h"
 #include "backends/delta/manifest.h"
 #include "control/session_driver.h"
 #include "control/tensor_list.h"
@@ -21,6 +17,7 @@
 #include "engine/sync_pass.h"
 #include "engine/watched.h"
 #include "format/safetensors.h"
+#include "receiver/lora_spec.h"
 
 namespace wsync {
 namespace {
@@ -152,10 +149,10 @@ class DeltaPlane final : public DataPlane {
   // weights are not this trainer's), and the adapter's files go in <sync_dir>/lora/<name>.
   Status InitAdapter(const PlaneInit& init) {
     const std::string& name = lora_->name;
-    const bool plain = delta::IsPlainFileName(name) && std::all_of(name.begin(), name.end(), [](char c) {
-                         return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-                       });
-    if (!plain) return InvalidArgument(fmt::format("LoRA adapter name '{}': [A-Za-z0-9._-], not starting with '.'", name));
+    if (!IsLoraName(name)) {
+      return InvalidArgument(fmt::format("LoRA adapter name '{}': 1 to {} characters of [A-Za-z0-9._-], not "
+                                         "starting with '.'", name, kMaxLoraNameBytes));
+    }
     adapter_dir_ = "lora/" + name;
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(delta_.sync_dir) / adapter_dir_, ec);
@@ -203,18 +200,9 @@ class DeltaPlane final : public DataPlane {
         return InvalidArgument(fmt::format("tensor {} is on {}: LoRA adapters over backend delta are written from "
                                            "host tensors", t.name, t.device.ToString()));
       }
-      if (t.bytes.size() != m.nbytes()) {
-        return InvalidArgument(fmt::format("tensor {} has {} bytes; its metadata says {}", m.name, t.bytes.size(),
-                                           m.nbytes()));
-      }
+      // The pass's stream checks each tensor's bytes against its metadata.
       std::span<std::byte> into(adapter_bytes_.data() + off, m.nbytes());
-      if (digests) {
-        std::unique_ptr<Hasher> hasher = Hasher::Create(DigestAlgorithm::kXxh3_128);
-        CopyAndHash(into.data(), t.bytes, *hasher, /*hash_destination=*/false);
-        digests->Record(m.name, hasher->FinishHex());
-      } else {
-        std::memcpy(into.data(), t.bytes.data(), t.bytes.size());
-      }
+      CopyRecordingDigest(into.data(), t, digests.get());
       refs.push_back(TensorRef{m.name, m.dtype, m.shape, into, Device{}});
       off += m.nbytes();
     }

@@ -259,8 +259,7 @@ class ShardedPlane final : public DataPlane {
       // A lora session's update_info is its tensor list, admitted against the adapter's
       // declaration (docs/lora.md).
       sync.update_body = adapter_body_.Get(sync.pass.metadata());
-      size_t consumers = 0;
-      for (int c = 0; c < fleet_.num_consumers; ++c) consumers += fleet_.RankOf(producers_, c) >= 0 ? 1 : 0;
+      const size_t consumers = GroupWorkers().size();
       size_t bytes = 0;
       for (const TensorMeta& m : sync.pass.metadata()) bytes += m.nbytes();
       sync.stats.bytes = bytes * consumers;
@@ -740,6 +739,15 @@ class ShardedPlane final : public DataPlane {
     return Status::Ok();
   }
 
+  // The group ranks of the workers in this group (a degraded sync's live ones).
+  std::vector<int> GroupWorkers() const {
+    std::vector<int> ranks;
+    for (int c = 0; c < fleet_.num_consumers; ++c) {
+      if (const int r = fleet_.RankOf(producers_, c); r >= 0) ranks.push_back(r);
+    }
+    return ranks;
+  }
+
   // Rank 0's part of a lora session: the adapter's tensors in ShardedLoraBuckets, each
   // bucket packed (and hashed, for in-line verification) while the one before is on the
   // wire, and sent to every worker of the group.
@@ -750,10 +758,7 @@ class ShardedPlane final : public DataPlane {
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
     auto meta = std::make_shared<const std::vector<TensorMeta>>(sync.pass.metadata());
     auto buckets = std::make_shared<const std::vector<LoraBucket>>(ShardedLoraBuckets(*meta));
-    std::vector<int> peers;
-    for (int c = 0; c < fleet_.num_consumers; ++c) {
-      if (const int r = fleet_.RankOf(producers_, c); r >= 0) peers.push_back(r);
-    }
+    const std::vector<int> peers = GroupWorkers();
     size_t largest = 0;
     for (const LoraBucket& b : *buckets) largest = std::max(largest, b.bytes);
     for (auto& b : adapter_buffers_) {
@@ -791,13 +796,7 @@ class ShardedPlane final : public DataPlane {
             return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors", t.name,
                                                t.device.ToString()));
           }
-          if (digests) {
-            std::unique_ptr<Hasher> hasher = Hasher::Create(DigestAlgorithm::kXxh3_128);
-            CopyAndHash(dst + off, t.bytes, *hasher, /*hash_destination=*/false);
-            digests->Record(t.name, hasher->FinishHex());
-          } else {
-            std::memcpy(dst + off, t.bytes.data(), t.bytes.size());
-          }
+          CopyRecordingDigest(dst + off, t, digests.get());
           off += t.bytes.size();
         }
         if (inflight) WSYNC_RETURN_IF_ERROR(wait());
