@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,17 @@ class DeviceRuntime {
                         size_t count) = 0;
   // Waits for the calling thread's enqueued copies; reports the first failure.
   virtual Status Synchronize() = 0;
+  // In-line digests on the device: the xxh3-128 (seed 0, libxxhash's XXH3_128bits) of
+  // each of `spans`, device memory of the calling thread's current device, computed after
+  // the work this thread enqueued before; out[2i] gets span i's low word and out[2i + 1]
+  // its high word. Complete on return.
+  struct Span {
+    const void* data = nullptr;
+    size_t bytes = 0;
+  };
+  virtual Status Xxh3Digests(std::span<const Span> spans, std::span<uint64_t> out) {
+    return Unimplemented("this device runtime computes no digests on the device");
+  }
 };
 
 // The installed CUDA runtime, or Unimplemented naming `device` and saying that this

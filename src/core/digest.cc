@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <openssl/evp.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
 #include <xxhash.h>
 #if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
 // libxxhash's run-time dispatch: its AVX2 kernel where the CPU has one (about twice the
@@ -84,6 +85,31 @@ std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> byte
   auto h = Hasher::Create(algorithm);
   h->Update(bytes);
   return h->FinishHex();
+}
+
+xxh3::Secret Xxh3DefaultSecret() {
+  xxh3::Secret secret;
+  static_assert(sizeof(secret.bytes) == XXH3_SECRET_DEFAULT_SIZE);
+  XXH3_generateSecret_fromSeed(secret.bytes, 0);
+  return secret;
+}
+
+xxh3::Hash128 Xxh3ByLanes(std::span<const std::byte> bytes) {
+  static const xxh3::Secret secret = Xxh3DefaultSecret();
+  auto load = [&](uint64_t at) {
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + at, 8);
+    return v;
+  };
+  auto byte = [&](uint64_t at) { return static_cast<unsigned char>(bytes[at]); };
+  if (bytes.size() <= xxh3::kMidSizeMax) return xxh3::Short(load, byte, bytes.size(), secret);
+  return xxh3::LongByLanes(load, bytes.size(), secret);
+}
+
+std::string Xxh3Hex(const xxh3::Hash128& digest) {
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, XXH128_hash_t{digest.low, digest.high});
+  return ToHex(canonical.digest, sizeof(canonical.digest));
 }
 
 void CopyAndHash(std::byte* dst, std::span<const std::byte> src, Hasher& hasher, bool hash_destination) {

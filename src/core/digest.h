@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/xxh3_lanes.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -32,6 +33,17 @@ class Hasher {
 };
 
 std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> bytes);
+
+// The secret XXH3_128bits hashes with (seed 0), as libxxhash generates it: what the
+// device digest kernel (core/xxh3_lanes.h) is given.
+xxh3::Secret Xxh3DefaultSecret();
+// The xxh3-128 of `bytes` computed on the host by the device kernel's schedule
+// (core/xxh3_lanes.h): XXH3_128bits's value, for device runtimes whose "device" memory is
+// host memory (tests).
+xxh3::Hash128 Xxh3ByLanes(std::span<const std::byte> bytes);
+// The canonical lowercase hex of an xxh3-128 digest (its high word first): what an
+// xxh3_128 Hasher's FinishHex() prints.
+std::string Xxh3Hex(const xxh3::Hash128& digest);
 
 // The bytes CopyAndHash copies before it hashes them: small enough that they are still in
 // the core's nearest caches when the hash reads them, so the hash adds no pass over

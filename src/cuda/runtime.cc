@@ -2,16 +2,20 @@
 
 #include <cuda_runtime_api.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "core/digest.h"
 #include "core/process_memory.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/device_memory.h"
+#include "cuda/digest_kernels.h"
 #include "wsync/device_runtime.h"
 
 namespace wsync::cuda {
@@ -116,7 +120,45 @@ class CudaDeviceRuntime final : public DeviceRuntime {
     return Status::Ok();
   }
 
+  Status Xxh3Digests(std::span<const Span> spans, std::span<uint64_t> out) override {
+    if (out.size() != 2 * spans.size()) {
+      return InvalidArgument(fmt::format("{} digest words for {} spans", out.size(), spans.size()));
+    }
+    if (spans.empty()) return Status::Ok();
+    if (spans.size() > std::numeric_limits<unsigned>::max() / 2) {
+      return InvalidArgument(fmt::format("{} spans to digest in one launch", spans.size()));
+    }
+    std::vector<kernels::DigestSpan> list(spans.size());
+    for (size_t i = 0; i < spans.size(); ++i) {
+      list[i] = {static_cast<const unsigned char*>(spans[i].data), spans[i].bytes};
+    }
+    // Stream-ordered scratch: no device-wide synchronization, so a broadcast on another
+    // stream keeps running while the digests are taken.
+    const size_t list_bytes = list.size() * sizeof(kernels::DigestSpan);
+    void* scratch = nullptr;
+    WSYNC_CUDA_CHECK(cudaMallocAsync(&scratch, list_bytes + out.size_bytes(), cudaStreamPerThread));
+    auto* device_list = static_cast<kernels::DigestSpan*>(scratch);
+    auto* device_out = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch) + list_bytes);
+    cudaError_t err = cudaMemcpyAsync(device_list, list.data(), list_bytes, cudaMemcpyHostToDevice,
+                                      cudaStreamPerThread);
+    if (err == cudaSuccess) {
+      err = kernels::LaunchXxh3Spans(device_list, static_cast<unsigned>(list.size()), secret_, device_out,
+                                     cudaStreamPerThread);
+    }
+    if (err == cudaSuccess) {
+      err = cudaMemcpyAsync(out.data(), device_out, out.size_bytes(), cudaMemcpyDeviceToHost, cudaStreamPerThread);
+    }
+    const cudaError_t freed = cudaFreeAsync(scratch, cudaStreamPerThread);
+    const cudaError_t synced = cudaStreamSynchronize(cudaStreamPerThread);
+    if (err == cudaSuccess) err = freed != cudaSuccess ? freed : synced;
+    if (err != cudaSuccess) {
+      return CudaError(err, fmt::format("digesting {} spans of device memory", spans.size()), __FILE__, __LINE__);
+    }
+    return Status::Ok();
+  }
+
  private:
+  const xxh3::Secret secret_ = Xxh3DefaultSecret();
   // The virtual-memory allocation that starts at `ptr` on `device`.
   Result<ExportedDeviceMemory*> Virtual(int device, void* ptr) {
     std::lock_guard lock(mu_);

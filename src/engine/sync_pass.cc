@@ -104,21 +104,21 @@ class SyncPass::Outer final : public TensorStream {
     Result<bool> more = checked_->Next(out);
     if (!more.ok()) failed_ = true;
     if (more.ok() && !*more) complete_ = true;
-    if (more.ok() && *more && digests_ && out->device.is_cpu()) {
-      host_names_.emplace_back(out->name);
-      if (hash_) digests_->Record(out->name, HexDigest(DigestAlgorithm::kXxh3_128, out->bytes));
+    if (more.ok() && *more && digests_) {
+      names_.emplace_back(out->name);
+      if (hash_ && out->device.is_cpu()) digests_->Record(out->name, HexDigest(DigestAlgorithm::kXxh3_128, out->bytes));
     }
     return more;
   }
   bool complete() const { return complete_; }
-  const std::vector<std::string>& host_names() const { return host_names_; }
+  const std::vector<std::string>& names() const { return names_; }
 
  private:
   std::shared_ptr<const void> keep_;  // what checked_ is checked against, when the pass owns it
   std::unique_ptr<TensorStream> checked_;
   const std::shared_ptr<PassDigests> digests_;
   const bool hash_;
-  std::vector<std::string> host_names_;  // of the host tensors yielded
+  std::vector<std::string> names_;  // of the tensors yielded
   bool failed_ = false;
   bool complete_ = false;
 };
@@ -225,7 +225,7 @@ bool SyncPass::digests_complete() const {
   if (!collect_digests_ || !outer_) return false;
   std::map<std::string_view, int64_t> dim0;
   for (const TensorMeta& m : source_.metadata()) dim0.emplace(m.name, m.shape.empty() ? 0 : m.shape[0]);
-  return std::ranges::all_of(outer_->host_names(), [&](const std::string& n) {
+  return std::ranges::all_of(outer_->names(), [&](const std::string& n) {
     auto it = dim0.find(n);
     return digests_->Covers(n, it == dim0.end() ? 0 : it->second);
   });

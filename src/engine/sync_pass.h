@@ -88,24 +88,29 @@ class SyncPass {
 
   // In-line verification: from the start of the pass on, every tensor the pass yields
   // from host memory is hashed with xxh3-128 as it is handed out (before the reader
-  // sees it), into digests(). Tensors on a device are not hashed (reading them back
-  // would cost a copy the data plane does not make); they are absent from digests().
-  // Call before the pass starts.
+  // sees it), into digests(). The pass itself hashes no tensor on a device (reading it
+  // back would cost a copy the data plane does not make): only a reader that took the
+  // hashing over digests those, on the device (engine/device_digests.h); a device
+  // tensor nobody digested leaves the digests incomplete, so the sync is reported
+  // unverified, never verified. Call before the pass starts.
   void CollectDigests() { collect_digests_ = true; }
   bool collects_digests() const { return collect_digests_; }
   // A reader that copies every host tensor it reads (a data plane's packer) takes the
-  // hashing over (it may also record digests of tensors other ranks read), so that each tensor is hashed while its bytes are in cache for the copy
-  // (core/digest.h CopyAndHash): from then on the pass hashes nothing itself, and the
-  // reader records every host tensor it reads, under its name, before it reads the
-  // next. Null when the pass collects no digests. Call before the pass starts.
+  // hashing over (it may also record digests of tensors other ranks read), so that each
+  // tensor is hashed while its bytes are in cache for the copy (core/digest.h
+  // CopyAndHash): from then on the pass hashes nothing itself, and the reader records
+  // every host tensor it reads, under its name, before it reads the next, and the device
+  // tensors it can digest on the device. Null when the pass collects no digests. Call
+  // before the pass starts.
   std::shared_ptr<PassDigests> TakeDigests();
   // {HF name: xxh3-128 hex} of the host tensors the pass has yielded so far; all of its
   // digests, row digests of split tensors too, are in digest_set().
   const std::map<std::string, std::string>& digests() const;
   const PassDigests& digest_set() const { return *digests_; }
-  // Whether digests() holds a digest of every host tensor the pass yielded (a reader
-  // that took the hashing over may have stopped short; it may also have recorded
-  // digests other trainer ranks took); false when none are collected.
+  // Whether the digests cover every tensor the pass yielded, on the host or a device,
+  // whole or by row ranges (a reader that took the hashing over may have stopped short;
+  // it may also have recorded digests other trainer ranks took); false when none are
+  // collected.
   bool digests_complete() const;
 
   bool started() const { return outer_ != nullptr; }

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/parallel.h"
 #include "core/prefault.h"
@@ -275,6 +276,17 @@ Status WorkerStore::LoadChecked(const TensorRef& hf) {
       WSYNC_RETURN_IF_ERROR(rt->Copy2D(param_data_[i] + r.dst_offset, r.dst_stride, src + r.hf_offset,
                                        r.hf_stride, r.run_bytes, r.count));
     }
+    std::span<const std::pair<int, int>> pieces = table_.PiecesOf(hf.name);
+    if (!fault_corrupt_landing_.empty() && hf.name == fault_corrupt_landing_ && !pieces.empty()) {
+      // The first landed byte of its first piece, one bit flipped on the device.
+      auto [i, k] = pieces.front();
+      std::byte* at = param_data_[i] + table_.Runs(i, k).dst_offset;
+      std::byte b{};
+      WSYNC_RETURN_IF_ERROR(rt->Copy2D(&b, 1, at, 1, 1, 1));
+      WSYNC_RETURN_IF_ERROR(rt->Synchronize());
+      b ^= std::byte{1};
+      WSYNC_RETURN_IF_ERROR(rt->Copy2D(at, 1, &b, 1, 1, 1));
+    }
     return rt->Synchronize().WithContext(fmt::format("loading {} into the shards on {}", hf.name, device_.ToString()));
   }
   std::vector<std::byte> corrupted;
@@ -324,6 +336,31 @@ std::optional<std::string> WorkerStore::LandedDigest(std::string_view hf_name) c
   const int i = table_.FindHf(hf_name);
   if (i < 0 || static_cast<size_t>(i) >= landed_.size() || landed_[i].empty()) return std::nullopt;
   return landed_[i];
+}
+
+std::optional<std::span<const std::byte>> WorkerStore::HeldRun(std::string_view hf_name, int64_t begin, int64_t end) {
+  const int i = table_.FindHf(hf_name);
+  if (i < 0 || begin < 0 || end < begin || end > static_cast<int64_t>(table_.hf_tensors()[i].nbytes())) {
+    return std::nullopt;
+  }
+  if (landing_runs_.size() != table_.hf_tensors().size()) landing_runs_.assign(table_.hf_tensors().size(), std::nullopt);
+  // Runs tile the tensor in HF order; extend through runs that continue in memory too.
+  const std::byte* start = nullptr;
+  int64_t reach = 0;  // the HF offset up to which [begin, reach) lies contiguously from start
+  for (const LandingRun& r : LandingRuns(i)) {
+    const int64_t r_end = r.hf_offset + r.bytes;
+    if (r_end <= begin) continue;
+    if (start == nullptr) {
+      start = r.dst + (begin - r.hf_offset);
+      reach = r_end;
+    } else if (r.hf_offset == reach && r.dst == start + (reach - begin)) {
+      reach = r_end;
+    } else {
+      break;
+    }
+    if (reach >= end) return std::span<const std::byte>(start, static_cast<size_t>(end - begin));
+  }
+  return std::nullopt;
 }
 
 const std::vector<WorkerStore::LandingRun>& WorkerStore::LandingRuns(int hf_index) {
@@ -570,6 +607,64 @@ Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> group, std:
   WSYNC_RETURN_IF_ERROR(
       HashRows(PrimaryPieces(group, hf_name), *hf, row_begin, row_end, block_bytes, scratch, *hasher));
   return hasher->FinishHex();
+}
+
+Result<std::map<std::string, std::string>> DeviceHeldDigests(
+    std::span<WorkerStore* const> tp_group, std::span<const TensorMeta> tensors,
+    const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>& row_ranges) {
+  struct PerDevice {
+    std::vector<DeviceRuntime::Span> spans;
+    std::vector<std::pair<size_t, size_t>> owners;  // (tensor, range) of each span
+  };
+  std::map<int, PerDevice> devices;
+  std::vector<std::vector<std::string>> hexes(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorMeta& m = tensors[i];
+    const int64_t bytes = static_cast<int64_t>(m.nbytes());
+    std::vector<std::pair<int64_t, int64_t>> spans{{0, bytes}};
+    if (auto rows = row_ranges.find(m.name); rows != row_ranges.end()) {
+      const int64_t dim0 = m.shape.empty() ? 0 : m.shape[0];
+      if (dim0 <= 0) continue;
+      const int64_t row_bytes = bytes / dim0;
+      spans.clear();
+      for (auto [b, e] : rows->second) spans.push_back({b * row_bytes, e * row_bytes});
+    }
+    std::vector<std::pair<const WorkerStore*, std::span<const std::byte>>> found;
+    for (auto [b, e] : spans) {
+      const size_t before = found.size();
+      for (WorkerStore* store : tp_group) {
+        if (store->device().is_cpu()) continue;
+        if (std::optional<std::span<const std::byte>> run = store->HeldRun(m.name, b, e)) {
+          found.emplace_back(store, *run);
+          break;
+        }
+      }
+      if (found.size() == before) break;
+    }
+    if (found.size() != spans.size()) continue;  // read back at finish
+    hexes[i].resize(found.size());
+    for (size_t r = 0; r < found.size(); ++r) {
+      PerDevice& d = devices[found[r].first->device().index];
+      d.spans.push_back({found[r].second.data(), found[r].second.size()});
+      d.owners.emplace_back(i, r);
+    }
+  }
+  for (auto& [index, d] : devices) {
+    const Device device{Device::Kind::kCuda, index};
+    WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
+    WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
+    std::vector<uint64_t> out(2 * d.spans.size());
+    WSYNC_RETURN_IF_ERROR(rt->Xxh3Digests(d.spans, out).WithContext(
+        fmt::format("digesting {} landed tensor(s) on {}", d.spans.size(), device.ToString())));
+    for (size_t k = 0; k < d.owners.size(); ++k) {
+      hexes[d.owners[k].first][d.owners[k].second] = Xxh3Hex(xxh3::Hash128{out[2 * k], out[2 * k + 1]});
+    }
+  }
+  std::map<std::string, std::string> digests;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!hexes[i].empty()) digests.emplace(tensors[i].name, fmt::format("{}", fmt::join(hexes[i], ",")));
+  }
+  return digests;
 }
 
 Result<std::string> HfRangesDigest(std::span<const WorkerStore* const> group, std::string_view hf_name,

@@ -138,6 +138,11 @@ class WorkerStore final : public WorkerSink {
   // tensor's digest is taken in order); as Load(), nothing is written for a tensor that
   // fails its checks, and the first error is returned.
   Status LoadEach(std::span<const TensorRef> hf, size_t threads) override;
+  // Bytes [begin, end) of HF tensor `hf_name` in HF order, where this store holds them
+  // as one contiguous range of its memory (device memory for a device store: what the
+  // device digest kernel reads), else nullopt (not held whole, or held in pieces that
+  // are not adjacent). Not thread-safe: call while no Load runs, from one thread.
+  std::optional<std::span<const std::byte>> HeldRun(std::string_view hf_name, int64_t begin, int64_t end);
   // Fault injection for tests (`wsync serve --fault corrupt-landed`): every landing of
   // `hf_name` (Load, LoadEach) writes its first byte with one bit flipped.
   void set_fault_corrupt_landing(std::string hf_name) { fault_corrupt_landing_ = std::move(hf_name); }
@@ -250,6 +255,15 @@ Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> tp_group, s
 Result<std::string> HfRangesDigest(std::span<const WorkerStore* const> tp_group, std::string_view hf_name,
                                    const std::vector<std::pair<int64_t, int64_t>>& ranges,
                                    DigestAlgorithm algorithm, std::vector<std::byte>* scratch);
+
+// The xxh3-128 digests HfDigest (or, for a tensor in `row_ranges`, HfRangesDigest) would
+// give of `tensors`, for those a TP group of device stores holds in one contiguous run of
+// a worker's memory (WorkerStore::HeldRun: the whole tensor, or each of its ranges),
+// taken on the devices by the digest kernel (DeviceRuntime::Xxh3Digests) instead of read
+// back; the others are absent from the answer. Call while no Load runs, from one thread.
+Result<std::map<std::string, std::string>> DeviceHeldDigests(
+    std::span<WorkerStore* const> tp_group, std::span<const TensorMeta> tensors,
+    const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>& row_ranges);
 
 // HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads.
 Result<std::map<std::string, std::string>> AllHfDigests(

@@ -395,6 +395,62 @@ TEST(WorkerStore, CudaStoresAreDigestedInBoundedBlocksWithoutAWholeCopy) {
   }
 }
 
+// The finish's device digests (DeviceHeldDigests): what a device store holds in one run is
+// digested through DeviceRuntime::Xxh3Digests (here the host-backed stand-in, which runs
+// the kernel's schedule) and equals the read-back digests, whole and by row ranges; a
+// tensor a TP rank holds only part of is left to the read-back.
+TEST(WorkerStore, DeviceHeldDigestsEqualTheReadBackOnes) {
+  HostBackedDevice device;
+  const Device gpu{Device::Kind::kCuda, 0};
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c, 5);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(fmt::format("tp {}", tp));
+    Group host = MakeGroup(c, tp);
+    std::vector<std::unique_ptr<WorkerStore>> stores;
+    std::vector<WorkerStore*> group;
+    for (int r = 0; r < tp; ++r) {
+      stores.push_back(std::move(*WorkerStore::Create(c, r, tp, gpu)));
+      group.push_back(stores.back().get());
+    }
+    for (const HostTensor& t : hf) {
+      for (auto& st : host.stores) ASSERT_TRUE(st->Load(t.ref()).ok());
+      for (auto& st : stores) ASSERT_TRUE(st->Load(t.ref()).ok());
+    }
+    std::vector<TensorMeta> metas;
+    for (const HostTensor& t : hf) metas.push_back(t.meta);
+    const std::string embed = "model.embed_tokens.weight";
+    const int64_t rows = std::ranges::find(metas, embed, &TensorMeta::name)->shape[0];
+    const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges{
+        {embed, {{0, 3}, {3, rows / 2}, {rows / 2, rows}}}};
+    const int launches = device.digest_launches();
+    auto got = DeviceHeldDigests(group, metas, ranges);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(device.digest_launches(), launches + 1);  // one launch for the whole device
+    std::vector<std::byte> scratch;
+    size_t held = 0;
+    for (const TensorMeta& m : metas) {
+      auto it = got->find(m.name);
+      // Split across TP=2 (q_proj's rows, o_proj's columns): absent, read back instead.
+      if (it == got->end()) {
+        EXPECT_EQ(tp, 2) << m.name;
+        continue;
+      }
+      ++held;
+      if (m.name == embed && tp == 1) {
+        EXPECT_EQ(it->second, *HfRangesDigest(host.view, m.name, ranges.at(embed), DigestAlgorithm::kXxh3_128,
+                                              &scratch));
+        EXPECT_EQ(std::ranges::count(it->second, ','), 2);
+      } else {
+        EXPECT_EQ(it->second, *HfDigest(host.view, m.name, DigestAlgorithm::kXxh3_128)) << m.name;
+      }
+    }
+    if (tp == 1) EXPECT_EQ(held, metas.size());
+    if (tp == 2) EXPECT_GT(held, 0u);
+    EXPECT_TRUE(got->contains("model.norm.weight"));
+  }
+}
+
 TEST(WorkerStore, GroupErrors) {
   const ModelConfig c = Model("qwen3-tiny");
   Group g = MakeGroup(c, 2);

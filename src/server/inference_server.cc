@@ -283,6 +283,15 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
         at_finish.push_back(m);
       }
     }
+    at_landing += check.size() - at_finish.size();
+    // A device group's tensors held in contiguous runs are digested on the device.
+    if (!group.front()->device().is_cpu() && !at_finish.empty()) {
+      std::vector<WorkerStore*> stores;
+      for (int t = 0; t < options_.tp; ++t) stores.push_back(workers_[begin + t]->store.get());
+      WSYNC_ASSIGN_OR_RETURN(auto on_device, DeviceHeldDigests(stores, at_finish, row_ranges));
+      std::erase_if(at_finish, [&](const TensorMeta& m) { return on_device.contains(m.name); });
+      sums.merge(on_device);
+    }
     WSYNC_ASSIGN_OR_RETURN(auto read, DigestEach(at_finish, threads, [&](const TensorMeta& m,
                                                                          std::vector<std::byte>* scratch) {
                              auto rows = row_ranges.find(m.name);
@@ -290,7 +299,6 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
                              return HfRangesDigest(group, m.name, rows->second, algorithm, scratch);
                            }));
     sums.merge(read);
-    at_landing += check.size() - at_finish.size();
     for (size_t i = 0; i < check.size(); ++i) {
       const std::string& held = sums.at(check[i].name);
       if (held == want[i]) continue;

@@ -244,6 +244,21 @@ std::optional<TextTable> FindTable(const std::string& text, std::string_view col
   return ::testing::AssertionSuccess();
 }
 
+std::vector<std::string> InlineCells(const std::string& out) {
+  std::vector<std::string> cells;
+  std::optional<TextTable> t = FindTable(out, "inline");
+  if (!t) return cells;
+  size_t col = 0;
+  while (col < t->header.size() && t->header[col] != "inline") ++col;
+  for (const auto& row : t->rows) cells.push_back(col < row.size() ? row[col] : "");
+  return cells;
+}
+
+size_t TensorCount(const std::string& model) {
+  Result<ModelConfig> c = LookupModel(model);
+  return c.ok() ? HfTensors(*c).size() : 0;
+}
+
 // ---- processes ------------------------------------------------------------------------
 
 void E2eTest::SetUp() {

@@ -92,6 +92,11 @@ std::optional<TextTable> FindTable(const std::string& text, std::string_view col
 // The text has a table with a "verified" column and exactly `syncs` rows, each verified
 // (yes / ok / true / pass / a check mark).
 ::testing::AssertionResult HasVerifiedTable(const std::string& text, size_t syncs);
+// The "inline" cell of every data row of push's table ("verified servers/servers:tensors",
+// or "off").
+std::vector<std::string> InlineCells(const std::string& out);
+// How many Hugging Face tensors `model` has (0 for an unknown model).
+size_t TensorCount(const std::string& model);
 
 // ---- processes ------------------------------------------------------------------------
 

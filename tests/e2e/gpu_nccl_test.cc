@@ -6,6 +6,8 @@
 // trainer and one per receiving worker.
 #include <signal.h>
 
+#include <fmt/format.h>
+
 #include "cuda/device.h"
 #include "e2e_test_base.h"
 
@@ -94,6 +96,41 @@ TEST_F(GpuNcclTest, NcclSyncFromTrainerOnCuda0IntoServerOnCuda1IsBitExact) {
   E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-tiny", 22, 3, DigestAlgorithm::kXxh3_128));
   ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
   EXPECT_NE(s.process->Stderr().find("nccl"), std::string::npos) << s.process->Describe();
+  ExpectCleanShutdown(s);
+}
+
+// In-line verification of a trainer on the GPU: the packer digests each chunk on the
+// device (small tensors whole, the embedding and the MLP weights by row ranges) and the
+// server checks every tensor; no read-back on the trainer.
+TEST_F(GpuNcclTest, TrainerOnCuda0DigestsOnTheDeviceAndEveryTensorIsVerifiedInLine) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("inline", {"--model", "qwen3-0.6b", "--device", "cuda:1"}));
+  RunResult push = Push("push", {s}, {"--model", "qwen3-0.6b", "--seed", "25", "--steps", "2", "--device", "cuda:0",
+                                      "--timeout", "300"}, 400);
+  ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
+  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-0.6b"))))
+      << push.out;
+  E2E_ASSERT_OK_AND_ASSIGN(Digests want, ExpectedSyntheticDigests("qwen3-0.6b", 25, 2, DigestAlgorithm::kXxh3_128));
+  ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
+  ExpectCleanShutdown(s);
+}
+
+// A server whose GPU landing of the embedding is one bit off: the device digests of a GPU
+// trainer catch it, the finish is refused naming the tensor, and the old version stays.
+TEST_F(GpuNcclTest, CorruptGpuLandingIsCaughtByTheTrainersDeviceDigests) {
+  NeedGpus(2);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("bad", {"--model", "qwen3-0.6b", "--device", "cuda:1",
+                                                         "--fault", "corrupt-landed"}));
+  RunResult push = Push("push", {s}, {"--model", "qwen3-0.6b", "--seed", "26", "--device", "cuda:0",
+                                      "--weight-version", "v1", "--timeout", "300"}, 400);
+  ASSERT_FALSE(push.success()) << push.description;
+  EXPECT_NE(push.err.find("model.embed_tokens.weight"), std::string::npos) << push.description;
+  EXPECT_NE(push.err.find("in-line verification"), std::string::npos) << push.description;
+  HttpReply h = HttpGet(s.url, "/health");
+  EXPECT_EQ(h.json.value("weights_consistent", true), false) << h.Describe();
+  EXPECT_EQ(h.json.value("weight_version", ""), "default") << h.Describe();
   ExpectCleanShutdown(s);
 }
 

@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine/watched.h"
 #include "core/digest.h"
+#include "engine/device_digests.h"
 #include "engine/sync_pass.h"
 #include "plan/packing.h"
 
@@ -214,7 +215,8 @@ class NcclPlane final : public DataPlane {
     // The op owns copies of what it reads, so it may outlive this call after an abort.
     auto meta_owned = std::make_shared<const std::vector<TensorMeta>>(meta_in);
     auto plan_owned = std::make_shared<const ChunkPlan>(plan_in);
-    // The packer hashes each host tensor as it copies it (in-line verification).
+    // The packer hashes each host tensor as it copies it, or, on a GPU, digests each chunk
+    // on the device once packed (in-line verification).
     std::shared_ptr<PassDigests> digests = sync.pass.TakeDigests();
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
     auto buffers = buffers_;
@@ -238,6 +240,7 @@ class NcclPlane final : public DataPlane {
         std::byte* dst = buffers[k % nbuf]->data();
         TensorRef t;
         size_t released = 0;
+        std::vector<DeviceTensorBytes> on_device;  // the chunk's tensors, digested where they were packed
         for (size_t i = c.first; i < c.end; ++i) {
           WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
           if (!more) return Internal("source ended early");
@@ -250,6 +253,7 @@ class NcclPlane final : public DataPlane {
               return InvalidArgument(fmt::format("tensor {} is on {}, the trainer sends from {}", t.name,
                                                  t.device.ToString(), device.ToString()));
             }
+            if (digests) on_device.push_back({&meta[i], dst + off});
             for (size_t b = 0; b < t.bytes.size(); b += kReleaseBytes) {
               const size_t len = std::min(kReleaseBytes, t.bytes.size() - b);
               WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst + off + b, len, t.bytes.data() + b, len, len, 1));
@@ -283,6 +287,9 @@ class NcclPlane final : public DataPlane {
           WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("packing chunk {}/{}", k + 1, n)));
         }
         packed[k].Advance(c.bytes);
+        // The packed bytes are what the broadcast sends; the packer reuses the buffer only
+        // after this returns.
+        if (!on_device.empty()) WSYNC_RETURN_IF_ERROR(RecordDeviceDigests(device, on_device, *digests));
         return Status::Ok();
       };
       // The packer fills chunk k while chunk k-1 is on the wire; a failure fails chunk k
