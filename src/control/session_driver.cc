@@ -228,7 +228,12 @@ Result<std::vector<json>> SessionDriver::FinishVerified(const std::optional<std:
                                                         const std::vector<bool>& verifying) const {
   auto verifies = [&](size_t i) { return i < verifying.size() && verifying[i]; };
   Deadline deadline = policy_.Call();
-  const std::string digests_arg = json{{"wsync_digests", digests}, {"digest_algorithm", "xxh3_128"}}.dump();
+  // The digests as a collective RPC's argument, for vLLM's workers only (thousands of row
+  // digests make a body of hundreds of KB: written once, and only where it is sent).
+  std::string digests_arg;
+  for (size_t i = 0; i < size() && digests_arg.empty(); ++i) {
+    if (verifies(i) && InVllm(i)) digests_arg = json{{"wsync_digests", digests}, {"digest_algorithm", "xxh3_128"}}.dump();
+  }
   // vLLM's /finish_weight_update passes only weight_version. In a lora session its workers
   // take the digests and finish in one collective RPC (wsync_lora_finish); otherwise they
   // take the digests by collective RPC first, and refuse the finish that follows if any

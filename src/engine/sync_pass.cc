@@ -29,13 +29,13 @@ void PassDigests::Record(std::string_view name, std::string hex) {
 void PassDigests::RecordRows(std::string_view name, int64_t begin, int64_t end, std::string hex) {
   std::lock_guard lock(mu_);
   std::vector<Rows>& rows = rows_[std::string(name)];
-  auto at = std::ranges::find(rows, begin, &Rows::begin);
-  if (at != rows.end()) {
+  // Kept ascending by begin; ranges usually come in order (appended in O(1)).
+  auto at = rows.empty() || rows.back().begin < begin ? rows.end() : std::ranges::lower_bound(rows, begin, {}, &Rows::begin);
+  if (at != rows.end() && at->begin == begin) {
     *at = Rows{begin, end, std::move(hex)};
     return;
   }
-  rows.push_back(Rows{begin, end, std::move(hex)});
-  std::ranges::sort(rows, {}, &Rows::begin);
+  rows.insert(at, Rows{begin, end, std::move(hex)});
 }
 
 bool PassDigests::Covers(const std::string& name, int64_t dim0) const {

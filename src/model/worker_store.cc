@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/log.h"
 #include "core/parallel.h"
 #include "core/prefault.h"
 #include "model/dropped_names.h"
@@ -276,16 +277,8 @@ Status WorkerStore::LoadChecked(const TensorRef& hf) {
       WSYNC_RETURN_IF_ERROR(rt->Copy2D(param_data_[i] + r.dst_offset, r.dst_stride, src + r.hf_offset,
                                        r.hf_stride, r.run_bytes, r.count));
     }
-    std::span<const std::pair<int, int>> pieces = table_.PiecesOf(hf.name);
-    if (!fault_corrupt_landing_.empty() && hf.name == fault_corrupt_landing_ && !pieces.empty()) {
-      // The first landed byte of its first piece, one bit flipped on the device.
-      auto [i, k] = pieces.front();
-      std::byte* at = param_data_[i] + table_.Runs(i, k).dst_offset;
-      std::byte b{};
-      WSYNC_RETURN_IF_ERROR(rt->Copy2D(&b, 1, at, 1, 1, 1));
-      WSYNC_RETURN_IF_ERROR(rt->Synchronize());
-      b ^= std::byte{1};
-      WSYNC_RETURN_IF_ERROR(rt->Copy2D(at, 1, &b, 1, 1, 1));
+    if (!fault_corrupt_landing_.empty() && hf.name == fault_corrupt_landing_) {
+      WSYNC_RETURN_IF_ERROR(CorruptDeviceLanding(hf.name));
     }
     return rt->Synchronize().WithContext(fmt::format("loading {} into the shards on {}", hf.name, device_.ToString()));
   }
@@ -442,8 +435,26 @@ void WorkerStore::MarkDrafter(std::string_view hf_name) {
   }
 }
 
+Status WorkerStore::CorruptDeviceLanding(std::string_view hf_name) {
+  std::span<const std::pair<int, int>> pieces = table_.PiecesOf(hf_name);
+  if (pieces.empty() || device_.is_cpu()) return Status::Ok();
+  // The first landed byte of its first piece, one bit flipped on the device.
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device_));
+  auto [i, k] = pieces.front();
+  std::byte* at = param_data_[i] + table_.Runs(i, k).dst_offset;
+  std::byte b{};
+  WSYNC_RETURN_IF_ERROR(rt->Copy2D(&b, 1, at, 1, 1, 1));
+  WSYNC_RETURN_IF_ERROR(rt->Synchronize());
+  b ^= std::byte{1};
+  WSYNC_RETURN_IF_ERROR(rt->Copy2D(at, 1, &b, 1, 1, 1));
+  return rt->Synchronize();
+}
+
 void WorkerStore::PlannedCopiesRan(std::span<const TensorMeta> tensors) {
   for (const TensorMeta& m : tensors) {
+    if (!fault_corrupt_landing_.empty() && m.name == fault_corrupt_landing_) {
+      if (Status s = CorruptDeviceLanding(m.name); !s.ok()) WSYNC_LOG_WARN("fault injection: {}", s.ToString());
+    }
     if (IsDropped(m.name)) continue;
     if (drafter_tracker_) MarkDrafter(m.name);
     NoteGroupLanded(m.name);

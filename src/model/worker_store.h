@@ -194,6 +194,9 @@ class WorkerStore final : public WorkerSink {
     int64_t bytes;
   };
   const std::vector<LandingRun>& LandingRuns(int hf_index);
+  // `wsync serve --fault corrupt-landed` on a device store: flips one bit of the first
+  // landed byte of `hf_name`.
+  Status CorruptDeviceLanding(std::string_view hf_name);
   // FailedPrecondition naming `what` while the parameters sleep.
   Status CheckResident(std::string_view what) const;
 

@@ -6,6 +6,7 @@
 #include "control/tensor_list.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/stopwatch.h"
 #include "wsync/device_runtime.h"
 #include "model/dropped_names.h"
 #include "model/worker_store.h"
@@ -285,13 +286,18 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
     }
     at_landing += check.size() - at_finish.size();
     // A device group's tensors held in contiguous runs are digested on the device.
+    Stopwatch device_watch;
+    size_t on_device_count = 0;
     if (!group.front()->device().is_cpu() && !at_finish.empty()) {
       std::vector<WorkerStore*> stores;
       for (int t = 0; t < options_.tp; ++t) stores.push_back(workers_[begin + t]->store.get());
       WSYNC_ASSIGN_OR_RETURN(auto on_device, DeviceHeldDigests(stores, at_finish, row_ranges));
       std::erase_if(at_finish, [&](const TensorMeta& m) { return on_device.contains(m.name); });
+      on_device_count = on_device.size();
       sums.merge(on_device);
     }
+    const double device_ms = device_watch.milliseconds();
+    Stopwatch read_watch;
     WSYNC_ASSIGN_OR_RETURN(auto read, DigestEach(at_finish, threads, [&](const TensorMeta& m,
                                                                          std::vector<std::byte>* scratch) {
                              auto rows = row_ranges.find(m.name);
@@ -299,6 +305,9 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
                              return HfRangesDigest(group, m.name, rows->second, algorithm, scratch);
                            }));
     sums.merge(read);
+    WSYNC_LOG_DEBUG("in-line verification of {}: {} tensor(s) hashed at landing, {} digested on the device in "
+                    "{:.1f} ms, {} read back in {:.1f} ms", replica, check.size() - on_device_count - at_finish.size(),
+                    on_device_count, device_ms, at_finish.size(), read_watch.milliseconds());
     for (size_t i = 0; i < check.size(); ++i) {
       const std::string& held = sums.at(check[i].name);
       if (held == want[i]) continue;

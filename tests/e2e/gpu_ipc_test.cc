@@ -122,6 +122,10 @@ TEST_F(GpuIpcTest, ColocatedSyncsAreBitExactInEveryMode) {
                              c.options);
     ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
     EXPECT_TRUE(HasVerifiedTable(push.out, 3)) << push.out;
+    // Digested in-line in every mode: packed slots, or the source's own storage
+    // (zero-copy), on the device for a GPU trainer.
+    EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-tiny"))))
+        << push.out;
     E2E_ASSERT_OK_AND_ASSIGN(Digests want,
                              ExpectedSyntheticDigests("qwen3-tiny", seed, 2, DigestAlgorithm::kXxh3_128));
     ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
@@ -143,6 +147,9 @@ TEST_F(GpuIpcTest, AVerifiedSyncOfAModelFarLargerThanTheReadBackBlocksStaysInBou
                                        "--verify", "--timeout", "120"});
   ASSERT_TRUE(push.success()) << push.description << "\n--- server ---\n" << s.process->Describe();
   EXPECT_TRUE(HasVerifiedTable(push.out, 2)) << push.out;
+  // Digested in-line on the device on both sides: the embedding by row ranges.
+  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(2, fmt::format("1/1:{}", TensorCount("qwen3-0.6b"))))
+      << push.out;
   ExpectServersHold({s}, want, DigestAlgorithm::kXxh3_128);
   std::smatch m;
   const std::regex summary(R"(memory: model ([0-9.]+) MB on cuda:0; process RSS [0-9.]+ MB \(peak ([0-9.]+) MB\);)"
@@ -161,6 +168,26 @@ TEST_F(GpuIpcTest, AVerifiedSyncOfAModelFarLargerThanTheReadBackBlocksStaysInBou
   EXPECT_LE(check["host_peak_extra_bytes"].get<int64_t>(), 512 * mb) << health.Describe();
   std::cout << "[e2e] " << m[0] << "; server checksum read-back +" << check["host_peak_extra_bytes"].get<int64_t>() / mb
             << " MB\n";
+  ExpectCleanShutdown(s);
+}
+
+// A server whose GPU landing of the embedding is one bit off: the trainer's device digests
+// of its packed slots catch it at finish, naming the tensor, and the old version stays.
+TEST_F(GpuIpcTest, ACorruptGpuLandingIsRefusedByTheTrainersDeviceDigests) {
+  NeedGpus(1);
+  if (IsSkipped()) return;
+  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("bad", {"--model", "qwen3-0.6b", "--device", "cuda:0", "--backend",
+                                                         "ipc", "--fault", "corrupt-landed", "--timeout", "120"},
+                                                 {}, /*ready_seconds=*/180));
+  RunResult push = PushIpc("push", s, {"--model", "qwen3-0.6b", "--seed", "82", "--device", "cuda:0",
+                                       "--weight-version", "v1", "--timeout", "120"},
+                           {{"mode", "packed"}});
+  ASSERT_FALSE(push.success()) << push.description;
+  EXPECT_NE(push.err.find("model.embed_tokens.weight"), std::string::npos) << push.description;
+  EXPECT_NE(push.err.find("in-line verification"), std::string::npos) << push.description;
+  HttpReply h = HttpGet(s.url, "/health");
+  EXPECT_EQ(h.json.value("weights_consistent", true), false) << h.Describe();
+  EXPECT_EQ(h.json.value("weight_version", ""), "default") << h.Describe();
   ExpectCleanShutdown(s);
 }
 

@@ -314,6 +314,10 @@ TEST_F(IpcFakeGpu, PackedAndZeroCopySyncsLandBitExactWithPlansBuiltOnceAndMappin
       } else {
         EXPECT_GE(st->chunks, 3u);
       }
+      // Packed slots, or the source's own storage (zero-copy), are digested on the
+      // "device" and both servers check every tensor.
+      EXPECT_EQ(st->inline_verified_servers, 2u);
+      EXPECT_EQ(st->inline_verified_tensors, trainer->metadata().size());
       ExpectHolds(*a.service, *trainer);
       ExpectHolds(*b.service, *trainer);
       if (i == 2) plans_after_warmup = plane_.plans.load();

@@ -11,6 +11,7 @@
 #include "core/digest.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "engine/device_digests.h"
 #include "wsync/device_runtime.h"
 
 namespace wsync {
@@ -91,11 +92,10 @@ Status IpcPacker::PackDevice(IpcSession& session, TensorStream& stream, const st
 }
 
 Status IpcPacker::Pack(IpcSession& session, SyncPass& pass, const IpcPlan& plan, const IpcUpdateInfo& u,
-                       ZeroCopyPlanner& zero_copy, const std::function<Status()>& check, Deadline deadline) {
+                       ZeroCopyPlanner& zero_copy, PassDigests* digests, const std::function<Status()>& check,
+                       Deadline deadline) {
   const std::vector<TensorMeta>& meta = pass.metadata();
   const bool gpu = session.staging() != nullptr;
-  // Host tensors are hashed as they are copied into the slots (in-line verification).
-  std::shared_ptr<PassDigests> digests = gpu ? nullptr : pass.TakeDigests();
   WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, pass.Stream());
   std::string why;
   const std::optional<SourceStorage> storage = zero_copy.Exportable(pass.source(), &why);
@@ -138,6 +138,14 @@ Status IpcPacker::Pack(IpcSession& session, SyncPass& pass, const IpcPlan& plan,
       zero_copy.Learn(learn.Finish(), storage.has_value());
     }
     session.Publish(seq, plan.chunk_bytes[k]);
+    if (gpu && digests) {
+      // Digested while its readers land it (both only read the slot); the packer writes
+      // the slot again only after they have released it.
+      const std::byte* base = session.staging()->data() + static_cast<uint64_t>(slot_index) * region.slot_stride();
+      std::vector<DeviceTensorBytes> packed;
+      for (size_t i = u.chunk_first(k); i < u.chunk_ends[k]; ++i) packed.push_back({&meta[i], base + plan.tensor_offsets[i]});
+      WSYNC_RETURN_IF_ERROR(RecordDeviceDigests(options_.device, packed, *digests));
+    }
     p.chunks_done = k + 1;
     if (options_.progress) options_.progress(p);
     Published();

@@ -35,7 +35,8 @@ class IpcPacker {
   // they lie. Ends the pass: a source that yields more than its metadata fails the sync
   // naming the extra tensor. `check` runs while it waits; every wait ends by `deadline`.
   Status Pack(IpcSession& session, SyncPass& pass, const IpcPlan& plan, const IpcUpdateInfo& u,
-              ZeroCopyPlanner& zero_copy, const std::function<Status()>& check, Deadline deadline);
+              ZeroCopyPlanner& zero_copy, PassDigests* digests, const std::function<Status()>& check,
+              Deadline deadline);
   // The one hand-off of a zero-copy sync on this rank's GPU: once the device is idle (the
   // tensors are final), publish the go on this rank's line; its readers copy `bytes` and
   // acknowledge it.

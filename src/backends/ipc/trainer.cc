@@ -11,8 +11,10 @@
 #include "backends/ipc/sync_plan.h"
 #include "backends/ipc/zero_copy_plan.h"
 #include "control/session_driver.h"
+#include "core/digest.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
+#include "engine/device_digests.h"
 #include "engine/engine.h"
 #include "engine/sync_pass.h"
 #include "wsync/device_runtime.h"
@@ -67,6 +69,8 @@ class IpcPlane final : public DataPlane {
   Status Prepare(SyncContext& sync) override {
     sync_.Reset();
     zero_copy_.NewPass();
+    // In-line digests, taken over before the pass starts (see SendAsPublisher).
+    digests_ = sync.pass.TakeDigests();
     Status mine = session_.region() ? Status::Ok()
                                     : FailedPrecondition("no ipc session: call Init() (a failed sync ends the session)");
     GroupSync group;
@@ -84,8 +88,11 @@ class IpcPlane final : public DataPlane {
   Status Transfer(SyncContext& sync, Pending& update) override {
     const IpcUpdateInfo& u = sync_.update();
     auto check = session_.SenderCheck(update, u.sync);
-    Status s = sync_.zero_copy() ? packer_.Go(session_, u, sync_.plan().payload_bytes, check, sync.deadline)
-                                 : packer_.Pack(session_, sync.pass, sync_.plan(), u, zero_copy_, check, sync.deadline);
+    Status s = sync_.zero_copy()
+                   ? packer_.Go(session_, u, sync_.plan().payload_bytes, check, sync.deadline)
+                   : packer_.Pack(session_, sync.pass, sync_.plan(), u, zero_copy_, digests_.get(), check,
+                                  sync.deadline);
+    if (s.ok() && sync_.zero_copy() && digests_) s = DigestZeroCopy(sync.pass, sync_.plan(), *digests_);
     if (s.ok()) s = update.Wait(driver_->deadlines().Http()).status();
     if (!s.ok()) return s;
     session_.Advance(sync_.plan().chunk_ends.size());
@@ -157,6 +164,9 @@ class IpcPlane final : public DataPlane {
       mine = FailedPrecondition(fmt::format("trainer rank {} has no ipc session: call Init() on every rank (a "
                                             "failed sync ends the session)", options_.rank));
     }
+    // In-line digests, taken over before the pass starts: the packer records each slot's;
+    // a zero-copy sync's tensors are digested where they lie in the source's storage.
+    std::shared_ptr<PassDigests> digests = pass.TakeDigests();
     Status read = group_.ReadPassFirst(pass, session_, zero_copy_);
     if (mine.ok()) mine = read;
     // Nothing has moved yet: a rank without a session fails the sync on every rank here.
@@ -197,7 +207,8 @@ class IpcPlane final : public DataPlane {
     auto check = session_.PeerCheck(sync);
     Stopwatch transfer;
     Status s = group.zero_copy ? packer_.Go(session_, u, plan->payload_bytes, check, deadline)
-                               : packer_.Pack(session_, pass, *plan, u, zero_copy_, check, deadline);
+                               : packer_.Pack(session_, pass, *plan, u, zero_copy_, digests.get(), check, deadline);
+    if (s.ok() && group.zero_copy && digests) s = DigestZeroCopy(pass, *plan, *digests);
     // Its readers have landed every chunk (or the sync failed somewhere).
     if (s.ok() && !u.chunk_ends.empty()) {
       s = region.WaitAcked(u.first_seq + u.chunk_ends.size() - 1, deadline, check, session_.ReaderDescriber());
@@ -212,8 +223,29 @@ class IpcPlane final : public DataPlane {
     return stats;
   }
 
+  // The digests of a zero-copy sync's tensors where its readers read them: the source's
+  // storage at the plan's offsets (stable until the sync ends), on the device. Without an
+  // exportable storage none are recorded and the sync is reported unverified.
+  Status DigestZeroCopy(SyncPass& pass, const IpcPlan& plan, PassDigests& digests) {
+    std::string why;
+    const std::optional<SourceStorage> storage = zero_copy_.Exportable(pass.source(), &why);
+    if (!storage) return Status::Ok();
+    const std::vector<TensorMeta>& meta = pass.metadata();
+    if (storage->device.is_cpu()) {
+      for (size_t i = 0; i < meta.size(); ++i) {
+        digests.Record(meta[i].name, HexDigest(DigestAlgorithm::kXxh3_128,
+                                               {storage->data + plan.tensor_offsets[i], meta[i].nbytes()}));
+      }
+      return Status::Ok();
+    }
+    std::vector<DeviceTensorBytes> tensors;
+    for (size_t i = 0; i < meta.size(); ++i) tensors.push_back({&meta[i], storage->data + plan.tensor_offsets[i]});
+    return RecordDeviceDigests(storage->device, tensors, digests);
+  }
+
   TrainerOptions options_;
   IpcTrainerOptions ipc_;
+  std::shared_ptr<PassDigests> digests_;  // rank 0's sync under way, when it digests in-line
   const SessionDriver* driver_ = nullptr;  // rank 0: the engine's, for its lifetime
   IpcSession session_;
   IpcRankGroup group_;
