@@ -1,6 +1,6 @@
 // The in-line digest kernel behind DeviceRuntime::Xxh3Digests: xxh3-128 of many spans of
-// device memory at once, one warp per span (core/xxh3_lanes.h's schedule). Not for use
-// outside src/cuda.
+// device memory at once, one block of 16 warps per span (core/xxh3_lanes.h's per-block
+// schedule). Not for use outside src/cuda.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -2,12 +2,12 @@
 // (DeviceRuntime::Xxh3Digests) by the reader that copies them, so a GPU trainer's syncs
 // are verified like a CPU trainer's without reading its tensors back.
 //
-// The digest kernel hashes one span per warp, and xxh3 hashes a span's 1 KiB blocks in
-// order: one warp digests about 5.6 GB/s (H100), the whole device about 2.6 TB/s over
-// 1 MiB spans. So a tensor of at most kDeviceWholeDigestBytes is digested whole and a
-// larger one by row ranges of dim 0 of about kDeviceRowDigestBytes each (the finish's
-// {"rows": [[begin, end, hex], ...]} form, docs/protocol.md), which every wsync receiver
-// checks as it checks an FSDP rank's rows.
+// The digest kernel hashes one span per block of 16 warps, and xxh3 scrambles its
+// accumulators after every 1 KiB block, in order: one span digests at about 14.5 GB/s
+// (H100), the device about 1.5 TB/s over spans of 4 to 16 MiB. So a tensor of at most
+// kDeviceWholeDigestBytes is digested whole and a larger one by row ranges of dim 0 of
+// about kDeviceRowDigestBytes each (the finish's {"rows": [[begin, end, hex], ...]} form,
+// docs/protocol.md), which every wsync receiver checks as it checks an FSDP rank's rows.
 #pragma once
 
 #include <cstddef>
@@ -21,8 +21,8 @@
 
 namespace wsync {
 
-inline constexpr size_t kDeviceWholeDigestBytes = size_t{4} << 20;
-inline constexpr size_t kDeviceRowDigestBytes = size_t{2} << 20;
+inline constexpr size_t kDeviceWholeDigestBytes = size_t{32} << 20;
+inline constexpr size_t kDeviceRowDigestBytes = size_t{16} << 20;
 // The most row ranges one tensor is cut into (receivers take up to 4096).
 inline constexpr int64_t kMaxDeviceRowDigests = 2048;
 
