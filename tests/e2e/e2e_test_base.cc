@@ -391,6 +391,15 @@ void E2eTest::ExpectServersHold(const std::vector<Server>& servers, const Digest
   }
 }
 
+void E2eTest::ExpectRefusedInLine(const RunResult& push, const Server& server, const std::string& tensor) {
+  ASSERT_FALSE(push.success()) << push.description;
+  EXPECT_NE(push.err.find(tensor), std::string::npos) << push.description;
+  EXPECT_NE(push.err.find("in-line verification"), std::string::npos) << push.description;
+  HttpReply h = HttpGet(server.url, "/health");
+  EXPECT_EQ(h.json.value("weights_consistent", true), false) << h.Describe();
+  EXPECT_EQ(h.json.value("weight_version", ""), "default") << h.Describe();
+}
+
 void E2eTest::ExpectCleanShutdown(const Server& server, int sig) {
   server.process->Signal(sig);
   std::optional<ExitStatus> st = server.process->Wait(Deadline::InSeconds(15));

@@ -147,6 +147,10 @@ class E2eTest : public ::testing::Test {
                          DigestAlgorithm algorithm, const std::string& api_key = "");
   // Sends `sig` (SIGTERM or SIGINT), then expects exit 0 within 15 s (a clean shutdown).
   void ExpectCleanShutdown(const Server& server, int sig = SIGTERM);
+  // `push` was refused by `server`'s in-line verification: its error names `tensor` and
+  // the check, and the server reports inconsistent weights and still its first version
+  // ("default").
+  void ExpectRefusedInLine(const RunResult& push, const Server& server, const std::string& tensor);
 
   static std::string JoinUrls(const std::vector<Server>& servers);
 
