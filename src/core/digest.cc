@@ -87,6 +87,10 @@ std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> byte
   return h->FinishHex();
 }
 
+bool IsLowerHex(std::string_view text) {
+  return !text.empty() && std::ranges::all_of(text, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
 xxh3::Secret Xxh3DefaultSecret() {
   xxh3::Secret secret;
   static_assert(sizeof(secret.bytes) == XXH3_SECRET_DEFAULT_SIZE);

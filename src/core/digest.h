@@ -34,6 +34,9 @@ class Hasher {
 
 std::string HexDigest(DigestAlgorithm algorithm, std::span<const std::byte> bytes);
 
+// Whether `text` is non-empty and all lowercase hex digits, as every digest here prints.
+bool IsLowerHex(std::string_view text);
+
 // The secret XXH3_128bits hashes with (seed 0), as libxxhash generates it: what the
 // device digest kernel (core/xxh3_lanes.h) is given.
 xxh3::Secret Xxh3DefaultSecret();

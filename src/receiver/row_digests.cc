@@ -1,8 +1,8 @@
 #include "receiver/row_digests.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include "core/digest.h"
 
 namespace wsync {
 
@@ -16,10 +16,7 @@ Result<RowDigests> ParseRowDigests(const nlohmann::json& entry, std::string_view
   }
   RowDigests out;
   int64_t next = 0;
-  auto is_hex = [](const std::string& h) {
-    return !h.empty() && h.size() <= kMaxDigestHexBytes &&
-           std::ranges::all_of(h, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-  };
+  auto is_hex = [](const std::string& h) { return h.size() <= kMaxDigestHexBytes && IsLowerHex(h); };
   for (const nlohmann::json& e : *rows) {
     if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
         !e[2].is_string() || !is_hex(e[2].get_ref<const std::string&>())) {

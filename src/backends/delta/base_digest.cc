@@ -26,13 +26,7 @@ std::string CombineDigests(const TensorDigests& digests) {
   return h->FinishHex();
 }
 
-bool IsDigestHex(std::string_view hex) {
-  if (hex.size() != kDigestHexChars) return false;
-  for (char c : hex) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
+bool IsDigestHex(std::string_view hex) { return hex.size() == kDigestHexChars && IsLowerHex(hex); }
 
 std::string BaseMismatchFix(const std::string& server_base) {
   return fmt::format("give the trainer the servers' base checkpoint ({} on this server; base_checkpoint=DIR in "

@@ -14,6 +14,7 @@
 
 #include "control/init_payloads.h"
 #include "core/checked_math.h"
+#include "core/digest.h"
 #include "core/json_limits.h"
 #include "plan/packing.h"
 
@@ -84,11 +85,7 @@ Result<std::vector<uint64_t>> ReadU64List(const json& j, const char* field) {
   return out;
 }
 
-bool IsSessionId(const std::string& s) {
-  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
+bool IsSessionId(const std::string& s) { return s.size() == 32 && IsLowerHex(s); }
 
 }  // namespace
 
