@@ -145,4 +145,28 @@ Result<std::string> TensorHexDigest(DigestAlgorithm algorithm, const TensorRef& 
   return hasher->FinishHex();
 }
 
+Result<std::vector<std::string>> DeviceXxh3Hex(const Device& device, std::span<const DeviceRuntime::Span> spans) {
+  std::vector<std::string> hexes;
+  if (spans.empty()) return hexes;
+  WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
+  WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
+  std::vector<uint64_t> out(2 * spans.size());
+  WSYNC_RETURN_IF_ERROR(rt->Xxh3Digests(spans, out));
+  hexes.reserve(spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) hexes.push_back(Xxh3Hex(xxh3::Hash128{out[2 * i], out[2 * i + 1]}));
+  return hexes;
+}
+
+Status HostXxh3Digests(std::span<const DeviceRuntime::Span> spans, std::span<uint64_t> out) {
+  if (out.size() != 2 * spans.size()) {
+    return InvalidArgument(fmt::format("{} digest words for {} spans", out.size(), spans.size()));
+  }
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const xxh3::Hash128 h = Xxh3ByLanes({static_cast<const std::byte*>(spans[i].data), spans[i].bytes});
+    out[2 * i] = h.low;
+    out[2 * i + 1] = h.high;
+  }
+  return Status::Ok();
+}
+
 }  // namespace wsync

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/xxh3_lanes.h"
+#include "wsync/device_runtime.h"
 #include "wsync/status.h"
 #include "wsync/tensor.h"
 
@@ -69,5 +70,12 @@ inline constexpr size_t kDeviceReadBackBlockBytes = size_t{16} << 20;
 // tensor's device current on this thread. Errors name the tensor.
 Result<std::string> TensorHexDigest(DigestAlgorithm algorithm, const TensorRef& tensor,
                                     std::vector<std::byte>& scratch);
+
+// The xxh3-128 hex of each of `spans`, device memory of `device`, taken on the device in
+// one launch (DeviceRuntime::Xxh3Digests) after making `device` current on this thread.
+Result<std::vector<std::string>> DeviceXxh3Hex(const Device& device, std::span<const DeviceRuntime::Span> spans);
+// What a DeviceRuntime whose "device" memory is host memory (tests) answers for
+// Xxh3Digests: the device kernel's schedule run on the host (Xxh3ByLanes).
+Status HostXxh3Digests(std::span<const DeviceRuntime::Span> spans, std::span<uint64_t> out);
 
 }  // namespace wsync

@@ -31,8 +31,6 @@ Status RecordDeviceDigests(const Device& device, std::span<const DeviceTensorByt
     return s.WithContext(fmt::format("digesting {} tensor(s) on {} ({}, ...)", tensors.size(), device.ToString(),
                                      tensors.front().meta->name));
   };
-  Result<DeviceRuntime*> rt = CudaRuntimeFor(device);
-  if (!rt.ok()) return fail(rt.status());
   std::vector<DeviceRuntime::Span> spans;
   std::vector<std::pair<const TensorMeta*, DeviceDigestPiece>> owners;
   for (const DeviceTensorBytes& t : tensors) {
@@ -41,12 +39,11 @@ Status RecordDeviceDigests(const Device& device, std::span<const DeviceTensorByt
       owners.emplace_back(t.meta, p);
     }
   }
-  std::vector<uint64_t> out(2 * spans.size());
-  if (Status s = UseDeviceOnThisThread(device); !s.ok()) return fail(s);
-  if (Status s = (*rt)->Xxh3Digests(spans, out); !s.ok()) return fail(s);
+  Result<std::vector<std::string>> hexes = DeviceXxh3Hex(device, spans);
+  if (!hexes.ok()) return fail(hexes.status());
   for (size_t i = 0; i < owners.size(); ++i) {
     const auto& [meta, piece] = owners[i];
-    std::string hex = Xxh3Hex(xxh3::Hash128{out[2 * i], out[2 * i + 1]});
+    std::string& hex = (*hexes)[i];
     if (piece.whole) {
       digests.Record(meta->name, std::move(hex));
     } else {

@@ -322,7 +322,6 @@ Status WorkerStore::LoadChecked(const TensorRef& hf) {
 void WorkerStore::BeginLandingDigests(bool on) {
   hash_landings_ = on && device_.is_cpu();
   landed_.assign(hash_landings_ ? table_.hf_tensors().size() : 0, std::string());
-  if (landing_runs_.size() != table_.hf_tensors().size()) landing_runs_.assign(table_.hf_tensors().size(), std::nullopt);
 }
 
 std::optional<std::string> WorkerStore::LandedDigest(std::string_view hf_name) const {
@@ -331,12 +330,12 @@ std::optional<std::string> WorkerStore::LandedDigest(std::string_view hf_name) c
   return landed_[i];
 }
 
-std::optional<std::span<const std::byte>> WorkerStore::HeldRun(std::string_view hf_name, int64_t begin, int64_t end) {
+std::optional<std::span<const std::byte>> WorkerStore::HeldRun(std::string_view hf_name, int64_t begin,
+                                                               int64_t end) const {
   const int i = table_.FindHf(hf_name);
   if (i < 0 || begin < 0 || end < begin || end > static_cast<int64_t>(table_.hf_tensors()[i].nbytes())) {
     return std::nullopt;
   }
-  if (landing_runs_.size() != table_.hf_tensors().size()) landing_runs_.assign(table_.hf_tensors().size(), std::nullopt);
   // Runs tile the tensor in HF order; extend through runs that continue in memory too.
   const std::byte* start = nullptr;
   int64_t reach = 0;  // the HF offset up to which [begin, reach) lies contiguously from start
@@ -356,7 +355,7 @@ std::optional<std::span<const std::byte>> WorkerStore::HeldRun(std::string_view 
   return std::nullopt;
 }
 
-const std::vector<WorkerStore::LandingRun>& WorkerStore::LandingRuns(int hf_index) {
+const std::vector<WorkerStore::LandingRun>& WorkerStore::LandingRuns(int hf_index) const {
   std::optional<std::vector<LandingRun>>& cached = landing_runs_[hf_index];
   if (cached) return *cached;
   const TensorMeta& hf = table_.hf_tensors()[hf_index];
@@ -621,7 +620,7 @@ Result<std::string> HfRowsDigest(std::span<const WorkerStore* const> group, std:
 }
 
 Result<std::map<std::string, std::string>> DeviceHeldDigests(
-    std::span<WorkerStore* const> tp_group, std::span<const TensorMeta> tensors,
+    std::span<const WorkerStore* const> tp_group, std::span<const TensorMeta> tensors,
     const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>& row_ranges) {
   struct PerDevice {
     std::vector<DeviceRuntime::Span> spans;
@@ -643,7 +642,7 @@ Result<std::map<std::string, std::string>> DeviceHeldDigests(
     std::vector<std::pair<const WorkerStore*, std::span<const std::byte>>> found;
     for (auto [b, e] : spans) {
       const size_t before = found.size();
-      for (WorkerStore* store : tp_group) {
+      for (const WorkerStore* store : tp_group) {
         if (store->device().is_cpu()) continue;
         if (std::optional<std::span<const std::byte>> run = store->HeldRun(m.name, b, e)) {
           found.emplace_back(store, *run);
@@ -662,14 +661,12 @@ Result<std::map<std::string, std::string>> DeviceHeldDigests(
   }
   for (auto& [index, d] : devices) {
     const Device device{Device::Kind::kCuda, index};
-    WSYNC_ASSIGN_OR_RETURN(DeviceRuntime * rt, CudaRuntimeFor(device));
-    WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
-    std::vector<uint64_t> out(2 * d.spans.size());
-    WSYNC_RETURN_IF_ERROR(rt->Xxh3Digests(d.spans, out).WithContext(
-        fmt::format("digesting {} landed tensor(s) on {}", d.spans.size(), device.ToString())));
-    for (size_t k = 0; k < d.owners.size(); ++k) {
-      hexes[d.owners[k].first][d.owners[k].second] = Xxh3Hex(xxh3::Hash128{out[2 * k], out[2 * k + 1]});
+    Result<std::vector<std::string>> got = DeviceXxh3Hex(device, d.spans);
+    if (!got.ok()) {
+      return got.status().WithContext(fmt::format("digesting {} landed tensor(s) on {}", d.spans.size(),
+                                                  device.ToString()));
     }
+    for (size_t k = 0; k < d.owners.size(); ++k) hexes[d.owners[k].first][d.owners[k].second] = std::move((*got)[k]);
   }
   std::map<std::string, std::string> digests;
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -142,7 +142,7 @@ class WorkerStore final : public WorkerSink {
   // as one contiguous range of its memory (device memory for a device store: what the
   // device digest kernel reads), else nullopt (not held whole, or held in pieces that
   // are not adjacent). Not thread-safe: call while no Load runs, from one thread.
-  std::optional<std::span<const std::byte>> HeldRun(std::string_view hf_name, int64_t begin, int64_t end);
+  std::optional<std::span<const std::byte>> HeldRun(std::string_view hf_name, int64_t begin, int64_t end) const;
   // Fault injection for tests (`wsync serve --fault corrupt-landed`): every landing of
   // `hf_name` (Load, LoadEach) writes its first byte with one bit flipped.
   void set_fault_corrupt_landing(std::string hf_name) { fault_corrupt_landing_ = std::move(hf_name); }
@@ -179,7 +179,8 @@ class WorkerStore final : public WorkerSink {
   size_t offloaded_bytes() const { return offloaded_bytes_.load(std::memory_order_acquire); }
 
  private:
-  explicit WorkerStore(ShardingTable table) : table_(std::move(table)) {}
+  explicit WorkerStore(ShardingTable table)
+      : table_(std::move(table)), landing_runs_(table_.hf_tensors().size()) {}
   Status CheckHf(std::string_view name, DType dtype, std::span<const int64_t> shape) const;
   // A name the model has no tensor of and the rule of model/dropped_names.h drops.
   bool IsDropped(std::string_view hf_name) const;
@@ -193,7 +194,7 @@ class WorkerStore final : public WorkerSink {
     std::byte* dst;
     int64_t bytes;
   };
-  const std::vector<LandingRun>& LandingRuns(int hf_index);
+  const std::vector<LandingRun>& LandingRuns(int hf_index) const;
   // `wsync serve --fault corrupt-landed` on a device store: flips one bit of the first
   // landed byte of `hf_name`.
   Status CorruptDeviceLanding(std::string_view hf_name);
@@ -220,8 +221,9 @@ class WorkerStore final : public WorkerSink {
   GroupLandingDigests* group_landing_ = nullptr;
   void NoteGroupLanded(std::string_view hf_name);
   std::vector<std::string> landed_;            // per HF index: its landing digest, or ""
-  // Per HF index: its landing runs, built on first use (addresses never move).
-  std::vector<std::optional<std::vector<LandingRun>>> landing_runs_;
+  // Per HF index: its landing runs, built on first use (addresses never move); a cache,
+  // so LandingRuns() is const. Declared after table_, which sizes it.
+  mutable std::vector<std::optional<std::vector<LandingRun>>> landing_runs_;
   std::string fault_corrupt_landing_;
 };
 
@@ -265,7 +267,7 @@ Result<std::string> HfRangesDigest(std::span<const WorkerStore* const> tp_group,
 // taken on the devices by the digest kernel (DeviceRuntime::Xxh3Digests) instead of read
 // back; the others are absent from the answer. Call while no Load runs, from one thread.
 Result<std::map<std::string, std::string>> DeviceHeldDigests(
-    std::span<WorkerStore* const> tp_group, std::span<const TensorMeta> tensors,
+    std::span<const WorkerStore* const> tp_group, std::span<const TensorMeta> tensors,
     const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>& row_ranges);
 
 // HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads.

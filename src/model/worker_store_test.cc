@@ -408,7 +408,7 @@ TEST(WorkerStore, DeviceHeldDigestsEqualTheReadBackOnes) {
     SCOPED_TRACE(fmt::format("tp {}", tp));
     Group host = MakeGroup(c, tp);
     std::vector<std::unique_ptr<WorkerStore>> stores;
-    std::vector<WorkerStore*> group;
+    std::vector<const WorkerStore*> group;
     for (int r = 0; r < tp; ++r) {
       stores.push_back(std::move(*WorkerStore::Create(c, r, tp, gpu)));
       group.push_back(stores.back().get());

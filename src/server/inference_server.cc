@@ -284,14 +284,13 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
         at_finish.push_back(m);
       }
     }
-    at_landing += check.size() - at_finish.size();
+    const size_t landed = check.size() - at_finish.size();
+    at_landing += landed;
     // A device group's tensors held in contiguous runs are digested on the device.
     Stopwatch device_watch;
     size_t on_device_count = 0;
     if (!group.front()->device().is_cpu() && !at_finish.empty()) {
-      std::vector<WorkerStore*> stores;
-      for (int t = 0; t < options_.tp; ++t) stores.push_back(workers_[begin + t]->store.get());
-      WSYNC_ASSIGN_OR_RETURN(auto on_device, DeviceHeldDigests(stores, at_finish, row_ranges));
+      WSYNC_ASSIGN_OR_RETURN(auto on_device, DeviceHeldDigests(group, at_finish, row_ranges));
       std::erase_if(at_finish, [&](const TensorMeta& m) { return on_device.contains(m.name); });
       on_device_count = on_device.size();
       sums.merge(on_device);
@@ -306,7 +305,7 @@ Status InferenceServer::VerifyInline(const json& digests, std::string_view algor
                            }));
     sums.merge(read);
     WSYNC_LOG_DEBUG("in-line verification of {}: {} tensor(s) hashed at landing, {} digested on the device in "
-                    "{:.1f} ms, {} read back in {:.1f} ms", replica, check.size() - on_device_count - at_finish.size(),
+                    "{:.1f} ms, {} read back in {:.1f} ms", replica, landed,
                     on_device_count, device_ms, at_finish.size(), read_watch.milliseconds());
     for (size_t i = 0; i < check.size(); ++i) {
       const std::string& held = sums.at(check[i].name);

@@ -11,7 +11,6 @@
 #include "backends/ipc/sync_plan.h"
 #include "backends/ipc/zero_copy_plan.h"
 #include "control/session_driver.h"
-#include "core/digest.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/device_digests.h"
@@ -224,20 +223,14 @@ class IpcPlane final : public DataPlane {
   }
 
   // The digests of a zero-copy sync's tensors where its readers read them: the source's
-  // storage at the plan's offsets (stable until the sync ends), on the device. Without an
-  // exportable storage none are recorded and the sync is reported unverified.
+  // storage (on the trainer's GPU: ZeroCopyPlanner::Exportable) at the plan's offsets,
+  // stable until the sync ends, on the device. Without an exportable storage none are
+  // recorded and the sync is reported unverified.
   Status DigestZeroCopy(SyncPass& pass, const IpcPlan& plan, PassDigests& digests) {
     std::string why;
     const std::optional<SourceStorage> storage = zero_copy_.Exportable(pass.source(), &why);
     if (!storage) return Status::Ok();
     const std::vector<TensorMeta>& meta = pass.metadata();
-    if (storage->device.is_cpu()) {
-      for (size_t i = 0; i < meta.size(); ++i) {
-        digests.Record(meta[i].name, HexDigest(DigestAlgorithm::kXxh3_128,
-                                               {storage->data + plan.tensor_offsets[i], meta[i].nbytes()}));
-      }
-      return Status::Ok();
-    }
     std::vector<DeviceTensorBytes> tensors;
     for (size_t i = 0; i < meta.size(); ++i) tensors.push_back({&meta[i], storage->data + plan.tensor_offsets[i]});
     return RecordDeviceDigests(storage->device, tensors, digests);
