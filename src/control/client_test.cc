@@ -94,8 +94,9 @@ class ClosingServer {
         const std::string reply = fmt::format(
             "HTTP/1.1 500 \r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
             body.size(), body);
-        (void)::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        // Counted before the reply goes out, so a client that has its answer sees the count.
         ++served;
+        (void)::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
         // As uvicorn may: the socket closes a moment after the reply, so that a request
         // written into the connection meanwhile is taken and never answered.
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
