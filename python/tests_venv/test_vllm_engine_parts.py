@@ -132,3 +132,47 @@ def test_row_digests_are_named_unverifiable_not_differing():
                                  "digest_algorithm": "xxh3_128"})
     assert (reply["tensors"], reply["differing"], reply["not_landed"]) == (1, 0, ["b"])
     assert "row ranges" in reply["unverifiable"]["b"]
+
+
+def test_a_gpu_trainers_row_digests_are_checked_by_the_same_ranges():
+    # A trainer that digests on its GPU (init_info wsync_device_digests) cuts a tensor over
+    # 32 MiB into row ranges of about 16 MiB; the worker digests what it lands by the same
+    # ranges, so such a tensor is verified, and a flipped byte in one range names it.
+    import torch
+
+    from wsync import _wsync
+    from wsync.vllm.worker_engine import UpdateStats, WsyncWeightTransferEngine
+
+    def engine_with(device_rows):
+        from types import SimpleNamespace
+        engine = object.__new__(WsyncWeightTransferEngine)
+        engine._reloading, engine._lora, engine._slices, engine._rx = True, None, None, None
+        engine._device_rows, engine.stats = device_rows, UpdateStats()
+        engine.parallel_config = SimpleNamespace(data_parallel_index=0, world_size=1, rank=0)
+        return engine
+
+    big = torch.arange(2560 * 4096, dtype=torch.float32).reshape(2560, 4096)  # 40 MiB, 16 KiB rows
+    small = torch.ones(64, 64, dtype=torch.bfloat16)
+    ranges = [(0, 1024), (1024, 2048), (2048, 2560)]  # 16 MiB of rows each, the last one short
+    assert _wsync.device_digest_rows(2560, big.numel() * 4) == ranges
+    assert _wsync.device_digest_rows(64, small.numel() * 2) == []
+    rows = [[b, e, _wsync._hex_digest("xxh3_128", big[b:e].numpy())] for b, e in ranges]
+    assert len({r[2] for r in rows}) == 3
+    want = {"big": {"rows": rows}, "small": _wsync._hex_digest("xxh3_128", small.view(torch.int16).numpy())}
+
+    engine = engine_with(True)
+    engine._landing = {"big": engine._landed_digest(big), "small": engine._landed_digest(small)}
+    reply = engine.check_inline({"wsync_digests": want, "digest_algorithm": "xxh3_128"})
+    assert (reply["tensors"], reply["differing"], reply["not_landed"]) == (2, 0, [])
+
+    flipped = big.clone()
+    flipped[1500, 7] += 1
+    engine._landing["big"] = engine._landed_digest(flipped)
+    reply = engine.check_inline({"wsync_digests": want, "digest_algorithm": "xxh3_128"})
+    assert (reply["tensors"], reply["differing"]) == (1, 1)
+    assert reply["differ"][0].startswith("big (worker 0 landed ")
+
+    # A trainer digesting on the host sends the same tensor whole: no flag, one digest.
+    engine = engine_with(False)
+    whole = _wsync._hex_digest("xxh3_128", big.numpy())
+    assert engine._landed_digest(big) == whole

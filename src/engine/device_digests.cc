@@ -9,9 +9,7 @@
 
 namespace wsync {
 
-std::vector<DeviceDigestPiece> DeviceDigestPieces(const TensorMeta& meta) {
-  const size_t bytes = meta.nbytes();
-  const int64_t rows = meta.shape.empty() ? 0 : meta.shape[0];
+std::vector<DeviceDigestPiece> DeviceDigestPieces(size_t bytes, int64_t rows) {
   if (bytes <= kDeviceWholeDigestBytes || rows < 2) return {DeviceDigestPiece{true, 0, rows, 0, bytes}};
   const size_t row_bytes = bytes / static_cast<size_t>(rows);
   int64_t per = static_cast<int64_t>(std::max<size_t>(1, kDeviceRowDigestBytes / std::max<size_t>(row_bytes, 1)));

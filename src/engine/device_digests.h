@@ -36,9 +36,14 @@ struct DeviceDigestPiece {
   size_t bytes = 0;
 };
 
-// How a tensor of `meta` is digested on the device: one whole piece, or row ranges that
-// tile dim 0 in order.
-std::vector<DeviceDigestPiece> DeviceDigestPieces(const TensorMeta& meta);
+// How a tensor of `bytes` bytes and `rows` rows of dim 0 (0: no dims) is digested on
+// the device: one whole piece, or row ranges that tile dim 0 in order. A receiver told
+// the trainer digests on its device (init_info `wsync_device_digests`, docs/protocol.md)
+// digests what it lands by the same pieces.
+std::vector<DeviceDigestPiece> DeviceDigestPieces(size_t bytes, int64_t rows);
+inline std::vector<DeviceDigestPiece> DeviceDigestPieces(const TensorMeta& meta) {
+  return DeviceDigestPieces(meta.nbytes(), meta.shape.empty() ? 0 : meta.shape[0]);
+}
 
 // A tensor's bytes on the device, contiguous, as `meta` describes them.
 struct DeviceTensorBytes {

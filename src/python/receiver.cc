@@ -22,6 +22,7 @@
 #include "core/digest.h"
 #include "core/json_limits.h"
 #include "core/parallel.h"
+#include "engine/device_digests.h"
 #include "model/config.h"
 #include "model/sharding.h"
 #include "receiver/backend.h"
@@ -262,6 +263,20 @@ std::string BufferCopyDigest(const std::string& algorithm, py::buffer src, py::b
   return hasher->FinishHex();
 }
 
+// The row ranges [(begin, end), ...] of dim 0 by which a trainer digesting on its device
+// digests a tensor of `bytes` bytes and `rows` rows (engine/device_digests.h); [] for one
+// digest of the whole tensor.
+std::vector<std::pair<int64_t, int64_t>> DeviceDigestRows(int64_t rows, int64_t bytes) {
+  if (rows < 0 || bytes < 0 || (rows > 0 && bytes % rows != 0)) {
+    RaiseStatus(InvalidArgument(fmt::format("device_digest_rows: {} bytes are not {} whole rows", bytes, rows)));
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const DeviceDigestPiece& p : DeviceDigestPieces(static_cast<size_t>(bytes), rows)) {
+    if (!p.whole) out.emplace_back(p.row_begin, p.row_end);
+  }
+  return out;
+}
+
 // BufferCopyDigest over pairs: copies srcs[i] into dsts[i] and returns the hex digest of
 // each copy, on up to `threads` threads (0: DefaultThreads()), the GIL released once.
 py::list BufferCopyDigests(const std::string& algorithm, const std::vector<py::buffer>& srcs,
@@ -414,6 +429,9 @@ void BindReceiver(py::module_& m) {
         py::arg("threads") = 0,
         "_copy_hex_digest over lists of buffers: copies srcs[i] into dsts[i] and returns each copy's hex digest, "
         "on up to `threads` threads (0: as many as this process may use).");
+  m.def("device_digest_rows", &DeviceDigestRows, py::arg("rows"), py::arg("bytes"),
+        "[(begin, end), ...]: the row ranges of dim 0 by which a trainer that digests on its device (init_info "
+        "wsync_device_digests) digests a tensor of `rows` rows and `bytes` bytes; [] when it digests it whole.");
   m.def("http_status_for", &HttpStatusForName, py::arg("code"),
         "The HTTP status of a Status code name ('FAILED_PRECONDITION' -> 409), as every wsync HTTP front answers it.");
   m.def("http_error", &HttpErrorReply, py::arg("code"), py::arg("message"),

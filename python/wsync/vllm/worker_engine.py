@@ -192,6 +192,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self._corrupt_next = False
         # sharded: the table's parameters bound to the model (wsync.vllm.slices), per backend.
         self._slices = None
+        # The trainer digests on its GPU (init_info wsync_device_digests): a tensor it cuts
+        # into row ranges is digested here by the same ranges (_landed_digest).
+        self._device_rows = False
         # The MTP drafter reloaded beside the target in the session under way (_CoTarget),
         # and the worker's drafter once looked up (None: it serves none).
         self._co = None
@@ -251,6 +254,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                 init_info.backend, worker_rank=self.worker_rank, device=str(self.device),
                 timeout=DEFAULT_TIMEOUT, label=label, **slicing, **server_options(init_info.backend))
         self._rx.init(init_info.fields, "")
+        self._device_rows = init_info.fields.get("wsync_device_digests") is True
 
     def _slice_plan(self, label):
         """(the ReceiverEngine's model and tp_size, the SliceLanding) of a backend that lands
@@ -314,7 +318,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             t0 = time.perf_counter()
             self._inject_fault(chunk)
             for name, tensor in chunk:
-                landed[name] = tensor_digest(tensor, "xxh3_128")
+                landed[name] = self._landed_digest(tensor)
             t1 = time.perf_counter()
             model.load_weights(chunk)
             if co is not None:
@@ -360,6 +364,16 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise
         finally:
             stats.receive_seconds += time.perf_counter() - t0
+
+    def _landed_digest(self, tensor):
+        """The xxh3-128 hex of a landed tensor, or [(begin, end, hex), ...] of its rows where
+        the trainer digests on its GPU and cuts a tensor of this size into row ranges
+        (``_wsync.device_digest_rows``, the trainer's own rule)."""
+        if self._device_rows and tensor.dim() > 0:
+            ranges = _wsync.device_digest_rows(tensor.shape[0], tensor.numel() * tensor.element_size())
+            if ranges:
+                return [(b, e, tensor_digest(tensor.narrow(0, b, e - b), "xxh3_128")) for b, e in ranges]
+        return tensor_digest(tensor, "xxh3_128")
 
     def finish_weight_update(self) -> None:
         if self._lora is not None:

@@ -144,13 +144,15 @@ json IpcInitInfo::ToJson() const {
             {"reader_count", reader_count},
             {"buffers", b}};
   if (timeout_seconds) j["timeout_seconds"] = *timeout_seconds;
+  if (wsync_device_digests) j["wsync_device_digests"] = true;
   return j;
 }
 
 Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
   static const std::set<std::string> kKnown = {
       "wsync_ipc_protocol", "packed", "session", "control_path", "control_bytes", "num_slots",
-      "slot_bytes", "reader_offset", "reader_count", "buffers", "timeout_seconds"};
+      "slot_bytes", "reader_offset", "reader_count", "buffers", "timeout_seconds",
+      "wsync_device_digests"};
   const char* where = "init_info";
   if (!j.contains("wsync_ipc_protocol")) {
     return InvalidArgument(
@@ -168,6 +170,7 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
   std::optional<std::string> session, control_path;
   std::optional<uint64_t> control_bytes, slot_bytes;
   std::optional<double> timeout;
+  std::optional<bool> device_digests;
   WSYNC_RETURN_IF_ERROR(Read(j, where, "wsync_ipc_protocol", true, &version));
   if (*version != kIpcProtocolVersion) {
     return InvalidArgument(fmt::format("init_info wsync_ipc_protocol {} is not supported (this server speaks {})",
@@ -182,6 +185,7 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
   WSYNC_RETURN_IF_ERROR(Read(j, where, "reader_offset", true, &reader_offset));
   WSYNC_RETURN_IF_ERROR(Read(j, where, "reader_count", true, &reader_count));
   WSYNC_RETURN_IF_ERROR(Read(j, where, "timeout_seconds", false, &timeout));
+  WSYNC_RETURN_IF_ERROR(Read(j, where, "wsync_device_digests", false, &device_digests));
   IpcInitInfo info;
   if (packed && !*packed) {
     return Unimplemented(
@@ -219,6 +223,7 @@ Result<IpcInitInfo> IpcInitInfo::Parse(const json& j) {
   info.reader_offset = *reader_offset;
   info.reader_count = *reader_count;
   info.timeout_seconds = timeout;
+  info.wsync_device_digests = device_digests.value_or(false);
   auto it = j.find("buffers");
   if (it == j.end() || !it->is_object() || it->empty()) {
     return InvalidArgument("init_info 'buffers' must be a non-empty object {device key: buffer}");

@@ -137,6 +137,9 @@ struct IpcInitInfo {
   int reader_count = 0;   // readers (receiving workers) of the whole session
   std::map<std::string, IpcBufferDesc> buffers;  // device key -> that device's slots
   std::optional<double> timeout_seconds;         // the trainer's bound on the servers' waits
+  // The trainer digests on its GPU (engine/device_digests.h): a tensor over 32 MiB comes
+  // digested by row ranges.
+  bool wsync_device_digests = false;
 
   nlohmann::json ToJson() const;
   // InvalidArgument naming the field for a missing, mistyped, unknown or out-of-range one.

@@ -50,6 +50,20 @@ TEST(IpcProtocol, InitInfoRoundTrips) {
   EXPECT_EQ(back->buffers.at("host-x").offset, uint64_t{2} << 20);
 }
 
+TEST(IpcProtocol, DeviceDigestsRoundTripAsAFlagSentOnlyWhenSet) {
+  IpcInitInfo i = ValidInit();
+  EXPECT_FALSE(i.ToJson().contains("wsync_device_digests"));
+  i.wsync_device_digests = true;
+  auto back = IpcInitInfo::Parse(i.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->wsync_device_digests);
+  json j = i.ToJson();
+  j["wsync_device_digests"] = "yes";
+  auto bad = IpcInitInfo::Parse(j);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("wsync_device_digests"), std::string::npos) << bad.status().message();
+}
+
 TEST(IpcProtocol, InitInfoErrorsNameTheField) {
   auto expect = [](json j, const std::string& needle, StatusCode code = StatusCode::kInvalidArgument) {
     auto r = IpcInitInfo::Parse(j);

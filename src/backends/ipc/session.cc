@@ -55,6 +55,7 @@ Result<IpcSession::Offer> IpcSession::Create(const PlaneInit& init, int publishe
   info.slot_bytes = o.region->slot_bytes();
   info.reader_count = o.region->reader_count();
   info.buffers[o.device_key] = buffer;
+  info.wsync_device_digests = gpu;
   // Servers give up a little before the trainer does, so that their account of a
   // failure arrives before the trainer's own wait ends.
   info.timeout_seconds = driver.deadlines().server_timeout();

@@ -26,6 +26,7 @@ json NcclInitInfo::ToJson() const {
   if (wsync_protocol) j["wsync_protocol"] = *wsync_protocol;
   if (timeout_seconds) j["timeout_seconds"] = *timeout_seconds;
   if (wsync_broadcast_piece_bytes) j["wsync_broadcast_piece_bytes"] = *wsync_broadcast_piece_bytes;
+  if (wsync_device_digests) j["wsync_device_digests"] = true;
   return j;
 }
 
@@ -77,7 +78,8 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   static const std::set<std::string> kKnown = {
       "rank_offset", "world_size", "packed", "packed_buffer_size_bytes", "packed_num_buffers",
       "nccl_unique_id_b64", "master_address", "master_port", "gloo_store_host", "gloo_store_port",
-      "gloo_prefix", "gloo_rank_labels", "wsync_protocol", "timeout_seconds", "wsync_broadcast_piece_bytes"};
+      "gloo_prefix", "gloo_rank_labels", "wsync_protocol", "timeout_seconds", "wsync_broadcast_piece_bytes",
+      "wsync_device_digests"};
   if (!j.is_object()) return InvalidArgument("init_info must be an object");
   for (const auto& [key, _] : j.items()) {
     if (!kKnown.contains(key)) {
@@ -92,6 +94,7 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   NcclInitInfo info;
   std::optional<bool> packed;
   std::optional<double> timeout;
+  std::optional<bool> device_digests;
   WSYNC_ASSIGN_OR_RETURN(auto world_size, ReadInt(j, "world_size", true, 2, kMaxNcclWorldSize));
   WSYNC_ASSIGN_OR_RETURN(auto rank_offset, ReadInt(j, "rank_offset", true, 1, kMaxNcclWorldSize - 1));
   WSYNC_ASSIGN_OR_RETURN(auto buffer_bytes,
@@ -106,6 +109,7 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_store_host", false, &info.gloo_store_host));
   WSYNC_RETURN_IF_ERROR(Read(j, "gloo_prefix", false, &info.gloo_prefix));
   WSYNC_RETURN_IF_ERROR(Read(j, "timeout_seconds", false, &timeout));
+  WSYNC_RETURN_IF_ERROR(Read(j, "wsync_device_digests", false, &device_digests));
   WSYNC_RETURN_IF_ERROR(CheckText("gloo_store_host", info.gloo_store_host, kMaxGlooStoreHostBytes));
   WSYNC_RETURN_IF_ERROR(CheckText("gloo_prefix", info.gloo_prefix, kMaxGlooPrefixBytes));
   WSYNC_RETURN_IF_ERROR(CheckText("nccl_unique_id_b64", info.nccl_unique_id_b64, kMaxNcclUniqueIdB64Bytes));
@@ -118,6 +122,7 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   if (protocol) info.wsync_protocol = static_cast<int>(*protocol);
   if (piece_bytes) info.wsync_broadcast_piece_bytes = *piece_bytes;
   info.timeout_seconds = timeout;
+  info.wsync_device_digests = device_digests.value_or(false);
   if (auto it = j.find("gloo_rank_labels"); it != j.end()) {
     if (!it->is_array()) return InvalidArgument("init_info 'gloo_rank_labels' must be a list of strings");
     // Checked before any per-rank allocation.
@@ -151,6 +156,10 @@ Result<NcclInitInfo> NcclInitInfo::Parse(const json& j) {
   }
   if (gloo == info.nccl_unique_id_b64.has_value()) {
     return InvalidArgument("init_info needs exactly one rendezvous: nccl_unique_id_b64 (GPU) or gloo_store_host (CPU)");
+  }
+  if (gloo && info.wsync_device_digests) {
+    return InvalidArgument("init_info wsync_device_digests is for a trainer on a GPU (nccl_unique_id_b64); a trainer "
+                           "on the CPU data plane (gloo_store_host) digests on the host");
   }
   return info;
 }

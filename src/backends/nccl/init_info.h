@@ -71,6 +71,9 @@ struct NcclInitInfo {
   std::optional<int> wsync_protocol;            // set by wsync trainers
   std::optional<int64_t> wsync_broadcast_piece_bytes;  // NCCL pieces per chunk (wsync peers)
   std::optional<double> timeout_seconds;        // the trainer's bound on waits
+  // The trainer digests on its GPU (engine/device_digests.h): a tensor over 32 MiB comes
+  // digested by row ranges. GPU data plane only; sent to wsync servers.
+  bool wsync_device_digests = false;
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }
   nlohmann::json ToJson() const;

@@ -40,6 +40,25 @@ TEST(NcclInitInfo, BroadcastPieceBytesIsAWsyncFieldThatMustBePositive) {
   EXPECT_FALSE(NcclInitInfo::Parse(j)->wsync_broadcast_piece_bytes.has_value());
 }
 
+TEST(NcclInitInfo, DeviceDigestsAreAGpuTrainersWsyncFlag) {
+  json j = {{"rank_offset", 1}, {"world_size", 2}, {"nccl_unique_id_b64", std::string(172, 'A')},
+            {"wsync_protocol", 1}, {"wsync_device_digests", true}};
+  auto info = NcclInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_TRUE(info->wsync_device_digests);
+  EXPECT_EQ(info->ToJson()["wsync_device_digests"], true);
+  j["wsync_device_digests"] = 1;
+  EXPECT_EQ(ErrorOf(j), "init_info 'wsync_device_digests' has the wrong type: 1");
+  // vLLM's payload has no such field, and a false one is not sent.
+  j.erase("wsync_device_digests");
+  EXPECT_FALSE(NcclInitInfo::Parse(j)->wsync_device_digests);
+  EXPECT_FALSE(NcclInitInfo::Parse(j)->ToJson().contains("wsync_device_digests"));
+  // A trainer on the CPU data plane digests on the host.
+  json gloo = GlooInit();
+  gloo["wsync_device_digests"] = true;
+  EXPECT_NE(ErrorOf(gloo).find("wsync_device_digests is for a trainer on a GPU"), std::string::npos) << ErrorOf(gloo);
+}
+
 TEST(NcclInitInfo, VllmDefaults) {
   json j = {{"rank_offset", 1}, {"world_size", 5}, {"nccl_unique_id_b64", std::string(172, 'A')}};
   auto info = NcclInitInfo::Parse(j);

@@ -90,6 +90,7 @@ class NcclPlane final : public DataPlane {
       info.wsync_protocol = kWsyncProtocolVersion;
       info.timeout_seconds = driver.deadlines().server_timeout();
       if (gpu) info.wsync_broadcast_piece_bytes = nccl_.broadcast_piece_bytes;
+      info.wsync_device_digests = gpu;
     }
     CommSpec spec;
     if (gpu) {
