@@ -98,8 +98,9 @@ struct TrainerOptions {
   std::map<std::string, std::string> backend_options;
   // In-line verification of every sync: the trainer hashes (xxh3-128) each host tensor of
   // its pass as its data plane copies it (`sharded` with several ranks: each hashes its
-  // share of what it holds and rank 0 gathers), and `nccl` and `ipc` on a GPU digest what
-  // they send on the device (large tensors by row ranges), and sends the digests with
+  // share of what it holds and rank 0 gathers), and on a GPU `nccl` and `ipc` digest what
+  // they send, and `sharded` ranks what they hold, on the device (large tensors by row
+  // ranges), and sends the digests with
   // finish_weight_update to the servers whose /health declares "inline_verification"
   // (a vLLM server running wsync's plugin counts as declaring it, and takes them by
   // collective RPC just before finish: see SessionDriver::FinishVerified);

@@ -176,3 +176,24 @@ def test_a_gpu_trainers_row_digests_are_checked_by_the_same_ranges():
     engine = engine_with(False)
     whole = _wsync._hex_digest("xxh3_128", big.numpy())
     assert engine._landed_digest(big) == whole
+
+
+def test_sharded_slices_of_a_gpu_trainer_are_digested_by_its_row_ranges():
+    # A sharded group on GPUs (init_info wsync_device_digests) digests a tensor it holds
+    # whole and over 32 MiB by the device rule's ranges; ranges named at init win.
+    import torch
+
+    from wsync import _wsync
+    from wsync.vllm.slices import SliceLanding, device_rows
+
+    def hex_of(t):
+        return _wsync._hex_digest("xxh3_128", t.contiguous().numpy())
+
+    big = torch.arange(2560 * 4096, dtype=torch.float32).reshape(2560, 4096)
+    landing = SliceLanding([], hex_of)
+    landing.begin({"named": [(0, 5), (5, 2560)]}, device_rows=True)
+    assert landing._digest_of("big", big) == [(b, e, hex_of(big[b:e])) for b, e in device_rows(big)]
+    assert [r[:2] for r in landing._digest_of("named", big)] == [(0, 5), (5, 2560)]
+    assert landing._digest_of("small", big[:8]) == hex_of(big[:8])
+    landing.begin({}, device_rows=False)
+    assert landing._digest_of("big", big) == hex_of(big)

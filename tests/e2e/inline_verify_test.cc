@@ -63,6 +63,17 @@ TEST_F(InlineVerifyTest, ShardedMegatronLayoutVerifiesEveryRanksTensors) {
       << push.out;
 }
 
+// One trainer rank: its packer hashes every tensor after packing it, as each of several
+// ranks hashes its share.
+TEST_F(InlineVerifyTest, ShardedOneTrainerRankVerifiesEveryTensor) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("a", {"--model", "qwen3-tiny", "--backend", "sharded", "--tp", "2"}));
+  RunResult push = Push("push", {a}, {"--backend", "sharded", "--model", "qwen3-tiny", "--seed", "9", "--steps", "2",
+                                      "--timeout", "60"});
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-tiny"))))
+      << push.out;
+}
+
 TEST_F(InlineVerifyTest, DeltaVerifiesChangedAndUnchangedTensors) {
   const std::string model = "qwen3-tiny";
   const uint64_t seed = 8;

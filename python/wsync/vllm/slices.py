@@ -46,6 +46,8 @@ import time
 
 import torch
 
+from wsync import _wsync
+
 # The torch dtype of a sharding table's dtype name.
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,6 +113,22 @@ def plan_targets(model, table, label):
     return targets
 
 
+def device_rows(tensor):
+    """The row ranges [(begin, end), ...] of dim 0 by which a trainer digesting on its GPU
+    (init_info ``wsync_device_digests``) digests the whole HF tensor `tensor`: its own rule
+    (src/engine/device_digests.h); [] when it digests it whole."""
+    if tensor.dim() == 0:
+        return []
+    return _wsync.device_digest_rows(tensor.shape[0], tensor.numel() * tensor.element_size())
+
+
+def digest_by_rows(tensor, ranges, digest):
+    """``digest(tensor)``, or [(begin, end, digest of those rows), ...] by `ranges`."""
+    if not ranges:
+        return digest(tensor)
+    return [(b, e, digest(tensor.narrow(0, b, e - b).contiguous())) for b, e in ranges]
+
+
 class SliceLanding:
     """Lands one worker's slices, update after update (see the module's doc). Runs on the
     worker's thread only."""
@@ -127,17 +145,21 @@ class SliceLanding:
         self._open = {}    # layer -> elements still to land in this update
         self._split = None  # hf_name -> [(dim, start, copy)] of split primary slices; None: gathered
         self._rows = {}     # hf_name -> [(begin, end)]: digested by those row ranges (begin())
+        self._device_rows = False  # others by device_rows() (begin())
         self.names = set()  # HF tensors this update landed slices of
         self.bytes = 0
         # Seconds of this update: digesting, copying slices in, vLLM's processing of layers.
         self.digest_seconds = self.copy_seconds = self.process_seconds = 0.0
 
-    def begin(self, rows=None):
+    def begin(self, rows=None, device_rows=False):
         """A new update; `rows` ({hf_name: [(begin, end), ...]}, the receiver's
-        row_digest_ranges()) names the tensors digested by row ranges."""
+        row_digest_ranges()) names the tensors digested by row ranges; with `device_rows`
+        (the trainer ranks digest on their GPUs) any other tensor is digested by the ranges
+        of ``device_rows()``."""
         self._open = {}
         self._split = {}
         self._rows = dict(rows or {})
+        self._device_rows = device_rows
         self.names = set()
         self.bytes = 0
         self.digest_seconds = self.copy_seconds = self.process_seconds = 0.0
@@ -229,7 +251,7 @@ class SliceLanding:
         """The xxh3-128 hex of a whole HF tensor, or [(begin, end, hex), ...] of its rows by
         the ranges begin() named for it."""
         ranges = self._rows.get(name)
-        if not ranges:
-            return self._digest(whole)
-        return [(b, e, self._digest(whole.narrow(0, b, e - b).contiguous())) for b, e in ranges]
+        if not ranges and self._device_rows:
+            ranges = device_rows(whole)
+        return digest_by_rows(whole, ranges, self._digest)
 

@@ -63,6 +63,7 @@ from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightT
 import wsync
 from wsync import _wsync
 from wsync.receiver import BACKEND_OPTIONS
+from wsync.vllm.slices import device_rows, digest_by_rows
 from wsync.worker_server import tensor_digest
 
 # The environment variable holding a server's own settings (JSON object): the keys of
@@ -291,7 +292,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self.stats = UpdateStats()
         if self._slices is not None:
             rows = self._rx.row_digest_ranges() if self._rx is not None and self._rx.backend in _SLICING else {}
-            self._slices.begin(rows)
+            self._slices.begin(rows, self._device_rows)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # vLLM's own synchronizes the accelerator afterwards; the CPU has nothing to wait for.
@@ -368,12 +369,9 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
     def _landed_digest(self, tensor):
         """The xxh3-128 hex of a landed tensor, or [(begin, end, hex), ...] of its rows where
         the trainer digests on its GPU and cuts a tensor of this size into row ranges
-        (``_wsync.device_digest_rows``, the trainer's own rule)."""
-        if self._device_rows and tensor.dim() > 0:
-            ranges = _wsync.device_digest_rows(tensor.shape[0], tensor.numel() * tensor.element_size())
-            if ranges:
-                return [(b, e, tensor_digest(tensor.narrow(0, b, e - b), "xxh3_128")) for b, e in ranges]
-        return tensor_digest(tensor, "xxh3_128")
+        (``wsync.vllm.slices.device_rows``, the trainer's own rule)."""
+        return digest_by_rows(tensor, device_rows(tensor) if self._device_rows else [],
+                              lambda t: tensor_digest(t, "xxh3_128"))
 
     def finish_weight_update(self) -> None:
         if self._lora is not None:

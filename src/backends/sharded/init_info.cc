@@ -62,6 +62,7 @@ json ShardedInitInfo::ToJson() const {
   if (!rank_labels.empty()) j["rank_labels"] = rank_labels;
   if (timeout_seconds) j["timeout_seconds"] = *timeout_seconds;
   j["wsync_protocol"] = wsync_protocol;
+  if (wsync_device_digests) j["wsync_device_digests"] = true;
   return j;
 }
 
@@ -153,7 +154,7 @@ const std::set<std::string, std::less<>>& KnownFields() {
       "deployment_workers", "plan_digests", "world_size", "num_buffers", "concurrent_stages", "receive_staging_mb", "gloo_store_host",
       "gloo_store_port",
       "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers",
-      "tensor_parts", "wsync_lora"};
+      "tensor_parts", "wsync_lora", "wsync_device_digests"};
   return kKnown;
 }
 
@@ -365,6 +366,10 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
     info.concurrent_stages = v->get<bool>();
   }
   WSYNC_ASSIGN_OR_RETURN(info.receive_staging_mb, r.Int("receive_staging_mb", 0, INT32_MAX, 0));
+  if (const json* v = r.Find("wsync_device_digests"); v != nullptr) {
+    if (!v->is_boolean()) return InvalidArgument("init_info 'wsync_device_digests' must be true or false");
+    info.wsync_device_digests = v->get<bool>();
+  }
 
   if (const json* v = r.Find("wsync_lora"); v != nullptr) {
     if (!v->is_boolean()) return InvalidArgument("init_info 'wsync_lora' must be true or false");
@@ -400,6 +405,10 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
       return InvalidArgument("init_info timeout_seconds must be a positive finite number");
     }
     info.timeout_seconds = t->get<double>();
+  }
+  if (info.wsync_device_digests && info.uses_gloo()) {
+    return InvalidArgument("init_info wsync_device_digests is for trainer ranks on GPUs (nccl_unique_id_b64); a "
+                           "Gloo group's ranks digest on the host");
   }
   return info;
 }

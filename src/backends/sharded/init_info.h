@@ -34,6 +34,9 @@
 //                       then row, each split tensor's parts covering its dim 0
 //                       (ShardedStream::parts). Absent: every tensor is held whole
 //   gloo_* / nccl_unique_id_b64, rank_labels, timeout_seconds, wsync_protocol
+//   wsync_device_digests true: the trainer ranks digest on their GPUs, a tensor held whole
+//                       and over 32 MiB by row ranges (engine/device_digests.h). NCCL
+//                       groups only; absent: false
 //   wsync_lora          true: an adapter group (a LoRA trainer's, docs/lora.md). It
 //                       carries no model: names, dtype_names, shapes, group_lens,
 //                       owner_sets, name_owner_class, tensor_parts and plan_digests are
@@ -121,6 +124,7 @@ struct ShardedInitInfo {
   std::optional<double> timeout_seconds;
   int wsync_protocol = kShardedProtocolVersion;
   bool adapters_only = false;  // wsync_lora
+  bool wsync_device_digests = false;
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }
   // The group rank of consumer `consumer`; -1 when it is not in a degraded group.

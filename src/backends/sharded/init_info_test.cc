@@ -112,7 +112,20 @@ TEST(ShardedInitInfo, TheNcclRendezvousParsesToo) {
   Result<ShardedInitInfo> info = ShardedInitInfo::Parse(j);
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_FALSE(info->uses_gloo());
+  EXPECT_FALSE(info->wsync_device_digests);
   EXPECT_EQ(info->ToJson(), j);
+  // Ranks on GPUs digest there, and say so.
+  j["wsync_device_digests"] = true;
+  info = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_TRUE(info->wsync_device_digests);
+  EXPECT_EQ(info->ToJson(), j);
+  j["wsync_device_digests"] = "true";
+  EXPECT_EQ(ErrorOf(j), "init_info 'wsync_device_digests' must be true or false");
+  json gloo = Init();
+  gloo["wsync_device_digests"] = true;
+  EXPECT_NE(ErrorOf(gloo).find("wsync_device_digests is for trainer ranks on GPUs"), std::string::npos)
+      << ErrorOf(gloo);
 }
 
 TEST(ShardedInitInfo, MissingRequiredFieldsAreNamed) {

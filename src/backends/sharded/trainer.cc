@@ -25,6 +25,7 @@
 #include "core/log.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
+#include "engine/device_digests.h"
 #include "engine/engine.h"
 #include "engine/rank_exchange.h"
 #include "engine/sync_pass.h"
@@ -604,6 +605,7 @@ class ShardedPlane final : public DataPlane {
       info.gloo_prefix = fleet_.prefix;
     } else {
       info.nccl_unique_id_b64 = fleet_.nccl_id;
+      info.wsync_device_digests = true;
     }
     info.rank_labels = labels_;
     info.timeout_seconds = init.driver->deadlines().server_timeout();
@@ -698,17 +700,18 @@ class ShardedPlane final : public DataPlane {
 
   // This rank's part of one sync: its held pass, group by group, packed and sent.
   //
-  // In-line verification with several trainer ranks: every rank hashes its share of the
-  // host tensors it holds (HashingRank; a split tensor's parts, PartHashingRank, by row
-  // range), after packing each, and rank 0 gathers every rank's digests
-  // once all have sent, so that its finish carries a digest of every tensor whichever
-  // ranks hold them. Every rank must run with the same TrainerOptions::inline_verify (the
-  // gather is a collective of the trainer ranks).
+  // In-line verification: every rank hashes its share of the tensors it holds
+  // (HashingRank; a split tensor's parts, PartHashingRank, by row range), after packing
+  // each, host tensors on the host and GPU tensors on the GPU, and with several trainer
+  // ranks rank 0 gathers every rank's digests once all have sent, so that its finish
+  // carries a digest of every tensor whichever ranks hold them. Every rank must run with
+  // the same TrainerOptions::inline_verify (the gather is a collective of the trainer
+  // ranks).
   Status Produce(SyncContext& sync, Pending* http) {
     std::shared_ptr<PassDigests> digests;
-    if (options_.inline_verify && rank_comm_ != nullptr) {
-      sync.pass.CollectDigests();
-      digests = sync.pass.TakeDigests();
+    if (options_.inline_verify) {
+      if (rank_comm_ != nullptr) sync.pass.CollectDigests();
+      digests = sync.pass.TakeDigests();  // null when rank 0 has no verifying server
     }
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.HeldStream(held_meta_));
     std::shared_ptr<Communicator> comm = comm_;
@@ -728,7 +731,7 @@ class ShardedPlane final : public DataPlane {
     }
     TensorRef end;
     WSYNC_RETURN_IF_ERROR(stream->Next(&end).status());
-    if (!digests) return Status::Ok();
+    if (!digests || rank_comm_ == nullptr) return Status::Ok();
     Result<std::vector<std::string>> all = AllGatherStrings(*rank_comm_, digests->Json().dump(), sync.deadline);
     if (!all.ok()) return all.status().WithContext(fmt::format("trainer rank {}: gathering the in-line digests", me_));
     if (me_ != 0) return Status::Ok();
@@ -877,13 +880,22 @@ class ShardedPlane final : public DataPlane {
         if (!more) return Internal("the held pass ended early");
         // Hashed after the pack below reads it, while it is in cache. A split tensor is
         // whole on no rank: each of its parts is hashed by one of the ranks holding it.
+        // A tensor on the trainer's GPU is digested there (whole, or by row ranges over
+        // kDeviceWholeDigestBytes) before the next is read, while the source still holds
+        // it; one on another device is left undigested (the sync is then unverified).
         const bool split = !stream_.parts.empty() && !stream_.parts[i].empty();
-        const bool hash = st.digests && t.device.is_cpu() && (split || HashingRank(i) == me_);
-        auto record = [&] {
-          if (!hash) return;
+        const bool on_device = !t.device.is_cpu();
+        const bool hash = st.digests && (split || HashingRank(i) == me_) &&
+                          (!on_device || (rt != nullptr && t.device == options_.device && !split));
+        auto record = [&]() -> Status {
+          if (!hash) return Status::Ok();
+          if (on_device) {
+            const DeviceTensorBytes one{&stream_.tensors[i], t.bytes.data()};
+            return RecordDeviceDigests(options_.device, std::span(&one, 1), *st.digests);
+          }
           if (!split) {
             st.digests->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
-            return;
+            return Status::Ok();
           }
           const TensorMeta& whole = stream_.tensors[i];
           const size_t row_bytes = whole.nbytes() / static_cast<size_t>(whole.shape[0]);
@@ -895,9 +907,10 @@ class ShardedPlane final : public DataPlane {
             st.digests->RecordRows(t.name, parts[k].row_begin, parts[k].row_end,
                                    HexDigest(DigestAlgorithm::kXxh3_128, t.bytes.subspan(from, bytes)));
           }
+          return Status::Ok();
         };
         if (pack_[i].empty()) {
-          record();
+          WSYNC_RETURN_IF_ERROR(record());
           continue;
         }
         if (rt == nullptr && !t.device.is_cpu()) {
@@ -920,7 +933,7 @@ class ShardedPlane final : public DataPlane {
                         r.run_bytes);
           }
         }
-        record();
+        WSYNC_RETURN_IF_ERROR(record());
       }
       if (!sends) continue;
       if (rt != nullptr) WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext("packing " + GroupName(g)));
