@@ -723,9 +723,22 @@ Result<std::map<std::string, std::string>> AllHfDigests(
   // Device stores are read back in blocks: each thread holds one at a time.
   const bool on_host = std::ranges::all_of(group, [](const WorkerStore* s) { return s->device().is_cpu(); });
   const size_t block_bytes = on_host ? size_t{64} << 20 : kDeviceReadBackBlockBytes;
-  return DigestEach(group[0]->table().served_hf_tensors(), threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
-    return HfDigestWith(group, m.name, algorithm, block_bytes, scratch);
-  });
+  const std::vector<TensorMeta>& served = group[0]->table().served_hf_tensors();
+  // xxh3-128 of what a device store holds in one run is taken on the device; only the
+  // rest (TP-split tensors) is read back.
+  std::map<std::string, std::string> on_device;
+  if (!on_host && algorithm == DigestAlgorithm::kXxh3_128) {
+    WSYNC_ASSIGN_OR_RETURN(on_device, DeviceHeldDigests(group, served, {}));
+  }
+  std::vector<TensorMeta> rest;
+  for (const TensorMeta& m : served) {
+    if (!on_device.contains(m.name)) rest.push_back(m);
+  }
+  WSYNC_ASSIGN_OR_RETURN(auto read, DigestEach(rest, threads, [&](const TensorMeta& m, std::vector<std::byte>* scratch) {
+                           return HfDigestWith(group, m.name, algorithm, block_bytes, scratch);
+                         }));
+  on_device.merge(read);
+  return on_device;
 }
 
 Status CheckReplicas(std::span<const WorkerStore* const> group) {

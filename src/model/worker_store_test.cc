@@ -451,6 +451,43 @@ TEST(WorkerStore, DeviceHeldDigestsEqualTheReadBackOnes) {
   }
 }
 
+// A checksum of a device group (/weight_checker, push --verify) takes what the stores hold
+// in one run on the device and reads back only the rest: the same digests as the host's.
+TEST(WorkerStore, AllHfDigestsOfADeviceGroupDigestHeldRunsOnTheDevice) {
+  HostBackedDevice device;
+  const Device gpu{Device::Kind::kCuda, 0};
+  const ModelConfig c = Model("qwen3-tiny");
+  const std::vector<HostTensor> hf = FilledHf(c, 6);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(fmt::format("tp {}", tp));
+    Group host = MakeGroup(c, tp);
+    std::vector<std::unique_ptr<WorkerStore>> stores;
+    std::vector<const WorkerStore*> group;
+    for (int r = 0; r < tp; ++r) {
+      stores.push_back(std::move(*WorkerStore::Create(c, r, tp, gpu)));
+      group.push_back(stores.back().get());
+    }
+    for (const HostTensor& t : hf) {
+      for (auto& st : host.stores) ASSERT_TRUE(st->Load(t.ref()).ok());
+      for (auto& st : stores) ASSERT_TRUE(st->Load(t.ref()).ok());
+    }
+    const auto want = AllHfDigests(host.view, DigestAlgorithm::kXxh3_128, 2);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    int launches = device.digest_launches();
+    auto got = AllHfDigests(group, DigestAlgorithm::kXxh3_128, 2);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, *want);
+    EXPECT_EQ(got->size(), hf.size());
+    EXPECT_EQ(device.digest_launches(), launches + 1);
+    // sha256 has no device kernel: all of it is read back.
+    launches = device.digest_launches();
+    auto sha = AllHfDigests(group, DigestAlgorithm::kSha256, 2);
+    ASSERT_TRUE(sha.ok()) << sha.status().ToString();
+    EXPECT_EQ(*sha, *AllHfDigests(host.view, DigestAlgorithm::kSha256, 2));
+    EXPECT_EQ(device.digest_launches(), launches);
+  }
+}
+
 TEST(WorkerStore, GroupErrors) {
   const ModelConfig c = Model("qwen3-tiny");
   Group g = MakeGroup(c, 2);
