@@ -61,6 +61,27 @@ Group MakeGroup(const ModelConfig& c, int tp, Drafter drafter = Drafter::kNone) 
   return g;
 }
 
+// A host group and a group on `device` (the host-backed stand-in for a GPU) of TP `tp`,
+// both loaded with `hf`.
+struct HostAndDevice {
+  Group host;
+  Group device;
+};
+HostAndDevice LoadHostAndDevice(const ModelConfig& c, int tp, const std::vector<HostTensor>& hf, const Device& device) {
+  HostAndDevice g{MakeGroup(c, tp), {}};
+  for (int r = 0; r < tp; ++r) {
+    auto s = WorkerStore::Create(c, r, tp, device);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    g.device.view.push_back(s->get());
+    g.device.stores.push_back(std::move(s).value());
+  }
+  for (const HostTensor& t : hf) {
+    for (auto& st : g.host.stores) EXPECT_TRUE(st->Load(t.ref()).ok()) << t.meta.name;
+    for (auto& st : g.device.stores) EXPECT_TRUE(st->Load(t.ref()).ok()) << t.meta.name;
+  }
+  return g;
+}
+
 TEST(WorkerStore, LoadThenReadBackIsIdentity) {
   for (const char* name : {"qwen3-tiny", "qwen3-moe-tiny"}) {
     const ModelConfig c = Model(name);
@@ -406,17 +427,9 @@ TEST(WorkerStore, DeviceHeldDigestsEqualTheReadBackOnes) {
   const std::vector<HostTensor> hf = FilledHf(c, 5);
   for (int tp : {1, 2}) {
     SCOPED_TRACE(fmt::format("tp {}", tp));
-    Group host = MakeGroup(c, tp);
-    std::vector<std::unique_ptr<WorkerStore>> stores;
-    std::vector<const WorkerStore*> group;
-    for (int r = 0; r < tp; ++r) {
-      stores.push_back(std::move(*WorkerStore::Create(c, r, tp, gpu)));
-      group.push_back(stores.back().get());
-    }
-    for (const HostTensor& t : hf) {
-      for (auto& st : host.stores) ASSERT_TRUE(st->Load(t.ref()).ok());
-      for (auto& st : stores) ASSERT_TRUE(st->Load(t.ref()).ok());
-    }
+    const HostAndDevice g = LoadHostAndDevice(c, tp, hf, gpu);
+    const Group& host = g.host;
+    const std::vector<const WorkerStore*>& group = g.device.view;
     std::vector<TensorMeta> metas;
     for (const HostTensor& t : hf) metas.push_back(t.meta);
     const std::string embed = "model.embed_tokens.weight";
@@ -460,17 +473,9 @@ TEST(WorkerStore, AllHfDigestsOfADeviceGroupDigestHeldRunsOnTheDevice) {
   const std::vector<HostTensor> hf = FilledHf(c, 6);
   for (int tp : {1, 2}) {
     SCOPED_TRACE(fmt::format("tp {}", tp));
-    Group host = MakeGroup(c, tp);
-    std::vector<std::unique_ptr<WorkerStore>> stores;
-    std::vector<const WorkerStore*> group;
-    for (int r = 0; r < tp; ++r) {
-      stores.push_back(std::move(*WorkerStore::Create(c, r, tp, gpu)));
-      group.push_back(stores.back().get());
-    }
-    for (const HostTensor& t : hf) {
-      for (auto& st : host.stores) ASSERT_TRUE(st->Load(t.ref()).ok());
-      for (auto& st : stores) ASSERT_TRUE(st->Load(t.ref()).ok());
-    }
+    const HostAndDevice g = LoadHostAndDevice(c, tp, hf, gpu);
+    const Group& host = g.host;
+    const std::vector<const WorkerStore*>& group = g.device.view;
     const auto want = AllHfDigests(host.view, DigestAlgorithm::kXxh3_128, 2);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     int launches = device.digest_launches();

@@ -22,7 +22,19 @@ namespace {
 
 using nlohmann::json;
 
-class InlineVerifyTest : public E2eTest {};
+class InlineVerifyTest : public E2eTest {
+ protected:
+  // One TP=2 server of `backend` and one trainer rank: the push's three syncs (the full
+  // one and two steps) are each verified in-line on every tensor.
+  void ExpectOneServerVerifiesEverySync(const std::string& backend, const std::string& seed) {
+    E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("s", {"--model", "qwen3-tiny", "--backend", backend, "--tp", "2"}));
+    RunResult push = Push("push", {s}, {"--backend", backend, "--model", "qwen3-tiny", "--seed", seed, "--steps", "2",
+                                        "--timeout", "60"});
+    ASSERT_TRUE(push.success()) << push.description;
+    EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-tiny"))))
+        << push.out;
+  }
+};
 
 TEST_F(InlineVerifyTest, NcclTwoServersVerifyEveryTensorEverySync) {
   E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("a", {"--model", "qwen3-tiny"}));
@@ -41,14 +53,7 @@ TEST_F(InlineVerifyTest, NcclTwoServersVerifyEveryTensorEverySync) {
   EXPECT_EQ(InlineCells(off.out), std::vector<std::string>(1, "off")) << off.out;
 }
 
-TEST_F(InlineVerifyTest, IpcVerifiesEveryTensor) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server s, StartServer("s", {"--model", "qwen3-tiny", "--backend", "ipc", "--tp", "2"}));
-  RunResult push = Push("push", {s}, {"--backend", "ipc", "--model", "qwen3-tiny", "--seed", "6", "--steps", "2",
-                                      "--timeout", "60"});
-  ASSERT_TRUE(push.success()) << push.description;
-  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-tiny"))))
-      << push.out;
-}
+TEST_F(InlineVerifyTest, IpcVerifiesEveryTensor) { ExpectOneServerVerifiesEverySync("ipc", "6"); }
 
 // A Megatron layout: each trainer rank holds part of the model; rank 0's finish carries
 // every rank's digests, so every tensor is verified.
@@ -65,14 +70,7 @@ TEST_F(InlineVerifyTest, ShardedMegatronLayoutVerifiesEveryRanksTensors) {
 
 // One trainer rank: its packer hashes every tensor after packing it, as each of several
 // ranks hashes its share.
-TEST_F(InlineVerifyTest, ShardedOneTrainerRankVerifiesEveryTensor) {
-  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("a", {"--model", "qwen3-tiny", "--backend", "sharded", "--tp", "2"}));
-  RunResult push = Push("push", {a}, {"--backend", "sharded", "--model", "qwen3-tiny", "--seed", "9", "--steps", "2",
-                                      "--timeout", "60"});
-  ASSERT_TRUE(push.success()) << push.description;
-  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("1/1:{}", TensorCount("qwen3-tiny"))))
-      << push.out;
-}
+TEST_F(InlineVerifyTest, ShardedOneTrainerRankVerifiesEveryTensor) { ExpectOneServerVerifiesEverySync("sharded", "9"); }
 
 TEST_F(InlineVerifyTest, DeltaVerifiesChangedAndUnchangedTensors) {
   const std::string model = "qwen3-tiny";
