@@ -271,7 +271,8 @@ Result<std::map<std::string, std::string>> DeviceHeldDigests(
     const std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>& row_ranges);
 
 // HfDigest of every HF tensor of the model, keyed by name, on up to `threads` threads;
-// xxh3-128 of a device group's tensors held in one run through DeviceHeldDigests.
+// xxh3-128 of a device group's tensors held in one run through DeviceHeldDigests, so
+// call it, as that, while no Load runs, from one thread at a time.
 Result<std::map<std::string, std::string>> AllHfDigests(
     std::span<const WorkerStore* const> tp_group, DigestAlgorithm algorithm, size_t threads);
 

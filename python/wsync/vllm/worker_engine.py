@@ -272,7 +272,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         model_dir = _config_dir(self.model_config)
         tp_rank = self.worker_rank % pc.tensor_parallel_size
         table = sharding_table(model_dir, tp_rank, pc.tensor_parallel_size)
-        landing = SliceLanding(plan_targets(self.model, table, label), lambda t: tensor_digest(t, "xxh3_128"))
+        landing = SliceLanding(plan_targets(self.model, table, label), _xxh3_hex)
         return {"model": model_dir, "tp_size": pc.tensor_parallel_size}, landing
 
     def start_weight_update(self) -> None:
@@ -370,8 +370,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         """The xxh3-128 hex of a landed tensor, or [(begin, end, hex), ...] of its rows where
         the trainer digests on its GPU and cuts a tensor of this size into row ranges
         (``wsync.vllm.slices.device_rows``, the trainer's own rule)."""
-        return digest_by_rows(tensor, device_rows(tensor) if self._device_rows else [],
-                              lambda t: tensor_digest(t, "xxh3_128"))
+        return digest_by_rows(tensor, device_rows(tensor) if self._device_rows else [], _xxh3_hex)
 
     def finish_weight_update(self) -> None:
         if self._lora is not None:
@@ -743,6 +742,11 @@ def _mtp_drafter(engine):
     first, count = hf.num_hidden_layers, getattr(hf, "num_nextn_predict_layers", 0) or 0
     return _CoTarget(drafter, spec.draft_model_config,
                      tuple(f"model.layers.{i}." for i in range(first, first + count)))
+
+
+def _xxh3_hex(tensor):
+    """The xxh3-128 hex of a landed tensor's bytes, the digest in-line verification compares."""
+    return tensor_digest(tensor, "xxh3_128")
 
 
 def _rows_of(want):
