@@ -36,6 +36,17 @@ struct SourceStorage {
   Device device;
 };
 
+// The offset of `t` inside `storage`, or nullopt when `t` is on another device or not
+// wholly inside the block.
+std::optional<uint64_t> OffsetInStorage(const SourceStorage& storage, const TensorRef& t);
+
+// Called by a packer that enqueued device copies from `t` (DeviceRuntime::Copy2D on this
+// thread) before it asks the stream for its next tensor. `t` is valid only until then: its
+// source may free the memory (an all-gathered or cast temporary) while a copy still reads
+// it, so the copies are waited for, unless `t` lies in `stable`, the storage its source
+// keeps for the life of the source. Returns whether it waited.
+Result<bool> FinishCopiesFrom(DeviceRuntime& rt, const TensorRef& t, const std::optional<SourceStorage>& stable);
+
 // Rows [begin, end) of dim 0 of tensor `name`: the part of it one rank holds.
 struct HeldRows {
   std::string name;

@@ -20,7 +20,9 @@ numpy has no bfloat16: give a ``uint16`` (or ``int16``) array holding the bf16 b
 say ``"bfloat16"`` in the metadata. The same holds for float8 (``uint8`` bits). numpy
 cannot export a read-only array through DLPack: pass a writable one. A torch CUDA tensor
 is read after torch's current stream on its device has finished; it must be on the
-engine's device.
+engine's device. Every backend has finished reading a tensor before it asks the iterator
+for the next one (tensors inside ``storage()`` aside), so a source may yield temporaries
+(an all-gathered shard, a dtype cast) and let them go.
 
 The engine checks every tensor against the metadata as it streams: a tensor whose name,
 dtype or shape differs, an extra or a missing one fails the sync with

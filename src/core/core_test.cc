@@ -1,10 +1,12 @@
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -223,6 +225,110 @@ TEST(Digest, ADeviceTensorWithoutARuntimeFailsNamingTheTensorAndDevice) {
   ASSERT_FALSE(got.ok());
   EXPECT_NE(got.status().message().find("model.norm.weight"), std::string::npos) << got.status().ToString();
   EXPECT_NE(got.status().message().find("cuda:2"), std::string::npos) << got.status().ToString();
+}
+
+// A stream of temporaries: each Next() writes the next tensor into the memory the previous
+// one lent, as a caching allocator hands a freed block to the next all-gather or cast.
+class ReusingStream final : public TensorStream {
+ public:
+  ReusingStream(std::vector<std::vector<std::byte>> tensors, Device device)
+      : tensors_(std::move(tensors)), memory_(tensors_.at(0).size()), shape_{static_cast<int64_t>(memory_.size())},
+        device_(device) {}
+  Result<bool> Next(TensorRef* out) override {
+    if (next_ == tensors_.size()) return false;
+    std::copy(tensors_[next_].begin(), tensors_[next_].end(), memory_.begin());
+    ++next_;
+    *out = TensorRef{"model.layers.0.mlp.up_proj.weight", DType::kU8, shape_, memory_, device_};
+    return true;
+  }
+
+ private:
+  std::vector<std::vector<std::byte>> tensors_;
+  std::vector<std::byte> memory_;
+  Shape shape_;
+  Device device_;
+  size_t next_ = 0;
+};
+
+// Three distinct tensors of `n` bytes.
+std::vector<std::vector<std::byte>> ThreePatterns(size_t n) {
+  std::vector<std::vector<std::byte>> v(3, std::vector<std::byte>(n));
+  for (size_t k = 0; k < v.size(); ++k) {
+    for (size_t i = 0; i < n; ++i) v[k][i] = static_cast<std::byte>(i * 7 + k * 101 + 1);
+  }
+  return v;
+}
+
+// Packs every tensor of `stream` back to back into `out` through `rt`, then waits for
+// the copies; with `finish`, FinishCopiesFrom runs after each tensor's copy. Returns the
+// waits FinishCopiesFrom made.
+int PackAll(DeviceRuntime& rt, TensorStream& stream, std::span<std::byte> out, bool finish,
+            const std::optional<SourceStorage>& stable) {
+  int waits = 0;
+  size_t off = 0;
+  TensorRef t;
+  while (*stream.Next(&t)) {
+    EXPECT_TRUE(rt.Copy2D(out.data() + off, 0, t.bytes.data(), 0, t.bytes.size(), 1).ok());
+    off += t.bytes.size();
+    if (!finish) continue;
+    Result<bool> waited = FinishCopiesFrom(rt, t, stable);
+    EXPECT_TRUE(waited.ok()) << waited.status().ToString();
+    waits += waited.ok() && *waited;
+  }
+  EXPECT_TRUE(rt.Synchronize().ok());
+  return waits;
+}
+
+TEST(FinishCopiesFrom, CopiesFromATemporaryEndBeforeTheSourceReusesItsMemory) {
+  HostBackedDevice device;
+  device.DeferCopies(true);
+  const Device cuda0{Device::Kind::kCuda, 0};
+  const size_t n = 4096;
+  const std::vector<std::vector<std::byte>> tensors = ThreePatterns(n);
+  std::vector<std::byte> expected;
+  for (const auto& t : tensors) expected.insert(expected.end(), t.begin(), t.end());
+  {
+    // Without the wait, every queued copy reads the memory after its last reuse.
+    ReusingStream stream(tensors, cuda0);
+    std::vector<std::byte> out(3 * n);
+    EXPECT_EQ(PackAll(device, stream, out, /*finish=*/false, std::nullopt), 0);
+    EXPECT_NE(out, expected);
+    EXPECT_TRUE(std::equal(out.begin(), out.begin() + n, tensors[2].begin()));
+  }
+  ReusingStream stream(tensors, cuda0);
+  std::vector<std::byte> out(3 * n);
+  EXPECT_EQ(PackAll(device, stream, out, /*finish=*/true, std::nullopt), 3);
+  EXPECT_EQ(out, expected);
+}
+
+TEST(FinishCopiesFrom, TensorsInTheSourcesStableStorageAreNotWaitedFor) {
+  HostBackedDevice device;
+  device.DeferCopies(true);
+  const Device cuda0{Device::Kind::kCuda, 0};
+  const size_t n = 4096;
+  std::vector<std::byte> block;
+  for (const auto& t : ThreePatterns(n)) block.insert(block.end(), t.begin(), t.end());
+  const SourceStorage storage{block.data(), block.size(), cuda0};
+  const Shape shape{static_cast<int64_t>(n)};
+  std::vector<TensorRef> refs;
+  for (size_t k = 0; k < 3; ++k) {
+    refs.push_back({"w", DType::kU8, shape, std::span<const std::byte>(block).subspan(k * n, n), cuda0});
+  }
+  std::vector<std::byte> out(3 * n);
+  for (size_t k = 0; k < refs.size(); ++k) {
+    ASSERT_TRUE(device.Copy2D(out.data() + k * n, 0, refs[k].bytes.data(), 0, n, 1).ok());
+    EXPECT_EQ(*FinishCopiesFrom(device, refs[k], storage), false) << "tensor " << k;
+  }
+  EXPECT_NE(out, block);  // still queued
+  ASSERT_TRUE(device.Synchronize().ok());
+  EXPECT_EQ(out, block);
+  // Outside the block, or on another device, a tensor is waited for.
+  std::vector<std::byte> elsewhere(n);
+  EXPECT_EQ(*FinishCopiesFrom(device, TensorRef{"w", DType::kU8, shape, elsewhere, cuda0}, storage), true);
+  EXPECT_EQ(*FinishCopiesFrom(device, TensorRef{"w", DType::kU8, shape, refs[0].bytes, Device{Device::Kind::kCuda, 1}},
+                              storage),
+            true);
+  EXPECT_EQ(*FinishCopiesFrom(device, refs[0], std::nullopt), true);
 }
 
 TEST(MemoryWindow, MeasuresPeakHostAndDeviceGrowthFromItsStart) {

@@ -135,4 +135,19 @@ Result<std::unique_ptr<TensorStream>> DeviceTensorSource::Iterate() {
   return std::unique_ptr<TensorStream>(std::make_unique<Stream>(*this));
 }
 
+std::optional<uint64_t> OffsetInStorage(const SourceStorage& storage, const TensorRef& t) {
+  if (t.device != storage.device || storage.data == nullptr) return std::nullopt;
+  // Integer addresses: pointers into different objects do not compare in C++.
+  auto begin = reinterpret_cast<uintptr_t>(storage.data);
+  auto p = reinterpret_cast<uintptr_t>(t.bytes.data());
+  if (p < begin || p - begin > storage.bytes || t.bytes.size() > storage.bytes - (p - begin)) return std::nullopt;
+  return p - begin;
+}
+
+Result<bool> FinishCopiesFrom(DeviceRuntime& rt, const TensorRef& t, const std::optional<SourceStorage>& stable) {
+  if (stable && OffsetInStorage(*stable, t)) return false;
+  WSYNC_RETURN_IF_ERROR(rt.Synchronize().WithContext(fmt::format("copying {} from {}", t.name, t.device.ToString())));
+  return true;
+}
+
 }  // namespace wsync

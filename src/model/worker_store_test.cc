@@ -146,7 +146,9 @@ TEST(WorkerStore, LandingDigestsAreOfTheLandedBytes) {
         size_t whole = 0;
         for (const HostTensor& t : hf) {
           std::optional<std::string> got = g.stores[0]->LandedDigest(t.meta.name);
-          if (tp == 1) ASSERT_TRUE(got.has_value()) << t.meta.name;
+          if (tp == 1) {
+            ASSERT_TRUE(got.has_value()) << t.meta.name;
+          }
           if (!got) continue;
           ++whole;
           EXPECT_EQ(*got, HexDigest(DigestAlgorithm::kXxh3_128, t.ref().bytes)) << t.meta.name;
@@ -255,7 +257,9 @@ TEST(WorkerStore, DrafterLayerMustLandWhole) {
   // The next update starts afresh: only target tensors touch no drafter layer.
   s->BeginDrafterUpdate();
   for (const HostTensor& t : hf) {
-    if (MtpLayerOf(c, t.meta.name) < 0) ASSERT_TRUE(s->Load(t.ref()).ok());
+    if (MtpLayerOf(c, t.meta.name) < 0) {
+      ASSERT_TRUE(s->Load(t.ref()).ok());
+    }
   }
   EXPECT_FALSE(*s->FinishDrafterUpdate());
   // Planned copies (the ipc backend's batched landing, replayed from an earlier update)
@@ -458,8 +462,11 @@ TEST(WorkerStore, DeviceHeldDigestsEqualTheReadBackOnes) {
         EXPECT_EQ(it->second, *HfDigest(host.view, m.name, DigestAlgorithm::kXxh3_128)) << m.name;
       }
     }
-    if (tp == 1) EXPECT_EQ(held, metas.size());
-    if (tp == 2) EXPECT_GT(held, 0u);
+    if (tp == 1) {
+      EXPECT_EQ(held, metas.size());
+    } else {
+      EXPECT_GT(held, 0u);
+    }
     EXPECT_TRUE(got->contains("model.norm.weight"));
   }
 }

@@ -80,7 +80,7 @@ Status IpcPacker::PackDevice(IpcSession& session, TensorStream& stream, const st
       copies.push_back({t.bytes.data(), dst, t.bytes.size()});
     } else {
       WSYNC_RETURN_IF_ERROR(rt->Copy2D(dst, 0, t.bytes.data(), 0, t.bytes.size(), 1));
-      WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext(fmt::format("packing {}", meta[i].name)));
+      WSYNC_RETURN_IF_ERROR(FinishCopiesFrom(*rt, t, storage).status());
     }
     p.bytes_done += t.bytes.size();
   }

@@ -18,15 +18,6 @@ std::string StorageLayout::Digest() const {
   return HexDigest(DigestAlgorithm::kXxh3_128, std::as_bytes(std::span(words)));
 }
 
-std::optional<uint64_t> OffsetInStorage(const SourceStorage& storage, const TensorRef& t) {
-  if (t.device != storage.device || storage.data == nullptr) return std::nullopt;
-  // Integer addresses: pointers into different objects do not compare in C++.
-  auto begin = reinterpret_cast<uintptr_t>(storage.data);
-  auto p = reinterpret_cast<uintptr_t>(t.bytes.data());
-  if (p < begin || p - begin > storage.bytes || t.bytes.size() > storage.bytes - (p - begin)) return std::nullopt;
-  return p - begin;
-}
-
 std::string DescribeStorage(const SourceStorage& storage) {
   return fmt::format("{} bytes at {} on {}", storage.bytes, static_cast<const void*>(storage.data),
                      storage.device.ToString());

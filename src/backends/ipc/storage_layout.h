@@ -28,10 +28,6 @@ struct StorageLayout {
   std::string Digest() const;
 };
 
-// The offset of `t` inside `storage`, or nullopt when `t` is on another device or not
-// wholly inside the block.
-std::optional<uint64_t> OffsetInStorage(const SourceStorage& storage, const TensorRef& t);
-
 // Follows one pass: Add() each tensor as the pass yields it, then Finish(). The tensors
 // must lie in the block in iteration order without overlapping (gaps are fine), as the
 // ipc protocol's tensor_offsets do.

@@ -220,13 +220,14 @@ class NcclPlane final : public DataPlane {
     // on the device once packed (in-line verification).
     std::shared_ptr<PassDigests> digests = sync.pass.TakeDigests();
     WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<TensorStream> stream, sync.pass.Stream());
+    const std::optional<SourceStorage> stable = sync.pass.source().storage();
     auto buffers = buffers_;
     auto progress = sync.progress;
     DeviceRuntime* rt = nullptr;
     if (!device.is_cpu()) {
       WSYNC_ASSIGN_OR_RETURN(rt, CudaRuntimeFor(device));
     }
-    auto op = [comm, stream, digests, buffers, meta_owned, plan_owned, progress, deadline, nbuf, device,
+    auto op = [comm, stream, stable, digests, buffers, meta_owned, plan_owned, progress, deadline, nbuf, device,
                rt]() -> Status {
       WSYNC_RETURN_IF_ERROR(UseDeviceOnThisThread(device));
       const ChunkPlan& plan = *plan_owned;
@@ -264,6 +265,11 @@ class NcclPlane final : public DataPlane {
                 packed[k].Advance(end);
                 released = end;
               }
+            }
+            WSYNC_ASSIGN_OR_RETURN(bool waited, FinishCopiesFrom(*rt, t, stable));
+            if (waited) {
+              released = off + t.bytes.size();
+              packed[k].Advance(released);
             }
             continue;
           }

@@ -721,6 +721,7 @@ class ShardedPlane final : public DataPlane {
     state->comm = comm;
     state->progress = sync.progress;
     state->digests = digests;
+    state->stable = sync.pass.source().storage();
     // The op reads the plane's plans, which live until Shutdown; Shutdown aborts the group
     // first, so the op ends before they go.
     auto op = [this, state, deadline = sync.deadline]() { return ProduceLoop(*state, deadline); };
@@ -824,6 +825,7 @@ class ShardedPlane final : public DataPlane {
     std::shared_ptr<Communicator> comm;
     std::function<void(const SyncProgress&)> progress;
     std::shared_ptr<PassDigests> digests;  // in-line verification: this rank's share
+    std::optional<SourceStorage> stable;    // what the source keeps for its life (FinishCopiesFrom)
   };
 
   // The trainer rank that hashes stream tensor i for in-line verification: one of its
@@ -917,6 +919,7 @@ class ShardedPlane final : public DataPlane {
           return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors", t.name,
                                              t.device.ToString()));
         }
+        bool copied = false;  // device copies from `t` are enqueued
         for (const PackStep& p : pack_[i]) {
           const PieceRuns& r = p.runs;
           if (p.part) {
@@ -926,6 +929,7 @@ class ShardedPlane final : public DataPlane {
           if (rt != nullptr) {
             WSYNC_RETURN_IF_ERROR(rt->Copy2D(buf + p.offset, r.run_bytes, t.bytes.data() + r.hf_offset, r.hf_stride,
                                              r.run_bytes, r.count));
+            copied = true;
             continue;
           }
           for (int64_t k = 0; k < r.count; ++k) {
@@ -934,6 +938,7 @@ class ShardedPlane final : public DataPlane {
           }
         }
         WSYNC_RETURN_IF_ERROR(record());
+        if (copied) WSYNC_RETURN_IF_ERROR(FinishCopiesFrom(*rt, t, st.stable).status());
       }
       if (!sends) continue;
       if (rt != nullptr) WSYNC_RETURN_IF_ERROR(rt->Synchronize().WithContext("packing " + GroupName(g)));
