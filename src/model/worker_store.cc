@@ -415,6 +415,10 @@ Status WorkerStore::LoadPiece(int param, int piece, std::span<const std::byte> p
   for (int64_t o = 0; o < r.count; ++o) {
     std::memcpy(dst + r.dst_offset + o * r.dst_stride, packed.data() + o * r.run_bytes, r.run_bytes);
   }
+  if (!fault_corrupt_landing_.empty() && table_.params()[param].pieces[piece].hf_name == fault_corrupt_landing_ &&
+      r.count > 0 && r.run_bytes > 0) {
+    dst[r.dst_offset] ^= std::byte{1};
+  }
   if (group_landing_ && table_.params()[param].pieces[piece].primary) {
     group_landing_->LandedPiece(table_.FindHf(table_.params()[param].pieces[piece].hf_name));
   }

@@ -144,7 +144,8 @@ class WorkerStore final : public WorkerSink {
   // are not adjacent). Not thread-safe: call while no Load runs, from one thread.
   std::optional<std::span<const std::byte>> HeldRun(std::string_view hf_name, int64_t begin, int64_t end) const;
   // Fault injection for tests (`wsync serve --fault corrupt-landed`): every landing of
-  // `hf_name` (Load, LoadEach) writes its first byte with one bit flipped.
+  // `hf_name` (Load, LoadEach) writes its first byte with one bit flipped, as does each
+  // host LoadPiece of it (the piece's first byte).
   void set_fault_corrupt_landing(std::string hf_name) { fault_corrupt_landing_ = std::move(hf_name); }
 
   // The sharded backend's slices (worker_sink.h). A CUDA store's copies complete in

@@ -6,6 +6,7 @@
 // weight version, and /metrics must count the failure. A server that does not declare
 // in-line verification (fp8: it holds other bytes than it received) gets no digests and
 // the push still succeeds, unverified.
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -71,6 +72,35 @@ TEST_F(InlineVerifyTest, ShardedMegatronLayoutVerifiesEveryRanksTensors) {
 // One trainer rank: its packer hashes every tensor after packing it, as each of several
 // ranks hashes its share.
 TEST_F(InlineVerifyTest, ShardedOneTrainerRankVerifiesEveryTensor) { ExpectOneServerVerifiesEverySync("sharded", "9"); }
+
+// FSDP ranks each read every tensor (an all-gather apiece), so each tensor of at least
+// 1 MiB is hashed by row ranges, one per rank (wsync_split_digests): servers of either TP
+// size verify every tensor, and a corrupt landing of the split embedding is refused
+// naming it and showing its four range digests.
+TEST_F(InlineVerifyTest, ShardedFsdpRanksShareEachLargeTensorsHashingByRows) {
+  E2E_ASSERT_OK_AND_ASSIGN(Server a, StartServer("a", {"--model", "qwen3-tiny", "--backend", "sharded", "--tp", "2"}));
+  E2E_ASSERT_OK_AND_ASSIGN(Server b, StartServer("b", {"--model", "qwen3-tiny", "--backend", "sharded"}));
+  const std::vector<std::string> fsdp = {"--backend", "sharded", "--model", "qwen3-tiny", "--seed", "11",
+                                         "--trainer-ranks", "4", "--trainer-layout", "fsdp", "--timeout", "60"};
+  std::vector<std::string> steps = fsdp;
+  steps.insert(steps.end(), {"--steps", "2"});
+  RunResult push = Push("push", {a, b}, steps);
+  ASSERT_TRUE(push.success()) << push.description;
+  EXPECT_EQ(InlineCells(push.out), std::vector<std::string>(3, fmt::format("2/2:{}", TensorCount("qwen3-tiny"))))
+      << push.out;
+
+  E2E_ASSERT_OK_AND_ASSIGN(Server bad, StartServer("bad", {"--model", "qwen3-tiny", "--backend", "sharded", "--tp",
+                                                           "2", "--fault", "corrupt-landed"}));
+  RunResult refused = Push("refused", {bad}, fsdp);
+  ASSERT_FALSE(refused.success()) << refused.description;
+  const std::string& err = refused.err;
+  const size_t at = err.find("model.embed_tokens.weight (");
+  ASSERT_NE(at, std::string::npos) << refused.description;
+  const size_t holds = err.find(" holds ", at), read = err.find(", the trainer read", at);
+  ASSERT_TRUE(holds != std::string::npos && read != std::string::npos && holds < read) << err;
+  EXPECT_EQ(std::count(err.begin() + holds, err.begin() + read, ','), 3) << err;
+  EXPECT_EQ(HttpGet(bad.url, "/health").json.value("weights_consistent", true), false);
+}
 
 TEST_F(InlineVerifyTest, DeltaVerifiesChangedAndUnchangedTensors) {
   const std::string model = "qwen3-tiny";

@@ -26,6 +26,16 @@ std::vector<LoraBucket> ShardedLoraBuckets(const std::vector<TensorMeta>& tensor
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> SplitDigestRows(const TensorMeta& tensor, size_t holders) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (holders < 2 || tensor.shape.empty() || tensor.nbytes() < kSplitDigestMinBytes) return out;
+  const int64_t rows = tensor.shape[0];
+  const auto h = static_cast<int64_t>(holders);
+  if (rows < h) return out;
+  for (int64_t k = 0; k < h; ++k) out.emplace_back(k * rows / h, (k + 1) * rows / h);
+  return out;
+}
+
 json ShardedInitInfo::ToJson() const {
   json j = adapters_only ? json::object() : TensorListJson(tensors);
   if (adapters_only) {
@@ -63,6 +73,7 @@ json ShardedInitInfo::ToJson() const {
   if (timeout_seconds) j["timeout_seconds"] = *timeout_seconds;
   j["wsync_protocol"] = wsync_protocol;
   if (wsync_device_digests) j["wsync_device_digests"] = true;
+  if (wsync_split_digests) j["wsync_split_digests"] = true;
   return j;
 }
 
@@ -154,7 +165,7 @@ const std::set<std::string, std::less<>>& KnownFields() {
       "deployment_workers", "plan_digests", "world_size", "num_buffers", "concurrent_stages", "receive_staging_mb", "gloo_store_host",
       "gloo_store_port",
       "gloo_prefix", "nccl_unique_id_b64", "rank_labels", "timeout_seconds", "wsync_protocol", "live_consumers",
-      "tensor_parts", "wsync_lora", "wsync_device_digests"};
+      "tensor_parts", "wsync_lora", "wsync_device_digests", "wsync_split_digests"};
   return kKnown;
 }
 
@@ -370,6 +381,10 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
     if (!v->is_boolean()) return InvalidArgument("init_info 'wsync_device_digests' must be true or false");
     info.wsync_device_digests = v->get<bool>();
   }
+  if (const json* v = r.Find("wsync_split_digests"); v != nullptr) {
+    if (!v->is_boolean()) return InvalidArgument("init_info 'wsync_split_digests' must be true or false");
+    info.wsync_split_digests = v->get<bool>();
+  }
 
   if (const json* v = r.Find("wsync_lora"); v != nullptr) {
     if (!v->is_boolean()) return InvalidArgument("init_info 'wsync_lora' must be true or false");
@@ -409,6 +424,10 @@ Result<ShardedInitInfo> ShardedInitInfo::Parse(const json& j) {
   if (info.wsync_device_digests && info.uses_gloo()) {
     return InvalidArgument("init_info wsync_device_digests is for trainer ranks on GPUs (nccl_unique_id_b64); a "
                            "Gloo group's ranks digest on the host");
+  }
+  if (info.wsync_split_digests && !info.uses_gloo()) {
+    return InvalidArgument("init_info wsync_split_digests is for trainer ranks on the host (a Gloo group); ranks on "
+                           "GPUs digest on the device (wsync_device_digests)");
   }
   return info;
 }

@@ -37,6 +37,10 @@
 //   wsync_device_digests true: the trainer ranks digest on their GPUs, a tensor held whole
 //                       and over 32 MiB by row ranges (engine/device_digests.h). NCCL
 //                       groups only; absent: false
+//   wsync_split_digests true: every tensor held whole by several trainer ranks, of at
+//                       least kSplitDigestMinBytes, is digested in line by row ranges,
+//                       one per holder (SplitDigestRows), so that ranks that all read it
+//                       share its hashing. Gloo groups only; absent: false
 //   wsync_lora          true: an adapter group (a LoRA trainer's, docs/lora.md). It
 //                       carries no model: names, dtype_names, shapes, group_lens,
 //                       owner_sets, name_owner_class, tensor_parts and plan_digests are
@@ -52,6 +56,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +83,15 @@ struct LoraBucket {
   size_t bytes = 0;
 };
 std::vector<LoraBucket> ShardedLoraBuckets(const std::vector<TensorMeta>& tensors);
+
+// wsync_split_digests: a tensor held whole by `holders` > 1 trainer ranks, of at least
+// kSplitDigestMinBytes and `holders` rows, is digested in line by `holders` row ranges,
+// range k = [k * rows / holders, (k + 1) * rows / holders), each hashed by another of its
+// holders. An FSDP trainer's held pass all-gathers tensor by tensor, so every rank waits
+// at the next gather for the one hashing this tensor; split, each hashes a share. Returns
+// the ranges, or none (digested whole).
+inline constexpr size_t kSplitDigestMinBytes = size_t{1} << 20;
+std::vector<std::pair<int64_t, int64_t>> SplitDigestRows(const TensorMeta& tensor, size_t holders);
 
 // The group rank of consumer `consumer` in a group of `producers` trainer ranks and, when
 // `live` (ascending) is not empty, only those consumers: producers + its place among them;
@@ -125,6 +139,7 @@ struct ShardedInitInfo {
   int wsync_protocol = kShardedProtocolVersion;
   bool adapters_only = false;  // wsync_lora
   bool wsync_device_digests = false;
+  bool wsync_split_digests = false;
 
   bool uses_gloo() const { return gloo_store_host.has_value(); }
   // The group rank of consumer `consumer`; -1 when it is not in a degraded group.

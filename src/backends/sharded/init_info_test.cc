@@ -128,6 +128,45 @@ TEST(ShardedInitInfo, TheNcclRendezvousParsesToo) {
       << ErrorOf(gloo);
 }
 
+TEST(ShardedInitInfo, SplitDigestsAreAGlooGroupsFlag) {
+  json j = Init();
+  Result<ShardedInitInfo> info = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_FALSE(info->wsync_split_digests);
+  j["wsync_split_digests"] = true;
+  info = ShardedInitInfo::Parse(j);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_TRUE(info->wsync_split_digests);
+  EXPECT_EQ(info->ToJson(), j);
+  j["wsync_split_digests"] = 1;
+  EXPECT_EQ(ErrorOf(j), "init_info 'wsync_split_digests' must be true or false");
+  json nccl = Init();
+  nccl.erase("gloo_store_host");
+  nccl.erase("gloo_store_port");
+  nccl.erase("gloo_prefix");
+  nccl["nccl_unique_id_b64"] = std::string(172, 'A');
+  nccl["wsync_split_digests"] = true;
+  EXPECT_NE(ErrorOf(nccl).find("wsync_split_digests is for trainer ranks on the host"), std::string::npos)
+      << ErrorOf(nccl);
+}
+
+// One range per holder, rows split as evenly as integers allow; small tensors, a single
+// holder and fewer rows than holders stay whole.
+TEST(SplitDigestRows, OneRangePerHolderOfTensorsOfAtLeastOneMiB) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  const TensorMeta embed{"model.embed_tokens.weight", DType::kBF16, {4096, 256}};  // 2 MiB
+  EXPECT_EQ(SplitDigestRows(embed, 4), (Ranges{{0, 1024}, {1024, 2048}, {2048, 3072}, {3072, 4096}}));
+  EXPECT_EQ(SplitDigestRows(embed, 3), (Ranges{{0, 1365}, {1365, 2730}, {2730, 4096}}));
+  EXPECT_EQ(SplitDigestRows(embed, 1), Ranges{});
+  const TensorMeta tall{"w", DType::kF32, {10, 65536}};  // 2.5 MiB in 10 rows
+  EXPECT_EQ(SplitDigestRows(tall, 4), (Ranges{{0, 2}, {2, 5}, {5, 7}, {7, 10}}));
+  EXPECT_EQ(SplitDigestRows(tall, 11), Ranges{});
+  const TensorMeta small{"model.layers.0.mlp.up_proj.weight", DType::kBF16, {512, 512}};  // 0.5 MiB
+  EXPECT_EQ(SplitDigestRows(small, 4), Ranges{});
+  EXPECT_EQ(SplitDigestRows(TensorMeta{"norm", DType::kF32, {kSplitDigestMinBytes / 4}}, 2),
+            (Ranges{{0, 131072}, {131072, 262144}}));
+}
+
 TEST(ShardedInitInfo, MissingRequiredFieldsAreNamed) {
   for (const char* f : {"names", "dtype_names", "shapes", "group_lens", "owner_sets", "name_owner_class",
                         "num_producers", "num_consumers", "consumer_offset", "deployment_workers", "plan_digests",

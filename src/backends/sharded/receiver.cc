@@ -56,14 +56,22 @@ class ShardedReceiver final : public ReceiverBackend {
   // worker (ShardedLoraBuckets).
   bool CarriesAdapters() const override { return true; }
 
-  // A split tensor's parts are the row ranges the trainer digests it by.
+  // A split tensor's parts are the row ranges the trainer digests it by; with
+  // wsync_split_digests, so are the SplitDigestRows of a tensor several ranks hold whole.
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const override {
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
     if (!info_) return out;
-    for (size_t i = 0; i < info_->tensor_parts.size() && i < info_->tensors.size(); ++i) {
-      if (info_->tensor_parts[i].empty()) continue;
-      std::vector<std::pair<int64_t, int64_t>>& ranges = out[info_->tensors[i].name];
-      for (const TensorPart& p : info_->tensor_parts[i]) ranges.emplace_back(p.row_begin, p.row_end);
+    for (size_t i = 0; i < info_->tensors.size(); ++i) {
+      if (i < info_->tensor_parts.size() && !info_->tensor_parts[i].empty()) {
+        std::vector<std::pair<int64_t, int64_t>>& ranges = out[info_->tensors[i].name];
+        for (const TensorPart& p : info_->tensor_parts[i]) ranges.emplace_back(p.row_begin, p.row_end);
+        continue;
+      }
+      if (!info_->wsync_split_digests || i >= info_->name_owner_class.size()) continue;
+      const size_t c = static_cast<size_t>(info_->name_owner_class[i]);
+      if (c >= info_->owner_sets.size()) continue;
+      auto ranges = SplitDigestRows(info_->tensors[i], info_->owner_sets[c].size());
+      if (!ranges.empty()) out.emplace(info_->tensors[i].name, std::move(ranges));
     }
     return out;
   }

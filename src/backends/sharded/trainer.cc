@@ -210,7 +210,10 @@ class ShardedPlane final : public DataPlane {
     json shape_json = json::parse(shape_text);
     if (shape_json.contains("error")) return StatusFromJson(shape_json, me_ == 0 ? "" : "trainer rank 0");
     fleet_ = FleetShape::FromJson(shape_json);
-    if (!adapters_) WSYNC_RETURN_IF_ERROR(BuildPlans());
+    if (!adapters_) {
+      WSYNC_RETURN_IF_ERROR(BuildPlans());
+      PlanSplitDigests();
+    }
     labels_ = Labels();
 
     // Rank 0 tells the others how its side went (its servers' init replies included); they
@@ -580,6 +583,18 @@ class ShardedPlane final : public DataPlane {
     return Status::Ok();
   }
 
+  // wsync_split_digests: a cpu trainer of several ranks that verifies in line digests
+  // each tensor its ranks all hold whole by SplitDigestRows, one range per holder.
+  void PlanSplitDigests() {
+    split_rows_.assign(stream_.tensors.size(), {});
+    split_digests_ = options_.inline_verify && options_.device.is_cpu() && producers_ > 1;
+    if (!split_digests_) return;
+    for (size_t i = 0; i < stream_.tensors.size(); ++i) {
+      if (!stream_.parts.empty() && !stream_.parts[i].empty()) continue;  // digested by its parts
+      split_rows_[i] = SplitDigestRows(stream_.tensors[i], Holders(i).size());
+    }
+  }
+
   // Rank 0: one init_info per server.
   Result<std::vector<json>> InitInfos(const PlaneInit& init) {
     WSYNC_ASSIGN_OR_RETURN(std::vector<ReplicaStamp> stamps,
@@ -603,6 +618,7 @@ class ShardedPlane final : public DataPlane {
       info.gloo_store_host = fleet_.store_host;
       info.gloo_store_port = fleet_.store_port;
       info.gloo_prefix = fleet_.prefix;
+      info.wsync_split_digests = split_digests_;
     } else {
       info.nccl_unique_id_b64 = fleet_.nccl_id;
       info.wsync_device_digests = true;
@@ -701,7 +717,8 @@ class ShardedPlane final : public DataPlane {
   // This rank's part of one sync: its held pass, group by group, packed and sent.
   //
   // In-line verification: every rank hashes its share of the tensors it holds
-  // (HashingRank; a split tensor's parts, PartHashingRank, by row range), after packing
+  // (HashingRank; a split tensor's parts, PartHashingRank, and with several cpu ranks a
+  // whole tensor's SplitDigestRows, by row range), after packing
   // each, host tensors on the host and GPU tensors on the GPU, and with several trainer
   // ranks rank 0 gathers every rank's digests once all have sent, so that its finish
   // carries a digest of every tensor whichever ranks hold them. Every rank must run with
@@ -832,8 +849,12 @@ class ShardedPlane final : public DataPlane {
   // holders, taken in turn tensor by tensor, so that ranks that all hold a tensor (FSDP)
   // share the hashing.
   int HashingRank(size_t i) const {
-    const std::vector<int>& owners = stream_.ownership.owner_sets[stream_.ownership.name_owner_class[i]];
+    const std::vector<int>& owners = Holders(i);
     return owners.empty() ? 0 : owners[i % owners.size()];
+  }
+  // The trainer ranks holding stream tensor i.
+  const std::vector<int>& Holders(size_t i) const {
+    return stream_.ownership.owner_sets[stream_.ownership.name_owner_class[i]];
   }
   // The same for part k of split stream tensor i: one of the ranks holding its rows.
   int PartHashingRank(size_t i, size_t k) const {
@@ -881,19 +902,35 @@ class ShardedPlane final : public DataPlane {
         WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
         if (!more) return Internal("the held pass ended early");
         // Hashed after the pack below reads it, while it is in cache. A split tensor is
-        // whole on no rank: each of its parts is hashed by one of the ranks holding it.
+        // whole on no rank: each of its parts is hashed by one of the ranks holding it, as
+        // is each range of a tensor several ranks hold whole (SplitDigestRows).
         // A tensor on the trainer's GPU is digested there (whole, or by row ranges over
         // kDeviceWholeDigestBytes) before the next is read, while the source still holds
         // it; one on another device is left undigested (the sync is then unverified).
         const bool split = !stream_.parts.empty() && !stream_.parts[i].empty();
         const bool on_device = !t.device.is_cpu();
-        const bool hash = st.digests && (split || HashingRank(i) == me_) &&
+        const std::vector<std::pair<int64_t, int64_t>>* spread = i < split_rows_.size() ? &split_rows_[i] : nullptr;
+        const bool spread_rows = spread != nullptr && !spread->empty() && !on_device;
+        const bool hash = st.digests && (split || spread_rows || HashingRank(i) == me_) &&
                           (!on_device || (rt != nullptr && t.device == options_.device && !split));
         auto record = [&]() -> Status {
           if (!hash) return Status::Ok();
           if (on_device) {
             const DeviceTensorBytes one{&stream_.tensors[i], t.bytes.data()};
             return RecordDeviceDigests(options_.device, std::span(&one, 1), *st.digests);
+          }
+          if (spread_rows) {
+            const std::vector<int>& owners = Holders(i);
+            const size_t row_bytes = t.bytes.size() / static_cast<size_t>(stream_.tensors[i].shape[0]);
+            for (size_t k = 0; k < spread->size(); ++k) {
+              if (owners[(i + k) % owners.size()] != me_) continue;
+              const auto [begin, end] = (*spread)[k];
+              st.digests->RecordRows(t.name, begin, end,
+                                     HexDigest(DigestAlgorithm::kXxh3_128,
+                                               t.bytes.subspan(static_cast<size_t>(begin) * row_bytes,
+                                                               static_cast<size_t>(end - begin) * row_bytes)));
+            }
+            return Status::Ok();
           }
           if (!split) {
             st.digests->Record(t.name, HexDigest(DigestAlgorithm::kXxh3_128, t.bytes));
@@ -999,6 +1036,9 @@ class ShardedPlane final : public DataPlane {
   ProducerPlan producer_;
   std::vector<std::vector<size_t>> send_offset_;   // [group][send]: offset in the group buffer
   std::vector<std::vector<PackStep>> pack_;        // by stream tensor
+  // By stream tensor: its SplitDigestRows (wsync_split_digests), empty: digested whole.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> split_rows_;
+  bool split_digests_ = false;
   size_t group_bytes_ = 0;
   size_t messages_ = 0;                            // this rank's messages per sync
   size_t fleet_bytes_ = 0;                         // every worker's bytes per sync
