@@ -50,3 +50,27 @@ def test_verify_true_checks_every_server_by_read_back(wsync_server, toy_model_di
             engine.send_weights(SecondPassDiffers(model, name), weight_version="v3", verify=True)
         text = str(e.value)
         assert servers[0].url in text and name in text and "1 of" in text and "xxh3_128" in text
+
+
+class Temporaries:
+    """A source that yields a fresh copy of every tensor, as an all-gathering or casting
+    one does: each copy is freed once the engine asks for the next."""
+
+    def __init__(self, model):
+        self.state = {k: v.detach() for k, v in model.state_dict().items()}
+
+    def metadata(self):
+        return [(k, wsync.dtype_name(v.dtype), tuple(v.shape)) for k, v in self.state.items()]
+
+    def __iter__(self):
+        for k, v in self.state.items():
+            yield k, v.clone()
+
+
+def test_verify_true_digests_each_temporary_before_the_source_frees_it(wsync_server, toy_model_dir):
+    servers = [wsync_server(backend="nccl", model=toy_model_dir, name="s")]
+    model = ToyQwen3(toy_model_dir, seed=5)
+    with wsync.TrainerEngine(backend="nccl", servers=[s.url for s in servers], timeout=60) as engine:
+        stats = engine.send_weights(Temporaries(model), weight_version="v1", verify=True)
+        assert stats.verified is True
+    assert_servers_hold(servers, sha256_digests(model.state_dict().items()))

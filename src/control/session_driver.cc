@@ -48,8 +48,16 @@ std::optional<json> VllmWsyncHealth(const json& server_info) {
                ? it->get<int>()
                : 1;
   };
+  // vLLM's quantization method (model_config.quantization: "fp8", ...; null: none).
+  std::string quantization = "none";
+  if (auto model = config->find("model_config"); model != config->end() && model->is_object()) {
+    if (auto q = model->find("quantization"); q != model->end() && q->is_string() && !q->get_ref<const std::string&>().empty()) {
+      quantization = q->get<std::string>();
+    }
+  }
   return json{{"server", "wsync"},
               {"frontend", "vllm"},
+              {"quantization", quantization},
               {"tp", size("tensor_parallel_size")},
               {"pp", size("pipeline_parallel_size")},
               {"dp", size("data_parallel_size")},

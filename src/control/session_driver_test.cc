@@ -180,6 +180,11 @@ TEST(SessionDriver, AVllmServerRunningTheWsyncEngineCountsAsAWsyncServer) {
   EXPECT_EQ((*health)["dp"], 1);
   EXPECT_FALSE(health->contains("backend"));  // any wsync backend, chosen by each init
   EXPECT_EQ((*health)["inline_verification"], "xxh3_128");  // digests by collective RPC
+  EXPECT_EQ((*health)["quantization"], "none");
+  info["vllm_config"]["model_config"] = {{"quantization", "fp8"}};
+  EXPECT_EQ((*VllmWsyncHealth(info))["quantization"], "fp8");
+  info["vllm_config"]["model_config"] = {{"quantization", nullptr}};
+  EXPECT_EQ((*VllmWsyncHealth(info))["quantization"], "none");
   info["vllm_config"]["weight_transfer_config"]["backend"] = "nccl";
   EXPECT_FALSE(VllmWsyncHealth(info).has_value());
   EXPECT_FALSE(VllmWsyncHealth(json{{"vllm_config", "text form"}}).has_value());

@@ -44,14 +44,49 @@ Result<std::vector<T>> DigestAll(const std::vector<TensorRef>& refs, const std::
   return out;
 }
 
+// Whether a server holding FP8 weights holds the trainer's tensor `m` quantized.
+bool Fp8Candidate(const TensorMeta& m) {
+  return m.shape.size() == 2 && IsFp8QuantizableDType(m.dtype) && IsFp8Quantized(m.name);
+}
+
 // Whether a server's checksums follow the FP8 checkpoint convention for the trainer's
 // (unquantized, 2-D) tensor `m`.
 bool HoldsFp8(const json& sums, const TensorMeta& m) {
-  return m.shape.size() == 2 && IsFp8QuantizableDType(m.dtype) && IsFp8Quantized(m.name) &&
-         sums.contains(Fp8ScaleInvName(m.name));
+  return Fp8Candidate(m) && sums.contains(Fp8ScaleInvName(m.name));
 }
 
 }  // namespace
+
+Result<std::vector<std::string>> TrainerDigests(DigestAlgorithm algorithm, const std::vector<TensorRef>& tensors) {
+  std::vector<std::string> out(tensors.size());
+  std::vector<size_t> on_host;
+  std::vector<std::pair<Device, std::vector<size_t>>> on_devices;  // xxh3 on a GPU, by device
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (algorithm != DigestAlgorithm::kXxh3_128 || tensors[i].device.is_cpu()) {
+      on_host.push_back(i);
+      continue;
+    }
+    auto it = std::ranges::find_if(on_devices, [&](const auto& d) { return d.first == tensors[i].device; });
+    if (it == on_devices.end()) it = on_devices.insert(on_devices.end(), {tensors[i].device, {}});
+    it->second.push_back(i);
+  }
+  for (const auto& [device, which] : on_devices) {
+    std::vector<DeviceRuntime::Span> spans;
+    for (size_t i : which) spans.push_back({tensors[i].bytes.data(), tensors[i].bytes.size()});
+    Result<std::vector<std::string>> hex = DeviceXxh3Hex(device, spans);
+    if (!hex.ok()) {
+      return hex.status().WithContext(fmt::format("digesting {} tensor(s) on {} ({}, ...)", which.size(),
+                                                  device.ToString(), tensors[which.front()].name));
+    }
+    for (size_t k = 0; k < which.size(); ++k) out[which[k]] = std::move((*hex)[k]);
+  }
+  WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> host,
+                         DigestAll<std::string>(tensors, on_host, [&](const TensorRef& r, std::vector<std::byte>& scratch) {
+                           return TensorHexDigest(algorithm, r, scratch);
+                         }));
+  for (size_t i : on_host) out[i] = std::move(host[i]);
+  return out;
+}
 
 Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, DigestAlgorithm alg) {
   SessionDriver driver(trainer.servers, trainer.api_key, trainer.timeout_seconds);
@@ -76,24 +111,50 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
     vllm.emplace(vllm_urls, trainer.api_key, trainer.timeout_seconds);
     pending_vllm = vllm->WorkerChecksumsAsync(DigestAlgorithmName(alg), trainer.lora ? trainer.lora->name : std::string());
   }
-  // The trainer's digests, computed while the servers compute theirs.
+  // The trainer's digests, computed while the servers compute theirs. A yielded tensor
+  // is valid only until the stream's next one (an all-gathered or cast temporary is freed
+  // then), so each is digested before the next is read, with its FP8 digests when a
+  // server may hold FP8; tensors inside the storage the source keeps for its life are
+  // digested after the pass, on every thread.
   const auto& meta = source.metadata();
-  std::vector<TensorRef> refs;
-  WSYNC_ASSIGN_OR_RETURN(auto stream, source.Iterate());
-  TensorRef t;
-  for (;;) {
-    WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
-    if (!more) break;
-    refs.push_back(t);
+  const bool maybe_fp8 = std::ranges::any_of(fleet.health, [](const json& h) {
+    return h.is_object() && h.value("quantization", json("none")) == "fp8";
+  });
+  const std::optional<SourceStorage> stable = source.storage();
+  std::vector<TensorRef> refs(meta.size());  // the stable ones, for after the pass
+  std::vector<size_t> later;
+  std::vector<std::string> mine(meta.size());
+  std::vector<Fp8Digests> fp8(meta.size());
+  std::vector<bool> have_fp8(meta.size(), false);
+  {
+    WSYNC_ASSIGN_OR_RETURN(auto stream, source.Iterate());
+    std::vector<std::byte> scratch;
+    TensorRef t;
+    size_t n = 0;
+    for (;; ++n) {
+      WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
+      if (!more) break;
+      if (n >= meta.size()) return Internal("source iteration changed length");
+      if (stable && OffsetInStorage(*stable, t)) {
+        refs[n] = t;
+        later.push_back(n);
+        continue;
+      }
+      WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> one, TrainerDigests(alg, {t}));
+      mine[n] = std::move(one.front());
+      if (maybe_fp8 && Fp8Candidate(meta[n])) {
+        WSYNC_ASSIGN_OR_RETURN(fp8[n], Fp8TensorDigests(alg, t, scratch));
+        have_fp8[n] = true;
+      }
+    }
+    if (n != meta.size()) return Internal("source iteration changed length");
   }
-  if (refs.size() != meta.size()) return Internal("source iteration changed length");
-  std::vector<size_t> every(refs.size());
-  for (size_t i = 0; i < every.size(); ++i) every[i] = i;
-  // Tensors on a GPU are read back in bounded blocks, one scratch per thread.
-  WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> mine,
-                         DigestAll<std::string>(refs, every, [&](const TensorRef& r, std::vector<std::byte>& scratch) {
-                           return TensorHexDigest(alg, r, scratch);
-                         }));
+  {
+    std::vector<TensorRef> kept;
+    for (size_t i : later) kept.push_back(refs[i]);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> digests, TrainerDigests(alg, kept));
+    for (size_t k = 0; k < later.size(); ++k) mine[later[k]] = std::move(digests[k]);
+  }
   std::vector<json> plain_replies, vllm_replies;
   if (pending) {
     WSYNC_ASSIGN_OR_RETURN(plain_replies, pending->Wait(Deadline::InSeconds(trainer.timeout_seconds)));
@@ -114,17 +175,21 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
   // Servers holding FP8 weights (serve --quantization fp8) report a quantized tensor as
   // NAME (e4m3 bytes) and NAME_scale_inv: the trainer quantizes its own tensor to match.
   std::vector<size_t> quantized;
-  for (size_t i = 0; i < meta.size(); ++i) {
+  for (size_t i : later) {
     if (std::ranges::any_of(replies, [&](const json& r) { return HoldsFp8(r["checksums"], meta[i]); })) {
       quantized.push_back(i);
     }
   }
-  std::vector<Fp8Digests> fp8;
   if (!quantized.empty()) {
-    WSYNC_ASSIGN_OR_RETURN(fp8, DigestAll<Fp8Digests>(refs, quantized,
-                                                      [&](const TensorRef& r, std::vector<std::byte>& scratch) {
-                                                        return Fp8TensorDigests(alg, r, scratch);
-                                                      }));
+    WSYNC_ASSIGN_OR_RETURN(std::vector<Fp8Digests> after,
+                           DigestAll<Fp8Digests>(refs, quantized,
+                                                 [&](const TensorRef& r, std::vector<std::byte>& scratch) {
+                                                   return Fp8TensorDigests(alg, r, scratch);
+                                                 }));
+    for (size_t i : quantized) {
+      fp8[i] = std::move(after[i]);
+      have_fp8[i] = true;
+    }
   }
   for (size_t s = 0; s < replies.size(); ++s) {
     const json& sums = replies[s]["checksums"];
@@ -147,6 +212,10 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
     };
     for (size_t i = 0; i < meta.size(); ++i) {
       if (HoldsFp8(sums, meta[i])) {
+        if (!have_fp8[i]) {
+          bad.push_back(meta[i].name + " (held as FP8, but no server's /health said quantization fp8)");
+          continue;
+        }
         expect(meta[i].name, fp8[i].weight);
         expect(Fp8ScaleInvName(meta[i].name), fp8[i].scale_inv);
       } else {
