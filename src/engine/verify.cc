@@ -55,6 +55,20 @@ bool HoldsFp8(const json& sums, const TensorMeta& m) {
   return Fp8Candidate(m) && sums.contains(Fp8ScaleInvName(m.name));
 }
 
+// Whether TrainerDigests takes `t`'s digest on its device.
+bool DigestsOnDevice(DigestAlgorithm algorithm, const TensorRef& t) {
+  return algorithm == DigestAlgorithm::kXxh3_128 && !t.device.is_cpu();
+}
+
+// One tensor's digest as TrainerDigests takes it; `scratch` is TensorHexDigest's.
+Result<std::string> TrainerDigest(DigestAlgorithm algorithm, const TensorRef& t, std::vector<std::byte>& scratch) {
+  if (!DigestsOnDevice(algorithm, t)) return TensorHexDigest(algorithm, t, scratch);
+  const DeviceRuntime::Span span{t.bytes.data(), t.bytes.size()};
+  Result<std::vector<std::string>> hex = DeviceXxh3Hex(t.device, std::span(&span, 1));
+  if (!hex.ok()) return hex.status().WithContext(fmt::format("digesting {} on {}", t.name, t.device.ToString()));
+  return std::move(hex->front());
+}
+
 }  // namespace
 
 Result<std::vector<std::string>> TrainerDigests(DigestAlgorithm algorithm, const std::vector<TensorRef>& tensors) {
@@ -62,7 +76,7 @@ Result<std::vector<std::string>> TrainerDigests(DigestAlgorithm algorithm, const
   std::vector<size_t> on_host;
   std::vector<std::pair<Device, std::vector<size_t>>> on_devices;  // xxh3 on a GPU, by device
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (algorithm != DigestAlgorithm::kXxh3_128 || tensors[i].device.is_cpu()) {
+    if (!DigestsOnDevice(algorithm, tensors[i])) {
       on_host.push_back(i);
       continue;
     }
@@ -140,8 +154,7 @@ Status VerifyServers(const TrainerOptions& trainer, WeightSource& source, Digest
         later.push_back(n);
         continue;
       }
-      WSYNC_ASSIGN_OR_RETURN(std::vector<std::string> one, TrainerDigests(alg, {t}));
-      mine[n] = std::move(one.front());
+      WSYNC_ASSIGN_OR_RETURN(mine[n], TrainerDigest(alg, t, scratch));
       if (maybe_fp8 && Fp8Candidate(meta[n])) {
         WSYNC_ASSIGN_OR_RETURN(fp8[n], Fp8TensorDigests(alg, t, scratch));
         have_fp8[n] = true;

@@ -67,10 +67,9 @@ class ShardedReceiver final : public ReceiverBackend {
         for (const TensorPart& p : info_->tensor_parts[i]) ranges.emplace_back(p.row_begin, p.row_end);
         continue;
       }
-      if (!info_->wsync_split_digests || i >= info_->name_owner_class.size()) continue;
-      const size_t c = static_cast<size_t>(info_->name_owner_class[i]);
-      if (c >= info_->owner_sets.size()) continue;
-      auto ranges = SplitDigestRows(info_->tensors[i], info_->owner_sets[c].size());
+      if (!info_->wsync_split_digests) continue;
+      // Parse checked a class for every name, each within owner_sets.
+      auto ranges = SplitDigestRows(info_->tensors[i], info_->owner_sets[info_->name_owner_class[i]].size());
       if (!ranges.empty()) out.emplace(info_->tensors[i].name, std::move(ranges));
     }
     return out;

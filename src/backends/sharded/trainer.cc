@@ -909,8 +909,8 @@ class ShardedPlane final : public DataPlane {
         // it; one on another device is left undigested (the sync is then unverified).
         const bool split = !stream_.parts.empty() && !stream_.parts[i].empty();
         const bool on_device = !t.device.is_cpu();
-        const std::vector<std::pair<int64_t, int64_t>>* spread = i < split_rows_.size() ? &split_rows_[i] : nullptr;
-        const bool spread_rows = spread != nullptr && !spread->empty() && !on_device;
+        const std::vector<std::pair<int64_t, int64_t>>& spread = split_rows_[i];  // sized at Init
+        const bool spread_rows = !spread.empty() && !on_device;
         const bool hash = st.digests && (split || spread_rows || HashingRank(i) == me_) &&
                           (!on_device || (rt != nullptr && t.device == options_.device && !split));
         auto record = [&]() -> Status {
@@ -922,9 +922,9 @@ class ShardedPlane final : public DataPlane {
           if (spread_rows) {
             const std::vector<int>& owners = Holders(i);
             const size_t row_bytes = t.bytes.size() / static_cast<size_t>(stream_.tensors[i].shape[0]);
-            for (size_t k = 0; k < spread->size(); ++k) {
+            for (size_t k = 0; k < spread.size(); ++k) {
               if (owners[(i + k) % owners.size()] != me_) continue;
-              const auto [begin, end] = (*spread)[k];
+              const auto [begin, end] = spread[k];
               st.digests->RecordRows(t.name, begin, end,
                                      HexDigest(DigestAlgorithm::kXxh3_128,
                                                t.bytes.subspan(static_cast<size_t>(begin) * row_bytes,
