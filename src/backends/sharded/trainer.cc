@@ -6,6 +6,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "core/checked_math.h"
 #include "core/digest.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "core/stopwatch.h"
 #include "engine/backend_options.h"
 #include "engine/device_digests.h"
@@ -873,6 +875,7 @@ class ShardedPlane final : public DataPlane {
       size_t group = 0;
     };
     if (me_ == sharded_.stall_rank) return Stall(st, deadline);
+    if (st.digests && rt == nullptr && producers_ > 1 && !hash_pool_) hash_pool_ = std::make_unique<TaskPool>(1);
     std::deque<InFlight> inflight;
     const size_t ring = buffers_.size();
     size_t used = 0;  // groups packed so far (the ring slot is used % ring)
@@ -901,7 +904,8 @@ class ShardedPlane final : public DataPlane {
         TensorRef t;
         WSYNC_ASSIGN_OR_RETURN(bool more, st.stream->Next(&t));
         if (!more) return Internal("the held pass ended early");
-        // Hashed after the pack below reads it, while it is in cache. A split tensor is
+        // Hashed beside the pack below (a cpu rank of several) or after it, while it is in
+        // cache, and always before the next tensor is read. A split tensor is
         // whole on no rank: each of its parts is hashed by one of the ranks holding it, as
         // is each range of a tensor several ranks hold whole (SplitDigestRows).
         // A tensor on the trainer's GPU is digested there (whole, or by row ranges over
@@ -956,6 +960,15 @@ class ShardedPlane final : public DataPlane {
           return InvalidArgument(fmt::format("tensor {} is on {}: a trainer on cpu sends host tensors", t.name,
                                              t.device.ToString()));
         }
+        // Host hashing runs on the helper beside this tensor's packing (both only read
+        // it): the held pass of an FSDP source is lockstep (an all-gather per tensor), so
+        // what one rank spends on a tensor delays every rank's next one.
+        Status hashed;
+        std::optional<TaskGroup> beside;
+        if (hash && !on_device && hash_pool_) {
+          beside.emplace(*hash_pool_);
+          beside->Submit([&](size_t) { hashed = record(); });
+        }
         bool copied = false;  // device copies from `t` are enqueued
         for (const PackStep& p : pack_[i]) {
           const PieceRuns& r = p.runs;
@@ -974,7 +987,12 @@ class ShardedPlane final : public DataPlane {
                         r.run_bytes);
           }
         }
-        WSYNC_RETURN_IF_ERROR(record());
+        if (beside) {
+          beside->Wait();
+          WSYNC_RETURN_IF_ERROR(hashed);
+        } else {
+          WSYNC_RETURN_IF_ERROR(record());
+        }
         if (copied) WSYNC_RETURN_IF_ERROR(FinishCopiesFrom(*rt, t, st.stable).status());
       }
       if (!sends) continue;
@@ -1039,6 +1057,7 @@ class ShardedPlane final : public DataPlane {
   // By stream tensor: its SplitDigestRows (wsync_split_digests), empty: digested whole.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> split_rows_;
   bool split_digests_ = false;
+  std::unique_ptr<TaskPool> hash_pool_;  // a cpu rank's hashing beside its packing (ProduceLoop)
   size_t group_bytes_ = 0;
   size_t messages_ = 0;                            // this rank's messages per sync
   size_t fleet_bytes_ = 0;                         // every worker's bytes per sync
