@@ -111,6 +111,10 @@ class ReceiverBackend {
   // whole: docs/protocol.md), by HF name, their ranges ascending; known from Init. The
   // server then digests those ranges as the tensor lands. Empty: none.
   virtual std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> RowDigestRanges() const { return {}; }
+  // Whether the backend lands tensors as slices (WorkerSink::LoadPiece) rather than whole
+  // (Load): a worker's own landing digests never see such a tensor whole, so a server
+  // digests what it lands by its TP group's shards even at TP=1.
+  virtual bool LandsSlices() const { return false; }
   // Releases communicators and mappings; later calls fail until Init.
   virtual void Shutdown() {}
 };

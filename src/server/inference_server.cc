@@ -390,10 +390,10 @@ Status InferenceServer::StartSession(bool draft, bool inline_verify) {
       w.store->set_group_landing(nullptr);
       return Status::Ok();
     });
-    // Tensors split across a TP group of host stores are digested as soon as the group
-    // holds them whole, beside the landings of later chunks.
+    // Tensors split across a TP group of host stores, or landed as slices, are digested
+    // as soon as the group holds them whole, beside the landings of later chunks.
     const bool on_host = std::ranges::all_of(workers_, [](const auto& w) { return w->device.is_cpu(); });
-    if (hash && options_.tp > 1 && on_host) {
+    if (hash && (options_.tp > 1 || backend_->LandsSlices()) && on_host) {
       group_landing_.resize(workers_.size() / options_.tp);
       const auto row_ranges = backend_->RowDigestRanges();
       const size_t threads = std::max<size_t>(1, DefaultThreads() / 2);

@@ -7,12 +7,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 
 #include "core/digest.h"
 #include "model/config.h"
+#include "model/sharding.h"
 #include "model/worker_sink.h"
 #include "wsync/tensor.h"
 
@@ -139,19 +141,39 @@ TEST(InferenceServerDraft, ADraftSessionRefusesATargetTensorEvenInABodyCheckedBe
       << s.ToString();
 }
 
-// Lands every HF tensor of `hf` through every worker's sink, whatever the update names.
+// Lands every HF tensor of `hf` through every worker's sink, whatever the update names:
+// whole (Load), or with `slices` every piece of the worker's table (LoadPiece), as
+// `sharded` lands them.
 class LandingBackend : public ReceiverBackend {
  public:
   using Rows = std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>;
-  LandingBackend(ReceiverContext* ctx, const std::vector<HostTensor>* hf, const Rows* rows)
-      : ctx_(ctx), hf_(hf), rows_(rows) {}
+  LandingBackend(ReceiverContext* ctx, const std::vector<HostTensor>* hf, const Rows* rows, bool slices)
+      : ctx_(ctx), hf_(hf), rows_(rows), slices_(slices) {}
   std::string_view name() const override { return "landing"; }
   Rows RowDigestRanges() const override { return *rows_; }
+  bool LandsSlices() const override { return slices_; }
   Status Init(const json&) override { return Status::Ok(); }
   Status Update(const UpdateRequest& req) override {
     WSYNC_RETURN_IF_ERROR(req.reject);
     for (const ReceiverWorker& w : ctx_->workers) {
-      for (const HostTensor& t : *hf_) WSYNC_RETURN_IF_ERROR(w.sink->Load(t.ref()));
+      std::vector<std::vector<std::byte>> packed;  // valid until ChunkLanded
+      if (!slices_) {
+        for (const HostTensor& t : *hf_) WSYNC_RETURN_IF_ERROR(w.sink->Load(t.ref()));
+      } else {
+        const ShardingTable& table = *w.sink->sharding();
+        for (auto [param, piece] : table.PiecesByHf()) {
+          const std::string& name = table.params()[param].pieces[piece].hf_name;
+          auto t = std::ranges::find(*hf_, name, [](const HostTensor& h) { return h.meta.name; });
+          if (t == hf_->end()) return Internal("no test tensor " + name);
+          const PieceRuns r = table.Runs(param, piece);
+          std::vector<std::byte>& bytes = packed.emplace_back(static_cast<size_t>(r.count * r.run_bytes));
+          for (int64_t o = 0; o < r.count; ++o) {
+            std::memcpy(bytes.data() + o * r.run_bytes, t->storage.data() + r.hf_offset + o * r.hf_stride,
+                        static_cast<size_t>(r.run_bytes));
+          }
+          WSYNC_RETURN_IF_ERROR(w.sink->LoadPiece(param, piece, bytes, Device{}));
+        }
+      }
       WSYNC_RETURN_IF_ERROR(w.sink->ChunkLanded());
     }
     return Status::Ok();
@@ -161,6 +183,7 @@ class LandingBackend : public ReceiverBackend {
   ReceiverContext* ctx_;
   const std::vector<HostTensor>* hf_;
   const Rows* rows_;
+  bool slices_;
 };
 
 struct LandingServer {
@@ -170,7 +193,7 @@ struct LandingServer {
   std::unique_ptr<InferenceServer> server;
 };
 
-std::unique_ptr<LandingServer> MakeLandingServer(int tp, bool corrupt) {
+std::unique_ptr<LandingServer> MakeLandingServer(int tp, bool corrupt, bool slices = false) {
   auto out = std::make_unique<LandingServer>();
   uint32_t n = 1;
   for (TensorMeta m : HfTensors(*LookupModel("qwen3-tiny"))) {
@@ -186,8 +209,8 @@ std::unique_ptr<LandingServer> MakeLandingServer(int tp, bool corrupt) {
   o.tp = tp;
   o.fault_corrupt_landed = corrupt;
   LandingServer* raw = out.get();
-  auto s = InferenceServer::Create(o, [raw](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
-    return std::unique_ptr<ReceiverBackend>(std::make_unique<LandingBackend>(ctx, &raw->hf, &raw->announced));
+  auto s = InferenceServer::Create(o, [raw, slices](std::string_view, ReceiverContext* ctx) -> Result<std::unique_ptr<ReceiverBackend>> {
+    return std::unique_ptr<ReceiverBackend>(std::make_unique<LandingBackend>(ctx, &raw->hf, &raw->announced, slices));
   });
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   if (!s.ok()) return nullptr;
@@ -198,15 +221,17 @@ std::unique_ptr<LandingServer> MakeLandingServer(int tp, bool corrupt) {
 const json kNormUpdate = json{{"names", {"model.norm.weight"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{256}}}};
 
 // In-line verification at the service boundary: a session started as verified hashes
-// every tensor a worker holds whole as it lands, and every TP-split tensor once its TP
-// group holds it whole (GroupLandingDigests); one started plainly hashes all at finish;
-// either way every tensor is verified. A landing
-// that wrote one wrong bit fails the finish naming the tensor and keeps the old version.
+// every tensor a worker holds whole as it lands, and every TP-split tensor, or every
+// tensor landed as slices (at TP=1 too), once its TP group holds it whole
+// (GroupLandingDigests); one started plainly hashes all at finish; either way every
+// tensor is verified. A landing that wrote one wrong bit fails the finish naming the
+// tensor and keeps the old version.
 TEST(InferenceServerInline, LandedTensorsAreHashedAsTheyLandTheRestAtFinish) {
   for (int tp : {1, 2}) {
     for (bool announced : {true, false}) {
-      SCOPED_TRACE(fmt::format("tp={} announced={}", tp, announced));
-      auto ls = MakeLandingServer(tp, /*corrupt=*/false);
+    for (bool slices : {false, true}) {
+      SCOPED_TRACE(fmt::format("tp={} announced={} slices={}", tp, announced, slices));
+      auto ls = MakeLandingServer(tp, /*corrupt=*/false, slices);
       ASSERT_NE(ls, nullptr);
       InferenceServer& server = *ls->server;
       ASSERT_TRUE((announced ? server.StartWeightUpdateInlineVerified() : server.StartWeightUpdate()).ok());
@@ -223,6 +248,7 @@ TEST(InferenceServerInline, LandedTensorsAreHashedAsTheyLandTheRestAtFinish) {
       }
       EXPECT_EQ(server.Health()["weight_version"], "v1");
     }
+    }
   }
 }
 
@@ -231,8 +257,9 @@ TEST(InferenceServerInline, ACorruptLandingFailsTheFinishNamingTheTensor) {
   // digests from its shards once both halves landed.
   for (int tp : {1, 2}) {
   for (bool announced : {true, false}) {
-    SCOPED_TRACE(fmt::format("tp={} announced={}", tp, announced));
-    auto ls = MakeLandingServer(tp, /*corrupt=*/true);
+  for (bool slices : {false, true}) {
+    SCOPED_TRACE(fmt::format("tp={} announced={} slices={}", tp, announced, slices));
+    auto ls = MakeLandingServer(tp, /*corrupt=*/true, slices);
     ASSERT_NE(ls, nullptr);
     InferenceServer& server = *ls->server;
     ASSERT_TRUE((announced ? server.StartWeightUpdateInlineVerified() : server.StartWeightUpdate()).ok());
@@ -244,6 +271,7 @@ TEST(InferenceServerInline, ACorruptLandingFailsTheFinishNamingTheTensor) {
     json h = server.Health();
     EXPECT_FALSE(h["weights_consistent"].get<bool>()) << h.dump();
     EXPECT_NE(h["weight_version"], "v1") << h.dump();
+  }
   }
   }
 }
@@ -262,13 +290,15 @@ json RowDigestsOf(const HostTensor& t, int64_t split) {
 }
 
 // Row ranges the backend announced are digested as the TP group lands the tensor; ranges
-// it did not announce (or a TP=1 server, which tracks no group) are read at finish.
+// it did not announce (or a TP=1 server landing whole tensors, which tracks no group) are
+// read at finish.
 TEST(InferenceServerInline, RowDigestsOfSplitTensorsAreVerifiedAtLandingOrFinish) {
   for (int tp : {1, 2}) {
     for (bool announce : {false, true}) {
     for (bool corrupt : {false, true}) {
-      SCOPED_TRACE(fmt::format("tp={} announce={} corrupt={}", tp, announce, corrupt));
-      auto ls = MakeLandingServer(tp, corrupt);
+    for (bool slices : {false, true}) {
+      SCOPED_TRACE(fmt::format("tp={} announce={} corrupt={} slices={}", tp, announce, corrupt, slices));
+      auto ls = MakeLandingServer(tp, corrupt, slices);
       ASSERT_NE(ls, nullptr);
       size_t by_rows = 0;
       for (const HostTensor& t : ls->hf) {
@@ -292,9 +322,10 @@ TEST(InferenceServerInline, RowDigestsOfSplitTensorsAreVerifiedAtLandingOrFinish
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       const json& v = (*r)["verified"];
       EXPECT_EQ(v["tensors"].get<size_t>(), ls->hf.size()) << v.dump();
-      const size_t at_landing = tp > 1 && announce ? ls->hf.size() : ls->hf.size() - by_rows;
+      const size_t at_landing = (tp > 1 || slices) && announce ? ls->hf.size() : ls->hf.size() - by_rows;
       EXPECT_EQ(v["hashed_at_landing"].get<size_t>(), at_landing) << v.dump();
       EXPECT_EQ(server.Health()["weight_version"], "v1");
+    }
     }
     }
   }

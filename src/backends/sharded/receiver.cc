@@ -55,6 +55,8 @@ class ShardedReceiver final : public ReceiverBackend {
   // A lora session's update_info is its tensor list; trainer rank 0 sends them to every
   // worker (ShardedLoraBuckets).
   bool CarriesAdapters() const override { return true; }
+  // Every sync lands through LoadPiece (a lora session's adapters land whole).
+  bool LandsSlices() const override { return true; }
 
   // A split tensor's parts are the row ranges the trainer digests it by; with
   // wsync_split_digests, so are the SplitDigestRows of a tensor several ranks hold whole.
