@@ -197,3 +197,43 @@ def test_sharded_slices_of_a_gpu_trainer_are_digested_by_its_row_ranges():
     assert landing._digest_of("small", big[:8]) == hex_of(big[:8])
     landing.begin({}, device_rows=False)
     assert landing._digest_of("big", big) == hex_of(big)
+
+
+def test_an_adapters_row_digests_are_checked_against_its_staged_copy():
+    # A lora session stages each adapter tensor whole (wsync.vllm.lora.Staging); a trainer
+    # that digested a large one on its GPU sends row ranges, and the staged copy is digested
+    # by the same ranges: it verifies, a flipped byte names it, ranges that do not tile
+    # its rows are refused as differing.
+    from types import SimpleNamespace
+
+    import torch
+
+    from wsync import _wsync
+    from wsync.vllm.lora import Staging
+    from wsync.vllm.worker_engine import UpdateStats, WsyncWeightTransferEngine
+
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    tensor = torch.arange(96 * 8, dtype=torch.float32).reshape(96, 8)
+    staging = Staging({"name": "math", "target_modules": ["q_proj"]}, {name: (torch.float32, (96, 8))})
+    landed = dict(zip([name], staging.land([(name, tensor)])))
+    engine = object.__new__(WsyncWeightTransferEngine)
+    engine._reloading, engine._lora, engine._slices, engine._rx = False, staging, None, None
+    engine._landing, engine.stats = landed, UpdateStats()
+    engine.parallel_config = SimpleNamespace(data_parallel_index=0, world_size=1, rank=0)
+
+    def rows_of(t, ranges):
+        return {"rows": [[b, e, _wsync._hex_digest("xxh3_128", t[b:e].numpy())] for b, e in ranges]}
+
+    def check(want):
+        return engine.check_inline({"wsync_digests": {name: want}, "digest_algorithm": "xxh3_128"})
+
+    reply = check(rows_of(tensor, [(0, 40), (40, 96)]))
+    assert (reply["tensors"], reply["differing"], reply["not_landed"]) == (1, 0, [])
+    flipped = tensor.clone()
+    flipped[50, 3] += 1
+    reply = check(rows_of(flipped, [(0, 40), (40, 96)]))
+    assert (reply["tensors"], reply["differing"]) == (0, 1)
+    assert reply["differ"][0].startswith(f"{name} (worker 0 landed rows [0, 40)")
+    reply = check(rows_of(tensor, [(0, 40), (41, 96)]))
+    assert (reply["tensors"], reply["differing"]) == (0, 1)
+    assert "do not tile its 96 rows" in reply["differ"][0]

@@ -141,6 +141,30 @@ std::map<std::string, std::string> LoraStore::StagedDigests() const {
   return out;
 }
 
+Result<std::string> LoraStore::StagedRowsDigest(std::string_view name,
+                                                std::span<const std::pair<int64_t, int64_t>> ranges) const {
+  if (!staged_) return FailedPrecondition("no adapter is staged");
+  for (size_t i = 0; i < staged_->tensors.size(); ++i) {
+    const TensorMeta& m = staged_->tensors[i];
+    if (m.name != name) continue;
+    if (!landed_[i]) break;
+    const int64_t rows = m.shape.empty() ? 0 : m.shape[0];
+    const size_t row_bytes = rows > 0 ? m.nbytes() / static_cast<size_t>(rows) : 0;
+    std::string joined;
+    for (const auto& [begin, end] : ranges) {
+      if (begin < 0 || begin >= end || end > rows) {
+        return InvalidArgument(fmt::format("rows [{}, {}) of {}: outside its {} rows", begin, end, name, rows));
+      }
+      if (!joined.empty()) joined += ',';
+      joined += HexDigest(DigestAlgorithm::kXxh3_128,
+                          std::span<const std::byte>(staged_->bytes[i])
+                              .subspan(static_cast<size_t>(begin) * row_bytes, static_cast<size_t>(end - begin) * row_bytes));
+    }
+    return joined;
+  }
+  return NotFound(fmt::format("adapter {}: tensor {} has not landed", staged_->spec.name, name));
+}
+
 std::shared_ptr<const LoraAdapter> LoraStore::Commit(const std::optional<std::string>& version) {
   if (!staged_) return nullptr;
   if (version) staged_->spec.version = *version;

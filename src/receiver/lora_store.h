@@ -22,8 +22,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "model/worker_sink.h"
@@ -63,6 +65,11 @@ class LoraStore {
   Status CheckStaged() const;
   // The staged tensors' digests, by name (for in-line verification and replica checks).
   std::map<std::string, std::string> StagedDigests() const;
+  // The xxh3-128 hexes of rows [begin, end) of dim 0 of staged tensor `name`, one per
+  // range, joined by ',' (a trainer's row digests, receiver/row_digests.h). `ranges` tile
+  // dim 0 (ParseRowDigests checked them); NotFound for a tensor not staged or not landed.
+  Result<std::string> StagedRowsDigest(std::string_view name,
+                                       std::span<const std::pair<int64_t, int64_t>> ranges) const;
   // Makes the staged adapter the live one of its name (replacing the previous version)
   // and returns it, at `version` when given (else the spec's). Call after CheckStaged()
   // is OK; null when nothing is staged.

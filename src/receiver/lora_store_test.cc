@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/digest.h"
 #include "model/config.h"
 #include "model/update_meta.h"
 #include "receiver/lora_spec.h"
@@ -161,6 +162,30 @@ TEST(LoraStore, StagingRefusesTensorsOutsideTheAdapter) {
   EXPECT_EQ(store.staging_sink()->Load(TensorRef{a.name, a.dtype, a.shape, short_bytes, Device{}}).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(store.CheckStaged().code(), StatusCode::kFailedPrecondition);
+}
+
+// Row-range digests read the staged bytes of a landed tensor, one hex per range, joined
+// by ','; a tensor not landed, or rows outside it, are refused.
+TEST(LoraStore, StagedRowsDigestHashesEachRangeOfWhatLanded) {
+  Result<LoraSpec> spec = ParseLoraSpec(Spec(), Tiny());
+  Result<std::vector<TensorMeta>> tensors = LoraTensors(*spec, Tiny());
+  ASSERT_TRUE(tensors.ok());
+  LoraStore store;
+  ASSERT_TRUE(store.Begin(*spec, *tensors).ok());
+  LandAll(store, 5, /*skip_last=*/1);
+  const TensorMeta& a = tensors->front();
+  const int64_t rows = a.shape[0];
+  const size_t row_bytes = a.nbytes() / static_cast<size_t>(rows);
+  const std::vector<std::pair<int64_t, int64_t>> ranges{{0, 1}, {1, rows}};
+  Result<std::string> got = store.StagedRowsDigest(a.name, ranges);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, HexDigest(DigestAlgorithm::kXxh3_128, std::vector<std::byte>(row_bytes, std::byte{5})) + "," +
+                      HexDigest(DigestAlgorithm::kXxh3_128,
+                                std::vector<std::byte>(row_bytes * static_cast<size_t>(rows - 1), std::byte{5})));
+  EXPECT_EQ(store.StagedRowsDigest(tensors->back().name, ranges).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store.StagedRowsDigest("model.norm.weight", ranges).status().code(), StatusCode::kNotFound);
+  const std::vector<std::pair<int64_t, int64_t>> past{{0, rows + 1}};
+  EXPECT_EQ(store.StagedRowsDigest(a.name, past).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "core/digest.h"
 #include "core/log.h"
 #include "receiver/lora_store.h"
+#include "receiver/row_digests.h"
 #include "server/inference_server.h"
 #include "server/inference_server_worker.h"
 
@@ -141,18 +142,38 @@ Status InferenceServer::FinishLora(const std::optional<std::string>& weight_vers
     std::vector<std::string> differ;
     size_t checked = 0;
     static const json kNone = json::object();
+    const HeldTensors* staged = workers_.front()->lora->staging_tensors();  // null: nothing staged
     for (const auto& [name, hex] : (s.ok() ? *digests : kNone).items()) {
-      if (!hex.is_string() || hex.get_ref<const std::string&>().size() > 128) {
-        s = InvalidArgument(fmt::format("wsync_digests[{}] must be a hex string", name.substr(0, 200)));
+      const bool whole = hex.is_string() && hex.get_ref<const std::string&>().size() <= kMaxDigestHexBytes;
+      if (!whole && !hex.is_object()) {
+        s = InvalidArgument(fmt::format("wsync_digests[{}] must be a hex string or {{\"rows\": [[begin, end, hex], "
+                                        "...]}}", name.substr(0, 200)));
         break;
       }
       auto it = held.find(name);
-      if (it == held.end()) {
+      const TensorMeta* meta = staged != nullptr ? staged->Find(name) : nullptr;
+      if (it == held.end() || meta == nullptr) {
         unverifiable[name.substr(0, 200)] = fmt::format("not a tensor of adapter {}", spec.name);
         continue;
       }
+      // A tensor the trainer digested by row ranges (a large one on its GPU) is compared
+      // range by range with what worker 0 staged; every worker staged the same bytes.
+      std::string have = it->second, want;
+      if (whole) {
+        want = hex.get<std::string>();
+      } else {
+        Result<RowDigests> rows = ParseRowDigests(hex, name, meta->shape.empty() ? 0 : meta->shape[0]);
+        Result<std::string> ranges =
+            rows.ok() ? workers_.front()->lora->StagedRowsDigest(name, rows->ranges) : Result<std::string>(rows.status());
+        if (!ranges.ok()) {
+          s = ranges.status();
+          break;
+        }
+        have = std::move(*ranges);
+        want = std::move(rows->joined);
+      }
       ++checked;
-      if (it->second != hex.get_ref<const std::string&>() && differ.size() < 5) differ.push_back(name);
+      if (have != want && differ.size() < 5) differ.push_back(name);
     }
     if (s.ok() && !differ.empty()) {
       s = DataLoss(fmt::format("in-line verification of adapter {} version {}: tensor(s) held differ from the "

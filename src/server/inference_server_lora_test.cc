@@ -197,6 +197,52 @@ TEST_F(LoraServerTest, InlineDigestsMustMatchWhatLanded) {
   EXPECT_EQ(server_->Health()["lora"]["adapters"].size(), 0u);
 }
 
+// A trainer digests a large tensor on its GPU by row ranges ({"rows": [[begin, end, hex],
+// ...]}); an adapter's staged tensors are checked range by range: matching ranges verify,
+// one wrong range refuses the version naming the tensor, ranges that do not tile dim 0
+// are refused as malformed.
+TEST_F(LoraServerTest, RowDigestsOfAnAdapterTensorAreCheckedByRange) {
+  json spec = Spec("math", "step-1");
+  const json update = Update(spec, 7);
+  auto tensors = LoraTensors(*ParseLoraSpec(spec, server_->model()), server_->model());
+  ASSERT_TRUE(tensors.ok());
+  const TensorMeta& first_meta = tensors->front();
+  const std::string& first = first_meta.name;
+  const int64_t rows = first_meta.shape[0];
+  ASSERT_GE(rows, 2);
+  const size_t row_bytes = first_meta.nbytes() / static_cast<size_t>(rows);
+  auto digests_with = [&](const json& first_entry) {
+    json digests = json::object();
+    for (const TensorMeta& m : *tensors) {
+      digests[m.name] = HexDigest(DigestAlgorithm::kXxh3_128, std::vector<std::byte>(m.nbytes(), std::byte{7}));
+    }
+    digests[first] = first_entry;
+    return digests;
+  };
+  const std::vector<std::byte> one_row(row_bytes, std::byte{7}), rest(row_bytes * (rows - 1), std::byte{7});
+  const std::string row_hex = HexDigest(DigestAlgorithm::kXxh3_128, one_row);
+  const std::string rest_hex = HexDigest(DigestAlgorithm::kXxh3_128, rest);
+  auto finish = [&](const json& first_entry) {
+    EXPECT_TRUE(server_->StartLoraWeightUpdate(spec, true).ok());
+    EXPECT_TRUE(server_->UpdateWeights(update).ok());
+    return server_->FinishWeightUpdateVerified(std::nullopt, digests_with(first_entry), "xxh3_128");
+  };
+
+  Result<json> bad = finish(json{{"rows", {{0, 1, row_hex}, {1, rows, row_hex}}}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find(first), std::string::npos) << bad.status().ToString();
+  EXPECT_EQ(server_->Health()["lora"]["adapters"].size(), 0u);
+
+  Result<json> gap = finish(json{{"rows", {{0, 1, row_hex}, {2, rows, rest_hex}}}});
+  EXPECT_EQ(gap.status().code(), StatusCode::kInvalidArgument) << gap.status().ToString();
+  EXPECT_NE(gap.status().message().find("wsync_digests[" + first + "]"), std::string::npos) << gap.status().ToString();
+
+  Result<json> good = finish(json{{"rows", {{0, 1, row_hex}, {1, rows, rest_hex}}}});
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ((*good)["verified"]["tensors"].get<size_t>(), update["names"].size()) << good->dump();
+  EXPECT_EQ(server_->Health()["lora"]["adapters"][0]["version"], "step-1");
+}
+
 TEST_F(LoraServerTest, TheRoutesCarryTheSpecAndAnswerWithTheirCodes) {
   HttpRouter router(HttpRouterOptions{}, server_.get());
   auto call = [&](const char* method, const char* path, const json& body) {

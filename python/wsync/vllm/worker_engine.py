@@ -497,6 +497,16 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         matched, not_landed, differing, reasons = 0, [], [], {}
         for name, want in digests.items():
             held = self._landing.get(name)
+            staged = self._lora.tensors.get(name) if self._lora is not None else None
+            if isinstance(held, str) and isinstance(want, dict) and staged is not None:
+                # An adapter tensor the trainer digested by row ranges (a large one on its
+                # GPU): its staged copy is digested by the same ranges when they tile it.
+                rows = staged.shape[0] if staged.dim() else 0
+                ranges = _tiling_ranges(want, rows)
+                if ranges is None:
+                    differing.append(f"{name} (the trainer's row ranges do not tile its {rows} rows)")
+                    continue
+                held = digest_by_rows(staged, ranges, _xxh3_hex)
             if held is None:
                 not_landed.append(name)
             elif isinstance(want, str) != isinstance(held, str):
@@ -762,6 +772,21 @@ def _rows_of(want):
             return None
         out.append((r[0], r[1], r[2]))
     return out
+
+
+def _tiling_ranges(want, rows):
+    """[(begin, end), ...] of a trainer's row-range digest when its ranges tile [0, rows)
+    in order; None otherwise."""
+    got = _rows_of(want)
+    if not got:
+        return None
+    ranges, at = [], 0
+    for begin, end, _ in got:
+        if begin != at or end <= begin or end > rows:
+            return None
+        ranges.append((begin, end))
+        at = end
+    return ranges if at == rows else None
 
 
 def _digest_text(digest):
