@@ -156,9 +156,9 @@ Result<std::string> LoraStore::StagedRowsDigest(std::string_view name,
         return InvalidArgument(fmt::format("rows [{}, {}) of {}: outside its {} rows", begin, end, name, rows));
       }
       if (!joined.empty()) joined += ',';
-      joined += HexDigest(DigestAlgorithm::kXxh3_128,
-                          std::span<const std::byte>(staged_->bytes[i])
-                              .subspan(static_cast<size_t>(begin) * row_bytes, static_cast<size_t>(end - begin) * row_bytes));
+      const std::span<const std::byte> bytes(staged_->bytes[i]);
+      joined += HexDigest(DigestAlgorithm::kXxh3_128, bytes.subspan(static_cast<size_t>(begin) * row_bytes,
+                                                                    static_cast<size_t>(end - begin) * row_bytes));
     }
     return joined;
   }

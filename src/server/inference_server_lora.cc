@@ -163,8 +163,11 @@ Status InferenceServer::FinishLora(const std::optional<std::string>& weight_vers
         want = hex.get<std::string>();
       } else {
         Result<RowDigests> rows = ParseRowDigests(hex, name, meta->shape.empty() ? 0 : meta->shape[0]);
-        Result<std::string> ranges =
-            rows.ok() ? workers_.front()->lora->StagedRowsDigest(name, rows->ranges) : Result<std::string>(rows.status());
+        if (!rows.ok()) {
+          s = rows.status();
+          break;
+        }
+        Result<std::string> ranges = workers_.front()->lora->StagedRowsDigest(name, rows->ranges);
         if (!ranges.ok()) {
           s = ranges.status();
           break;
