@@ -16,6 +16,9 @@ struct BenchArgs {
   // `bench delta`: write the local checkpoint back to disk before each step, as the
   // kernel does by itself when steps are more than ~30 s apart (vm.dirty_expire_centisecs).
   bool write_back = false;
+  // `bench delta`: DeltaPublisherOptions::borrow_source_bytes (`--borrow-source on|off`):
+  // the synthetic source's tensors read in place, or staged as for a source of temporaries.
+  bool borrow_source = true;
   // `bench ipc`: where the trainer's tensors and the server's shards live (cpu or cuda:N).
   std::string device = "cpu";
   // `bench sources` (tools/bench_sources.cc): the Megatron layout to compare with FSDP,

@@ -3,7 +3,7 @@
 // host, so they share one local checkpoint as the workers of one node do).
 //
 // Per step: the synthetic trainer takes one step, the delta trainer publishes it (all
-// cores, source bytes borrowed in place) and drives fetch -> pause -> start -> reload ->
+// cores; the source's bytes read in place, or staged with --borrow-source off) and drives fetch -> pause -> start -> reload ->
 // finish -> resume. A second publisher with ONE thread publishes the same step into its
 // own sync directory. "GB/s" is model bytes over wall time; "/cpu" is model bytes over
 // the CPU seconds the process spent (all its threads), i.e. per-core speed that stays
@@ -71,19 +71,20 @@ Status Run(const BenchArgs& a, std::vector<Child>& servers) {
   DeltaTrainerOptions d;
   d.sync_dir = sync;
   d.base_checkpoint = base;
-  d.borrow_source_bytes = true;
+  d.borrow_source_bytes = a.borrow_source;
   WSYNC_ASSIGN_OR_RETURN(auto engine, NewDeltaTrainer(o, d));
   WSYNC_RETURN_IF_ERROR(engine->Init(meta));
   delta::DeltaPublisherOptions one;
   one.sync_dir = sync1;
   one.base_checkpoint = base;
   one.threads = 1;
-  one.borrow_source_bytes = true;
+  one.borrow_source_bytes = a.borrow_source;
   WSYNC_ASSIGN_OR_RETURN(auto single, delta::DeltaPublisher::Create(one, meta));
 
   fmt::print("wsync bench delta: {} ({:.3f} GB bf16), {} step(s), {} server process(es) x TP={} sharing one local "
-             "checkpoint, {} core(s){}\n", config.name, model_bytes / 1e9, a.steps, a.servers, a.tp, threads,
-             a.write_back ? "; the local checkpoint written back to disk before each step" : "");
+             "checkpoint, {} core(s){}{}\n", config.name, model_bytes / 1e9, a.steps, a.servers, a.tp, threads,
+             a.write_back ? "; the local checkpoint written back to disk before each step" : "",
+             a.borrow_source ? "" : "; every source tensor staged (--borrow-source off)");
   fmt::print("{:>4} {:>8} {:>9} {:>7} | {:>8} {:>7} {:>8} {:>9} | {:>8} {:>7} {:>9} | {:>8} {:>7}\n", "step", "changed",
              "compr MB", "compr%", "publish", "GB/s", "GB/s/cpu", "1-thr /cpu", "fetch+ap", "GB/s", "apply/cpu",
              "reload", "sync");

@@ -247,6 +247,10 @@ int main(int argc, char** argv) {
   b->add_flag("--write-back", bench.write_back,
               "delta: write the servers' local checkpoint back to disk before each step, as the kernel does when "
               "steps are more than ~30 s apart (otherwise steps follow each other within seconds)");
+  b->add_option("--borrow-source", bench.borrow_source,
+                "delta: read the source's tensors in place (on, what a host source gets) or stage a copy of each "
+                "(off, what a source of temporaries gets)")
+      ->capture_default_str();
   b->add_option("--device", bench.device, "ipc: cpu, or cuda:N (trainer and one TP=1 server on that GPU); fp8: where the servers' shards live")
       ->capture_default_str();
   b->add_option("--trainer-layout", bench.trainer_layout, "sources: Megatron layout compared with fsdp; sharded: the trainer's layout (fsdp, tpXppYepZ)")->capture_default_str();

@@ -76,6 +76,11 @@ class WeightSource {
   virtual std::vector<HeldRows> HeldRowRanges() const { return {}; }
   // The one block every yielded tensor lies in, when the source has one; nullopt otherwise.
   virtual std::optional<SourceStorage> storage() const { return std::nullopt; }
+  // Whether every TensorRef a pass yields stays valid until the pass ends, not only until
+  // the next Next(): the source yields tensors it keeps (host tensors, one storage block,
+  // a mapped checkpoint), never temporaries (an all-gather, a cast). A consumer may then
+  // read a tensor after asking for the next one. Default: the source has a storage().
+  virtual bool StableRefs() const { return storage().has_value(); }
 };
 
 // Wraps a stream so that every tensor it yields is checked against `metadata`, in order:
@@ -94,6 +99,9 @@ class HostTensorSource : public WeightSource {
   explicit HostTensorSource(std::vector<HostTensor> tensors);
   const std::vector<TensorMeta>& metadata() const override { return metadata_; }
   Result<std::unique_ptr<TensorStream>> Iterate() override;
+  // The tensors live as long as the source (a caller that writes them between passes
+  // does so while no pass is under way).
+  bool StableRefs() const override { return true; }
   std::vector<HostTensor>& tensors() { return tensors_; }
   const std::vector<HostTensor>& tensors() const { return tensors_; }
 

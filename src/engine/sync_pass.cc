@@ -134,6 +134,8 @@ class SyncPass::View final : public WeightSource {
   }
   std::optional<std::vector<std::string>> HeldNames() const override { return pass_.source_.HeldNames(); }
   std::vector<HeldRows> HeldRowRanges() const override { return pass_.source_.HeldRowRanges(); }
+  // The pass yields the source's own TensorRefs.
+  bool StableRefs() const override { return pass_.source_.StableRefs(); }
   // The pass over the held names: the held tensors' metadata (a tensor held as rows: their
   // shape), in metadata order.
   Result<std::unique_ptr<TensorStream>> IterateHeld() override {

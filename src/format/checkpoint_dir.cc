@@ -101,6 +101,8 @@ class CheckpointSource final : public WeightSource {
   Result<std::unique_ptr<TensorStream>> Iterate() override {
     return std::unique_ptr<TensorStream>(std::make_unique<CheckpointStream>(ckpt_, metadata_));
   }
+  // Views of the files' mappings, which live as long as the source.
+  bool StableRefs() const override { return true; }
 
  private:
   CheckpointDir ckpt_;

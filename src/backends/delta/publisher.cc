@@ -391,6 +391,8 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source, std::map<std:
         auto stream = CheckedStream(std::move(inner), plan_->metadata);
         SyncProgress progress{0, 0, 0, plan_->entries.size()};
         for (const Plan::Entry& e : plan_->entries) progress.bytes_total += e.skip ? 0 : e.disk.nbytes();
+        // The pool reads a borrowed tensor after the stream has moved on.
+        const bool borrow = options_.borrow_source_bytes && source.StableRefs();
         TensorRef t;
         for (size_t i = 0;; ++i) {
           WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
@@ -402,7 +404,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source, std::map<std:
           }
           std::span<const std::byte> next = t.bytes;
           std::optional<size_t> staged;
-          if (t.dtype != e.disk.dtype || !options_.borrow_source_bytes) {
+          if (t.dtype != e.disk.dtype || !borrow) {
             staged = plan_->AcquireStaging();
             std::span<std::byte> buf = plan_->staging[*staged].span().first(e.disk.nbytes());
             Status c = Convert(t.bytes, t.dtype, buf, e.disk.dtype, e.disk.name);

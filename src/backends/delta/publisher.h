@@ -34,10 +34,11 @@
 // The hot loops run on a pool of `threads` threads (DeltaCodec, one per thread): the
 // calling thread iterates the source and stages each tensor (a copy into one of a few
 // reusable buffers, or a dtype cast), a pool thread hashes, XORs, updates the snapshot
-// and compresses it in one cache-blocked pass. With `borrow_source_bytes`, same-dtype
-// tensors are read in place instead of staged; that needs a source whose TensorRefs stay
-// valid for the whole pass (host sources, checkpoint sources), which the TensorStream
-// contract alone does not promise.
+// and compresses it in one cache-blocked pass. Same-dtype tensors of a source whose
+// TensorRefs stay valid for the whole pass (WeightSource::StableRefs: host tensors, a
+// storage block, a checkpoint) are read in place instead of staged, unless
+// `borrow_source_bytes` is off; a source of temporaries is always staged, as the
+// TensorStream contract requires.
 //
 // A Publish() that fails (source error, disk full) restores the snapshot by XORing the
 // already-encoded patches back and removes the partial version directory, so the next
@@ -77,7 +78,7 @@ struct DeltaPublisherOptions {
   std::string state_dir;
   uint64_t max_file_bytes = uint64_t{1} << 30;  // payload files roll over past this (SkyRL: 1 GiB)
   size_t threads = 0;               // encode threads; 0: every core
-  bool borrow_source_bytes = false; // read same-dtype tensors in place (see above)
+  bool borrow_source_bytes = true;  // read a stable source's same-dtype tensors in place (see above)
   size_t staging_buffers = 0;       // reusable staging buffers of the largest tensor; 0: threads + 1
   int rank = 0;                     // trainer rank in payload file names
   // With at least kMinThreadsForParts threads, tensors of more than twice this many

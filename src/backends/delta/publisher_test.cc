@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "backends/delta/base_digest.h"
@@ -282,6 +284,61 @@ TEST(DeltaPublisherTest, AFailedPassRestoresTheSnapshotAndRepublishesTheSameVers
   std::string clean = publish_all(dir / "clean", false, false);
   EXPECT_EQ(publish_all(dir / "flaky", true, false), clean);
   EXPECT_EQ(publish_all(dir / "borrowed", false, true), clean);
+}
+
+// Yields each tensor of `inner` as a copy in one buffer that the next Next() overwrites,
+// as a source of all-gathered or cast temporaries hands out memory it reuses.
+class TemporariesSource final : public WeightSource {
+ public:
+  explicit TemporariesSource(WeightSource* inner) : inner_(inner) {}
+  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override {
+    class Stream final : public TensorStream {
+     public:
+      explicit Stream(std::unique_ptr<TensorStream> inner) : inner_(std::move(inner)) {}
+      Result<bool> Next(TensorRef* out) override {
+        WSYNC_ASSIGN_OR_RETURN(bool more, inner_->Next(out));
+        if (!more) return false;
+        buffer_.resize(std::max(buffer_.size(), out->bytes.size()));
+        std::memcpy(buffer_.data(), out->bytes.data(), out->bytes.size());
+        out->bytes = std::span<const std::byte>(buffer_.data(), out->bytes.size());
+        return true;
+      }
+
+     private:
+      std::unique_ptr<TensorStream> inner_;
+      std::vector<std::byte> buffer_;
+    };
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, inner_->Iterate());
+    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(inner)));
+  }
+
+ private:
+  WeightSource* inner_;
+};
+
+// A source of temporaries is staged whatever borrow_source_bytes says: its deltas are
+// bit-exact those of the same tensors from a stable source, which is borrowed.
+TEST(DeltaPublisherTest, ASourceOfTemporariesIsStagedAStableOneBorrowed) {
+  TempDir dir("pub");
+  auto publish_twice = [&](const std::string& sync, bool temporaries) -> std::string {
+    auto t = Tiny();
+    DeltaPublisherOptions o;
+    o.sync_dir = sync;
+    o.threads = 2;
+    EXPECT_TRUE(o.borrow_source_bytes);  // the default
+    auto pub = *DeltaPublisher::Create(o, t->metadata());
+    TemporariesSource temp(&t->source());
+    WeightSource& source = temporaries ? static_cast<WeightSource&>(temp) : t->source();
+    EXPECT_EQ(source.StableRefs(), !temporaries);
+    EXPECT_TRUE(pub->Publish(source).ok());
+    EXPECT_TRUE(t->Step(1).ok());
+    auto st = pub->Publish(source);
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    return *ReadFile(VersionDir(sync, 2) + "/" + PayloadFileName(0, 0));
+  };
+  const std::string temporaries = publish_twice(dir / "temporaries", true);
+  EXPECT_TRUE(temporaries == publish_twice(dir / "stable", false)) << "the payloads differ";
 }
 
 TEST(DeltaPublisherTest, NeverRewritesAPublishedVersion) {

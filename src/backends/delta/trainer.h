@@ -67,9 +67,9 @@ struct DeltaTrainerOptions {
   // the model, rewritten in place every sync, on the trainer's local disk). Empty:
   // DefaultTrainerStateDir(sync_dir), under $TMPDIR.
   std::string state_dir;
-  // Read same-dtype tensors in place instead of staging a copy; only for sources whose
-  // TensorRefs stay valid for a whole pass (HostTensorSource, SyntheticTrainer, checkpoints).
-  bool borrow_source_bytes = false;
+  // Read same-dtype tensors in place instead of staging a copy, where the source's
+  // TensorRefs stay valid for a whole pass (WeightSource::StableRefs); false: always stage.
+  bool borrow_source_bytes = true;
 };
 
 struct DeltaSyncReport {
