@@ -142,7 +142,6 @@ Status InferenceServer::FinishLora(const std::optional<std::string>& weight_vers
     std::vector<std::string> differ;
     size_t checked = 0;
     static const json kNone = json::object();
-    const HeldTensors* staged = workers_.front()->lora->staging_tensors();  // null: nothing staged
     for (const auto& [name, hex] : (s.ok() ? *digests : kNone).items()) {
       const bool whole = hex.is_string() && hex.get_ref<const std::string&>().size() <= kMaxDigestHexBytes;
       if (!whole && !hex.is_object()) {
@@ -151,8 +150,7 @@ Status InferenceServer::FinishLora(const std::optional<std::string>& weight_vers
         break;
       }
       auto it = held.find(name);
-      const TensorMeta* meta = staged != nullptr ? staged->Find(name) : nullptr;
-      if (it == held.end() || meta == nullptr) {
+      if (it == held.end()) {
         unverifiable[name.substr(0, 200)] = fmt::format("not a tensor of adapter {}", spec.name);
         continue;
       }
@@ -162,7 +160,9 @@ Status InferenceServer::FinishLora(const std::optional<std::string>& weight_vers
       if (whole) {
         want = hex.get<std::string>();
       } else {
-        Result<RowDigests> rows = ParseRowDigests(hex, name, meta->shape.empty() ? 0 : meta->shape[0]);
+        // Held: staged and landed, so the staging has its metadata.
+        const TensorMeta& meta = *workers_.front()->lora->staging_tensors()->Find(name);
+        Result<RowDigests> rows = ParseRowDigests(hex, name, meta.shape.empty() ? 0 : meta.shape[0]);
         if (!rows.ok()) {
           s = rows.status();
           break;
