@@ -31,6 +31,8 @@ using zstd::Le;
 using zstd::ReadFse;
 
 constexpr size_t kBlockMax = 128 * 1024;
+// libzstd's streaming decoder's default largest window (ZSTD_WINDOWLOG_LIMIT_DEFAULT).
+constexpr uint64_t kMaxWindow = uint64_t{1} << 27;
 // How far ahead of its write position the sequence loop prefetches the tensor. The
 // hardware prefetcher stops at each 4 KiB page of the mapped file; one line a short
 // distance ahead per sequence (an RL-step patch has a sequence every few dozen bytes)
@@ -528,9 +530,7 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
     if (at + fcs_bytes > n) return false;
     if (!single) {  // "Window_Descriptor"
       unsigned exponent = p[5] >> 3, mantissa = p[5] & 7;
-      // Over 2^27 bytes libzstd's streaming decoder refuses the frame (its default
-      // limit), and so does this decoder; 2^31 is the format's largest on 64 bits.
-      if (exponent + 10 > 27) return false;
+      if (exponent + 10 > 27) return false;  // keeps the shift and the sum below small
       uint64_t base = uint64_t{1} << (exponent + 10);
       st.window = base + (base / 8) * mantissa;
     }
@@ -541,6 +541,10 @@ bool SparseApplier::Apply(std::span<const uint8_t> frame, std::span<std::byte> r
       if (fcs != region.size()) return false;
       if (single) st.window = fcs;
     }
+    // Over 2^27 bytes (exponent 17 with a mantissa, or a single segment's content size)
+    // libzstd's streaming decoder refuses the frame (its default limit), and so does
+    // this decoder.
+    if (st.window > kMaxWindow) return false;
     st.block_max = static_cast<size_t>(std::min<uint64_t>(st.window, kBlockMax));
     at += fcs_bytes;
     Output out{region.data(), region.size()};

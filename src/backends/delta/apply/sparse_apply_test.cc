@@ -230,6 +230,15 @@ std::vector<ForbiddenFrame> ForbiddenFrames() {
     f.insert(f.end(), 16, 0x11);
     out.push_back({"window over 2^31", f, 16});
   }
+  {  // a window of 2^27 + 7 * 2^24 bytes: exponent 17, under the limit, and a mantissa over it
+    std::vector<uint8_t> f;
+    Le(f, 0xFD2FB528u, 4);
+    f.push_back(0x00);                // no content size, not single segment
+    f.push_back((17u << 3) | 7u);     // Window_Descriptor
+    BlockHeader(f, true, 0, 16);
+    f.insert(f.end(), 16, 0x11);
+    out.push_back({"window over 2^27 by its mantissa", f, 16});
+  }
   {  // a compressed block of 0 bytes (libzstd's streaming decoder takes it for an empty one)
     std::vector<uint8_t> f;
     Le(f, 0xFD2FB528u, 4);
@@ -261,6 +270,23 @@ TEST(SparseApplierTest, FramesTheFormatForbidsAreRefusedLikeLibzstdDoes) {
     EXPECT_FALSE(s.ok());
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
   }
+}
+
+// A single segment's window is its content size: over 2^27 bytes libzstd's streaming
+// decoder (DeltaCodec's fallback) refuses the frame, so SparseApplier declines it too.
+TEST(SparseApplierTest, SingleSegmentOverTheWindowLimitIsDeclined) {
+  const uint32_t block = 128 << 10;
+  const uint32_t size = (uint32_t{1} << 27) + block;
+  std::vector<uint8_t> f = SingleSegment(size);
+  for (uint32_t at = 0; at < size; at += block) {
+    BlockHeader(f, at + block == size, 1, block);  // RLE blocks of 0x5a
+    f.push_back(0x5a);
+  }
+  ASSERT_FALSE(LibzstdAccepts(f, size));
+  std::vector<std::byte> region(size, std::byte{0x33});
+  SparseApplier applier;
+  EXPECT_FALSE(applier.Apply(f, region));
+  EXPECT_TRUE(std::all_of(region.begin(), region.end(), [](std::byte b) { return b == std::byte{0x33}; }));
 }
 
 // Writes the forbidden frames and real DeltaCodec frames as seeds of the differential
