@@ -115,6 +115,7 @@ class TrainerEngine:
         Sent as ``Authorization: Bearer KEY`` (servers started with ``--api-key``).
     device
         Where the source's tensors live and the data plane runs: ``"cpu"`` or ``"cuda:N"``.
+        ``delta`` publishes host tensors: a CUDA tensor fails the sync naming it.
     rank, world_size
         This trainer rank and the number of ranks. With ``nccl`` and ``delta`` (and ``ipc``
         on the CPU) rank 0 sends; every other rank only makes its one pass over its source

@@ -27,6 +27,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The publisher reads, stages and encodes every tensor on the host.
+Status OnHost(const TensorRef& t) {
+  if (t.device.is_cpu()) return Status::Ok();
+  return InvalidArgument(fmt::format("tensor {} is on {}; the delta backend publishes host tensors: give the "
+                                     "source's tensors on the CPU", t.name, t.device.ToString()));
+}
+
 // Bytes of a state file region mapped at once by one encoding thread: the trainer's
 // resident set holds at most a few of these per thread, not the tensor.
 constexpr size_t kWindowBytes = size_t{4} << 20;
@@ -314,6 +321,7 @@ Status DeltaPublisher::InitSnapshotFromFirstPass(WeightSource& source, PublishSt
   for (size_t i = 0;; ++i) {
     WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
     if (!more) break;
+    WSYNC_RETURN_IF_ERROR(OnHost(t));
     WSYNC_RETURN_IF_ERROR(plan_->state->Write(plan_->entries[i].state, 0, t.bytes));
     stats->tensors++;
     stats->model_bytes += t.bytes.size();
@@ -397,6 +405,7 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source, std::map<std:
         for (size_t i = 0;; ++i) {
           WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
           if (!more) return Status::Ok();
+          WSYNC_RETURN_IF_ERROR(OnHost(t));
           const Plan::Entry& e = plan_->entries[i];
           if (e.skip) {
             stats.skipped_tensors++;

@@ -12,6 +12,7 @@
 
 #include "backends/delta/base_digest.h"
 #include "backends/delta/fs.h"
+#include "backends/delta/manifest.h"
 #include "backends/delta/state_file.h"
 #include "backends/delta/testing.h"
 #include "core/process_memory.h"
@@ -339,6 +340,67 @@ TEST(DeltaPublisherTest, ASourceOfTemporariesIsStagedAStableOneBorrowed) {
   };
   const std::string temporaries = publish_twice(dir / "temporaries", true);
   EXPECT_TRUE(temporaries == publish_twice(dir / "stable", false)) << "the payloads differ";
+}
+
+// Labels the tensors from `label_from` on of `inner` as CUDA tensors. The bytes stay on
+// the host: this machine may have no GPU, and the publisher must refuse by the label
+// before it reads a byte.
+class DeviceLabelSource final : public WeightSource {
+ public:
+  DeviceLabelSource(WeightSource* inner, size_t label_from) : inner_(inner), label_from_(label_from) {}
+  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
+  Result<std::unique_ptr<TensorStream>> Iterate() override {
+    class Stream final : public TensorStream {
+     public:
+      Stream(std::unique_ptr<TensorStream> inner, size_t label_from) : inner_(std::move(inner)), from_(label_from) {}
+      Result<bool> Next(TensorRef* out) override {
+        WSYNC_ASSIGN_OR_RETURN(bool more, inner_->Next(out));
+        if (more && index_++ >= from_) out->device = Device{Device::Kind::kCuda, 0};
+        return more;
+      }
+
+     private:
+      std::unique_ptr<TensorStream> inner_;
+      const size_t from_;
+      size_t index_ = 0;
+    };
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, inner_->Iterate());
+    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(inner), label_from_));
+  }
+
+ private:
+  WeightSource* inner_;
+  const size_t label_from_;
+};
+
+// A device tensor fails the publish naming it, on the first pass and on a later one, and
+// the chain goes on from the version before.
+TEST(DeltaPublisherTest, ADeviceTensorIsRefusedByName) {
+  TempDir dir("pub");
+  auto t = Tiny();
+  const size_t at = t->metadata().size() / 2;
+  const std::string name = t->metadata()[at].name;
+  DeltaPublisherOptions o;
+  o.sync_dir = dir / "sync";
+  auto pub = *DeltaPublisher::Create(o, t->metadata());
+  DeviceLabelSource device(&t->source(), at);
+  auto first = pub->Publish(device);
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(first.status().message(),
+            fmt::format("publishing version 1 to {}: tensor {} is on cuda:0; the delta backend publishes host "
+                        "tensors: give the source's tensors on the CPU", VersionDir(o.sync_dir, 1), name));
+  EXPECT_FALSE(std::filesystem::exists(VersionDir(o.sync_dir, 1) + "/" + kManifestName));
+  ASSERT_TRUE(pub->Publish(t->source()).ok());
+  EXPECT_TRUE(t->Step(1).ok());
+  auto later = pub->Publish(device);
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(later.status().message().find("tensor " + name + " is on cuda:0"), std::string::npos);
+  EXPECT_EQ(pub->version(), 1);
+  auto st = pub->Publish(t->source());
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(pub->version(), 2);
 }
 
 TEST(DeltaPublisherTest, NeverRewritesAPublishedVersion) {
