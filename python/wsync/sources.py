@@ -15,6 +15,10 @@ A source is any object with
 * optionally ``storage()`` -> one tensor whose memory holds every yielded tensor at fixed
   offsets for the life of the source (the ``ipc`` backend can then export it without
   staging), or ``None``.
+* optionally ``yields_stable_tensors`` (an attribute, default False): True when every
+  tensor a pass yields stays alive and unchanged until the pass ends (the source keeps
+  them; it yields no temporaries). The ``delta`` backend then reads host tensors in place
+  rather than copying each one before it asks for the next.
 
 numpy has no bfloat16: give a ``uint16`` (or ``int16``) array holding the bf16 bits and
 say ``"bfloat16"`` in the metadata. The same holds for float8 (``uint8`` bits). numpy
@@ -153,6 +157,12 @@ class _Source:
     def yields_ready_tensors(self):
         """True unless tensors are copied or cast as they are sent: each pass synchronizes
         first."""
+        return not (self._copy or self._cast_to)
+
+    @property
+    def yields_stable_tensors(self):
+        """True unless tensors are copied or cast as they are sent: the source keeps every
+        tensor it yields."""
         return not (self._copy or self._cast_to)
 
     def _target_dtype(self, name, tensor):

@@ -328,6 +328,12 @@ Result<std::unique_ptr<PySource>> PySource::Create(py::object source, std::share
       s->storage_ = std::move(b).value();
     }
   }
+  try {
+    s->stable_ = py::bool_(py::getattr(source, "yields_stable_tensors", py::bool_(false)));
+  } catch (py::error_already_set& e) {
+    s->control_->RecordError(e);
+    return InvalidArgument(fmt::format("the source's yields_stable_tensors raised {}", DescribePythonError(e)));
+  }
   if (py::hasattr(source, "held_names")) {
     WSYNC_ASSIGN_OR_RETURN(py::object held, CallSource(source, "held_names", *s->control_));
     if (!held.is_none()) {

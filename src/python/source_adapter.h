@@ -7,8 +7,11 @@
 // only, in metadata order (WeightSource::HeldNames / IterateHeld: what `sharded` sends from
 // every rank), and optionally `held_rows()` -> [(name, begin, end)], the held names held
 // as rows [begin, end) of dim 0 only, which iter_held() yields as those rows
-// (WeightSource::HeldRowRanges). PySource reads metadata(), storage(), held_names() and held_rows() once, when built (GIL
-// held); each Iterate() is one pass over `iter(source)`, each IterateHeld() one over
+// (WeightSource::HeldRowRanges); optionally `yields_stable_tensors`, an attribute: True when
+// every tensor a pass yields stays alive and unchanged until the pass ends (the source
+// keeps them; WeightSource::StableRefs). PySource reads metadata(), storage(),
+// held_names(), held_rows() and yields_stable_tensors once, when built (GIL held); each
+// Iterate() is one pass over `iter(source)`, each IterateHeld() one over
 // `source.iter_held()`.
 //
 // Threads: the engine calls Iterate() and the stream's Next() from its own threads; each
@@ -98,6 +101,9 @@ class PySource final : public WeightSource {
   std::vector<HeldRows> HeldRowRanges() const override { return held_rows_; }
   Result<std::unique_ptr<TensorStream>> IterateHeld() override;
   std::optional<SourceStorage> storage() const override;
+  // A storage() block, or the source's yields_stable_tensors attribute (read once, when
+  // built): its tensors outlive the pass, so a backend may read one after the next Next().
+  bool StableRefs() const override { return storage_.has_value() || stable_; }
 
   // Pulls the rest of the latest pass (or a whole new pass when none started: the held pass
   // when the source holds part of the model) straight from
@@ -122,6 +128,7 @@ class PySource final : public WeightSource {
   std::shared_ptr<const std::vector<TensorMeta>> held_metadata_;  // the held names' metadata, in order
   std::vector<HeldRows> held_rows_;  // held_rows(): the held names held as rows only
   std::optional<BorrowedTensor> storage_;
+  bool stable_ = false;  // yields_stable_tensors
   std::shared_ptr<Pass> last_;  // the latest pass Iterate() started
 };
 

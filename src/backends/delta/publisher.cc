@@ -401,6 +401,8 @@ Result<PublishStats> DeltaPublisher::Publish(WeightSource& source, std::map<std:
         for (const Plan::Entry& e : plan_->entries) progress.bytes_total += e.skip ? 0 : e.disk.nbytes();
         // The pool reads a borrowed tensor after the stream has moved on.
         const bool borrow = options_.borrow_source_bytes && source.StableRefs();
+        WSYNC_LOG_DEBUG("delta: version {}: the source's tensors are {}", stats.version,
+                        borrow ? "read in place" : "copied to staging first");
         TensorRef t;
         for (size_t i = 0;; ++i) {
           WSYNC_ASSIGN_OR_RETURN(bool more, stream->Next(&t));
