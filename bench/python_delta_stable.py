@@ -8,9 +8,9 @@ MODEL-shaped bf16 arrays (numpy uint16 bits) go through wsync.TrainerEngine(back
 "delta") into --servers `wsync serve --backend delta` servers, whose base checkpoint is
 the first arrays. Each step changes --changed of each tensor's elements, then syncs
 both kinds, alternating which goes first: a wsync.TensorListSource (yields_stable_tensors: True) and the
-same TensorListSource with yields_stable_tensors False. Per sync: SyncStats.seconds and
-the process's CPU seconds around send_weights. Prints the medians per kind after
---warmup steps, and the ratios.
+same TensorListSource with yields_stable_tensors False. Per sync: SyncStats.seconds, the
+process's CPU seconds around send_weights (of them, kernel time) and its minor page
+faults. Prints the medians per kind after --warmup steps, and the ratios.
 The last sync is verified: sha256 of every array, computed here, against each server's
 POST /weight_checker.
 """
@@ -35,6 +35,11 @@ class Hidden(wsync.TensorListSource):
     """A TensorListSource that does not say it keeps its tensors."""
 
     yields_stable_tensors = False
+
+
+def minor_faults():
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def write_base(path, arrays):
@@ -108,12 +113,16 @@ def main():
                         flat[rng.integers(0, flat.size, size=k)] = rng.integers(0, 1 << 16, size=k, dtype=np.uint16)
                     items = [(n, a, "bfloat16") for n, a in arrays]
                     source = wsync.TensorListSource(items) if kind == "kept" else Hidden(items)
-                    cpu0 = time.process_time()
+                    t0, faults0 = os.times(), minor_faults()
                     stats = engine.send_weights(source)
-                    cpu = time.process_time() - cpu0
+                    t1, faults = os.times(), minor_faults() - faults0
+                    user, system = t1.user - t0.user, t1.system - t0.system
+                    cpu = user + system
                     if step >= args.warmup:
                         samples[kind].append((stats.seconds, cpu))
-                    print(f"step {step} {kind:6s}: sync {stats.seconds:.3f} s, cpu {cpu:.3f} s", flush=True)
+                    print(f"step {step} {kind:6s}: sync {stats.seconds:.3f} s, cpu {cpu:.3f} s (system {system:.3f} s), "
+                          f"{faults} page faults",
+                          flush=True)
         want = {n: hashlib.sha256(a.tobytes()).hexdigest() for n, a in arrays}
         for url in urls:
             got = checksums(url)
