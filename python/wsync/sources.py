@@ -154,16 +154,20 @@ class _Source:
     _cast_to = None  # (name, tensor) -> dtype name or None; set by sources that cast
 
     @property
-    def yields_ready_tensors(self):
-        """True unless tensors are copied or cast as they are sent: each pass synchronizes
-        first."""
+    def _yields_its_own(self):
+        """Whether every tensor yielded is one the source holds: none is copied or cast as
+        it is sent."""
         return not (self._copy or self._cast_to)
 
     @property
+    def yields_ready_tensors(self):
+        """True when the source yields its own tensors: each pass synchronizes first."""
+        return self._yields_its_own
+
+    @property
     def yields_stable_tensors(self):
-        """True unless tensors are copied or cast as they are sent: the source keeps every
-        tensor it yields."""
-        return not (self._copy or self._cast_to)
+        """True when the source yields its own tensors: it keeps every one it yields."""
+        return self._yields_its_own
 
     def _target_dtype(self, name, tensor):
         """The dtype name ``tensor`` is sent as."""

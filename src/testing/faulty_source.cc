@@ -28,6 +28,7 @@ class FaultySource::Stream final : public TensorStream {
     }
     bool short_bytes = o.lie_bytes_at == i && (o.lie_bytes_pass == 0 || o.lie_bytes_pass == pass_);
     if (short_bytes && !out->bytes.empty()) out->bytes = out->bytes.first(out->bytes.size() - 1);
+    if (o.device_label_from && i >= *o.device_label_from) out->device = Device{Device::Kind::kCuda, 0};
     owner_->tensors_.fetch_add(1);
     return true;
   }

@@ -3,7 +3,8 @@
 // It wraps a real source and passes its tensors through, except where its options say
 // to break: a pass that fails at tensor i (as a trainer rank whose gather fails would),
 // metadata that lies about a tensor's shape (what a source whose export disagrees with
-// its own table does), or a pass that yields fewer bytes than a tensor's metadata says.
+// its own table does), a pass that yields fewer bytes than a tensor's metadata says, or
+// tensors labelled as on a GPU.
 // It counts what the engine asks of it: passes (Iterate() calls), passes drained to the
 // end, and tensors yielded (held passes too, IterateHeld()), so that a test can assert how many times a sync iterates its
 // source. Counters are atomic and may be read from any thread; the options are set
@@ -41,6 +42,10 @@ struct FaultySourceOptions {
   // `lie_bytes_pass` (1-based; 0: every pass); nullopt: never.
   std::optional<size_t> lie_bytes_at;
   int lie_bytes_pass = 0;
+  // The stream labels this tensor (index) and every later one as on cuda:0, their bytes
+  // still on the host (a device tensor where a backend takes host tensors only, on a
+  // machine that may have no GPU); nullopt: never.
+  std::optional<size_t> device_label_from;
 };
 
 class FaultySource final : public WeightSource {

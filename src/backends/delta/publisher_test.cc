@@ -342,37 +342,6 @@ TEST(DeltaPublisherTest, ASourceOfTemporariesIsStagedAStableOneBorrowed) {
   EXPECT_TRUE(temporaries == publish_twice(dir / "stable", false)) << "the payloads differ";
 }
 
-// Labels the tensors from `label_from` on of `inner` as CUDA tensors. The bytes stay on
-// the host: this machine may have no GPU, and the publisher must refuse by the label
-// before it reads a byte.
-class DeviceLabelSource final : public WeightSource {
- public:
-  DeviceLabelSource(WeightSource* inner, size_t label_from) : inner_(inner), label_from_(label_from) {}
-  const std::vector<TensorMeta>& metadata() const override { return inner_->metadata(); }
-  Result<std::unique_ptr<TensorStream>> Iterate() override {
-    class Stream final : public TensorStream {
-     public:
-      Stream(std::unique_ptr<TensorStream> inner, size_t label_from) : inner_(std::move(inner)), from_(label_from) {}
-      Result<bool> Next(TensorRef* out) override {
-        WSYNC_ASSIGN_OR_RETURN(bool more, inner_->Next(out));
-        if (more && index_++ >= from_) out->device = Device{Device::Kind::kCuda, 0};
-        return more;
-      }
-
-     private:
-      std::unique_ptr<TensorStream> inner_;
-      const size_t from_;
-      size_t index_ = 0;
-    };
-    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStream> inner, inner_->Iterate());
-    return std::unique_ptr<TensorStream>(std::make_unique<Stream>(std::move(inner), label_from_));
-  }
-
- private:
-  WeightSource* inner_;
-  const size_t label_from_;
-};
-
 // A device tensor fails the publish naming it, on the first pass and on a later one, and
 // the chain goes on from the version before.
 TEST(DeltaPublisherTest, ADeviceTensorIsRefusedByName) {
@@ -383,7 +352,7 @@ TEST(DeltaPublisherTest, ADeviceTensorIsRefusedByName) {
   DeltaPublisherOptions o;
   o.sync_dir = dir / "sync";
   auto pub = *DeltaPublisher::Create(o, t->metadata());
-  DeviceLabelSource device(&t->source(), at);
+  wsync::testing::FaultySource device(&t->source(), {.device_label_from = at});
   auto first = pub->Publish(device);
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), StatusCode::kInvalidArgument);
