@@ -3,8 +3,8 @@
 // host, so they share one local checkpoint as the workers of one node do).
 //
 // Per step: the synthetic trainer takes one step, the delta trainer publishes it (all
-// cores; the source's bytes read in place, or staged with --borrow-source off) and drives fetch -> pause -> start -> reload ->
-// finish -> resume. A second publisher with ONE thread publishes the same step into its
+// cores; the source's bytes read in place, or staged with --borrow-source off) and
+// drives fetch -> pause -> start -> reload -> finish -> resume. A second publisher with ONE thread publishes the same step into its
 // own sync directory. "GB/s" is model bytes over wall time; "/cpu" is model bytes over
 // the CPU seconds the process spent (all its threads), i.e. per-core speed that stays
 // meaningful on a machine shared with other work. The baseline beside it: writing the
