@@ -320,7 +320,12 @@ class TrainerEngine:
     _dropping = {}
 
     def shutdown(self):
-        """Tears the data plane down. Idempotent; the engine takes no call after it."""
+        """Tears the data plane down. Idempotent; the engine takes no call after it.
+
+        With ``world_size > 1``, rank 0 holds the trainer group's store, where every rank
+        reads the last sync's outcome: it first waits until the other ranks have read it
+        (at most the timeout, and a few seconds once the ranks still to read it are gone).
+        """
         self._engine.shutdown()
 
     @property

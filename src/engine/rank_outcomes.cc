@@ -11,10 +11,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "comm/store.h"
 #include "core/deadline.h"
+#include "core/log.h"
 #include "engine/rank_exchange.h"
 
 namespace wsync {
@@ -26,6 +28,8 @@ constexpr auto kPollEvery = std::chrono::milliseconds(50);
 constexpr double kRequestSeconds = 1;
 // A store that stays unreachable this long means rank 0's process is gone.
 constexpr double kStoreGoneSeconds = 3;
+// How long rank 0 keeps its store up for ranks that give no sign of life (Linger).
+constexpr double kLingerSilentSeconds = 5;
 // Rounds kept on rank 0's store (older ones are erased at Begin).
 constexpr size_t kRoundsKept = 4;
 
@@ -41,6 +45,8 @@ struct RankOutcomes::Impl {
   std::optional<StoreClient> client;
   std::deque<std::string> rounds;       // rank 0: the rounds its store holds
   std::string posted;                   // the round whose failure this rank posted
+  std::string current;                  // the round begun last
+  bool ended = true;                    // End ran for `current`
 
   std::mutex mu;
   std::condition_variable cv;
@@ -81,6 +87,57 @@ struct RankOutcomes::Impl {
     return std::nullopt;
   }
 
+  void Post(const std::string& round, const Status& cause) {
+    if (posted == round || cause.ok()) return;
+    if (Posted(round, nullptr)) return;  // another rank's failure came first: this is its consequence
+    std::string text = StatusToJson(cause).dump();
+    (void)client->Set(Key(round, "failed", options.rank), std::vector<char>(text.begin(), text.end()),
+                      Deadline::InSeconds(kRequestSeconds));
+    posted = round;
+  }
+
+  // This rank's view of the round's outcome (RankOutcomes::End).
+  Status Outcome(const std::string& round, const Status& mine);
+
+  // Rank 0, before its store goes: waits until every other rank has read the outcome of
+  // the round begun last, for at most the timeout, and no longer once every rank yet to
+  // read it has been silent (no heartbeat for the round) for kLingerSilentSeconds. A rank
+  // that returned from End before the others read the board would otherwise take the
+  // store, and the root cause, with it.
+  void Linger() {
+    using Clock = std::chrono::steady_clock;
+    const Deadline deadline = Deadline::InSeconds(options.timeout_seconds);
+    std::map<int, std::string> beats;
+    Clock::time_point life = Clock::now();
+    for (;;) {
+      std::vector<int> unread;
+      for (int r = 1; r < options.world_size; ++r) {
+        Result<std::vector<std::string>> missing =
+            client->Missing({Key(current, "seen", r)}, Deadline::InSeconds(kRequestSeconds));
+        if (!missing.ok() || !missing->empty()) unread.push_back(r);
+      }
+      if (unread.empty()) return;
+      for (int r : unread) {
+        Result<std::vector<char>> b = client->Get(Key(current, "beat", r), Deadline::InSeconds(0.05));
+        std::string beat = b.ok() ? std::string(b->begin(), b->end()) : std::string();
+        auto [it, added] = beats.emplace(r, beat);
+        if (!added && it->second != beat) {
+          it->second = beat;
+          life = Clock::now();
+        }
+      }
+      const double silent = std::chrono::duration<double>(Clock::now() - life).count();
+      if (deadline.expired() || silent >= kLingerSilentSeconds) {
+        WSYNC_LOG_WARN("trainer rank 0: closing the trainer group store with the outcome of sync {} unread by "
+                       "trainer rank(s) {} ({})", current, fmt::join(unread, ", "),
+                       deadline.expired() ? fmt::format("the timeout of {:.1f} s passed", options.timeout_seconds)
+                                          : fmt::format("silent for {:.1f} s", silent));
+        return;
+      }
+      std::this_thread::sleep_for(kPollEvery);
+    }
+  }
+
   Status PeerFailed(int rank, const Status& cause, const Status& mine) const {
     std::string text = fmt::format("trainer rank {} failed: {}", rank, cause.message());
     if (!mine.ok()) text += fmt::format(" (on trainer rank {}: {})", options.rank, mine.message());
@@ -90,7 +147,19 @@ struct RankOutcomes::Impl {
 
 RankOutcomes::RankOutcomes(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-RankOutcomes::~RankOutcomes() { impl_->StopBeat(); }
+RankOutcomes::~RankOutcomes() {
+  Impl& m = *impl_;
+  if (!m.ended) {
+    Fail(m.current, Aborted(fmt::format("trainer rank {}'s engine was shut down during sync {}", m.options.rank,
+                                        m.current)));
+    (void)m.client->Set(Key(m.current, "done", m.options.rank), {'f'}, Deadline::InSeconds(kRequestSeconds));
+    if (m.options.rank != 0) {
+      (void)m.client->Set(Key(m.current, "seen", m.options.rank), {'1'}, Deadline::InSeconds(kRequestSeconds));
+    }
+  }
+  m.StopBeat();
+  if (m.server && !m.current.empty()) m.Linger();
+}
 
 Result<std::unique_ptr<RankOutcomes>> RankOutcomes::Create(const RankOutcomesOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
@@ -114,6 +183,8 @@ int RankOutcomes::port() const { return impl_->options.store_port; }
 void RankOutcomes::Begin(const std::string& round) {
   Impl& m = *impl_;
   m.StopBeat();
+  m.current = round;
+  m.ended = false;
   if (m.server) {
     m.rounds.push_back(round);
     while (m.rounds.size() > kRoundsKept) {
@@ -138,15 +209,7 @@ void RankOutcomes::Begin(const std::string& round) {
   });
 }
 
-void RankOutcomes::Fail(const std::string& round, const Status& cause) {
-  Impl& m = *impl_;
-  if (m.posted == round || cause.ok()) return;
-  if (m.Posted(round, nullptr)) return;  // another rank's failure came first: this is its consequence
-  std::string text = StatusToJson(cause).dump();
-  (void)m.client->Set(Key(round, "failed", m.options.rank), std::vector<char>(text.begin(), text.end()),
-                      Deadline::InSeconds(kRequestSeconds));
-  m.posted = round;
-}
+void RankOutcomes::Fail(const std::string& round, const Status& cause) { impl_->Post(round, cause); }
 
 std::vector<int> RankOutcomes::Silent(const std::string& round, double window) {
   Impl& m = *impl_;
@@ -177,9 +240,19 @@ std::vector<int> RankOutcomes::Silent(const std::string& round, double window) {
 
 Status RankOutcomes::End(const std::string& round, const Status& mine) {
   Impl& m = *impl_;
+  Status outcome = m.Outcome(round, mine);
+  if (round == m.current) m.ended = true;
+  if (m.options.rank != 0) {
+    (void)m.client->Set(Key(round, "seen", m.options.rank), {'1'}, Deadline::InSeconds(kRequestSeconds));
+  }
+  return outcome;
+}
+
+Status RankOutcomes::Impl::Outcome(const std::string& round, const Status& mine) {
+  Impl& m = *this;
   const RankOutcomesOptions& o = m.options;
   if (!mine.ok()) {
-    Fail(round, mine);
+    m.Post(round, mine);
     m.StopBeat();
     (void)m.client->Set(Key(round, "done", o.rank), {'f'}, Deadline::InSeconds(kRequestSeconds));
     auto root = m.Posted(round, nullptr);

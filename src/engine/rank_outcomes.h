@@ -15,7 +15,13 @@
 //                       waits until every rank has posted an outcome (OK) or a failure is
 //                       posted (that failure, naming its rank), or until a rank's
 //                       heartbeat stays unchanged for `timeout_seconds` (DeadlineExceeded
-//                       naming the rank). Heartbeats stop at End.
+//                       naming the rank). Heartbeats stop at End. Every rank but 0 then
+//                       marks the round read.
+//   ~RankOutcomes       a rank dropped between Begin and End posts that as its failure.
+//                       Rank 0 keeps its store up until every other rank has read the
+//                       last round (at most `timeout_seconds`, and less once the ranks yet
+//                       to read it stop beating), so a rank 0 that fails, raises and shuts
+//                       down at once does not take the root cause away from the others.
 // One round at a time per object; not thread-safe (the heartbeat thread is internal).
 #pragma once
 

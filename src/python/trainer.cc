@@ -265,6 +265,7 @@ class PyTrainerEngine {
     py::gil_scoped_release release;
     engine_.reset();
     group_.reset();
+    outcomes_.reset();  // rank 0 may wait here for the other ranks to read the last round
   }
 
   void Init(py::object source_or_metadata) {
