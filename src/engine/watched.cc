@@ -22,8 +22,9 @@ Status Watched(std::function<Status()> op, Communicator& comm, SessionDriver::Pe
     Status status;
   };
   auto state = std::make_shared<State>();
-  std::thread([state, op = std::move(op)] {
+  std::thread([state, op = std::move(op)]() mutable {
     Status s = op();
+    op = nullptr;  // what it holds goes before the caller may return; this thread may outlive it
     std::lock_guard lock(state->mu);
     state->done = true;
     state->status = s;

@@ -30,14 +30,11 @@ namespace {
 using nlohmann::json;
 
 // A Python object shared by C++ threads: copies cost no GIL, the last one releases the
-// object with the GIL taken.
+// object with the GIL taken (DropWithGil).
 struct PyRef {
   py::object object;
   explicit PyRef(py::object o) : object(std::move(o)) {}
-  ~PyRef() {
-    py::gil_scoped_acquire gil;
-    object = py::object();
-  }
+  ~PyRef() { DropWithGil(object); }
 };
 
 // The Status of the Python exception being handled in a call of worker `index`'s

@@ -35,13 +35,16 @@ Status HostedService::OnEveryWorker(const char* what, std::vector<std::function<
   fanout->out.resize(tasks.size());
   fanout->finished.resize(tasks.size());
   for (size_t i = 0; i < tasks.size(); ++i) {
-    std::thread([fanout, i, task = std::move(tasks[i])] {
+    std::thread([fanout, i, task = std::move(tasks[i])]() mutable {
       Status s;
       try {
         s = task();
       } catch (const std::exception& e) {
         s = Internal(fmt::format("worker {} failed: {}", i, e.what()));
       }
+      // What the task holds (a worker's Python objects) goes before the caller may
+      // return: past that, this thread can outlive the service and the interpreter.
+      task = nullptr;
       std::lock_guard lock(fanout->mu);
       fanout->out[i] = std::move(s);
       fanout->finished[i] = true;

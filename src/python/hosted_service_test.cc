@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 namespace wsync {
 namespace {
 
@@ -103,6 +107,40 @@ TEST(HostedService, WhatItLacksIsUnimplementedNamingTheRouteAndTheFront) {
   EXPECT_EQ(svc.Pause("later", true).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(svc.Pause("keep", true).ok());
   EXPECT_TRUE(svc.IsPaused());
+}
+
+// Counts its live copies; letting go of one takes a while, as dropping a Python object
+// does when it must wait for the GIL.
+struct SlowToRelease {
+  static inline std::atomic<int> live{0};
+  SlowToRelease() { ++live; }
+  SlowToRelease(const SlowToRelease&) { ++live; }
+  ~SlowToRelease() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    --live;
+  }
+};
+
+// A call's per-worker threads let go of what the workers' functions hold before the call
+// returns: the caller (Python's worker server) may then drop the workers, and with them
+// the interpreter, and nothing of theirs may be released on a thread it no longer knows.
+TEST(HostedService, ACallLeavesNothingOfTheWorkersOnItsThreads) {
+  std::vector<HostedWorker> workers(2);
+  {
+    SlowToRelease held;
+    for (HostedWorker& w : workers) {
+      w.checksums = [held](DigestAlgorithm) -> Result<std::map<std::string, std::string>> {
+        return std::map<std::string, std::string>{{"a", "00"}};
+      };
+      w.init = [held](const json&, const std::string&) { return Status::Ok(); };
+    }
+  }
+  ASSERT_EQ(SlowToRelease::live.load(), 4);
+  HostedService svc(Options(), std::move(workers));
+  ASSERT_TRUE(svc.Checksums(DigestAlgorithm::kSha256).ok());
+  EXPECT_EQ(SlowToRelease::live.load(), 4);
+  ASSERT_TRUE(svc.InitWeightTransfer(json::object(), "127.0.0.1").ok());
+  EXPECT_EQ(SlowToRelease::live.load(), 4);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include <pybind11/stl.h>
 
+#include "python/bindings.h"
 #include "python/errors.h"
 #include "wsync/dtype.h"
 
@@ -19,17 +20,6 @@ namespace py = pybind11;
 
 namespace wsync::python {
 namespace {
-
-// Lets go of `obj` with the GIL taken; leaks it when the interpreter is gone.
-void DropWithGil(py::object& obj) {
-  if (!obj) return;
-  if (!Py_IsInitialized()) {
-    obj.release();
-    return;
-  }
-  py::gil_scoped_acquire gil;
-  obj = py::object();
-}
 
 // "ValueError: text" of the exception being raised now, recorded in `control`.
 std::string CaptureError(PassControl& control) {
